@@ -1,0 +1,1 @@
+"""flashrt_ros.adopt layer (see ../shared/DESIGN.md §2)."""

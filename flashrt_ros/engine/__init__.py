@@ -1,0 +1,1 @@
+"""flashrt_ros.engine layer (see ../shared/DESIGN.md §2)."""

@@ -1,0 +1,1 @@
+"""flashrt_ros.policies layer (see ../shared/DESIGN.md §2)."""

@@ -1,0 +1,1 @@
+"""ROS layer: thin rclpy node, message conversions, services, parameters."""
