@@ -1,0 +1,296 @@
+"""Load and save pi0 / pi0.5 weights in the two real layouts.
+
+* openpi PyTorch: `model.safetensors` with keys `paligemma_with_expert.*`, `action_in_proj.*`,
+  `time_mlp_in/out.*` (pi0.5) or `state_proj.*`, `action_time_mlp_in/out.*` (pi0); norm
+  statistics in `assets/<id>/norm_stats.json`.
+* LeRobot: the same keys under a `model.` prefix, plus `config.json` (`"type": "pi05"`).
+
+Our module tree uses short roots (`vision`, `vision_proj`, `prefix_lm`, `expert`) and the
+Hugging Face names below them, so mapping is a prefix rewrite. Validation is strict and
+reports every problem at once. Loading streams tensor by tensor into a model built on the
+meta device, so a full-size checkpoint never exists twice in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from .config import GEMMA_2B, GEMMA_300M, PolicyConfig
+from .pi0 import Pi0Model, param_dtype
+
+log = logging.getLogger(__name__)
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+FLASHRT_CONFIG_FILE = "flashrt_config.json"
+LEROBOT_PREFIX = "model."
+
+# (our root, openpi root) — first entry is what we write; later entries are accepted aliases.
+_ROOTS: list[tuple[str, str]] = [
+    ("vision.", "paligemma_with_expert.paligemma.model.vision_tower.vision_model."),
+    ("vision_proj.", "paligemma_with_expert.paligemma.model.multi_modal_projector.linear."),
+    ("prefix_lm.", "paligemma_with_expert.paligemma.model.language_model."),
+    ("expert.", "paligemma_with_expert.gemma_expert.model."),
+    # transformers < 4.52 nesting (older openpi exports)
+    ("vision.", "paligemma_with_expert.paligemma.vision_tower.vision_model."),
+    ("vision_proj.", "paligemma_with_expert.paligemma.multi_modal_projector.linear."),
+    ("prefix_lm.", "paligemma_with_expert.paligemma.language_model.model."),
+]
+_TIED_EMBEDDING = "paligemma_with_expert.paligemma.lm_head.weight"
+# Present in real exports, never used for inference (vocab heads; the expert has no embedding).
+_IGNORED = {
+    _TIED_EMBEDDING,
+    "paligemma_with_expert.gemma_expert.lm_head.weight",
+    "paligemma_with_expert.gemma_expert.model.embed_tokens.weight",
+}
+_ALLOWED_DTYPES = {torch.float32, torch.bfloat16, torch.float16}
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used, with every reason listed."""
+
+
+@dataclass
+class CheckpointInfo:
+    path: Path
+    layout: str  # "openpi" | "lerobot"
+    config: PolicyConfig
+    num_tensors: int
+    num_bytes: int
+    seconds: float
+
+
+# ---- key mapping -----------------------------------------------------------------------------
+def to_openpi_key(ours: str) -> str:
+    for root, theirs in _ROOTS:
+        if ours.startswith(root):
+            return theirs + ours[len(root) :]
+    return ours
+
+
+def from_openpi_key(theirs: str, kind: str) -> str:
+    for root, prefix in _ROOTS:
+        if theirs.startswith(prefix):
+            return root + theirs[len(prefix) :]
+    if kind == "pi05" and theirs.startswith("action_time_mlp_"):
+        return theirs.replace("action_time_mlp_", "time_mlp_", 1)  # as LeRobot renames them
+    return theirs
+
+
+# ---- layout and config detection -------------------------------------------------------------
+def detect_layout(folder: Path) -> str:
+    weights = folder / WEIGHTS_FILE
+    if not weights.is_file():
+        raise CheckpointError(f"no {WEIGHTS_FILE} in {folder}")
+    with _open(weights) as f:
+        keys = list(f.keys())
+    return "lerobot" if keys and all(k.startswith(LEROBOT_PREFIX) for k in keys) else "openpi"
+
+
+def read_config(folder: Path, layout: str, fallback: PolicyConfig | None) -> PolicyConfig:
+    """Our own config file wins; else LeRobot's config.json; else the caller's fallback."""
+    ours = folder / FLASHRT_CONFIG_FILE
+    if ours.is_file():
+        return PolicyConfig.from_dict(json.loads(ours.read_text()))
+    theirs = folder / CONFIG_FILE
+    if layout == "lerobot" and theirs.is_file():
+        return config_from_lerobot(json.loads(theirs.read_text()))
+    if fallback is None:
+        raise CheckpointError(
+            f"{folder} has no {FLASHRT_CONFIG_FILE} or LeRobot {CONFIG_FILE}: pass a config "
+            "(e.g. PolicyConfig.pi05()) to say what model the weights belong to"
+        )
+    return fallback
+
+
+def config_from_lerobot(data: dict) -> PolicyConfig:
+    kind = data.get("type")
+    if kind not in ("pi0", "pi05"):
+        raise CheckpointError(f"LeRobot config type {kind!r} is not a pi0/pi05 policy")
+    variants = {"gemma_2b": GEMMA_2B, "gemma_300m": GEMMA_300M}
+    views = [k for k, v in data.get("input_features", {}).items() if v.get("type") == "VISUAL"]
+    base = PolicyConfig.pi05() if kind == "pi05" else PolicyConfig.pi0()
+    res = data.get("image_resolution", [224, 224])
+    return base.replace(
+        prefix=variants[data.get("paligemma_variant", "gemma_2b")],
+        expert=variants[data.get("action_expert_variant", "gemma_300m")],
+        vision=base.vision.__class__(image_size=int(res[0])),
+        num_views=max(1, len(views) + int(data.get("empty_cameras", 0))),
+        prompt_len=int(data.get("tokenizer_max_length", base.prompt_len)),
+        horizon=int(data.get("chunk_size", base.horizon)),
+        action_dim=int(data.get("max_action_dim", base.action_dim)),
+        state_dim=int(data.get("max_state_dim", base.state_dim)),
+        num_steps=int(data.get("num_inference_steps", base.num_steps)),
+        dtype=data.get("dtype", "float32"),
+    )
+
+
+def lerobot_config_dict(cfg: PolicyConfig, camera_names: list[str] | None = None, robot_dof: int | None = None) -> dict:
+    """A LeRobot-readable config.json for full-size models (ours is written beside it)."""
+    names = {GEMMA_2B: "gemma_2b", GEMMA_300M: "gemma_300m"}
+    cams = camera_names or [f"cam{i}" for i in range(cfg.num_views)]
+    size = cfg.vision.image_size
+    features = {f"observation.images.{c}": {"type": "VISUAL", "shape": [3, size, size]} for c in cams}
+    features["observation.state"] = {"type": "STATE", "shape": [robot_dof or cfg.state_dim]}
+    return {
+        "type": cfg.kind,
+        "paligemma_variant": names.get(cfg.prefix, "custom"),
+        "action_expert_variant": names.get(cfg.expert, "custom"),
+        "dtype": cfg.dtype,
+        "chunk_size": cfg.horizon,
+        "n_action_steps": cfg.horizon,
+        "max_state_dim": cfg.state_dim,
+        "max_action_dim": cfg.action_dim,
+        "num_inference_steps": cfg.num_steps,
+        "tokenizer_max_length": cfg.prompt_len,
+        "image_resolution": [size, size],
+        "input_features": features,
+        "output_features": {"action": {"type": "ACTION", "shape": [robot_dof or cfg.action_dim]}},
+    }
+
+
+# ---- loading ---------------------------------------------------------------------------------
+def load_model(
+    folder: str | Path,
+    config: PolicyConfig | None = None,
+    device: str | torch.device = "cpu",
+    progress: bool | None = None,
+) -> tuple[Pi0Model, CheckpointInfo]:
+    """Build the model described by the checkpoint and stream its weights in.
+
+    Raises CheckpointError listing every missing, unexpected, mis-shaped or wrongly typed
+    tensor; the model is returned only if all of them are right.
+    """
+    folder = Path(folder)
+    start = time.perf_counter()
+    layout = detect_layout(folder)
+    cfg = read_config(folder, layout, config)
+    weights = folder / WEIGHTS_FILE
+    with torch.device("meta"):
+        model = Pi0Model(cfg)
+    expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    with _open(weights) as f:
+        plan = _plan(f, layout, cfg, expected)
+        total = sum(_nbytes(f, key) for key in plan.values())
+        dtype = getattr(torch, cfg.dtype)
+        for ours, theirs in _progress(plan.items(), total, progress, weights.name):
+            tensor = f.get_tensor(theirs).to(device=device, dtype=param_dtype(ours, dtype))
+            _assign(model, ours, tensor)
+    model.eval()
+    info = CheckpointInfo(folder, layout, cfg, len(plan), total, time.perf_counter() - start)
+    log.info(
+        "loaded %s %s checkpoint %s: %d tensors, %.2f GB in %.1f s (%s, %s)",
+        cfg.kind, layout, folder, info.num_tensors, total / 1e9, info.seconds, cfg.dtype, device,
+    )
+    return model, info
+
+
+def _plan(f, layout: str, cfg: PolicyConfig, expected: dict[str, tuple]) -> dict[str, str]:
+    """Map every expected parameter to a checkpoint key, or raise with all problems."""
+    prefix = LEROBOT_PREFIX if layout == "lerobot" else ""
+    available: dict[str, str] = {}
+    unexpected, ignored = [], []
+    for key in f.keys():
+        theirs = key[len(prefix) :] if prefix and key.startswith(prefix) else key
+        if theirs in _IGNORED:
+            ignored.append(key)
+            continue
+        ours = from_openpi_key(theirs, cfg.kind)
+        (available.__setitem__(ours, key) if ours in expected else unexpected.append(key))
+    embed = "prefix_lm.embed_tokens.weight"
+    if embed not in available and prefix + _TIED_EMBEDDING in ignored:
+        available[embed] = prefix + _TIED_EMBEDDING  # tied weights saved under the LM head's name
+    missing = sorted(set(expected) - set(available))
+    problems = []
+    if missing:
+        problems.append(f"missing {len(missing)} tensor(s): " + ", ".join(to_openpi_key(m) for m in missing))
+    if unexpected:
+        problems.append(f"unexpected {len(unexpected)} tensor(s): " + ", ".join(sorted(unexpected)))
+    for ours, key in sorted(available.items()):
+        sl = f.get_slice(key)
+        shape, dtype = tuple(sl.get_shape()), _torch_dtype(sl.get_dtype())
+        if shape != expected[ours]:
+            problems.append(f"{key}: shape {list(shape)}, expected {list(expected[ours])}")
+        if dtype not in _ALLOWED_DTYPES:
+            problems.append(f"{key}: dtype {sl.get_dtype()}, expected a float type (F32/BF16/F16)")
+    if problems:
+        header = f"checkpoint does not match a {cfg.kind} model of this config:"
+        raise CheckpointError("\n  ".join([header, *problems]))
+    if ignored:
+        log.debug("ignored %d unused tensor(s): %s", len(ignored), ", ".join(ignored))
+    return {ours: available[ours] for ours in expected}
+
+
+def _open(path: Path):
+    try:
+        return safe_open(str(path), framework="pt")
+    except Exception as exc:  # safetensors raises its own error type for corrupt headers
+        raise CheckpointError(f"cannot read {path}: {exc} (truncated or not a safetensors file?)") from exc
+
+
+_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+
+
+def _torch_dtype(name: str) -> torch.dtype | None:
+    return _DTYPES.get(name)
+
+
+def _nbytes(f, key: str) -> int:
+    sl = f.get_slice(key)
+    n = 1
+    for d in sl.get_shape():
+        n *= d
+    dtype = _torch_dtype(sl.get_dtype())
+    return n * (dtype.itemsize if dtype is not None else 1)
+
+
+def _progress(items, total_bytes: int, enabled: bool | None, name: str):
+    """A progress bar for large checkpoints (> 200 MB) unless told otherwise."""
+    if enabled is None:
+        enabled = total_bytes > 200e6
+    if not enabled:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(list(items), desc=f"loading {name}", unit="tensor")
+
+
+def _assign(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    module_name, _, leaf = name.rpartition(".")
+    module = model.get_submodule(module_name)
+    module._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
+
+
+# ---- saving ----------------------------------------------------------------------------------
+def save_model(
+    model: Pi0Model,
+    folder: str | Path,
+    layout: str = "lerobot",
+    camera_names: list[str] | None = None,
+    robot_dof: int | None = None,
+) -> Path:
+    """Write `model.safetensors` (+ configs) in the given layout; returns the folder."""
+    if layout not in ("openpi", "lerobot"):
+        raise ValueError(f"layout must be 'openpi' or 'lerobot', got {layout!r}")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    prefix = LEROBOT_PREFIX if layout == "lerobot" else ""
+    tensors = {prefix + to_openpi_key(n): p.detach().contiguous().cpu() for n, p in model.named_parameters()}
+    save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt", "flashrt_layout": layout})
+    cfg = model.cfg
+    (folder / FLASHRT_CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2))
+    if layout == "lerobot":
+        lerobot_cfg = lerobot_config_dict(cfg, camera_names, robot_dof)
+        (folder / CONFIG_FILE).write_text(json.dumps(lerobot_cfg, indent=2))
+    return folder

@@ -1,0 +1,178 @@
+"""Policy configurations: the real pi0 / pi0.5 sizes, and a `tiny` preset for CPU tests.
+
+The sizes are openpi's (`gemma.py: get_config`, `siglip.py`) as LeRobot 0.6.1 builds them;
+see ../shared/DESIGN.md §4. Everything a deployment may change (views, prompt length,
+horizon, steps) is a plain field, so a YAML file can set it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+PolicyKind = Literal["pi0", "pi05"]
+Precision = Literal["float32", "bfloat16"]
+
+
+@dataclass(frozen=True)
+class GemmaSpec:
+    """One Gemma decoder stack (the prefix language model or the action expert)."""
+
+    width: int
+    depth: int
+    mlp_dim: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class SiglipSpec:
+    """SigLIP vision tower (pre-LN ViT, no pooling head) plus the linear projector."""
+
+    image_size: int = 224
+    patch_size: int = 14
+    width: int = 1152
+    depth: int = 27
+    num_heads: int = 16
+    mlp_dim: int = 4304
+    layer_norm_eps: float = 1e-6
+
+    @property
+    def num_tokens(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+
+GEMMA_2B = GemmaSpec(width=2048, depth=18, mlp_dim=16384, num_heads=8, num_kv_heads=1, head_dim=256)
+GEMMA_300M = GemmaSpec(width=1024, depth=18, mlp_dim=4096, num_heads=8, num_kv_heads=1, head_dim=256)
+SIGLIP_SO400M = SiglipSpec()
+PALIGEMMA_VOCAB = 257152
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Everything needed to build a pi0 / pi0.5 model and run one decision.
+
+    `action_dim` / `state_dim` are the padded model dimensions (32 in openpi); the robot's
+    own DOF is smaller and is handled by un-padding at the output.
+    """
+
+    kind: PolicyKind = "pi05"
+    vision: SiglipSpec = SIGLIP_SO400M
+    prefix: GemmaSpec = GEMMA_2B
+    expert: GemmaSpec = GEMMA_300M
+    vocab_size: int = PALIGEMMA_VOCAB
+    num_views: int = 3
+    prompt_len: int = 200
+    horizon: int = 50
+    action_dim: int = 32
+    state_dim: int = 32
+    num_steps: int = 10
+    rms_norm_eps: float = 1e-6
+    rope_base: float = 10000.0
+    min_period: float = 4e-3
+    max_period: float = 4.0
+    dtype: Precision = "float32"
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def uses_adarms(self) -> bool:
+        """pi0.5 conditions the expert's norms on time (adaRMS); pi0 feeds time through an MLP."""
+        return self.kind == "pi05"
+
+    @property
+    def suffix_len(self) -> int:
+        """pi0's suffix carries one state token before the action tokens."""
+        return self.horizon + (1 if self.kind == "pi0" else 0)
+
+    @property
+    def prefix_len(self) -> int:
+        return self.num_views * self.vision.num_tokens + self.prompt_len
+
+    def validate(self) -> None:
+        problems = []
+        if self.kind not in ("pi0", "pi05"):
+            problems.append(f"kind must be 'pi0' or 'pi05', got {self.kind!r}")
+        if self.dtype not in ("float32", "bfloat16"):
+            problems.append(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        p, e = self.prefix, self.expert
+        if p.depth != e.depth:
+            problems.append(f"prefix depth {p.depth} != expert depth {e.depth} (they attend jointly per layer)")
+        if (p.head_dim, p.num_kv_heads) != (e.head_dim, e.num_kv_heads):
+            problems.append("prefix and expert must share head_dim and num_kv_heads (shared KV cache)")
+        if p.num_heads % p.num_kv_heads or e.num_heads % e.num_kv_heads:
+            problems.append("num_heads must be a multiple of num_kv_heads")
+        if self.vision.image_size % self.vision.patch_size:
+            problems.append("image_size must be a multiple of patch_size")
+        if self.vision.width % self.vision.num_heads:
+            problems.append("vision width must be a multiple of vision num_heads")
+        if e.width % 2:
+            problems.append("expert width must be even (sin/cos time embedding)")
+        for name in ("num_views", "prompt_len", "horizon", "action_dim", "state_dim", "num_steps", "vocab_size"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if problems:
+            raise ValueError("invalid PolicyConfig: " + "; ".join(problems))
+
+    def replace(self, **changes) -> PolicyConfig:
+        return dataclasses.replace(self, **changes)
+
+    # ---- presets ---------------------------------------------------------------------------
+    @classmethod
+    def pi05(cls, **overrides) -> PolicyConfig:
+        return cls(kind="pi05", prompt_len=200, **overrides)
+
+    @classmethod
+    def pi0(cls, **overrides) -> PolicyConfig:
+        return cls(kind="pi0", prompt_len=48, **overrides)
+
+    @classmethod
+    def tiny(cls, kind: PolicyKind = "pi05", **overrides) -> PolicyConfig:
+        """A few layers and small widths: same code paths, runs in milliseconds on a CPU."""
+        base = dict(
+            kind=kind,
+            vision=SiglipSpec(image_size=56, patch_size=14, width=32, depth=2, num_heads=2, mlp_dim=64),
+            prefix=GemmaSpec(width=64, depth=2, mlp_dim=128, num_heads=4, num_kv_heads=1, head_dim=16),
+            expert=GemmaSpec(width=32, depth=2, mlp_dim=64, num_heads=4, num_kv_heads=1, head_dim=16),
+            vocab_size=512,
+            num_views=2,
+            prompt_len=48 if kind == "pi05" else 16,
+            horizon=10,
+            num_steps=4,
+        )
+        base.update(overrides)
+        return cls(**base)
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> PolicyConfig:
+        """Presets by name, as YAML files and the CLI spell them."""
+        presets = {
+            "pi05": lambda: cls.pi05(**overrides),
+            "pi0": lambda: cls.pi0(**overrides),
+            "pi05_tiny": lambda: cls.tiny("pi05", **overrides),
+            "pi0_tiny": lambda: cls.tiny("pi0", **overrides),
+        }
+        if name not in presets:
+            raise ValueError(f"unknown policy preset {name!r}; expected one of {sorted(presets)}")
+        return presets[name]()
+
+    # ---- (de)serialisation -----------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> PolicyConfig:
+        data = dict(data)
+        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown PolicyConfig fields: {sorted(unknown)}")
+        if isinstance(data.get("vision"), dict):
+            data["vision"] = SiglipSpec(**data["vision"])
+        for key in ("prefix", "expert"):
+            if isinstance(data.get(key), dict):
+                data[key] = GemmaSpec(**data[key])
+        return cls(**data)

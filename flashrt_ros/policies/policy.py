@@ -1,0 +1,146 @@
+"""A ready-to-run policy: raw robot observation in, un-normalised action chunk out.
+
+This is what the engine and the ROS node call. It owns the model, the tokenizer and the
+normaliser, and does the openpi observation pipeline: normalise state -> (pi0.5) discretise
+it into the prompt / (pi0) pad it for the state token -> pre-process views -> sample ->
+un-normalise -> drop padded action dims.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .checkpoint import load_model
+from .config import PolicyConfig
+from .normalize import Normalizer
+from .pi0 import Pi0Model, count_parameters
+from .preprocess import images_to_pixels
+from .prompt import PromptTokenizer, Tokens
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Observation:
+    """One robot observation. `images` are HxWx3 RGB uint8, ordered as the model's views;
+    None marks an absent camera."""
+
+    images: list[np.ndarray | None]
+    state: np.ndarray
+    prompt: str
+
+
+@dataclass
+class ModelInputs:
+    """Tensors of one decision, ready for `Pi0Model.sample_actions` (batch of 1)."""
+
+    pixels: torch.Tensor
+    image_masks: torch.Tensor
+    tokens: torch.Tensor
+    token_masks: torch.Tensor
+    state: torch.Tensor
+    extras: dict = field(default_factory=dict)
+
+
+class Policy:
+    def __init__(
+        self,
+        model: Pi0Model,
+        tokenizer: PromptTokenizer,
+        normalizer: Normalizer | None = None,
+        action_dof: int | None = None,
+        device: str | torch.device = "cpu",
+    ):
+        self.model = model
+        self.cfg: PolicyConfig = model.cfg
+        self.tokenizer = tokenizer
+        self.normalizer = normalizer or Normalizer("identity")
+        self.action_dof = action_dof or self.cfg.action_dim
+        self.device = torch.device(device)
+        if tokenizer.vocab_size > self.cfg.vocab_size:
+            raise ValueError(f"tokenizer vocab {tokenizer.vocab_size} exceeds the model's {self.cfg.vocab_size}")
+        if self.action_dof > self.cfg.action_dim:
+            raise ValueError(f"robot has {self.action_dof} action dims, the model only {self.cfg.action_dim}")
+        log.info(
+            "policy %s: %.1fM parameters, %d views, prompt %d, horizon %d, %d steps, %s on %s",
+            self.cfg.kind, count_parameters(model) / 1e6, self.cfg.num_views, self.cfg.prompt_len,
+            self.cfg.horizon, self.cfg.num_steps, self.cfg.dtype, self.device,
+        )
+
+    def prepare(self, obs: Observation) -> ModelInputs:
+        cfg = self.cfg
+        if len(obs.images) != cfg.num_views:
+            raise ValueError(f"expected {cfg.num_views} camera views, got {len(obs.images)}")
+        state = np.asarray(obs.state, dtype=np.float32)
+        if state.ndim != 1 or state.shape[0] > cfg.state_dim:
+            raise ValueError(f"state must be a vector of at most {cfg.state_dim} values, got shape {state.shape}")
+        if not np.isfinite(state).all():
+            raise ValueError("state has non-finite values")
+        norm_state = self.normalizer.normalize_state(state)
+        tokens: Tokens = self.tokenizer.tokenize(cfg.kind, obs.prompt, norm_state if cfg.kind == "pi05" else None)
+        padded = np.zeros(cfg.state_dim, dtype=np.float32)
+        padded[: norm_state.shape[0]] = norm_state
+        pixels, masks = images_to_pixels(obs.images, cfg.vision.image_size, self.device)
+        dev = self.device
+        return ModelInputs(
+            pixels=pixels,
+            image_masks=masks,
+            tokens=torch.from_numpy(tokens.ids)[None].to(dev),
+            token_masks=torch.from_numpy(tokens.mask)[None].to(dev),
+            state=torch.from_numpy(padded)[None].to(dev),
+            extras={"prompt_truncated": tokens.truncated},
+        )
+
+    def infer_prepared(self, inputs: ModelInputs, noise: torch.Tensor | None = None,
+                       generator: torch.Generator | None = None) -> np.ndarray:
+        chunk = self.model.sample_actions(
+            inputs.pixels, inputs.image_masks, inputs.tokens, inputs.token_masks, inputs.state,
+            noise=noise, generator=generator,
+        )
+        actions = chunk[0, :, : self.action_dof].float().cpu().numpy()
+        return self.normalizer.unnormalize_actions(actions)
+
+    def infer(self, obs: Observation, noise: torch.Tensor | None = None,
+              generator: torch.Generator | None = None) -> np.ndarray:
+        """-> actions [horizon, action_dof] float32 in robot units."""
+        return self.infer_prepared(self.prepare(obs), noise, generator)
+
+
+def random_init(model: Pi0Model, seed: int) -> Pi0Model:
+    """Deterministic random weights: N(0, 0.02) matrices, small random norms and biases.
+
+    Norm scales and adaRMS projections get non-zero values on purpose, so every code path
+    (scale, shift, gate) is exercised; the result is a valid but untrained policy.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    for _, p in sorted(model.named_parameters(), key=lambda item: item[0]):
+        std = 0.02 if p.ndim >= 2 else 0.1
+        values = torch.randn(p.shape, generator=gen) * std
+        p.data = values.to(device=p.device, dtype=p.dtype)
+    return model
+
+
+def build_policy(
+    config: PolicyConfig,
+    tokenizer_file: str | Path,
+    checkpoint: str | Path | None = None,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    action_dof: int | None = None,
+    normalizer: Normalizer | None = None,
+) -> Policy:
+    """From a checkpoint folder, or seeded random weights when none is given."""
+    if checkpoint:
+        model, info = load_model(checkpoint, config, device=device)
+        config = info.config
+        normalizer = normalizer or Normalizer.find(checkpoint)
+    else:
+        log.warning("no checkpoint given: using RANDOM weights (seed %d) - the actions mean nothing", seed)
+        model = random_init(Pi0Model(config), seed).set_precision(getattr(torch, config.dtype)).to(device)
+    tokenizer = PromptTokenizer(tokenizer_file, config.prompt_len)
+    return Policy(model.eval(), tokenizer, normalizer, action_dof, device)

@@ -1,0 +1,83 @@
+"""Prompt tokenisation as openpi's `PaligemmaTokenizer` does it.
+
+pi0.5: the normalised state is discretised into 256 bins over [-1, 1] and written into the
+prompt: "Task: <task>, State: <bins>;\\nAction: ". pi0: "<task>" then "\\n" as its own
+piece (the start-of-answer token); the state goes to the state token instead.
+Tokens are right-padded with 0 to the prompt length; the mask marks real tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+STATE_BINS = 256
+
+
+def clean_task(task: str) -> str:
+    return task.strip().replace("_", " ").replace("\n", " ")
+
+
+def discretize_state(state: np.ndarray) -> np.ndarray:
+    """Normalised state in [-1, 1] -> bin index 0..255 (values outside clip to the end bins)."""
+    bins = np.linspace(-1.0, 1.0, STATE_BINS + 1)[:-1]
+    return np.digitize(np.asarray(state, dtype=np.float64), bins=bins) - 1
+
+
+def pi05_prompt(task: str, state: np.ndarray) -> str:
+    state_str = " ".join(map(str, discretize_state(state)))
+    return f"Task: {clean_task(task)}, State: {state_str};\nAction: "
+
+
+@dataclass
+class Tokens:
+    ids: np.ndarray  # int64 [L]
+    mask: np.ndarray  # bool [L]
+    truncated: bool
+
+
+class PromptTokenizer:
+    """SentencePiece (PaliGemma's `tokenizer.model`, given as a local file) plus prompt layout."""
+
+    def __init__(self, model_file: str | Path, prompt_len: int):
+        import sentencepiece
+
+        path = Path(model_file)
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenizer model not found: {path}")
+        self.sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        self.prompt_len = prompt_len
+        log.info("tokenizer %s: vocab %d, prompt length %d", path, self.sp.get_piece_size(), prompt_len)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        return list(self.sp.encode(text, add_bos=add_bos))
+
+    def tokenize(self, kind: str, task: str, state: np.ndarray | None = None) -> Tokens:
+        if kind == "pi05":
+            if state is None:
+                raise ValueError("pi0.5 writes the discretised state into the prompt: state is required")
+            ids = self.encode(pi05_prompt(task, state), add_bos=True)
+        else:
+            ids = self.encode(clean_task(task), add_bos=True) + self.encode("\n")
+        return self.pad(ids)
+
+    def pad(self, ids: list[int]) -> Tokens:
+        n = self.prompt_len
+        truncated = len(ids) > n
+        if truncated:
+            log.warning("prompt has %d tokens, longer than prompt_len %d: truncated", len(ids), n)
+            ids = ids[:n]
+        out = np.zeros(n, dtype=np.int64)
+        out[: len(ids)] = ids
+        mask = np.zeros(n, dtype=bool)
+        mask[: len(ids)] = True
+        return Tokens(out, mask, truncated)

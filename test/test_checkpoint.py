@@ -1,0 +1,172 @@
+"""Real-format checkpoints (openpi and LeRobot layouts): round trips and precise errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from policy_fixtures import tiny_inputs, tiny_model
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from flashrt_ros.policies.checkpoint import (
+    CheckpointError,
+    config_from_lerobot,
+    detect_layout,
+    lerobot_config_dict,
+    load_model,
+    save_model,
+)
+from flashrt_ros.policies.config import PolicyConfig
+
+LAYOUTS = ["openpi", "lerobot"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", ["pi05", "pi0"])
+def test_round_trip_gives_identical_tensors_and_actions(tmp_path, layout, kind):
+    model = tiny_model(kind, seed=3)
+    save_model(model, tmp_path, layout=layout)
+    assert detect_layout(tmp_path) == layout
+    loaded, info = load_model(tmp_path)
+    assert info.layout == layout and info.config == model.cfg
+    ours = dict(model.named_parameters())
+    for name, p in loaded.named_parameters():
+        assert torch.equal(p, ours[name]), name
+    x = tiny_inputs(model.cfg, batch=1)
+    assert torch.equal(loaded.sample_actions(**x), model.sample_actions(**x))
+
+
+def test_real_key_names_in_each_layout(tmp_path):
+    model = tiny_model("pi05")
+    save_model(model, tmp_path / "o", layout="openpi")
+    save_model(model, tmp_path / "l", layout="lerobot")
+    with safe_open(str(tmp_path / "o" / "model.safetensors"), "pt") as f:
+        okeys = set(f.keys())
+    with safe_open(str(tmp_path / "l" / "model.safetensors"), "pt") as f:
+        lkeys = set(f.keys())
+    assert "paligemma_with_expert.paligemma.model.vision_tower.vision_model.embeddings.patch_embedding.weight" in okeys
+    assert "paligemma_with_expert.paligemma.model.language_model.layers.0.self_attn.q_proj.weight" in okeys
+    assert "paligemma_with_expert.gemma_expert.model.layers.1.input_layernorm.dense.weight" in okeys
+    assert "paligemma_with_expert.paligemma.model.multi_modal_projector.linear.bias" in okeys
+    assert {"time_mlp_in.weight", "action_in_proj.weight", "action_out_proj.bias"} <= okeys
+    assert lkeys == {"model." + k for k in okeys}
+    cfg = json.loads((tmp_path / "l" / "config.json").read_text())
+    assert cfg["type"] == "pi05" and cfg["chunk_size"] == model.cfg.horizon
+
+
+def test_openpi_aliases_tied_embedding_and_unused_heads(tmp_path):
+    """pi0.5 exports may name the time MLP action_time_mlp_*, save the embedding only as
+    the (tied) LM head, and carry vocab heads nobody uses."""
+    model = tiny_model("pi05")
+    save_model(model, tmp_path, layout="openpi")
+    path = tmp_path / "model.safetensors"
+    t = load_file(str(path))
+    for leaf in ("weight", "bias"):
+        t[f"action_time_mlp_in.{leaf}"] = t.pop(f"time_mlp_in.{leaf}")
+    emb = "paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
+    t["paligemma_with_expert.paligemma.lm_head.weight"] = t.pop(emb)
+    t["paligemma_with_expert.gemma_expert.lm_head.weight"] = torch.zeros(8, model.cfg.expert.width)
+    save_file(t, str(path))
+    loaded, _ = load_model(tmp_path)
+    assert torch.equal(loaded.prefix_lm.embed_tokens.weight, model.prefix_lm.embed_tokens.weight)
+    assert torch.equal(loaded.time_mlp_in.bias, model.time_mlp_in.bias)
+
+
+def _corrupt(tmp_path, edit):
+    model = tiny_model("pi05")
+    save_model(model, tmp_path, layout="lerobot")
+    path = tmp_path / "model.safetensors"
+    tensors = load_file(str(path))
+    edit(tensors)
+    save_file(tensors, str(path))
+    with pytest.raises(CheckpointError) as err:
+        load_model(tmp_path)
+    return str(err.value)
+
+
+QPROJ = "model.paligemma_with_expert.paligemma.model.language_model.layers.0.self_attn.q_proj.weight"
+
+
+def test_missing_key_is_named(tmp_path):
+    msg = _corrupt(tmp_path, lambda t: t.pop("model.action_out_proj.weight"))
+    assert "missing 1 tensor(s): action_out_proj.weight" in msg
+
+
+def test_wrong_shape_is_named_with_both_shapes(tmp_path):
+    msg = _corrupt(tmp_path, lambda t: t.__setitem__(QPROJ, torch.zeros(3, 5)))
+    assert f"{QPROJ}: shape [3, 5], expected [64, 64]" in msg
+
+
+def test_wrong_dtype_is_named(tmp_path):
+    msg = _corrupt(tmp_path, lambda t: t.__setitem__(QPROJ, torch.zeros(64, 64, dtype=torch.int32)))
+    assert f"{QPROJ}: dtype I32, expected a float type" in msg
+
+
+def test_all_problems_reported_at_once(tmp_path):
+    def edit(t):
+        t.pop("model.action_in_proj.bias")
+        t["model.something_else.weight"] = torch.zeros(2)
+        t[QPROJ] = torch.zeros(1)
+
+    msg = _corrupt(tmp_path, edit)
+    assert "missing 1 tensor(s): action_in_proj.bias" in msg
+    assert "unexpected 1 tensor(s): model.something_else.weight" in msg
+    assert "shape [1], expected [64, 64]" in msg
+
+
+def test_truncated_file_is_a_clear_error(tmp_path):
+    save_model(tiny_model("pi05"), tmp_path, layout="openpi")
+    path = tmp_path / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="truncated or not a safetensors file"):
+        load_model(tmp_path)
+    path.write_bytes(b"\x00\x01garbage")
+    with pytest.raises(CheckpointError, match=str(path)):
+        load_model(tmp_path)
+
+
+def test_pi0_weights_with_pi05_config_fail_clearly(tmp_path):
+    save_model(tiny_model("pi0"), tmp_path, layout="openpi")
+    (tmp_path / "flashrt_config.json").unlink()
+    with pytest.raises(CheckpointError) as err:
+        load_model(tmp_path, config=PolicyConfig.tiny("pi05"))
+    msg = str(err.value)
+    assert "missing" in msg and "time_mlp_in.weight" in msg and "unexpected" in msg and "state_proj.weight" in msg
+
+
+def test_openpi_folder_without_config_needs_one(tmp_path):
+    save_model(tiny_model("pi05"), tmp_path, layout="openpi")
+    (tmp_path / "flashrt_config.json").unlink()
+    with pytest.raises(CheckpointError, match="pass a config"):
+        load_model(tmp_path)
+    model, _ = load_model(tmp_path, config=PolicyConfig.tiny("pi05"))
+    assert model.cfg.kind == "pi05"
+
+
+def test_missing_weights_file(tmp_path):
+    with pytest.raises(CheckpointError, match="no model.safetensors"):
+        load_model(tmp_path)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_dtype_converted_on_load(tmp_path, dtype):
+    model = tiny_model("pi05")
+    save_model(model, tmp_path, layout="lerobot")
+    cfg = model.cfg.replace(dtype=dtype)
+    (tmp_path / "flashrt_config.json").write_text(json.dumps(cfg.to_dict()))
+    loaded, _ = load_model(tmp_path)
+    assert loaded.prefix_lm.layers[0].self_attn.q_proj.weight.dtype == getattr(torch, dtype)
+    assert loaded.expert.layers[0].input_layernorm.dense.weight.dtype == torch.float32
+    assert loaded.vision.post_layernorm.weight.dtype == torch.float32
+
+
+def test_lerobot_config_json_maps_to_full_size_config():
+    cfg = config_from_lerobot(lerobot_config_dict(PolicyConfig.pi05(), ["a", "b", "c"], robot_dof=14))
+    assert cfg == PolicyConfig.pi05()
+    cfg0 = config_from_lerobot(lerobot_config_dict(PolicyConfig.pi0(num_views=2, horizon=30)))
+    assert cfg0.kind == "pi0" and cfg0.num_views == 2 and cfg0.horizon == 30 and cfg0.prompt_len == 48
+    with pytest.raises(CheckpointError, match="not a pi0/pi05 policy"):
+        config_from_lerobot({"type": "act"})

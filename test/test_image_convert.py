@@ -1,0 +1,351 @@
+"""image_to_rgb / compressed_to_rgb: every encoding against a known image, and refusals."""
+
+from __future__ import annotations
+
+import array
+import io
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from flashrt_ros.ros import input_error as ie
+from flashrt_ros.ros.image_convert import SUPPORTED_ENCODINGS, compressed_to_rgb, image_to_rgb
+from flashrt_ros.ros.input_error import InputError
+
+H, W = 5, 7
+RNG = np.random.default_rng(0)
+RGB = RNG.integers(0, 256, (H, W, 3), dtype=np.uint8)
+ALPHA = RNG.integers(0, 256, (H, W, 1), dtype=np.uint8)
+GRAY8 = RNG.integers(0, 256, (H, W), dtype=np.uint8)
+GRAY16 = RNG.integers(0, 65536, (H, W), dtype=np.uint16)
+# 32FC1 values with their documented 8-bit result: [0,1] -> round(x*255), clip, NaN -> 0.
+FLOAT_CASES = [
+    (0.0, 0), (1.0, 255), (0.5, 128), (0.25, 64), (0.1, 26), (-0.5, 0), (2.0, 255),
+    (np.nan, 0), (np.inf, 255), (-np.inf, 0),
+]  # fmt: skip
+
+
+def _float_image() -> tuple[np.ndarray, np.ndarray]:
+    values = np.array([v for v, _ in FLOAT_CASES], dtype=np.float32)
+    expected = np.array([e for _, e in FLOAT_CASES], dtype=np.uint8)
+    idx = np.arange(H * W) % len(FLOAT_CASES)
+    return values[idx].reshape(H, W), expected[idx].reshape(H, W)
+
+
+def _gray3(gray: np.ndarray) -> np.ndarray:
+    return np.repeat(gray[..., None], 3, axis=2)
+
+
+def encoded(encoding: str) -> tuple[np.ndarray, np.ndarray]:
+    """(pixels as the encoding stores them, HxWxC native dtype; RGB the converter must give)."""
+    bgr = RGB[..., ::-1]
+    floats, float_expected = _float_image()
+    table = {
+        "rgb8": (RGB, RGB),
+        "bgr8": (bgr, RGB),
+        "8UC3": (bgr, RGB),
+        "rgba8": (np.concatenate([RGB, ALPHA], axis=2), RGB),
+        "bgra8": (np.concatenate([bgr, ALPHA], axis=2), RGB),
+        "8UC4": (np.concatenate([bgr, ALPHA], axis=2), RGB),
+        "mono8": (GRAY8[..., None], _gray3(GRAY8)),
+        "8UC1": (GRAY8[..., None], _gray3(GRAY8)),
+        "mono16": (GRAY16[..., None], _gray3((GRAY16 >> 8).astype(np.uint8))),
+        "16UC1": (GRAY16[..., None], _gray3((GRAY16 >> 8).astype(np.uint8))),
+        "32FC1": (floats[..., None], _gray3(float_expected)),
+    }
+    return table[encoding]
+
+
+def make_msg(encoding: str, pixels: np.ndarray, *, pad: int = 0, bigendian: bool = False, container=bytes):
+    """Serialise pixels the way a driver would: rows of step bytes, junk in the padding."""
+    h, w = pixels.shape[:2]
+    dtype = pixels.dtype.newbyteorder(">" if bigendian else "<")
+    row_bytes = np.ascontiguousarray(pixels, dtype=dtype).view(np.uint8).reshape(h, -1)
+    step = row_bytes.shape[1] + pad
+    rows = np.full((h, step), 0xAB, dtype=np.uint8)
+    rows[:, : row_bytes.shape[1]] = row_bytes
+    raw = rows.tobytes()
+    data = {
+        bytes: raw,
+        bytearray: bytearray(raw),
+        array.array: array.array("B", raw),
+        memoryview: memoryview(bytearray(raw)),
+        np.ndarray: np.frombuffer(raw, dtype=np.uint8).copy(),
+        list: list(raw),
+    }[container]
+    return SimpleNamespace(
+        header=SimpleNamespace(stamp=SimpleNamespace(sec=1, nanosec=0), frame_id="cam"),
+        height=h, width=w, encoding=encoding, is_bigendian=int(bigendian), step=step, data=data,
+    )  # fmt: skip
+
+
+# --- every encoding -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", SUPPORTED_ENCODINGS)
+@pytest.mark.parametrize("pad", [0, 5])
+def test_every_encoding_gives_the_known_rgb(encoding: str, pad: int) -> None:
+    pixels, expected = encoded(encoding)
+    rgb = image_to_rgb(make_msg(encoding, pixels, pad=pad))
+    assert rgb.shape == (H, W, 3) and rgb.dtype == np.uint8
+    np.testing.assert_array_equal(rgb, expected)
+
+
+@pytest.mark.parametrize("encoding", ["mono16", "16UC1", "32FC1"])
+@pytest.mark.parametrize("pad", [0, 3])
+def test_big_endian_multibyte(encoding: str, pad: int) -> None:
+    pixels, expected = encoded(encoding)
+    msg = make_msg(encoding, pixels, pad=pad, bigendian=True)
+    np.testing.assert_array_equal(image_to_rgb(msg), expected)
+
+
+def test_big_endian_flag_matters_for_mono16() -> None:
+    gray = np.full((H, W, 1), 0x1234, dtype=np.uint16)
+    msg = make_msg("mono16", gray, bigendian=True)
+    assert (image_to_rgb(msg) == 0x12).all()
+    msg.is_bigendian = 0  # same bytes read little-endian: 0x3412
+    assert (image_to_rgb(msg) == 0x34).all()
+
+
+def test_is_bigendian_ignored_for_8bit() -> None:
+    msg = make_msg("bgr8", RGB[..., ::-1], bigendian=True)
+    np.testing.assert_array_equal(image_to_rgb(msg), RGB)
+
+
+@pytest.mark.parametrize("container", [bytes, bytearray, array.array, memoryview, np.ndarray, list])
+@pytest.mark.parametrize("encoding", ["rgb8", "bgra8", "mono16"])
+def test_data_containers(container, encoding: str) -> None:
+    pixels, expected = encoded(encoding)
+    msg = make_msg(encoding, pixels, pad=2, container=container)
+    np.testing.assert_array_equal(image_to_rgb(msg), expected)
+
+
+def test_encoding_name_is_case_insensitive() -> None:
+    np.testing.assert_array_equal(image_to_rgb(make_msg("BGR8", RGB[..., ::-1])), RGB)
+
+
+# --- copies -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pad", [0, 4])
+def test_rgb8_is_zero_copy(pad: int) -> None:
+    msg = make_msg("rgb8", RGB, pad=pad, container=array.array)
+    rgb = image_to_rgb(msg)
+    assert np.shares_memory(rgb, np.frombuffer(msg.data, dtype=np.uint8))
+
+
+def test_rgba8_is_zero_copy() -> None:
+    pixels, _ = encoded("rgba8")
+    msg = make_msg("rgba8", pixels, container=bytearray)
+    assert np.shares_memory(image_to_rgb(msg), np.frombuffer(msg.data, dtype=np.uint8))
+
+
+@pytest.mark.parametrize("encoding", ["bgr8", "bgra8", "mono8", "mono16", "32FC1"])
+def test_reordered_results_are_contiguous_copies(encoding: str) -> None:
+    pixels, _ = encoded(encoding)
+    msg = make_msg(encoding, pixels, pad=3, container=bytearray)
+    rgb = image_to_rgb(msg)
+    assert rgb.flags.c_contiguous and rgb.flags.writeable
+    assert not np.shares_memory(rgb, np.frombuffer(msg.data, dtype=np.uint8))
+
+
+@pytest.mark.parametrize("encoding", ["rgb8", "bgr8", "rgba8", "mono8", "32FC1"])
+def test_out_buffer_is_filled_in_place(encoding: str) -> None:
+    pixels, expected = encoded(encoding)
+    out = np.zeros((H, W, 3), dtype=np.uint8)
+    result = image_to_rgb(make_msg(encoding, pixels, pad=1), out=out)
+    assert result is out
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_out_buffer_of_other_size_is_bad_size() -> None:
+    with pytest.raises(InputError) as err:
+        image_to_rgb(make_msg("rgb8", RGB), out=np.zeros((H + 1, W, 3), np.uint8))
+    assert err.value.reason == ie.BAD_SIZE
+
+
+def test_out_buffer_wrong_dtype_is_a_programming_error() -> None:
+    with pytest.raises(ValueError, match="uint8") as err:
+        image_to_rgb(make_msg("rgb8", RGB), out=np.zeros((H, W, 3), np.float32))
+    assert not isinstance(err.value, InputError)
+
+
+# --- refusals -----------------------------------------------------------------------
+
+
+def _refusal(msg, **kwargs) -> InputError:
+    with pytest.raises(InputError) as err:
+        image_to_rgb(msg, source="/cam/wrist", **kwargs)
+    assert err.value.source == "/cam/wrist" and "/cam/wrist" in str(err.value)
+    return err.value
+
+
+def test_unknown_encoding_lists_supported() -> None:
+    msg = make_msg("rgb8", RGB)
+    msg.encoding = "yuv422"
+    err = _refusal(msg)
+    assert err.reason == ie.BAD_ENCODING
+    assert "yuv422" in str(err) and all(e in str(err) for e in SUPPORTED_ENCODINGS)
+
+
+@pytest.mark.parametrize("field", ["height", "width"])
+def test_zero_size(field: str) -> None:
+    msg = make_msg("rgb8", RGB)
+    setattr(msg, field, 0)
+    err = _refusal(msg)
+    assert err.reason == ie.BAD_SIZE and "0" in str(err)
+
+
+def test_step_too_small() -> None:
+    msg = make_msg("rgba8", encoded("rgba8")[0])
+    msg.step = W * 4 - 1
+    err = _refusal(msg)
+    assert err.reason == ie.BAD_SIZE
+    assert f"step {W * 4 - 1}" in str(err) and str(W * 4) in str(err)
+
+
+def test_truncated_data_says_got_and_expected() -> None:
+    msg = make_msg("bgr8", RGB[..., ::-1], pad=2)
+    msg.data = msg.data[:-1]
+    err = _refusal(msg)
+    assert err.reason == ie.TRUNCATED_DATA
+    expected = msg.step * H
+    assert f"{expected - 1} bytes" in str(err) and f"= {expected}" in str(err)
+
+
+def test_data_longer_than_header_says_is_refused() -> None:
+    rgba, _ = encoded("rgba8")
+    msg = make_msg("rgba8", rgba)
+    msg.encoding, msg.step = "rgb8", W * 3  # rgba8 payload mislabelled rgb8
+    err = _refusal(msg)
+    assert err.reason == ie.BAD_SIZE
+    assert str(H * W * 4) in str(err) and str(H * W * 3) in str(err)
+
+
+def test_expected_size_from_config() -> None:
+    err = _refusal(make_msg("rgb8", RGB), expected_hw=(480, 640))
+    assert err.reason == ie.BAD_SIZE
+    assert f"{H}x{W}" in str(err) and "480x640" in str(err)
+    assert image_to_rgb(make_msg("rgb8", RGB), expected_hw=(H, W)).shape == (H, W, 3)
+
+
+# --- compressed ---------------------------------------------------------------------
+
+
+def _compressed(image: Image.Image, codec: str, fmt: str | None = None, **save) -> SimpleNamespace:
+    buf = io.BytesIO()
+    image.save(buf, format=codec, **save)
+    return SimpleNamespace(header=None, format=fmt if fmt is not None else codec.lower(), data=buf.getvalue())
+
+
+def _smooth_rgb(h: int = 48, w: int = 64) -> np.ndarray:
+    """A gradient: JPEG reproduces it closely, so a tolerance check is meaningful."""
+    y, x = np.mgrid[0:h, 0:w]
+    return np.stack([x * 255 // (w - 1), y * 255 // (h - 1), (x + y) * 255 // (h + w - 2)], axis=2).astype(
+        np.uint8
+    )
+
+
+def test_png_round_trip_is_exact() -> None:
+    msg = _compressed(Image.fromarray(RGB), "PNG")
+    np.testing.assert_array_equal(compressed_to_rgb(msg), RGB)
+
+
+@pytest.mark.parametrize("fmt", ["jpeg", "rgb8; jpeg compressed bgr8", "bgr8; jpeg compressed bgr8", ""])
+def test_jpeg_round_trip_within_tolerance(fmt: str) -> None:
+    rgb = _smooth_rgb()
+    out = compressed_to_rgb(_compressed(Image.fromarray(rgb), "JPEG", fmt, quality=95))
+    assert out.shape == rgb.shape and out.dtype == np.uint8
+    err = np.abs(out.astype(int) - rgb.astype(int))
+    assert err.mean() < 2.0 and err.max() <= 16
+
+
+def test_jpeg_colours_are_not_swapped() -> None:
+    red = np.zeros((16, 16, 3), np.uint8)
+    red[..., 0] = 255
+    out = compressed_to_rgb(_compressed(Image.fromarray(red), "JPEG", "rgb8; jpeg compressed bgr8"))
+    assert out[..., 0].min() > 240 and out[..., 2].max() < 15
+
+
+def test_png_gray_rgba_and_16bit() -> None:
+    np.testing.assert_array_equal(
+        compressed_to_rgb(_compressed(Image.fromarray(GRAY8), "PNG")), _gray3(GRAY8)
+    )
+    rgba = np.concatenate([RGB, ALPHA], axis=2)
+    np.testing.assert_array_equal(compressed_to_rgb(_compressed(Image.fromarray(rgba), "PNG")), RGB)
+    out = compressed_to_rgb(_compressed(Image.fromarray(GRAY16), "PNG", "16UC1; png compressed mono16"))
+    np.testing.assert_array_equal(out, _gray3((GRAY16 >> 8).astype(np.uint8)))
+
+
+@pytest.mark.parametrize("container", [bytes, bytearray, array.array, list])
+def test_compressed_data_containers(container) -> None:
+    msg = _compressed(Image.fromarray(RGB), "PNG")
+    msg.data = container("B", msg.data) if container is array.array else container(msg.data)
+    np.testing.assert_array_equal(compressed_to_rgb(msg), RGB)
+
+
+def test_compressed_into_out_buffer() -> None:
+    out = np.zeros((H, W, 3), np.uint8)
+    assert compressed_to_rgb(_compressed(Image.fromarray(GRAY8), "PNG"), out=out) is out
+    np.testing.assert_array_equal(out, _gray3(GRAY8))
+
+
+def _compressed_refusal(msg, **kwargs) -> InputError:
+    with pytest.raises(InputError) as err:
+        compressed_to_rgb(msg, source="/cam/front/compressed", **kwargs)
+    assert err.value.source == "/cam/front/compressed"
+    return err.value
+
+
+@pytest.mark.parametrize("data", [b"", b"not an image at all", b"\xff\xd8\xff\xe0garbage"])
+def test_undecodable_data(data: bytes) -> None:
+    err = _compressed_refusal(SimpleNamespace(format="jpeg", data=data))
+    assert err.reason == ie.DECODE_FAILED and f"{len(data)} bytes" in str(err)
+
+
+def test_truncated_jpeg_fails_to_decode() -> None:
+    msg = _compressed(Image.fromarray(_smooth_rgb()), "JPEG")
+    msg.data = msg.data[: len(msg.data) // 2]
+    assert _compressed_refusal(msg).reason == ie.DECODE_FAILED
+
+
+def test_other_codecs_are_not_decoded() -> None:
+    tiff = _compressed(Image.fromarray(RGB), "TIFF")
+    assert _compressed_refusal(tiff).reason == ie.BAD_ENCODING
+    tiff.format = "jpeg"  # labelled as a supported codec but is a TIFF: decoder refuses it
+    assert _compressed_refusal(tiff).reason == ie.DECODE_FAILED
+
+
+def test_compressed_depth_is_not_supported() -> None:
+    msg = SimpleNamespace(format="16UC1; compressedDepth png", data=b"\x00" * 12)
+    err = _compressed_refusal(msg)
+    assert err.reason == ie.BAD_ENCODING and "compressedDepth" in str(err)
+
+
+def test_compressed_expected_size() -> None:
+    err = _compressed_refusal(_compressed(Image.fromarray(RGB), "PNG"), expected_hw=(480, 640))
+    assert err.reason == ie.BAD_SIZE and f"{H}x{W}" in str(err) and "480x640" in str(err)
+
+
+# --- real messages (only where sensor_msgs is installed) ------------------------------
+
+
+@pytest.mark.parametrize("encoding", ["rgb8", "bgr8", "mono16", "32FC1"])
+def test_real_sensor_msgs_image(encoding: str) -> None:
+    msgs = pytest.importorskip("sensor_msgs.msg")
+    pixels, expected = encoded(encoding)
+    fake = make_msg(encoding, pixels, pad=2, bigendian=encoding == "mono16")
+    msg = msgs.Image(
+        height=fake.height, width=fake.width, encoding=encoding,
+        is_bigendian=fake.is_bigendian, step=fake.step, data=fake.data,
+    )  # fmt: skip
+    np.testing.assert_array_equal(image_to_rgb(msg), expected)
+
+
+def test_real_sensor_msgs_compressed_image() -> None:
+    msgs = pytest.importorskip("sensor_msgs.msg")
+    fake = _compressed(Image.fromarray(RGB), "PNG")
+    msg = msgs.CompressedImage(format="png", data=fake.data)
+    np.testing.assert_array_equal(compressed_to_rgb(msg), RGB)

@@ -1,0 +1,135 @@
+"""Observation processing: prompt format + tokenizer, normalisation, image pre-processing, Policy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flashrt_ros.policies.config import PolicyConfig
+from flashrt_ros.policies.normalize import Normalizer, Stats
+from flashrt_ros.policies.preprocess import images_to_pixels, resize_with_pad
+from flashrt_ros.policies.prompt import PromptTokenizer, clean_task, discretize_state, pi05_prompt
+from flashrt_ros.policies.tiny_tokenizer import train_tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer_file(tmp_path_factory):
+    return train_tiny_tokenizer(tmp_path_factory.mktemp("tok") / "tiny.model")
+
+
+def test_state_discretisation_uses_256_bins_over_minus_one_one():
+    bins = discretize_state(np.array([-1.0, -0.9999, 0.0, 0.5, 0.99999, 1.0, -3.0, 3.0]))
+    assert bins.tolist() == [0, 0, 128, 192, 255, 255, -1 + 0, 255]
+
+
+def test_pi05_prompt_format():
+    text = pi05_prompt(" pick_up the\ncube ", np.array([-1.0, 0.0, 0.999]))
+    assert text == "Task: pick up the cube, State: 0 128 255;\nAction: "
+    assert clean_task("a_b\nc ") == "a b c"
+
+
+def test_tokenize_pi05_pads_right_and_masks(tokenizer_file):
+    tok = PromptTokenizer(tokenizer_file, prompt_len=64)
+    out = tok.tokenize("pi05", "pick up the cup", np.zeros(3))
+    ids = tok.encode(pi05_prompt("pick up the cup", np.zeros(3)), add_bos=True)
+    n = len(ids)
+    assert out.ids.shape == (64,) and out.ids.dtype == np.int64
+    assert out.ids[:n].tolist() == ids and out.ids[0] == 2  # BOS
+    assert out.mask[:n].all() and not out.mask[n:].any() and (out.ids[n:] == 0).all()
+    assert tok.sp.decode(out.ids[:n].tolist()) == "Task: pick up the cup, State: 128 128 128;\nAction: "
+    with pytest.raises(ValueError, match="state is required"):
+        tok.tokenize("pi05", "x", None)
+
+
+def test_tokenize_pi0_ends_with_newline_token(tokenizer_file):
+    tok = PromptTokenizer(tokenizer_file, prompt_len=16)
+    out = tok.tokenize("pi0", "push the button")
+    n = int(out.mask.sum())
+    assert out.ids[n - 1] == tok.encode("\n")[0]
+    assert out.ids[:n].tolist() == tok.encode("push the button", add_bos=True) + tok.encode("\n")
+
+
+def test_long_prompt_is_truncated_and_flagged(tokenizer_file):
+    tok = PromptTokenizer(tokenizer_file, prompt_len=8)
+    out = tok.tokenize("pi05", "pick up the cup and then place it", np.zeros(14))
+    assert out.truncated and out.mask.all()
+
+
+def test_missing_tokenizer_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="tokenizer model not found"):
+        PromptTokenizer(tmp_path / "nope.model", 8)
+
+
+@pytest.mark.parametrize("mode", ["mean_std", "quantile"])
+def test_normalisation_round_trip_and_files(tmp_path, mode):
+    rng = np.random.default_rng(0)
+    stats = Stats(
+        mean=rng.normal(size=6), std=rng.uniform(0.5, 2, 6), q01=-rng.uniform(1, 2, 6), q99=rng.uniform(1, 2, 6)
+    )
+    norm = Normalizer(mode, state=stats, actions=stats)
+    x = rng.normal(size=(5, 8)).astype(np.float32)  # 8 > 6 stats dims: the padding passes through
+    y = norm.normalize_state(x)
+    np.testing.assert_allclose(norm.unnormalize_actions(y), x, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(y[:, 6:], x[:, 6:])
+    if mode == "quantile":
+        ends = norm.normalize_state(np.stack([stats.q01, stats.q99]).astype(np.float32))
+        np.testing.assert_allclose(ends, [[-1] * 6, [1] * 6], atol=1e-5)
+    path = tmp_path / "assets" / "robot" / "norm_stats.json"
+    norm.save(path)
+    again = Normalizer.find(tmp_path)
+    assert again is not None and again.mode == mode
+    np.testing.assert_allclose(again.normalize_state(x), y, rtol=1e-5, atol=1e-6)
+
+
+def test_normaliser_needs_its_statistics():
+    with pytest.raises(ValueError, match=r"quantile normalisation needs state statistics \['q01', 'q99'\]"):
+        Normalizer("quantile", state=Stats(mean=np.zeros(2), std=np.ones(2)), actions=Stats())
+    with pytest.raises(ValueError, match="mode must be one of"):
+        Normalizer("minmax")
+
+
+def test_resize_with_pad_keeps_aspect_and_centres():
+    img = torch.rand(1, 3, 48, 64)
+    out = resize_with_pad(img, 32)
+    assert out.shape == (1, 3, 32, 32)
+    # 64x48 -> 32x24, padded 4 rows above and below
+    assert (out[..., :4, :] == 0).all() and (out[..., 28:, :] == 0).all()
+    expected = F.interpolate(img, size=(24, 32), mode="bilinear", align_corners=False)
+    torch.testing.assert_close(out[..., 4:28, :], expected.clamp(0, 1))
+
+
+def test_images_to_pixels_scales_and_masks_absent_views():
+    img = np.full((20, 30, 3), 255, dtype=np.uint8)
+    pixels, masks = images_to_pixels([img, None], size=16)
+    assert pixels.shape == (1, 2, 3, 16, 16) and masks.tolist() == [[True, False]]
+    assert (pixels[0, 1] == -1).all()  # absent view
+    assert pixels[0, 0, :, 8, 8].tolist() == [1.0, 1.0, 1.0]  # white -> +1
+    assert (pixels[0, 0, :, 0, :] == -1).all()  # padding -> -1
+    with pytest.raises(ValueError, match="all camera views are absent"):
+        images_to_pixels([None], 16)
+    with pytest.raises(ValueError, match="HxWx3"):
+        images_to_pixels([np.zeros((4, 4), np.uint8)], 16)
+
+
+def test_policy_end_to_end_with_normaliser(tokenizer_file):
+    from flashrt_ros.policies.policy import Observation, build_policy
+
+    cfg = PolicyConfig.tiny("pi05")
+    dof = 6
+    stats = Stats(q01=np.full(dof, -2.0), q99=np.full(dof, 2.0))
+    norm = Normalizer("quantile", state=stats, actions=stats)
+    policy = build_policy(cfg, tokenizer_file, seed=0, action_dof=dof, normalizer=norm)
+    obs = Observation([np.zeros((48, 64, 3), np.uint8), None], np.linspace(-1, 1, dof), "pick up the cup")
+    noise = torch.randn(1, cfg.horizon, cfg.action_dim, generator=torch.Generator().manual_seed(0))
+    actions = policy.infer(obs, noise=noise)
+    assert actions.shape == (cfg.horizon, dof) and actions.dtype == np.float32
+    x = policy.prepare(obs)
+    raw = policy.model.sample_actions(x.pixels, x.image_masks, x.tokens, x.token_masks, x.state, noise=noise)
+    np.testing.assert_allclose(actions, (raw[0, :, :dof].numpy() + 1) / 2 * (4 + 1e-6) - 2, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(policy.infer(obs, noise=noise), actions)
+    with pytest.raises(ValueError, match="non-finite"):
+        policy.infer(Observation(obs.images, np.array([np.nan] * dof), "x"))
+    with pytest.raises(ValueError, match="expected 2 camera views, got 1"):
+        policy.infer(Observation(obs.images[:1], obs.state, "x"))
