@@ -140,7 +140,7 @@ class PolicyConfig:
             expert=GemmaSpec(width=32, depth=2, mlp_dim=64, num_heads=4, num_kv_heads=1, head_dim=16),
             vocab_size=512,
             num_views=2,
-            prompt_len=48 if kind == "pi05" else 16,
+            prompt_len=96 if kind == "pi05" else 16,
             horizon=10,
             num_steps=4,
         )

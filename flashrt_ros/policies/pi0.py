@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -177,6 +178,32 @@ class Pi0Model(nn.Module):
         h = stack.final_norm(h, cond)
         return self.action_out_proj(h[:, -self.cfg.horizon :].float())
 
+    def noise(self, batch: int, generator: torch.Generator | None = None, device=None) -> Tensor:
+        """x at t=1: N(0, 1) [B, horizon, action_dim] fp32."""
+        shape = (batch, self.cfg.horizon, self.cfg.action_dim)
+        return torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
+
+    def denoise(
+        self,
+        prefix: PrefixKV | Callable[[], PrefixKV],
+        noise: Tensor,
+        state: Tensor | None = None,
+        num_steps: int | None = None,
+    ) -> Tensor:
+        """Euler-integrate the flow from noise (t=1) to actions (t=0) with dt = -1/N.
+
+        `prefix` may also be a function returning it, called every step: slower, and only
+        there to prove that re-using the cache changes nothing.
+        """
+        steps = num_steps or self.cfg.num_steps
+        x = noise.float()
+        dt = -1.0 / steps
+        for step in range(steps):
+            t = torch.full((x.shape[0],), 1.0 + step * dt, dtype=torch.float32, device=x.device)
+            kv = prefix() if callable(prefix) else prefix
+            x = x + dt * self.velocity(kv, x, t, state)
+        return x
+
     @torch.no_grad()
     def sample_actions(
         self,
@@ -190,29 +217,12 @@ class Pi0Model(nn.Module):
         num_steps: int | None = None,
         reuse_prefix: bool = True,
     ) -> Tensor:
-        """Integrate the flow from noise (t=1) to actions (t=0): [B, horizon, action_dim] fp32.
-
-        `noise` makes a decision reproducible (parity tests); otherwise it is drawn from
-        `generator`. `reuse_prefix=False` recomputes the prefix every step: slower, and only
-        there to prove the cache changes nothing.
-        """
-        cfg = self.cfg
-        steps = num_steps or cfg.num_steps
-        b = tokens.shape[0]
+        """One full decision: [B, horizon, action_dim] fp32 (noise given, or drawn from `generator`)."""
         if noise is None:
-            noise = torch.randn(
-                (b, cfg.horizon, cfg.action_dim), generator=generator, device=tokens.device, dtype=torch.float32
-            )
+            noise = self.noise(tokens.shape[0], generator, tokens.device)
         emb, valid = self.embed_prefix(pixels, image_masks, tokens, token_masks)
-        prefix = self.prefill(emb, valid)
-        x = noise.float()
-        dt = -1.0 / steps
-        for step in range(steps):
-            t = torch.full((b,), 1.0 + step * dt, dtype=torch.float32, device=x.device)
-            if not reuse_prefix:
-                prefix = self.prefill(emb, valid)
-            x = x + dt * self.velocity(prefix, x, t, state)
-        return x
+        prefix = self.prefill(emb, valid) if reuse_prefix else (lambda: self.prefill(emb, valid))
+        return self.denoise(prefix, noise, state, num_steps)
 
 
 def param_dtype(name: str, dtype: torch.dtype) -> torch.dtype:

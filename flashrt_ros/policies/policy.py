@@ -102,6 +102,10 @@ class Policy:
             inputs.pixels, inputs.image_masks, inputs.tokens, inputs.token_masks, inputs.state,
             noise=noise, generator=generator,
         )
+        return self.postprocess(chunk)
+
+    def postprocess(self, chunk: torch.Tensor) -> np.ndarray:
+        """Model chunk [1, horizon, action_dim] -> robot actions [horizon, dof] (the host sync)."""
         actions = chunk[0, :, : self.action_dof].float().cpu().numpy()
         return self.normalizer.unnormalize_actions(actions)
 
@@ -144,3 +148,13 @@ def build_policy(
         model = random_init(Pi0Model(config), seed).set_precision(getattr(torch, config.dtype)).to(device)
     tokenizer = PromptTokenizer(tokenizer_file, config.prompt_len)
     return Policy(model.eval(), tokenizer, normalizer, action_dof, device)
+
+
+def default_policy(kind: str = "pi05", device: str | torch.device = "cpu", seed: int = 0, action_dof: int = 14,
+                   num_views: int = 3) -> Policy:
+    """The embedded default: a tiny random-weight policy with a fixed seed and the tiny
+    tokenizer, so the node runs anywhere with nothing downloaded."""
+    from .tiny_tokenizer import tiny_tokenizer_path
+
+    cfg = PolicyConfig.tiny(kind, num_views=num_views)
+    return build_policy(cfg, tiny_tokenizer_path(), seed=seed, device=device, action_dof=action_dof)

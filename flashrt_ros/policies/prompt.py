@@ -52,6 +52,7 @@ class PromptTokenizer:
             raise FileNotFoundError(f"tokenizer model not found: {path}")
         self.sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
         self.prompt_len = prompt_len
+        self._warned_truncation = False
         log.info("tokenizer %s: vocab %d, prompt length %d", path, self.sp.get_piece_size(), prompt_len)
 
     @property
@@ -73,8 +74,9 @@ class PromptTokenizer:
     def pad(self, ids: list[int]) -> Tokens:
         n = self.prompt_len
         truncated = len(ids) > n
-        if truncated:
-            log.warning("prompt has %d tokens, longer than prompt_len %d: truncated", len(ids), n)
+        if truncated and not self._warned_truncation:
+            log.warning("prompt has %d tokens, longer than prompt_len %d: truncated (warned once)", len(ids), n)
+            self._warned_truncation = True
             ids = ids[:n]
         out = np.zeros(n, dtype=np.int64)
         out[: len(ids)] = ids

@@ -1,0 +1,61 @@
+"""Rolling per-stage latency percentiles and rates, for the status topic and the logs."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StageSummary:
+    name: str
+    count: int
+    rate_hz: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+
+
+class StageStats:
+    """Keeps the last `window` latencies and completion times of one stage."""
+
+    def __init__(self, name: str, window: int = 200):
+        self.name = name
+        self.count = 0
+        self._latency_ms: deque[float] = deque(maxlen=window)
+        self._done_at: deque[float] = deque(maxlen=window)
+
+    def add(self, latency_ms: float, now: float | None = None) -> None:
+        self.count += 1
+        self._latency_ms.append(latency_ms)
+        self._done_at.append(time.monotonic() if now is None else now)
+
+    def summary(self) -> StageSummary:
+        if not self._latency_ms:
+            return StageSummary(self.name, 0, 0.0, 0.0, 0.0, 0.0)
+        p50, p90, p99 = np.percentile(np.fromiter(self._latency_ms, float), [50, 90, 99])
+        span = self._done_at[-1] - self._done_at[0]
+        rate = (len(self._done_at) - 1) / span if span > 0 else 0.0
+        return StageSummary(self.name, self.count, rate, float(p50), float(p90), float(p99))
+
+
+class PipelineStats:
+    """One StageStats per stage name, created on first use, kept in insertion order."""
+
+    def __init__(self, window: int = 200):
+        self.window = window
+        self.stages: dict[str, StageStats] = {}
+
+    def add(self, timings_ms: dict[str, float], now: float | None = None) -> None:
+        for name, ms in timings_ms.items():
+            self.stages.setdefault(name, StageStats(name, self.window)).add(ms, now)
+
+    def summaries(self) -> list[StageSummary]:
+        return [s.summary() for s in self.stages.values()]
+
+    def line(self) -> str:
+        """One log line: 'prefix 3.1/4.0 ms | denoise 5.2/6.1 ms' (p50/p99)."""
+        return " | ".join(f"{s.name} {s.p50_ms:.2f}/{s.p99_ms:.2f} ms" for s in self.summaries())
