@@ -189,7 +189,14 @@ def load_model(
     info = CheckpointInfo(folder, layout, cfg, len(plan), total, time.perf_counter() - start)
     log.info(
         "loaded %s %s checkpoint %s: %d tensors, %.2f GB in %.1f s (%s, %s)",
-        cfg.kind, layout, folder, info.num_tensors, total / 1e9, info.seconds, cfg.dtype, device,
+        cfg.kind,
+        layout,
+        folder,
+        info.num_tensors,
+        total / 1e9,
+        info.seconds,
+        cfg.dtype,
+        device,
     )
     return model, info
 
@@ -237,9 +244,18 @@ def _open(path: Path):
         raise CheckpointError(f"cannot read {path}: {exc} (truncated or not a safetensors file?)") from exc
 
 
-_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
-           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-           "BOOL": torch.bool}
+_DTYPES = {
+    "F32": torch.float32,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F64": torch.float64,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 
 def _torch_dtype(name: str) -> torch.dtype | None:

@@ -68,8 +68,14 @@ class Policy:
             raise ValueError(f"robot has {self.action_dof} action dims, the model only {self.cfg.action_dim}")
         log.info(
             "policy %s: %.1fM parameters, %d views, prompt %d, horizon %d, %d steps, %s on %s",
-            self.cfg.kind, count_parameters(model) / 1e6, self.cfg.num_views, self.cfg.prompt_len,
-            self.cfg.horizon, self.cfg.num_steps, self.cfg.dtype, self.device,
+            self.cfg.kind,
+            count_parameters(model) / 1e6,
+            self.cfg.num_views,
+            self.cfg.prompt_len,
+            self.cfg.horizon,
+            self.cfg.num_steps,
+            self.cfg.dtype,
+            self.device,
         )
 
     def prepare(self, obs: Observation) -> ModelInputs:
@@ -96,11 +102,17 @@ class Policy:
             extras={"prompt_truncated": tokens.truncated},
         )
 
-    def infer_prepared(self, inputs: ModelInputs, noise: torch.Tensor | None = None,
-                       generator: torch.Generator | None = None) -> np.ndarray:
+    def infer_prepared(
+        self, inputs: ModelInputs, noise: torch.Tensor | None = None, generator: torch.Generator | None = None
+    ) -> np.ndarray:
         chunk = self.model.sample_actions(
-            inputs.pixels, inputs.image_masks, inputs.tokens, inputs.token_masks, inputs.state,
-            noise=noise, generator=generator,
+            inputs.pixels,
+            inputs.image_masks,
+            inputs.tokens,
+            inputs.token_masks,
+            inputs.state,
+            noise=noise,
+            generator=generator,
         )
         return self.postprocess(chunk)
 
@@ -109,8 +121,9 @@ class Policy:
         actions = chunk[0, :, : self.action_dof].float().cpu().numpy()
         return self.normalizer.unnormalize_actions(actions)
 
-    def infer(self, obs: Observation, noise: torch.Tensor | None = None,
-              generator: torch.Generator | None = None) -> np.ndarray:
+    def infer(
+        self, obs: Observation, noise: torch.Tensor | None = None, generator: torch.Generator | None = None
+    ) -> np.ndarray:
         """-> actions [horizon, action_dof] float32 in robot units."""
         return self.infer_prepared(self.prepare(obs), noise, generator)
 
@@ -121,11 +134,11 @@ def random_init(model: Pi0Model, seed: int) -> Pi0Model:
     Norm scales and adaRMS projections get non-zero values on purpose, so every code path
     (scale, shift, gate) is exercised; the result is a valid but untrained policy.
     """
-    gen = torch.Generator().manual_seed(seed)
-    for _, p in sorted(model.named_parameters(), key=lambda item: item[0]):
-        std = 0.02 if p.ndim >= 2 else 0.1
-        values = torch.randn(p.shape, generator=gen) * std
-        p.data = values.to(device=p.device, dtype=p.dtype)
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters(), key=lambda item: item[0]):
+            p.normal_(0.0, 0.02 if p.ndim >= 2 else 0.1, generator=gen)
     return model
 
 
@@ -150,8 +163,9 @@ def build_policy(
     return Policy(model.eval(), tokenizer, normalizer, action_dof, device)
 
 
-def default_policy(kind: str = "pi05", device: str | torch.device = "cpu", seed: int = 0, action_dof: int = 14,
-                   num_views: int = 3) -> Policy:
+def default_policy(
+    kind: str = "pi05", device: str | torch.device = "cpu", seed: int = 0, action_dof: int = 14, num_views: int = 3
+) -> Policy:
     """The embedded default: a tiny random-weight policy with a fixed seed and the tiny
     tokenizer, so the node runs anywhere with nothing downloaded."""
     from .tiny_tokenizer import tiny_tokenizer_path

@@ -1,0 +1,1 @@
+"""Benchmarks (`flashrt bench`): latency percentiles, parity, environment record. Not tests."""

@@ -1,0 +1,82 @@
+"""Latency of the reference (eager) policy, optionally under torch.compile, at full size.
+
+Random weights (nothing to download), real shapes: pi0.5 with 3 views, 200 prompt tokens,
+chunk 50, 10 steps, batch 1 by default. Reports the full decision and denoise-only
+(cached prefix), median/p90/p99 over >= 20 decisions, and peak GPU memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..policies.config import PolicyConfig
+from ..policies.pi0 import Pi0Model
+from ..policies.policy import random_init
+from .timing import Latency, time_call
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Case:
+    """The benchmark inputs of one decision (batch 1), built on the device."""
+
+    pixels: torch.Tensor
+    image_masks: torch.Tensor
+    tokens: torch.Tensor
+    token_masks: torch.Tensor
+    state: torch.Tensor
+    noise: torch.Tensor
+
+    @classmethod
+    def make(cls, cfg: PolicyConfig, device: torch.device, views: int, prompt_fill: float = 0.75, seed: int = 0):
+        g = torch.Generator(device=device).manual_seed(seed)
+        s = cfg.vision.image_size
+        n_valid = max(1, int(cfg.prompt_len * prompt_fill))
+        tokens = torch.randint(4, min(cfg.vocab_size, 32000), (1, cfg.prompt_len), generator=g, device=device)
+        masks = torch.zeros(1, cfg.prompt_len, dtype=torch.bool, device=device)
+        masks[:, :n_valid] = True
+        image_masks = torch.zeros(1, cfg.num_views, dtype=torch.bool, device=device)
+        image_masks[:, :views] = True
+        return cls(
+            pixels=torch.rand(1, cfg.num_views, 3, s, s, generator=g, device=device) * 2 - 1,
+            image_masks=image_masks,
+            tokens=tokens * masks,
+            token_masks=masks,
+            state=torch.randn(1, cfg.state_dim, generator=g, device=device),
+            noise=torch.randn(1, cfg.horizon, cfg.action_dim, generator=g, device=device),
+        )
+
+    def args(self) -> tuple:
+        return self.pixels, self.image_masks, self.tokens, self.token_masks, self.state
+
+
+def build_random(cfg: PolicyConfig, device: torch.device, seed: int = 0) -> Pi0Model:
+    t0 = time.perf_counter()
+    with torch.device(device):
+        model = Pi0Model(cfg)
+    random_init(model, seed).set_precision(getattr(torch, cfg.dtype)).eval()
+    log.info("built random %s (%s) on %s in %.1f s", cfg.kind, cfg.dtype, device, time.perf_counter() - t0)
+    return model
+
+
+def measure_reference(model: Pi0Model, case: Case, iters: int, warmup: int, label: str) -> dict[str, Latency]:
+    """Full decision and denoise-only latency of the eager reference."""
+    device = case.noise.device
+    with torch.no_grad():
+        full = time_call(
+            lambda: model.sample_actions(*case.args(), noise=case.noise), iters, warmup, device, f"{label} full"
+        )
+        emb, valid = model.embed_prefix(*case.args()[:4])
+        prefix = model.prefill(emb, valid)
+        denoise = time_call(
+            lambda: model.denoise(prefix, case.noise, case.state), iters, warmup, device, f"{label} denoise"
+        )
+    return {
+        "full": Latency.from_samples(f"{label} full decision", full),
+        "denoise": Latency.from_samples(f"{label} denoise only", denoise),
+    }

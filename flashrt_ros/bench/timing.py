@@ -1,0 +1,95 @@
+"""Timing helpers: CUDA events around a whole call, percentiles, and what ran where."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Latency:
+    name: str
+    n: int
+    median_ms: float
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    min_ms: float
+
+    @classmethod
+    def from_samples(cls, name: str, samples_ms: list[float]) -> Latency:
+        a = np.asarray(samples_ms, dtype=float)
+        p50, p90, p99 = np.percentile(a, [50, 90, 99])
+        return cls(name, len(a), float(p50), float(p90), float(p99), float(a.mean()), float(a.min()))
+
+    def row(self) -> str:
+        return f"{self.name:<34} {self.median_ms:9.3f} {self.p90_ms:9.3f} {self.p99_ms:9.3f} {self.n:5d}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+HEADER = f"{'what':<34} {'median':>9} {'p90':>9} {'p99':>9} {'n':>5}   (ms)"
+
+
+def time_call(
+    fn: Callable[[], object], iters: int, warmup: int, device: torch.device, progress: str = ""
+) -> list[float]:
+    """Milliseconds of `fn()` per call: CUDA events on a GPU (one sync per call), else perf_counter."""
+    from tqdm import tqdm
+
+    for _ in range(warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    out = []
+    for _ in tqdm(range(iters), desc=progress or "timing", leave=False, disable=not progress):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def environment(device: torch.device) -> dict:
+    """Commit, GPU, versions: enough to tell two result files apart."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip())
+    except OSError:
+        commit, dirty = "unknown", False
+    env = {
+        "commit": commit or "unknown",
+        "dirty": dirty,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": str(device),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+        env["cuda"] = torch.version.cuda
+    else:
+        env["cpu"] = platform.processor() or platform.machine()
+    return env
