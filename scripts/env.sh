@@ -1,0 +1,37 @@
+# shellcheck shell=bash
+# Source me (bash/zsh): `source scripts/env.sh`. Sets up the shell for the development venv that
+# scripts/setup_env.sh builds, for tests, demos and benchmarks:
+#   PATH/VIRTUAL_ENV    the venv (python, pytest, ruff, flashrt)
+#   AMENT_PREFIX_PATH   the venv, where our package and the ROS wheels are registered
+#                       (ament_index_python.get_package_share_directory("flashrt_ros") works)
+#   LD_LIBRARY_PATH     the venv's lib/ (ROS and our typesupport libraries), for non-Python tools;
+#                       Python in the venv finds them anyway (ros_wheels_bootstrapper.pth)
+#   ROS_*/RMW_*         Jazzy, Fast DDS, and discovery kept on this machine unless already set
+# It does not set ROS_DOMAIN_ID: scripts/test.sh picks one per run; pick your own for a demo.
+# shellcheck disable=SC2296  # ${(%):-%x} is zsh: the path of the sourced file
+_flashrt_root="$(cd "$(dirname "${BASH_SOURCE[0]:-${(%):-%x}}")/.." && pwd)"
+if [ ! -x "$_flashrt_root/.venv/bin/python" ]; then
+  echo "scripts/env.sh: no $_flashrt_root/.venv; run: bash scripts/setup_env.sh" >&2
+  unset _flashrt_root
+  # shellcheck disable=SC2317
+  return 1 2>/dev/null || exit 1
+fi
+_flashrt_prepend() {  # _flashrt_prepend VAR DIR: put DIR first in the :-list VAR, once
+  local cur
+  eval "cur=\"\${$1:-}\""
+  case ":$cur:" in
+    *":$2:"*) ;;
+    *) export "$1=$2${cur:+:$cur}" ;;
+  esac
+}
+export VIRTUAL_ENV="$_flashrt_root/.venv"
+_flashrt_prepend PATH "$VIRTUAL_ENV/bin"
+_flashrt_prepend AMENT_PREFIX_PATH "$VIRTUAL_ENV"
+_flashrt_prepend LD_LIBRARY_PATH "$VIRTUAL_ENV/lib"
+export ROS_VERSION="${ROS_VERSION:-2}"
+export ROS_PYTHON_VERSION="${ROS_PYTHON_VERSION:-3}"
+export ROS_DISTRO="${ROS_DISTRO:-jazzy}"
+export RMW_IMPLEMENTATION="${RMW_IMPLEMENTATION:-rmw_fastrtps_cpp}"
+export ROS_AUTOMATIC_DISCOVERY_RANGE="${ROS_AUTOMATIC_DISCOVERY_RANGE:-LOCALHOST}"
+unset -f _flashrt_prepend
+unset _flashrt_root
