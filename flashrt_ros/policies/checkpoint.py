@@ -96,8 +96,12 @@ def detect_layout(folder: Path) -> str:
     return "lerobot" if keys and all(k.startswith(LEROBOT_PREFIX) for k in keys) else "openpi"
 
 
-def read_config(folder: Path, layout: str, fallback: PolicyConfig | None) -> PolicyConfig:
-    """Our own config file wins; else LeRobot's config.json; else the caller's fallback."""
+def read_config(folder: Path, layout: str, fallback: PolicyConfig | None = None) -> PolicyConfig:
+    """Our own config file wins; else LeRobot's config.json; else the caller's fallback.
+
+    LeRobot's config.json names only the full-size variants (gemma_2b / gemma_300m), so a
+    non-standard model needs our flashrt_config.json or an explicit config."""
+    folder = Path(folder)
     ours = folder / FLASHRT_CONFIG_FILE
     if ours.is_file():
         return PolicyConfig.from_dict(json.loads(ours.read_text()))
@@ -165,15 +169,16 @@ def load_model(
     device: str | torch.device = "cpu",
     progress: bool | None = None,
 ) -> tuple[Pi0Model, CheckpointInfo]:
-    """Build the model described by the checkpoint and stream its weights in.
+    """Build the model and stream the checkpoint's weights in.
 
-    Raises CheckpointError listing every missing, unexpected, mis-shaped or wrongly typed
-    tensor; the model is returned only if all of them are right.
+    `config` (if given) says what model the weights are for; otherwise the folder's config
+    files do (`read_config`). Raises CheckpointError listing every missing, unexpected,
+    mis-shaped or wrongly typed tensor; the model is returned only if all of them are right.
     """
     folder = Path(folder)
     start = time.perf_counter()
     layout = detect_layout(folder)
-    cfg = read_config(folder, layout, config)
+    cfg = config or read_config(folder, layout)
     weights = folder / WEIGHTS_FILE
     with torch.device("meta"):
         model = Pi0Model(cfg)

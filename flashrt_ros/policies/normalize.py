@@ -1,7 +1,10 @@
 """State / action normalisation with statistics shipped beside the checkpoint.
 
-Modes (openpi): `mean_std`: (x - mean) / (std + 1e-6); `quantile`: map [q01, q99] to
-[-1, 1] with (x - q01) / (q99 - q01 + 1e-6) * 2 - 1 (pi0.5's default); `identity`.
+Modes: `mean_std`: (x - mean) / (std + eps); `quantile`: map [q01, q99] to [-1, 1]
+(pi0.5's default); `identity`. Two conventions exist and both are kept exact:
+openpi adds eps = 1e-6 to the divisor both ways (`assets/<id>/norm_stats.json`);
+LeRobot uses eps = 1e-8 only where a quantile range is zero and none when un-normalising
+mean/std (`policy_preprocessor_step_*_normalizer_processor.safetensors`).
 Statistics may cover fewer dims than the padded model vector: extra dims pass through.
 """
 
@@ -14,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 EPS = 1e-6
+LEROBOT_EPS = 1e-8
 MODES = ("mean_std", "quantile", "identity")
 
 
@@ -40,6 +44,7 @@ class Normalizer:
     mode: str = "identity"
     state: Stats = field(default_factory=Stats)
     actions: Stats = field(default_factory=Stats)
+    convention: str = "openpi"  # or "lerobot"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -62,13 +67,22 @@ class Normalizer:
     def _apply(self, x: np.ndarray, s: Stats, forward: bool) -> np.ndarray:
         if self.mode == "identity":
             return x.copy()
-        a, b = (s.mean, s.std + EPS) if self.mode == "mean_std" else (s.q01, s.q99 - s.q01 + EPS)
-        d = min(a.shape[-1], x.shape[-1])
-        out = x.copy()
+        lerobot = self.convention == "lerobot"
         if self.mode == "mean_std":
-            out[..., :d] = (x[..., :d] - a[:d]) / b[:d] if forward else x[..., :d] * b[:d] + a[:d]
+            shift, fwd = s.mean, s.std + (LEROBOT_EPS if lerobot else EPS)
+            inv = s.std if lerobot else fwd
         else:
-            out[..., :d] = (x[..., :d] - a[:d]) / b[:d] * 2 - 1 if forward else (x[..., :d] + 1) / 2 * b[:d] + a[:d]
+            shift = s.q01
+            span = s.q99 - s.q01
+            fwd = np.where(span == 0, LEROBOT_EPS, span) if lerobot else span + EPS
+            inv = fwd
+        d = min(shift.shape[-1], x.shape[-1])
+        out = x.copy()
+        a, f, i = shift[:d], fwd[:d], inv[:d]
+        if self.mode == "mean_std":
+            out[..., :d] = (x[..., :d] - a) / f if forward else x[..., :d] * i + a
+        else:
+            out[..., :d] = 2 * (x[..., :d] - a) / f - 1 if forward else (x[..., :d] + 1) * i / 2 + a
         return out
 
     # ---- files ---------------------------------------------------------------------------
@@ -88,11 +102,36 @@ class Normalizer:
         return cls(mode, Stats.from_dict(stats["state"]), Stats.from_dict(stats["actions"]))
 
     @classmethod
+    def from_lerobot(cls, folder: str | Path) -> Normalizer | None:
+        """LeRobot 0.6 keeps statistics in its processor pipeline files, not beside the weights."""
+        folder = Path(folder)
+        pipeline = folder / "policy_preprocessor.json"
+        if not pipeline.is_file():
+            return None
+        steps = json.loads(pipeline.read_text()).get("steps", [])
+        step = next((s for s in steps if s.get("registry_name") == "normalizer_processor"), None)
+        if step is None or "state_file" not in step:
+            return None
+        from safetensors.numpy import load_file
+
+        tensors = load_file(str(folder / step["state_file"]))
+        norm_map = step.get("config", {}).get("norm_map", {})
+        modes = {"QUANTILES": "quantile", "MEAN_STD": "mean_std", "IDENTITY": "identity"}
+        state_mode, action_mode = norm_map.get("STATE", "IDENTITY"), norm_map.get("ACTION", "IDENTITY")
+        if state_mode != action_mode or state_mode not in modes:
+            raise ValueError(f"{pipeline}: unsupported normalisation STATE={state_mode} ACTION={action_mode}")
+
+        def stats(prefix: str) -> Stats:
+            return Stats.from_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
+
+        return cls(modes[state_mode], stats("observation.state."), stats("action."), convention="lerobot")
+
+    @classmethod
     def find(cls, folder: str | Path, mode: str | None = None) -> Normalizer | None:
-        """norm_stats.json in the folder or under assets/<id>/ (openpi), if any."""
+        """openpi's norm_stats.json (in the folder or under assets/<id>/) or LeRobot's processor files."""
         folder = Path(folder)
         hits = [folder / "norm_stats.json", *sorted(folder.glob("assets/*/norm_stats.json"))]
         for p in hits:
             if p.is_file():
                 return cls.load(p, mode)
-        return None
+        return cls.from_lerobot(folder)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoint import load_model
+from .checkpoint import detect_layout, load_model, read_config
 from .config import PolicyConfig
 from .normalize import Normalizer
 from .pi0 import Pi0Model, count_parameters
@@ -153,7 +153,11 @@ def build_policy(
 ) -> Policy:
     """From a checkpoint folder, or seeded random weights when none is given."""
     if checkpoint:
-        model, info = load_model(checkpoint, config, device=device)
+        layout = detect_layout(Path(checkpoint))
+        cfg = read_config(Path(checkpoint), layout, config)
+        if config is not None:
+            cfg = cfg.replace(dtype=config.dtype)  # precision is the deployment's choice, not the file's
+        model, info = load_model(checkpoint, cfg, device=device)
         config = info.config
         normalizer = normalizer or Normalizer.find(checkpoint)
     else:

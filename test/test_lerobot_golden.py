@@ -1,0 +1,48 @@
+"""Parity with LeRobot 0.6.1 on golden files it produced (tiny pi0 / pi0.5, CPU).
+
+test/data/lerobot_tiny/<policy>/ holds a checkpoint written by LeRobot's own
+`save_pretrained` (random weights, seed 0) and, per dtype, the inputs, noise and LeRobot's
+chunk (`scripts/lerobot_reference.py --size tiny --cam0-hw 120x160`). Full-size parity runs
+on the GPU (scripts/gpu_check.sh).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.torch import load_file
+
+from flashrt_ros.bench.parity import run_parity
+from flashrt_ros.policies.normalize import Normalizer
+
+DATA = Path(__file__).parent / "data" / "lerobot_tiny"
+
+
+@pytest.mark.parametrize("policy", ["pi05", "pi0"])
+def test_float32_chunk_matches_lerobot(policy):
+    r = run_parity(DATA / policy / "io_float32.safetensors", DATA / policy / "checkpoint", "float32")
+    assert r["chunk"]["cosine"] >= 0.99999 and r["chunk_minus_noise"]["cosine"] >= 0.99999
+    assert r["chunk"]["max_abs"] < 1e-5
+    assert r["pre_image0"]["max_abs"] < 1e-6  # resize-with-pad of a 120x160 camera
+
+
+@pytest.mark.parametrize("policy", ["pi05", "pi0"])
+def test_bfloat16_chunk_matches_lerobot_bfloat16(policy):
+    r = run_parity(DATA / policy / "io_bfloat16.safetensors", DATA / policy / "checkpoint", "bfloat16")
+    assert r["chunk"]["cosine"] >= 0.999 and r["chunk_minus_noise"]["cosine"] >= 0.999
+
+
+@pytest.mark.parametrize("policy", ["pi05", "pi0"])
+def test_lerobot_normaliser_statistics(policy):
+    io = load_file(str(DATA / policy / "io_float32.safetensors"))
+    norm = Normalizer.find(DATA / policy / "checkpoint")
+    assert norm is not None and norm.convention == "lerobot"
+    assert norm.mode == ("quantile" if policy == "pi05" else "mean_std")
+    raw = io["norm.raw_state"].numpy()
+    np.testing.assert_allclose(norm.normalize_state(raw), io["in.observation.state"].numpy(), rtol=1e-5, atol=1e-5)
+    chunk = io["out.chunk"].numpy()[0]
+    np.testing.assert_allclose(
+        norm.unnormalize_actions(chunk), io["norm.chunk_unnormalised"].numpy()[0], rtol=1e-5, atol=1e-5
+    )
