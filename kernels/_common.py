@@ -1,0 +1,103 @@
+"""Small helpers shared by the kernel wrappers (no kernels here).
+
+Kept free of any GPU-only API so that the same wrappers run compiled on CUDA and on CPU under
+``TRITON_INTERPRET=1`` (the CI path).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# Largest row the one-row-per-program kernels hold in registers (elements, power of two).
+# Gemma's widest normed row is 2048, SigLIP's 1152; 64K leaves ample headroom.
+MAX_FUSED_ROW = 65536
+
+
+def is_interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def row_block(width: int) -> int:
+    """Power-of-two block that holds a whole row of ``width`` elements."""
+    block = triton.next_power_of_2(max(int(width), 1))
+    if block > MAX_FUSED_ROW:
+        raise ValueError(f"row of {width} elements is wider than the fused limit {MAX_FUSED_ROW}")
+    return block
+
+
+def num_warps_for(block: int) -> int:
+    """Warps for a memory-bound row kernel (Liger-Kernel's ``calculate_settings`` heuristic).
+
+    Valid for Hopper (sm_90) and Blackwell (sm_100 / sm_110): 4 warps for rows that fit in
+    2K elements, more for wider rows so that each thread keeps a handful of values.
+    """
+    if block >= 8192:
+        return 16
+    if block >= 2048:
+        return 8
+    return 4
+
+
+def rows_2d(x: torch.Tensor, name: str, writable: bool = False) -> torch.Tensor:
+    """View ``x`` [..., D] as [N, D] rows; the last dimension must be contiguous (stride 1).
+
+    Rows may have any stride (e.g. a slice of a wider buffer). Inputs whose leading dimensions
+    cannot be merged into one view are copied (``reshape``); outputs (``writable``) must be
+    viewable, since writing into a silent copy would lose the result.
+    """
+    if x.dim() < 1:
+        raise ValueError(f"{name} must have at least one dimension")
+    if x.stride(-1) != 1 and x.size(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dimension, got strides {tuple(x.stride())}")
+    if writable:
+        try:
+            return x.view(-1, x.size(-1))
+        except RuntimeError as err:
+            raise ValueError(f"{name} cannot be viewed as rows [N, {x.size(-1)}] without a copy") from err
+    return x.reshape(-1, x.size(-1))
+
+
+def check_out(out: torch.Tensor, shape: tuple[int, ...], device: torch.device, name: str = "out") -> None:
+    """Validate a caller-provided static output buffer (for the CUDA-graph path)."""
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {tuple(out.shape)}, expected {tuple(shape)}")
+    if out.device != device:
+        raise ValueError(f"{name} is on {out.device}, expected {device}")
+    if out.stride(-1) != 1 and out.size(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dimension")
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``tl.dot`` input precision: exact fp32 ("ieee") for fp32 operands, default otherwise.
+
+    TF32 would cost ~1e-3 relative error on fp32 inputs; bf16/fp16 ignore the setting.
+    """
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def needs_rtne_fix(dtype: torch.dtype) -> bool:
+    """Whether a kernel must pre-round to bf16 itself before storing ``dtype``.
+
+    Triton's interpreter (3.9) converts fp32 -> bf16 by truncation, while compiled kernels round
+    to nearest even like torch. Kernels take this as a constexpr flag and apply
+    :func:`round_bf16_rtne` only when it is True, so compiled code is unchanged and CI sees the
+    same bf16 values as the GPU.
+    """
+    return dtype == torch.bfloat16 and is_interpreting()
+
+
+@triton.jit
+def round_bf16_rtne(x):
+    """Round fp32 ``x`` to the nearest bf16 (ties to even), returned as fp32 with low bits zero.
+
+    Interpreter-only workaround (see ``needs_rtne_fix``); NaN payloads are not preserved.
+    """
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = bits + 0x7FFF + ((bits >> 16) & 1)
+    bits = bits & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)

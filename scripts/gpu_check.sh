@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Everything that needs the GPU, in one command for the device machine (H200; Python 3.12,
+# torch 2.11 + CUDA 13, triton 3.6; no network). CI has no GPU, so these never run there.
+#
+#   bash scripts/gpu_check.sh [parts...]     parts: kernels parity latency (default: all)
+#
+# Carry the parity wheels (`bash scripts/fetch_parity_wheels.sh` -> .whl) for `parity`.
+# Results (logs + JSON) go to $OUT (the device tool brings them back) or ./out.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT="${OUT:-$PWD/out}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+parts=("$@")
+[ ${#parts[@]} -gt 0 ] || parts=(kernels parity latency)
+status=0
+step() { echo; echo "=== $* ($(date +%T))"; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
+
+for part in "${parts[@]}"; do
+  case "$part" in
+    kernels)
+      step "GPU kernel tests at real shapes"
+      python3 -m pytest -q -m gpu -p no:cacheprovider test/test_kernels_*.py 2>&1 | tee "$OUT/kernels.log" | tail -25 || status=1
+      ;;
+    parity)
+      step "LeRobot 0.6.1 parity, full size"
+      if [ -d .whl ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || status=1
+      fi
+      for pol in pi05 pi0; do
+        ref=/tmp/lr/$pol
+        PYTHONPATH=/tmp/site:$PYTHONPATH python3 scripts/lerobot_reference.py --policy "$pol" --size full \
+          --dtype float32 --device cuda --out "$ref/float32" --checkpoint "$ref/ckpt" 2>&1 | tail -3
+        PYTHONPATH=/tmp/site:$PYTHONPATH python3 scripts/lerobot_reference.py --policy "$pol" --size full \
+          --dtype bfloat16 --device cuda --out "$ref/bfloat16" --no-checkpoint 2>&1 | tail -2
+        for dt in float32 bfloat16; do
+          python3 scripts/lerobot_parity.py --ref "$ref/$dt" --checkpoint "$ref/ckpt" --dtype "$dt" \
+            --json "$OUT/parity_${pol}_$dt.json" || status=1
+        done
+        rm -rf "$ref/ckpt"
+      done
+      ;;
+    latency)
+      step "Reference eager latency, full size, bf16, batch 1"
+      python3 -m flashrt_ros.cli bench --policy pi05,pi0 --views 3 --iters 20 --warmup 3 --out "$OUT" \
+        2>&1 | grep -v "it/s" | tee "$OUT/latency.log" || status=1
+      ;;
+    *) echo "unknown part $part"; status=2 ;;
+  esac
+done
+exit $status

@@ -1,0 +1,99 @@
+"""kernels.ada_rms_norm (adaRMS, gated residual, fused pair) vs torch references."""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first @triton.jit
+
+from kernels.ada_rms_norm import (  # noqa: E402
+    ada_rms_norm,
+    ada_rms_norm_ref,
+    gated_residual,
+    gated_residual_ada_rms_norm,
+    gated_residual_ada_rms_norm_ref,
+    gated_residual_ref,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+# h = residual + y * gate: with bf16 operands the fp32 product is exact, so kernel and reference
+# round the same value once (bit-exact); fp32 operands may differ by an ulp where the GPU fuses an fma.
+H_TOL = {torch.float32: dict(atol=1e-6, rtol=1e-6), torch.bfloat16: dict(atol=0, rtol=0)}
+needs_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA GPU (CI has none); run scripts/gpu_check.sh on the device machine"
+)
+
+
+def _rand(*shape: int, dtype: torch.dtype, g: torch.Generator, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,D", [(1, 48), (11, 130)])
+def test_ada_rms_norm_matches_reference(T: int, D: int, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = _rand(T, D, dtype=dtype, g=g, scale=2.0)
+    mod = _rand(3 * D, dtype=torch.float32, g=g, scale=0.5)  # precomputed at load: fp32
+    y = ada_rms_norm(x, mod)
+    torch.testing.assert_close(y.float(), ada_rms_norm_ref(x, mod).float(), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gated_residual_ada_rms_norm_fused(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(1)
+    T, D = 13, 96
+    res, y = _rand(T, D, dtype=dtype, g=g), _rand(T, D, dtype=dtype, g=g)
+    mod_prev = _rand(3 * D, dtype=dtype, g=g, scale=0.5)
+    mod = _rand(3 * D, dtype=dtype, g=g, scale=0.5)
+    gate = mod_prev[2 * D :]  # a view, as the pipeline passes it
+    y2, h = gated_residual_ada_rms_norm(res, y, gate, mod)
+    y2_ref, h_ref = gated_residual_ada_rms_norm_ref(res, y, gate, mod)
+    torch.testing.assert_close(h, h_ref, **H_TOL[dtype])
+    torch.testing.assert_close(y2.float(), y2_ref.float(), **TOL[dtype])
+
+
+def test_batched_modulation_and_in_place_residual() -> None:
+    """x [B, T, D] with a per-batch modulation [B, 3D] (one time per sample); h written in place."""
+    g = torch.Generator().manual_seed(2)
+    B, T, D = 3, 5, 48
+    res, y = _rand(B, T, D, dtype=torch.float32, g=g), _rand(B, T, D, dtype=torch.float32, g=g)
+    mod_prev, mod = _rand(B, 3 * D, dtype=torch.float32, g=g), _rand(B, 3 * D, dtype=torch.float32, g=g)
+    gate = mod_prev[:, 2 * D :]  # [B, D] strided view
+    y2_ref, h_ref = gated_residual_ada_rms_norm_ref(res, y, gate, mod)
+    out = torch.empty(B, T, D, device=DEVICE)
+    y2, h = gated_residual_ada_rms_norm(res, y, gate, mod, out=out, residual_out=res)
+    assert y2.data_ptr() == out.data_ptr() and h.data_ptr() == res.data_ptr()
+    torch.testing.assert_close(res, h_ref, **TOL[torch.float32])
+    torch.testing.assert_close(y2, y2_ref, **TOL[torch.float32])
+    # batched adaRMS alone, and the shared-modulation broadcast over a batch
+    torch.testing.assert_close(ada_rms_norm(y, mod), ada_rms_norm_ref(y, mod), **TOL[torch.float32])
+    torch.testing.assert_close(ada_rms_norm(y, mod[0]), ada_rms_norm_ref(y, mod[0]), **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gated_residual_alone(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(3)
+    res, y, gate = _rand(7, 130, dtype=dtype, g=g), _rand(7, 130, dtype=dtype, g=g), _rand(130, dtype=dtype, g=g)
+    torch.testing.assert_close(gated_residual(res, y, gate), gated_residual_ref(res, y, gate), **H_TOL[dtype])
+
+
+def test_rejects_bad_modulation_shape() -> None:
+    x = torch.zeros(4, 48, device=DEVICE)
+    with pytest.raises(ValueError):
+        ada_rms_norm(x, torch.zeros(2 * 48, device=DEVICE))
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_ada_rms_norm_gpu_real_shapes() -> None:
+    g = torch.Generator().manual_seed(4)
+    T, D = 50, 1024
+    res, y = _rand(T, D, dtype=torch.bfloat16, g=g), _rand(T, D, dtype=torch.bfloat16, g=g)
+    mod_prev, mod = _rand(3 * D, dtype=torch.float32, g=g), _rand(3 * D, dtype=torch.float32, g=g)
+    y2, h = gated_residual_ada_rms_norm(res, y, mod_prev[2 * D :], mod)
+    y2_ref, h_ref = gated_residual_ada_rms_norm_ref(res, y, mod_prev[2 * D :], mod)
+    torch.testing.assert_close(h.float(), h_ref.float(), **TOL[torch.bfloat16])  # fp32 gate: fma may differ
+    torch.testing.assert_close(y2.float(), y2_ref.float(), **TOL[torch.bfloat16])

@@ -1,0 +1,128 @@
+"""kernels.attention (multi-query flash attention with pi0/pi0.5 masks) vs an explicit-mask reference."""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first @triton.jit
+
+from kernels.attention import attention, attention_key_blocks, attention_ref  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# bf16: P is rounded to bf16 before the PV product (flash-attention practice) and the output is bf16.
+TOL = {torch.float32: dict(atol=2e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+needs_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA GPU (CI has none); run scripts/gpu_check.sh on the device machine"
+)
+
+
+def _qkv(Tq: int, Tk: int, H: int, D: int, dtype: torch.dtype, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(Tq, H, D, generator=g).to(dtype).to(DEVICE)
+    k = torch.randn(Tk, D, generator=g).to(dtype).to(DEVICE)
+    v = torch.randn(Tk, D, generator=g).to(dtype).to(DEVICE)
+    return q, k, v, g
+
+
+def _openpi_suffix_mask(prefix_pad: torch.Tensor, suffix_att: torch.Tensor) -> torch.Tensor:
+    """openpi's denoise-step mask, verbatim logic: [S, P + S] bool (True = attend)."""
+    S, P = suffix_att.shape[0], prefix_pad.shape[0]
+    prefix_2d = prefix_pad[None, :].expand(S, P)
+    cumsum = torch.cumsum(suffix_att, dim=0)
+    suffix_2d = cumsum[None, :] <= cumsum[:, None]  # make_att_2d_masks (suffix all non-padding)
+    return torch.cat([prefix_2d, suffix_2d], dim=1)
+
+
+@pytest.mark.parametrize("policy", ["pi0", "pi05"])
+def test_key_blocks_reproduce_openpi_masks(policy: str) -> None:
+    P, S = 9, 6
+    prefix_pad = torch.tensor([1, 1, 1, 1, 0, 1, 1, 0, 0], dtype=torch.bool)
+    suffix_att = torch.tensor([1, 1, 0, 0, 0, 0] if policy == "pi0" else [1, 0, 0, 0, 0, 0])
+    suffix_blocks = torch.cumsum(suffix_att, 0)
+    kb = attention_key_blocks(prefix_pad, suffix_blocks)
+    ours = kb[None, :] <= suffix_blocks[:, None]
+    assert kb.dtype == torch.int32 and kb.shape == (P + S,)
+    assert torch.equal(ours, _openpi_suffix_mask(prefix_pad, suffix_att))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("policy", ["pi0", "pi05"])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_suffix_attention_over_cached_prefix(policy: str, num_splits: int, dtype: torch.dtype) -> None:
+    """Suffix queries over [prefix (padded) ++ suffix] keys, several key tiles, ragged sizes."""
+    P, S, H, D = 23, 7, 3, 48
+    q, k, v, g = _qkv(S, P + S, H, D, dtype, seed=num_splits)
+    prefix_valid = torch.rand(P, generator=g) > 0.3
+    suffix_att = torch.tensor([1, 1, 0, 0, 0, 0, 0] if policy == "pi0" else [1, 0, 0, 0, 0, 0, 0])
+    blocks = torch.cumsum(suffix_att, 0).to(torch.int32).to(DEVICE)
+    kb = attention_key_blocks(prefix_valid.to(DEVICE), blocks)
+    o = attention(q, k, v, kb, blocks, num_splits=num_splits, block_m=16, block_n=16)
+    torch.testing.assert_close(o.float(), attention_ref(q, k, v, kb, blocks).float(), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefix_bidirectional_with_padding(dtype: torch.dtype) -> None:
+    """Prefix self-attention: padded keys ignored; padded query rows finite (documented as unused)."""
+    P, H, D = 37, 2, 32
+    q, k, v, _ = _qkv(P, P, H, D, dtype, seed=5)
+    valid = torch.ones(P, dtype=torch.bool)
+    valid[30:] = False  # right padding, as the tokenizer pads the prompt
+    kb = attention_key_blocks(valid.to(DEVICE))
+    o = attention(q, k, v, kb, block_m=32, block_n=16)
+    ref = attention_ref(q, k, v, kb)
+    torch.testing.assert_close(o.float(), ref.float(), **TOL[dtype])
+    assert bool(torch.isfinite(o.float()).all())
+
+
+def test_fully_masked_rows_are_zero_not_nan() -> None:
+    S, H, D = 3, 2, 16
+    q, k, v, _ = _qkv(S, 5 + S, H, D, torch.float32, seed=6)
+    kb = attention_key_blocks(torch.zeros(5, dtype=torch.bool, device=DEVICE), torch.tensor([1, 2, 2], device=DEVICE))
+    qb = torch.tensor([0, 2, 2], dtype=torch.int32, device=DEVICE)  # query 0 sees nothing
+    for splits in (1, 2):
+        o = attention(q, k, v, kb, qb, num_splits=splits, block_n=16)
+        assert torch.equal(o[0], torch.zeros_like(o[0]))
+        torch.testing.assert_close(o, attention_ref(q, k, v, kb, qb), **TOL[torch.float32])
+
+
+def test_no_mask_batched_strided_cache_views_and_out_buffer() -> None:
+    """Batch dim, K/V as strided views of a [B, 2, T, D] cache, q as a view of a QKV buffer."""
+    B, Tq, Tk, H, D = 2, 5, 19, 4, 32
+    g = torch.Generator().manual_seed(7)
+    qkv = torch.randn(B, Tq, (H + 2) * D, generator=g).to(DEVICE)
+    q = qkv[..., : H * D].unflatten(-1, (H, D))  # token stride (H+2)*D
+    cache = torch.randn(B, 2, Tk, D, generator=g).to(DEVICE)
+    k, v = cache[:, 0], cache[:, 1]
+    out = torch.empty(B, Tq, H, D, device=DEVICE)
+    o = attention(q, k, v, out=out, block_n=16)
+    assert o.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(out, attention_ref(q, k, v), **TOL[torch.float32])
+    o2 = attention(q, k, v, scale=0.3, num_splits=2, block_n=16)
+    torch.testing.assert_close(o2, attention_ref(q, k, v, scale=0.3), **TOL[torch.float32])
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("policy", ["pi0", "pi05"])
+def test_attention_gpu_real_shapes(policy: str) -> None:
+    H, D = 8, 256
+    P, S = 3 * 256 + 200, (51 if policy == "pi0" else 50)
+    q, k, v, g = _qkv(S, P + S, H, D, torch.bfloat16, seed=8)
+    prefix_valid = torch.ones(P, dtype=torch.bool)
+    prefix_valid[3 * 256 + 37 :] = False
+    att = torch.tensor([1, 1] + [0] * 49) if policy == "pi0" else torch.tensor([1] + [0] * 49)
+    blocks = torch.cumsum(att, 0).to(torch.int32).to(DEVICE)
+    kb = attention_key_blocks(prefix_valid.to(DEVICE), blocks)
+    ref = attention_ref(q, k, v, kb, blocks).float()
+    for splits in (None, 1):  # heuristic split-KV and the single-pass kernel
+        torch.testing.assert_close(
+            attention(q, k, v, kb, blocks, num_splits=splits).float(), ref, **TOL[torch.bfloat16]
+        )
+    # the prefix itself: 968 tokens x 8 heads, bidirectional with padding
+    qp, kp, vp, _ = _qkv(P, P, H, D, torch.bfloat16, seed=9)
+    kbp = attention_key_blocks(prefix_valid.to(DEVICE))
+    torch.testing.assert_close(
+        attention(qp, kp, vp, kbp).float(), attention_ref(qp, kp, vp, kbp).float(), **TOL[torch.bfloat16]
+    )

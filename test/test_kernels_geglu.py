@@ -1,0 +1,53 @@
+"""kernels.geglu (Gemma gate|up GeGLU) vs the torch reference."""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first @triton.jit
+
+from kernels.geglu import geglu, geglu_ref  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+needs_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA GPU (CI has none); run scripts/gpu_check.sh on the device machine"
+)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,F", [(1, 48), (9, 130), (37, 96)])
+def test_geglu_matches_reference(T: int, F: int, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(F + T)
+    gu = (torch.randn(T, 2 * F, generator=g) * 3).to(dtype).to(DEVICE)
+    y = geglu(gu)
+    assert y.shape == (T, F) and y.dtype == dtype
+    torch.testing.assert_close(y.float(), geglu_ref(gu).float(), **TOL[dtype])
+
+
+def test_geglu_reference_is_hf_gemma_activation() -> None:
+    gu = torch.randn(4, 2 * 32, dtype=torch.float64)
+    gate, up = gu.chunk(2, dim=-1)
+    hf = torch.nn.functional.gelu(gate, approximate="tanh") * up
+    torch.testing.assert_close(geglu_ref(gu.float()).double(), hf, atol=1e-6, rtol=1e-6)
+
+
+def test_geglu_extreme_inputs_finite_and_strided_rows() -> None:
+    gu = torch.tensor([[-100.0, -10.0, 0.0, 10.0, 100.0, 1.0, 1.0, 1.0, 1.0, 1.0]], device=DEVICE)
+    y = geglu(gu)
+    assert bool(torch.isfinite(y).all())
+    torch.testing.assert_close(y, geglu_ref(gu), **TOL[torch.float32])
+    wide = torch.randn(6, 3 * 48, device=DEVICE)
+    out = torch.empty(6, 48, device=DEVICE)
+    geglu(wide[:, : 2 * 48], out=out)  # rows with stride 3*48
+    torch.testing.assert_close(out, geglu_ref(wide[:, : 2 * 48]), **TOL[torch.float32])
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("T,F", [(968, 16384), (50, 4096)])
+def test_geglu_gpu_real_shapes(T: int, F: int) -> None:
+    gu = torch.randn(T, 2 * F, device=DEVICE).to(torch.bfloat16)
+    torch.testing.assert_close(geglu(gu).float(), geglu_ref(gu).float(), **TOL[torch.bfloat16])

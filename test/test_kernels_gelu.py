@@ -1,0 +1,48 @@
+"""kernels.gelu (bias + GELU-tanh epilogue of SigLIP's fc1) vs the torch reference."""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first @triton.jit
+
+from kernels.gelu import bias_gelu, bias_gelu_ref  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+needs_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA GPU (CI has none); run scripts/gpu_check.sh on the device machine"
+)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,N", [(1, 48), (13, 130), (37, 96)])
+def test_bias_gelu_matches_reference(T: int, N: int, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(T * N)
+    x = (torch.randn(T, N, generator=g) * 4).to(dtype).to(DEVICE)
+    b = torch.randn(N, generator=g).to(dtype).to(DEVICE)
+    torch.testing.assert_close(bias_gelu(x, b).float(), bias_gelu_ref(x, b).float(), **TOL[dtype])
+
+
+def test_bias_gelu_reference_is_torch_gelu_tanh() -> None:
+    x, b = torch.randn(5, 40, dtype=torch.float64) * 5, torch.randn(40, dtype=torch.float64)
+    hf = torch.nn.functional.gelu(x + b, approximate="tanh")
+    torch.testing.assert_close(bias_gelu_ref(x.float(), b.float()).double(), hf, atol=1e-6, rtol=1e-6)
+
+
+def test_bias_gelu_in_place_no_bias_and_extremes() -> None:
+    x = torch.tensor([[-1e4, -30.0, -3.0, -1e-3, 0.0, 1e-3, 3.0, 30.0, 1e4]], device=DEVICE)
+    ref = bias_gelu_ref(x, None)
+    y = bias_gelu(x, None, out=x)
+    assert y.data_ptr() == x.data_ptr() and bool(torch.isfinite(x).all())
+    torch.testing.assert_close(x, ref, **TOL[torch.float32])
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_bias_gelu_gpu_real_shape() -> None:
+    x = torch.randn(3 * 256, 4304, device=DEVICE).to(torch.bfloat16)
+    b = torch.randn(4304, device=DEVICE).to(torch.bfloat16)
+    torch.testing.assert_close(bias_gelu(x, b).float(), bias_gelu_ref(x, b).float(), **TOL[torch.bfloat16])

@@ -1,0 +1,61 @@
+"""kernels.layer_norm (SigLIP LayerNorm, optionally with the residual add) vs torch."""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first @triton.jit
+
+from kernels.layer_norm import layer_norm, layer_norm_ref  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+needs_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA GPU (CI has none); run scripts/gpu_check.sh on the device machine"
+)
+
+
+def _inputs(T: int, D: int, dtype: torch.dtype, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(T, D, generator=g) * 2 + 3).to(dtype).to(DEVICE)  # non-zero mean
+    r = torch.randn(T, D, generator=g).to(dtype).to(DEVICE)
+    w = (1 + 0.3 * torch.randn(D, generator=g)).to(dtype).to(DEVICE)
+    b = (0.3 * torch.randn(D, generator=g)).to(dtype).to(DEVICE)
+    return x, r, w, b
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,D", [(1, 48), (9, 130), (37, 96)])
+def test_layer_norm_matches_reference(T: int, D: int, dtype: torch.dtype) -> None:
+    x, _, w, b = _inputs(T, D, dtype, seed=T)
+    torch.testing.assert_close(layer_norm(x, w, b).float(), layer_norm_ref(x, w, b).float(), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_norm_fused_residual(dtype: torch.dtype) -> None:
+    x, r, w, b = _inputs(13, 130, dtype, seed=5)
+    y, s = layer_norm(x, w, b, residual=r)
+    y_ref, s_ref = layer_norm_ref(x, w, b, residual=r)
+    torch.testing.assert_close(s, s_ref, atol=0, rtol=0)
+    torch.testing.assert_close(y.float(), y_ref.float(), **TOL[dtype])
+
+
+def test_layer_norm_no_affine_in_place_residual() -> None:
+    x, r, _, _ = _inputs(6, 48, torch.float32, seed=6)
+    y_ref, s_ref = layer_norm_ref(x, None, None, residual=r)
+    y, s = layer_norm(x, None, None, residual=r, residual_out=r)
+    assert s.data_ptr() == r.data_ptr()
+    torch.testing.assert_close(y, y_ref, **TOL[torch.float32])
+    torch.testing.assert_close(r, s_ref, atol=0, rtol=0)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_layer_norm_gpu_real_shape() -> None:
+    x, r, w, b = _inputs(3 * 256, 1152, torch.bfloat16, seed=7)
+    y, s = layer_norm(x, w, b, residual=r)
+    y_ref, s_ref = layer_norm_ref(x, w, b, residual=r)
+    torch.testing.assert_close(s, s_ref, atol=0, rtol=0)
+    torch.testing.assert_close(y.float(), y_ref.float(), **TOL[torch.bfloat16])
