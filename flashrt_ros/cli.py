@@ -14,53 +14,128 @@ from pathlib import Path
 
 import torch
 
-from .bench.timing import HEADER, Latency, environment
+from .bench.timing import HEADER, environment
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench.reference import Case, build_random, measure_reference
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    modes = args.modes.split(",")
+    if device.type != "cuda" and {"fused", "compile"} & set(modes):
+        print("fused / compile modes need a CUDA GPU; running eager only")
+        modes = ["eager"]
+    results: dict = {"env": environment(device), "settings": vars(args).copy(), "runs": []}
+    out = Path(args.out) if args.out else None
+    setups = {kind: _setup(kind, args, device) for kind in args.policy.split(",")}
+    print(HEADER)
+    for mode in modes:  # the slow compile baseline last, so a cut-short run still has the rest
+        for kind, (model, base, cases, refs) in setups.items():
+            views_list = args.views if mode == "fused" or args.baselines_all_views else [max(args.views)]
+            for views in views_list:
+                model.cfg = base.replace(num_views=views, dtype=args.dtype)
+                run = _bench_one(mode, model, cases[views], refs[views], args, f"{kind} {views}v {mode}", device)
+                results["runs"].append({"policy": kind, "views": views, "mode": mode, **run})
+                _write(results, out)
+    for kind in setups:
+        _print_ratios(results, kind)
+    _write(results, out, plot=True)
+    return 0
+
+
+def _setup(kind: str, args: argparse.Namespace, device: torch.device):
+    """Random weights, one Case per view count, and the fp32 reference chunks (parity baseline)."""
+    from .bench.reference import Case, build_random
     from .policies.config import PolicyConfig
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    results: dict = {"env": environment(device), "settings": vars(args).copy(), "runs": []}
-    rows: list[Latency] = []
-    for kind in args.policy.split(","):
-        preset = kind + ("_tiny" if args.tiny else "")
-        cfg = PolicyConfig.preset(
-            preset, dtype=args.dtype, num_views=max(args.views), num_steps=args.steps, horizon=args.horizon
-        )
-        model = build_random(cfg, device, args.seed)
-        for views in args.views:
-            case = Case.make(cfg, device, views)
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            label = f"{kind} {views}v eager"
+    preset = kind + ("_tiny" if args.tiny else "")
+    base = PolicyConfig.preset(preset, dtype="float32", num_steps=args.steps, horizon=args.horizon)
+    model = build_random(base, device, args.seed)
+    cases, refs = {}, {}
+    for views in args.views:
+        model.cfg = base.replace(num_views=views)
+        cases[views] = Case.make(model.cfg, device, views)
+        refs[views] = model.sample_actions(*cases[views].args(), noise=cases[views].noise)
+    model.set_precision(getattr(torch, args.dtype))
+    return model, base, cases, refs
+
+
+def _bench_one(mode, model, case, ref, args, label, device) -> dict:
+    """One (policy, views, mode) run: latency rows, peak memory, parity (or the error)."""
+    from .bench.reference import measure_reference
+    from .bench.stages import measure_compiled, measure_fused
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    extra: dict = {}
+    try:
+        if mode == "eager":
             lat = measure_reference(model, case, args.iters, args.warmup, label)
-            peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-            rows += lat.values()
-            results["runs"].append(
-                {
-                    "policy": kind,
-                    "views": views,
-                    "mode": "eager",
-                    "peak_gib": peak,
-                    **{k: v.to_dict() for k, v in lat.items()},
-                }
+            chunk = model.sample_actions(*case.args(), noise=case.noise)
+            from .bench.parity import compare
+
+            extra["parity"] = {"chunk": compare(chunk[0], ref[0])}
+        elif mode == "fused":
+            lat, extra["parity"], extra["build_capture_s"] = measure_fused(
+                model, case, args.iters, args.warmup, label, ref
             )
-        del model
-    print(HEADER)
-    for row in rows:
-        print(row.row())
-    for run in results["runs"]:
-        if run["peak_gib"] is not None:
-            print(f"peak memory {run['policy']} {run['views']}v {run['mode']}: {run['peak_gib']:.2f} GiB")
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / f"bench_{time.strftime('%Y%m%d_%H%M%S')}.json"
-        path.write_text(json.dumps(results, indent=2))
+        elif mode == "compile":
+            lat, extra["parity"], extra["compile_s"] = measure_compiled(
+                model, case, args.iters, args.warmup, label, args.compile_mode, ref
+            )
+            extra["compile_mode"] = args.compile_mode
+        else:
+            raise ValueError(f"unknown mode {mode!r} (eager, compile, fused)")
+    except Exception as exc:  # a baseline that fails is reported, not fatal
+        print(f"{label}: FAILED: {type(exc).__name__}: {exc}")
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    for row in lat.values():
+        print(row.row(), flush=True)
+    p = extra["parity"]["chunk"]
+    print(f"{'':<34} parity vs fp32 reference: cosine {p['cosine']:.6f}, max abs {p['max_abs']:.3e}", flush=True)
+    if "compile_s" in extra:
+        print(f"{'':<34} compile ({extra['compile_mode']}): {extra['compile_s']:.1f} s", flush=True)
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    return {"peak_gib": peak, **{k: v.to_dict() for k, v in lat.items()}, **extra}
+
+
+def _print_ratios(results: dict, kind: str) -> None:
+    runs = [r for r in results["runs"] if r["policy"] == kind and "full" in r]
+    for views in sorted({r["views"] for r in runs}):
+        by_mode = {r["mode"]: r["full"]["median_ms"] for r in runs if r["views"] == views}
+        if "fused" in by_mode:
+            parts = [f"{m}/fused = {ms / by_mode['fused']:.1f}x" for m, ms in by_mode.items() if m != "fused"]
+            print(f"{kind} {views}v speed-up of fused (median full decision): " + ", ".join(parts))
+
+
+def _write(results: dict, out: Path | None, plot: bool = False) -> None:
+    if out is None:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = results.setdefault("stamp", time.strftime("%Y%m%d_%H%M%S"))
+    path = out / f"bench_{stamp}.json"
+    path.write_text(json.dumps(results, indent=2))
+    if plot:
         print(f"wrote {path}")
-    return 0
+        _plot(results, out / f"bench_{stamp}.png")
+
+
+def _plot(results: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    runs = [r for r in results["runs"] if "full" in r]
+    labels = [f"{r['policy']} {r['views']}v {r['mode']}" for r in runs]
+    fig, ax = plt.subplots(figsize=(8, 0.4 * len(runs) + 1.5))
+    ax.barh(labels, [r["full"]["median_ms"] for r in runs], xerr=None, color="tab:blue")
+    ax.set_xscale("log")
+    ax.set_xlabel("full decision, median ms (log)")
+    ax.set_title(f"{results['env'].get('gpu', results['env']['device'])} @ {results['env']['commit'][:8]}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
 
 
 def _views(text: str) -> list[int]:
@@ -81,6 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--device", default=None)
     b.add_argument("--tiny", action="store_true", help="tiny configs (CPU smoke runs)")
+    b.add_argument("--modes", default="eager,compile,fused", help="comma list of eager, compile, fused")
+    b.add_argument("--compile-mode", default="reduce-overhead", help="torch.compile mode for the baseline")
+    b.add_argument(
+        "--baselines-all-views", action="store_true", help="eager/compile at every view count, not only the largest"
+    )
     b.add_argument("--out", default=None, help="folder for the JSON result")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

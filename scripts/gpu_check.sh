@@ -2,7 +2,7 @@
 # Everything that needs the GPU, in one command for the device machine (H200; Python 3.12,
 # torch 2.11 + CUDA 13, triton 3.6; no network). CI has no GPU, so these never run there.
 #
-#   bash scripts/gpu_check.sh [parts...]     parts: kernels parity latency (default: all)
+#   bash scripts/gpu_check.sh [parts...]     parts: kernels fused parity latency bench (default: all)
 #
 # Carry the parity wheels (`bash scripts/fetch_parity_wheels.sh` -> .whl) for `parity`.
 # Results (logs + JSON) go to $OUT (the device tool brings them back) or ./out.
@@ -12,7 +12,7 @@ OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(kernels parity latency)
+[ ${#parts[@]} -gt 0 ] || parts=(kernels fused parity latency bench)
 status=0
 step() { echo; echo "=== $* ($(date +%T))"; }
 
@@ -24,6 +24,15 @@ for part in "${parts[@]}"; do
     kernels)
       step "GPU kernel tests at real shapes"
       python3 -m pytest -q -m gpu -p no:cacheprovider test/test_kernels_*.py 2>&1 | tee "$OUT/kernels.log" | tail -25 || status=1
+      ;;
+    fused)
+      step "Fused path vs reference on the GPU (CUDA graphs captured)"
+      python3 -m pytest -q -p no:cacheprovider test/test_fused.py 2>&1 | tee "$OUT/fused.log" | tail -15 || status=1
+      ;;
+    bench)
+      step "flashrt bench: eager, fused, torch.compile (pi0.5 and pi0, bf16, batch 1)"
+      python3 -m flashrt_ros.cli bench --policy pi05,pi0 --views 1,2,3 --modes eager,fused,compile --iters 50 \
+        --warmup 5 --out "$OUT" 2>&1 | tee "$OUT/bench.log" || status=1
       ;;
     parity)
       step "LeRobot 0.6.1 parity, full size"

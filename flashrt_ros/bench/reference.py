@@ -31,6 +31,7 @@ class Case:
     token_masks: torch.Tensor
     state: torch.Tensor
     noise: torch.Tensor
+    views: int
 
     @classmethod
     def make(cls, cfg: PolicyConfig, device: torch.device, views: int, prompt_fill: float = 0.75, seed: int = 0):
@@ -49,6 +50,7 @@ class Case:
             token_masks=masks,
             state=torch.randn(1, cfg.state_dim, generator=g, device=device),
             noise=torch.randn(1, cfg.horizon, cfg.action_dim, generator=g, device=device),
+            views=views,
         )
 
     def args(self) -> tuple:

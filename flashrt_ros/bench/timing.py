@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -49,7 +50,8 @@ def time_call(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     out = []
-    for _ in tqdm(range(iters), desc=progress or "timing", leave=False, disable=not progress):
+    show = bool(progress) and sys.stderr.isatty()
+    for _ in tqdm(range(iters), desc=progress or "timing", leave=False, disable=not show):
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()

@@ -9,6 +9,7 @@ the chunk) and the monotonic clock on a CPU.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from dataclasses import dataclass
 
@@ -17,6 +18,8 @@ import torch
 
 from ..policies.policy import ModelInputs, Observation, Policy
 from .stats import PipelineStats
+
+log = logging.getLogger(__name__)
 
 STAGES = ("preprocess", "prefix", "denoise", "postprocess")
 
@@ -55,34 +58,81 @@ class _Timer:
 
 
 class Pipeline:
-    """Runs decisions of a Policy and keeps per-stage statistics."""
+    """Runs decisions of a Policy and keeps per-stage statistics.
 
-    def __init__(self, policy: Policy, seed: int = 0, stats_window: int = 200):
+    backend "reference" runs the plain-torch model; "fused" the fused path (`FusedPi0`:
+    Triton kernels, static buffers, CUDA graphs); "auto" picks fused on a CUDA device and
+    falls back to the reference, with a warning saying why, if it cannot be built.
+    """
+
+    def __init__(self, policy: Policy, seed: int = 0, stats_window: int = 200, backend: str = "auto"):
         self.policy = policy
         self.stats = PipelineStats(stats_window)
         self.generator = torch.Generator(device=policy.device).manual_seed(seed)
         self._ids = itertools.count(1)
+        self.fused = self._build_fused(backend)
+        self.backend = "fused" if self.fused is not None else "reference"
+
+    def _build_fused(self, backend: str):
+        if backend not in ("auto", "fused", "reference"):
+            raise ValueError(f"backend must be auto, fused or reference, got {backend!r}")
+        if backend == "reference" or (backend == "auto" and self.policy.device.type != "cuda"):
+            return None
+        try:
+            from ..policies.fused import FusedPi0
+
+            fused = FusedPi0(self.policy.model, getattr(torch, self.policy.cfg.dtype))
+            fused.capture()
+        except Exception as exc:
+            if backend == "fused":
+                raise
+            log.warning("fused path unavailable (%s: %s): running the reference path", type(exc).__name__, exc)
+            return None
+        log.info("fused path active: Triton kernels, CUDA graphs %s", sorted(fused.graphs) or "none (not CUDA)")
+        return fused
 
     @property
     def stage_names(self) -> tuple[str, ...]:
         return STAGES
 
     def decide(self, obs: Observation, noise: torch.Tensor | None = None) -> Decision:
-        policy, model = self.policy, self.policy.model
+        policy = self.policy
         timer = _Timer(policy.device)
         timer.mark("start")
-        x: ModelInputs = policy.prepare(obs)
-        timer.mark("preprocess")
+        if noise is None:
+            noise = policy.model.noise(1, self.generator, policy.device)
         with torch.no_grad():
-            emb, valid = model.embed_prefix(x.pixels, x.image_masks, x.tokens, x.token_masks)
-            prefix = model.prefill(emb, valid)
-            timer.mark("prefix")
-            if noise is None:
-                noise = model.noise(1, self.generator, policy.device)
-            chunk = model.denoise(prefix, noise, x.state)
-            timer.mark("denoise")
+            run = self._run_fused if self.fused is not None else self._run_reference
+            chunk = run(obs, noise, timer)
         actions = policy.postprocess(chunk)  # the one host sync of the decision
         timer.mark("postprocess")
         timings = timer.resolve()
         self.stats.add(timings)
         return Decision(next(self._ids), actions, timings)
+
+    def _run_reference(self, obs: Observation, noise: torch.Tensor, timer: _Timer) -> torch.Tensor:
+        model = self.policy.model
+        x: ModelInputs = self.policy.prepare(obs)
+        timer.mark("preprocess")
+        emb, valid = model.embed_prefix(x.pixels, x.image_masks, x.tokens, x.token_masks)
+        prefix = model.prefill(emb, valid)
+        timer.mark("prefix")
+        chunk = model.denoise(prefix, noise, x.state)
+        timer.mark("denoise")
+        return chunk
+
+    def _run_fused(self, obs: Observation, noise: torch.Tensor, timer: _Timer) -> torch.Tensor:
+        fused, dev = self.fused, self.policy.device
+        tokens, token_mask, state = self.policy.prepare_prompt_state(obs)
+        frames = [
+            None if img is None else torch.from_numpy(np.ascontiguousarray(img)).to(dev, non_blocking=True)
+            for img in obs.images
+        ]
+        fused.set_images(frames)
+        fused.set_inputs(tokens.to(dev), token_mask.to(dev), state.to(dev), noise[0])
+        timer.mark("preprocess")
+        fused.run("prefix")
+        timer.mark("prefix")
+        fused.run("denoise")
+        timer.mark("denoise")
+        return fused.actions[None]

@@ -9,7 +9,7 @@ un-normalise -> drop padded action dims.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +44,6 @@ class ModelInputs:
     tokens: torch.Tensor
     token_masks: torch.Tensor
     state: torch.Tensor
-    extras: dict = field(default_factory=dict)
 
 
 class Policy:
@@ -78,7 +77,8 @@ class Policy:
             self.device,
         )
 
-    def prepare(self, obs: Observation) -> ModelInputs:
+    def prepare_prompt_state(self, obs: Observation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Host side of an observation: (token ids [L], token mask [L], padded normalised state)."""
         cfg = self.cfg
         if len(obs.images) != cfg.num_views:
             raise ValueError(f"expected {cfg.num_views} camera views, got {len(obs.images)}")
@@ -91,15 +91,18 @@ class Policy:
         tokens: Tokens = self.tokenizer.tokenize(cfg.kind, obs.prompt, norm_state if cfg.kind == "pi05" else None)
         padded = np.zeros(cfg.state_dim, dtype=np.float32)
         padded[: norm_state.shape[0]] = norm_state
-        pixels, masks = images_to_pixels(obs.images, cfg.vision.image_size, self.device)
+        return torch.from_numpy(tokens.ids), torch.from_numpy(tokens.mask), torch.from_numpy(padded)
+
+    def prepare(self, obs: Observation) -> ModelInputs:
+        tokens, mask, state = self.prepare_prompt_state(obs)
+        pixels, masks = images_to_pixels(obs.images, self.cfg.vision.image_size, self.device)
         dev = self.device
         return ModelInputs(
             pixels=pixels,
             image_masks=masks,
-            tokens=torch.from_numpy(tokens.ids)[None].to(dev),
-            token_masks=torch.from_numpy(tokens.mask)[None].to(dev),
-            state=torch.from_numpy(padded)[None].to(dev),
-            extras={"prompt_truncated": tokens.truncated},
+            tokens=tokens[None].to(dev),
+            token_masks=mask[None].to(dev),
+            state=state[None].to(dev),
         )
 
     def infer_prepared(

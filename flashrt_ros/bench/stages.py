@@ -1,0 +1,107 @@
+"""Latency of the compiled-reference and fused paths, stage by stage, with parity.
+
+Each function times one way of running the same weights on the same `Case` and returns
+Latency rows; parity is always against the fp32 reference chunk of the same inputs and noise.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from ..policies.fused import FusedPi0
+from ..policies.pi0 import Pi0Model
+from .parity import compare
+from .reference import Case
+from .timing import Latency, time_call
+
+log = logging.getLogger(__name__)
+
+
+def load_case(fused: FusedPi0, case: Case) -> None:
+    fused.pixels.copy_(case.pixels[0].to(fused.dtype))
+    fused.view_valid.copy_(case.image_masks[0])
+    fused.set_inputs(case.tokens[0], case.token_masks[0], case.state[0], case.noise[0])
+
+
+def measure_fused(model: Pi0Model, case: Case, iters: int, warmup: int, label: str, ref_chunk: torch.Tensor):
+    """Build + capture the fused path, time full decision / stages, and check parity."""
+    dev = case.noise.device
+    t0 = time.perf_counter()
+    fused = FusedPi0(model, torch.bfloat16)
+    load_case(fused, case)
+    fused.capture()
+    capture_s = time.perf_counter() - t0
+    vision_graph = _capture(fused.vision, dev)
+    frames = [torch.randint(0, 256, (480, 640, 3), dtype=torch.uint8, device=dev) for _ in range(case.views)]
+    rows = {
+        "full": time_call(fused.sample_actions, iters, warmup, dev, f"{label} full"),
+        "prefix": time_call(lambda: fused.run("prefix"), iters, warmup, dev, f"{label} prefix"),
+        "denoise": time_call(lambda: fused.run("denoise"), iters, warmup, dev, f"{label} denoise"),
+        "vision": time_call(vision_graph.replay, iters, warmup, dev, f"{label} vision"),
+        "preprocess": time_call(
+            lambda: fused.set_images(frames + [None] * (fused.cfg.num_views - case.views)),
+            iters,
+            warmup,
+            dev,
+            f"{label} preprocess",
+        ),
+    }
+    load_case(fused, case)  # preprocess wrote camera frames into pixels: restore the case's
+    chunk = fused.sample_actions().clone()
+    parity = {
+        "chunk": compare(chunk, ref_chunk[0]),
+        "chunk_minus_noise": compare(chunk - case.noise[0], ref_chunk[0] - case.noise[0]),
+    }
+    names = {
+        "full": "full decision",
+        "prefix": "prefix stage (vision+LM)",
+        "denoise": "denoise only",
+        "vision": "vision stage",
+        "preprocess": f"preprocess {case.views}x480x640",
+    }
+    lat = {k: Latency.from_samples(f"{label} {names[k]}", v) for k, v in rows.items()}
+    return lat, parity, capture_s
+
+
+def _capture(fn, dev: torch.device) -> torch.cuda.CUDAGraph:
+    stream = torch.cuda.Stream(dev)
+    stream.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream(dev).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def measure_compiled(
+    model: Pi0Model, case: Case, iters: int, warmup: int, label: str, mode: str, ref_chunk: torch.Tensor
+):
+    """torch.compile of the reference, per stage: (embed_prefix + prefill) and one denoise step."""
+    dev = case.noise.device
+    prefix_fn = torch.compile(lambda *a: model.prefill(*model.embed_prefix(*a)), mode=mode, dynamic=False)
+    step_fn = torch.compile(model.velocity, mode=mode, dynamic=False)
+    cfg = model.cfg
+
+    def decide():
+        prefix = prefix_fn(*case.args()[:4])
+        x = case.noise.float()
+        dt = -1.0 / cfg.num_steps
+        for step in range(cfg.num_steps):
+            t = torch.full((1,), 1.0 + step * dt, device=dev)
+            x = x + dt * step_fn(prefix, x, t, case.state)
+        return x
+
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        chunk = decide()
+        torch.cuda.synchronize(dev)
+        compile_s = time.perf_counter() - t0
+        full = time_call(decide, iters, warmup, dev, f"{label} full")
+        chunk = decide().clone()
+    parity = {"chunk": compare(chunk[0], ref_chunk[0])}
+    return {"full": Latency.from_samples(f"{label} full decision", full)}, parity, compile_s
