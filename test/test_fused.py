@@ -30,11 +30,12 @@ def _run_fused(model, x, dtype):
     return fused, fused.sample_actions().clone()
 
 
-@pytest.mark.parametrize("kind", ["pi05", "pi0"])
-def test_fused_fp32_matches_reference(kind):
-    model = tiny_model(kind, seed=2).to(DEVICE)
+@pytest.mark.parametrize("kind,views", [("pi05", 2), ("pi0", 2), ("pi05", 1)])
+def test_fused_fp32_matches_reference(kind, views):
+    model = tiny_model(kind, seed=2, num_views=views).to(DEVICE)
     x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1, valid_tokens=20).items()}
-    x["image_masks"][0, 1] = False  # an absent view
+    if views > 1:
+        x["image_masks"][0, 1] = False  # an absent view
     ref = model.sample_actions(**x)[0]
     _, out = _run_fused(model, x, torch.float32)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)

@@ -185,7 +185,7 @@ class FusedPi0:
         """pixels [V, 3, S, S] -> projected vision tokens [V*N, Wp]."""
         spec, v = self.cfg.vision, self.cfg.num_views
         x = F.conv2d(self.pixels, *self.patch, stride=spec.patch_size).flatten(2).transpose(1, 2)
-        h = (x + self.pos).reshape(-1, spec.width)
+        h = (x + self.pos).reshape(-1, spec.width).contiguous()  # the kernels want contiguous rows
         heads, hd, n = spec.num_heads, spec.width // spec.num_heads, spec.num_tokens
         mlp_out = None
         for w in self.vision_layers:
