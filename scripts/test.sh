@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The test command (README, CI): ruff, then the pytest suite, in the development venv
-# (run scripts/setup_env.sh first). Extra arguments go to pytest instead of the default `test`,
+# The test command (README, CI): sets up the development venv (scripts/setup_env.sh:
+# idempotent, a second or so when nothing changed), then ruff, then the pytest suite. Extra arguments go to pytest instead of the default `test`,
 # e.g. `bash scripts/test.sh test/test_interfaces.py -k roundtrip`.
 #
 # DDS discovery stays on this machine, and the run gets its own ROS_DOMAIN_ID (100-200, from
@@ -9,6 +9,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+bash scripts/setup_env.sh
 # shellcheck source=scripts/env.sh
 source scripts/env.sh
 export ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST
