@@ -10,6 +10,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
+# FLASHRT_COMMIT: pass the commit in the command (the device copy has no .git)
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(kernels fused parity latency bench)

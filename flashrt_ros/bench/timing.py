@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
@@ -68,13 +69,16 @@ def time_call(
 
 def environment(device: torch.device) -> dict:
     """Commit, GPU, versions: enough to tell two result files apart."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip())
-    except OSError:
-        commit, dirty = "unknown", False
+    commit = os.environ.get("FLASHRT_COMMIT", "")
+    dirty = False
+    if not commit:  # the device machine gets a copy of the tree without .git: pass FLASHRT_COMMIT there
+        try:
+            res = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+            commit = res.stdout.strip() if res.returncode == 0 else ""
+            st = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, check=False)
+            dirty = res.returncode == 0 and bool(st.stdout.strip())
+        except OSError:
+            pass
     env = {
         "commit": commit or "unknown",
         "dirty": dirty,
