@@ -4,7 +4,8 @@
   and ROS_DOMAIN_ID are set before any test runs (if not set already, e.g. by scripts/test.sh).
 - Tests marked `ros` skip, with the reason, when rclpy or our generated interfaces cannot be
   imported, unless FLASHRT_REQUIRE_ROS=1 (scripts/test.sh, CI): then they run and fail.
-- Tests marked `gpu` skip when torch sees no CUDA device.
+- Tests marked `gpu` skip when torch sees no CUDA device; without one, Triton kernels run in
+  its interpreter (TRITON_INTERPRET=1, set before any test module imports triton).
 
 Fixtures: `ros_env` (session; the environment for subprocesses that use ROS) and
 `rclpy_context` (a fresh, initialised rclpy context, shut down afterwards).
@@ -45,17 +46,23 @@ def _cuda_available() -> bool:
 
 
 def pytest_configure(config):
-    # Before any test module is imported, so that no rclpy context can start without it.
+    # Before any test module is imported, so that no rclpy context can start without it, and
+    # so that Triton kernels run in its interpreter on machines without a GPU (CI).
     _set_ros_env(os.environ)
+    if not _cuda_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):
     require_ros = os.environ.get("FLASHRT_REQUIRE_ROS") == "1"
     for item in items:
         if "ros" in item.keywords and not require_ros and ros_import_error():
-            item.add_marker(pytest.mark.skip(
-                reason=f"rclpy / flashrt_ros interfaces not importable ({ros_import_error()}); "
-                "run scripts/setup_env.sh and source scripts/env.sh"))
+            item.add_marker(
+                pytest.mark.skip(
+                    reason=f"rclpy / flashrt_ros interfaces not importable ({ros_import_error()}); "
+                    "run scripts/setup_env.sh and source scripts/env.sh"
+                )
+            )
         if "gpu" in item.keywords and not _cuda_available():
             item.add_marker(pytest.mark.skip(reason=GPU_SKIP_REASON))
 

@@ -6,19 +6,12 @@ the same test runs compiled, with the stages captured as CUDA graphs.
 
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
+from kernel_fixtures import DEVICE
+from policy_fixtures import cosine, tiny_inputs, tiny_model
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-from policy_fixtures import cosine, tiny_inputs, tiny_model  # noqa: E402
-
-from flashrt_ros.policies.fused import FusedPi0  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from flashrt_ros.policies.fused import FusedPi0
 
 
 def _run_fused(model, x, dtype):

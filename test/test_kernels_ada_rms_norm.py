@@ -1,14 +1,10 @@
 """kernels.ada_rms_norm (adaRMS, gated residual, fused pair) vs torch references."""
 
-import os
-
 import pytest
 import torch
+from kernel_fixtures import DEVICE, TOL
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first @triton.jit
-
-from kernels.ada_rms_norm import (  # noqa: E402
+from kernels.ada_rms_norm import (
     ada_rms_norm,
     ada_rms_norm_ref,
     gated_residual,
@@ -17,14 +13,9 @@ from kernels.ada_rms_norm import (  # noqa: E402
     gated_residual_ref,
 )
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 # h = residual + y * gate: with bf16 operands the fp32 product is exact, so kernel and reference
 # round the same value once (bit-exact); fp32 operands may differ by an ulp where the GPU fuses an fma.
 H_TOL = {torch.float32: dict(atol=1e-6, rtol=1e-6), torch.bfloat16: dict(atol=0, rtol=0)}
-needs_gpu = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA GPU (CI has none); run scripts/gpu_check.sh on the device machine"
-)
 
 
 def _rand(*shape: int, dtype: torch.dtype, g: torch.Generator, scale: float = 1.0) -> torch.Tensor:
@@ -87,7 +78,6 @@ def test_rejects_bad_modulation_shape() -> None:
 
 
 @pytest.mark.gpu
-@needs_gpu
 def test_ada_rms_norm_gpu_real_shapes() -> None:
     g = torch.Generator().manual_seed(4)
     T, D = 50, 1024

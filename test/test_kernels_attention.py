@@ -1,21 +1,13 @@
 """kernels.attention (multi-query flash attention with pi0/pi0.5 masks) vs an explicit-mask reference."""
 
-import os
-
 import pytest
 import torch
+from kernel_fixtures import DEVICE
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first @triton.jit
+from kernels.attention import attention, attention_key_blocks, attention_ref
 
-from kernels.attention import attention, attention_key_blocks, attention_ref  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # bf16: P is rounded to bf16 before the PV product (flash-attention practice) and the output is bf16.
 TOL = {torch.float32: dict(atol=2e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
-needs_gpu = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA GPU (CI has none); run scripts/gpu_check.sh on the device machine"
-)
 
 
 def _qkv(Tq: int, Tk: int, H: int, D: int, dtype: torch.dtype, seed: int):
@@ -104,7 +96,6 @@ def test_no_mask_batched_strided_cache_views_and_out_buffer() -> None:
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("policy", ["pi0", "pi05"])
 def test_attention_gpu_real_shapes(policy: str) -> None:
     H, D = 8, 256

@@ -1,19 +1,10 @@
 """kernels.euler (in-place Euler update of the denoise loop) vs torch."""
 
-import os
-
 import pytest
 import torch
+from kernel_fixtures import DEVICE
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first @triton.jit
-
-from kernels.euler import euler_step, euler_step_ref  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-needs_gpu = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA GPU (CI has none); run scripts/gpu_check.sh on the device machine"
-)
+from kernels.euler import euler_step, euler_step_ref
 
 
 @pytest.mark.parametrize("v_dtype", [torch.float32, torch.bfloat16])
@@ -50,7 +41,6 @@ def test_euler_ten_steps_from_noise() -> None:
 
 
 @pytest.mark.gpu
-@needs_gpu
 def test_euler_gpu_bf16_velocity() -> None:
     x = torch.randn(1, 50, 32, device=DEVICE)
     v = torch.randn(1, 50, 32, device=DEVICE).to(torch.bfloat16)

@@ -1,20 +1,10 @@
 """kernels.geglu (Gemma gate|up GeGLU) vs the torch reference."""
 
-import os
-
 import pytest
 import torch
+from kernel_fixtures import DEVICE, TOL
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first @triton.jit
-
-from kernels.geglu import geglu, geglu_ref  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
-needs_gpu = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA GPU (CI has none); run scripts/gpu_check.sh on the device machine"
-)
+from kernels.geglu import geglu, geglu_ref
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -46,7 +36,6 @@ def test_geglu_extreme_inputs_finite_and_strided_rows() -> None:
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("T,F", [(968, 16384), (50, 4096)])
 def test_geglu_gpu_real_shapes(T: int, F: int) -> None:
     gu = torch.randn(T, 2 * F, device=DEVICE).to(torch.bfloat16)

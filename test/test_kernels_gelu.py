@@ -1,20 +1,10 @@
 """kernels.gelu (bias + GELU-tanh epilogue of SigLIP's fc1) vs the torch reference."""
 
-import os
-
 import pytest
 import torch
+from kernel_fixtures import DEVICE, TOL
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first @triton.jit
-
-from kernels.gelu import bias_gelu, bias_gelu_ref  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
-needs_gpu = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA GPU (CI has none); run scripts/gpu_check.sh on the device machine"
-)
+from kernels.gelu import bias_gelu, bias_gelu_ref
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -41,7 +31,6 @@ def test_bias_gelu_in_place_no_bias_and_extremes() -> None:
 
 
 @pytest.mark.gpu
-@needs_gpu
 def test_bias_gelu_gpu_real_shape() -> None:
     x = torch.randn(3 * 256, 4304, device=DEVICE).to(torch.bfloat16)
     b = torch.randn(4304, device=DEVICE).to(torch.bfloat16)

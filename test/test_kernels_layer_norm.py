@@ -1,20 +1,10 @@
 """kernels.layer_norm (SigLIP LayerNorm, optionally with the residual add) vs torch."""
 
-import os
-
 import pytest
 import torch
+from kernel_fixtures import DEVICE, TOL
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first @triton.jit
-
-from kernels.layer_norm import layer_norm, layer_norm_ref  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
-needs_gpu = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA GPU (CI has none); run scripts/gpu_check.sh on the device machine"
-)
+from kernels.layer_norm import layer_norm, layer_norm_ref
 
 
 def _inputs(T: int, D: int, dtype: torch.dtype, seed: int):
@@ -52,7 +42,6 @@ def test_layer_norm_no_affine_in_place_residual() -> None:
 
 
 @pytest.mark.gpu
-@needs_gpu
 def test_layer_norm_gpu_real_shape() -> None:
     x, r, w, b = _inputs(3 * 256, 1152, torch.bfloat16, seed=7)
     y, s = layer_norm(x, w, b, residual=r)

@@ -1,20 +1,12 @@
 """kernels.preprocess (uint8 HWC -> resize-with-pad -> [-1, 1] CHW) vs openpi's torch path."""
 
-import os
-
 import pytest
 import torch
+from kernel_fixtures import DEVICE
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first @triton.jit
+from kernels.preprocess import preprocess_image, preprocess_image_ref, resize_with_pad_geometry
 
-from kernels.preprocess import preprocess_image, preprocess_image_ref, resize_with_pad_geometry  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: dict(atol=1e-5, rtol=0), torch.bfloat16: dict(atol=8e-3, rtol=0)}
-needs_gpu = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA GPU (CI has none); run scripts/gpu_check.sh on the device machine"
-)
 
 
 def _frame(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -70,7 +62,6 @@ def test_preprocess_rejects_non_uint8() -> None:
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("H,W", [(480, 640), (720, 1280), (224, 224), (1080, 1920)])
 def test_preprocess_gpu_real_shapes(H: int, W: int) -> None:
     img = _frame(H, W, 3, seed=3)

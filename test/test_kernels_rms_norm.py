@@ -1,20 +1,10 @@
 """kernels.rms_norm vs its torch reference (CPU: Triton interpreter at small ragged shapes)."""
 
-import os
-
 import pytest
 import torch
+from kernel_fixtures import DEVICE, TOL
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first @triton.jit
-
-from kernels.rms_norm import rms_norm, rms_norm_ref  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
-needs_gpu = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA GPU (CI has none); run scripts/gpu_check.sh on the device machine"
-)
+from kernels.rms_norm import rms_norm, rms_norm_ref
 
 
 def _inputs(T: int, D: int, dtype: torch.dtype, seed: int = 0):
@@ -75,7 +65,6 @@ def test_rms_norm_3d_input_and_zero_rows() -> None:
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("T,D", [(968, 2048), (51, 1024)])
 def test_rms_norm_gpu_real_shapes(T: int, D: int) -> None:
     x, r, w = _inputs(T, D, torch.bfloat16, seed=5)

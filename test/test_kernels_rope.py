@@ -1,21 +1,13 @@
 """kernels.rope (RoPE and the fused QKV epilogue) vs the HF Gemma reference."""
 
-import os
-
 import pytest
 import torch
+from kernel_fixtures import DEVICE
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first @triton.jit
+from kernels.rope import qkv_rope, qkv_rope_ref, rope, rope_ref
 
-from kernels.rope import qkv_rope, qkv_rope_ref, rope, rope_ref  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32: angles up to ~1000 rad, so allow a few fp32 ulps of the angle through cos/sin.
 TOL = {torch.float32: dict(atol=2e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
-needs_gpu = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA GPU (CI has none); run scripts/gpu_check.sh on the device machine"
-)
 
 
 def _positions(T: int, g: torch.Generator, start: int = 0) -> torch.Tensor:
@@ -82,7 +74,6 @@ def test_qkv_rope_allocates_outputs_and_multi_kv_heads() -> None:
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("T,P", [(968, 0), (50, 968)])
 def test_qkv_rope_gpu_real_shapes(T: int, P: int) -> None:
     g = torch.Generator().manual_seed(4)
