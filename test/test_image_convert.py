@@ -243,9 +243,7 @@ def _compressed(image: Image.Image, codec: str, fmt: str | None = None, **save) 
 def _smooth_rgb(h: int = 48, w: int = 64) -> np.ndarray:
     """A gradient: JPEG reproduces it closely, so a tolerance check is meaningful."""
     y, x = np.mgrid[0:h, 0:w]
-    return np.stack([x * 255 // (w - 1), y * 255 // (h - 1), (x + y) * 255 // (h + w - 2)], axis=2).astype(
-        np.uint8
-    )
+    return np.stack([x * 255 // (w - 1), y * 255 // (h - 1), (x + y) * 255 // (h + w - 2)], axis=2).astype(np.uint8)
 
 
 def test_png_round_trip_is_exact() -> None:
@@ -270,9 +268,7 @@ def test_jpeg_colours_are_not_swapped() -> None:
 
 
 def test_png_gray_rgba_and_16bit() -> None:
-    np.testing.assert_array_equal(
-        compressed_to_rgb(_compressed(Image.fromarray(GRAY8), "PNG")), _gray3(GRAY8)
-    )
+    np.testing.assert_array_equal(compressed_to_rgb(_compressed(Image.fromarray(GRAY8), "PNG")), _gray3(GRAY8))
     rgba = np.concatenate([RGB, ALPHA], axis=2)
     np.testing.assert_array_equal(compressed_to_rgb(_compressed(Image.fromarray(rgba), "PNG")), RGB)
     out = compressed_to_rgb(_compressed(Image.fromarray(GRAY16), "PNG", "16UC1; png compressed mono16"))

@@ -111,18 +111,30 @@ def test_serialisation_roundtrip_through_typesupport():
     from flashrt_ros.srv import ListCapsules
     from rclpy.serialization import deserialize_message, serialize_message
 
-    chunk = ActionChunk(horizon=2, action_dim=2, actions=[1.0, -2.0, 3.5, 1e-3], chunk_id=2**63 + 5,
-                        source_stamps=[Time(sec=7, nanosec=9)], source_topics=["/cam0/image_raw"],
-                        inference_latency_ms=12.5)
+    chunk = ActionChunk(
+        horizon=2,
+        action_dim=2,
+        actions=[1.0, -2.0, 3.5, 1e-3],
+        chunk_id=2**63 + 5,
+        source_stamps=[Time(sec=7, nanosec=9)],
+        source_topics=["/cam0/image_raw"],
+        inference_latency_ms=12.5,
+    )
     chunk.step_duration.nanosec = 20_000_000
     assert deserialize_message(serialize_message(chunk), ActionChunk) == chunk
 
     status = PipelineStatus(
-        stages=[StageStats(name="vision", rate_hz=9.5, latency_p50_ms=1.0, latency_p90_ms=2.0,
-                           latency_p99_ms=3.0, runs=11)],
+        stages=[
+            StageStats(name="vision", rate_hz=9.5, latency_p50_ms=1.0, latency_p90_ms=2.0, latency_p99_ms=3.0, runs=11)
+        ],
         invalid_inputs=[InputCounter(topic="/joint_states", reason="nan_joint", count=3)],
-        decisions=10, deadline_misses=1, dropped_inputs=4, policy="pi05", device="cpu",
-        precision="fp32")
+        decisions=10,
+        deadline_misses=1,
+        dropped_inputs=4,
+        policy="pi05",
+        device="cpu",
+        precision="fp32",
+    )
     assert deserialize_message(serialize_message(status), PipelineStatus) == status
 
     listing = ListCapsules.Response(names=["warm"], size_bytes=[2**40], created=[Time(sec=1)])
@@ -199,8 +211,13 @@ def test_pubsub_and_service_between_processes(rclpy_context, ros_env):
     assert ros_env["ROS_AUTOMATIC_DISCOVERY_RANGE"] == "LOCALHOST"
     suffix = uuid.uuid4().hex[:8]
     topic, service = f"/flashrt_test/chunks_{suffix}", f"/flashrt_test/list_capsules_{suffix}"
-    peer = subprocess.Popen([sys.executable, "-c", PEER, topic, service], env=ros_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    peer = subprocess.Popen(
+        [sys.executable, "-c", PEER, topic, service],
+        env=ros_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     node = None
     try:
         import rclpy

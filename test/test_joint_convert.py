@@ -91,9 +91,7 @@ def test_fewer_positions_than_names(positions) -> None:
 
 def test_real_sensor_msgs_joint_state() -> None:
     msgs = pytest.importorskip("sensor_msgs.msg")
-    msg = msgs.JointState(
-        name=["gripper", "elbow", "extra", "shoulder", "wrist"], position=[4.0, 2.0, 0, 1.0, 3.0]
-    )
+    msg = msgs.JointState(name=["gripper", "elbow", "extra", "shoulder", "wrist"], position=[4.0, 2.0, 0, 1.0, 3.0])
     np.testing.assert_array_equal(joint_state_to_vector(msg, ARM), np.float32([1, 2, 3, 4]))
 
 

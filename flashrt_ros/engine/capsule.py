@@ -1,0 +1,198 @@
+"""Execution-state capsules: byte-exact snapshots of what a pipeline carries between decisions.
+
+A decision is a function of its observation *and* of state the pipeline keeps from earlier
+decisions: the noise generator, the chunk counter, the previous chunk (and, on the fused
+path, caches and queues). Saving that state under a name and putting it back later makes a
+run reproducible from any point: replay a decision that went wrong, compare two prompts
+from the same state (fork), or return to a known-good state after a fault.
+
+Two pieces, one concept:
+
+- :class:`PipelineState` names the persistent state of the reference
+  :class:`~flashrt_ros.engine.pipeline.Pipeline` and reads/writes it as host arrays.
+  It also keeps the last chunk, which the Pipeline itself does not.
+- :class:`CapsuleStore` keeps named, immutable copies of such state (a :class:`Capsule`)
+  and restores, forks, lists and drops them.
+
+The GPU/fused path will keep its buffers on the device and copy them on a side stream;
+the store only needs ``read()`` / ``write()`` from whatever holds the state.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from ..policies.policy import Observation
+from .pipeline import Decision, Pipeline
+
+StateDict = dict[str, np.ndarray]
+
+
+class StateHolder(Protocol):
+    """Anything whose persistent state can be read and written as named arrays."""
+
+    def read(self) -> StateDict: ...
+
+    def write(self, state: Mapping[str, np.ndarray]) -> None: ...
+
+
+class PipelineState:
+    """The persistent state of a reference Pipeline as named host arrays.
+
+    ``rng``            uint8[n]   state of the generator the decision noise is drawn from
+    ``next_chunk_id``  int64[1]   id the next decision will get
+    ``last_actions``   float32[horizon, dof] the previous chunk ([0, dof] before the first)
+
+    Route decisions through :meth:`decide` so the last chunk is kept.
+    """
+
+    NAMES = ("rng", "next_chunk_id", "last_actions")
+
+    def __init__(self, pipeline: Pipeline, seed: int):
+        self.pipeline = pipeline
+        self.seed = seed
+        self.last_actions = self._no_actions()
+
+    def decide(self, obs: Observation, noise: torch.Tensor | None = None) -> Decision:
+        decision = self.pipeline.decide(obs, noise)
+        self.last_actions = np.array(decision.actions, dtype=np.float32, copy=True)
+        return decision
+
+    def read(self) -> StateDict:
+        """Copies of every buffer (later decisions do not change them)."""
+        return {
+            "rng": self.pipeline.generator.get_state().numpy().copy(),
+            "next_chunk_id": np.array([_peek_next_id(self.pipeline)], dtype=np.int64),
+            "last_actions": self.last_actions.copy(),
+        }
+
+    def write(self, state: Mapping[str, np.ndarray]) -> None:
+        """Make ``state`` (as returned by :meth:`read`) the live state, byte for byte."""
+        missing = [n for n in self.NAMES if n not in state]
+        unknown = sorted(set(state) - set(self.NAMES))
+        if missing or unknown:
+            raise ValueError(f"pipeline state needs buffers {list(self.NAMES)}; missing {missing}, unknown {unknown}")
+        self.pipeline.generator.set_state(torch.from_numpy(np.array(state["rng"], dtype=np.uint8)))
+        _set_next_id(self.pipeline, int(state["next_chunk_id"][0]))
+        self.last_actions = np.array(state["last_actions"], dtype=np.float32, copy=True)
+
+    def reset(self) -> None:
+        """Back to the state of a fresh pipeline: generator at its seed, ids from 1, no chunk."""
+        self.pipeline.generator.manual_seed(self.seed)
+        _set_next_id(self.pipeline, 1)
+        self.last_actions = self._no_actions()
+
+    def _no_actions(self) -> np.ndarray:
+        return np.zeros((0, self.pipeline.policy.action_dof), dtype=np.float32)
+
+
+# The reference Pipeline counts chunk ids with a private itertools.count; these two functions
+# are the only place that knows it (a public `next_chunk_id` on Pipeline would replace them).
+def _peek_next_id(pipeline: Pipeline) -> int:
+    value = next(pipeline._ids)
+    pipeline._ids = itertools.count(value)
+    return value
+
+
+def _set_next_id(pipeline: Pipeline, value: int) -> None:
+    pipeline._ids = itertools.count(value)
+
+
+@dataclass(frozen=True)
+class Capsule:
+    """A named, immutable copy of execution state; ``created_ns`` is wall-clock (or node
+    clock) time in nanoseconds."""
+
+    name: str
+    buffers: Mapping[str, np.ndarray]
+    created_ns: int
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(int(b.nbytes) for b in self.buffers.values())
+
+    def summary(self) -> str:
+        parts = ", ".join(
+            f"{k} {v.dtype}{list(v.shape)}" + (f"={v.item()}" if v.size == 1 else "")  # counters show their value
+            for k, v in self.buffers.items()
+        )
+        return f"capsule {self.name!r}: {self.size_bytes} bytes ({parts})"
+
+
+class CapsuleNotFound(KeyError):
+    """No capsule of that name. ``str()`` is the plain message (KeyError would quote it)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class CapsuleStore:
+    """Named capsules of one state holder: snapshot, restore, fork, list, drop.
+
+    Not thread-safe: call it between decisions (the node serialises it with them).
+    """
+
+    def __init__(self, state: StateHolder, clock_ns: Callable[[], int] = time.time_ns):
+        self.state = state
+        self.clock_ns = clock_ns
+        self._capsules: dict[str, Capsule] = {}
+
+    def snapshot(self, name: str) -> Capsule:
+        """Copy the live state into capsule ``name`` (replacing one of the same name)."""
+        _check_name(name)
+        capsule = _frozen(name, self.state.read(), self.clock_ns())
+        self._capsules[name] = capsule
+        return capsule
+
+    def restore(self, name: str) -> Capsule:
+        """Make capsule ``name`` the live state; the capsule is kept."""
+        capsule = self._get(name)
+        self.state.write(capsule.buffers)
+        return capsule
+
+    def fork(self, source: str, target: str) -> Capsule:
+        """Copy capsule ``source`` to a new capsule ``target``; the live state is not touched."""
+        _check_name(target)
+        original = self._get(source)
+        if target in self._capsules:
+            raise ValueError(f"capsule {target!r} already exists; drop it first or pick another name")
+        capsule = _frozen(target, dict(original.buffers), self.clock_ns())
+        self._capsules[target] = capsule
+        return capsule
+
+    def list(self) -> list[Capsule]:
+        """All capsules, sorted by name."""
+        return [self._capsules[name] for name in sorted(self._capsules)]
+
+    def drop(self, name: str) -> Capsule:
+        capsule = self._get(name)
+        del self._capsules[name]
+        return capsule
+
+    def _get(self, name: str) -> Capsule:
+        try:
+            return self._capsules[name]
+        except KeyError:
+            have = ", ".join(repr(n) for n in sorted(self._capsules)) or "none"
+            raise CapsuleNotFound(f"no capsule named {name!r} (have: {have})") from None
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not name.strip() or len(name) > 256:
+        raise ValueError(f"capsule name must be a non-empty string of at most 256 characters, got {name!r}")
+
+
+def _frozen(name: str, buffers: Mapping[str, np.ndarray], created_ns: int) -> Capsule:
+    copies = {}
+    for key, value in buffers.items():
+        copy = np.array(value, copy=True)
+        copy.flags.writeable = False
+        copies[key] = copy
+    return Capsule(name, copies, created_ns)

@@ -1,0 +1,142 @@
+"""Outgoing messages: ActionChunk, JointTrajectory, PipelineStatus and DiagnosticArray.
+
+Pure builders (values in, message out) so the node stays a list of steps and the field
+conventions live in one place. Chunks are on the latency path: their float arrays are
+filled from raw bytes (``array.array``), which rclpy stores without a per-element check.
+"""
+
+from __future__ import annotations
+
+import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from builtin_interfaces.msg import Duration, Time
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+from flashrt_ros.engine.stats import StageSummary
+from flashrt_ros.msg import ActionChunk, InputCounter, PipelineStatus, StageStats
+
+_NS_PER_S = 1_000_000_000
+DROPPED_DECISION = "dropped_decision"
+"""Reason of the node-wide counter (topic "") of decisions skipped for bad or missing inputs."""
+
+
+def duration_msg(ns: int) -> Duration:
+    return Duration(sec=int(ns // _NS_PER_S), nanosec=int(ns % _NS_PER_S))
+
+
+def action_chunk(
+    actions: np.ndarray,
+    *,
+    stamp: Time,
+    frame_id: str,
+    joint_names: Sequence[str],
+    step_ns: int,
+    chunk_id: int,
+    sources: Sequence[tuple[str, Time]],
+    latency_ms: float,
+) -> ActionChunk:
+    """``actions`` [horizon, dof] float32 -> ActionChunk (row-major); ``sources`` are
+    (resolved topic, header stamp) of every observation the chunk was computed from."""
+    horizon, dof = actions.shape
+    msg = ActionChunk(horizon=horizon, action_dim=dof, chunk_id=chunk_id, inference_latency_ms=float(latency_ms))
+    msg.header.stamp = stamp
+    msg.header.frame_id = frame_id
+    msg.joint_names = list(joint_names)
+    msg.step_duration = duration_msg(step_ns)
+    msg.actions = array.array("f", np.ascontiguousarray(actions, dtype=np.float32).tobytes())
+    msg.source_topics = [topic for topic, _ in sources]
+    msg.source_stamps = [s for _, s in sources]
+    return msg
+
+
+def joint_trajectory(
+    actions: np.ndarray, *, stamp: Time, frame_id: str, joint_names: Sequence[str], step_ns: int
+) -> JointTrajectory:
+    """One point per action row at ``(i + 1) * step``: the first action is a target one step
+    ahead, as joint_trajectory_controller expects (a point at 0 would be "already there")."""
+    msg = JointTrajectory(joint_names=list(joint_names))
+    msg.header.stamp = stamp
+    msg.header.frame_id = frame_id
+    rows = np.ascontiguousarray(actions, dtype=np.float64)
+    msg.points = [
+        JointTrajectoryPoint(positions=array.array("d", row.tobytes()), time_from_start=duration_msg((i + 1) * step_ns))
+        for i, row in enumerate(rows)
+    ]
+    return msg
+
+
+@dataclass
+class StatusSnapshot:
+    """What the node reports about itself, assembled once per status period."""
+
+    stamp: Time
+    stages: list[StageSummary]
+    target_rate_hz: float
+    decisions: int
+    deadline_misses: int
+    dropped_decisions: int
+    dropped_inputs: int
+    invalid: dict[tuple[str, str], int] = field(default_factory=dict)
+    policy: str = ""
+    device: str = ""
+    precision: str = ""
+
+
+def pipeline_status(s: StatusSnapshot) -> PipelineStatus:
+    """``invalid`` holds (topic, reason) counts; dropped decisions are reported as the
+    node-wide entry (topic "", reason "dropped_decision")."""
+    msg = PipelineStatus(
+        decisions=s.decisions,
+        deadline_misses=s.deadline_misses,
+        dropped_inputs=s.dropped_inputs,
+        policy=s.policy,
+        device=s.device,
+        precision=s.precision,
+    )
+    msg.header.stamp = s.stamp
+    msg.stages = [
+        StageStats(
+            name=st.name,
+            target_rate_hz=float(s.target_rate_hz),
+            rate_hz=float(st.rate_hz),
+            latency_p50_ms=float(st.p50_ms),
+            latency_p90_ms=float(st.p90_ms),
+            latency_p99_ms=float(st.p99_ms),
+            runs=st.count,
+        )
+        for st in s.stages
+    ]
+    counters = dict(s.invalid)
+    if s.dropped_decisions:
+        counters[("", DROPPED_DECISION)] = s.dropped_decisions
+    msg.invalid_inputs = [InputCounter(topic=t, reason=r, count=n) for (t, r), n in sorted(counters.items())]
+    return msg
+
+
+def diagnostics(
+    s: StatusSnapshot, *, name: str, level: bytes, message: str, extra: dict[str, str] | None = None
+) -> DiagnosticArray:
+    """One DiagnosticStatus for the node (for rqt_robot_monitor / diagnostic_aggregator)."""
+    values = {
+        "policy": s.policy,
+        "device": s.device,
+        "precision": s.precision,
+        "target rate (Hz)": f"{s.target_rate_hz:g}",
+        "decisions": str(s.decisions),
+        "dropped decisions": str(s.dropped_decisions),
+        "deadline misses": str(s.deadline_misses),
+    }
+    for st in s.stages:
+        values[f"{st.name} p50/p99 (ms)"] = f"{st.p50_ms:.2f}/{st.p99_ms:.2f}"
+    for (topic, reason), count in sorted(s.invalid.items()):
+        values[f"invalid {reason} {topic}"] = str(count)
+    values.update(extra or {})
+    status = DiagnosticStatus(level=level, name=name, message=message, hardware_id=s.device)
+    status.values = [KeyValue(key=k, value=v) for k, v in values.items()]
+    msg = DiagnosticArray(status=[status])
+    msg.header.stamp = s.stamp
+    return msg

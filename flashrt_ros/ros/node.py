@@ -1,0 +1,732 @@
+"""``flashrt_node``: cameras + joint states in, action chunks out, at a fixed decision rate.
+
+Data path: each sensor callback converts and validates its message at once (so a bad
+message is reported where it arrived, and the decision never waits for a conversion) and
+keeps the latest good sample per topic. A decision timer in its own callback group takes
+the held samples, refuses to decide unless every input is present and fresh, runs the
+policy, and publishes an ``ActionChunk`` and a ``trajectory_msgs/JointTrajectory``. A
+MultiThreadedExecutor keeps the sensor callbacks flowing while the policy runs.
+
+Services that touch the policy's state (reset, capsules) and the status timer share the
+decision's mutually exclusive group, so they always run between two decisions.
+
+Robots see why nothing moves: every refused message and every skipped decision is
+counted by (topic, reason) in ``~/status`` and ``/diagnostics`` and logged (throttled per
+topic and reason) with what was wrong and what was expected.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import numpy as np
+import rclpy
+from builtin_interfaces.msg import Time
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
+from rcl_interfaces.msg import SetParametersResult
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.event_handler import SubscriptionEventCallbacks
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.logging import get_logger
+from rclpy.node import Node
+from rclpy.qos import qos_profile_sensor_data
+from rclpy.signals import SignalHandlerOptions
+from sensor_msgs.msg import CompressedImage, Image, JointState
+from std_srvs.srv import Trigger
+from trajectory_msgs.msg import JointTrajectory
+
+from flashrt_ros.engine.stats import PipelineStats
+from flashrt_ros.msg import ActionChunk, PipelineStatus
+from flashrt_ros.ros import messages
+from flashrt_ros.ros.image_convert import compressed_to_rgb, image_to_rgb
+from flashrt_ros.ros.input_error import InputError
+from flashrt_ros.ros.joint_convert import check_fresh, joint_state_to_vector, stamp_to_ns
+from flashrt_ros.ros.params import (
+    NODE_NAME,
+    PARAMETERS,
+    ConfigError,
+    NodeConfig,
+    check_update,
+    declare_parameters,
+    unknown_names,
+)
+from flashrt_ros.srv import DropCapsule, ForkCapsule, ListCapsules, RestoreCapsule, SnapshotCapsule
+
+ABSENT = "absent"
+"""Decision-time reason: no good message has arrived on the topic (since start or reset)."""
+POLICY_ERROR = "policy_error"
+
+
+class StartupError(RuntimeError):
+    """The policy could not be built (checkpoint, tokenizer, device): exit with the reason."""
+
+
+# ---- held inputs ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One converted, validated input. Times are ``perf_counter_ns`` (monotonic, this
+    process); ``stamp`` is the message's header stamp, reported in the chunk."""
+
+    value: np.ndarray
+    stamp: Time
+    arrived_ns: int  # callback entry
+    ready_ns: int  # conversion done
+
+
+@dataclass
+class InputSlot:
+    """The latest good sample of one topic, and why newer messages were refused."""
+
+    topic: str  # resolved name
+    type_name: str  # e.g. "sensor_msgs/msg/Image", as the ROS graph names it
+    latest: Sample | None = None
+    used: bool = True  # latest was fed to a decision (replacing an unused one counts as dropped)
+    rejected_since_good: Counter = field(default_factory=Counter)
+
+    def clear(self) -> None:
+        self.latest, self.used = None, True
+        self.rejected_since_good.clear()
+
+
+class ThrottledLog:
+    """At most one line per key every ``period_s``; the next line says how many were held
+    back. rclpy's own throttle is per call site, which would let one noisy camera hide
+    another camera's (different) problem."""
+
+    def __init__(self, period_s: float):
+        self.period_s = period_s
+        self._last: dict[tuple, float] = {}
+        self._held: Counter = Counter()
+        self._lock = threading.Lock()
+
+    def __call__(self, key: tuple, emit: Callable[[str], Any], text: str | Callable[[], str]) -> None:
+        """``text`` may be a function: it is only called for lines that are emitted."""
+        now = time.monotonic()
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last < self.period_s:
+                self._held[key] += 1
+                return
+            self._last[key] = now
+            held = self._held.pop(key, 0)
+        text = text() if callable(text) else text
+        emit(text + (f" (+{held} more like this in the last {now - last:.1f} s)" if held else ""))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._last.clear()
+            self._held.clear()
+
+
+# ---- the node ------------------------------------------------------------------------------
+
+
+class FlashRTNode(Node):
+    """See the module docstring. ``stats_window`` sizes the rolling timing windows (the
+    benchmark makes it large to keep every decision)."""
+
+    def __init__(self, *, stats_window: int = 200, **node_kwargs: Any):
+        super().__init__(NODE_NAME, **node_kwargs)
+        declare_parameters(self)
+        self.cfg = NodeConfig.from_parameters(self)
+        problems = self.cfg.validate()
+        if problems:
+            raise ConfigError(problems)
+        self._warn_unknown_parameters()
+        self.stats_window = stats_window
+        self.state, self.description = build_pipeline_state(self.cfg)
+        self._lock = threading.Lock()  # counters and conversion stats (sensor threads)
+        self._throttle = ThrottledLog(self.cfg.log_throttle_s)
+        self._reset_counters()
+        self._decision_group = MutuallyExclusiveCallbackGroup()
+        self._create_inputs()
+        self._create_outputs()
+        self._create_timers()
+        self._create_services()
+        self.add_on_set_parameters_callback(self._on_set_parameters)
+        self.add_post_set_parameters_callback(self._after_set_parameters)
+        self._log_startup()
+
+    # ---- set-up ----------------------------------------------------------------------------
+    def _warn_unknown_parameters(self) -> None:
+        unknown = unknown_names(set(getattr(self, "_parameter_overrides", {})))
+        if unknown:
+            self.get_logger().warning(
+                f"ignoring unknown parameters {unknown} (typo in the params file?); known: {', '.join(PARAMETERS)}"
+            )
+
+    def _reset_counters(self) -> None:
+        self.decisions = 0
+        self.deadline_misses = 0
+        self.dropped_decisions = 0
+        self.dropped_inputs = 0
+        self.invalid: Counter = Counter()  # (topic, reason) -> count
+        self._dropped_streak = 0
+        self.node_stats = PipelineStats(self.stats_window)  # node_overhead, input_wait, arrival_to_publish
+        self.conversion_stats = PipelineStats(self.stats_window)  # per topic, guarded by _lock
+        self.state.pipeline.stats = PipelineStats(self.stats_window)
+        self._last_health = (0, 0)
+        self._last_decision_at = time.monotonic()
+        self._last_invalid: dict[tuple[str, str], int] = {}
+        self._last_stats_log = time.monotonic()
+
+    def _create_inputs(self) -> None:
+        cfg = self.cfg
+        self.slots: list[InputSlot] = []  # cameras in view order, then the joint states
+        self._subscriptions_in = []
+        for topic, transport in zip(cfg.camera_topics, cfg.transports, strict=True):
+            msg_type, convert = (Image, image_to_rgb) if transport == "raw" else (CompressedImage, compressed_to_rgb)
+            self._subscribe(msg_type, topic, partial(self._on_image, convert))
+        self._subscribe(JointState, cfg.joint_state_topic, self._on_joint_state)
+
+    def _subscribe(self, msg_type: type, topic: str, handler: Callable) -> None:
+        """One input: a slot for its latest good sample, and a best-effort subscription."""
+        type_name = f"{msg_type.__module__.split('.')[0]}/msg/{msg_type.__name__}"
+        slot = InputSlot(self.resolve_topic_name(topic), type_name)
+        self.slots.append(slot)
+        sub = self.create_subscription(
+            msg_type,
+            topic,
+            partial(handler, slot),
+            qos_profile_sensor_data,
+            callback_group=MutuallyExclusiveCallbackGroup(),  # topics in parallel, each in order
+            # A best-effort, volatile subscription is compatible with every publisher, so rclpy's
+            # default "incompatible QoS" handlers could never fire - yet with them the executor
+            # (rclpy 7.1.6) burnt 100% CPU on 3 cameras + 200 Hz joints and handled 13 of 200
+            # joint states/s, and the policy ran 50x slower (GIL); without them: 25% CPU.
+            event_callbacks=SubscriptionEventCallbacks(use_default_callbacks=False),
+        )
+        self._subscriptions_in.append(sub)
+
+    def _create_outputs(self) -> None:
+        self._chunk_pub = self.create_publisher(ActionChunk, "~/action_chunk", 10)
+        self._traj_pub = self.create_publisher(JointTrajectory, "~/joint_trajectory", 10)
+        self._status_pub = self.create_publisher(PipelineStatus, "~/status", 10)
+        self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+
+    def _create_timers(self) -> None:
+        group = self._decision_group
+        self._decision_timer = self.create_timer(1.0 / self.cfg.rate_hz, self._on_decision, callback_group=group)
+        self._status_timer = self.create_timer(1.0 / self.cfg.status_rate_hz, self._on_status, callback_group=group)
+
+    def _create_services(self) -> None:
+        group = self._decision_group
+        self._own_services = [
+            self.create_service(Trigger, "~/reset", self._on_reset, callback_group=group),
+            self.create_service(SnapshotCapsule, "~/capsule/snapshot", self._on_snapshot, callback_group=group),
+            self.create_service(RestoreCapsule, "~/capsule/restore", self._on_restore, callback_group=group),
+            self.create_service(ForkCapsule, "~/capsule/fork", self._on_fork, callback_group=group),
+            self.create_service(ListCapsules, "~/capsule/list", self._on_list, callback_group=group),
+            self.create_service(DropCapsule, "~/capsule/drop", self._on_drop, callback_group=group),
+        ]
+        from flashrt_ros.engine.capsule import CapsuleStore
+
+        self.capsules = CapsuleStore(self.state, clock_ns=lambda: self.get_clock().now().nanoseconds)
+
+    def _log_startup(self) -> None:
+        cfg, d, log = self.cfg, self.description, self.get_logger()
+        log.info(
+            f"policy {d['policy']}: {d['weights']}; tokenizer {d['tokenizer']}; "
+            f"{d['device']}, {d['precision']}, {d['backend']} path"
+        )
+        size = f"{cfg.image_height}x{cfg.image_width}" if cfg.expected_hw else "any size"
+        cams = ", ".join(f"{s.topic} ({t})" for s, t in zip(self.slots, cfg.transports, strict=False))
+        log.info(
+            f"inputs: {len(cfg.camera_topics)} cameras [{cams}], {size}; joints {self.slots[-1].topic} "
+            f"({len(cfg.joint_names)}: {', '.join(cfg.joint_names)})"
+        )
+        log.info(
+            f"outputs: {self._chunk_pub.topic_name}, {self._traj_pub.topic_name} "
+            f"({d['horizon']} x {len(cfg.output_joint_names)} actions, step {cfg.step_duration_s:g} s), "
+            f"{self._status_pub.topic_name} at {cfg.status_rate_hz:g} Hz, /diagnostics"
+        )
+        log.info(f"deciding at {cfg.rate_hz:g} Hz on inputs at most {cfg.max_age_s:g} s old; prompt {cfg.prompt!r}")
+
+    # ---- sensor callbacks ------------------------------------------------------------------
+    def _on_image(self, convert: Callable, slot: InputSlot, msg: Image | CompressedImage) -> None:
+        arrived = time.perf_counter_ns()
+        cfg = self.cfg
+        try:
+            check_fresh(msg.header.stamp, self.get_clock().now().nanoseconds, cfg.max_age_s, slot.topic)
+            rgb = convert(msg, expected_hw=cfg.expected_hw, source=slot.topic)
+        except InputError as err:
+            self._reject(slot, err)
+            return
+        self._accept(slot, Sample(rgb, msg.header.stamp, arrived, time.perf_counter_ns()))
+
+    def _on_joint_state(self, slot: InputSlot, msg: JointState) -> None:
+        arrived = time.perf_counter_ns()
+        cfg = self.cfg
+        try:
+            check_fresh(msg.header.stamp, self.get_clock().now().nanoseconds, cfg.max_age_s, slot.topic)
+            state = joint_state_to_vector(msg, cfg.joint_names, source=slot.topic)
+        except InputError as err:
+            self._reject(slot, err)
+            return
+        self._accept(slot, Sample(state, msg.header.stamp, arrived, time.perf_counter_ns()))
+
+    def _accept(self, slot: InputSlot, sample: Sample) -> None:
+        with self._lock:
+            if not slot.used:
+                self.dropped_inputs += 1
+            slot.latest, slot.used = sample, False
+            slot.rejected_since_good.clear()
+            self.conversion_stats.add({slot.topic: (sample.ready_ns - sample.arrived_ns) / 1e6})
+
+    def _reject(self, slot: InputSlot, err: InputError) -> None:
+        with self._lock:
+            self.invalid[(slot.topic, err.reason)] += 1
+            slot.rejected_since_good[err.reason] += 1
+            held = slot.latest
+        keep = (
+            "no good message held yet"
+            if held is None
+            else f"keeping the previous good message ({_stamp_str(held.stamp)})"
+        )
+        self._throttle(
+            ("rejected", slot.topic, err.reason), self.get_logger().warning, f"input rejected: {err}; {keep}"
+        )
+
+    # ---- decisions -------------------------------------------------------------------------
+    def _on_decision(self) -> None:
+        start = time.perf_counter_ns()
+        cfg = self.cfg
+        samples = self._fresh_samples(self.get_clock().now().nanoseconds, cfg)
+        if samples is None:
+            return
+        from flashrt_ros.policies.policy import Observation
+
+        obs = Observation(images=[s.value for s in samples[:-1]], state=samples[-1].value, prompt=cfg.prompt)
+        t0 = time.perf_counter_ns()
+        try:
+            decision = self.state.decide(obs)
+        except Exception as exc:  # a policy bug must not kill the node; it is counted and logged
+            self._count_node_wide(POLICY_ERROR)
+            self._throttle(("policy_error",), self.get_logger().error, f"policy failed, no chunk published: {exc!r}")
+            return
+        latency_ms = (time.perf_counter_ns() - t0) / 1e6
+        self._publish(decision, samples, latency_ms, cfg)
+        self._account(samples, decision, start, time.perf_counter_ns(), cfg)
+
+    def _fresh_samples(self, now_ns: int, cfg: NodeConfig) -> list[Sample] | None:
+        """The held samples (cameras in view order, then joints), or None - and counted,
+        logged reasons - if any is absent, stale or from the future."""
+        problems: list[tuple[InputSlot, str, Callable[[], str]]] = []
+        samples = []
+        for slot in self.slots:
+            sample = slot.latest
+            if sample is None:
+                problems.append((slot, ABSENT, partial(self._absent_detail, slot)))
+                continue
+            try:
+                check_fresh(sample.stamp, now_ns, cfg.max_age_s, slot.topic)
+            except InputError as err:
+                problems.append((slot, err.reason, partial(_stale_detail, err, slot)))
+            samples.append(sample)
+        if not problems:
+            return samples
+        with self._lock:
+            self.dropped_decisions += 1
+            self._dropped_streak += 1
+            for slot, reason, _ in problems:
+                self.invalid[(slot.topic, reason)] += 1
+        for slot, reason, detail in problems:
+            self._throttle(
+                ("skipped", slot.topic, reason),
+                self.get_logger().warning,
+                lambda r=reason, s=slot, d=detail: f"decision skipped: [{r}] {s.topic}: {d()}",
+            )
+        return None
+
+    def _absent_detail(self, slot: InputSlot) -> str:
+        """Why nothing usable arrived, from what was rejected or from the ROS graph (only
+        computed for lines that are logged)."""
+        text = "no good message received yet"
+        if slot.rejected_since_good:
+            return text + _rejected_hint(slot)
+        publishers = self.get_publishers_info_by_topic(slot.topic)
+        types = sorted({p.topic_type for p in publishers})
+        if not publishers:
+            return text + "; no publisher on this topic: check the topic name, namespace and remappings"
+        if types != [slot.type_name]:
+            return text + (
+                f"; its publishers send {', '.join(types)}, expected {slot.type_name} "
+                "(camera_transports raw = sensor_msgs/Image, compressed = sensor_msgs/CompressedImage)"
+            )
+        return text + f" from its {len(publishers)} publisher(s); is it publishing (ros2 topic hz)?"
+
+    def _publish(self, decision: Any, samples: list[Sample], latency_ms: float, cfg: NodeConfig) -> None:
+        stamp = self.get_clock().now().to_msg()
+        step_ns = round(cfg.step_duration_s * 1e9)
+        names = cfg.output_joint_names
+        sources = [(slot.topic, s.stamp) for slot, s in zip(self.slots, samples, strict=True)]
+        self._chunk_pub.publish(
+            messages.action_chunk(
+                decision.actions,
+                stamp=stamp,
+                frame_id=cfg.frame_id,
+                joint_names=names,
+                step_ns=step_ns,
+                chunk_id=decision.chunk_id,
+                sources=sources,
+                latency_ms=latency_ms,
+            )
+        )
+        self._traj_pub.publish(
+            messages.joint_trajectory(
+                decision.actions, stamp=stamp, frame_id=cfg.frame_id, joint_names=names, step_ns=step_ns
+            )
+        )
+
+    def _account(self, samples: list[Sample], decision: Any, start_ns: int, end_ns: int, cfg: NodeConfig) -> None:
+        """Times of one decision, from the arrival of the newest input it used to publication:
+
+        - ``arrival_to_publish``: all of it, minus the policy's compute;
+        - ``input_wait``: the part the converted input waited for the decision timer - set by
+          the decision rate (up to one input period), not by the node's code;
+        - ``node_overhead`` = the rest: converting that input, plus the decision callback
+          (checks, messages, publication) minus the policy's compute.
+        """
+        last = max(samples, key=lambda s: s.ready_ns)
+        compute_ms = decision.total_ms
+        overhead_ms = ((last.ready_ns - last.arrived_ns) + (end_ns - start_ns)) / 1e6 - compute_ms
+        self.node_stats.add(
+            {
+                "node_overhead": overhead_ms,
+                "input_wait": (start_ns - last.ready_ns) / 1e6,
+                "arrival_to_publish": (end_ns - last.arrived_ns) / 1e6 - compute_ms,
+            }
+        )
+        with self._lock:
+            for slot, sample in zip(self.slots, samples, strict=True):
+                if slot.latest is sample:
+                    slot.used = True
+            self.decisions += 1
+            self._last_decision_at = time.monotonic()
+            if end_ns - start_ns > 1e9 / cfg.rate_hz:
+                self.deadline_misses += 1
+            streak, self._dropped_streak = self._dropped_streak, 0
+        if streak:
+            self.get_logger().info(f"decisions resumed (chunk {decision.chunk_id}) after {streak} skipped")
+
+    def _count_node_wide(self, reason: str) -> None:
+        with self._lock:
+            self.invalid[("", reason)] += 1
+
+    # ---- status ----------------------------------------------------------------------------
+    def snapshot(self) -> messages.StatusSnapshot:
+        d = self.description
+        node_stage = [s for s in self.node_stats.summaries() if s.name == "node_overhead"]
+        with self._lock:
+            return messages.StatusSnapshot(
+                stamp=self.get_clock().now().to_msg(),
+                stages=self.state.pipeline.stats.summaries() + node_stage,
+                target_rate_hz=self.cfg.rate_hz,
+                decisions=self.decisions,
+                deadline_misses=self.deadline_misses,
+                dropped_decisions=self.dropped_decisions,
+                dropped_inputs=self.dropped_inputs,
+                invalid=dict(self.invalid),
+                policy=d["policy"],
+                device=d["device"],
+                precision=d["precision"],
+            )
+
+    def _on_status(self) -> None:
+        snap = self.snapshot()
+        self._status_pub.publish(messages.pipeline_status(snap))
+        level, text = self._health(snap)
+        name = f"{self.get_fully_qualified_name()}: pipeline"
+        extra = {"backend": self.description["backend"], "prompt": self.cfg.prompt}
+        self._diag_pub.publish(messages.diagnostics(snap, name=name, level=level, message=text, extra=extra))
+        self._maybe_log_stats(snap)
+
+    def _health(self, snap: messages.StatusSnapshot) -> tuple[bytes, str]:
+        """Level and message from what changed since the last status."""
+        now = (snap.dropped_decisions, snap.deadline_misses)
+        dropped, missed = (a - b for a, b in zip(now, self._last_health, strict=True))
+        new_invalid = {k: n - self._last_invalid.get(k, 0) for k, n in snap.invalid.items()}
+        new_invalid = {k: n for k, n in new_invalid.items() if n > 0}
+        self._last_health, self._last_invalid = now, dict(snap.invalid)
+        idle_s = time.monotonic() - self._last_decision_at
+        if idle_s > max(2.0 / self.cfg.rate_hz, 1.0 / self.cfg.status_rate_hz):
+            why = ", ".join(f"{r} {t}" for (t, r) in sorted(new_invalid)) or "no decision ran"
+            return DiagnosticStatus.ERROR, f"no decision for {idle_s:.1f} s ({why})"
+        invalid = sum(new_invalid.values())
+        problems = [
+            f"{n} {what}"
+            for n, what in ((dropped, "skipped decisions"), (missed, "deadline misses"), (invalid, "invalid inputs"))
+            if n > 0
+        ]
+        if problems:
+            return DiagnosticStatus.WARN, "running, with " + ", ".join(problems) + " since the last status"
+        return DiagnosticStatus.OK, f"running at {self.cfg.rate_hz:g} Hz"
+
+    def _maybe_log_stats(self, snap: messages.StatusSnapshot) -> None:
+        period = self.cfg.stats_log_period_s
+        if period <= 0 or time.monotonic() - self._last_stats_log < period:
+            return
+        self._last_stats_log = time.monotonic()
+        self.get_logger().info(self.stats_line(snap))
+
+    def stats_line(self, snap: messages.StatusSnapshot | None = None) -> str:
+        """One line for the logs: counts, then p50/p99 per stage and per input conversion."""
+        snap = snap or self.snapshot()
+        with self._lock:
+            conversions = " ".join(f"{s.name} {s.p50_ms:.2f}" for s in self.conversion_stats.summaries())
+        rate = next((s.rate_hz for s in snap.stages if s.name == "node_overhead"), 0.0)
+        return (
+            f"stats: {snap.decisions} decisions ({rate:.1f} Hz), {snap.dropped_decisions} skipped, "
+            f"{snap.deadline_misses} deadline misses, {sum(snap.invalid.values())} invalid inputs | "
+            + " | ".join(f"{s.name} {s.p50_ms:.2f}/{s.p99_ms:.2f} ms" for s in snap.stages)
+            + f" (p50/p99) | convert ms p50: {conversions or '-'}"
+        )
+
+    # ---- parameters ------------------------------------------------------------------------
+    def _on_set_parameters(self, params: list) -> SetParametersResult:
+        reason = check_update(self.cfg, {p.name: p.value for p in params})
+        if reason is None:
+            return SetParametersResult(successful=True)
+        self.get_logger().warning(f"parameter change refused: {reason}")
+        return SetParametersResult(successful=False, reason=reason)
+
+    def _after_set_parameters(self, params: list) -> None:
+        changes = {p.name: p.value for p in params if p.name in PARAMETERS}
+        if not changes:
+            return
+        old, self.cfg = self.cfg, self.cfg.with_values(changes)
+        if self.cfg.rate_hz != old.rate_hz:
+            _set_period(self._decision_timer, self.cfg.rate_hz)
+        if self.cfg.status_rate_hz != old.status_rate_hz:
+            _set_period(self._status_timer, self.cfg.status_rate_hz)
+        self._throttle.period_s = self.cfg.log_throttle_s
+        diff = ", ".join(f"{n} {getattr(old, n)!r} -> {getattr(self.cfg, n)!r}" for n in changes)
+        self.get_logger().info(f"parameters changed: {diff}")
+
+    # ---- services --------------------------------------------------------------------------
+    def _on_reset(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        self.state.reset()
+        with self._lock:
+            for slot in self.slots:
+                slot.clear()
+            self._reset_counters()
+        self._throttle.clear()
+        response.success = True
+        response.message = (
+            f"cleared held inputs, counters and statistics; noise generator reseeded ({self.state.seed}), "
+            "chunk ids restart at 1; capsules kept"
+        )
+        self.get_logger().info(f"reset: {response.message}")
+        return response
+
+    def _capsule_call(self, service: str, response: Any, action: Callable[[], str]) -> Any:
+        """Run a capsule operation; failures become success=False with the reason, a counter
+        (topic = the service, reason = the error kind) and a warning."""
+        try:
+            response.message = action()
+            response.success = True
+            self.get_logger().info(f"{service}: {response.message}")
+        except (KeyError, ValueError) as exc:
+            reason = "unknown_capsule" if isinstance(exc, KeyError) else "invalid_request"
+            with self._lock:
+                self.invalid[(self.resolve_service_name(service), reason)] += 1
+            response.success, response.message = False, str(exc)
+            self.get_logger().warning(f"{service} refused: {exc}")
+        return response
+
+    def _on_snapshot(self, request: Any, response: Any) -> Any:
+        return self._capsule_call(
+            "~/capsule/snapshot", response, lambda: self.capsules.snapshot(request.name).summary()
+        )
+
+    def _on_restore(self, request: Any, response: Any) -> Any:
+        return self._capsule_call(
+            "~/capsule/restore", response, lambda: "restored " + self.capsules.restore(request.name).summary()
+        )
+
+    def _on_fork(self, request: Any, response: Any) -> Any:
+        return self._capsule_call(
+            "~/capsule/fork",
+            response,
+            lambda: f"forked {request.source!r} -> " + self.capsules.fork(request.source, request.target).summary(),
+        )
+
+    def _on_drop(self, request: Any, response: Any) -> Any:
+        return self._capsule_call(
+            "~/capsule/drop", response, lambda: "dropped " + self.capsules.drop(request.name).summary()
+        )
+
+    def _on_list(self, request: Any, response: Any) -> Any:
+        capsules = self.capsules.list()
+        response.names = [c.name for c in capsules]
+        response.size_bytes = [c.size_bytes for c in capsules]
+        response.created = [_time_msg(c.created_ns) for c in capsules]
+        return response
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+
+def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
+    """The policy, its pipeline and the capsule-able state, from the parameters; and strings
+    describing them for logs and status. Raises StartupError with the reason."""
+    import torch
+
+    from flashrt_ros.engine.capsule import PipelineState
+    from flashrt_ros.engine.pipeline import Pipeline
+    from flashrt_ros.policies.config import PolicyConfig
+    from flashrt_ros.policies.policy import build_policy
+    from flashrt_ros.policies.tiny_tokenizer import tiny_tokenizer_path
+
+    device = resolve_device(cfg.device, torch.cuda.is_available())
+    model_cfg = PolicyConfig.preset(cfg.policy, num_views=len(cfg.camera_topics), dtype=cfg.precision)
+    tokenizer = cfg.tokenizer or str(tiny_tokenizer_path())
+    try:
+        policy = build_policy(
+            model_cfg,
+            tokenizer,
+            checkpoint=cfg.checkpoint or None,
+            seed=cfg.seed,
+            device=device,
+            action_dof=len(cfg.output_joint_names),
+        )
+    except (OSError, ValueError, RuntimeError) as exc:  # CheckpointError is a RuntimeError
+        raise StartupError(f"could not build policy {cfg.policy!r}: {exc}") from exc
+    views = policy.cfg.num_views
+    if views != len(cfg.camera_topics):
+        raise StartupError(f"the policy takes {views} camera views; camera_topics has {len(cfg.camera_topics)}")
+    try:
+        pipeline = Pipeline(policy, seed=cfg.seed, backend=cfg.backend)
+    except Exception as exc:  # backend "fused" that cannot be built: say why
+        raise StartupError(f"could not build the {cfg.backend} pipeline: {type(exc).__name__}: {exc}") from exc
+    description = {
+        "policy": cfg.policy,
+        "weights": f"checkpoint {cfg.checkpoint}"
+        if cfg.checkpoint
+        else f"RANDOM weights (seed {cfg.seed}, no checkpoint): the actions mean nothing",
+        "tokenizer": cfg.tokenizer or "built-in tiny tokenizer",
+        "device": str(device),
+        "precision": policy.cfg.dtype,
+        "backend": pipeline.backend,
+        "horizon": str(policy.cfg.horizon),
+    }
+    return PipelineState(pipeline, cfg.seed), description
+
+
+def resolve_device(device: str, cuda_available: bool) -> str:
+    if device == "auto":
+        return "cuda" if cuda_available else "cpu"
+    if device.startswith("cuda") and not cuda_available:
+        raise StartupError(f"device {device!r} requested but torch sees no CUDA device; use device: cpu or auto")
+    return device
+
+
+def _set_period(timer: Any, rate_hz: float) -> None:
+    timer.timer_period_ns = round(1e9 / rate_hz)
+    timer.reset()  # restart the period now (rcl keeps the old next-call time otherwise)
+
+
+def _time_msg(ns: int) -> Time:
+    return Time(sec=int(ns // 1_000_000_000), nanosec=int(ns % 1_000_000_000))
+
+
+def _stamp_str(stamp: Time) -> str:
+    return f"stamp {stamp_to_ns(stamp) / 1e9:.3f}"
+
+
+def _stale_detail(err: InputError, slot: InputSlot) -> str:
+    return err.detail + _rejected_hint(slot)
+
+
+def _rejected_hint(slot: InputSlot) -> str:
+    rejected = ", ".join(f"{r} x{n}" for r, n in slot.rejected_since_good.items())
+    return f" (newer messages were rejected: {rejected})" if rejected else ""
+
+
+class _ForwardToRos(logging.Handler):
+    """Python `logging` records of the policy/engine layers -> the node's ROS logger (and so
+    /rosout), so that e.g. the random-weights warning is seen where the node's logs are."""
+
+    def __init__(self, logger: Any):
+        super().__init__()
+        self.ros_logger = logger
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = f"[{record.name}] {record.getMessage()}"
+        if record.levelno >= logging.ERROR:
+            self.ros_logger.error(text)
+        elif record.levelno >= logging.WARNING:
+            self.ros_logger.warning(text)
+        else:
+            self.ros_logger.info(text)
+
+
+def spin_until_signal(executor: Any) -> None:
+    """Spin until SIGINT or SIGTERM (``ros2 launch`` stops nodes with SIGINT, then SIGTERM).
+    Call after ``rclpy.init(signal_handler_options=SignalHandlerOptions.NO)``: rclpy's own
+    handlers shut the context down first, so nothing - e.g. the final stats line - could be
+    logged to /rosout on the way out."""
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    # Both explicitly: a process started in the background by a script inherits SIGINT as
+    # ignored, and Python then leaves it ignored.
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+
+
+def stop_executor(executor: Any) -> None:
+    """Stop spinning and wait for callbacks still running (a decision in flight), so that the
+    node is never destroyed under them. rclpy 7.1.6's ``shutdown()`` does not wait (it tests
+    the flag it has just set), so the thread pool is joined here."""
+    executor.shutdown()
+    pool = getattr(executor, "_executor", None)  # MultiThreadedExecutor's ThreadPoolExecutor
+    if pool is not None:
+        pool.shutdown(wait=True)
+
+
+def main(args: list[str] | None = None) -> int:
+    """Entry point of ``ros2 run flashrt_ros flashrt_node`` and ``python -m flashrt_ros.ros.node``.
+    Exit codes: 0 after a normal shutdown, 2 for invalid parameters, 1 if the policy cannot
+    be built."""
+    rclpy.init(args=args if args is not None else sys.argv, signal_handler_options=SignalHandlerOptions.NO)
+    logger = get_logger(NODE_NAME)
+    root = logging.getLogger("flashrt_ros")
+    root.setLevel(logging.INFO)
+    root.addHandler(_ForwardToRos(logger))
+    try:
+        node = FlashRTNode()
+    except (ConfigError, StartupError) as exc:
+        logger.error(f"not starting: {exc}")
+        rclpy.try_shutdown()
+        return 2 if isinstance(exc, ConfigError) else 1
+    executor = MultiThreadedExecutor(num_threads=len(node.slots) + 2)
+    executor.add_node(node)
+    try:
+        spin_until_signal(executor)
+        node.get_logger().info(f"shutting down; {node.stats_line()}")
+    finally:
+        stop_executor(executor)
+        node.destroy_node()
+        rclpy.try_shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

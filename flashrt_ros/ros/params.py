@@ -1,0 +1,395 @@
+"""The node's parameters: one dataclass, its ROS declaration, and validation with reasons.
+
+A robot is configured by a YAML file edited by hand, often on the robot itself, so every
+mistake must come back as a sentence that names the parameter, the bad value and what is
+expected - at start (the node exits non-zero) and on ``ros2 param set`` (the change is
+refused). All parameters are declared with ``dynamic_typing`` so that this module, not
+rclpy, judges types: ``rate_hz: 10`` (an integer in YAML) is accepted as 10.0 instead of
+failing with a type error, and a string where a number belongs gets our precise reason.
+
+Only a few parameters change at runtime (:data:`RUNTIME`); the others shape subscriptions,
+the model or the device and are refused with "needs a restart".
+
+Nothing here imports rclpy at module level, so YAML files validate without ROS (the
+launch test does that).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flashrt_ros.policies.config import PolicyConfig
+
+NODE_NAME = "flashrt_node"
+TINY_PRESETS = ("pi05_tiny", "pi0_tiny")
+PRESETS = ("pi05", "pi0", *TINY_PRESETS)
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("float32", "bfloat16")
+BACKENDS = ("auto", "fused", "reference")
+TRANSPORTS = ("raw", "compressed")
+MAX_RATE_HZ = 1000.0
+
+ALOHA_JOINTS = [
+    f"{side}_{joint}"
+    for side in ("left", "right")
+    for joint in ("waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate", "gripper")
+]
+"""Bimanual ALOHA-style joint names (7 per arm): the embedded default's state and actions."""
+
+DEFAULT_CAMERAS = ["cam_high/image_raw", "cam_left_wrist/image_raw", "cam_right_wrist/image_raw"]
+
+
+class ConfigError(ValueError):
+    """Parameters the node cannot start with; ``problems`` has one sentence per problem."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("invalid parameters:\n  - " + "\n  - ".join(self.problems))
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Everything ``flashrt_node`` reads from its parameters (defaults = the embedded demo).
+
+    Topic names without a leading ``/`` resolve in the node's namespace, so one YAML file
+    serves several namespaced robots. Empty ``camera_transports`` means all ``raw``; empty
+    ``action_joint_names`` means the same joints as the state.
+    """
+
+    policy: str = "pi05_tiny"
+    checkpoint: str = ""
+    tokenizer: str = ""
+    device: str = "auto"
+    precision: str = "float32"
+    backend: str = "auto"
+    seed: int = 0
+    camera_topics: list[str] = field(default_factory=lambda: list(DEFAULT_CAMERAS))
+    camera_transports: list[str] = field(default_factory=list)
+    image_height: int = 0
+    image_width: int = 0
+    joint_state_topic: str = "joint_states"
+    joint_names: list[str] = field(default_factory=lambda: list(ALOHA_JOINTS))
+    action_joint_names: list[str] = field(default_factory=list)
+    rate_hz: float = 10.0
+    max_age_s: float = 0.5
+    prompt: str = "pick up the cube"
+    step_duration_s: float = 0.02
+    frame_id: str = ""
+    status_rate_hz: float = 1.0
+    stats_log_period_s: float = 10.0
+    log_throttle_s: float = 5.0
+
+    # ---- derived ---------------------------------------------------------------------------
+    @property
+    def transports(self) -> list[str]:
+        """One transport per camera (``raw`` where none is configured)."""
+        return list(self.camera_transports) or ["raw"] * len(self.camera_topics)
+
+    @property
+    def output_joint_names(self) -> list[str]:
+        return list(self.action_joint_names) or list(self.joint_names)
+
+    @property
+    def expected_hw(self) -> tuple[int, int] | None:
+        return (self.image_height, self.image_width) if self.image_height and self.image_width else None
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.policy in TINY_PRESETS
+
+    # ---- construction ----------------------------------------------------------------------
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> NodeConfig:
+        """From raw parameter values (rclpy or YAML). Unknown names are ignored (see
+        :func:`unknown_names`); values are normalised, not judged: :meth:`validate` does that."""
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs = {name: _normalise(known[name], value) for name, value in values.items() if name in known}
+        return cls(**kwargs)
+
+    @classmethod
+    def from_parameters(cls, node: Any) -> NodeConfig:
+        """From the parameters declared on ``node`` by :func:`declare_parameters`."""
+        return cls.from_values({name: node.get_parameter(name).value for name in PARAMETERS})
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, node_name: str = NODE_NAME) -> NodeConfig:
+        return cls.from_values(load_yaml_parameters(path, node_name))
+
+    def with_values(self, changes: Mapping[str, Any]) -> NodeConfig:
+        """A copy with some parameters changed (raw values, normalised like from_values)."""
+        return NodeConfig.from_values({**self.as_dict(), **changes})
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    # ---- validation ------------------------------------------------------------------------
+    def validate(self, check_paths: bool = True) -> list[str]:
+        """Every problem, one sentence each (empty list = valid). ``check_paths=False`` skips
+        the existence of checkpoint/tokenizer files (for example configs checked off-robot)."""
+        mistyped = _type_problems(self)
+        problems = list(mistyped.values())
+        # Judge the other values with the mistyped ones at their defaults, so one run
+        # reports every problem without range-checking a string as a number.
+        cfg = dataclasses.replace(self, **{name: getattr(NodeConfig(), name) for name in mistyped})
+        for check in (_check_policy, _check_cameras, _check_joints, _check_rates, _check_text):
+            problems += check(cfg)
+        if check_paths:
+            problems += _check_paths(cfg)
+        return problems
+
+
+# ---- the parameter table -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    description: str
+    runtime: bool = False  # may change with `ros2 param set` while the node runs
+
+
+PARAMETERS: dict[str, ParamInfo] = {
+    "policy": ParamInfo(f"policy preset: {', '.join(PRESETS)}; *_tiny = small random-weight CPU demo"),
+    "checkpoint": ParamInfo('folder with model.safetensors (openpi or LeRobot layout); "" = random weights'),
+    "tokenizer": ParamInfo('PaliGemma SentencePiece tokenizer.model; "" only for *_tiny presets'),
+    "device": ParamInfo("auto (cuda if available, else cpu), cpu, cuda or cuda:N"),
+    "precision": ParamInfo("float32 or bfloat16"),
+    "backend": ParamInfo("auto (fused on CUDA, else reference), fused (fail if unavailable) or reference"),
+    "seed": ParamInfo("seed of random weights and of the noise generator (>= 0); reset returns to it"),
+    "camera_topics": ParamInfo("sensor_msgs/Image (or CompressedImage) topics, in the policy's view order"),
+    "camera_transports": ParamInfo("raw or compressed per camera, parallel to camera_topics; [] = all raw"),
+    "image_height": ParamInfo("expected image height in pixels; 0 = any (checked with image_width)"),
+    "image_width": ParamInfo("expected image width in pixels; 0 = any"),
+    "joint_state_topic": ParamInfo("sensor_msgs/JointState topic"),
+    "joint_names": ParamInfo("joints of the state vector, in the policy's order (picked by name)"),
+    "action_joint_names": ParamInfo("names of the action dimensions, in output order; [] = joint_names"),
+    "rate_hz": ParamInfo(f"decision rate in Hz, (0, {MAX_RATE_HZ:g}]", runtime=True),
+    "max_age_s": ParamInfo("inputs older than this (header stamp vs node clock) are not used, s > 0", runtime=True),
+    "prompt": ParamInfo("task instruction given to the policy (non-empty)", runtime=True),
+    "step_duration_s": ParamInfo("time between consecutive actions of a chunk, s > 0"),
+    "frame_id": ParamInfo("header.frame_id of the published chunks and trajectories"),
+    "status_rate_hz": ParamInfo("PipelineStatus and /diagnostics rate in Hz, > 0", runtime=True),
+    "stats_log_period_s": ParamInfo("log per-stage timings every this many seconds; 0 = never", runtime=True),
+    "log_throttle_s": ParamInfo(
+        "repeat a warning about the same topic and reason at most this often, s >= 0", runtime=True
+    ),
+}
+RUNTIME: frozenset[str] = frozenset(name for name, info in PARAMETERS.items() if info.runtime)
+
+_FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(NodeConfig)}
+assert set(PARAMETERS) == set(_FIELD_TYPES), "PARAMETERS and NodeConfig must list the same names"
+
+
+def declare_parameters(node: Any) -> None:
+    """Declare every parameter on ``node`` with its default and a descriptor (``ros2 param
+    describe`` shows the description; runtime-changeable ones say so)."""
+    from rcl_interfaces.msg import ParameterDescriptor
+
+    defaults = NodeConfig().as_dict()
+    for name, info in PARAMETERS.items():
+        when = "changeable at runtime" if info.runtime else "read-only at runtime (restart to change)"
+        descriptor = ParameterDescriptor(description=f"{info.description} [{when}]", dynamic_typing=True)
+        node.declare_parameter(name, defaults[name], descriptor)
+
+
+def check_update(current: NodeConfig, changes: Mapping[str, Any]) -> str | None:
+    """Why a runtime change of our parameters must be refused, or None to accept it.
+    Names that are not ours (use_sim_time, qos overrides) are left to rclpy."""
+    ours = {name: value for name, value in changes.items() if name in PARAMETERS}
+    fixed = sorted(name for name in ours if name not in RUNTIME)
+    if fixed:
+        return (
+            f"{', '.join(fixed)} {'is' if len(fixed) == 1 else 'are'} read-only at runtime: "
+            "set it in the params file and restart the node "
+            f"(changeable at runtime: {', '.join(sorted(RUNTIME))})"
+        )
+    problems = current.with_values(ours).validate(check_paths=False)
+    return "; ".join(problems) if problems else None
+
+
+def unknown_names(names: list[str] | set[str]) -> list[str]:
+    """Parameter names that are not ours (typos in a params file); rclpy's own are excluded."""
+    return sorted(
+        n for n in names if n not in PARAMETERS and n != "use_sim_time" and not n.startswith("qos_overrides.")
+    )
+
+
+def load_yaml_parameters(path: str | Path, node_name: str = NODE_NAME) -> dict[str, Any]:
+    """The ``ros__parameters`` a ROS params file gives a node called ``node_name``: the
+    ``/**`` wildcard section first, then sections naming the node (``flashrt_node``,
+    ``/flashrt_node``, ``/any/ns/flashrt_node``)."""
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of node names to ros__parameters")
+    merged: dict[str, Any] = {}
+    for key in sorted(data, key=lambda k: k != "/**"):
+        if key == "/**" or str(key).rstrip("/").split("/")[-1] == node_name:
+            section = data[key] or {}
+            params = section.get("ros__parameters") if isinstance(section, dict) else None
+            if not isinstance(params, dict):
+                raise ValueError(f"{path}: section {key!r} has no ros__parameters mapping")
+            merged.update(_flatten(params))
+    return merged
+
+
+def _flatten(params: dict, prefix: str = "") -> dict[str, Any]:
+    """Nested YAML mappings are dotted parameter names in ROS (``a: {b: 1}`` -> ``a.b``)."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        out.update(_flatten(value, f"{name}.") if isinstance(value, dict) else {name: value})
+    return out
+
+
+# ---- normalisation and checks --------------------------------------------------------------
+
+
+def _normalise(f: dataclasses.Field, value: Any) -> Any:
+    """Lossless conversions only: int -> float for float fields, sequences -> list, NOT_SET
+    (an empty YAML list reaches rclpy as NOT_SET) -> []. Anything else is kept for validate()."""
+    kind = f.type
+    if kind == "float" and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind == "list[str]":
+        if value is None:
+            return []
+        if isinstance(value, (list, tuple)) or type(value).__name__ == "array":
+            return list(value)
+    return value
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def _type_problems(cfg: NodeConfig) -> dict[str, str]:
+    """Parameter name -> why its value has the wrong type."""
+    problems = {}
+    for name, kind in _FIELD_TYPES.items():
+        value = getattr(cfg, name)
+        ok = {
+            "str": isinstance(value, str),
+            "int": isinstance(value, int) and not isinstance(value, bool),
+            "float": isinstance(value, float),
+            "list[str]": isinstance(value, list) and all(isinstance(v, str) for v in value),
+        }[kind]
+        if not ok:
+            expected = {"str": "a string", "int": "an integer", "float": "a number", "list[str]": "a list of strings"}
+            problems[name] = f"{name} must be {expected[kind]}, got {_type_name(value)} {value!r}"
+    return problems
+
+
+def _check_policy(cfg: NodeConfig) -> list[str]:
+    problems = []
+    if cfg.policy not in PRESETS:
+        problems.append(f"policy must be one of {', '.join(PRESETS)}, got {cfg.policy!r}")
+    if not cfg.tokenizer and cfg.policy in ("pi05", "pi0"):
+        problems.append(
+            f"tokenizer is empty: policy {cfg.policy!r} needs PaliGemma's tokenizer.model "
+            f"(only {', '.join(TINY_PRESETS)} use the built-in tiny tokenizer)"
+        )
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
+        problems.append(f"device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
+    if cfg.precision not in PRECISIONS:
+        problems.append(f"precision must be one of {', '.join(PRECISIONS)}, got {cfg.precision!r}")
+    if cfg.backend not in BACKENDS:
+        problems.append(f"backend must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}")
+    if cfg.seed < 0:
+        problems.append(f"seed must be >= 0, got {cfg.seed}")
+    return problems
+
+
+def _check_cameras(cfg: NodeConfig) -> list[str]:
+    problems = []
+    if not cfg.camera_topics:
+        problems.append("camera_topics is empty; expected at least one camera topic")
+    problems += _topic_problems("camera_topics", cfg.camera_topics)
+    if cfg.camera_transports and len(cfg.camera_transports) != len(cfg.camera_topics):
+        problems.append(
+            f"camera_transports has {len(cfg.camera_transports)} entries for {len(cfg.camera_topics)} "
+            "camera_topics; expected one per camera (or [] for all raw)"
+        )
+    bad = [t for t in cfg.camera_transports if t not in TRANSPORTS]
+    if bad:
+        problems.append(f"camera_transports {bad} not understood; expected each to be raw or compressed")
+    if cfg.image_height < 0 or cfg.image_width < 0:
+        problems.append(f"image_height/image_width must be >= 0, got {cfg.image_height}/{cfg.image_width}")
+    elif (cfg.image_height == 0) != (cfg.image_width == 0):
+        problems.append(
+            f"image_height={cfg.image_height}, image_width={cfg.image_width}: set both (> 0) or neither (0 = any size)"
+        )
+    return problems
+
+
+def _check_joints(cfg: NodeConfig) -> list[str]:
+    problems = _topic_problems("joint_state_topic", [cfg.joint_state_topic])
+    for name in ("joint_names", "action_joint_names"):
+        names = getattr(cfg, name)
+        if any(not n.strip() for n in names):
+            problems.append(f"{name} has an empty name; expected joint names")
+        duplicated = sorted({n for n in names if names.count(n) > 1})
+        if duplicated:
+            problems.append(f"{name} lists {duplicated} more than once; expected each joint once")
+    if not cfg.joint_names:
+        problems.append("joint_names is empty; expected the joints of the policy's state, in order")
+    if cfg.policy in PRESETS:
+        model = PolicyConfig.preset(cfg.policy)
+        if len(cfg.joint_names) > model.state_dim:
+            problems.append(
+                f"joint_names has {len(cfg.joint_names)} joints; {cfg.policy} takes at most {model.state_dim}"
+            )
+        if len(cfg.output_joint_names) > model.action_dim:
+            problems.append(
+                f"action_joint_names has {len(cfg.output_joint_names)} names; "
+                f"{cfg.policy} outputs at most {model.action_dim}"
+            )
+    return problems
+
+
+def _check_rates(cfg: NodeConfig) -> list[str]:
+    problems = []
+    checks = [
+        ("rate_hz", cfg.rate_hz, 0.0, MAX_RATE_HZ, False),
+        ("max_age_s", cfg.max_age_s, 0.0, 3600.0, False),
+        ("step_duration_s", cfg.step_duration_s, 0.0, 60.0, False),
+        ("status_rate_hz", cfg.status_rate_hz, 0.0, MAX_RATE_HZ, False),
+        ("stats_log_period_s", cfg.stats_log_period_s, 0.0, 86400.0, True),
+        ("log_throttle_s", cfg.log_throttle_s, 0.0, 86400.0, True),
+    ]
+    for name, value, low, high, zero_ok in checks:
+        lower_ok = value >= low if zero_ok else value > low
+        if not (math.isfinite(value) and lower_ok and value <= high):
+            bound = ">=" if zero_ok else ">"
+            problems.append(f"{name} must be {bound} {low:g} and <= {high:g}, got {value!r}")
+    return problems
+
+
+def _check_text(cfg: NodeConfig) -> list[str]:
+    return [] if cfg.prompt.strip() else ["prompt is empty; expected the task instruction, e.g. 'pick up the cube'"]
+
+
+def _check_paths(cfg: NodeConfig) -> list[str]:
+    problems = []
+    if cfg.checkpoint and not Path(cfg.checkpoint).expanduser().is_dir():
+        problems.append(f"checkpoint {cfg.checkpoint!r} is not a folder; expected one with model.safetensors")
+    if cfg.tokenizer and not Path(cfg.tokenizer).expanduser().is_file():
+        problems.append(f"tokenizer {cfg.tokenizer!r} is not a file; expected PaliGemma's tokenizer.model")
+    return problems
+
+
+def _topic_problems(name: str, topics: list[str]) -> list[str]:
+    problems = []
+    for topic in topics:
+        if not re.fullmatch(r"~?/?[A-Za-z_{][A-Za-z0-9_/{}]*", topic) or "//" in topic or topic.endswith("/"):
+            problems.append(f"{name}: {topic!r} is not a valid ROS topic name")
+    duplicated = sorted({t for t in topics if topics.count(t) > 1})
+    if duplicated:
+        problems.append(f"{name} lists {duplicated} more than once; expected each topic once")
+    return problems

@@ -1,0 +1,237 @@
+"""``synthetic_sensors``: cameras and joint states at a robot's rates and sizes, for demos,
+tests and the overhead benchmark - so the node can be exercised with nothing attached.
+
+Defaults match ``config/flashrt.yaml``: three 640x480 ``rgb8`` cameras at 30 Hz and the 14
+ALOHA-style joints at 200 Hz, stamped with the node clock at publication. Frames scroll
+(the content moves, as a real scene would, so nothing downstream can cache a constant
+image); joints follow slow sinusoids. ``encoding`` picks ``rgb8``, ``bgr8`` or ``jpeg``
+(``sensor_msgs/CompressedImage`` on the same topics; frames are encoded once at start
+and cycled, so publishing stays cheap).
+"""
+
+from __future__ import annotations
+
+import array
+import io
+import math
+import sys
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import numpy as np
+import rclpy
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.logging import get_logger
+from rclpy.node import Node
+from rclpy.qos import qos_profile_sensor_data
+from rclpy.signals import SignalHandlerOptions
+from sensor_msgs.msg import CompressedImage, Image, JointState
+
+from flashrt_ros.ros.node import spin_until_signal, stop_executor
+from flashrt_ros.ros.params import ALOHA_JOINTS, DEFAULT_CAMERAS, ConfigError
+
+NODE_NAME = "synthetic_sensors"
+ENCODINGS = ("rgb8", "bgr8", "jpeg")
+JPEG_FRAMES = 30  # distinct pre-encoded frames per camera (one scroll cycle)
+
+
+@dataclass(frozen=True)
+class SensorConfig:
+    camera_topics: list[str] = field(default_factory=lambda: list(DEFAULT_CAMERAS))
+    encoding: str = "rgb8"
+    image_width: int = 640
+    image_height: int = 480
+    camera_rate_hz: float = 30.0
+    joint_state_topic: str = "joint_states"
+    joint_names: list[str] = field(default_factory=lambda: list(ALOHA_JOINTS))
+    joint_rate_hz: float = 200.0
+    jpeg_quality: int = 90
+
+    @classmethod
+    def from_values(cls, values: dict[str, Any]) -> SensorConfig:
+        known = cls.__dataclass_fields__
+        kwargs = {
+            k: (float(v) if known[k].type == "float" and isinstance(v, int) else v)
+            for k, v in values.items()
+            if k in known
+        }
+        for key in ("camera_topics", "joint_names"):
+            if key in kwargs:
+                kwargs[key] = list(kwargs[key] or [])
+        return cls(**kwargs)
+
+    def validate(self) -> list[str]:
+        problems = []
+        if self.encoding not in ENCODINGS:
+            problems.append(f"encoding must be one of {', '.join(ENCODINGS)}, got {self.encoding!r}")
+        if not (
+            isinstance(self.image_width, int)
+            and isinstance(self.image_height, int)
+            and self.image_width > 0
+            and self.image_height > 0
+        ):
+            problems.append(
+                f"image_width/image_height must be integers > 0, got {self.image_width!r}/{self.image_height!r}"
+            )
+        for name in ("camera_rate_hz", "joint_rate_hz"):
+            value = getattr(self, name)
+            if not (isinstance(value, float) and 0 < value <= 1000):
+                problems.append(f"{name} must be a number in (0, 1000], got {value!r}")
+        if not self.joint_names:
+            problems.append("joint_names is empty")
+        if not (isinstance(self.jpeg_quality, int) and 1 <= self.jpeg_quality <= 100):
+            problems.append(f"jpeg_quality must be an integer in [1, 100], got {self.jpeg_quality!r}")
+        return problems
+
+
+def scrolling_pattern(height: int, width: int, camera: int) -> np.ndarray:
+    """[H, 2W, 3] uint8: a gradient with bars, tinted per camera, twice as wide as a frame so
+    any window of width W is a frame (scrolling = moving the window)."""
+    column = np.arange(2 * width) % width  # repeats after W: any W-window wraps seamlessly
+    row = np.arange(height)[:, None]
+    bars = (column // 32) % 2 * 80
+    shape = (height, 2 * width)
+    r = np.broadcast_to(column * 255 // max(width - 1, 1), shape)
+    g = row * 255 // max(height - 1, 1) + bars
+    b = np.broadcast_to((camera * 70 + 40) % 256 + bars // 2, shape)
+    return np.clip(np.stack([r, g, b], axis=-1), 0, 255).astype(np.uint8)
+
+
+class CameraStream:
+    """Frames of one camera: a window into its pattern that moves one frame-width per 4 s."""
+
+    def __init__(self, cfg: SensorConfig, index: int):
+        self.cfg = cfg
+        pattern = scrolling_pattern(cfg.image_height, cfg.image_width, index)
+        self.pattern = np.ascontiguousarray(pattern[..., ::-1]) if cfg.encoding == "bgr8" else pattern
+        self.buffer = array.array("B", bytes(cfg.image_height * cfg.image_width * 3))
+        self.view = np.frombuffer(self.buffer, dtype=np.uint8).reshape(cfg.image_height, cfg.image_width, 3)
+        self.jpegs = (
+            [self._jpeg(i * cfg.image_width // JPEG_FRAMES) for i in range(JPEG_FRAMES)]
+            if cfg.encoding == "jpeg"
+            else []
+        )
+
+    def offset(self, t: float) -> int:
+        return int(t * self.cfg.image_width / 4.0) % self.cfg.image_width
+
+    def raw(self, t: float) -> array.array:
+        """The frame at time t, written into this camera's reused buffer (publish copies it)."""
+        off = self.offset(t)
+        np.copyto(self.view, self.pattern[:, off : off + self.cfg.image_width])
+        return self.buffer
+
+    def jpeg(self, t: float) -> bytes:
+        return self.jpegs[self.offset(t) * JPEG_FRAMES // self.cfg.image_width]
+
+    def _jpeg(self, off: int) -> bytes:
+        from PIL import Image as PILImage
+
+        out = io.BytesIO()
+        PILImage.fromarray(self.pattern[:, off : off + self.cfg.image_width]).save(
+            out, format="JPEG", quality=self.cfg.jpeg_quality
+        )
+        return out.getvalue()
+
+
+class SyntheticSensors(Node):
+    def __init__(self, **node_kwargs: Any):
+        super().__init__(NODE_NAME, **node_kwargs)
+        defaults = SensorConfig()
+        for name in SensorConfig.__dataclass_fields__:
+            self.declare_parameter(name, getattr(defaults, name), _descriptor())
+        self.cfg = SensorConfig.from_values({n: self.get_parameter(n).value for n in SensorConfig.__dataclass_fields__})
+        problems = self.cfg.validate()
+        if problems:
+            raise ConfigError(problems)
+        self._t0 = self.get_clock().now().nanoseconds
+        self._create_cameras()
+        self._create_joints()
+        cfg = self.cfg
+        cameras = [self.resolve_topic_name(t) for t in cfg.camera_topics]
+        self.get_logger().info(
+            f"publishing {len(cameras)} cameras {cfg.image_width}x{cfg.image_height} {cfg.encoding} at "
+            f"{cfg.camera_rate_hz:g} Hz on {cameras} and {len(cfg.joint_names)} joints at "
+            f"{cfg.joint_rate_hz:g} Hz on {self.resolve_topic_name(cfg.joint_state_topic)}"
+        )
+
+    def _create_cameras(self) -> None:
+        cfg = self.cfg
+        msg_type = CompressedImage if cfg.encoding == "jpeg" else Image
+        self.streams = []
+        for i, topic in enumerate(cfg.camera_topics):
+            stream = CameraStream(cfg, i)
+            pub = self.create_publisher(msg_type, topic, qos_profile_sensor_data)
+            frame_id = topic.strip("/").split("/")[0]
+            self.create_timer(1.0 / cfg.camera_rate_hz, partial(self._publish_camera, stream, pub, frame_id))
+            self.streams.append(stream)
+
+    def _create_joints(self) -> None:
+        cfg = self.cfg
+        n = len(cfg.joint_names)
+        self._freq = 0.2 + 0.05 * np.arange(n)  # Hz, a different slow sine per joint
+        self._phase = np.linspace(0.0, math.pi, n)
+        self._joint_pub = self.create_publisher(JointState, cfg.joint_state_topic, qos_profile_sensor_data)
+        self.create_timer(1.0 / cfg.joint_rate_hz, self._publish_joints)
+
+    def _seconds(self, now_ns: int) -> float:
+        return (now_ns - self._t0) / 1e9
+
+    def _publish_camera(self, stream: CameraStream, pub: Any, frame_id: str) -> None:
+        now = self.get_clock().now()
+        t = self._seconds(now.nanoseconds)
+        cfg = self.cfg
+        if cfg.encoding == "jpeg":
+            msg = CompressedImage(format="jpeg", data=array.array("B", stream.jpeg(t)))
+        else:
+            msg = Image(
+                height=cfg.image_height,
+                width=cfg.image_width,
+                encoding=cfg.encoding,
+                is_bigendian=0,
+                step=cfg.image_width * 3,
+                data=stream.raw(t),
+            )
+        msg.header.stamp = now.to_msg()
+        msg.header.frame_id = frame_id
+        pub.publish(msg)
+
+    def _publish_joints(self) -> None:
+        now = self.get_clock().now()
+        t = self._seconds(now.nanoseconds)
+        angle = 2 * math.pi * self._freq * t + self._phase
+        msg = JointState(name=list(self.cfg.joint_names))
+        msg.header.stamp = now.to_msg()
+        msg.position = array.array("d", (0.3 * np.sin(angle)).tobytes())
+        msg.velocity = array.array("d", (0.3 * 2 * math.pi * self._freq * np.cos(angle)).tobytes())
+        self._joint_pub.publish(msg)
+
+
+def _descriptor() -> Any:
+    from rcl_interfaces.msg import ParameterDescriptor
+
+    return ParameterDescriptor(dynamic_typing=True)
+
+
+def main(args: list[str] | None = None) -> int:
+    rclpy.init(args=args if args is not None else sys.argv, signal_handler_options=SignalHandlerOptions.NO)
+    try:
+        node = SyntheticSensors()
+    except ConfigError as exc:
+        get_logger(NODE_NAME).error(f"not starting: {exc}")
+        rclpy.try_shutdown()
+        return 2
+    executor = SingleThreadedExecutor()
+    executor.add_node(node)
+    try:
+        spin_until_signal(executor)
+    finally:
+        stop_executor(executor)
+        node.destroy_node()
+        rclpy.try_shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

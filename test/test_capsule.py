@@ -1,0 +1,136 @@
+"""Execution-state capsules of the reference pipeline: byte-exact restore, independent forks,
+clear errors for unknown names."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flashrt_ros.engine.capsule import CapsuleNotFound, CapsuleStore, PipelineState
+from flashrt_ros.engine.pipeline import Pipeline
+from flashrt_ros.policies.policy import Observation, default_policy
+
+SEED = 3
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return default_policy(num_views=2, action_dof=6, seed=0)
+
+
+@pytest.fixture
+def state(policy) -> PipelineState:
+    return PipelineState(Pipeline(policy, seed=SEED), SEED)
+
+
+@pytest.fixture
+def store(state) -> CapsuleStore:
+    ticks = iter(range(1_000, 10**9, 1_000))
+    return CapsuleStore(state, clock_ns=lambda: next(ticks))
+
+
+def observation(i: int) -> Observation:
+    rng = np.random.default_rng(i)
+    images = [rng.integers(0, 256, (24, 32, 3), dtype=np.uint8) for _ in range(2)]
+    return Observation(images, rng.normal(size=6).astype(np.float32) * 0.3, "pick up the cube")
+
+
+def run(state: PipelineState, steps: range) -> list[tuple[int, bytes]]:
+    """(chunk id, action bytes) of one decision per observation index."""
+    out = []
+    for i in steps:
+        decision = state.decide(observation(i))
+        out.append((decision.chunk_id, decision.actions.tobytes()))
+    return out
+
+
+def test_restore_gives_byte_identical_next_decisions(state, store):
+    run(state, range(2))
+    store.snapshot("after_two")
+    original = run(state, range(2, 5))
+    run(state, range(5, 7))  # move on, so restoring has something to undo
+    restored = store.restore("after_two")
+    assert restored.name == "after_two"
+    assert run(state, range(2, 5)) == original  # same ids, same bytes
+
+
+def test_snapshot_holds_rng_counter_and_last_chunk(state, store):
+    ((cid, actions),) = run(state, range(1))
+    capsule = store.snapshot("one")
+    assert set(capsule.buffers) == {"rng", "next_chunk_id", "last_actions"}
+    assert capsule.buffers["next_chunk_id"].tolist() == [cid + 1]
+    assert capsule.buffers["last_actions"].tobytes() == actions
+    assert capsule.buffers["rng"].dtype == np.uint8 and capsule.buffers["rng"].size > 0
+    assert capsule.size_bytes == sum(b.nbytes for b in capsule.buffers.values())
+    with pytest.raises(ValueError):  # capsules are immutable
+        capsule.buffers["last_actions"][0, 0] = 1.0
+
+
+def test_fork_is_independent(state, store):
+    run(state, range(1))
+    store.snapshot("base")
+    expected = run(state, range(1, 3))
+    store.fork("base", "copy")
+    run(state, range(3, 4))
+    store.snapshot("base")  # replaces base with a later state ...
+    store.drop("base")  # ... then drops it: the fork must not care
+    store.restore("copy")
+    assert run(state, range(1, 3)) == expected
+    with pytest.raises(ValueError, match="already exists"):
+        store.fork("copy", "copy")
+
+
+def test_list_sorted_with_sizes_and_stamps(state, store):
+    store.snapshot("b")
+    store.snapshot("a")
+    listing = store.list()
+    assert [c.name for c in listing] == ["a", "b"]
+    assert all(c.size_bytes > 0 for c in listing)
+    assert listing[0].created_ns > listing[1].created_ns  # a was taken after b
+
+
+@pytest.mark.parametrize("operation", ["restore", "drop", "fork"])
+def test_unknown_names_raise_key_error_with_message(store, operation):
+    store.snapshot("warm")
+    call = {
+        "restore": lambda: store.restore("nope"),
+        "drop": lambda: store.drop("nope"),
+        "fork": lambda: store.fork("nope", "x"),
+    }[operation]
+    with pytest.raises(KeyError) as err:
+        call()
+    assert isinstance(err.value, CapsuleNotFound)
+    assert str(err.value) == "no capsule named 'nope' (have: 'warm')"
+
+
+def test_invalid_name_refused(store):
+    with pytest.raises(ValueError, match="non-empty"):
+        store.snapshot("  ")
+
+
+def test_reset_returns_to_the_seed(state):
+    first = run(state, range(2))
+    state.reset()
+    assert run(state, range(2)) == first
+    assert first[0][0] == 1
+
+
+def test_write_refuses_incomplete_state(state):
+    with pytest.raises(ValueError, match="missing"):
+        state.write({"rng": state.read()["rng"]})
+
+
+@pytest.mark.gpu
+def test_restore_is_byte_exact_on_the_fused_cuda_path():
+    """The node's GPU path: Triton kernels and CUDA graphs, noise from the captured generator."""
+    policy = default_policy(num_views=2, action_dof=6, seed=0, device="cuda")
+    state = PipelineState(Pipeline(policy, seed=SEED, backend="fused"), SEED)
+    assert state.pipeline.backend == "fused"
+    store = CapsuleStore(state)
+    run(state, range(2))
+    store.snapshot("s")
+    original = run(state, range(2, 5))
+    store.fork("s", "f")
+    run(state, range(5, 6))
+    store.restore("f")
+    assert run(state, range(2, 5)) == original

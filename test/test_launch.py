@@ -1,0 +1,176 @@
+"""launch/flashrt.launch.py, checked statically (launch and launch_ros are not installable here):
+it parses, declares the documented arguments, and every executable and parameters file it
+names exists in the repository and is installed by CMakeLists.txt; the YAML files load, parse
+as ROS parameter files, and validate against the nodes' parameter checks."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flashrt_ros.ros.params import NodeConfig, load_yaml_parameters
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCH = REPO / "launch" / "flashrt.launch.py"
+CONFIGS = sorted((REPO / "config").glob("*.yaml"))
+
+
+def launch_tree() -> ast.Module:
+    return ast.parse(LAUNCH.read_text(), filename=str(LAUNCH))
+
+
+def calls(tree: ast.AST, name: str) -> list[ast.Call]:
+    return [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None)) == name
+    ]
+
+
+def keyword(call: ast.Call, name: str):
+    for kw in call.keywords:
+        if kw.arg == name:
+            return ast.literal_eval(kw.value) if isinstance(kw.value, ast.Constant) else kw.value
+    return None
+
+
+# ---- CMakeLists.txt install() rules ----------------------------------------------------------
+
+
+def cmake_installs() -> dict[str, set[str]]:
+    """{'programs': {repo paths installed to lib/<pkg>}, 'share': {repo dirs installed to share/<pkg>}}.
+    Understands install(PROGRAMS ...), install(DIRECTORY ...) and foreach(var items) around them."""
+    text = re.sub(r"#[^\n]*", "", (REPO / "CMakeLists.txt").read_text())
+    loops = {m.group(1): m.group(2).split() for m in re.finditer(r"foreach\(\s*(\w+)\s+([^)]*)\)", text)}
+    out: dict[str, set[str]] = {"programs": set(), "share": set()}
+    for body in re.findall(r"\binstall\(([^)]*)\)", text):
+        words = body.split()
+        if "DESTINATION" not in words:
+            continue
+        kind, dest = words[0], words[words.index("DESTINATION") + 1]
+        items = words[1 : words.index("DESTINATION")]
+        expanded = []
+        for item in items:
+            var = re.fullmatch(r"\$\{(\w+)\}", item)
+            expanded += loops.get(var.group(1), []) if var else [item]
+        if kind == "PROGRAMS" and dest == "lib/${PROJECT_NAME}":
+            out["programs"].update(expanded)
+        if kind == "DIRECTORY" and dest == "share/${PROJECT_NAME}":
+            out["share"].update(e.rstrip("/") for e in expanded)
+    return out
+
+
+# ---- the launch file -------------------------------------------------------------------------
+
+
+def test_launch_file_parses_and_declares_its_arguments():
+    tree = launch_tree()
+    functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert "generate_launch_description" in functions
+    declared = {ast.literal_eval(c.args[0]) for c in calls(tree, "DeclareLaunchArgument")}
+    assert declared >= {"params_file", "namespace", "use_synthetic", "remappings"}, declared
+
+
+def test_every_executable_exists_and_is_installed():
+    tree = launch_tree()
+    nodes = calls(tree, "Node")
+    executables = {keyword(n, "executable") for n in nodes}
+    assert executables == {"flashrt_node", "synthetic_sensors"}
+    installed = cmake_installs()["programs"]
+    for exe in executables:
+        script = REPO / "scripts" / "ros" / exe
+        assert script.is_file(), f"launch names {exe}, but {script} does not exist"
+        assert os.access(script, os.X_OK), f"{script} is not executable"
+        assert f"scripts/ros/{exe}" in installed, f"{exe} is not installed by CMakeLists.txt install(PROGRAMS)"
+        module = {"flashrt_node": "node", "synthetic_sensors": "synthetic_sensors"}[exe]
+        assert f"from flashrt_ros.ros.{module} import main" in script.read_text()
+    packages = {keyword(n, "package") for n in nodes}
+    assert all(isinstance(p, ast.Name) and p.id == "PACKAGE" for p in packages)
+    assert 'PACKAGE = "flashrt_ros"' in LAUNCH.read_text()
+
+
+def test_every_config_file_it_names_exists_and_is_installed():
+    tree = launch_tree()
+    named = {c.value for c in ast.walk(tree) if isinstance(c, ast.Constant) and str(c.value).endswith(".yaml")}
+    assert named == {"flashrt.yaml", "synthetic_sensors.yaml"}
+    for name in named:
+        assert (REPO / "config" / name).is_file(), name
+    joins = [c for c in calls(tree, "join") if any(isinstance(a, ast.Constant) and a.value == "config" for a in c.args)]
+    assert joins, "config files are expected under the package share's config/ folder"
+    share = cmake_installs()["share"]
+    assert {"launch", "config"} <= share, f"CMakeLists.txt installs {share} to share/flashrt_ros"
+
+
+def test_remappings_argument_parser():
+    tree = launch_tree()
+    source = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "parse_remappings")
+    namespace: dict = {}
+    exec(compile(ast.Module(body=[source], type_ignores=[]), str(LAUNCH), "exec"), namespace)  # noqa: S102
+    parse = namespace["parse_remappings"]
+    assert parse("") == []
+    assert parse("cam_high/image_raw:=/camera/color/image_raw; joint_states:=/robot/joint_states") == [
+        ("cam_high/image_raw", "/camera/color/image_raw"),
+        ("joint_states", "/robot/joint_states"),
+    ]
+    assert parse("a:=b,c:=d") == [("a", "b"), ("c", "d")]
+    with pytest.raises(ValueError, match="'a=b' is not of the form from:=to"):
+        parse("a=b")
+
+
+def test_package_declares_launch_dependencies():
+    xml = (REPO / "package.xml").read_text()
+    for dep in ("launch", "launch_ros", "ament_index_python"):
+        assert f"<exec_depend>{dep}</exec_depend>" in xml, dep
+
+
+# ---- the parameter files ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_config_yaml_loads(path):
+    data = yaml.safe_load(path.read_text())
+    assert isinstance(data, dict) and data
+    for section in data.values():
+        assert "ros__parameters" in section
+
+
+def test_default_config_validates_including_paths():
+    cfg = NodeConfig.from_yaml(REPO / "config" / "flashrt.yaml")
+    assert cfg.validate() == []
+    assert cfg == NodeConfig.from_values({**NodeConfig().as_dict(), "camera_transports": ["raw"] * 3})
+
+
+def test_real_checkpoint_example_validates_except_its_placeholder_paths():
+    cfg = NodeConfig.from_yaml(REPO / "config" / "pi05_example.yaml")
+    assert cfg.validate(check_paths=False) == []
+    assert cfg.policy == "pi05" and cfg.checkpoint and cfg.tokenizer and cfg.precision == "bfloat16"
+
+
+@pytest.mark.ros  # synthetic_sensors imports rclpy
+def test_synthetic_sensors_config_matches_the_node_config():
+    from flashrt_ros.ros.synthetic_sensors import SensorConfig
+
+    sensors = SensorConfig.from_values(
+        load_yaml_parameters(REPO / "config" / "synthetic_sensors.yaml", "synthetic_sensors")
+    )
+    assert sensors.validate() == []
+    node = NodeConfig.from_yaml(REPO / "config" / "flashrt.yaml")
+    assert sensors.camera_topics == node.camera_topics
+    assert sensors.joint_state_topic == node.joint_state_topic
+    assert sensors.joint_names == node.joint_names
+
+
+@pytest.mark.ros
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_config_parses_as_a_ros_parameters_file(path, ros_env):
+    """rcl's own YAML parser (stricter than PyYAML: e.g. no mixed-type lists)."""
+    from rclpy.context import Context
+
+    context = Context()
+    context.init(["--ros-args", "--params-file", str(path)])  # raises RCLError on a bad file
+    context.try_shutdown()

@@ -1,0 +1,178 @@
+"""flashrt_node end to end over real DDS: the node in its own process (started as on a robot),
+this test process as the robot. One node serves the whole module.
+
+Chunks and trajectories with the right shape, names and source stamps; status and
+diagnostics; runtime parameter changes (accepted and refused, with reasons); capsule
+services; the reset service.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import numpy as np
+import pytest
+from test_node_harness import CAMERAS, JOINT_TOPIC, JOINTS, NODE, stamp_ns, start_node_and_peer
+
+pytestmark = pytest.mark.ros
+
+
+@pytest.fixture(scope="module")
+def ros_module_context(ros_env):
+    import rclpy
+    from rclpy.context import Context
+
+    context = Context()
+    rclpy.init(context=context)
+    yield context
+    context.try_shutdown()
+
+
+@pytest.fixture(scope="module")
+def running(ros_env, ros_module_context, tmp_path_factory):
+    node, peer = start_node_and_peer(ros_env, tmp_path_factory.mktemp("node"), ros_module_context)
+    yield node, peer
+    peer.close()
+    code = node.stop()
+    assert code == 0, f"node exited with {code}\n{node.tail()}"
+    node.wait_for_line("shutting down; stats:")
+
+
+def chunk_rate(peer, seconds: float) -> float:
+    """Decisions per second from the header stamps of the chunks received in ``seconds``."""
+    start = len(peer.chunks)
+    peer.pump(seconds)
+    stamps = [stamp_ns(c.header.stamp) for c in peer.chunks[start:]]
+    assert len(stamps) >= 3, f"only {len(stamps)} chunks in {seconds} s"
+    return (len(stamps) - 1) / ((stamps[-1] - stamps[0]) / 1e9)
+
+
+def test_chunk_has_shape_names_and_source_stamps(running):
+    node, peer = running
+    start = len(peer.chunks)
+    assert peer.pump(5.0, until=lambda: len(peer.chunks) > start + 2)
+    chunk = peer.chunks[-1]
+    assert (chunk.horizon, chunk.action_dim) == (10, len(JOINTS))  # pi05_tiny: horizon 10
+    assert list(chunk.joint_names) == JOINTS
+    assert len(chunk.actions) == chunk.horizon * chunk.action_dim
+    actions = np.frombuffer(chunk.actions, dtype=np.float32).reshape(chunk.horizon, chunk.action_dim)
+    assert np.isfinite(actions).all()
+    assert chunk.header.frame_id == "base_link"
+    assert (chunk.step_duration.sec, chunk.step_duration.nanosec) == (0, 50_000_000)
+    assert chunk.inference_latency_ms > 0
+    assert chunk.chunk_id > peer.chunks[start].chunk_id
+    expected_topics = [peer.topic(t) for t in [*CAMERAS, JOINT_TOPIC]]
+    assert list(chunk.source_topics) == expected_topics
+    for topic, ns in peer.chunk_sources(chunk).items():
+        assert ns in peer.good[topic], f"{topic}: stamp {ns} was never published"
+    assert stamp_ns(chunk.header.stamp) >= max(peer.chunk_sources(chunk).values())
+    peer.assert_chunks_from_good_data()
+
+    def trajectory_of_chunk():
+        same = [t for t in peer.trajectories if stamp_ns(t.header.stamp) == stamp_ns(chunk.header.stamp)]
+        return same[0] if same else None
+
+    assert peer.pump(2.0, until=lambda: trajectory_of_chunk() is not None), "no JointTrajectory for the chunk"
+    trajectory = trajectory_of_chunk()
+    assert list(trajectory.joint_names) == JOINTS and len(trajectory.points) == chunk.horizon
+    for i, point in enumerate(trajectory.points):
+        assert stamp_ns(point.time_from_start) == (i + 1) * 50_000_000
+        np.testing.assert_allclose(point.positions, actions[i], rtol=0, atol=0)
+
+
+def test_status_and_diagnostics(running):
+    node, peer = running
+    assert peer.pump(3.0, until=lambda: len(peer.statuses) >= 2 and peer.diagnostics)
+    status = peer.statuses[-1]
+    names = [s.name for s in status.stages]
+    assert names == ["preprocess", "prefix", "denoise", "postprocess", "node_overhead"]
+    assert status.decisions > 0 and status.policy == "pi05_tiny"
+    assert status.device == "cpu" and status.precision == "float32"
+    overhead = status.stages[-1]
+    assert overhead.runs > 0 and 0 < overhead.latency_p50_ms <= overhead.latency_p99_ms
+    assert all(s.target_rate_hz == 10.0 for s in status.stages)
+    diag = peer.diagnostics[-1].status[0]
+    assert diag.name == f"{peer.namespace}/{NODE}: pipeline" and diag.hardware_id == "cpu"
+    assert {kv.key for kv in diag.values} >= {"policy", "decisions", "dropped decisions", "deadline misses"}
+
+
+def test_runtime_rate_and_prompt_change(running):
+    node, peer = running
+    before = chunk_rate(peer, 1.5)
+    mark = node.mark()
+    results = peer.set_parameters(rate_hz=4, prompt="fold the towel")  # an int is fine for a rate
+    assert [r.successful for r in results] == [True, True], [r.reason for r in results]
+    node.wait_for_line("parameters changed: rate_hz 10.0 -> 4.0", since=mark)
+    node.wait_for_line("parameters changed: prompt 'pick up the cube' -> 'fold the towel'", since=mark)
+    peer.pump(0.3)  # let chunks of the old period drain
+    after = chunk_rate(peer, 2.5)
+    assert peer.get_parameters("rate_hz", "prompt") == [4, "fold the towel"]
+    assert peer.set_parameters(rate_hz=10.0)[0].successful
+    assert 8.0 < before < 12.0, before
+    assert 3.2 < after < 4.8, after
+
+
+def test_invalid_runtime_parameters_are_refused_with_reasons(running):
+    node, peer = running
+    mark = node.mark()
+    bad_rate, bad_prompt, fixed = (
+        peer.set_parameters(rate_hz=-1.0)[0],
+        peer.set_parameters(prompt="   ")[0],
+        peer.set_parameters(policy="pi0_tiny")[0],
+    )
+    assert not bad_rate.successful and bad_rate.reason == "rate_hz must be > 0 and <= 1000, got -1.0"
+    assert not bad_prompt.successful and bad_prompt.reason.startswith("prompt is empty")
+    assert not fixed.successful
+    assert fixed.reason.startswith("policy is read-only at runtime: set it in the params file and restart the node")
+    node.wait_for_line("parameter change refused: rate_hz must be > 0 and <= 1000, got -1.0", since=mark)
+    assert peer.get_parameters("rate_hz", "policy") == [10.0, "pi05_tiny"]
+    start = len(peer.chunks)
+    assert peer.pump(3.0, until=lambda: len(peer.chunks) > start + 2), "node stopped deciding"
+
+
+def test_capsule_services(running):
+    from flashrt_ros.srv import DropCapsule, ForkCapsule, ListCapsules, RestoreCapsule, SnapshotCapsule
+
+    node, peer = running
+    base = f"{peer.namespace}/{NODE}/capsule"
+    snap = peer.call(SnapshotCapsule, f"{base}/snapshot", SnapshotCapsule.Request(name="warm"))
+    assert snap.success, snap.message
+    next_id = int(re.search(r"next_chunk_id int64\[1\]=(\d+)", snap.message).group(1))
+
+    listing = peer.call(ListCapsules, f"{base}/list", ListCapsules.Request())
+    assert list(listing.names) == ["warm"] and listing.size_bytes[0] > 0 and stamp_ns(listing.created[0]) > 0
+
+    unknown = peer.call(RestoreCapsule, f"{base}/restore", RestoreCapsule.Request(name="nope"))
+    assert not unknown.success and unknown.message == "no capsule named 'nope' (have: 'warm')"
+    peer.wait_for_counter(f"{base}/restore", "unknown_capsule", above=0)
+
+    fork = peer.call(ForkCapsule, f"{base}/fork", ForkCapsule.Request(source="warm", target="copy"))
+    assert fork.success, fork.message
+    exists = peer.call(ForkCapsule, f"{base}/fork", ForkCapsule.Request(source="warm", target="copy"))
+    assert not exists.success and "already exists" in exists.message
+    assert peer.call(DropCapsule, f"{base}/drop", DropCapsule.Request(name="warm")).success
+    assert not peer.call(DropCapsule, f"{base}/drop", DropCapsule.Request(name="warm")).success
+    assert list(peer.call(ListCapsules, f"{base}/list", ListCapsules.Request()).names) == ["copy"]
+
+    assert peer.pump(3.0, until=lambda: peer.chunks[-1].chunk_id > next_id + 2)  # move on
+    start = len(peer.chunks)
+    restored = peer.call(RestoreCapsule, f"{base}/restore", RestoreCapsule.Request(name="copy"))
+    assert restored.success, restored.message
+    # The chunk counter went back: the id the snapshot would have given next comes again.
+    assert peer.pump(3.0, until=lambda: any(c.chunk_id == next_id for c in peer.chunks[start:]))
+
+
+def test_reset_service(running):
+    from std_srvs.srv import Trigger
+
+    node, peer = running
+    response = peer.call(Trigger, f"{peer.namespace}/{NODE}/reset", Trigger.Request())
+    assert response.success and "chunk ids restart at 1" in response.message
+    t0 = time.monotonic()
+    start = len(peer.chunks)
+    assert peer.pump(5.0, until=lambda: any(c.chunk_id == 1 for c in peer.chunks[start:]))
+    fresh = [s for s in peer.statuses if s.decisions <= 2]
+    assert fresh, "no status with the counters back at zero"
+    assert time.monotonic() - t0 < 5.0
+    peer.assert_chunks_from_good_data()

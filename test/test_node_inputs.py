@@ -1,0 +1,211 @@
+"""Bad inputs and bad parameters, end to end: for each, the node logs the precise reason,
+counts it in ~/status, publishes no chunk from the bad data, and keeps serving good data.
+
+One node process serves the module. A bad message is sent while the other topics keep
+getting good data; the held good sample of the affected topic then ages past max_age_s,
+so decisions stop (they never fall back to the bad data) and resume once good data is back.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from test_node_harness import CAMERAS, HW, JOINT_TOPIC, TEST_PARAMS, NodeProcess, new_namespace, start_node_and_peer
+
+pytestmark = pytest.mark.ros
+
+
+@pytest.fixture(scope="module")
+def ros_module_context(ros_env):
+    import rclpy
+    from rclpy.context import Context
+
+    context = Context()
+    rclpy.init(context=context)
+    yield context
+    context.try_shutdown()
+
+
+@pytest.fixture(scope="module")
+def running(ros_env, ros_module_context, tmp_path_factory):
+    node, peer = start_node_and_peer(ros_env, tmp_path_factory.mktemp("inputs"), ros_module_context)
+    yield node, peer
+    peer.close()
+    assert node.stop() == 0, node.tail()
+
+
+def refused(running, relative_topic: str, publish_bad, reason: str, logged: str, seconds: float = 1.0) -> None:
+    """Send bad messages on one topic (good ones elsewhere) for ``seconds``, then check the
+    log line, the status counter, the chunks, and the recovery."""
+    node, peer = running
+    topic = peer.topic(relative_topic)
+    before = peer.latest_counter(topic, reason)
+    dropped_before = peer.latest_counter("", "dropped_decision")
+    mark = node.mark()
+    peer.pump(seconds, skip={relative_topic}, extra=publish_bad)
+    line = node.wait_for_line(f"input rejected: [{reason}] {topic}: {logged}", since=mark)
+    assert "keeping the previous good message" in line
+    peer.wait_for_counter(topic, reason, above=before, skip={relative_topic}, extra=publish_bad)
+    # The held good sample went stale meanwhile: decisions were skipped, not made from bad data.
+    peer.wait_for_counter("", "dropped_decision", above=dropped_before, skip={relative_topic}, extra=publish_bad)
+    peer.assert_chunks_from_good_data()
+    recovered(peer, topic)
+
+
+def recovered(peer, topic: str) -> None:
+    """A chunk computed from good data on ``topic`` published from now on arrives."""
+    since = peer.node.get_clock().now().nanoseconds
+    assert peer.pump(5.0, until=lambda: bool(peer.chunks) and peer.chunk_sources(peer.chunks[-1])[topic] > since), (
+        f"no chunk from fresh good data on {topic} within 5 s"
+    )
+    peer.assert_chunks_from_good_data()
+
+
+def test_wrong_encoding(running):
+    _, peer = running
+    refused(
+        running,
+        CAMERAS[0],
+        lambda: peer.publish_camera(0, peer.image(encoding="yuv422"), good=False),
+        "bad_encoding",
+        "encoding 'yuv422' is not supported; expected one of rgb8, bgr8",
+    )
+
+
+def test_wrong_size(running):
+    _, peer = running
+    h, w = HW[0] + 8, HW[1]
+    refused(
+        running,
+        CAMERAS[1],
+        lambda: peer.publish_camera(1, peer.image(hw=(h, w)), good=False),
+        "bad_size",
+        f"image is {h}x{w} (HxW); expected {HW[0]}x{HW[1]} from config",
+    )
+
+
+def test_truncated_data(running):
+    _, peer = running
+    short = bytes(HW[0] * HW[1] * 3 - 100)
+    refused(
+        running,
+        CAMERAS[0],
+        lambda: peer.publish_camera(0, peer.image(data=short), good=False),
+        "truncated_data",
+        f"data has {len(short)} bytes; expected step*height = {HW[1] * 3}*{HW[0]}",
+    )
+
+
+def test_nan_and_inf_joints(running):
+    _, peer = running
+    bad = [0.0, float("nan"), float("inf"), 0.3]
+    refused(
+        running,
+        JOINT_TOPIC,
+        lambda: peer.publish_joints(peer.joints(positions=bad), good=False),
+        "non_finite_joint",
+        "non-finite position: j1=nan, j2=inf; expected finite values",
+    )
+
+
+def test_missing_joint_names(running):
+    _, peer = running
+    refused(
+        running,
+        JOINT_TOPIC,
+        lambda: peer.publish_joints(peer.joints(names=["j0", "j1", "gripper"], positions=[0, 0, 0]), good=False),
+        "missing_joint",
+        "joints ['j2', 'j3'] are not in the message; it has ['j0', 'j1', 'gripper']",
+    )
+
+
+def test_stale_message(running):
+    from rclpy.time import Time
+
+    _, peer = running
+
+    def old():
+        stamp = Time(nanoseconds=peer.now().nanoseconds - 2_000_000_000)
+        peer.publish_joints(peer.joints(stamp=stamp), good=False)
+
+    refused(running, JOINT_TOPIC, old, "stale", "data is 2.0", seconds=1.0)
+
+
+def test_unstamped_message(running):
+    _, peer = running
+    from builtin_interfaces.msg import Time as TimeMsg
+
+    refused(
+        running,
+        CAMERAS[1],
+        lambda: peer.publish_camera(1, peer.image(stamp=TimeMsg()), good=False),
+        "unstamped",
+        "header stamp is 0; expected the capture time",
+    )
+
+
+def test_camera_that_stops(running):
+    """A camera that stops publishing: its last frame ages out, decisions stop with [stale]."""
+    node, peer = running
+    topic = peer.topic(CAMERAS[1])
+    before = peer.latest_counter(topic, "stale")
+    mark = node.mark()
+    start = len(peer.chunks)
+    peer.pump(1.2, skip={CAMERAS[1]})
+    node.wait_for_line(f"decision skipped: [stale] {topic}: data is", since=mark)
+    peer.wait_for_counter(topic, "stale", above=before, skip={CAMERAS[1]})
+    last_frame = peer.last_good[topic]
+    late = [c for c in peer.chunks[start:] if c.header.stamp.sec * 10**9 + c.header.stamp.nanosec > last_frame + 0.6e9]
+    assert not late, f"{len(late)} chunks were published with a {topic} frame older than max_age_s"
+    recovered(peer, topic)
+
+
+def test_absent_camera(running):
+    """After a reset (held inputs cleared) one camera never publishes: no decision, [absent]."""
+    from std_srvs.srv import Trigger
+
+    node, peer = running
+    topic = peer.topic(CAMERAS[0])
+    assert peer.call(Trigger, f"{peer.namespace}/flashrt_node/reset", Trigger.Request()).success
+    mark = node.mark()
+    start = len(peer.chunks)
+    peer.pump(1.0, skip={CAMERAS[0]})
+    line = node.wait_for_line(f"decision skipped: [absent] {topic}: no good message received yet", since=mark)
+    assert "publisher" in line  # the graph-based hint
+    peer.wait_for_counter(topic, "absent", above=0, skip={CAMERAS[0]})
+    fresh = [c for c in peer.chunks[start:] if c.chunk_id == 1]
+    assert not fresh, "a chunk was published without the absent camera"
+    recovered(peer, topic)
+
+
+def exit_output(node: NodeProcess, timeout: float = 60.0) -> tuple[int, str]:
+    """Wait for a node that must exit by itself; its exit code and output (stopped if it hangs)."""
+    try:
+        code = node.proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the node did not exit within {timeout} s\n{node.tail()}") from None
+    finally:
+        node.stop()
+    return code, "\n".join(node.lines)
+
+
+def test_invalid_parameter_at_start_exits_with_the_reasons(ros_env, tmp_path):
+    params = {**TEST_PARAMS, "rate_hz": -5.0, "camera_transports": ["raw", "mjpeg"]}
+    node = NodeProcess(ros_env, tmp_path, new_namespace(), params, extra_args=["-p", "joint_names:=[a, a]"])
+    code, output = exit_output(node)
+    assert code == 2, output
+    assert "not starting: invalid parameters:" in output
+    for reason in (
+        "rate_hz must be > 0 and <= 1000, got -5.0",
+        "camera_transports ['mjpeg'] not understood; expected each to be raw or compressed",
+        "joint_names lists ['a'] more than once; expected each joint once",
+    ):
+        assert reason in output, f"missing reason {reason!r} in:\n{output}"
+
+
+def test_policy_that_cannot_be_built_exits_non_zero(ros_env, tmp_path):
+    params = {**TEST_PARAMS, "checkpoint": str(tmp_path)}  # a folder without model.safetensors
+    code, output = exit_output(NodeProcess(ros_env, tmp_path, new_namespace(), params))
+    assert code == 1, output
+    assert "not starting: could not build policy 'pi05_tiny'" in output

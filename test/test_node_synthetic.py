@@ -1,0 +1,84 @@
+"""synthetic_sensors in its own process feeding flashrt_node in another: JPEG cameras through
+the node's `compressed` transport, joint states at a robot's rate, moving content, real stamps."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from test_node_harness import CAMERAS, JOINT_TOPIC, JOINTS, TEST_PARAMS, NodeProcess, Peer, new_namespace, stamp_ns
+
+pytestmark = pytest.mark.ros
+
+H, W = 48, 64
+
+
+def test_synthetic_jpeg_cameras_and_joints_drive_the_node(ros_env, rclpy_context, tmp_path):
+    from rclpy.qos import qos_profile_sensor_data
+    from sensor_msgs.msg import CompressedImage, JointState
+
+    ns = new_namespace()
+    params = {**TEST_PARAMS, "camera_transports": ["compressed"] * 2, "image_height": H, "image_width": W}
+    frames: list = []
+    joints: list = []
+    with contextlib.ExitStack() as cleanup:  # every process stops, whatever fails
+        sensors = subprocess.Popen(
+            [sys.executable, "-m", "flashrt_ros.ros.synthetic_sensors", "--ros-args", "-r", f"__ns:={ns}",
+             "-p", "encoding:=jpeg", "-p", f"image_width:={W}", "-p", f"image_height:={H}",
+             "-p", f"camera_topics:=[{', '.join(CAMERAS)}]", "-p", f"joint_state_topic:={JOINT_TOPIC}",
+             "-p", f"joint_names:=[{', '.join(JOINTS)}]"],
+            env=ros_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        cleanup.callback(_stop, sensors)
+        node = NodeProcess(ros_env, tmp_path, ns, params)
+        cleanup.callback(node.stop)
+        peer = Peer(rclpy_context, ns, inputs=False)
+        cleanup.callback(peer.close)
+        peer.node.create_subscription(CompressedImage, CAMERAS[0], frames.append, qos_profile_sensor_data)
+        peer.node.create_subscription(JointState, JOINT_TOPIC, joints.append, qos_profile_sensor_data)
+        got = peer.pump(60.0, publish=False, until=lambda: len(peer.chunks) >= 5 or node.proc.poll() is not None)
+        assert got and len(peer.chunks) >= 5, f"no chunks from synthetic inputs\n{node.tail()}"
+        start, n_joints, n_frames = time.monotonic(), len(joints), len(frames)
+        peer.pump(1.5, publish=False)
+        seconds = time.monotonic() - start
+        joint_rate, frame_rate = (len(joints) - n_joints) / seconds, (len(frames) - n_frames) / seconds
+    node_code, sensors_out = node.proc.returncode, sensors.stdout.read() if sensors.stdout else ""
+    assert node_code == 0, node.tail()
+    assert sensors.returncode == 0, sensors_out
+
+    # The node used them: every chunk names fresh, increasing stamps of the synthetic topics.
+    chunk = peer.chunks[-1]
+    assert list(chunk.source_topics) == [peer.topic(t) for t in [*CAMERAS, JOINT_TOPIC]]
+    firsts = [stamp_ns(s) for s in peer.chunks[0].source_stamps]
+    lasts = [stamp_ns(s) for s in chunk.source_stamps]
+    assert all(b > a for a, b in zip(firsts, lasts, strict=True))
+    assert (chunk.horizon, chunk.action_dim) == (10, len(JOINTS))
+    status = peer.statuses[-1]
+    assert not [c for c in status.invalid_inputs if c.topic and c.reason != "absent"], status.invalid_inputs
+
+    # What synthetic_sensors publishes: JPEG frames of the configured size that move; named joints.
+    assert frames and frames[-1].format == "jpeg" and frames[-1].header.frame_id == "cam0"
+    from PIL import Image
+
+    decoded = [np.asarray(Image.open(io.BytesIO(bytes(f.data)))) for f in (frames[0], frames[-1])]
+    assert decoded[0].shape == (H, W, 3)
+    assert not np.array_equal(decoded[0], decoded[1]), "synthetic frames do not move"
+    assert list(joints[-1].name) == JOINTS and len(joints[-1].position) == len(JOINTS)
+    assert stamp_ns(joints[-1].header.stamp) > stamp_ns(joints[0].header.stamp) > 0
+    assert joint_rate > 100, joint_rate  # 200 Hz published; a loaded 2-core CI machine keeps most
+    assert frame_rate > 15, frame_rate  # 30 Hz published
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(2)  # SIGINT
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
