@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
 def _version(package: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
-    for name in (package, f"ros-jazzy-{package}"):
+    for name in (f"ros-jazzy-{package}", package):  # the ROS wheel's own version first
         try:
             return version(name)
         except PackageNotFoundError:

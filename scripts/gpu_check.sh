@@ -28,7 +28,7 @@ for part in "${parts[@]}"; do
       ;;
     fused)
       step "Fused path vs reference on the GPU (CUDA graphs captured)"
-      python3 -m pytest -q -p no:cacheprovider test/test_fused.py 2>&1 | tee "$OUT/fused.log" | tail -15 || status=1
+      python3 -m pytest -q -p no:cacheprovider test/test_fused.py test/test_capsule.py 2>&1 | tee "$OUT/fused.log" | tail -15 || status=1
       ;;
     bench)
       step "flashrt bench: eager, fused, torch.compile (pi0.5 and pi0, bf16, batch 1)"

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from test_node_harness import CAMERAS, JOINT_TOPIC, JOINTS, NODE, stamp_ns, start_node_and_peer
+from node_harness import CAMERAS, JOINT_TOPIC, JOINTS, NODE, stamp_ns, start_node_and_peer
 
 pytestmark = pytest.mark.ros
 

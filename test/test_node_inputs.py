@@ -11,7 +11,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from test_node_harness import CAMERAS, HW, JOINT_TOPIC, TEST_PARAMS, NodeProcess, new_namespace, start_node_and_peer
+from node_harness import CAMERAS, HW, JOINT_TOPIC, TEST_PARAMS, NodeProcess, new_namespace, start_node_and_peer
 
 pytestmark = pytest.mark.ros
 

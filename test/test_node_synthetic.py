@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from test_node_harness import CAMERAS, JOINT_TOPIC, JOINTS, TEST_PARAMS, NodeProcess, Peer, new_namespace, stamp_ns
+from node_harness import CAMERAS, JOINT_TOPIC, JOINTS, TEST_PARAMS, NodeProcess, Peer, new_namespace, stamp_ns
 
 pytestmark = pytest.mark.ros
 

@@ -20,7 +20,6 @@ the store only needs ``read()`` / ``write()`` from whatever holds the state.
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -69,7 +68,7 @@ class PipelineState:
         """Copies of every buffer (later decisions do not change them)."""
         return {
             "rng": self.pipeline.generator.get_state().numpy().copy(),
-            "next_chunk_id": np.array([_peek_next_id(self.pipeline)], dtype=np.int64),
+            "next_chunk_id": np.array([self.pipeline.next_chunk_id], dtype=np.int64),
             "last_actions": self.last_actions.copy(),
         }
 
@@ -80,29 +79,17 @@ class PipelineState:
         if missing or unknown:
             raise ValueError(f"pipeline state needs buffers {list(self.NAMES)}; missing {missing}, unknown {unknown}")
         self.pipeline.generator.set_state(torch.from_numpy(np.array(state["rng"], dtype=np.uint8)))
-        _set_next_id(self.pipeline, int(state["next_chunk_id"][0]))
+        self.pipeline.next_chunk_id = int(state["next_chunk_id"][0])
         self.last_actions = np.array(state["last_actions"], dtype=np.float32, copy=True)
 
     def reset(self) -> None:
         """Back to the state of a fresh pipeline: generator at its seed, ids from 1, no chunk."""
         self.pipeline.generator.manual_seed(self.seed)
-        _set_next_id(self.pipeline, 1)
+        self.pipeline.next_chunk_id = 1
         self.last_actions = self._no_actions()
 
     def _no_actions(self) -> np.ndarray:
         return np.zeros((0, self.pipeline.policy.action_dof), dtype=np.float32)
-
-
-# The reference Pipeline counts chunk ids with a private itertools.count; these two functions
-# are the only place that knows it (a public `next_chunk_id` on Pipeline would replace them).
-def _peek_next_id(pipeline: Pipeline) -> int:
-    value = next(pipeline._ids)
-    pipeline._ids = itertools.count(value)
-    return value
-
-
-def _set_next_id(pipeline: Pipeline, value: int) -> None:
-    pipeline._ids = itertools.count(value)
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ class Pipeline:
         self.policy = policy
         self.stats = PipelineStats(stats_window)
         self.generator = torch.Generator(device=policy.device).manual_seed(seed)
-        self._ids = itertools.count(1)
+        self.next_chunk_id = 1  # part of the execution state (capsules save and restore it)
         self.fused = self._build_fused(backend)
         self.backend = "fused" if self.fused is not None else "reference"
 
@@ -108,7 +108,8 @@ class Pipeline:
         timer.mark("postprocess")
         timings = timer.resolve()
         self.stats.add(timings)
-        return Decision(next(self._ids), actions, timings)
+        chunk_id, self.next_chunk_id = self.next_chunk_id, self.next_chunk_id + 1
+        return Decision(chunk_id, actions, timings)
 
     def _run_reference(self, obs: Observation, noise: torch.Tensor, timer: _Timer) -> torch.Tensor:
         model = self.policy.model
