@@ -73,3 +73,18 @@ def test_pipeline_fused_backend_matches_reference_backend():
     assert out.actions.shape == ref.actions.shape == (policy.cfg.horizon, 6)
     np.testing.assert_allclose(out.actions, ref.actions, rtol=1e-3, atol=1e-3)
     assert set(out.timings_ms) == {"preprocess", "prefix", "denoise", "postprocess"}
+
+
+@pytest.mark.parametrize("valid_tokens,bucket", [(5, 8), (8, 8), (9, 16)])
+def test_prompt_buckets_pick_the_smallest_and_change_nothing(valid_tokens, bucket):
+    """A short prompt runs a smaller prefix (only padding is left out): same chunk as the reference."""
+    model = tiny_model("pi0", seed=4).to(DEVICE)  # tiny pi0: prompt_len 16
+    x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1, valid_tokens=valid_tokens).items()}
+    ref = model.sample_actions(**x)[0]
+    fused = FusedPi0(model, torch.float32, prompt_buckets=(8,))
+    assert fused.buckets == [8, 16]
+    fused.pixels.copy_(x["pixels"][0])
+    fused.set_inputs(x["tokens"][0], x["token_masks"][0], x["state"][0], x["noise"][0])
+    assert fused.bucket == bucket
+    fused.capture()
+    torch.testing.assert_close(fused.sample_actions(), ref, rtol=1e-4, atol=1e-4)

@@ -88,7 +88,8 @@ class Pipeline:
                 raise
             log.warning("fused path unavailable (%s: %s): running the reference path", type(exc).__name__, exc)
             return None
-        log.info("fused path active: Triton kernels, CUDA graphs %s", sorted(fused.graphs) or "none (not CUDA)")
+        graphs = f"CUDA graphs for prompt buckets {fused.buckets}" if fused.graphs else "no CUDA graphs (not CUDA)"
+        log.info("fused path active: Triton kernels, %s", graphs)
         return fused
 
     @property
@@ -130,7 +131,7 @@ class Pipeline:
             for img in obs.images
         ]
         fused.set_images(frames)
-        fused.set_inputs(tokens.to(dev), token_mask.to(dev), state.to(dev), noise[0])
+        fused.set_inputs(tokens, token_mask, state, noise[0])  # host tensors: the bucket choice needs no sync
         timer.mark("preprocess")
         fused.run("prefix")
         timer.mark("prefix")

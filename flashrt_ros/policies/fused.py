@@ -83,16 +83,28 @@ def _siglip(layer, dtype) -> SiglipW:
     a = layer.self_attn
     qkv_w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach().to(dtype).contiguous()
     qkv_b = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach().to(dtype).contiguous()
-    return SiglipW(wb(layer.layer_norm1), (qkv_w, qkv_b), wb(a.out_proj), wb(layer.layer_norm2),
-                   wb(layer.mlp.fc1), wb(layer.mlp.fc2))
+    return SiglipW(
+        wb(layer.layer_norm1),
+        (qkv_w, qkv_b),
+        wb(a.out_proj),
+        wb(layer.layer_norm2),
+        wb(layer.mlp.fc1),
+        wb(layer.mlp.fc2),
+    )
 
 
 class FusedPi0:
     """A Pi0Model compiled into re-laid-out weights, static buffers and (on CUDA) two graphs."""
 
-    def __init__(self, model: Pi0Model, dtype: torch.dtype = torch.bfloat16):
+    def __init__(
+        self, model: Pi0Model, dtype: torch.dtype = torch.bfloat16, prompt_buckets: tuple[int, ...] = (64, 128)
+    ):
         cfg: PolicyConfig = model.cfg
         self.cfg, self.dtype = cfg, dtype
+        # Prompt-length buckets: a decision runs the smallest one that holds its prompt, so a short
+        # prompt does not pay for 200 padded tokens. Each bucket has its own pair of graphs.
+        self.buckets = sorted({b for b in prompt_buckets if 0 < b < cfg.prompt_len} | {cfg.prompt_len})
+        self.bucket = cfg.prompt_len
         dev = self.device = next(model.parameters()).device
         f32 = lambda t: t.detach().float().contiguous()  # noqa: E731
         with torch.no_grad():
@@ -113,7 +125,7 @@ class FusedPi0:
             self._precompute_time(model)
         self._allocate(dev)
         self.inv_freq = rope_inv_freq(cfg.prefix.head_dim, cfg.rope_base, dev)  # before any capture
-        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
 
     # ---- load-time work ----------------------------------------------------------------------
     def _precompute_time(self, model: Pi0Model) -> None:
@@ -123,8 +135,13 @@ class FusedPi0:
         if cfg.uses_adarms:
             cond = model.time_condition(t)  # [N, We]
             layers = model.expert.layers
-            mods = [[torch.cat(layer.input_layernorm.modulation(cond), -1)[:, 0],
-                     torch.cat(layer.post_attention_layernorm.modulation(cond), -1)[:, 0]] for layer in layers]
+            mods = [
+                [
+                    torch.cat(layer.input_layernorm.modulation(cond), -1)[:, 0],
+                    torch.cat(layer.post_attention_layernorm.modulation(cond), -1)[:, 0],
+                ]
+                for layer in layers
+            ]
             self.mod = torch.stack([torch.stack(m, 1) for m in mods], 1).float().contiguous()  # [N, L, 2, 3We]
             self.mod_final = torch.cat(model.expert.norm.modulation(cond), -1)[:, 0].float().contiguous()
         else:
@@ -158,8 +175,20 @@ class FusedPi0:
 
     def buffers(self) -> dict[str, Tensor]:
         """The named persistent state of a decision (what a capsule snapshots)."""
-        names = ("pixels", "view_valid", "tokens", "token_valid", "state", "noise", "actions", "prefix_k",
-                 "prefix_v", "key_blocks", "suffix_pos", "suffix_state")
+        names = (
+            "pixels",
+            "view_valid",
+            "tokens",
+            "token_valid",
+            "state",
+            "noise",
+            "actions",
+            "prefix_k",
+            "prefix_v",
+            "key_blocks",
+            "suffix_pos",
+            "suffix_state",
+        )
         return {n: getattr(self, n) for n in names}
 
     # ---- inputs ------------------------------------------------------------------------------
@@ -174,6 +203,9 @@ class FusedPi0:
                 self.view_valid[i] = True
 
     def set_inputs(self, tokens: Tensor, token_valid: Tensor, state: Tensor, noise: Tensor) -> None:
+        """Copy a decision's inputs in and pick its prompt bucket (host tensors: no device sync)."""
+        used = int(token_valid.nonzero().max()) + 1 if bool(token_valid.any()) else 1
+        self.bucket = next(b for b in self.buckets if b >= used)
         self.tokens.copy_(tokens, non_blocking=True)
         self.token_valid.copy_(token_valid, non_blocking=True)
         self.state.zero_()
@@ -201,20 +233,23 @@ class FusedPi0:
         return F.linear(y, *self.proj)
 
     def prefix(self) -> None:
-        """Vision + prompt -> prefix_k / prefix_v of every layer (+ the suffix's positions)."""
-        cfg = self.cfg
+        """Vision + prompt -> prefix_k / prefix_v of every layer (+ the suffix's positions).
+
+        Only the first `self.bucket` prompt tokens are used: the rest are padding (right-padded
+        prompts), which no query may see, so leaving them out changes nothing."""
+        cfg, b = self.cfg, self.bucket
         n_img = cfg.num_views * cfg.vision.num_tokens
+        p = n_img + b
         self.prefix_emb[:n_img] = self.vision()
-        self.prefix_emb[n_img:] = F.embedding(self.tokens, self.embed) * self.embed_scale
-        valid = torch.cat([self.view_valid.repeat_interleave(cfg.vision.num_tokens), self.token_valid])
+        self.prefix_emb[n_img:p] = F.embedding(self.tokens[:b], self.embed) * self.embed_scale
+        valid = torch.cat([self.view_valid.repeat_interleave(cfg.vision.num_tokens), self.token_valid[:b]])
         positions = valid.long().cumsum(0) - 1
-        p = valid.shape[0]
         self.key_blocks[:p] = torch.where(valid, VISIBLE, MASKED).to(torch.int32)
-        self.key_blocks[p:] = self.query_blocks
+        self.key_blocks[p : p + cfg.suffix_len] = self.query_blocks
         self.suffix_pos.copy_(valid.sum() + self._suffix_arange)
         if not cfg.uses_adarms:
             self.suffix_state.copy_(F.linear(self.state, *self.state_proj))
-        self._decoder(self.prefix_layers, self.prefix_emb, positions, cfg.prefix, rows=slice(0, p))
+        self._decoder(self.prefix_layers, self.prefix_emb[:p], positions, cfg.prefix, rows=slice(0, p))
 
     def _decoder(self, layers: list[GemmaW], h: Tensor, positions: Tensor, spec, rows: slice) -> None:
         """The prefix LM: bidirectional over valid prefix tokens; keeps K/V, drops the last output."""
@@ -226,8 +261,16 @@ class FusedPi0:
                 x = rms_norm(h, w.norm_in, eps)
             else:
                 x, h = rms_norm(mlp_out, w.norm_in, eps, residual=h)
-            q, _, _ = qkv_rope(F.linear(x, w.qkv), positions, spec.num_heads, spec.head_dim, spec.num_kv_heads,
-                               k_out=self.prefix_k[i, rows], v_out=self.prefix_v[i, rows], inv_freq=self.inv_freq)
+            q, _, _ = qkv_rope(
+                F.linear(x, w.qkv),
+                positions,
+                spec.num_heads,
+                spec.head_dim,
+                spec.num_kv_heads,
+                k_out=self.prefix_k[i, rows],
+                v_out=self.prefix_v[i, rows],
+                inv_freq=self.inv_freq,
+            )
             if i == len(layers) - 1:
                 return  # only this layer's K/V are ever read
             a = attention(q, self.prefix_k[i, rows], self.prefix_v[i, rows], key_blocks=kb)
@@ -251,21 +294,43 @@ class FusedPi0:
         else:
             at = F.linear(F.silu(F.linear(act, self.at_in_action) + self.time_bias[step]), *self.at_out)
             h = torch.cat([self.suffix_state, at]).to(self.dtype)
+        p = cfg.num_views * cfg.vision.num_tokens + self.bucket
+        own, seen = slice(p, p + cfg.suffix_len), slice(0, p + cfg.suffix_len)  # suffix rows; all keys
         mlp_out, gate = None, None
         for i, w in enumerate(self.expert_layers):
             x_n, h, gate_in = self._norm(step, i, 0, h, mlp_out, gate, w.norm_in)
-            q, _, _ = qkv_rope(F.linear(x_n, w.qkv), self.suffix_pos, spec.num_heads, spec.head_dim,
-                               spec.num_kv_heads, k_out=self.prefix_k[i, -cfg.suffix_len:],
-                               v_out=self.prefix_v[i, -cfg.suffix_len:], inv_freq=self.inv_freq)
-            a = attention(q, self.prefix_k[i], self.prefix_v[i], key_blocks=self.key_blocks,
-                          query_blocks=self.query_blocks)
+            q, _, _ = qkv_rope(
+                F.linear(x_n, w.qkv),
+                self.suffix_pos,
+                spec.num_heads,
+                spec.head_dim,
+                spec.num_kv_heads,
+                k_out=self.prefix_k[i, own],
+                v_out=self.prefix_v[i, own],
+                inv_freq=self.inv_freq,
+            )
+            a = attention(
+                q,
+                self.prefix_k[i, seen],
+                self.prefix_v[i, seen],
+                key_blocks=self.key_blocks[seen],
+                query_blocks=self.query_blocks,
+            )
             x_n, h, gate = self._norm(step, i, 1, h, F.linear(a.view(a.shape[0], -1), w.o), gate_in, w.norm_post)
             mlp_out = F.linear(geglu(F.linear(x_n, w.gate_up)), w.down)
         y, _, _ = self._norm(step, None, 0, h, mlp_out, gate, self.final_norm)
         return F.linear(y[-cfg.horizon :].float(), *self.action_out)
 
-    def _norm(self, step: int, layer: int | None, which: int, h: Tensor, branch: Tensor | None,
-              gate: Tensor | None, weight: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+    def _norm(
+        self,
+        step: int,
+        layer: int | None,
+        which: int,
+        h: Tensor,
+        branch: Tensor | None,
+        gate: Tensor | None,
+        weight: Tensor | None,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         """h (+ branch * gate) -> normed x; returns (x, new h, this norm's gate for its branch)."""
         eps = self.cfg.rms_norm_eps
         if not self.cfg.uses_adarms:
@@ -282,26 +347,31 @@ class FusedPi0:
 
     # ---- graphs ------------------------------------------------------------------------------
     def capture(self, warmup: int = 2) -> None:
-        """Record the prefix and denoise stages as CUDA graphs (after warm-up compiles kernels)."""
+        """Record the prefix and denoise stages of every prompt bucket as CUDA graphs (after a
+        warm-up that compiles the kernels); the graphs share one memory pool."""
         if self.device.type != "cuda":
             return
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):
-                self.prefix()
-                self.denoise()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
+        chosen = self.bucket
         pool = torch.cuda.graph_pool_handle()
-        for name, fn in (("prefix", self.prefix), ("denoise", self.denoise)):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                fn()
-            self.graphs[name] = graph
-        log.info("captured CUDA graphs: %s", ", ".join(self.graphs))
+        for bucket in self.buckets:
+            self.bucket = bucket
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(warmup):
+                    self.prefix()
+                    self.denoise()
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            for name, fn in (("prefix", self.prefix), ("denoise", self.denoise)):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    fn()
+                self.graphs[(name, bucket)] = graph
+        self.bucket = chosen
+        log.info("captured CUDA graphs: prefix + denoise for prompt buckets %s", self.buckets)
 
     def run(self, stage: str) -> None:
-        graph = self.graphs.get(stage)
+        graph = self.graphs.get((stage, self.bucket))
         if graph is not None:
             graph.replay()
         else:
