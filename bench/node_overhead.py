@@ -134,7 +134,8 @@ def measure(args: argparse.Namespace) -> dict:
     from rclpy.executors import MultiThreadedExecutor
     from rclpy.parameter import Parameter
 
-    from flashrt_ros.ros.node import FlashRTNode, stop_executor
+    from flashrt_ros.ros.node import FlashRTNode
+    from flashrt_ros.ros.process import stop_executor
 
     rclpy.init()
     node = FlashRTNode(

@@ -7,8 +7,9 @@
 - Tests marked `gpu` skip when torch sees no CUDA device; without one, Triton kernels run in
   its interpreter (TRITON_INTERPRET=1, set before any test module imports triton).
 
-Fixtures: `ros_env` (session; the environment for subprocesses that use ROS) and
-`rclpy_context` (a fresh, initialised rclpy context, shut down afterwards).
+Fixtures: `ros_env` (session; the environment for subprocesses that use ROS),
+`rclpy_context` (a fresh, initialised rclpy context, shut down afterwards) and
+`ros_module_context` (the same, shared by a test module).
 """
 
 import functools
@@ -89,3 +90,17 @@ def rclpy_context(ros_env):
         yield context
     finally:
         context.try_shutdown()
+
+
+@pytest.fixture(scope="module")
+def ros_module_context(ros_env):
+    """One initialised rclpy Context shared by a test module (a node process per module)."""
+    if os.environ.get("FLASHRT_REQUIRE_ROS") != "1" and ros_import_error():
+        pytest.skip(f"rclpy / flashrt_ros interfaces not importable ({ros_import_error()})")
+    import rclpy
+    from rclpy.context import Context
+
+    context = Context()
+    rclpy.init(context=context)
+    yield context
+    context.try_shutdown()

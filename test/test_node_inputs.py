@@ -17,17 +17,6 @@ pytestmark = pytest.mark.ros
 
 
 @pytest.fixture(scope="module")
-def ros_module_context(ros_env):
-    import rclpy
-    from rclpy.context import Context
-
-    context = Context()
-    rclpy.init(context=context)
-    yield context
-    context.try_shutdown()
-
-
-@pytest.fixture(scope="module")
 def running(ros_env, ros_module_context, tmp_path_factory):
     node, peer = start_node_and_peer(ros_env, tmp_path_factory.mktemp("inputs"), ros_module_context)
     yield node, peer

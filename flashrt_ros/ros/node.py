@@ -18,7 +18,6 @@ topic and reason) with what was wrong and what was expected.
 from __future__ import annotations
 
 import logging
-import signal
 import sys
 import threading
 import time
@@ -35,7 +34,7 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.event_handler import SubscriptionEventCallbacks
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import MultiThreadedExecutor
 from rclpy.logging import get_logger
 from rclpy.node import Node
 from rclpy.qos import qos_profile_sensor_data
@@ -59,6 +58,7 @@ from flashrt_ros.ros.params import (
     declare_parameters,
     unknown_names,
 )
+from flashrt_ros.ros.process import run_until_signal
 from flashrt_ros.srv import DropCapsule, ForkCapsule, ListCapsules, RestoreCapsule, SnapshotCapsule
 
 ABSENT = "absent"
@@ -672,35 +672,6 @@ class _ForwardToRos(logging.Handler):
             self.ros_logger.info(text)
 
 
-def spin_until_signal(executor: Any) -> None:
-    """Spin until SIGINT or SIGTERM (``ros2 launch`` stops nodes with SIGINT, then SIGTERM).
-    Call after ``rclpy.init(signal_handler_options=SignalHandlerOptions.NO)``: rclpy's own
-    handlers shut the context down first, so nothing - e.g. the final stats line - could be
-    logged to /rosout on the way out."""
-
-    def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    # Both explicitly: a process started in the background by a script inherits SIGINT as
-    # ignored, and Python then leaves it ignored.
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-
-
-def stop_executor(executor: Any) -> None:
-    """Stop spinning and wait for callbacks still running (a decision in flight), so that the
-    node is never destroyed under them. rclpy 7.1.6's ``shutdown()`` does not wait (it tests
-    the flag it has just set), so the thread pool is joined here."""
-    executor.shutdown()
-    pool = getattr(executor, "_executor", None)  # MultiThreadedExecutor's ThreadPoolExecutor
-    if pool is not None:
-        pool.shutdown(wait=True)
-
-
 def main(args: list[str] | None = None) -> int:
     """Entry point of ``ros2 run flashrt_ros flashrt_node`` and ``python -m flashrt_ros.ros.node``.
     Exit codes: 0 after a normal shutdown, 2 for invalid parameters, 1 if the policy cannot
@@ -717,15 +688,9 @@ def main(args: list[str] | None = None) -> int:
         rclpy.try_shutdown()
         return 2 if isinstance(exc, ConfigError) else 1
     executor = MultiThreadedExecutor(num_threads=len(node.slots) + 2)
-    executor.add_node(node)
-    try:
-        spin_until_signal(executor)
-        node.get_logger().info(f"shutting down; {node.stats_line()}")
-    finally:
-        stop_executor(executor)
-        node.destroy_node()
-        rclpy.try_shutdown()
-    return 0
+    return run_until_signal(
+        node, executor, on_stop=lambda: node.get_logger().info(f"shutting down; {node.stats_line()}")
+    )
 
 
 if __name__ == "__main__":

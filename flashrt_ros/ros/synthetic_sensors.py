@@ -28,8 +28,8 @@ from rclpy.qos import qos_profile_sensor_data
 from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import CompressedImage, Image, JointState
 
-from flashrt_ros.ros.node import spin_until_signal, stop_executor
 from flashrt_ros.ros.params import ALOHA_JOINTS, DEFAULT_CAMERAS, ConfigError
+from flashrt_ros.ros.process import run_until_signal
 
 NODE_NAME = "synthetic_sensors"
 ENCODINGS = ("rgb8", "bgr8", "jpeg")
@@ -222,15 +222,7 @@ def main(args: list[str] | None = None) -> int:
         get_logger(NODE_NAME).error(f"not starting: {exc}")
         rclpy.try_shutdown()
         return 2
-    executor = SingleThreadedExecutor()
-    executor.add_node(node)
-    try:
-        spin_until_signal(executor)
-    finally:
-        stop_executor(executor)
-        node.destroy_node()
-        rclpy.try_shutdown()
-    return 0
+    return run_until_signal(node, SingleThreadedExecutor())
 
 
 if __name__ == "__main__":

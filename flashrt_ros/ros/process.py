@@ -1,0 +1,57 @@
+"""Process life of our nodes: spin until SIGINT/SIGTERM, then stop cleanly.
+
+Shared by flashrt_node and synthetic_sensors (and the benchmark), so both shut down the same
+way: stop spinning, wait for callbacks in flight, destroy the node, shut rclpy down.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import rclpy
+from rclpy.executors import ExternalShutdownException
+
+
+def spin_until_signal(executor: Any) -> None:
+    """Spin until SIGINT or SIGTERM (``ros2 launch`` stops nodes with SIGINT, then SIGTERM).
+    Call after ``rclpy.init(signal_handler_options=SignalHandlerOptions.NO)``: rclpy's own
+    handlers shut the context down first, so nothing - e.g. the final stats line - could be
+    logged to /rosout on the way out."""
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    # Both explicitly: a process started in the background by a script inherits SIGINT as
+    # ignored, and Python then leaves it ignored.
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+
+
+def stop_executor(executor: Any) -> None:
+    """Stop spinning and wait for callbacks still running (a decision in flight), so that the
+    node is never destroyed under them. rclpy 7.1.6's ``shutdown()`` does not wait (it tests
+    the flag it has just set), so the thread pool is joined here."""
+    executor.shutdown()
+    pool = getattr(executor, "_executor", None)  # MultiThreadedExecutor's ThreadPoolExecutor
+    if pool is not None:
+        pool.shutdown(wait=True)
+
+
+def run_until_signal(node: Any, executor: Any, on_stop: Callable[[], None] | None = None) -> int:
+    """Spin `node` on `executor` until a signal; `on_stop` runs before anything is torn down."""
+    executor.add_node(node)
+    try:
+        spin_until_signal(executor)
+        if on_stop is not None:
+            on_stop()
+    finally:
+        stop_executor(executor)
+        node.destroy_node()
+        rclpy.try_shutdown()
+    return 0
