@@ -23,11 +23,9 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-import numpy as np
 import rclpy
 from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
@@ -48,6 +46,7 @@ from flashrt_ros.msg import ActionChunk, PipelineStatus
 from flashrt_ros.ros import messages
 from flashrt_ros.ros.image_convert import compressed_to_rgb, image_to_rgb
 from flashrt_ros.ros.input_error import InputError
+from flashrt_ros.ros.inputs import InputSlot, Sample, ThrottledLog
 from flashrt_ros.ros.joint_convert import check_fresh, joint_state_to_vector, stamp_to_ns
 from flashrt_ros.ros.params import (
     NODE_NAME,
@@ -68,65 +67,6 @@ POLICY_ERROR = "policy_error"
 
 class StartupError(RuntimeError):
     """The policy could not be built (checkpoint, tokenizer, device): exit with the reason."""
-
-
-# ---- held inputs ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One converted, validated input. Times are ``perf_counter_ns`` (monotonic, this
-    process); ``stamp`` is the message's header stamp, reported in the chunk."""
-
-    value: np.ndarray
-    stamp: Time
-    arrived_ns: int  # callback entry
-    ready_ns: int  # conversion done
-
-
-@dataclass
-class InputSlot:
-    """The latest good sample of one topic, and why newer messages were refused."""
-
-    topic: str  # resolved name
-    type_name: str  # e.g. "sensor_msgs/msg/Image", as the ROS graph names it
-    latest: Sample | None = None
-    used: bool = True  # latest was fed to a decision (replacing an unused one counts as dropped)
-    rejected_since_good: Counter = field(default_factory=Counter)
-
-    def clear(self) -> None:
-        self.latest, self.used = None, True
-        self.rejected_since_good.clear()
-
-
-class ThrottledLog:
-    """At most one line per key every ``period_s``; the next line says how many were held
-    back. rclpy's own throttle is per call site, which would let one noisy camera hide
-    another camera's (different) problem."""
-
-    def __init__(self, period_s: float):
-        self.period_s = period_s
-        self._last: dict[tuple, float] = {}
-        self._held: Counter = Counter()
-        self._lock = threading.Lock()
-
-    def __call__(self, key: tuple, emit: Callable[[str], Any], text: str | Callable[[], str]) -> None:
-        """``text`` may be a function: it is only called for lines that are emitted."""
-        now = time.monotonic()
-        with self._lock:
-            last = self._last.get(key)
-            if last is not None and now - last < self.period_s:
-                self._held[key] += 1
-                return
-            self._last[key] = now
-            held = self._held.pop(key, 0)
-        text = text() if callable(text) else text
-        emit(text + (f" (+{held} more like this in the last {now - last:.1f} s)" if held else ""))
-
-    def clear(self) -> None:
-        with self._lock:
-            self._last.clear()
-            self._held.clear()
 
 
 # ---- the node ------------------------------------------------------------------------------

@@ -1,0 +1,70 @@
+"""What the node holds between messages and decisions: the latest good sample per topic,
+and a per-(topic, reason) log throttle. No rclpy here beyond the stamp type."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from builtin_interfaces.msg import Time
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One converted, validated input. Times are ``perf_counter_ns`` (monotonic, this
+    process); ``stamp`` is the message's header stamp, reported in the chunk."""
+
+    value: np.ndarray
+    stamp: Time
+    arrived_ns: int  # callback entry
+    ready_ns: int  # conversion done
+
+
+@dataclass
+class InputSlot:
+    """The latest good sample of one topic, and why newer messages were refused."""
+
+    topic: str  # resolved name
+    type_name: str  # e.g. "sensor_msgs/msg/Image", as the ROS graph names it
+    latest: Sample | None = None
+    used: bool = True  # latest was fed to a decision (replacing an unused one counts as dropped)
+    rejected_since_good: Counter = field(default_factory=Counter)
+
+    def clear(self) -> None:
+        self.latest, self.used = None, True
+        self.rejected_since_good.clear()
+
+
+class ThrottledLog:
+    """At most one line per key every ``period_s``; the next line says how many were held
+    back. rclpy's own throttle is per call site, which would let one noisy camera hide
+    another camera's (different) problem."""
+
+    def __init__(self, period_s: float):
+        self.period_s = period_s
+        self._last: dict[tuple, float] = {}
+        self._held: Counter = Counter()
+        self._lock = threading.Lock()
+
+    def __call__(self, key: tuple, emit: Callable[[str], Any], text: str | Callable[[], str]) -> None:
+        """``text`` may be a function: it is only called for lines that are emitted."""
+        now = time.monotonic()
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last < self.period_s:
+                self._held[key] += 1
+                return
+            self._last[key] = now
+            held = self._held.pop(key, 0)
+        text = text() if callable(text) else text
+        emit(text + (f" (+{held} more like this in the last {now - last:.1f} s)" if held else ""))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._last.clear()
+            self._held.clear()
