@@ -261,21 +261,27 @@ class FusedPi0:
                 x = rms_norm(h, w.norm_in, eps)
             else:
                 x, h = rms_norm(mlp_out, w.norm_in, eps, residual=h)
-            q, _, _ = qkv_rope(
-                F.linear(x, w.qkv),
-                positions,
-                spec.num_heads,
-                spec.head_dim,
-                spec.num_kv_heads,
-                k_out=self.prefix_k[i, rows],
-                v_out=self.prefix_v[i, rows],
-                inv_freq=self.inv_freq,
-            )
+            q = self._qkv_into_cache(i, x, w, positions, spec, rows)
             if i == len(layers) - 1:
                 return  # only this layer's K/V are ever read
             a = attention(q, self.prefix_k[i, rows], self.prefix_v[i, rows], key_blocks=kb)
             x, h = rms_norm(F.linear(a.view(a.shape[0], -1), w.o), w.norm_post, eps, residual=h)
             mlp_out = F.linear(geglu(F.linear(x, w.gate_up)), w.down)
+
+    def _qkv_into_cache(self, layer: int, x: Tensor, w: GemmaW, positions: Tensor, spec, rows: slice) -> Tensor:
+        """One QKV GEMM + the RoPE epilogue: roped K and V land in rows `rows` of this layer's
+        cache (the prefix's rows in the prefix stage, the suffix's in a denoise step); returns q."""
+        q, _, _ = qkv_rope(
+            F.linear(x, w.qkv),
+            positions,
+            spec.num_heads,
+            spec.head_dim,
+            spec.num_kv_heads,
+            k_out=self.prefix_k[layer, rows],
+            v_out=self.prefix_v[layer, rows],
+            inv_freq=self.inv_freq,
+        )
+        return q
 
     def denoise(self) -> None:
         """All Euler steps over the cached prefix: noise -> actions (in place)."""
@@ -299,16 +305,7 @@ class FusedPi0:
         mlp_out, gate = None, None
         for i, w in enumerate(self.expert_layers):
             x_n, h, gate_in = self._norm(step, i, 0, h, mlp_out, gate, w.norm_in)
-            q, _, _ = qkv_rope(
-                F.linear(x_n, w.qkv),
-                self.suffix_pos,
-                spec.num_heads,
-                spec.head_dim,
-                spec.num_kv_heads,
-                k_out=self.prefix_k[i, own],
-                v_out=self.prefix_v[i, own],
-                inv_freq=self.inv_freq,
-            )
+            q = self._qkv_into_cache(i, x_n, w, self.suffix_pos, spec, own)
             a = attention(
                 q,
                 self.prefix_k[i, seen],
