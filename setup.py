@@ -18,9 +18,7 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 HERE = Path(__file__).resolve().parent
-VERSION = re.search(
-    r'^__version__ = "([^"]+)"', (HERE / "flashrt_ros" / "__init__.py").read_text(), re.M
-).group(1)
+VERSION = re.search(r'^__version__ = "([^"]+)"', (HERE / "flashrt_ros" / "__init__.py").read_text(), re.M).group(1)
 
 setup(
     name="flashrt_ros",

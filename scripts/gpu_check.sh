@@ -2,7 +2,8 @@
 # Everything that needs the GPU, in one command for the device machine (H200; Python 3.12,
 # torch 2.11 + CUDA 13, triton 3.6; no network). CI has no GPU, so these never run there.
 #
-#   bash scripts/gpu_check.sh [parts...]     parts: kernels fused parity latency bench (default: all)
+#   bash scripts/gpu_check.sh [parts...]     parts: kernels fused parity latency bench gemm profile
+#                                            (default: kernels fused parity latency bench)
 #
 # Carry the parity wheels (`bash scripts/fetch_parity_wheels.sh` -> .whl) for `parity`.
 # Results (logs + JSON) go to $OUT (the device tool brings them back) or ./out.
@@ -57,6 +58,14 @@ for part in "${parts[@]}"; do
       step "Reference eager latency, full size, bf16, batch 1"
       python3 -m flashrt_ros.cli bench --policy pi05 --views 3 --iters 20 --warmup 3 --out "$OUT" \
         2>&1 | grep -v "it/s" | tee "$OUT/latency.log" || status=1
+      ;;
+    gemm)
+      step "Expert GEMMs at 50 tokens: cuBLAS vs fused skinny GEMM, tile sweep"
+      python3 bench/expert_gemm.py --sweep --out "$OUT" 2>&1 | tee "$OUT/expert_gemm.log" || status=1
+      ;;
+    profile)
+      step "Fused pi0.5 decision, kernel by kernel"
+      python3 bench/profile_fused.py --policy pi05 --views 3 --out "$OUT" 2>&1 | tee "$OUT/profile.log" || status=1
       ;;
     *) echo "unknown part $part"; status=2 ;;
   esac

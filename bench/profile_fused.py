@@ -1,0 +1,69 @@
+"""Where a fused decision's GPU time goes: each stage run once, un-graphed, under the torch
+profiler (kernel device times and launch counts), next to the stage's graph-replay time (the
+difference is launch gaps). GPU only.
+
+    python bench/profile_fused.py [--policy pi05] [--views 3] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from flashrt_ros.bench.reference import Case, build_random
+from flashrt_ros.bench.stages import load_case
+from flashrt_ros.bench.timing import environment, time_call
+from flashrt_ros.policies.config import PolicyConfig
+from flashrt_ros.policies.fused import FusedPi0
+
+
+def kernel_table(fn, steps: int) -> list[dict]:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0)
+        if t > 0 and e.count > 0:
+            rows.append(dict(kernel=e.key[:90], calls=e.count, total_us=t, per_call_us=t / e.count))
+    rows.sort(key=lambda r: -r["total_us"])
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--policy", default="pi05")
+    ap.add_argument("--views", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path("out"))
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    cfg = PolicyConfig.preset(args.policy, num_views=args.views, dtype="bfloat16")
+    model = build_random(cfg, dev)
+    case = Case.make(cfg, dev, args.views)
+    fused = FusedPi0(model, torch.bfloat16)
+    load_case(fused, case)
+    fused.capture()
+    report = {"env": environment(dev), "policy": args.policy, "views": args.views}
+    for stage in ("prefix", "denoise"):
+        graph_ms = sorted(time_call(lambda s=stage: fused.run(s), 30, 5, dev))[15]
+        rows = kernel_table(getattr(fused, stage), cfg.num_steps)
+        busy_ms = sum(r["total_us"] for r in rows) / 1e3
+        launches = sum(r["calls"] for r in rows)
+        print(f"\n== {stage}: graph {graph_ms:.3f} ms, kernels busy {busy_ms:.3f} ms, {launches} launches")
+        print(f"{'kernel':<70} {'calls':>6} {'total us':>9} {'us/call':>8}")
+        for r in rows[:22]:
+            print(f"{r['kernel'][:70]:<70} {r['calls']:6d} {r['total_us']:9.1f} {r['per_call_us']:8.2f}")
+        report[stage] = dict(graph_ms=graph_ms, busy_ms=busy_ms, launches=launches, kernels=rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"profile_{args.policy}_{args.views}v_{time.strftime('%Y%m%d_%H%M%S')}.json"
+    path.write_text(json.dumps(report, indent=1))
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
