@@ -125,7 +125,7 @@ def main() -> None:
             best = (t_fused, cfg)
             sweep = []
             bns = (16, 32, 64) if paired else (32, 64, 128)
-            for bn, bk, split, stages, warps in itertools.product(bns, (64, 128, 256), (1, 2, 4, 8, 16), (3, 4), (4,)):
+            for bn, bk, split, stages, warps in itertools.product(bns, (64, 128, 256), (1, 2, 4, 8, 16), (3,), (4,)):
                 if K // split < bk or (name == "qkv" and bn > D // 2):
                     continue
                 c = GemmConfig(64, bn, bk, split, warps, stages)
