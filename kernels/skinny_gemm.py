@@ -214,6 +214,17 @@ def _epilogue(
 
 
 @triton.jit
+def _a_tile(a_rows, ks, k_ok, row_ok, mult_ptr, ss, NORM: tl.constexpr, dtype: tl.constexpr):
+    """An A tile for the MMA; with NORM, scaled by the norm multiplier and its squares summed."""
+    a = tl.load(a_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+    if NORM:
+        a32 = a.to(tl.float32)
+        ss += tl.sum(a32 * a32, axis=1)
+        a = (a32 * tl.load(mult_ptr + ks, mask=k_ok, other=0.0)[None, :]).to(dtype)
+    return a, ss
+
+
+@triton.jit
 def _skinny_gemm_kernel(
     a_ptr,  # [M, K] rows
     w_ptr,  # [N_total, K] (nn.Linear layout)
@@ -252,6 +263,8 @@ def _skinny_gemm_kernel(
     HAS_GATE: tl.constexpr,
     PAIRED: tl.constexpr,
     SPLIT: tl.constexpr,
+    ONE_SHOT: tl.constexpr,
+    USE_PDL: tl.constexpr,
     UPCAST: tl.constexpr,
     PREC: tl.constexpr,
     FIX: tl.constexpr,
@@ -270,30 +283,53 @@ def _skinny_gemm_kernel(
     a_rows = a_ptr + rows.to(tl.int64)[:, None] * stride_am
     w_cols = w_ptr + wrow.to(tl.int64)[None, :] * stride_wn
 
+    if USE_PDL:
+        # Programmatic dependent launch: let the next kernel's programs start (and stream their
+        # own weights) while this one runs; they wait for this grid before reading its output.
+        tl.extra.cuda.gdc_launch_dependents()
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     ss = tl.zeros([BLOCK_M], dtype=tl.float32)
     k_lo = pid_k * K_PER_SPLIT
-    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < k_hi
-        a = tl.load(a_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        if NORM:
-            a32 = a.to(tl.float32)
-            ss += tl.sum(a32 * a32, axis=1)
-            a = (a32 * tl.load(mult_ptr + ks, mask=k_ok, other=0.0)[None, :]).to(w_ptr.dtype.element_ty)
+    if ONE_SHOT:
+        # The whole K slice in one tile: weights (independent of earlier kernels) are loaded
+        # before waiting for the previous grid, the activations after.
+        ks = k_lo + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
         wm = k_ok[:, None] & col_ok[None, :]
-        w = tl.load(w_cols + ks[:, None], mask=wm, other=0.0)  # [BLOCK_K, BLOCK_N]
+        w = tl.load(w_cols + ks[:, None], mask=wm, other=0.0)
+        w2 = w
+        if PAIRED:
+            w2 = tl.load(w_cols + PAIR_OFF * stride_wn + ks[:, None], mask=wm, other=0.0)
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
+        a, ss = _a_tile(a_rows, ks, k_ok, row_ok, mult_ptr, ss, NORM, w_ptr.dtype.element_ty)
         if UPCAST:
             a = a.to(tl.float32)
             w = w.to(tl.float32)
+            w2 = w2.to(tl.float32)
         acc = tl.dot(a, w, acc, input_precision=PREC)
         if PAIRED:
-            w2 = tl.load(w_cols + PAIR_OFF * stride_wn + ks[:, None], mask=wm, other=0.0)
-            if UPCAST:
-                w2 = w2.to(tl.float32)
             acc2 = tl.dot(a, w2, acc2, input_precision=PREC)
+    else:
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
+        k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < k_hi
+            a, ss = _a_tile(a_rows, ks, k_ok, row_ok, mult_ptr, ss, NORM, w_ptr.dtype.element_ty)
+            wm = k_ok[:, None] & col_ok[None, :]
+            w = tl.load(w_cols + ks[:, None], mask=wm, other=0.0)  # [BLOCK_K, BLOCK_N]
+            if UPCAST:
+                a = a.to(tl.float32)
+                w = w.to(tl.float32)
+            acc = tl.dot(a, w, acc, input_precision=PREC)
+            if PAIRED:
+                w2 = tl.load(w_cols + PAIR_OFF * stride_wn + ks[:, None], mask=wm, other=0.0)
+                if UPCAST:
+                    w2 = w2.to(tl.float32)
+                acc2 = tl.dot(a, w2, acc2, input_precision=PREC)
 
     if SPLIT == 1:
         _epilogue(
@@ -321,7 +357,7 @@ def _skinny_gemm_kernel(
             acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             ss = tl.zeros([BLOCK_M], dtype=tl.float32)
             first = ws_ptr + tile.to(tl.int64) * SPLIT * tile_elems
-            for s in range(SPLIT):
+            for s in tl.static_range(SPLIT):  # unrolled: all partial loads in flight at once
                 acc += tl.load(first + s * tile_elems + offs, cache_modifier=".cg")
                 if PAIRED:
                     acc2 += tl.load(first + s * tile_elems + BLOCK_M * BLOCK_N + offs, cache_modifier=".cg")
@@ -394,6 +430,7 @@ def _launch(
     heads: tuple[int, int] = (0, 0),
     config: GemmConfig | None = None,
     workspace: Workspace | None = None,
+    pdl: bool = False,
 ) -> None:
     if a.dim() != 2 or w.dim() != 2 or a.shape[1] != w.shape[1]:
         raise ValueError(f"expected a [M, K] and w [N, K], got {tuple(a.shape)} and {tuple(w.shape)}")
@@ -421,6 +458,7 @@ def _launch(
         if norm.bias is not None and norm.bias.shape != (w.shape[0],):
             raise ValueError(f"norm bias has shape {tuple(norm.bias.shape)}, expected ({w.shape[0]},)")
     dummy = out
+    pdl = pdl and not is_interpreting()
     _skinny_gemm_kernel[(n_tiles, m_tiles, split)](
         a,
         w,
@@ -456,6 +494,8 @@ def _launch(
         HAS_GATE=gate is not None,
         PAIRED=paired,
         SPLIT=split,
+        ONE_SHOT=k_per_split == cfg.block_k,
+        USE_PDL=pdl,
         UPCAST=is_interpreting(),  # the interpreter's tl.dot mis-multiplies bf16
         PREC=dot_precision(w.dtype),
         FIX=needs_rtne_fix(out.dtype),
@@ -464,6 +504,7 @@ def _launch(
         BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **({"launch_pdl": True} if pdl else {}),
     )
 
 
@@ -482,13 +523,14 @@ def norm_linear(
     out: torch.Tensor | None = None,
     config: GemmConfig | None = None,
     workspace: Workspace | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """``norm(x) @ w.T`` (or ``x @ w.T``) -> [M, N] in w's dtype."""
     N = w.shape[0]
     out = out if out is not None else torch.empty(x.shape[0], N, dtype=w.dtype, device=x.device)
     _launch(
         x, w, epilogue=PLAIN, group_w=N, groups=1, group_stride=0, pair_off=0, norm=norm,
-        out=out, out_strides=(out.stride(0), 0), config=config, workspace=workspace,
+        out=out, out_strides=(out.stride(0), 0), config=config, workspace=workspace, pdl=pdl,
     )  # fmt: skip
     return out
 
@@ -507,6 +549,7 @@ def norm_qkv_rope(
     norm: NormPrologue | None = None,
     config: GemmConfig | None = None,
     workspace: Workspace | None = None,
+    pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``norm(x) @ Wqkv.T`` split into heads, q and k rotated (Gemma rotate_half RoPE at
     `positions`), written to q_out [M, H, D] and k_out / v_out [M, HK, D] or [M, D] (e.g. rows of
@@ -533,7 +576,7 @@ def norm_qkv_rope(
         x, w_qkv, epilogue=ROPE, group_w=D // 2, groups=H + 2 * HK, group_stride=D, pair_off=D // 2, norm=norm,
         out=q3, out_strides=(q3.stride(0), q3.stride(1)), out2=k3, out2_strides=(k3.stride(0), k3.stride(1)),
         out3=v3, out3_strides=(v3.stride(0), v3.stride(1)), positions=positions, inv_freq=inv_freq,
-        heads=(H, HK), config=config, workspace=workspace,
+        heads=(H, HK), config=config, workspace=workspace, pdl=pdl,
     )  # fmt: skip
     return q_out, k_out, v_out
 
@@ -545,6 +588,7 @@ def norm_geglu(
     out: torch.Tensor | None = None,
     config: GemmConfig | None = None,
     workspace: Workspace | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """``gelu_tanh(g) * u`` for ``[g | u] = norm(x) @ Wgu.T`` -> [M, F]."""
     F2 = w_gate_up.shape[0]
@@ -553,7 +597,7 @@ def norm_geglu(
     out = out if out is not None else torch.empty(x.shape[0], F2 // 2, dtype=w_gate_up.dtype, device=x.device)
     _launch(
         x, w_gate_up, epilogue=GEGLU, group_w=F2 // 2, groups=1, group_stride=0, pair_off=F2 // 2, norm=norm,
-        out=out, out_strides=(out.stride(0), 0), config=config, workspace=workspace,
+        out=out, out_strides=(out.stride(0), 0), config=config, workspace=workspace, pdl=pdl,
     )  # fmt: skip
     return out
 
@@ -565,6 +609,7 @@ def linear_gated_residual(
     gate: torch.Tensor | None = None,
     config: GemmConfig | None = None,
     workspace: Workspace | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """``residual += (x @ w.T) * gate`` in place (gate [N] or None for a plain residual add)."""
     N = w.shape[0]
@@ -574,7 +619,7 @@ def linear_gated_residual(
         raise ValueError(f"gate has shape {tuple(gate.shape)}, expected ({N},)")
     _launch(
         x, w, epilogue=GATED_RESIDUAL, group_w=N, groups=1, group_stride=0, pair_off=0, norm=None,
-        out=residual, out_strides=(residual.stride(0), 0), gate=gate, config=config, workspace=workspace,
+        out=residual, out_strides=(residual.stride(0), 0), gate=gate, config=config, workspace=workspace, pdl=pdl,
     )  # fmt: skip
     return residual
 
