@@ -53,7 +53,11 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attn_fwd_kernel(
+def _attn_fwd_tile(
+    pid_m,
+    pid_s,
+    b,
+    n_splits,
     q_ptr,
     k_ptr,
     v_ptr,
@@ -87,18 +91,12 @@ def _attn_fwd_kernel(
     UPCAST: tl.constexpr,
     PREC: tl.constexpr,
     FIX_O: tl.constexpr,
-    USE_PDL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    if USE_PDL:  # programmatic dependent launch: start the next kernel, wait for the previous
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-    pid_m = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
-    n_splits = tl.num_programs(1)
+    """One (query tile, key split) of the forward pass; also called by kernels.expert_layer."""
+    b = b.to(tl.int64)
 
     # Rows of the tile are (token, head) pairs: row = token * H + head.
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -181,7 +179,97 @@ def _attn_fwd_kernel(
 
 
 @triton.jit
-def _attn_combine_kernel(
+def _attn_fwd_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    kb_ptr,
+    qb_ptr,
+    ws_acc_ptr,
+    ws_m_ptr,
+    ws_l_ptr,
+    M,
+    H,
+    Tk,
+    keys_per_split,
+    qk_scale,  # softmax scale * log2(e): scores live in the exp2 domain
+    stride_qb,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_kt,
+    stride_vb,
+    stride_vt,
+    stride_ob,
+    stride_ot,
+    stride_oh,
+    stride_kbb,
+    stride_qbb,
+    HEAD_DIM: tl.constexpr,
+    HAS_KB: tl.constexpr,
+    HAS_QB: tl.constexpr,
+    SPLIT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PREC: tl.constexpr,
+    FIX_O: tl.constexpr,
+    USE_PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    if USE_PDL:  # programmatic dependent launch: start the next kernel, wait for the previous
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    _attn_fwd_tile(
+        tl.program_id(0),
+        tl.program_id(1),
+        tl.program_id(2),
+        tl.num_programs(1),
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        o_ptr,
+        kb_ptr,
+        qb_ptr,
+        ws_acc_ptr,
+        ws_m_ptr,
+        ws_l_ptr,
+        M,
+        H,
+        Tk,
+        keys_per_split,
+        qk_scale,
+        stride_qb,
+        stride_qt,
+        stride_qh,
+        stride_kb,
+        stride_kt,
+        stride_vb,
+        stride_vt,
+        stride_ob,
+        stride_ot,
+        stride_oh,
+        stride_kbb,
+        stride_qbb,
+        HEAD_DIM,
+        HAS_KB,
+        HAS_QB,
+        SPLIT,
+        UPCAST,
+        PREC,
+        FIX_O,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_D,
+    )
+
+
+@triton.jit
+def _attn_combine_tile(
+    pid_m,
+    pid_d,
+    b,
     ws_acc_ptr,
     ws_m_ptr,
     ws_l_ptr,
@@ -194,19 +282,13 @@ def _attn_combine_kernel(
     HEAD_DIM: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     FIX_O: tl.constexpr,
-    USE_PDL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_DC: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
-    if USE_PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     # Merge the key splits of BLOCK_M rows x BLOCK_DC columns. All splits' (max, sum) are read
     # at once, so the partial loads below are independent of each other (no serial chain).
-    pid_m = tl.program_id(0)
-    pid_d = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
+    b = b.to(tl.int64)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     d = pid_d * BLOCK_DC + tl.arange(0, BLOCK_DC)
@@ -237,6 +319,50 @@ def _attn_combine_kernel(
         o_ptr + b * stride_ob + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
         o.to(o_ptr.dtype.element_ty),
         mask=mask,
+    )
+
+
+@triton.jit
+def _attn_combine_kernel(
+    ws_acc_ptr,
+    ws_m_ptr,
+    ws_l_ptr,
+    o_ptr,
+    M,
+    H,
+    stride_ob,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    FIX_O: tl.constexpr,
+    USE_PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_DC: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    _attn_combine_tile(
+        tl.program_id(0),
+        tl.program_id(1),
+        tl.program_id(2),
+        ws_acc_ptr,
+        ws_m_ptr,
+        ws_l_ptr,
+        o_ptr,
+        M,
+        H,
+        stride_ob,
+        stride_ot,
+        stride_oh,
+        HEAD_DIM,
+        NUM_SPLITS,
+        FIX_O,
+        BLOCK_M,
+        BLOCK_DC,
+        BLOCK_S,
     )
 
 

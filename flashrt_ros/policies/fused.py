@@ -27,6 +27,7 @@ from torch import Tensor
 from kernels.ada_rms_norm import ada_rms_norm
 from kernels.attention import attention
 from kernels.euler import euler_step
+from kernels.expert_layer import ExpertLayerPlan, ExpertLayerWeights
 from kernels.geglu import geglu
 from kernels.gelu import bias_gelu
 from kernels.layer_norm import layer_norm
@@ -137,6 +138,7 @@ class FusedPi0:
             self.action_out = (f32(model.action_out_proj.weight), f32(model.action_out_proj.bias))
             self._precompute_time(model)
             self.expert_norms = self._expert_norms()
+            self.expert_steps = self._expert_layer_weights()
         self._allocate(dev)
         self.inv_freq = rope_inv_freq(cfg.prefix.head_dim, cfg.rope_base, dev)  # before any capture
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
@@ -186,6 +188,29 @@ class FusedPi0:
             steps.append(layers)
         return steps
 
+    def _expert_layer_weights(self) -> list[list[ExpertLayerWeights]]:
+        """[step][layer] weights + exact norms for the one-launch-per-layer kernel."""
+        cfg, we = self.cfg, self.cfg.expert.width
+        steps = []
+        for step in range(cfg.num_steps):
+            layers = []
+            for i, w in enumerate(self.expert_layers):
+                if cfg.uses_adarms:
+                    (s1, b1, g1), (s2, b2, g2) = (self.mod[step, i, j].split(we) for j in (0, 1))
+                    norms = ((1 + s1).contiguous(), b1.contiguous(), g1.contiguous())
+                    norms += ((1 + s2).contiguous(), b2.contiguous(), g2.contiguous())
+                else:
+                    norms = (1 + w.norm_in, None, None, 1 + w.norm_post, None, None)
+                layers.append(ExpertLayerWeights(w.qkv, w.o, w.gate_up, w.down, *norms))
+            steps.append(layers)
+        return steps
+
+    def _final_mult_shift(self, step: int) -> tuple[Tensor, Tensor | None]:
+        if self.cfg.uses_adarms:
+            scale, shift, _ = self.mod_final[step].split(self.cfg.expert.width)
+            return (1 + scale).contiguous(), shift.contiguous()
+        return 1 + self.final_norm, None
+
     def _allocate(self, dev: torch.device) -> None:
         cfg = self.cfg
         s, p, hd = cfg.vision.image_size, cfg.prefix_len, cfg.prefix.head_dim
@@ -207,6 +232,14 @@ class FusedPi0:
         self._suffix_arange = torch.arange(sl, device=dev)
         # split-K partials of the expert's GEMMs (16 MB; one set: the GEMMs run one at a time)
         self.gemm_workspace = Workspace(dev, floats=1 << 22, tiles=4096)
+        # the expert as one persistent launch per layer (kernels/expert_layer.py), where it fits
+        e = cfg.expert
+        self.layer_plan = None
+        if sl <= 64:
+            self.layer_plan = ExpertLayerPlan(
+                sl, e.width, e.mlp_dim, e.num_heads, e.head_dim, p + sl, cfg.num_steps * (e.depth + 1), dev, self.dtype
+            )
+            self.final_norms = [self._final_mult_shift(step) for step in range(cfg.num_steps)]
 
     def buffers(self) -> dict[str, Tensor]:
         """The named persistent state of a decision (what a capsule snapshots)."""
@@ -324,17 +357,39 @@ class FusedPi0:
         x = self.actions
         x.copy_(self.noise)
         dt = -1.0 / cfg.num_steps
+        if self.layer_plan is not None:
+            self.layer_plan.barriers.zero_()
         for step in range(cfg.num_steps):
-            euler_step(x, self.velocity(step, x), dt)
+            v = self.velocity_layers(step, x) if self.layer_plan is not None else self.velocity(step, x)
+            euler_step(x, v, dt)
+
+    def _suffix_input(self, step: int, x: Tensor) -> Tensor:
+        """Noisy actions (and pi0's state token) -> the expert's input rows [S, We] in the run dtype."""
+        act = F.linear(x, *self.action_in)  # [H, We] fp32
+        if self.cfg.uses_adarms:
+            return act.to(self.dtype)
+        at = F.linear(F.silu(F.linear(act, self.at_in_action) + self.time_bias[step]), *self.at_out)
+        return torch.cat([self.suffix_state, at]).to(self.dtype)
+
+    def velocity_layers(self, step: int, x: Tensor) -> Tensor:
+        """The expert as one persistent launch per layer (+ one for the final norm)."""
+        cfg, plan, eps = self.cfg, self.layer_plan, self.cfg.rms_norm_eps
+        h = self._suffix_input(step, x)
+        p = cfg.num_views * cfg.vision.num_tokens + self.bucket
+        keys = slice(0, p + cfg.suffix_len)
+        layers, base = self.expert_steps[step], step * (cfg.expert.depth + 1)
+        for i, w in enumerate(layers):
+            plan.layer(
+                h, w, layers[i - 1] if i else None, self.prefix_k[i, keys], self.prefix_v[i, keys],
+                self.key_blocks[keys], self.query_blocks, self.suffix_pos, self.inv_freq, p, base + i, eps,
+            )  # fmt: skip
+        y = plan.final(h, layers[-1], *self.final_norms[step], base + len(layers), eps)
+        return F.linear(y[-cfg.horizon :].float(), *self.action_out)
 
     def velocity(self, step: int, x: Tensor) -> Tensor:
+        """The expert as separate kernels: four fused GEMMs + attention per layer."""
         cfg, spec = self.cfg, self.cfg.expert
-        act = F.linear(x, *self.action_in)  # [H, We] fp32
-        if cfg.uses_adarms:
-            h = act.to(self.dtype)
-        else:
-            at = F.linear(F.silu(F.linear(act, self.at_in_action) + self.time_bias[step]), *self.at_out)
-            h = torch.cat([self.suffix_state, at]).to(self.dtype)
+        h = self._suffix_input(step, x)
         p = cfg.num_views * cfg.vision.num_tokens + self.bucket
         own, seen = slice(p, p + cfg.suffix_len), slice(0, p + cfg.suffix_len)  # suffix rows; all keys
         m, ws = h.shape[0], self.gemm_workspace
