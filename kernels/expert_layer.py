@@ -368,6 +368,7 @@ class ExpertLayerPlan:
         self.att_bm, self.att_bn = (32, 64) if not interp else (max(16, triton.next_power_of_2(rows * num_heads)), 64)
         self.att_splits = 8 if not interp else 1
         self.cb_m, self.cb_dc = 16, min(64, head_dim)
+        self.num_warps, self.num_stages = 4, 2
         self.grid = 1 if interp else torch.cuda.get_device_properties(device).multi_processor_count
         f32 = dict(device=device, dtype=torch.float32)
         act = dict(device=device, dtype=dtype)
@@ -461,5 +462,5 @@ class ExpertLayerPlan:
             BN_D=self.bn_d, KS_D=self.ks_d, ATT_BM=self.att_bm, ATT_BN=self.att_bn, ATT_SPLITS=splits,
             ATT_BS=triton.next_power_of_2(splits), CB_M=self.cb_m, CB_DC=self.cb_dc,
             UPCAST=is_interpreting(), PREC=dot_precision(self.dtype), FIX=needs_rtne_fix(self.dtype),
-            BLOCK_W=triton.next_power_of_2(self.WE), num_warps=4, num_stages=2, **extra,
+            BLOCK_W=triton.next_power_of_2(self.WE), num_warps=self.num_warps, num_stages=self.num_stages, **extra,
         )  # fmt: skip

@@ -1,0 +1,120 @@
+"""Where the expert layer kernel's time goes: one denoise step (18 layers, own weights each)
+captured in a graph, whole and phase by phase (a launch running one phase alone), for a few
+tile settings. GPU only.
+
+    python bench/expert_layer_phases.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from flashrt_ros.bench.timing import environment
+from kernels.expert_layer import ExpertLayerPlan, ExpertLayerWeights
+from kernels.rope import rope_inv_freq
+
+M, W, F_MLP, H, D, LAYERS, PREFIX = 50, 1024, 4096, 8, 256, 18, 968
+
+
+def graph_ms(fn, replays: int = 10) -> float:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("out"))
+    args = ap.parse_args()
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    torch.manual_seed(0)
+    rnd = lambda *shape, s=1.0: (torch.randn(*shape, device=dev) * s).to(dt)  # noqa: E731
+    vec = lambda: (1 + 0.1 * torch.randn(W, device=dev)).contiguous()  # noqa: E731
+    layers = [
+        ExpertLayerWeights(
+            rnd((H + 2) * D, W, s=1 / 32),
+            rnd(W, H * D, s=1 / 45),
+            rnd(2 * F_MLP, W, s=1 / 32),
+            rnd(W, F_MLP, s=1 / 64),
+            vec(),
+            vec() - 1,
+            vec(),
+            vec(),
+            vec() - 1,
+            vec(),
+        )  # fmt: skip
+        for _ in range(LAYERS)
+    ]
+    k, v = rnd(LAYERS, PREFIX + M, D), rnd(LAYERS, PREFIX + M, D)
+    kb = torch.full((PREFIX + M,), -(2**30), dtype=torch.int32, device=dev)
+    kb[PREFIX:] = 1
+    qb = torch.ones(M, dtype=torch.int32, device=dev)
+    pos = torch.arange(PREFIX, PREFIX + M, device=dev)
+    inv = rope_inv_freq(D, 10000.0, dev)
+    plan = ExpertLayerPlan(M, W, F_MLP, H, D, PREFIX + M, 8 * (LAYERS + 1), dev, dt)
+    h0 = rnd(M, W)
+    h = h0.clone()
+
+    def step(phases=(0, 7)):
+        plan.barriers.zero_()
+        h.copy_(h0)
+        for i, w in enumerate(layers):
+            prev = layers[i - 1] if i else None
+            plan._run(h, w.attn_mult, w.attn_shift, prev, phases, i, 1e-6, w, k[i], v[i], kb, qb, pos, inv, PREFIX)
+
+    results = {}
+
+    def show(label, ms):
+        results[label] = ms
+        print(f"{label:<60} {ms * 1e3:8.1f} us/step {ms * 1e3 / LAYERS:7.2f} us/layer", flush=True)
+
+    print(plan.describe())
+    show("layer kernel, all phases", graph_ms(step))
+    for p in range(8):
+        show(f"phase {p} alone", graph_ms(lambda p=p: step((p, p))))
+    show("phases 0-1 (barrier between)", graph_ms(lambda: step((0, 1))))
+    for attr, values in (
+        ("num_stages", (3, 4)),
+        ("num_warps", (8,)),
+        ("bk", (64, 256)),
+        ("bn_gu", (16, 64)),
+        ("bn_qkv", (32,)),
+        ("ks_d", (256, 1024)),
+        ("ks_o", (128, 512)),
+    ):
+        keep = getattr(plan, attr)
+        for val in values:
+            setattr(plan, attr, val)
+            try:
+                show(f"all phases, {attr}={val}", graph_ms(step))
+            except Exception as exc:
+                print(f"{attr}={val}: {type(exc).__name__}: {str(exc)[:100]}")
+        setattr(plan, attr, keep)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"expert_layer_phases_{time.strftime('%Y%m%d_%H%M%S')}.json"
+    path.write_text(json.dumps(dict(env=environment(dev), results=results), indent=1))
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
