@@ -105,6 +105,9 @@ def main() -> None:
         keep = getattr(plan, attr)
         for val in values:
             setattr(plan, attr, val)
+            f32 = dict(device=dev, dtype=torch.float32)
+            plan.part_o = torch.zeros(H * D // plan.ks_o, plan.bm, W, **f32)  # split counts follow ks_*
+            plan.part_d = torch.zeros(F_MLP // plan.ks_d, plan.bm, W, **f32)
             try:
                 show(f"all phases, {attr}={val}", graph_ms(step))
             except Exception as exc:
