@@ -27,7 +27,7 @@ from torch import Tensor
 from kernels.ada_rms_norm import ada_rms_norm
 from kernels.attention import attention
 from kernels.euler import euler_step
-from kernels.expert_layer import ExpertLayerPlan, ExpertLayerWeights
+from kernels.expert_step import ExpertStepPlan, ExpertWeights
 from kernels.geglu import geglu
 from kernels.gelu import bias_gelu
 from kernels.layer_norm import layer_norm
@@ -138,7 +138,6 @@ class FusedPi0:
             self.action_out = (f32(model.action_out_proj.weight), f32(model.action_out_proj.bias))
             self._precompute_time(model)
             self.expert_norms = self._expert_norms()
-            self.expert_steps = self._expert_layer_weights()
         self._allocate(dev)
         self.inv_freq = rope_inv_freq(cfg.prefix.head_dim, cfg.rope_base, dev)  # before any capture
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
@@ -188,28 +187,27 @@ class FusedPi0:
             steps.append(layers)
         return steps
 
-    def _expert_layer_weights(self) -> list[list[ExpertLayerWeights]]:
-        """[step][layer] weights + exact norms for the one-launch-per-layer kernel."""
-        cfg, we = self.cfg, self.cfg.expert.width
-        steps = []
-        for step in range(cfg.num_steps):
-            layers = []
+    def _expert_weights(self) -> ExpertWeights:
+        """The expert stacked over layers for the step kernel; the per-layer GemmaW tensors
+        become views of the stacks, so the weights are held once."""
+        cfg, we, n = self.cfg, self.cfg.expert.width, self.cfg.num_steps
+        stacks = {}
+        for name in ("qkv", "o", "gate_up", "down"):
+            stacks[name] = torch.stack([getattr(w, name) for w in self.expert_layers])
             for i, w in enumerate(self.expert_layers):
-                if cfg.uses_adarms:
-                    (s1, b1, g1), (s2, b2, g2) = (self.mod[step, i, j].split(we) for j in (0, 1))
-                    norms = ((1 + s1).contiguous(), b1.contiguous(), g1.contiguous())
-                    norms += ((1 + s2).contiguous(), b2.contiguous(), g2.contiguous())
-                else:
-                    norms = (1 + w.norm_in, None, None, 1 + w.norm_post, None, None)
-                layers.append(ExpertLayerWeights(w.qkv, w.o, w.gate_up, w.down, *norms))
-            steps.append(layers)
-        return steps
-
-    def _final_mult_shift(self, step: int) -> tuple[Tensor, Tensor | None]:
-        if self.cfg.uses_adarms:
-            scale, shift, _ = self.mod_final[step].split(self.cfg.expert.width)
-            return (1 + scale).contiguous(), shift.contiguous()
-        return 1 + self.final_norm, None
+                setattr(w, name, stacks[name][i])
+        if cfg.uses_adarms:
+            scale, shift, gate = self.mod.split(we, dim=-1)  # [N, L, 2, We] each
+            final_scale, final_shift, _ = self.mod_final.split(we, dim=-1)
+            c = lambda t: t.contiguous()  # noqa: E731
+            norms = (c(1 + scale[:, :, 0]), c(shift[:, :, 0]), c(gate[:, :, 0]))
+            norms += (c(1 + scale[:, :, 1]), c(shift[:, :, 1]), c(gate[:, :, 1]), c(1 + final_scale), c(final_shift))
+        else:
+            per_step = lambda ts: torch.stack([torch.stack(ts)] * n).contiguous()  # noqa: E731
+            attn = per_step([1 + w.norm_in for w in self.expert_layers])
+            mlp = per_step([1 + w.norm_post for w in self.expert_layers])
+            norms = (attn, None, None, mlp, None, None, torch.stack([1 + self.final_norm] * n), None)
+        return ExpertWeights(stacks["qkv"], stacks["o"], stacks["gate_up"], stacks["down"], *norms)
 
     def _allocate(self, dev: torch.device) -> None:
         cfg = self.cfg
@@ -232,14 +230,15 @@ class FusedPi0:
         self._suffix_arange = torch.arange(sl, device=dev)
         # split-K partials of the expert's GEMMs (16 MB; one set: the GEMMs run one at a time)
         self.gemm_workspace = Workspace(dev, floats=1 << 22, tiles=4096)
-        # the expert as one persistent launch per layer (kernels/expert_layer.py), where it fits
+        # the expert's pass of a step as one persistent launch (kernels/expert_step.py), where it fits
         e = cfg.expert
-        self.layer_plan = None
+        self.step_plan = None
         if sl <= 64:
-            self.layer_plan = ExpertLayerPlan(
-                sl, e.width, e.mlp_dim, e.num_heads, e.head_dim, p + sl, cfg.num_steps * (e.depth + 1), dev, self.dtype
+            self.step_plan = ExpertStepPlan(
+                sl, e.width, e.mlp_dim, e.num_heads, e.head_dim, cfg.num_steps, dev, self.dtype
             )
-            self.final_norms = [self._final_mult_shift(step) for step in range(cfg.num_steps)]
+            self.expert_weights = self._expert_weights()
+            log.info("%s", self.step_plan.describe())
 
     def buffers(self) -> dict[str, Tensor]:
         """The named persistent state of a decision (what a capsule snapshots)."""
@@ -357,10 +356,10 @@ class FusedPi0:
         x = self.actions
         x.copy_(self.noise)
         dt = -1.0 / cfg.num_steps
-        if self.layer_plan is not None:
-            self.layer_plan.barriers.zero_()
+        if self.step_plan is not None:
+            self.step_plan.barriers.zero_()
         for step in range(cfg.num_steps):
-            v = self.velocity_layers(step, x) if self.layer_plan is not None else self.velocity(step, x)
+            v = self.velocity_step_kernel(step, x) if self.step_plan is not None else self.velocity(step, x)
             euler_step(x, v, dt)
 
     def _suffix_input(self, step: int, x: Tensor) -> Tensor:
@@ -371,19 +370,16 @@ class FusedPi0:
         at = F.linear(F.silu(F.linear(act, self.at_in_action) + self.time_bias[step]), *self.at_out)
         return torch.cat([self.suffix_state, at]).to(self.dtype)
 
-    def velocity_layers(self, step: int, x: Tensor) -> Tensor:
-        """The expert as one persistent launch per layer (+ one for the final norm)."""
-        cfg, plan, eps = self.cfg, self.layer_plan, self.cfg.rms_norm_eps
+    def velocity_step_kernel(self, step: int, x: Tensor) -> Tensor:
+        """The expert's whole pass as one persistent launch (kernels/expert_step.py)."""
+        cfg = self.cfg
         h = self._suffix_input(step, x)
         p = cfg.num_views * cfg.vision.num_tokens + self.bucket
         keys = slice(0, p + cfg.suffix_len)
-        layers, base = self.expert_steps[step], step * (cfg.expert.depth + 1)
-        for i, w in enumerate(layers):
-            plan.layer(
-                h, w, layers[i - 1] if i else None, self.prefix_k[i, keys], self.prefix_v[i, keys],
-                self.key_blocks[keys], self.query_blocks, self.suffix_pos, self.inv_freq, p, base + i, eps,
-            )  # fmt: skip
-        y = plan.final(h, layers[-1], *self.final_norms[step], base + len(layers), eps)
+        y = self.step_plan.step(
+            h, self.expert_weights, step, self.prefix_k[:, keys], self.prefix_v[:, keys], self.key_blocks[keys],
+            self.query_blocks, self.suffix_pos, self.inv_freq, p, step, cfg.rms_norm_eps,
+        )  # fmt: skip
         return F.linear(y[-cfg.horizon :].float(), *self.action_out)
 
     def velocity(self, step: int, x: Tensor) -> Tensor:

@@ -1,8 +1,9 @@
-"""One action-expert decoder layer (the denoise step's building block) as ONE persistent launch.
+"""The action expert's pass of one denoise step (every decoder layer + the final norm) as ONE
+persistent launch.
 
 At 50 tokens a layer streams ~35 MB of weights, ~10 us at HBM speed, but as 6-9 separate kernels
 each one pays its launch, its first loads and its tail (~5-9 us each, measured on the H200), so a
-step was latency-bound. Here one program per SM stays resident and walks the layer's phases,
+step was latency-bound. Here one program per SM stays resident and walks every layer's phases,
 separated by a grid-wide barrier (an arrival counter in global memory):
 
     0  h += gate * Σ down partials (previous layer) ; x_attn = norm(h)        units: rows
@@ -14,7 +15,7 @@ separated by a grid-wide barrier (an arrival counter in global memory):
     6  x_mlp @ Wgu.T -> gelu_tanh(g) * u -> act                               units: column-pair tiles
     7  act @ Wdown.T -> split-K partials (summed by the next layer's phase 0)
 
-The last layer's down partials are summed by a launch of phase 0 alone with the final norm.
+and after the last layer: h += its down output, x = final norm(h).
 Split-K partials are reduced where they are read (phase 0 / 5), in split order: deterministic.
 
 Norms are exactly the eager model's: pi0.5's adaRMS ``rms(h) * (1 + scale) + shift`` with the
@@ -22,8 +23,8 @@ gated residual ``h + y * gate``, or pi0's RMSNorm ``(1 + w)`` with a plain resid
 output, ``y * gate`` and ``h`` are rounded to bf16 where the eager model stores them.
 
 All programs must be resident at once (the barrier waits for every one): the grid is one
-program per SM, launched cooperatively where Triton can. On the interpreter (CI) the grid is
-one program, which runs every unit of every phase in order.
+program per SM, launched cooperatively. On the interpreter (CI) the grid is one program, which
+runs every unit of every phase in order.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from ._common import dot_precision, is_interpreting, needs_rtne_fix
 from .attention import _attn_combine_tile, _attn_fwd_tile
 from .skinny_gemm import _epilogue, _round
 
-__all__ = ["ExpertLayerPlan", "ExpertLayerWeights"]
+__all__ = ["ExpertStepPlan", "ExpertWeights"]
 
 _LOG2E = 1.4426950408889634
 
@@ -48,9 +49,10 @@ def _grid_sync(bar_ptr, target):
     """Every program arrives (release) and waits until `target` arrivals are seen (acquire)."""
     tl.debug_barrier()
     tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
-    seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+    seen = tl.load(bar_ptr, volatile=True)  # poll with plain loads: no atomic queue on the line
     while seen < target:
-        seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+        seen = tl.load(bar_ptr, volatile=True)
+    tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")  # synchronise with every arrival
     tl.debug_barrier()
 
 
@@ -64,10 +66,10 @@ def _residual_norm_row(
     shift_ptr,
     x_ptr,
     eps,
+    has_part,
     WE: tl.constexpr,
     N_PARTS: tl.constexpr,
     BM: tl.constexpr,
-    HAS_PART: tl.constexpr,
     GATED: tl.constexpr,
     HAS_SHIFT: tl.constexpr,
     FIX: tl.constexpr,
@@ -77,7 +79,7 @@ def _residual_norm_row(
     ok = cols < WE
     hp = h_ptr + row * WE + cols
     h = tl.load(hp, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-    if HAS_PART:
+    if has_part:
         y = tl.zeros([BLOCK_W], dtype=tl.float32)
         for s in tl.static_range(N_PARTS):
             y += tl.load(part_ptr + (s * BM + row) * WE + cols, mask=ok, other=0.0, cache_modifier=".cg")
@@ -168,9 +170,9 @@ def _split_k_partials(
 
 
 @triton.jit
-def _expert_layer_kernel(
+def _expert_step_kernel(
     h_ptr,  # [M, WE] residual stream (updated in place)
-    xa_ptr,  # [M, WE] normed input of the attention block (or the final norm's output)
+    xa_ptr,  # [M, WE] normed input of the attention block; at the end: the final norm's output
     xm_ptr,  # [M, WE] normed input of the MLP
     q_ptr,  # [M, H, D]
     attn_ptr,  # [M, H * D]
@@ -180,38 +182,38 @@ def _expert_layer_kernel(
     ws_acc_ptr,  # attention split partials
     ws_m_ptr,
     ws_l_ptr,
-    k_ptr,  # this layer's K cache rows [Tk, D] (prefix, then the suffix from suffix_row0)
+    k_ptr,  # K cache [L, Tk, D]: each layer's prefix rows, then the suffix's from suffix_row0
     v_ptr,
     kb_ptr,  # [Tk] key block ids
     qb_ptr,  # [M] query block ids
     pos_ptr,  # [M] suffix positions
     inv_ptr,  # [D / 2] RoPE inverse frequencies
-    wqkv_ptr,
-    wo_ptr,
-    wgu_ptr,
-    wd_ptr,
-    m1_ptr,  # [WE] attention norm multiplier (1 + scale or 1 + w)
-    s1_ptr,  # [WE] attention norm shift (HAS_SHIFT)
-    g0_ptr,  # [WE] gate of the residual phase 0 closes (previous layer's MLP; GATED)
-    m2_ptr,
+    wqkv_ptr,  # [L, (H + 2) D, WE]
+    wo_ptr,  # [L, WE, H D]
+    wgu_ptr,  # [L, 2 FF, WE]
+    wd_ptr,  # [L, WE, FF]
+    m1_ptr,  # [L, WE] attention norm multiplier (1 + scale, or 1 + w)
+    s1_ptr,  # [L, WE] attention norm shift (HAS_SHIFT)
+    g1_ptr,  # [L, WE] attention residual gate (GATED)
+    m2_ptr,  # [L, WE] MLP norm
     s2_ptr,
-    g1_ptr,  # [WE] gate of this layer's attention residual (GATED)
+    g2_ptr,
+    mf_ptr,  # [WE] final norm multiplier
+    sf_ptr,  # [WE] final norm shift (HAS_SHIFT)
     bar_ptr,  # int32 arrival counter of this launch (zero at launch)
     M,
     Tk,
     suffix_row0,
     keys_per_split,
+    stride_kl,
     stride_kt,
-    stride_vt,
     qk_scale,
     eps,
+    N_LAYERS,
     H: tl.constexpr,
     D: tl.constexpr,
     WE: tl.constexpr,
     FF: tl.constexpr,
-    PHASE_LO: tl.constexpr,
-    PHASE_HI: tl.constexpr,
-    HAS_PREV: tl.constexpr,
     GATED: tl.constexpr,
     HAS_SHIFT: tl.constexpr,
     BM: tl.constexpr,
@@ -237,94 +239,125 @@ def _expert_layer_kernel(
     G = tl.num_programs(0)
     zero = pid * 0
     HALF: tl.constexpr = D // 2
+    CH: tl.constexpr = (HALF + BN_QKV - 1) // BN_QKV
     rows = tl.arange(0, BM)
     row_ok = rows < M
-    for phase in tl.static_range(PHASE_LO, PHASE_HI + 1):
-        if phase == 0:
-            for row in range(pid, M, G):
-                _residual_norm_row(
-                    row, h_ptr, part_d_ptr, g0_ptr, m1_ptr, s1_ptr, xa_ptr, eps,
-                    WE, FF // KS_D, BM, HAS_PREV, GATED, HAS_SHIFT, FIX, BLOCK_W,
-                )  # fmt: skip
-        elif phase == 1:
-            CH: tl.constexpr = (HALF + BN_QKV - 1) // BN_QKV
-            for u in range(pid, (H + 2) * CH, G):
-                cols = (u % CH) * BN_QKV + tl.arange(0, BN_QKV)
-                col_ok = cols < HALF
-                wrow = (u // CH) * D + cols
-                acc, acc2 = _tile_dot(
-                    xa_ptr, WE, rows, row_ok, 0, WE, wqkv_ptr, wrow, col_ok, WE, HALF,
-                    True, UPCAST, PREC, BM, BN_QKV, BK,
-                )  # fmt: skip
-                _epilogue(
-                    acc, acc2, tl.zeros([BM], dtype=tl.float32), u, rows, row_ok, cols, col_ok, wrow, WE, eps,
-                    inv_ptr, q_ptr, k_ptr + suffix_row0 * stride_kt, v_ptr + suffix_row0 * stride_vt,
-                    pos_ptr, inv_ptr, inv_ptr, H * D, D, stride_kt, 0, stride_vt, 0,
-                    HALF, CH, H, 1, 1, False, False, False, True, FIX,
-                )  # fmt: skip
-        elif phase == 2:
-            n_mt = tl.cdiv(M * H, ATT_BM)
-            for u in range(pid, n_mt * ATT_SPLITS, G):
-                _attn_fwd_tile(
-                    u % n_mt, u // n_mt, zero, ATT_SPLITS, q_ptr, k_ptr, v_ptr, attn_ptr, kb_ptr, qb_ptr,
-                    ws_acc_ptr, ws_m_ptr, ws_l_ptr, M * H, H, Tk, keys_per_split, qk_scale,
-                    0, H * D, D, 0, stride_kt, 0, stride_vt, 0, H * D, D, 0, 0,
-                    D, True, True, True, UPCAST, PREC, FIX, ATT_BM, ATT_BN, D,
-                )  # fmt: skip
-        elif phase == 3:
-            n_cm = tl.cdiv(M * H, CB_M)
-            n_cd: tl.constexpr = D // CB_DC
-            for u in range(pid, n_cm * n_cd, G):
-                _attn_combine_tile(
-                    u // n_cd, u % n_cd, zero, ws_acc_ptr, ws_m_ptr, ws_l_ptr, attn_ptr, M * H, H,
-                    0, H * D, D, D, ATT_SPLITS, FIX, CB_M, CB_DC, ATT_BS,
-                )  # fmt: skip
-        elif phase == 4:
-            for u in range(pid, (WE // BN_O) * (H * D // KS_O), G):
-                _split_k_partials(u, attn_ptr, wo_ptr, part_o_ptr, M, WE, H * D, KS_O, UPCAST, PREC, BM, BN_O, BK)
-        elif phase == 5:
-            for row in range(pid, M, G):
-                _residual_norm_row(
-                    row, h_ptr, part_o_ptr, g1_ptr, m2_ptr, s2_ptr, xm_ptr, eps,
-                    WE, H * D // KS_O, BM, True, GATED, HAS_SHIFT, FIX, BLOCK_W,
-                )  # fmt: skip
-        elif phase == 6:
-            for u in range(pid, FF // BN_GU, G):
-                cols = u * BN_GU + tl.arange(0, BN_GU)
-                col_ok = cols < FF
-                acc, acc2 = _tile_dot(
-                    xm_ptr, WE, rows, row_ok, 0, WE, wgu_ptr, cols, col_ok, WE, FF,
-                    True, UPCAST, PREC, BM, BN_GU, BK,
-                )  # fmt: skip
-                _epilogue(
-                    acc, acc2, tl.zeros([BM], dtype=tl.float32), u, rows, row_ok, cols, col_ok, cols, WE, eps,
-                    inv_ptr, act_ptr, act_ptr, act_ptr, pos_ptr, inv_ptr, inv_ptr, FF, 0, 0, 0, 0, 0,
-                    FF, FF // BN_GU, H, 1, 2, False, False, False, True, FIX,
-                )  # fmt: skip
-        else:
-            for u in range(pid, (WE // BN_D) * (FF // KS_D), G):
-                _split_k_partials(u, act_ptr, wd_ptr, part_d_ptr, M, WE, FF, KS_D, UPCAST, PREC, BM, BN_D, BK)
-        if phase < PHASE_HI:
-            _grid_sync(bar_ptr, G * (phase - PHASE_LO + 1))
+    n_mt = tl.cdiv(M * H, ATT_BM)
+    n_cm = tl.cdiv(M * H, CB_M)
+    n_cd: tl.constexpr = D // CB_DC
+    arrivals = zero
+    for layer in range(N_LAYERS):
+        l64 = (zero + layer).to(tl.int64)
+        lk = k_ptr + l64 * stride_kl
+        lv = v_ptr + l64 * stride_kl
+        wqkv = wqkv_ptr + l64 * ((H + 2) * D * WE)
+        lnorm = layer * WE
+        # 0: close the previous layer's MLP residual, norm for attention
+        for row in range(pid, M, G):
+            _residual_norm_row(
+                row, h_ptr, part_d_ptr, g2_ptr + lnorm - WE, m1_ptr + lnorm, s1_ptr + lnorm, xa_ptr, eps, layer > 0,
+                WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
+            )  # fmt: skip
+        arrivals += G
+        _grid_sync(bar_ptr, arrivals)
+        # 1: QKV + RoPE; k / v into this layer's cache rows
+        for u in range(pid, (H + 2) * CH, G):
+            cols = (u % CH) * BN_QKV + tl.arange(0, BN_QKV)
+            col_ok = cols < HALF
+            wrow = (u // CH) * D + cols
+            acc, acc2 = _tile_dot(
+                xa_ptr, WE, rows, row_ok, 0, WE, wqkv, wrow, col_ok, WE, HALF, True, UPCAST, PREC, BM, BN_QKV, BK,
+            )  # fmt: skip
+            _epilogue(
+                acc, acc2, tl.zeros([BM], dtype=tl.float32), u, rows, row_ok, cols, col_ok, wrow, WE, eps,
+                inv_ptr, q_ptr, lk + suffix_row0 * stride_kt, lv + suffix_row0 * stride_kt,
+                pos_ptr, inv_ptr, inv_ptr, H * D, D, stride_kt, 0, stride_kt, 0,
+                HALF, CH, H, 1, 1, False, False, False, True, FIX,
+            )  # fmt: skip
+        arrivals += G
+        _grid_sync(bar_ptr, arrivals)
+        # 2: attention partials (query tile, key split)
+        for u in range(pid, n_mt * ATT_SPLITS, G):
+            _attn_fwd_tile(
+                u % n_mt, u // n_mt, zero, ATT_SPLITS, q_ptr, lk, lv, attn_ptr, kb_ptr, qb_ptr,
+                ws_acc_ptr, ws_m_ptr, ws_l_ptr, M * H, H, Tk, keys_per_split, qk_scale,
+                0, H * D, D, 0, stride_kt, 0, stride_kt, 0, H * D, D, 0, 0,
+                D, True, True, True, UPCAST, PREC, FIX, ATT_BM, ATT_BN, D,
+            )  # fmt: skip
+        arrivals += G
+        _grid_sync(bar_ptr, arrivals)
+        # 3: combine the key splits
+        for u in range(pid, n_cm * n_cd, G):
+            _attn_combine_tile(
+                u // n_cd, u % n_cd, zero, ws_acc_ptr, ws_m_ptr, ws_l_ptr, attn_ptr, M * H, H,
+                0, H * D, D, D, ATT_SPLITS, FIX, CB_M, CB_DC, ATT_BS,
+            )  # fmt: skip
+        arrivals += G
+        _grid_sync(bar_ptr, arrivals)
+        # 4: O projection, split-K partials
+        wo = wo_ptr + l64 * (WE * H * D)
+        for u in range(pid, (WE // BN_O) * (H * D // KS_O), G):
+            _split_k_partials(u, attn_ptr, wo, part_o_ptr, M, WE, H * D, KS_O, UPCAST, PREC, BM, BN_O, BK)
+        arrivals += G
+        _grid_sync(bar_ptr, arrivals)
+        # 5: close the attention residual, norm for the MLP
+        for row in range(pid, M, G):
+            _residual_norm_row(
+                row, h_ptr, part_o_ptr, g1_ptr + lnorm, m2_ptr + lnorm, s2_ptr + lnorm, xm_ptr, eps, layer >= 0,
+                WE, H * D // KS_O, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
+            )  # fmt: skip
+        arrivals += G
+        _grid_sync(bar_ptr, arrivals)
+        # 6: gate|up + GeGLU
+        wgu = wgu_ptr + l64 * (2 * FF * WE)
+        for u in range(pid, FF // BN_GU, G):
+            cols = u * BN_GU + tl.arange(0, BN_GU)
+            col_ok = cols < FF
+            acc, acc2 = _tile_dot(
+                xm_ptr, WE, rows, row_ok, 0, WE, wgu, cols, col_ok, WE, FF, True, UPCAST, PREC, BM, BN_GU, BK,
+            )  # fmt: skip
+            _epilogue(
+                acc, acc2, tl.zeros([BM], dtype=tl.float32), u, rows, row_ok, cols, col_ok, cols, WE, eps,
+                inv_ptr, act_ptr, act_ptr, act_ptr, pos_ptr, inv_ptr, inv_ptr, FF, 0, 0, 0, 0, 0,
+                FF, FF // BN_GU, H, 1, 2, False, False, False, True, FIX,
+            )  # fmt: skip
+        arrivals += G
+        _grid_sync(bar_ptr, arrivals)
+        # 7: down projection, split-K partials (summed by the next phase 0)
+        wd = wd_ptr + l64 * (WE * FF)
+        for u in range(pid, (WE // BN_D) * (FF // KS_D), G):
+            _split_k_partials(u, act_ptr, wd, part_d_ptr, M, WE, FF, KS_D, UPCAST, PREC, BM, BN_D, BK)
+        arrivals += G
+        _grid_sync(bar_ptr, arrivals)
+    # close the last MLP residual; the final norm
+    for row in range(pid, M, G):
+        _residual_norm_row(
+            row, h_ptr, part_d_ptr, g2_ptr + (N_LAYERS - 1) * WE, mf_ptr, sf_ptr, xa_ptr, eps, N_LAYERS > 0,
+            WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
+        )  # fmt: skip
 
 
 # ---- host side ---------------------------------------------------------------------------------
 
 
 @dataclass
-class ExpertLayerWeights:
-    """One layer's weights (nn.Linear layout, run dtype) and its norms at one denoise step."""
+class ExpertWeights:
+    """The expert's weights stacked over layers (nn.Linear layout, run dtype), and its norms at
+    every denoise step: multipliers [N, L, WE] fp32 (1 + scale, or 1 + w), shifts and gates
+    (pi0.5's adaRMS; None for pi0's RMSNorm and plain residuals), final norm [N, WE]."""
 
-    qkv: torch.Tensor  # [(H + 2) * D, WE]
-    o: torch.Tensor  # [WE, H * D]
-    gate_up: torch.Tensor  # [2 * FF, WE]
-    down: torch.Tensor  # [WE, FF]
-    attn_mult: torch.Tensor  # [WE] fp32
+    qkv: torch.Tensor  # [L, (H + 2) * D, WE]
+    o: torch.Tensor  # [L, WE, H * D]
+    gate_up: torch.Tensor  # [L, 2 * FF, WE]
+    down: torch.Tensor  # [L, WE, FF]
+    attn_mult: torch.Tensor
     attn_shift: torch.Tensor | None
     attn_gate: torch.Tensor | None
     mlp_mult: torch.Tensor
     mlp_shift: torch.Tensor | None
     mlp_gate: torch.Tensor | None
+    final_mult: torch.Tensor
+    final_shift: torch.Tensor | None
 
 
 def _pow2_tile(dim: int, want: int) -> int:
@@ -337,8 +370,8 @@ def _pow2_tile(dim: int, want: int) -> int:
     return t
 
 
-class ExpertLayerPlan:
-    """Static buffers and launch settings of the layer kernel for one expert shape (built once,
+class ExpertStepPlan:
+    """Static buffers and launch settings of the step kernel for one expert shape (built once,
     before any CUDA-graph capture)."""
 
     def __init__(
@@ -348,27 +381,25 @@ class ExpertLayerPlan:
         mlp_dim: int,
         num_heads: int,
         head_dim: int,
-        max_keys: int,
         launches: int,
         device: torch.device,
         dtype: torch.dtype,
     ):
         if rows > 64:
-            raise ValueError(f"the layer kernel holds at most 64 suffix tokens in one tile, got {rows}")
+            raise ValueError(f"the step kernel holds at most 64 suffix tokens in one tile, got {rows}")
         self.M, self.WE, self.FF, self.H, self.D = rows, width, mlp_dim, num_heads, head_dim
         self.device, self.dtype = device, dtype
         interp = is_interpreting() or device.type != "cuda"
         self.bm = 64 if not interp else max(16, triton.next_power_of_2(rows))
-        self.bk = 128 if not interp else 32
-        self.bn_qkv = max(16, min(16, triton.next_power_of_2(head_dim // 2)))
+        self.bn_qkv = 16
         self.bn_o, self.ks_o = _pow2_tile(width, 64), _pow2_tile(num_heads * head_dim, 256)
         self.bn_gu = _pow2_tile(mlp_dim, 32)
         self.bn_d, self.ks_d = _pow2_tile(width, 64), _pow2_tile(mlp_dim, 512)
-        self.bk = min(self.bk, width, self.ks_o, self.ks_d)
+        self.bk = min(128 if not interp else 32, width, self.ks_o, self.ks_d)
         self.att_bm, self.att_bn = (32, 64) if not interp else (max(16, triton.next_power_of_2(rows * num_heads)), 64)
         self.att_splits = 8 if not interp else 1
         self.cb_m, self.cb_dc = 16, min(64, head_dim)
-        self.num_warps, self.num_stages = 4, 2
+        self.num_warps, self.num_stages = 4, 3
         self.grid = 1 if interp else torch.cuda.get_device_properties(device).multi_processor_count
         f32 = dict(device=device, dtype=torch.float32)
         act = dict(device=device, dtype=dtype)
@@ -379,23 +410,21 @@ class ExpertLayerPlan:
         self.act = torch.zeros(rows, mlp_dim, **act)
         self.part_o = torch.zeros(num_heads * head_dim // self.ks_o, self.bm, width, **f32)
         self.part_d = torch.zeros(mlp_dim // self.ks_d, self.bm, width, **f32)
-        n = self.att_splits * rows * num_heads
-        self.att_ws = torch.zeros(n * (head_dim + 2), **f32)
+        self.att_ws = torch.zeros(self.att_splits * rows * num_heads * (head_dim + 2), **f32)
         self.barriers = torch.zeros(launches, dtype=torch.int32, device=device)
-        self.max_keys = max_keys
 
     def describe(self) -> str:
         return (
-            f"expert layer kernel: {self.grid} resident programs, 8 phases; tiles qkv {self.bn_qkv}x2, "
+            f"expert step kernel: {self.grid} resident programs, 8 phases per layer; tiles qkv {self.bn_qkv}x2, "
             f"o {self.bn_o}/K{self.ks_o}, gate_up {self.bn_gu}x2, down {self.bn_d}/K{self.ks_d}, "
             f"attention {self.att_bm}x{self.att_bn} x {self.att_splits} splits"
         )
 
-    def layer(
+    def step(
         self,
         h: torch.Tensor,
-        w: ExpertLayerWeights,
-        prev: ExpertLayerWeights | None,
+        w: ExpertWeights,
+        step: int,
         k: torch.Tensor,
         v: torch.Tensor,
         key_blocks: torch.Tensor,
@@ -405,62 +434,42 @@ class ExpertLayerPlan:
         suffix_row0: int,
         slot: int,
         eps: float,
-    ) -> None:
-        """One layer (phases 0-7) on the residual stream `h` [M, WE] in place. k / v: this
-        layer's cache rows [Tk, D] (prefix, then the suffix's rows from `suffix_row0`, which
-        this launch writes); prev: the previous layer, whose down output phase 0 adds to h
-        (None for the first layer); slot: this launch's barrier counter (zeroed beforehand)."""
-        self._run(h, w.attn_mult, w.attn_shift, prev, (0, 7), slot, eps, w, k, v, key_blocks, query_blocks,
-                  positions, inv_freq, suffix_row0)  # fmt: skip
-
-    def final(
-        self,
-        h: torch.Tensor,
-        prev: ExpertLayerWeights,
-        mult: torch.Tensor,
-        shift: torch.Tensor | None,
-        slot: int,
-        eps: float,
     ) -> torch.Tensor:
-        """Phase 0 alone after the last layer: h += its down output; returns norm(h) [M, WE]
-        (in `x_attn`) with the final norm's multiplier / shift."""
-        self._run(h, mult, shift, prev, (0, 0), slot, eps)
-        return self.x_attn
-
-    def _run(self, h, mult, shift, prev, phases, slot, eps, w=None, k=None, v=None, kb=None, qb=None, pos=None,
-             inv=None, suffix_row0=0) -> None:  # fmt: skip
-        M, D, H = self.M, self.D, self.H
+        """Every layer of one denoise step on the residual stream `h` [M, WE] (in place), then
+        the final norm; returns it [M, WE] (the `x_attn` buffer). k / v: the cache [L, Tk, D]
+        (prefix rows, then the suffix's rows from `suffix_row0`, which this launch writes);
+        slot: this launch's barrier counter (zeroed beforehand)."""
+        M, D, H, L = self.M, self.D, self.H, int(w.qkv.shape[0])
         if tuple(h.shape) != (M, self.WE) or not h.is_contiguous() or h.dtype != self.dtype:
             raise ValueError(f"h must be contiguous {self.dtype} [{M}, {self.WE}], got {tuple(h.shape)} {h.dtype}")
-        if k is None:
-            k = v = self.x_mlp  # phase 0 alone: no attention
-        Tk = int(k.shape[0])
+        if k.stride() != v.stride() or k.stride(-1) != 1:
+            raise ValueError("k and v caches must share strides, rows contiguous")
+        Tk = int(k.shape[1])
         kps = triton.cdiv(triton.cdiv(Tk, self.att_splits), self.att_bn) * self.att_bn
         splits = triton.cdiv(Tk, kps)
         n = splits * M * H
         ws = self.att_ws
-        f = mult  # any fp32 tensor for unused pointers
-        gated = prev.mlp_gate is not None if prev is not None else (w is not None and w.attn_gate is not None)
+        f = w.attn_mult  # any fp32 tensor for pointers a flag leaves unused
+        opt = lambda t: t[step] if t is not None else f  # noqa: E731
         extra = {}
         if not is_interpreting() and self.device.type == "cuda":
             extra["launch_cooperative_grid"] = True  # every program must be resident (grid barrier)
-        _expert_layer_kernel[(self.grid,)](
+        _expert_step_kernel[(self.grid,)](
             h, self.x_attn, self.x_mlp, self.q, self.attn, self.act, self.part_o, self.part_d,
             ws[: n * D], ws[n * D : n * (D + 1)], ws[n * (D + 1) : n * (D + 2)],
-            k, v, kb if kb is not None else f, qb if qb is not None else f,
-            pos if pos is not None else f, inv if inv is not None else f,
-            w.qkv if w else h, w.o if w else h, w.gate_up if w else h, w.down if w else h,
-            mult, shift if shift is not None else f,
-            prev.mlp_gate if prev is not None and prev.mlp_gate is not None else f,
-            w.mlp_mult if w else f, w.mlp_shift if w and w.mlp_shift is not None else f,
-            w.attn_gate if w and w.attn_gate is not None else f,
+            k, v, key_blocks, query_blocks, positions, inv_freq,
+            w.qkv, w.o, w.gate_up, w.down,
+            w.attn_mult[step], opt(w.attn_shift), opt(w.attn_gate),
+            w.mlp_mult[step], opt(w.mlp_shift), opt(w.mlp_gate),
+            w.final_mult[step], opt(w.final_shift),
             self.barriers[slot:],
-            M, Tk, suffix_row0, kps, k.stride(0), v.stride(0), (1.0 / D**0.5) * _LOG2E, eps,
-            H=H, D=D, WE=self.WE, FF=self.FF, PHASE_LO=phases[0], PHASE_HI=phases[1],
-            HAS_PREV=prev is not None, GATED=gated, HAS_SHIFT=shift is not None,
+            M, Tk, suffix_row0, kps, k.stride(0), k.stride(1), (1.0 / D**0.5) * _LOG2E, eps, L,
+            H=H, D=D, WE=self.WE, FF=self.FF, GATED=w.attn_gate is not None, HAS_SHIFT=w.attn_shift is not None,
             BM=self.bm, BK=self.bk, BN_QKV=self.bn_qkv, BN_O=self.bn_o, KS_O=self.ks_o, BN_GU=self.bn_gu,
             BN_D=self.bn_d, KS_D=self.ks_d, ATT_BM=self.att_bm, ATT_BN=self.att_bn, ATT_SPLITS=splits,
             ATT_BS=triton.next_power_of_2(splits), CB_M=self.cb_m, CB_DC=self.cb_dc,
             UPCAST=is_interpreting(), PREC=dot_precision(self.dtype), FIX=needs_rtne_fix(self.dtype),
-            BLOCK_W=triton.next_power_of_2(self.WE), num_warps=self.num_warps, num_stages=self.num_stages, **extra,
+            BLOCK_W=triton.next_power_of_2(self.WE), num_warps=self.num_warps, num_stages=self.num_stages,
+            **extra,
         )  # fmt: skip
+        return self.x_attn

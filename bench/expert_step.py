@@ -1,8 +1,7 @@
-"""Where the expert layer kernel's time goes: one denoise step (18 layers, own weights each)
-captured in a graph, whole and phase by phase (a launch running one phase alone), for a few
-tile settings. GPU only.
+"""The expert step kernel alone (one denoise step: 18 layers at 50 tokens, 623 MB of weights),
+captured in a CUDA graph, for its default tiles and a few variants. GPU only.
 
-    python bench/expert_layer_phases.py [--out DIR]
+    python bench/expert_step.py [--out DIR]
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from pathlib import Path
 import torch
 
 from flashrt_ros.bench.timing import environment
-from kernels.expert_layer import ExpertLayerPlan, ExpertLayerWeights
+from kernels.expert_step import ExpertStepPlan, ExpertWeights
 from kernels.rope import rope_inv_freq
 
 M, W, F_MLP, H, D, LAYERS, PREFIX = 50, 1024, 4096, 8, 256, 18, 968
@@ -49,58 +48,47 @@ def main() -> None:
     dev, dt = torch.device("cuda"), torch.bfloat16
     torch.manual_seed(0)
     rnd = lambda *shape, s=1.0: (torch.randn(*shape, device=dev) * s).to(dt)  # noqa: E731
-    vec = lambda: (1 + 0.1 * torch.randn(W, device=dev)).contiguous()  # noqa: E731
-    layers = [
-        ExpertLayerWeights(
-            rnd((H + 2) * D, W, s=1 / 32),
-            rnd(W, H * D, s=1 / 45),
-            rnd(2 * F_MLP, W, s=1 / 32),
-            rnd(W, F_MLP, s=1 / 64),
-            vec(),
-            vec() - 1,
-            vec(),
-            vec(),
-            vec() - 1,
-            vec(),
-        )  # fmt: skip
-        for _ in range(LAYERS)
-    ]
+    vec = lambda: (1 + 0.1 * torch.randn(1, LAYERS, W, device=dev)).contiguous()  # noqa: E731
+    fin = (1 + 0.1 * torch.randn(1, W, device=dev)).contiguous()
+    w = ExpertWeights(
+        rnd(LAYERS, (H + 2) * D, W, s=1 / 32), rnd(LAYERS, W, H * D, s=1 / 45),
+        rnd(LAYERS, 2 * F_MLP, W, s=1 / 32), rnd(LAYERS, W, F_MLP, s=1 / 64),
+        vec(), vec() - 1, vec(), vec(), vec() - 1, vec(), fin, fin - 1,
+    )  # fmt: skip
     k, v = rnd(LAYERS, PREFIX + M, D), rnd(LAYERS, PREFIX + M, D)
     kb = torch.full((PREFIX + M,), -(2**30), dtype=torch.int32, device=dev)
     kb[PREFIX:] = 1
     qb = torch.ones(M, dtype=torch.int32, device=dev)
     pos = torch.arange(PREFIX, PREFIX + M, device=dev)
     inv = rope_inv_freq(D, 10000.0, dev)
-    plan = ExpertLayerPlan(M, W, F_MLP, H, D, PREFIX + M, 8 * (LAYERS + 1), dev, dt)
+    plan = ExpertStepPlan(M, W, F_MLP, H, D, 1, dev, dt)
     h0 = rnd(M, W)
     h = h0.clone()
 
-    def step(phases=(0, 7)):
+    def step():
         plan.barriers.zero_()
         h.copy_(h0)
-        for i, w in enumerate(layers):
-            prev = layers[i - 1] if i else None
-            plan._run(h, w.attn_mult, w.attn_shift, prev, phases, i, 1e-6, w, k[i], v[i], kb, qb, pos, inv, PREFIX)
+        plan.step(h, w, 0, k, v, kb, qb, pos, inv, PREFIX, 0, 1e-6)
 
     results = {}
+    mb = sum(t.numel() * 2 for t in (w.qkv, w.o, w.gate_up, w.down)) / 1e6
 
     def show(label, ms):
         results[label] = ms
-        print(f"{label:<60} {ms * 1e3:8.1f} us/step {ms * 1e3 / LAYERS:7.2f} us/layer", flush=True)
+        print(f"{label:<44} {ms * 1e3:8.1f} us/step {ms * 1e3 / LAYERS:7.2f} us/layer {mb / ms / 1e3:5.2f} TB/s")
 
     print(plan.describe())
-    show("layer kernel, all phases", graph_ms(step))
-    for p in range(8):
-        show(f"phase {p} alone", graph_ms(lambda p=p: step((p, p))))
-    show("phases 0-1 (barrier between)", graph_ms(lambda: step((0, 1))))
+    show("default", graph_ms(step))
+    ref = h.clone()
     for attr, values in (
-        ("num_stages", (3, 4)),
-        ("num_warps", (8,)),
+        ("num_stages", (2, 4)),
         ("bk", (64, 256)),
         ("bn_gu", (16, 64)),
         ("bn_qkv", (32,)),
         ("ks_d", (256, 1024)),
         ("ks_o", (128, 512)),
+        ("att_splits", (4, 16)),
+        ("num_warps", (8,)),
     ):
         keep = getattr(plan, attr)
         for val in values:
@@ -108,13 +96,15 @@ def main() -> None:
             f32 = dict(device=dev, dtype=torch.float32)
             plan.part_o = torch.zeros(H * D // plan.ks_o, plan.bm, W, **f32)  # split counts follow ks_*
             plan.part_d = torch.zeros(F_MLP // plan.ks_d, plan.bm, W, **f32)
+            plan.att_ws = torch.zeros(plan.att_splits * M * H * (D + 2), **f32)
             try:
-                show(f"all phases, {attr}={val}", graph_ms(step))
+                show(f"{attr}={val}", graph_ms(step))
+                results[f"{attr}={val} max abs diff vs default"] = float((h.float() - ref.float()).abs().max())
             except Exception as exc:
                 print(f"{attr}={val}: {type(exc).__name__}: {str(exc)[:100]}")
         setattr(plan, attr, keep)
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"expert_layer_phases_{time.strftime('%Y%m%d_%H%M%S')}.json"
+    path = args.out / f"expert_step_{time.strftime('%Y%m%d_%H%M%S')}.json"
     path.write_text(json.dumps(dict(env=environment(dev), results=results), indent=1))
     print("wrote", path)
 
