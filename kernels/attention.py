@@ -94,6 +94,7 @@ def _attn_fwd_tile(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    CACHE: tl.constexpr,  # cache modifier of the q load ('.cg' inside a persistent kernel)
 ):
     """One (query tile, key split) of the forward pass; also called by kernels.expert_layer."""
     b = b.to(tl.int64)
@@ -110,6 +111,7 @@ def _attn_fwd_tile(
         q_ptr + b * stride_qb + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
         mask=row_ok[:, None] & d_ok[None, :],
         other=0.0,
+        cache_modifier=CACHE,
     )
     if UPCAST:
         q = q.to(tl.float32)
@@ -262,6 +264,7 @@ def _attn_fwd_kernel(
         BLOCK_M,
         BLOCK_N,
         BLOCK_D,
+        "",
     )
 
 
@@ -285,6 +288,7 @@ def _attn_combine_tile(
     BLOCK_M: tl.constexpr,
     BLOCK_DC: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    CACHE: tl.constexpr,  # cache modifier of the partial loads
 ):
     # Merge the key splits of BLOCK_M rows x BLOCK_DC columns. All splits' (max, sum) are read
     # at once, so the partial loads below are independent of each other (no serial chain).
@@ -297,8 +301,8 @@ def _attn_combine_tile(
     sp = tl.arange(0, BLOCK_S)
     ws_rows = (b * NUM_SPLITS + sp[:, None]) * M + rows[None, :].to(tl.int64)  # [BLOCK_S, BLOCK_M]
     s_mask = (sp < NUM_SPLITS)[:, None] & row_ok[None, :]
-    m_s = tl.load(ws_m_ptr + ws_rows, mask=s_mask, other=float("-inf"))
-    l_s = tl.load(ws_l_ptr + ws_rows, mask=s_mask, other=0.0)
+    m_s = tl.load(ws_m_ptr + ws_rows, mask=s_mask, other=float("-inf"), cache_modifier=CACHE)
+    l_s = tl.load(ws_l_ptr + ws_rows, mask=s_mask, other=0.0, cache_modifier=CACHE)
     m_max = tl.max(m_s, axis=0)
     m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)  # no visible key in any split
     l_tot = tl.sum(tl.math.exp2(m_s - m_safe[None, :]) * l_s, axis=0)
@@ -306,8 +310,8 @@ def _attn_combine_tile(
     acc = tl.zeros([BLOCK_M, BLOCK_DC], dtype=tl.float32)
     for s in tl.static_range(NUM_SPLITS):
         row_s = (b * NUM_SPLITS + s) * M + rows.to(tl.int64)
-        m_one = tl.load(ws_m_ptr + row_s, mask=row_ok, other=float("-inf"))
-        a_s = tl.load(ws_acc_ptr + row_s[:, None] * HEAD_DIM + d[None, :], mask=mask, other=0.0)
+        m_one = tl.load(ws_m_ptr + row_s, mask=row_ok, other=float("-inf"), cache_modifier=CACHE)
+        a_s = tl.load(ws_acc_ptr + row_s[:, None] * HEAD_DIM + d[None, :], mask=mask, other=0.0, cache_modifier=CACHE)
         acc += a_s * tl.math.exp2(m_one - m_safe)[:, None]
 
     o = acc / tl.where(l_tot > 0.0, l_tot, 1.0)[:, None]  # no visible key at all: zeros
@@ -363,6 +367,7 @@ def _attn_combine_kernel(
         BLOCK_M,
         BLOCK_DC,
         BLOCK_S,
+        "",
     )
 
 

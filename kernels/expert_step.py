@@ -282,7 +282,7 @@ def _expert_step_kernel(
                 u % n_mt, u // n_mt, zero, ATT_SPLITS, q_ptr, lk, lv, attn_ptr, kb_ptr, qb_ptr,
                 ws_acc_ptr, ws_m_ptr, ws_l_ptr, M * H, H, Tk, keys_per_split, qk_scale,
                 0, H * D, D, 0, stride_kt, 0, stride_kt, 0, H * D, D, 0, 0,
-                D, True, True, True, UPCAST, PREC, FIX, ATT_BM, ATT_BN, D,
+                D, True, True, True, UPCAST, PREC, FIX, ATT_BM, ATT_BN, D, ".cg",
             )  # fmt: skip
         arrivals += G
         _grid_sync(bar_ptr, arrivals)
@@ -290,7 +290,7 @@ def _expert_step_kernel(
         for u in range(pid, n_cm * n_cd, G):
             _attn_combine_tile(
                 u // n_cd, u % n_cd, zero, ws_acc_ptr, ws_m_ptr, ws_l_ptr, attn_ptr, M * H, H,
-                0, H * D, D, D, ATT_SPLITS, FIX, CB_M, CB_DC, ATT_BS,
+                0, H * D, D, D, ATT_SPLITS, FIX, CB_M, CB_DC, ATT_BS, ".cg",
             )  # fmt: skip
         arrivals += G
         _grid_sync(bar_ptr, arrivals)
