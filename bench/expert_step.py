@@ -81,14 +81,12 @@ def main() -> None:
     show("default", graph_ms(step))
     ref = h.clone()
     for attr, values in (
-        ("num_stages", (2, 4)),
-        ("bk", (64, 256)),
-        ("bn_gu", (16, 64)),
-        ("bn_qkv", (32,)),
-        ("ks_d", (256, 1024)),
-        ("ks_o", (128, 512)),
-        ("att_splits", (4, 16)),
-        ("num_warps", (8,)),
+        ("prefetch", (False,)),
+        ("num_stages", (4,)),
+        ("bk", (256,)),
+        ("bn_gu", (64,)),
+        ("ks_o", (512,)),
+        ("ks_d", (1024,)),
     ):
         keep = getattr(plan, attr)
         for val in values:

@@ -57,6 +57,24 @@ def _grid_sync(bar_ptr, target):
 
 
 @triton.jit
+def _prefetch_l2(w_ptr, n_elems, pid, G, LINES: tl.constexpr):
+    """Start pulling this program's share of a later phase's weights [w, w + n_elems) into L2.
+
+    Fire-and-forget (``prefetch.global.L2``, one per 128-byte line): the weight stream of the
+    next GEMM overlaps the barriers and phases in between instead of starting after them."""
+    base = w_ptr.to(tl.pointer_type(tl.int8))
+    n_bytes = n_elems * 2
+    per = tl.cdiv(tl.cdiv(n_bytes, G), 128) * 128
+    lo = pid.to(tl.int64) * per
+    hi = tl.minimum(lo + per, n_bytes)
+    for off in range(lo, hi, LINES * 128):
+        offs = tl.minimum(off + tl.arange(0, LINES).to(tl.int64) * 128, hi - 1)
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [base + offs], dtype=tl.int32, is_pure=False, pack=1
+        )
+
+
+@triton.jit
 def _residual_norm_row(
     row,
     h_ptr,
@@ -233,6 +251,7 @@ def _expert_step_kernel(
     UPCAST: tl.constexpr,
     PREC: tl.constexpr,
     FIX: tl.constexpr,
+    PREFETCH: tl.constexpr,
     BLOCK_W: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -261,6 +280,11 @@ def _expert_step_kernel(
         arrivals += G
         _grid_sync(bar_ptr, arrivals)
         # 1: QKV + RoPE; k / v into this layer's cache rows
+        wo = wo_ptr + l64 * (WE * H * D)
+        wgu = wgu_ptr + l64 * (2 * FF * WE)
+        wd = wd_ptr + l64 * (WE * FF)
+        if PREFETCH:
+            _prefetch_l2(wo, WE * H * D, pid, G, 256)
         for u in range(pid, (H + 2) * CH, G):
             cols = (u % CH) * BN_QKV + tl.arange(0, BN_QKV)
             col_ok = cols < HALF
@@ -277,6 +301,8 @@ def _expert_step_kernel(
         arrivals += G
         _grid_sync(bar_ptr, arrivals)
         # 2: attention partials (query tile, key split)
+        if PREFETCH:
+            _prefetch_l2(wgu, 2 * FF * WE, pid, G, 256)
         for u in range(pid, n_mt * ATT_SPLITS, G):
             _attn_fwd_tile(
                 u % n_mt, u // n_mt, zero, ATT_SPLITS, q_ptr, lk, lv, attn_ptr, kb_ptr, qb_ptr,
@@ -295,7 +321,8 @@ def _expert_step_kernel(
         arrivals += G
         _grid_sync(bar_ptr, arrivals)
         # 4: O projection, split-K partials
-        wo = wo_ptr + l64 * (WE * H * D)
+        if PREFETCH:
+            _prefetch_l2(wd, WE * FF, pid, G, 256)
         for u in range(pid, (WE // BN_O) * (H * D // KS_O), G):
             _split_k_partials(u, attn_ptr, wo, part_o_ptr, M, WE, H * D, KS_O, UPCAST, PREC, BM, BN_O, BK)
         arrivals += G
@@ -309,7 +336,9 @@ def _expert_step_kernel(
         arrivals += G
         _grid_sync(bar_ptr, arrivals)
         # 6: gate|up + GeGLU
-        wgu = wgu_ptr + l64 * (2 * FF * WE)
+        if PREFETCH:
+            if layer + 1 < N_LAYERS:
+                _prefetch_l2(wqkv + (H + 2) * D * WE, (H + 2) * D * WE, pid, G, 256)
         for u in range(pid, FF // BN_GU, G):
             cols = u * BN_GU + tl.arange(0, BN_GU)
             col_ok = cols < FF
@@ -324,7 +353,6 @@ def _expert_step_kernel(
         arrivals += G
         _grid_sync(bar_ptr, arrivals)
         # 7: down projection, split-K partials (summed by the next phase 0)
-        wd = wd_ptr + l64 * (WE * FF)
         for u in range(pid, (WE // BN_D) * (FF // KS_D), G):
             _split_k_partials(u, act_ptr, wd, part_d_ptr, M, WE, FF, KS_D, UPCAST, PREC, BM, BN_D, BK)
         arrivals += G
@@ -384,12 +412,17 @@ class ExpertStepPlan:
         launches: int,
         device: torch.device,
         dtype: torch.dtype,
+        gpu: bool | None = None,
+        sm_count: int | None = None,
     ):
+        """gpu: GPU tiles and code (default: when running compiled on a CUDA device; True on
+        another device builds the GPU launch for an offline compile, see `compile_for`)."""
         if rows > 64:
             raise ValueError(f"the step kernel holds at most 64 suffix tokens in one tile, got {rows}")
         self.M, self.WE, self.FF, self.H, self.D = rows, width, mlp_dim, num_heads, head_dim
         self.device, self.dtype = device, dtype
-        interp = is_interpreting() or device.type != "cuda"
+        self.gpu = gpu if gpu is not None else (not is_interpreting() and device.type == "cuda")
+        interp = not self.gpu
         self.bm = 64 if not interp else max(16, triton.next_power_of_2(rows))
         self.bn_qkv = 16
         self.bn_o, self.ks_o = _pow2_tile(width, 64), _pow2_tile(num_heads * head_dim, 256)
@@ -400,7 +433,11 @@ class ExpertStepPlan:
         self.att_splits = 8 if not interp else 1
         self.cb_m, self.cb_dc = 16, min(64, head_dim)
         self.num_warps, self.num_stages = 4, 3
-        self.grid = 1 if interp else torch.cuda.get_device_properties(device).multi_processor_count
+        self.prefetch = not interp  # L2 prefetch of the next GEMM's weights (PTX: GPU only)
+        if interp:
+            self.grid = 1
+        else:
+            self.grid = sm_count or torch.cuda.get_device_properties(device).multi_processor_count
         f32 = dict(device=device, dtype=torch.float32)
         act = dict(device=device, dtype=dtype)
         self.x_attn = torch.zeros(rows, width, **act)
@@ -420,7 +457,17 @@ class ExpertStepPlan:
             f"attention {self.att_bm}x{self.att_bn} x {self.att_splits} splits"
         )
 
-    def step(
+    def step(self, h: torch.Tensor, w: ExpertWeights, step: int, *cache_and_inputs) -> torch.Tensor:
+        """Every layer of one denoise step on the residual stream `h` [M, WE] (in place), then
+        the final norm; returns it [M, WE] (the `x_attn` buffer). The rest, as `launch_args`:
+        k, v (the cache [L, Tk, D]: prefix rows, then the suffix's rows from `suffix_row0`, which
+        this launch writes), key_blocks, query_blocks, positions, inv_freq, suffix_row0, slot
+        (this launch's barrier counter, zeroed beforehand), eps."""
+        args, kwargs = self.launch_args(h, w, step, *cache_and_inputs)
+        _expert_step_kernel[(self.grid,)](*args, **kwargs)
+        return self.x_attn
+
+    def launch_args(
         self,
         h: torch.Tensor,
         w: ExpertWeights,
@@ -434,11 +481,8 @@ class ExpertStepPlan:
         suffix_row0: int,
         slot: int,
         eps: float,
-    ) -> torch.Tensor:
-        """Every layer of one denoise step on the residual stream `h` [M, WE] (in place), then
-        the final norm; returns it [M, WE] (the `x_attn` buffer). k / v: the cache [L, Tk, D]
-        (prefix rows, then the suffix's rows from `suffix_row0`, which this launch writes);
-        slot: this launch's barrier counter (zeroed beforehand)."""
+    ) -> tuple[tuple, dict]:
+        """The step kernel's arguments (see `step`)."""
         M, D, H, L = self.M, self.D, self.H, int(w.qkv.shape[0])
         if tuple(h.shape) != (M, self.WE) or not h.is_contiguous() or h.dtype != self.dtype:
             raise ValueError(f"h must be contiguous {self.dtype} [{M}, {self.WE}], got {tuple(h.shape)} {h.dtype}")
@@ -451,10 +495,8 @@ class ExpertStepPlan:
         ws = self.att_ws
         f = w.attn_mult  # any fp32 tensor for pointers a flag leaves unused
         opt = lambda t: t[step] if t is not None else f  # noqa: E731
-        extra = {}
-        if not is_interpreting() and self.device.type == "cuda":
-            extra["launch_cooperative_grid"] = True  # every program must be resident (grid barrier)
-        _expert_step_kernel[(self.grid,)](
+        extra = {"launch_cooperative_grid": True} if self.gpu else {}  # all programs resident (barrier)
+        args = (
             h, self.x_attn, self.x_mlp, self.q, self.attn, self.act, self.part_o, self.part_d,
             ws[: n * D], ws[n * D : n * (D + 1)], ws[n * (D + 1) : n * (D + 2)],
             k, v, key_blocks, query_blocks, positions, inv_freq,
@@ -464,12 +506,43 @@ class ExpertStepPlan:
             w.final_mult[step], opt(w.final_shift),
             self.barriers[slot:],
             M, Tk, suffix_row0, kps, k.stride(0), k.stride(1), (1.0 / D**0.5) * _LOG2E, eps, L,
+        )  # fmt: skip
+        interp = is_interpreting() and not self.gpu
+        kwargs = dict(
             H=H, D=D, WE=self.WE, FF=self.FF, GATED=w.attn_gate is not None, HAS_SHIFT=w.attn_shift is not None,
             BM=self.bm, BK=self.bk, BN_QKV=self.bn_qkv, BN_O=self.bn_o, KS_O=self.ks_o, BN_GU=self.bn_gu,
             BN_D=self.bn_d, KS_D=self.ks_d, ATT_BM=self.att_bm, ATT_BN=self.att_bn, ATT_SPLITS=splits,
             ATT_BS=triton.next_power_of_2(splits), CB_M=self.cb_m, CB_DC=self.cb_dc,
-            UPCAST=is_interpreting(), PREC=dot_precision(self.dtype), FIX=needs_rtne_fix(self.dtype),
-            BLOCK_W=triton.next_power_of_2(self.WE), num_warps=self.num_warps, num_stages=self.num_stages,
+            UPCAST=interp, PREC=dot_precision(self.dtype), FIX=interp and needs_rtne_fix(self.dtype),
+            PREFETCH=self.prefetch, BLOCK_W=triton.next_power_of_2(self.WE),
+            num_warps=self.num_warps, num_stages=self.num_stages,
             **extra,
         )  # fmt: skip
-        return self.x_attn
+        return args, kwargs
+
+
+def compile_for(args: tuple, kwargs: dict, arch: int):
+    """Compile the step kernel for CUDA arch `arch` (90 Hopper, 100 / 110 Blackwell / Thor)
+    without a GPU, from `launch_args` of a plan built with ``gpu=True`` (tensors may live on
+    the meta device): a check that the GPU code builds for a target we cannot run here."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = _expert_step_kernel
+    names = kernel.arg_names
+    ptr = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32"}
+    ptr[torch.int64] = "*i64"
+    kwargs = dict(kwargs)
+    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "launch_cooperative_grid") if k in kwargs}
+    signature, constexprs = {}, {}
+    for name, value in zip(names, args, strict=False):
+        if isinstance(value, torch.Tensor):
+            signature[name] = ptr[value.dtype]
+        else:
+            signature[name] = "fp32" if isinstance(value, float) else "i32"
+    for name in names[len(args) :]:
+        signature[name] = "constexpr"
+        constexprs[(names.index(name),)] = kwargs[name]
+    return triton.compile(
+        ASTSource(kernel, signature, constexprs=constexprs), target=GPUTarget("cuda", arch, 64), options=options
+    )

@@ -1,0 +1,63 @@
+"""Build the GPU code of the expert step kernel for CUDA targets without a GPU.
+
+    python scripts/compile_check.py [ARCH ...]      e.g. 90 (H200) 100 110 (Jetson Thor)
+
+Uses Triton's bundled ptxas; the launch is the real pi0.5 one (50 suffix tokens, Gemma-300M
+expert, 968 prefix tokens, 132 SMs) built on meta tensors. Prints one JSON line per target.
+Must run without TRITON_INTERPRET (the interpreter replaces the kernels).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import torch
+
+from kernels.expert_step import ExpertStepPlan, ExpertWeights, compile_for
+
+M, W, F, H, D, L, P = 50, 1024, 4096, 8, 256, 18, 968
+
+
+def real_shape_launch() -> tuple[tuple, dict]:
+    meta, bf16 = torch.device("meta"), torch.bfloat16
+    plan = ExpertStepPlan(M, W, F, H, D, 10, meta, bf16, gpu=True, sm_count=132)
+    vec, fin = torch.empty(10, L, W, device=meta), torch.empty(10, W, device=meta)
+    w = ExpertWeights(
+        torch.empty(L, (H + 2) * D, W, dtype=bf16, device=meta), torch.empty(L, W, H * D, dtype=bf16, device=meta),
+        torch.empty(L, 2 * F, W, dtype=bf16, device=meta), torch.empty(L, W, F, dtype=bf16, device=meta),
+        vec, vec, vec, vec, vec, vec, fin, fin,
+    )  # fmt: skip
+    cache = torch.empty(L, P + M, D, dtype=bf16, device=meta)
+    i32 = dict(dtype=torch.int32, device=meta)
+    return plan.launch_args(
+        torch.empty(M, W, dtype=bf16, device=meta), w, 3, cache, cache, torch.empty(P + M, **i32),
+        torch.empty(M, **i32), torch.empty(M, dtype=torch.int64, device=meta), torch.empty(D // 2, device=meta),
+        P, 3, 1e-6,
+    )  # fmt: skip
+
+
+def main(archs: list[int]) -> None:
+    args, kwargs = real_shape_launch()
+    for arch in archs:
+        t0 = time.perf_counter()
+        compiled = compile_for(args, kwargs, arch)
+        ptx = compiled.asm["ptx"]
+        print(
+            json.dumps(
+                dict(
+                    arch=arch,
+                    seconds=round(time.perf_counter() - t0, 1),
+                    target=f".target sm_{arch}" in ptx,
+                    l2_prefetches=ptx.count("prefetch.global.L2"),
+                    shared_bytes=compiled.metadata.shared,
+                    cooperative=bool(kwargs.get("launch_cooperative_grid")),
+                )
+            ),
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main([int(a) for a in sys.argv[1:]] or [90, 110])
