@@ -2,8 +2,8 @@
 # Everything that needs the GPU, in one command for the device machine (H200; Python 3.12,
 # torch 2.11 + CUDA 13, triton 3.6; no network). CI has no GPU, so these never run there.
 #
-#   bash scripts/gpu_check.sh [parts...]     parts: kernels fused parity latency bench gemm profile
-#                                            (default: kernels fused parity latency bench)
+#   bash scripts/gpu_check.sh [parts...]     parts: kernels fused parity latency bench step gemm profile
+#                                            (default: kernels fused parity latency bench step)
 #
 # Carry the parity wheels (`bash scripts/fetch_parity_wheels.sh` -> .whl) for `parity`.
 # Results (logs + JSON) go to $OUT (the device tool brings them back) or ./out.
@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 # FLASHRT_COMMIT: pass the commit in the command (the device copy has no .git)
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(kernels fused parity latency bench)
+[ ${#parts[@]} -gt 0 ] || parts=(kernels fused parity latency bench step)
 status=0
 step() { echo; echo "=== $* ($(date +%T))"; }
 
@@ -59,9 +59,13 @@ for part in "${parts[@]}"; do
       python3 -m flashrt_ros.cli bench --policy pi05 --views 3 --iters 20 --warmup 3 --out "$OUT" \
         2>&1 | grep -v "it/s" | tee "$OUT/latency.log" || status=1
       ;;
+    step)
+      step "Expert step kernel (18 layers in one persistent launch): default tiles and variants"
+      python3 bench/expert_step.py --out "$OUT" 2>&1 | tee "$OUT/expert_step.log" || status=1
+      ;;
     gemm)
-      step "Expert GEMMs at 50 tokens: cuBLAS vs fused skinny GEMM, tile sweep"
-      python3 bench/expert_gemm.py --sweep --out "$OUT" 2>&1 | tee "$OUT/expert_gemm.log" || status=1
+      step "Expert GEMMs at 50 tokens, one kernel each: cuBLAS vs fused skinny GEMM, tile search"
+      python3 bench/expert_gemm.py --out "$OUT" 2>&1 | tee "$OUT/expert_gemm.log" || status=1
       ;;
     profile)
       step "Fused pi0.5 decision, kernel by kernel"
