@@ -215,14 +215,10 @@ def _attn_fwd_kernel(
     UPCAST: tl.constexpr,
     PREC: tl.constexpr,
     FIX_O: tl.constexpr,
-    USE_PDL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    if USE_PDL:  # programmatic dependent launch: start the next kernel, wait for the previous
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     _attn_fwd_tile(
         tl.program_id(0),
         tl.program_id(1),
@@ -340,14 +336,10 @@ def _attn_combine_kernel(
     HEAD_DIM: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     FIX_O: tl.constexpr,
-    USE_PDL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_DC: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
-    if USE_PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     _attn_combine_tile(
         tl.program_id(0),
         tl.program_id(1),
@@ -447,7 +439,6 @@ def attention(
     workspace: torch.Tensor | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    pdl: bool = False,
 ) -> torch.Tensor:
     """Multi-query attention ``softmax(q k^T * scale + mask) v`` with block-id masking.
 
@@ -463,8 +454,6 @@ def attention(
         block_m / block_n / num_warps / num_stages: launch settings; None: heuristic.
         workspace: optional fp32 buffer of at least ``B * num_splits * Tq * H * (D + 2)``
             elements for the split partials (allocated per call if None).
-        pdl: launch with programmatic dependent launch (Hopper+): the kernel lets the next
-            one start early and waits for the previous grid before reading anything.
     """
     q4 = _as_batched(q, 4, "q")
     k3, v3 = _kv_rows(k, q.dim() == 4, "k"), _kv_rows(v, q.dim() == 4, "v")
@@ -522,8 +511,6 @@ def attention(
         ws_acc = ws_m = ws_l = o4
 
     fix_o = needs_rtne_fix(o4.dtype)
-    pdl = pdl and not is_interpreting()
-    launch = {"launch_pdl": True} if pdl else {}
     _attn_fwd_kernel[(m_tiles, num_splits, B)](
         q4,
         k3,
@@ -558,13 +545,11 @@ def attention(
         UPCAST=is_interpreting(),  # the 3.9 interpreter's tl.dot mis-multiplies bf16 (raw bits)
         PREC=dot_precision(q.dtype),
         FIX_O=fix_o,
-        USE_PDL=pdl,
         BLOCK_M=bm,
         BLOCK_N=bn,
         BLOCK_D=block_d,
         num_warps=warps,
         num_stages=stages,
-        **launch,
     )
     if split:
         cm = 32 if not is_interpreting() else min(64, max(16, triton.next_power_of_2(M)))
@@ -585,12 +570,10 @@ def attention(
             HEAD_DIM=D,
             NUM_SPLITS=num_splits,
             FIX_O=fix_o,
-            USE_PDL=pdl,
             BLOCK_M=cm,
             BLOCK_DC=cdc,
             BLOCK_S=triton.next_power_of_2(num_splits),
             num_warps=4,
-            **launch,
         )
     return out
 

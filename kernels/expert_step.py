@@ -35,9 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import dot_precision, is_interpreting, needs_rtne_fix
+from ._common import dot_precision, is_interpreting, needs_rtne_fix, round_bf16_rtne
 from .attention import _attn_combine_tile, _attn_fwd_tile
-from .skinny_gemm import _epilogue, _round
 
 __all__ = ["ExpertStepPlan", "ExpertWeights"]
 
@@ -57,21 +56,52 @@ def _grid_sync(bar_ptr, target):
 
 
 @triton.jit
-def _prefetch_l2(w_ptr, n_elems, pid, G, LINES: tl.constexpr):
-    """Start pulling this program's share of a later phase's weights [w, w + n_elems) into L2.
+def _round(x, FIX: tl.constexpr, dtype: tl.constexpr):
+    """x rounded to `dtype` and back to fp32 (what a store and a load in the eager model give)."""
+    if FIX:
+        return round_bf16_rtne(x)
+    return x.to(dtype).to(tl.float32)
 
-    Fire-and-forget (``prefetch.global.L2``, one per 128-byte line): the weight stream of the
-    next GEMM overlaps the barriers and phases in between instead of starting after them."""
-    base = w_ptr.to(tl.pointer_type(tl.int8))
-    n_bytes = n_elems * 2
-    per = tl.cdiv(tl.cdiv(n_bytes, G), 128) * 128
-    lo = pid.to(tl.int64) * per
-    hi = tl.minimum(lo + per, n_bytes)
-    for off in range(lo, hi, LINES * 128):
-        offs = tl.minimum(off + tl.arange(0, LINES).to(tl.int64) * 128, hi - 1)
-        tl.inline_asm_elementwise(
-            "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [base + offs], dtype=tl.int32, is_pure=False, pack=1
-        )
+
+@triton.jit
+def _rope_store(
+    lo, hi, head, rows, row_ok, cols, col_ok, q_ptr, k_ptr, v_ptr, pos_ptr, inv_ptr, stride_kt,
+    H: tl.constexpr, D: tl.constexpr, FIX: tl.constexpr,
+):  # fmt: skip
+    """Columns `cols` (lo) and `cols + D/2` (hi) of QKV head `head` (q heads, then k, then v):
+    q and k rotated by Gemma's rotate_half RoPE at each row's position; q to q [M, H, D], k / v
+    to their cache rows."""
+    pos = tl.load(pos_ptr + rows, mask=row_ok, other=0).to(tl.float32)
+    ang = pos[:, None] * tl.load(inv_ptr + cols, mask=col_ok, other=0.0)[None, :]
+    rotate = tl.minimum(tl.maximum(H + 1 - head, 0), 1)  # 1 for q and k heads; v is copied
+    c = tl.cos(ang) * rotate + (1.0 - rotate)
+    s = tl.sin(ang) * rotate
+    o_lo = lo * c - hi * s
+    o_hi = hi * c + lo * s
+    if FIX:
+        o_lo = round_bf16_rtne(o_lo)
+        o_hi = round_bf16_rtne(o_hi)
+    r64 = rows.to(tl.int64)[:, None]
+    if head < H:
+        p = q_ptr + r64 * (H * D) + head * D + cols[None, :]
+    elif head == H:
+        p = k_ptr + r64 * stride_kt + cols[None, :]
+    else:
+        p = v_ptr + r64 * stride_kt + cols[None, :]
+    mask = row_ok[:, None] & col_ok[None, :]
+    tl.store(p, o_lo.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(p + D // 2, o_hi.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _geglu_store(g, u, rows, row_ok, cols, col_ok, act_ptr, FF: tl.constexpr, FIX: tl.constexpr):
+    """act = gelu_tanh(gate) * up (Gemma's MLP activation) for one column tile."""
+    inner = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+    y = 0.5 * g * (1.0 + (2.0 * tl.sigmoid(2.0 * inner) - 1.0)) * u
+    if FIX:
+        y = round_bf16_rtne(y)
+    mask = row_ok[:, None] & col_ok[None, :]
+    tl.store(act_ptr + rows.to(tl.int64)[:, None] * FF + cols[None, :], y.to(act_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -251,7 +281,6 @@ def _expert_step_kernel(
     UPCAST: tl.constexpr,
     PREC: tl.constexpr,
     FIX: tl.constexpr,
-    PREFETCH: tl.constexpr,
     BLOCK_W: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -283,8 +312,6 @@ def _expert_step_kernel(
         wo = wo_ptr + l64 * (WE * H * D)
         wgu = wgu_ptr + l64 * (2 * FF * WE)
         wd = wd_ptr + l64 * (WE * FF)
-        if PREFETCH:
-            _prefetch_l2(wo, WE * H * D, pid, G, 256)
         for u in range(pid, (H + 2) * CH, G):
             cols = (u % CH) * BN_QKV + tl.arange(0, BN_QKV)
             col_ok = cols < HALF
@@ -292,17 +319,13 @@ def _expert_step_kernel(
             acc, acc2 = _tile_dot(
                 xa_ptr, WE, rows, row_ok, 0, WE, wqkv, wrow, col_ok, WE, HALF, True, UPCAST, PREC, BM, BN_QKV, BK,
             )  # fmt: skip
-            _epilogue(
-                acc, acc2, tl.zeros([BM], dtype=tl.float32), u, rows, row_ok, cols, col_ok, wrow, WE, eps,
-                inv_ptr, q_ptr, lk + suffix_row0 * stride_kt, lv + suffix_row0 * stride_kt,
-                pos_ptr, inv_ptr, inv_ptr, H * D, D, stride_kt, 0, stride_kt, 0,
-                HALF, CH, H, 1, 1, False, False, False, True, FIX,
+            _rope_store(
+                acc, acc2, u // CH, rows, row_ok, cols, col_ok, q_ptr, lk + suffix_row0 * stride_kt,
+                lv + suffix_row0 * stride_kt, pos_ptr, inv_ptr, stride_kt, H, D, FIX,
             )  # fmt: skip
         arrivals += G
         _grid_sync(bar_ptr, arrivals)
         # 2: attention partials (query tile, key split)
-        if PREFETCH:
-            _prefetch_l2(wgu, 2 * FF * WE, pid, G, 256)
         for u in range(pid, n_mt * ATT_SPLITS, G):
             _attn_fwd_tile(
                 u % n_mt, u // n_mt, zero, ATT_SPLITS, q_ptr, lk, lv, attn_ptr, kb_ptr, qb_ptr,
@@ -321,8 +344,6 @@ def _expert_step_kernel(
         arrivals += G
         _grid_sync(bar_ptr, arrivals)
         # 4: O projection, split-K partials
-        if PREFETCH:
-            _prefetch_l2(wd, WE * FF, pid, G, 256)
         for u in range(pid, (WE // BN_O) * (H * D // KS_O), G):
             _split_k_partials(u, attn_ptr, wo, part_o_ptr, M, WE, H * D, KS_O, UPCAST, PREC, BM, BN_O, BK)
         arrivals += G
@@ -336,20 +357,13 @@ def _expert_step_kernel(
         arrivals += G
         _grid_sync(bar_ptr, arrivals)
         # 6: gate|up + GeGLU
-        if PREFETCH:
-            if layer + 1 < N_LAYERS:
-                _prefetch_l2(wqkv + (H + 2) * D * WE, (H + 2) * D * WE, pid, G, 256)
         for u in range(pid, FF // BN_GU, G):
             cols = u * BN_GU + tl.arange(0, BN_GU)
             col_ok = cols < FF
             acc, acc2 = _tile_dot(
                 xm_ptr, WE, rows, row_ok, 0, WE, wgu, cols, col_ok, WE, FF, True, UPCAST, PREC, BM, BN_GU, BK,
             )  # fmt: skip
-            _epilogue(
-                acc, acc2, tl.zeros([BM], dtype=tl.float32), u, rows, row_ok, cols, col_ok, cols, WE, eps,
-                inv_ptr, act_ptr, act_ptr, act_ptr, pos_ptr, inv_ptr, inv_ptr, FF, 0, 0, 0, 0, 0,
-                FF, FF // BN_GU, H, 1, 2, False, False, False, True, FIX,
-            )  # fmt: skip
+            _geglu_store(acc, acc2, rows, row_ok, cols, col_ok, act_ptr, FF, FIX)
         arrivals += G
         _grid_sync(bar_ptr, arrivals)
         # 7: down projection, split-K partials (summed by the next phase 0)
@@ -433,7 +447,6 @@ class ExpertStepPlan:
         self.att_splits = 8 if not interp else 1
         self.cb_m, self.cb_dc = 16, min(64, head_dim)
         self.num_warps, self.num_stages = 4, 3
-        self.prefetch = not interp  # L2 prefetch of the next GEMM's weights (PTX: GPU only)
         if interp:
             self.grid = 1
         else:
@@ -514,7 +527,7 @@ class ExpertStepPlan:
             BN_D=self.bn_d, KS_D=self.ks_d, ATT_BM=self.att_bm, ATT_BN=self.att_bn, ATT_SPLITS=splits,
             ATT_BS=triton.next_power_of_2(splits), CB_M=self.cb_m, CB_DC=self.cb_dc,
             UPCAST=interp, PREC=dot_precision(self.dtype), FIX=interp and needs_rtne_fix(self.dtype),
-            PREFETCH=self.prefetch, BLOCK_W=triton.next_power_of_2(self.WE),
+            BLOCK_W=triton.next_power_of_2(self.WE),
             num_warps=self.num_warps, num_stages=self.num_stages,
             **extra,
         )  # fmt: skip

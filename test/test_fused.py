@@ -88,3 +88,25 @@ def test_prompt_buckets_pick_the_smallest_and_change_nothing(valid_tokens, bucke
     assert fused.bucket == bucket
     fused.capture()
     torch.testing.assert_close(fused.sample_actions(), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["pi05", "pi0"])
+def test_long_suffix_uses_the_per_op_expert_and_matches(kind):
+    """More than 64 suffix tokens do not fit the step kernel's tile: the expert then runs as
+    separate kernels (`FusedPi0.velocity`), with the same result."""
+    model = tiny_model(kind, seed=3, horizon=70).to(DEVICE)
+    x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1, valid_tokens=12).items()}
+    ref = model.sample_actions(**x)[0]
+    fused, out = _run_fused(model, x, torch.float32)
+    assert fused.step_plan is None
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_step_kernel_and_per_op_expert_agree():
+    """The default (one persistent launch per step) against the per-op path on the same model."""
+    model = tiny_model("pi05", seed=4).to(DEVICE)
+    x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1).items()}
+    fused, out = _run_fused(model, x, torch.float32)
+    assert fused.step_plan is not None
+    fused.step_plan, fused.graphs = None, {}
+    torch.testing.assert_close(fused.sample_actions(), out, rtol=1e-5, atol=1e-5)

@@ -2,7 +2,10 @@
 
 What changes against the reference (and why it is exact or where it rounds):
 * weights re-laid out once at load: Q|K|V in one matrix, gate|up in one, everything in the
-  run dtype (bf16), so each sub-layer is one cuBLAS GEMM plus one Triton epilogue;
+  run dtype (bf16); in the prefix each sub-layer is one cuBLAS GEMM plus one Triton epilogue;
+* the action expert's pass of a denoise step (all layers + the final norm) is ONE persistent
+  launch (`kernels/expert_step.py`; weights stacked over layers) where the suffix fits its
+  64-row tile, which is every real pi0 / pi0.5 config; otherwise (`velocity`) the per-op path;
 * work that depends only on the denoise time is done once at load for the configured step
   schedule: pi0.5's time MLP and every adaRMS modulation (scale, shift, gate) of every layer;
   pi0's time half of `action_time_mlp_in`;
@@ -24,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kernels.ada_rms_norm import ada_rms_norm
+from kernels.ada_rms_norm import ada_rms_norm, gated_residual_ada_rms_norm
 from kernels.attention import attention
 from kernels.euler import euler_step
 from kernels.expert_step import ExpertStepPlan, ExpertWeights
@@ -34,7 +37,6 @@ from kernels.layer_norm import layer_norm
 from kernels.preprocess import preprocess_image
 from kernels.rms_norm import rms_norm
 from kernels.rope import qkv_rope, rope_inv_freq
-from kernels.skinny_gemm import NormPrologue, Workspace, fold_shift, linear_gated_residual, norm_geglu, norm_qkv_rope
 
 from .config import PolicyConfig
 from .pi0 import Pi0Model, sinusoidal_time_embedding, suffix_blocks
@@ -54,18 +56,6 @@ class GemmaW:
     down: Tensor
     norm_in: Tensor | None  # RMSNorm weights (None where adaRMS modulations are used)
     norm_post: Tensor | None
-
-
-@dataclass
-class ExpertNorms:
-    """One expert layer's two norms at one denoise step, in the form the fused GEMMs take
-    (`kernels.skinny_gemm`): the multiplier and folded shift of the norm before the QKV GEMM and
-    before the gate|up GEMM, and the gates of the two residuals (None: a plain add, pi0)."""
-
-    attn: NormPrologue
-    mlp: NormPrologue
-    attn_gate: Tensor | None
-    mlp_gate: Tensor | None
 
 
 @dataclass
@@ -137,7 +127,6 @@ class FusedPi0:
             self.action_in = (f32(model.action_in_proj.weight), f32(model.action_in_proj.bias))
             self.action_out = (f32(model.action_out_proj.weight), f32(model.action_out_proj.bias))
             self._precompute_time(model)
-            self.expert_norms = self._expert_norms()
         self._allocate(dev)
         self.inv_freq = rope_inv_freq(cfg.prefix.head_dim, cfg.rope_base, dev)  # before any capture
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
@@ -167,25 +156,6 @@ class FusedPi0:
             self.time_bias = (temb @ w[:, we:].T + model.action_time_mlp_in.bias.float()).contiguous()  # [N, We]
             self.at_out = (model.action_time_mlp_out.weight.detach().float(), model.action_time_mlp_out.bias.float())
             self.state_proj = (model.state_proj.weight.detach().float(), model.state_proj.bias.detach().float())
-
-    def _expert_norms(self) -> list[list[ExpertNorms]]:
-        """[step][layer] norms folded into the expert's GEMMs: ``1 + w`` (pi0), or ``1 + scale``,
-        ``shift @ W.T`` and the gate of each time-conditioned adaRMS (pi0.5)."""
-        cfg, eps, we = self.cfg, self.cfg.rms_norm_eps, self.cfg.expert.width
-        if not cfg.uses_adarms:
-            rms = lambda weight: NormPrologue(1 + weight, None, eps)  # noqa: E731
-            per_layer = [ExpertNorms(rms(w.norm_in), rms(w.norm_post), None, None) for w in self.expert_layers]
-            return [per_layer] * cfg.num_steps
-        steps = []
-        for step in range(cfg.num_steps):
-            layers = []
-            for i, w in enumerate(self.expert_layers):
-                (s1, b1, g1), (s2, b2, g2) = (self.mod[step, i, j].split(we) for j in (0, 1))
-                attn = NormPrologue((1 + s1).contiguous(), fold_shift(b1, w.qkv), eps)
-                mlp = NormPrologue((1 + s2).contiguous(), fold_shift(b2, w.gate_up), eps)
-                layers.append(ExpertNorms(attn, mlp, g1.contiguous(), g2.contiguous()))
-            steps.append(layers)
-        return steps
 
     def _expert_weights(self) -> ExpertWeights:
         """The expert stacked over layers for the step kernel; the per-layer GemmaW tensors
@@ -228,12 +198,10 @@ class FusedPi0:
         self.suffix_state = torch.zeros(1, cfg.expert.width, dtype=torch.float32, device=dev)
         self.query_blocks = suffix_blocks(cfg, dev).to(torch.int32).contiguous()
         self._suffix_arange = torch.arange(sl, device=dev)
-        # split-K partials of the expert's GEMMs (16 MB; one set: the GEMMs run one at a time)
-        self.gemm_workspace = Workspace(dev, floats=1 << 22, tiles=4096)
         # the expert's pass of a step as one persistent launch (kernels/expert_step.py), where it fits
         e = cfg.expert
         self.step_plan = None
-        if sl <= 64:
+        if sl <= 64 and e.num_kv_heads == 1:
             self.step_plan = ExpertStepPlan(
                 sl, e.width, e.mlp_dim, e.num_heads, e.head_dim, cfg.num_steps, dev, self.dtype
             )
@@ -336,8 +304,8 @@ class FusedPi0:
             mlp_out = F.linear(geglu(F.linear(x, w.gate_up)), w.down)
 
     def _qkv_into_cache(self, layer: int, x: Tensor, w: GemmaW, positions: Tensor, spec, rows: slice) -> Tensor:
-        """Prefix QKV: one cuBLAS GEMM (compute-bound at ~1000 rows) + the RoPE epilogue; roped K
-        and V land in rows `rows` of this layer's cache; returns q."""
+        """One QKV GEMM + the RoPE epilogue: roped K and V land in rows `rows` of this layer's
+        cache (the prefix's rows in the prefix stage, the suffix's in `velocity`); returns q."""
         q, _, _ = qkv_rope(
             F.linear(x, w.qkv),
             positions,
@@ -383,20 +351,16 @@ class FusedPi0:
         return F.linear(y[-cfg.horizon :].float(), *self.action_out)
 
     def velocity(self, step: int, x: Tensor) -> Tensor:
-        """The expert as separate kernels: four fused GEMMs + attention per layer."""
+        """The expert as separate kernels (cuBLAS GEMMs + Triton norms / RoPE / attention /
+        GeGLU): the path for suffixes the step kernel does not hold (more than 64 tokens)."""
         cfg, spec = self.cfg, self.cfg.expert
         h = self._suffix_input(step, x)
         p = cfg.num_views * cfg.vision.num_tokens + self.bucket
         own, seen = slice(p, p + cfg.suffix_len), slice(0, p + cfg.suffix_len)  # suffix rows; all keys
-        m, ws = h.shape[0], self.gemm_workspace
+        mlp_out, gate = None, None
         for i, w in enumerate(self.expert_layers):
-            n = self.expert_norms[step][i]
-            # four launches per layer besides attention: norm+QKV+RoPE (K/V into the cache),
-            # O + gated residual, norm+gate|up+GeGLU, down + gated residual (h updated in place)
-            q, _, _ = norm_qkv_rope(
-                h, w.qkv, self.suffix_pos, self.inv_freq, spec.num_heads, spec.head_dim, spec.num_kv_heads,
-                k_out=self.prefix_k[i, own], v_out=self.prefix_v[i, own], norm=n.attn, workspace=ws,
-            )  # fmt: skip
+            x_n, h, gate_in = self._norm(step, i, 0, h, mlp_out, gate, w.norm_in)
+            q = self._qkv_into_cache(i, x_n, w, self.suffix_pos, spec, own)
             a = attention(
                 q,
                 self.prefix_k[i, seen],
@@ -404,16 +368,34 @@ class FusedPi0:
                 key_blocks=self.key_blocks[seen],
                 query_blocks=self.query_blocks,
             )
-            linear_gated_residual(a.view(m, -1), w.o, h, n.attn_gate, workspace=ws)
-            linear_gated_residual(norm_geglu(h, w.gate_up, n.mlp, workspace=ws), w.down, h, n.mlp_gate, workspace=ws)
-        y = self._final_norm(step, h)
+            x_n, h, gate = self._norm(step, i, 1, h, F.linear(a.view(a.shape[0], -1), w.o), gate_in, w.norm_post)
+            mlp_out = F.linear(geglu(F.linear(x_n, w.gate_up)), w.down)
+        y, _, _ = self._norm(step, None, 0, h, mlp_out, gate, self.final_norm)
         return F.linear(y[-cfg.horizon :].float(), *self.action_out)
 
-    def _final_norm(self, step: int, h: Tensor) -> Tensor:
+    def _norm(
+        self,
+        step: int,
+        layer: int | None,
+        which: int,
+        h: Tensor,
+        branch: Tensor | None,
+        gate: Tensor | None,
+        weight: Tensor | None,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """h (+ branch * gate) -> normed x; returns (x, new h, this norm's gate for its branch)."""
         eps = self.cfg.rms_norm_eps
-        if self.cfg.uses_adarms:
-            return ada_rms_norm(h, self.mod_final[step], eps)
-        return rms_norm(h, self.final_norm, eps)
+        if not self.cfg.uses_adarms:
+            if branch is None:
+                return rms_norm(h, weight, eps), h, None
+            x, h = rms_norm(branch, weight, eps, residual=h)
+            return x, h, None
+        mod = self.mod_final[step] if layer is None else self.mod[step, layer, which]
+        width = h.shape[-1]
+        if branch is None:
+            return ada_rms_norm(h, mod, eps), h, mod[2 * width :]
+        x, h = gated_residual_ada_rms_norm(h, branch, gate, mod, eps)
+        return x, h, mod[2 * width :]
 
     # ---- graphs ------------------------------------------------------------------------------
     def capture(self, warmup: int = 2) -> None:
