@@ -81,7 +81,6 @@ def main() -> None:
     show("default", graph_ms(step))
     ref = h.clone()
     for attr, values in (
-        ("prefetch", (False,)),
         ("num_stages", (4,)),
         ("bk", (256,)),
         ("bn_gu", (64,)),

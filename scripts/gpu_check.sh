@@ -2,7 +2,7 @@
 # Everything that needs the GPU, in one command for the device machine (H200; Python 3.12,
 # torch 2.11 + CUDA 13, triton 3.6; no network). CI has no GPU, so these never run there.
 #
-#   bash scripts/gpu_check.sh [parts...]     parts: kernels fused parity latency bench step gemm profile
+#   bash scripts/gpu_check.sh [parts...]     parts: kernels fused parity latency bench step compile profile
 #                                            (default: kernels fused parity latency bench step)
 #
 # Carry the parity wheels (`bash scripts/fetch_parity_wheels.sh` -> .whl) for `parity`.
@@ -63,9 +63,9 @@ for part in "${parts[@]}"; do
       step "Expert step kernel (18 layers in one persistent launch): default tiles and variants"
       python3 bench/expert_step.py --out "$OUT" 2>&1 | tee "$OUT/expert_step.log" || status=1
       ;;
-    gemm)
-      step "Expert GEMMs at 50 tokens, one kernel each: cuBLAS vs fused skinny GEMM, tile search"
-      python3 bench/expert_gemm.py --out "$OUT" 2>&1 | tee "$OUT/expert_gemm.log" || status=1
+    compile)
+      step "Step kernel built offline for sm_90 and sm_110 (Thor)"
+      python3 scripts/compile_check.py 90 110 2>&1 | tee "$OUT/compile_check.log" || status=1
       ;;
     profile)
       step "Fused pi0.5 decision, kernel by kernel"
