@@ -91,14 +91,16 @@ def test_prompt_buckets_pick_the_smallest_and_change_nothing(valid_tokens, bucke
 
 
 @pytest.mark.parametrize("kind", ["pi05", "pi0"])
-def test_long_suffix_uses_the_per_op_expert_and_matches(kind):
+def test_long_suffix_uses_the_per_op_expert_and_matches(kind, caplog):
     """More than 64 suffix tokens do not fit the step kernel's tile: the expert then runs as
-    separate kernels (`FusedPi0.velocity`), with the same result."""
+    separate kernels (`FusedPi0.velocity`), says so in the log, and gives the same result."""
     model = tiny_model(kind, seed=3, horizon=70).to(DEVICE)
     x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1, valid_tokens=12).items()}
     ref = model.sample_actions(**x)[0]
-    fused, out = _run_fused(model, x, torch.float32)
+    with caplog.at_level("WARNING", logger="flashrt_ros.policies.fused"):
+        fused, out = _run_fused(model, x, torch.float32)
     assert fused.step_plan is None
+    assert "at most 64 suffix tokens" in caplog.text
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
