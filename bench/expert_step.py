@@ -41,6 +41,29 @@ def graph_ms(fn, replays: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
+PHASES = ["0 residual+norm", "1 qkv+rope", "2 attention", "3 combine", "4 o-proj", "5 residual+norm",
+          "6 gate_up+geglu", "7 down"]  # fmt: skip
+
+
+def phase_table(plan: ExpertStepPlan, step) -> list[dict]:
+    """One traced launch (outside a graph): median over layers of each phase's work and barrier."""
+    plan.enable_trace(LAYERS)
+    step()
+    torch.cuda.synchronize()
+    rows = plan.phase_times()
+    plan.trace = None
+    table = []
+    print(f"{'phase':<18} {'work us':>8} {'barrier us':>10}   (median over {LAYERS} layers)")
+    for p, name in enumerate(PHASES):
+        work = sorted(r["work"] for r in rows if r["phase"] == p and r["layer"] < LAYERS)
+        bar = sorted(r["barrier"] for r in rows if r["phase"] == p and r["layer"] < LAYERS)
+        table.append(dict(phase=name, work_us=work[len(work) // 2], barrier_us=bar[len(bar) // 2]))
+        print(f"{name:<18} {table[-1]['work_us']:8.2f} {table[-1]['barrier_us']:10.2f}")
+    total = sum(r["work"] + r["barrier"] for r in rows)
+    print(f"traced launch: {total:.1f} us ({total / LAYERS:.2f} us/layer)")
+    return table
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("out"))
@@ -80,6 +103,7 @@ def main() -> None:
     print(plan.describe())
     show("default", graph_ms(step))
     ref = h.clone()
+    results["phases"] = phase_table(plan, step)
     for attr, values in (
         ("num_stages", (4,)),
         ("bk", (256,)),

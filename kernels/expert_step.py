@@ -56,6 +56,24 @@ def _grid_sync(bar_ptr, target):
 
 
 @triton.jit
+def _now():
+    """The GPU's global nanosecond timer (PTX %globaltimer; GPU only)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _phase_end(bar_ptr, target, trace_ptr, idx, pid, TRACE: tl.constexpr):
+    """Barrier between phases; with TRACE, the time the last program finished phase `idx`
+    (atomic max over programs) and the time program 0 left the barrier."""
+    if TRACE:
+        tl.atomic_max(trace_ptr + 2 * idx, _now())
+    _grid_sync(bar_ptr, target)
+    if TRACE:
+        if pid == 0:
+            tl.store(trace_ptr + 2 * idx + 1, _now())
+
+
+@triton.jit
 def _round(x, FIX: tl.constexpr, dtype: tl.constexpr):
     """x rounded to `dtype` and back to fp32 (what a store and a load in the eager model give)."""
     if FIX:
@@ -249,6 +267,7 @@ def _expert_step_kernel(
     mf_ptr,  # [WE] final norm multiplier
     sf_ptr,  # [WE] final norm shift (HAS_SHIFT)
     bar_ptr,  # int32 arrival counter of this launch (zero at launch)
+    trace_ptr,  # int64 [2 * (8 L + 1) + 1] phase timestamps (TRACE), zero at launch
     M,
     Tk,
     suffix_row0,
@@ -281,10 +300,14 @@ def _expert_step_kernel(
     UPCAST: tl.constexpr,
     PREC: tl.constexpr,
     FIX: tl.constexpr,
+    TRACE: tl.constexpr,
     BLOCK_W: tl.constexpr,
 ):
     pid = tl.program_id(0)
     G = tl.num_programs(0)
+    if TRACE:
+        if pid == 0:
+            tl.store(trace_ptr + 2 * (8 * N_LAYERS + 1), _now())
     zero = pid * 0
     HALF: tl.constexpr = D // 2
     CH: tl.constexpr = (HALF + BN_QKV - 1) // BN_QKV
@@ -307,7 +330,7 @@ def _expert_step_kernel(
                 WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
             )  # fmt: skip
         arrivals += G
-        _grid_sync(bar_ptr, arrivals)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 0, pid, TRACE)
         # 1: QKV + RoPE; k / v into this layer's cache rows
         wo = wo_ptr + l64 * (WE * H * D)
         wgu = wgu_ptr + l64 * (2 * FF * WE)
@@ -324,7 +347,7 @@ def _expert_step_kernel(
                 lv + suffix_row0 * stride_kt, pos_ptr, inv_ptr, stride_kt, H, D, FIX,
             )  # fmt: skip
         arrivals += G
-        _grid_sync(bar_ptr, arrivals)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 1, pid, TRACE)
         # 2: attention partials (query tile, key split)
         for u in range(pid, n_mt * ATT_SPLITS, G):
             _attn_fwd_tile(
@@ -334,7 +357,7 @@ def _expert_step_kernel(
                 D, True, True, True, UPCAST, PREC, FIX, ATT_BM, ATT_BN, D, ".cg",
             )  # fmt: skip
         arrivals += G
-        _grid_sync(bar_ptr, arrivals)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 2, pid, TRACE)
         # 3: combine the key splits
         for u in range(pid, n_cm * n_cd, G):
             _attn_combine_tile(
@@ -342,12 +365,12 @@ def _expert_step_kernel(
                 0, H * D, D, D, ATT_SPLITS, FIX, CB_M, CB_DC, ATT_BS, ".cg",
             )  # fmt: skip
         arrivals += G
-        _grid_sync(bar_ptr, arrivals)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 3, pid, TRACE)
         # 4: O projection, split-K partials
         for u in range(pid, (WE // BN_O) * (H * D // KS_O), G):
             _split_k_partials(u, attn_ptr, wo, part_o_ptr, M, WE, H * D, KS_O, UPCAST, PREC, BM, BN_O, BK)
         arrivals += G
-        _grid_sync(bar_ptr, arrivals)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 4, pid, TRACE)
         # 5: close the attention residual, norm for the MLP
         for row in range(pid, M, G):
             _residual_norm_row(
@@ -355,7 +378,7 @@ def _expert_step_kernel(
                 WE, H * D // KS_O, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
             )  # fmt: skip
         arrivals += G
-        _grid_sync(bar_ptr, arrivals)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, TRACE)
         # 6: gate|up + GeGLU
         for u in range(pid, FF // BN_GU, G):
             cols = u * BN_GU + tl.arange(0, BN_GU)
@@ -365,18 +388,20 @@ def _expert_step_kernel(
             )  # fmt: skip
             _geglu_store(acc, acc2, rows, row_ok, cols, col_ok, act_ptr, FF, FIX)
         arrivals += G
-        _grid_sync(bar_ptr, arrivals)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE)
         # 7: down projection, split-K partials (summed by the next phase 0)
         for u in range(pid, (WE // BN_D) * (FF // KS_D), G):
             _split_k_partials(u, act_ptr, wd, part_d_ptr, M, WE, FF, KS_D, UPCAST, PREC, BM, BN_D, BK)
         arrivals += G
-        _grid_sync(bar_ptr, arrivals)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 7, pid, TRACE)
     # close the last MLP residual; the final norm
     for row in range(pid, M, G):
         _residual_norm_row(
             row, h_ptr, part_d_ptr, g2_ptr + (N_LAYERS - 1) * WE, mf_ptr, sf_ptr, xa_ptr, eps, N_LAYERS > 0,
             WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
         )  # fmt: skip
+    if TRACE:
+        tl.atomic_max(trace_ptr + 2 * (8 * N_LAYERS), _now())
 
 
 # ---- host side ---------------------------------------------------------------------------------
@@ -462,6 +487,23 @@ class ExpertStepPlan:
         self.part_d = torch.zeros(mlp_dim // self.ks_d, self.bm, width, **f32)
         self.att_ws = torch.zeros(self.att_splits * rows * num_heads * (head_dim + 2), **f32)
         self.barriers = torch.zeros(launches, dtype=torch.int32, device=device)
+        self.trace: torch.Tensor | None = None  # see `enable_trace`
+
+    def enable_trace(self, layers: int) -> None:
+        """Record phase timestamps in later launches (GPU only; for `phase_times`)."""
+        self.trace = torch.zeros(2 * (8 * layers + 1) + 1, dtype=torch.int64, device=self.device)
+
+    def phase_times(self) -> list[dict[str, float]]:
+        """Per layer and phase of the last traced launch: `work` (previous barrier exit -> the
+        last program done) and `barrier` (-> program 0 past the barrier), in microseconds."""
+        t = self.trace.tolist()
+        layers = (len(t) - 3) // 16
+        out, start = [], t[-1]
+        for i in range(8 * layers + 1):
+            done, left = t[2 * i], t[2 * i + 1]
+            out.append(dict(layer=i // 8, phase=i % 8, work=(done - start) / 1e3, barrier=(left - done) / 1e3))
+            start = left
+        return out[:-1] + [dict(out[-1], barrier=0.0)]
 
     def describe(self) -> str:
         return (
@@ -517,7 +559,7 @@ class ExpertStepPlan:
             w.attn_mult[step], opt(w.attn_shift), opt(w.attn_gate),
             w.mlp_mult[step], opt(w.mlp_shift), opt(w.mlp_gate),
             w.final_mult[step], opt(w.final_shift),
-            self.barriers[slot:],
+            self.barriers[slot:], self.trace if self.trace is not None else self.barriers,
             M, Tk, suffix_row0, kps, k.stride(0), k.stride(1), (1.0 / D**0.5) * _LOG2E, eps, L,
         )  # fmt: skip
         interp = is_interpreting() and not self.gpu
@@ -527,6 +569,7 @@ class ExpertStepPlan:
             BN_D=self.bn_d, KS_D=self.ks_d, ATT_BM=self.att_bm, ATT_BN=self.att_bn, ATT_SPLITS=splits,
             ATT_BS=triton.next_power_of_2(splits), CB_M=self.cb_m, CB_DC=self.cb_dc,
             UPCAST=interp, PREC=dot_precision(self.dtype), FIX=interp and needs_rtne_fix(self.dtype),
+            TRACE=self.trace is not None,
             BLOCK_W=triton.next_power_of_2(self.WE),
             num_warps=self.num_warps, num_stages=self.num_stages,
             **extra,

@@ -1,6 +1,8 @@
 """Build the GPU code of the expert step kernel for CUDA targets without a GPU.
 
-    python scripts/compile_check.py [ARCH ...]      e.g. 90 (H200) 100 110 (Jetson Thor)
+    python scripts/compile_check.py [--trace] [ARCH ...]    e.g. 90 (H200) 100 110 (Jetson Thor)
+
+--trace builds the variant that records phase timestamps (`ExpertStepPlan.enable_trace`).
 
 Uses Triton's bundled ptxas; the launch is the real pi0.5 one (50 suffix tokens, Gemma-300M
 expert, 968 prefix tokens, 132 SMs) built on meta tensors. Prints one JSON line per target.
@@ -20,9 +22,11 @@ from kernels.expert_step import ExpertStepPlan, ExpertWeights, compile_for
 M, W, F, H, D, L, P = 50, 1024, 4096, 8, 256, 18, 968
 
 
-def real_shape_launch() -> tuple[tuple, dict]:
+def real_shape_launch(trace: bool = False) -> tuple[tuple, dict]:
     meta, bf16 = torch.device("meta"), torch.bfloat16
     plan = ExpertStepPlan(M, W, F, H, D, 10, meta, bf16, gpu=True, sm_count=132)
+    if trace:
+        plan.enable_trace(L)
     vec, fin = torch.empty(10, L, W, device=meta), torch.empty(10, W, device=meta)
     w = ExpertWeights(
         torch.empty(L, (H + 2) * D, W, dtype=bf16, device=meta), torch.empty(L, W, H * D, dtype=bf16, device=meta),
@@ -38,8 +42,8 @@ def real_shape_launch() -> tuple[tuple, dict]:
     )  # fmt: skip
 
 
-def main(archs: list[int]) -> None:
-    args, kwargs = real_shape_launch()
+def main(archs: list[int], trace: bool) -> None:
+    args, kwargs = real_shape_launch(trace)
     for arch in archs:
         t0 = time.perf_counter()
         try:
@@ -58,6 +62,7 @@ def main(archs: list[int]) -> None:
                     target=f".target sm_{arch}" in ptx,
                     shared_bytes=compiled.metadata.shared,
                     cooperative=bool(kwargs.get("launch_cooperative_grid")),
+                    trace=trace and "%globaltimer" in ptx,
                 )
             ),
             flush=True,
@@ -65,4 +70,5 @@ def main(archs: list[int]) -> None:
 
 
 if __name__ == "__main__":
-    main([int(a) for a in sys.argv[1:]] or [90, 110])
+    argv = sys.argv[1:]
+    main([int(a) for a in argv if a != "--trace"] or [90, 110], "--trace" in argv)
