@@ -94,6 +94,13 @@ def main() -> None:
         plan.step(h, w, 0, k, v, kb, qb, pos, inv, PREFIX, 0, 1e-6)
 
     results = {}
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"expert_step_{time.strftime('%Y%m%d_%H%M%S')}.json"
+    env = environment(dev)
+
+    def save() -> None:  # after every variant: a hang or crash in a later one keeps the rest
+        path.write_text(json.dumps(dict(env=env, results=results), indent=1))
+
     mb = sum(t.numel() * 2 for t in (w.qkv, w.o, w.gate_up, w.down)) / 1e6
 
     def show(label, ms):
@@ -105,11 +112,14 @@ def main() -> None:
     ref = h.clone()
     results["phases"] = phase_table(plan, step)
     for attr, values in (
+        ("bk_qkv", (64, 256)),
+        ("bk_gu", (64, 256)),
         ("num_stages", (4,)),
         ("bk", (256,)),
         ("bn_gu", (64,)),
         ("ks_o", (512,)),
         ("ks_d", (1024,)),
+        ("ptx_barrier", (True,)),  # last: an experimental barrier that, if wrong, could hang
     ):
         keep = getattr(plan, attr)
         for val in values:
@@ -118,15 +128,14 @@ def main() -> None:
             plan.part_o = torch.zeros(H * D // plan.ks_o, plan.bm, W, **f32)  # split counts follow ks_*
             plan.part_d = torch.zeros(F_MLP // plan.ks_d, plan.bm, W, **f32)
             plan.att_ws = torch.zeros(plan.att_splits * M * H * (D + 2), **f32)
+            save()
             try:
                 show(f"{attr}={val}", graph_ms(step))
                 results[f"{attr}={val} max abs diff vs default"] = float((h.float() - ref.float()).abs().max())
             except Exception as exc:
                 print(f"{attr}={val}: {type(exc).__name__}: {str(exc)[:100]}")
         setattr(plan, attr, keep)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"expert_step_{time.strftime('%Y%m%d_%H%M%S')}.json"
-    path.write_text(json.dumps(dict(env=environment(dev), results=results), indent=1))
+    save()
     print("wrote", path)
 
 

@@ -44,15 +44,37 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _grid_sync(bar_ptr, target):
-    """Every program arrives (release) and waits until `target` arrivals are seen (acquire)."""
+def _grid_sync(bar_ptr, target, PTX: tl.constexpr):
+    """Every program arrives (release) and waits until `target` arrivals are seen (acquire).
+
+    PTX=False: Triton atomics (an acquire read-modify-write after the polling loop).
+    PTX=True (experimental, GPU only): thread 0 arrives with a fire-and-forget
+    ``red.release.gpu`` and every thread polls with ``ld.acquire.gpu``, which saves the two
+    round trips of the returning atomics."""
     tl.debug_barrier()
-    tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
-    seen = tl.load(bar_ptr, volatile=True)  # poll with plain loads: no atomic queue on the line
-    while seen < target:
-        seen = tl.load(bar_ptr, volatile=True)
-    tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")  # synchronise with every arrival
+    if PTX:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
+            "@p red.release.gpu.global.add.u32 [$1], 1; mov.u32 $0, 0; }",
+            "=r,l", [bar_ptr], dtype=tl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
+        seen = _load_acquire(bar_ptr)
+        while seen < target:
+            seen = _load_acquire(bar_ptr)
+    else:
+        tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
+        seen = tl.load(bar_ptr, volatile=True)  # poll with plain loads: no atomic queue on the line
+        while seen < target:
+            seen = tl.load(bar_ptr, volatile=True)
+        tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")  # synchronise with every arrival
     tl.debug_barrier()
+
+
+@triton.jit
+def _load_acquire(ptr):
+    return tl.inline_asm_elementwise(
+        "ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 @triton.jit
@@ -62,12 +84,12 @@ def _now():
 
 
 @triton.jit
-def _phase_end(bar_ptr, target, trace_ptr, idx, pid, TRACE: tl.constexpr):
+def _phase_end(bar_ptr, target, trace_ptr, idx, pid, TRACE: tl.constexpr, PTX: tl.constexpr):
     """Barrier between phases; with TRACE, the time the last program finished phase `idx`
     (atomic max over programs) and the time program 0 left the barrier."""
     if TRACE:
         tl.atomic_max(trace_ptr + 2 * idx, _now())
-    _grid_sync(bar_ptr, target)
+    _grid_sync(bar_ptr, target, PTX)
     if TRACE:
         if pid == 0:
             tl.store(trace_ptr + 2 * idx + 1, _now())
@@ -285,6 +307,8 @@ def _expert_step_kernel(
     HAS_SHIFT: tl.constexpr,
     BM: tl.constexpr,
     BK: tl.constexpr,
+    BK_QKV: tl.constexpr,
+    BK_GU: tl.constexpr,
     BN_QKV: tl.constexpr,
     BN_O: tl.constexpr,
     KS_O: tl.constexpr,
@@ -301,6 +325,7 @@ def _expert_step_kernel(
     PREC: tl.constexpr,
     FIX: tl.constexpr,
     TRACE: tl.constexpr,
+    PTX_BARRIER: tl.constexpr,
     BLOCK_W: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -330,7 +355,7 @@ def _expert_step_kernel(
                 WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
             )  # fmt: skip
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 0, pid, TRACE)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 0, pid, TRACE, PTX_BARRIER)
         # 1: QKV + RoPE; k / v into this layer's cache rows
         wo = wo_ptr + l64 * (WE * H * D)
         wgu = wgu_ptr + l64 * (2 * FF * WE)
@@ -340,14 +365,14 @@ def _expert_step_kernel(
             col_ok = cols < HALF
             wrow = (u // CH) * D + cols
             acc, acc2 = _tile_dot(
-                xa_ptr, WE, rows, row_ok, 0, WE, wqkv, wrow, col_ok, WE, HALF, True, UPCAST, PREC, BM, BN_QKV, BK,
+                xa_ptr, WE, rows, row_ok, 0, WE, wqkv, wrow, col_ok, WE, HALF, True, UPCAST, PREC, BM, BN_QKV, BK_QKV,
             )  # fmt: skip
             _rope_store(
                 acc, acc2, u // CH, rows, row_ok, cols, col_ok, q_ptr, lk + suffix_row0 * stride_kt,
                 lv + suffix_row0 * stride_kt, pos_ptr, inv_ptr, stride_kt, H, D, FIX,
             )  # fmt: skip
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 1, pid, TRACE)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 1, pid, TRACE, PTX_BARRIER)
         # 2: attention partials (query tile, key split)
         for u in range(pid, n_mt * ATT_SPLITS, G):
             _attn_fwd_tile(
@@ -357,7 +382,7 @@ def _expert_step_kernel(
                 D, True, True, True, UPCAST, PREC, FIX, ATT_BM, ATT_BN, D, ".cg",
             )  # fmt: skip
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 2, pid, TRACE)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 2, pid, TRACE, PTX_BARRIER)
         # 3: combine the key splits
         for u in range(pid, n_cm * n_cd, G):
             _attn_combine_tile(
@@ -365,12 +390,12 @@ def _expert_step_kernel(
                 0, H * D, D, D, ATT_SPLITS, FIX, CB_M, CB_DC, ATT_BS, ".cg",
             )  # fmt: skip
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 3, pid, TRACE)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 3, pid, TRACE, PTX_BARRIER)
         # 4: O projection, split-K partials
         for u in range(pid, (WE // BN_O) * (H * D // KS_O), G):
             _split_k_partials(u, attn_ptr, wo, part_o_ptr, M, WE, H * D, KS_O, UPCAST, PREC, BM, BN_O, BK)
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 4, pid, TRACE)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 4, pid, TRACE, PTX_BARRIER)
         # 5: close the attention residual, norm for the MLP
         for row in range(pid, M, G):
             _residual_norm_row(
@@ -378,22 +403,22 @@ def _expert_step_kernel(
                 WE, H * D // KS_O, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
             )  # fmt: skip
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, TRACE)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, TRACE, PTX_BARRIER)
         # 6: gate|up + GeGLU
         for u in range(pid, FF // BN_GU, G):
             cols = u * BN_GU + tl.arange(0, BN_GU)
             col_ok = cols < FF
             acc, acc2 = _tile_dot(
-                xm_ptr, WE, rows, row_ok, 0, WE, wgu, cols, col_ok, WE, FF, True, UPCAST, PREC, BM, BN_GU, BK,
+                xm_ptr, WE, rows, row_ok, 0, WE, wgu, cols, col_ok, WE, FF, True, UPCAST, PREC, BM, BN_GU, BK_GU,
             )  # fmt: skip
             _geglu_store(acc, acc2, rows, row_ok, cols, col_ok, act_ptr, FF, FIX)
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE, PTX_BARRIER)
         # 7: down projection, split-K partials (summed by the next phase 0)
         for u in range(pid, (WE // BN_D) * (FF // KS_D), G):
             _split_k_partials(u, act_ptr, wd, part_d_ptr, M, WE, FF, KS_D, UPCAST, PREC, BM, BN_D, BK)
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 7, pid, TRACE)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 7, pid, TRACE, PTX_BARRIER)
     # close the last MLP residual; the final norm
     for row in range(pid, M, G):
         _residual_norm_row(
@@ -488,6 +513,11 @@ class ExpertStepPlan:
         self.att_ws = torch.zeros(self.att_splits * rows * num_heads * (head_dim + 2), **f32)
         self.barriers = torch.zeros(launches, dtype=torch.int32, device=device)
         self.trace: torch.Tensor | None = None  # see `enable_trace`
+        # experiments for bench/expert_step.py (not yet measured on a GPU): K tile of the QKV and
+        # gate|up phases (None: bk), and the inline-PTX barrier
+        self.bk_qkv: int | None = None
+        self.bk_gu: int | None = None
+        self.ptx_barrier = False
 
     def enable_trace(self, layers: int) -> None:
         """Record phase timestamps in later launches (GPU only; for `phase_times`)."""
@@ -565,11 +595,12 @@ class ExpertStepPlan:
         interp = is_interpreting() and not self.gpu
         kwargs = dict(
             H=H, D=D, WE=self.WE, FF=self.FF, GATED=w.attn_gate is not None, HAS_SHIFT=w.attn_shift is not None,
-            BM=self.bm, BK=self.bk, BN_QKV=self.bn_qkv, BN_O=self.bn_o, KS_O=self.ks_o, BN_GU=self.bn_gu,
+            BM=self.bm, BK=self.bk, BK_QKV=self.bk_qkv or self.bk, BK_GU=self.bk_gu or self.bk,
+            BN_QKV=self.bn_qkv, BN_O=self.bn_o, KS_O=self.ks_o, BN_GU=self.bn_gu,
             BN_D=self.bn_d, KS_D=self.ks_d, ATT_BM=self.att_bm, ATT_BN=self.att_bn, ATT_SPLITS=splits,
             ATT_BS=triton.next_power_of_2(splits), CB_M=self.cb_m, CB_DC=self.cb_dc,
             UPCAST=interp, PREC=dot_precision(self.dtype), FIX=interp and needs_rtne_fix(self.dtype),
-            TRACE=self.trace is not None,
+            TRACE=self.trace is not None, PTX_BARRIER=self.ptx_barrier,
             BLOCK_W=triton.next_power_of_2(self.WE),
             num_warps=self.num_warps, num_stages=self.num_stages,
             **extra,

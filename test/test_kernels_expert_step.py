@@ -44,10 +44,10 @@ def test_step_kernel_builds_for_hopper_and_thor() -> None:
         assert 0 < r["shared_bytes"] <= 227 * 1024  # fits Hopper's and Thor's shared memory
 
 
-def test_traced_step_kernel_builds() -> None:
-    """The variant that timestamps each phase (bench/expert_step.py) builds too."""
-    (result,) = _compile_check("--trace", "90")
-    assert result["trace"] and result["target"]
+def test_traced_and_ptx_barrier_variants_build() -> None:
+    """The variants bench/expert_step.py measures build too: phase timestamps, PTX barrier."""
+    (result,) = _compile_check("--trace", "--ptx-barrier", "90")
+    assert result["trace"] and result["ptx_barrier"] and result["target"]
 
 
 def test_plan_refuses_too_many_suffix_tokens() -> None:
