@@ -16,8 +16,7 @@ from flashrt_ros.policies.fused import FusedPi0
 
 def _run_fused(model, x, dtype):
     fused = FusedPi0(model, dtype)
-    fused.pixels.copy_(x["pixels"][0].to(dtype))
-    fused.view_valid.copy_(x["image_masks"][0])
+    fused.set_pixels(x["pixels"][0].to(dtype), x["image_masks"][0].tolist())
     fused.set_inputs(x["tokens"][0], x["token_masks"][0], x["state"][0], x["noise"][0])
     fused.capture()
     return fused, fused.sample_actions().clone()
@@ -83,7 +82,7 @@ def test_prompt_buckets_pick_the_smallest_and_change_nothing(valid_tokens, bucke
     ref = model.sample_actions(**x)[0]
     fused = FusedPi0(model, torch.float32, prompt_buckets=(8,))
     assert fused.buckets == [8, 16]
-    fused.pixels.copy_(x["pixels"][0])
+    fused.set_pixels(x["pixels"][0], [True] * model.cfg.num_views)
     fused.set_inputs(x["tokens"][0], x["token_masks"][0], x["state"][0], x["noise"][0])
     assert fused.bucket == bucket
     fused.capture()
@@ -112,3 +111,16 @@ def test_step_kernel_and_per_op_expert_agree():
     assert fused.step_plan is not None
     fused.step_plan, fused.graphs = None, {}
     torch.testing.assert_close(fused.sample_actions(), out, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("present", [[True, False], [False, True], [False, False]])
+def test_present_views_are_packed_and_change_nothing(present):
+    """Only present cameras run (packed to the front, graphs per view count): the chunk equals
+    the reference's with the absent views masked, wherever they sit, and with no camera at all."""
+    model = tiny_model("pi05", seed=5, num_views=2).to(DEVICE)
+    x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1).items()}
+    x["image_masks"][0] = torch.tensor(present)
+    ref = model.sample_actions(**x)[0]
+    fused, out = _run_fused(model, x, torch.float32)
+    assert fused.views == max(1, sum(present))
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)

@@ -21,8 +21,7 @@ log = logging.getLogger(__name__)
 
 
 def load_case(fused: FusedPi0, case: Case) -> None:
-    fused.pixels.copy_(case.pixels[0].to(fused.dtype))
-    fused.view_valid.copy_(case.image_masks[0])
+    fused.set_pixels(case.pixels[0].to(fused.dtype), case.image_masks[0].tolist())
     fused.set_inputs(case.tokens[0], case.token_masks[0], case.state[0], case.noise[0])
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from tqdm import tqdm
 
 from kernels.ada_rms_norm import ada_rms_norm, gated_residual_ada_rms_norm
 from kernels.attention import attention
@@ -109,6 +110,9 @@ class FusedPi0:
         # prompt does not pay for 200 padded tokens. Each bucket has its own pair of graphs.
         self.buckets = sorted({b for b in prompt_buckets if 0 < b < cfg.prompt_len} | {cfg.prompt_len})
         self.bucket = cfg.prompt_len
+        # Views in the current decision's prefix: present cameras are packed to the front and only
+        # they run, with graphs per view count (see set_images).
+        self.views = cfg.num_views
         dev = self.device = next(model.parameters()).device
         f32 = lambda t: t.detach().float().contiguous()  # noqa: E731
         with torch.no_grad():
@@ -233,14 +237,33 @@ class FusedPi0:
 
     # ---- inputs ------------------------------------------------------------------------------
     def set_images(self, images: list[Tensor | None]) -> None:
-        """uint8 HxWx3 frames (on the device) -> `pixels` via the preprocess kernel; None = absent."""
-        for i, img in enumerate(images):
-            if img is None:
-                self.pixels[i].fill_(-1.0)
-                self.view_valid[i] = False
-            else:
-                preprocess_image(img, self.cfg.vision.image_size, out=self.pixels[i])
-                self.view_valid[i] = True
+        """uint8 HxWx3 frames (on the device) -> `pixels` via the preprocess kernel; None = absent.
+
+        Present views are packed to the front and the decision runs only them (the graphs of
+        that view count). Exact: an absent view's tokens are masked out of attention and take no
+        position (positions count valid tokens), and the prefix attends bidirectionally, so
+        neither their presence nor the order of the present views changes the result."""
+        present = [img for img in images if img is not None]
+        for j, img in enumerate(present):
+            preprocess_image(img, self.cfg.vision.image_size, out=self.pixels[j])
+        self._set_views(len(present))
+
+    def set_pixels(self, pixels: Tensor, valid: list[bool]) -> None:
+        """Pre-processed pixels [V, 3, S, S] and which views are present (host bools), packed
+        like `set_images`."""
+        present = [i for i, ok in enumerate(valid) if ok]
+        for j, i in enumerate(present):
+            self.pixels[j].copy_(pixels[i])
+        self._set_views(len(present))
+
+    def _set_views(self, n: int) -> None:
+        if n == 0:  # no camera at all: one masked view keeps the shapes; the prompt alone conditions
+            self.pixels[0].fill_(-1.0)
+            self.view_valid[0] = False
+            self.views = 1
+        else:
+            self.view_valid[:n] = True
+            self.views = n
 
     def set_inputs(self, tokens: Tensor, token_valid: Tensor, state: Tensor, noise: Tensor) -> None:
         """Copy a decision's inputs in and pick its prompt bucket (host tensors: no device sync)."""
@@ -254,9 +277,9 @@ class FusedPi0:
 
     # ---- stages ------------------------------------------------------------------------------
     def vision(self) -> Tensor:
-        """pixels [V, 3, S, S] -> projected vision tokens [V*N, Wp]."""
-        spec, v = self.cfg.vision, self.cfg.num_views
-        x = F.conv2d(self.pixels, *self.patch, stride=spec.patch_size).flatten(2).transpose(1, 2)
+        """pixels of the current views [v, 3, S, S] -> projected vision tokens [v*N, Wp]."""
+        spec, v = self.cfg.vision, self.views
+        x = F.conv2d(self.pixels[:v], *self.patch, stride=spec.patch_size).flatten(2).transpose(1, 2)
         h = (x + self.pos).reshape(-1, spec.width).contiguous()  # the kernels want contiguous rows
         heads, hd, n = spec.num_heads, spec.width // spec.num_heads, spec.num_tokens
         mlp_out = None
@@ -278,11 +301,13 @@ class FusedPi0:
         Only the first `self.bucket` prompt tokens are used: the rest are padding (right-padded
         prompts), which no query may see, so leaving them out changes nothing."""
         cfg, b = self.cfg, self.bucket
-        n_img = cfg.num_views * cfg.vision.num_tokens
+        n_img = self.views * cfg.vision.num_tokens
         p = n_img + b
         self.prefix_emb[:n_img] = self.vision()
         self.prefix_emb[n_img:p] = F.embedding(self.tokens[:b], self.embed) * self.embed_scale
-        valid = torch.cat([self.view_valid.repeat_interleave(cfg.vision.num_tokens), self.token_valid[:b]])
+        valid = torch.cat(
+            [self.view_valid[: self.views].repeat_interleave(cfg.vision.num_tokens), self.token_valid[:b]]
+        )
         positions = valid.long().cumsum(0) - 1
         self.key_blocks[:p] = torch.where(valid, VISIBLE, MASKED).to(torch.int32)
         self.key_blocks[p : p + cfg.suffix_len] = self.query_blocks
@@ -347,7 +372,7 @@ class FusedPi0:
         """The expert's whole pass as one persistent launch (kernels/expert_step.py)."""
         cfg = self.cfg
         h = self._suffix_input(step, x)
-        p = cfg.num_views * cfg.vision.num_tokens + self.bucket
+        p = self.views * cfg.vision.num_tokens + self.bucket
         keys = slice(0, p + cfg.suffix_len)
         y = self.step_plan.step(
             h, self.expert_weights, step, self.prefix_k[:, keys], self.prefix_v[:, keys], self.key_blocks[keys],
@@ -360,7 +385,7 @@ class FusedPi0:
         GeGLU): the path for suffixes the step kernel does not hold (more than 64 tokens)."""
         cfg, spec = self.cfg, self.cfg.expert
         h = self._suffix_input(step, x)
-        p = cfg.num_views * cfg.vision.num_tokens + self.bucket
+        p = self.views * cfg.vision.num_tokens + self.bucket
         own, seen = slice(p, p + cfg.suffix_len), slice(0, p + cfg.suffix_len)  # suffix rows; all keys
         mlp_out, gate = None, None
         for i, w in enumerate(self.expert_layers):
@@ -404,14 +429,15 @@ class FusedPi0:
 
     # ---- graphs ------------------------------------------------------------------------------
     def capture(self, warmup: int = 2) -> None:
-        """Record the prefix and denoise stages of every prompt bucket as CUDA graphs (after a
-        warm-up that compiles the kernels); the graphs share one memory pool."""
+        """Record the prefix and denoise stages of every (view count, prompt bucket) as CUDA
+        graphs (after a warm-up that compiles the kernels); the graphs share one memory pool."""
         if self.device.type != "cuda":
             return
-        chosen = self.bucket
+        chosen = self.views, self.bucket
         pool = torch.cuda.graph_pool_handle()
-        for bucket in self.buckets:
-            self.bucket = bucket
+        shapes = [(v, b) for v in range(1, self.cfg.num_views + 1) for b in self.buckets]
+        for views, bucket in tqdm(shapes, desc="capturing CUDA graphs", disable=len(shapes) < 4, leave=False):
+            self.views, self.bucket = views, bucket
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
@@ -423,12 +449,16 @@ class FusedPi0:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
                     fn()
-                self.graphs[(name, bucket)] = graph
-        self.bucket = chosen
-        log.info("captured CUDA graphs: prefix + denoise for prompt buckets %s", self.buckets)
+                self.graphs[(name, views, bucket)] = graph
+        self.views, self.bucket = chosen
+        log.info(
+            "captured CUDA graphs: prefix + denoise for views 1..%d x prompt buckets %s",
+            self.cfg.num_views,
+            self.buckets,
+        )
 
     def run(self, stage: str) -> None:
-        graph = self.graphs.get((stage, self.bucket))
+        graph = self.graphs.get((stage, self.views, self.bucket))
         if graph is not None:
             graph.replay()
         else:
