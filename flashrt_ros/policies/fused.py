@@ -12,7 +12,10 @@ What changes against the reference (and why it is exact or where it rounds):
 * the last prefix layer stops after its K/V (its attention/MLP output is never read);
 * persistent named buffers (`pixels`, `tokens`, `token_valid`, `state`, `noise`, `prefix_k`,
   `prefix_v`, `actions`): a decision writes inputs into them, replays the captured graphs
-  (prefix stage: vision + prefix LM; denoise stage: all Euler steps) and reads `actions`.
+  (prefix stage: vision + prefix LM; denoise stage: all Euler steps) and reads `actions`;
+* shape buckets: present cameras are packed to the front and the prompt is cut to the smallest
+  length bucket that holds it, with graphs per (view count, bucket), so absent cameras and
+  prompt padding cost nothing (exactly: neither is visible to any query nor takes a position).
   Inside a replay nothing is allocated, nothing syncs with the host and no Python runs per op.
 On a CPU the same code runs eagerly (Triton interpreter), which is how CI checks parity.
 """
