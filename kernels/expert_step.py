@@ -38,7 +38,7 @@ import triton.language as tl
 from ._common import dot_precision, is_interpreting, needs_rtne_fix, round_bf16_rtne
 from .attention import _attn_combine_tile, _attn_fwd_tile
 
-__all__ = ["ExpertStepPlan", "ExpertWeights"]
+__all__ = ["ExpertStepPlan", "ExpertWeights", "expert_step_ref"]
 
 _LOG2E = 1.4426950408889634
 
@@ -633,3 +633,64 @@ def compile_for(args: tuple, kwargs: dict, arch: int):
     return triton.compile(
         ASTSource(kernel, signature, constexprs=constexprs), target=GPUTarget("cuda", arch, 64), options=options
     )
+
+
+# ---- reference (the eager model's maths, plain torch) -------------------------------------------
+
+
+def expert_step_ref(
+    h: torch.Tensor,
+    w: ExpertWeights,
+    step: int,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_blocks: torch.Tensor,
+    query_blocks: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    suffix_row0: int,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What `ExpertStepPlan.step` computes, layer by layer in torch: returns (h after the last
+    layer, the final norm's output, k, v with the suffix rows written); inputs are not changed.
+    Values are rounded to h's dtype where the eager model stores them."""
+    from .attention import attention_ref
+
+    dt, M = h.dtype, h.shape[0]
+    L, D = w.qkv.shape[0], k.shape[-1]
+    H = w.o.shape[2] // D
+    h, k, v = h.clone(), k.clone(), v.clone()
+    pick = lambda t, i: None if t is None else t[step, i].float()  # noqa: E731
+
+    def norm(x, mult, shift):
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * mult
+        return (y + shift if shift is not None else y).to(dt)
+
+    def residual(x, y, gate):
+        y = y.to(dt).float()
+        if gate is not None:
+            y = (y * gate).to(dt).float()
+        return (x.float() + y).to(dt)
+
+    def rope(t):  # [M, heads, D] fp32, Gemma rotate_half
+        ang = positions.float()[:, None, None] * inv_freq.float()[None, None, :]
+        c, s = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+        return t * c + torch.cat([-t[..., D // 2 :], t[..., : D // 2]], -1) * s
+
+    rows = slice(suffix_row0, suffix_row0 + M)
+    for i in range(L):
+        qkv = torch.nn.functional.linear(norm(h, pick(w.attn_mult, i), pick(w.attn_shift, i)), w.qkv[i]).float()
+        q, kk, vv = qkv.split([H * D, D, D], -1)
+        k[i, rows], v[i, rows] = rope(kk.view(M, 1, D))[:, 0].to(dt), vv.to(dt)
+        a = attention_ref(rope(q.view(M, H, D)).to(dt), k[i], v[i], key_blocks, query_blocks)
+        h = residual(h, torch.nn.functional.linear(a.reshape(M, -1), w.o[i]), pick(w.attn_gate, i))
+        g, u = (
+            torch.nn.functional.linear(norm(h, pick(w.mlp_mult, i), pick(w.mlp_shift, i)), w.gate_up[i])
+            .float()
+            .chunk(2, -1)
+        )
+        act = (torch.nn.functional.gelu(g, approximate="tanh") * u).to(dt)
+        h = residual(h, torch.nn.functional.linear(act, w.down[i]), pick(w.mlp_gate, i))
+    shift = None if w.final_shift is None else w.final_shift[step].float()
+    return h, norm(h, w.final_mult[step].float(), shift), k, v

@@ -1,10 +1,11 @@
 """kernels.expert_step: the expert's whole denoise-step pass in one persistent launch.
 
-Numerics against the reference model run in test_fused.py (CPU: interpreter, one program; GPU:
-compiled, one program per SM, inside the captured denoise graph). Here: the GPU code itself
-builds at the real pi0.5 shapes for Hopper (sm_90, the H200) and Jetson Thor (sm_110) with
-Triton's own ptxas and no GPU (scripts/compile_check.py, in a process without the interpreter):
-the only check of Thor's target we can run in CI.
+- against `expert_step_ref` (torch, layer by layer): small ragged shapes on the CPU
+  (interpreter, one program), the real pi0.5 shapes on a GPU (one program per SM, barriers);
+  through the whole model in test_fused.py;
+- the GPU code builds at the real shapes for Hopper (sm_90, the H200) and Jetson Thor (sm_110)
+  with Triton's own ptxas and no GPU (scripts/compile_check.py, in a process without the
+  interpreter): the only check of Thor's target we can run in CI.
 """
 
 import json
@@ -15,8 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from kernel_fixtures import DEVICE
+from policy_fixtures import cosine
 
-from kernels.expert_step import ExpertStepPlan
+from kernels.expert_step import ExpertStepPlan, ExpertWeights, expert_step_ref
+from kernels.rope import rope_inv_freq
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,3 +74,54 @@ def test_phase_times_decodes_the_trace() -> None:
     rows = plan.phase_times()
     assert len(rows) == n and rows[9] == dict(layer=1, phase=1, work=3.0, barrier=1.0)
     assert rows[-1]["barrier"] == 0.0 and all(r["work"] == 3.0 for r in rows)
+
+
+def _problem(M, W, F, H, D, L, P, dtype, gated, seed=0):
+    """Random stacked weights / norms for 2 steps, a cache whose last 4 prefix keys are padding."""
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda *shape, scale=1.0: (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEVICE)  # noqa: E731
+    vec = lambda base: (base + 0.2 * torch.randn(2, L, W, generator=g)).to(DEVICE)  # noqa: E731
+    fin = (1 + 0.2 * torch.randn(2, W, generator=g)).to(DEVICE)
+    w = ExpertWeights(
+        rnd(L, (H + 2) * D, W, scale=W**-0.5), rnd(L, W, H * D, scale=(H * D) ** -0.5),
+        rnd(L, 2 * F, W, scale=W**-0.5), rnd(L, W, F, scale=F**-0.5),
+        vec(1.0), vec(0.0) if gated else None, vec(1.0) if gated else None,
+        vec(1.0), vec(0.0) if gated else None, vec(1.0) if gated else None,
+        fin, (fin - 1) if gated else None,
+    )  # fmt: skip
+    k, v = rnd(L, P + M, D), rnd(L, P + M, D)
+    kb = torch.full((P + M,), -(2**30), dtype=torch.int32)
+    kb[P - 4 : P] = 2**30  # padded prefix keys: seen by no query
+    kb[P:] = 1
+    inputs = (k, v, kb.to(DEVICE), torch.ones(M, dtype=torch.int32, device=DEVICE))
+    inputs += (torch.arange(P - 4, P - 4 + M, device=DEVICE), rope_inv_freq(D, 10000.0, DEVICE), P)
+    return rnd(M, W), w, inputs
+
+
+def _run_and_compare(shape, dtype, gated, tol):
+    M, W, F, H, D, L, P = shape
+    h0, w, (k, v, kb, qb, pos, inv, row0) = _problem(M, W, F, H, D, L, P, dtype, gated)
+    h_ref, x_ref, k_ref, v_ref = expert_step_ref(h0, w, 1, k, v, kb, qb, pos, inv, row0, 1e-6)
+    plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), dtype)
+    h = h0.clone()
+    x = plan.step(h, w, 1, k, v, kb, qb, pos, inv, row0, 0, 1e-6)
+    assert torch.equal(k[:, :row0], k_ref[:, :row0]) and torch.equal(v[:, :row0], v_ref[:, :row0])  # prefix kept
+    suffix = slice(row0, row0 + M)
+    for got, ref in ((h, h_ref), (x, x_ref), (k[:, suffix], k_ref[:, suffix]), (v[:, suffix], v_ref[:, suffix])):
+        if tol is None:
+            assert cosine(got.float(), ref.float()) > 0.999
+        else:
+            torch.testing.assert_close(got.float(), ref.float(), **tol)
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_step_kernel_matches_reference_small(dtype, gated) -> None:
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else None
+    _run_and_compare((10, 32, 64, 4, 16, 2, 24), dtype, gated, tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
+def test_step_kernel_matches_reference_gpu_real_shapes(gated) -> None:
+    _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, gated, None)
