@@ -115,10 +115,8 @@ def main() -> None:
         ("bk_qkv", (64, 256)),
         ("bk_gu", (64, 256)),
         ("num_stages", (4,)),
-        ("bk", (256,)),
         ("bn_gu", (64,)),
-        ("ks_o", (512,)),
-        ("ks_d", (1024,)),
+        ("att_splits", (4,)),
         ("ptx_barrier", (True,)),  # last: an experimental barrier that, if wrong, could hang
     ):
         keep = getattr(plan, attr)
