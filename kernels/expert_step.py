@@ -25,6 +25,10 @@ output, ``y * gate`` and ``h`` are rounded to bf16 where the eager model stores 
 All programs must be resident at once (the barrier waits for every one): the grid is one
 program per SM, launched cooperatively. On the interpreter (CI) the grid is one program, which
 runs every unit of every phase in order.
+
+Measured (H200, pi0.5 expert, 50 tokens, 968 + 50 keys): 852 us per step, against ~950 us for the
+same work as separate kernels; the grid barriers (~2-3 us each, 8 per layer) are now the largest
+cost (docs/results/README.md).
 """
 
 from __future__ import annotations
