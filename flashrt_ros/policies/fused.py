@@ -12,11 +12,11 @@ What changes against the reference (and why it is exact or where it rounds):
 * the last prefix layer stops after its K/V (its attention/MLP output is never read);
 * persistent named buffers (`pixels`, `tokens`, `token_valid`, `state`, `noise`, `prefix_k`,
   `prefix_v`, `actions`): a decision writes inputs into them, replays the captured graphs
-  (prefix stage: vision + prefix LM; denoise stage: all Euler steps) and reads `actions`;
+  (prefix stage: vision + prefix LM; denoise stage: all Euler steps) and reads `actions`.
+  Inside a replay nothing is allocated, nothing syncs with the host and no Python runs per op;
 * shape buckets: present cameras are packed to the front and the prompt is cut to the smallest
   length bucket that holds it, with graphs per (view count, bucket), so absent cameras and
   prompt padding cost nothing (exactly: neither is visible to any query nor takes a position).
-  Inside a replay nothing is allocated, nothing syncs with the host and no Python runs per op.
 On a CPU the same code runs eagerly (Triton interpreter), which is how CI checks parity.
 """
 
@@ -279,6 +279,11 @@ class FusedPi0:
         self.noise.copy_(noise, non_blocking=True)
 
     # ---- stages ------------------------------------------------------------------------------
+    @property
+    def prefix_rows(self) -> int:
+        """Prefix tokens of the current shape bucket: the present views' image tokens + the prompt bucket."""
+        return self.views * self.cfg.vision.num_tokens + self.bucket
+
     def vision(self) -> Tensor:
         """pixels of the current views [v, 3, S, S] -> projected vision tokens [v*N, Wp]."""
         spec, v = self.cfg.vision, self.views
@@ -304,8 +309,8 @@ class FusedPi0:
         Only the first `self.bucket` prompt tokens are used: the rest are padding (right-padded
         prompts), which no query may see, so leaving them out changes nothing."""
         cfg, b = self.cfg, self.bucket
-        n_img = self.views * cfg.vision.num_tokens
-        p = n_img + b
+        p = self.prefix_rows
+        n_img = p - b
         self.prefix_emb[:n_img] = self.vision()
         self.prefix_emb[n_img:p] = F.embedding(self.tokens[:b], self.embed) * self.embed_scale
         valid = torch.cat(
@@ -375,7 +380,7 @@ class FusedPi0:
         """The expert's whole pass as one persistent launch (kernels/expert_step.py)."""
         cfg = self.cfg
         h = self._suffix_input(step, x)
-        p = self.views * cfg.vision.num_tokens + self.bucket
+        p = self.prefix_rows
         keys = slice(0, p + cfg.suffix_len)
         y = self.step_plan.step(
             h, self.expert_weights, step, self.prefix_k[:, keys], self.prefix_v[:, keys], self.key_blocks[keys],
@@ -388,7 +393,7 @@ class FusedPi0:
         GeGLU): the path for suffixes the step kernel does not hold (more than 64 tokens)."""
         cfg, spec = self.cfg, self.cfg.expert
         h = self._suffix_input(step, x)
-        p = self.views * cfg.vision.num_tokens + self.bucket
+        p = self.prefix_rows
         own, seen = slice(p, p + cfg.suffix_len), slice(0, p + cfg.suffix_len)  # suffix rows; all keys
         mlp_out, gate = None, None
         for i, w in enumerate(self.expert_layers):
