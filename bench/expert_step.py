@@ -41,8 +41,8 @@ def graph_ms(fn, replays: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
-PHASES = ["0 residual+norm", "1 qkv+rope", "2 attention", "3 combine", "4 o-proj", "5 residual+norm",
-          "6 gate_up+geglu", "7 down"]  # fmt: skip
+PHASE_NAMES = ["0 norm+qkv+rope", "1 attention", "2 combine", "3 o-proj+residual", "4 norm+gate_up+geglu",
+               "5 down+residual"]  # fmt: skip
 
 
 def phase_table(plan: ExpertStepPlan, step) -> list[dict]:
@@ -53,12 +53,12 @@ def phase_table(plan: ExpertStepPlan, step) -> list[dict]:
     rows = plan.phase_times()
     plan.trace = None
     table = []
-    print(f"{'phase':<18} {'work us':>8} {'barrier us':>10}   (median over {LAYERS} layers)")
-    for p, name in enumerate(PHASES):
+    print(f"{'phase':<22} {'work us':>8} {'barrier us':>10}   (median over {LAYERS} layers)")
+    for p, name in enumerate(PHASE_NAMES):
         work = sorted(r["work"] for r in rows if r["phase"] == p and r["layer"] < LAYERS)
         bar = sorted(r["barrier"] for r in rows if r["phase"] == p and r["layer"] < LAYERS)
         table.append(dict(phase=name, work_us=work[len(work) // 2], barrier_us=bar[len(bar) // 2]))
-        print(f"{name:<18} {table[-1]['work_us']:8.2f} {table[-1]['barrier_us']:10.2f}")
+        print(f"{name:<22} {table[-1]['work_us']:8.2f} {table[-1]['barrier_us']:10.2f}")
     total = sum(r["work"] + r["barrier"] for r in rows)
     print(f"traced launch: {total:.1f} us ({total / LAYERS:.2f} us/layer)")
     return table
@@ -111,28 +111,26 @@ def main() -> None:
     show("default", graph_ms(step))
     ref = h.clone()
     results["phases"] = phase_table(plan, step)
-    for attr, values in (
-        ("bk_qkv", (64, 256)),
-        ("bk_gu", (64, 256)),
-        ("num_stages", (4,)),
-        ("bn_gu", (64,)),
-        ("att_splits", (4,)),
-        ("ptx_barrier", (True,)),  # last: an experimental barrier that, if wrong, could hang
+    default_tiles = {name: getattr(plan, name) for name in ("num_stages", "att_bm", "att_splits", "bn_o", "ks_o",
+                                                            "bn_d", "ks_d", "bn_gu")}  # fmt: skip
+    for tiles in (
+        dict(num_stages=3),
+        dict(att_bm=64, att_splits=16),
+        dict(att_bm=64, att_splits=8),
+        dict(bn_o=32, ks_o=512),
+        dict(bn_d=32, ks_d=1024),
+        dict(bn_d=64, ks_d=256),
+        dict(bn_gu=64),
     ):
-        keep = getattr(plan, attr)
-        for val in values:
-            setattr(plan, attr, val)
-            f32 = dict(device=dev, dtype=torch.float32)
-            plan.part_o = torch.zeros(H * D // plan.ks_o, plan.bm, W, **f32)  # split counts follow ks_*
-            plan.part_d = torch.zeros(F_MLP // plan.ks_d, plan.bm, W, **f32)
-            plan.att_ws = torch.zeros(plan.att_splits * M * H * (D + 2), **f32)
-            save()
-            try:
-                show(f"{attr}={val}", graph_ms(step))
-                results[f"{attr}={val} max abs diff vs default"] = float((h.float() - ref.float()).abs().max())
-            except Exception as exc:
-                print(f"{attr}={val}: {type(exc).__name__}: {str(exc)[:100]}")
-        setattr(plan, attr, keep)
+        label = ",".join(f"{k}={v}" for k, v in tiles.items())
+        plan.set_tiles(**tiles)
+        save()
+        try:
+            show(label, graph_ms(step))
+            results[f"{label} max abs diff vs default"] = float((h.float() - ref.float()).abs().max())
+        except Exception as exc:
+            print(f"{label}: {type(exc).__name__}: {str(exc)[:100]}")
+        plan.set_tiles(**default_tiles)
     save()
     print("wrote", path)
 

@@ -6,34 +6,40 @@ each one pays its launch, its first loads and its tail (~5-9 us each, measured o
 step was latency-bound. Here one program per SM stays resident and walks every layer's phases,
 separated by a grid-wide barrier (an arrival counter in global memory):
 
-    0  h += gate * Σ down partials (previous layer) ; x_attn = norm(h)        units: rows
-    1  x_attn @ Wqkv.T -> RoPE -> q ; k, v into the cache's suffix rows       units: column-pair tiles
-    2  attention partials over the cached prefix + suffix (split keys)        units: (query tile, split)
-    3  combine the splits -> attn [M, H*D]                                    units: (row tile, d tile)
-    4  attn @ Wo.T -> split-K partials                                       units: (column tile, split)
-    5  h += gate * Σ O partials ; x_mlp = norm(h)                             units: rows
-    6  x_mlp @ Wgu.T -> gelu_tanh(g) * u -> act                               units: column-pair tiles
-    7  act @ Wdown.T -> split-K partials (summed by the next layer's phase 0)
+    0  norm(h) @ Wqkv.T -> RoPE -> q ; k, v into the cache's suffix rows       units: column-pair tiles
+    1  attention partials over the cached prefix + suffix (split keys)        units: (query tile, split)
+    2  combine the splits -> attn [M, H*D]                                    units: (row tile, d tile)
+    3  attn @ Wo.T split-K partials ; the tile's last split: h += gate * Σ    units: (column tile, split)
+    4  norm(h) @ Wgu.T -> gelu_tanh(g) * u -> act                              units: column-pair tiles
+    5  act @ Wdown.T split-K partials ; the tile's last split: h += gate * Σ  units: (column tile, split)
 
-and after the last layer: h += its down output, x = final norm(h).
-Split-K partials are reduced where they are read (phase 0 / 5), in split order: deterministic.
+and after the last layer: x = final norm(h).
 
-Norms are exactly the eager model's: pi0.5's adaRMS ``rms(h) * (1 + scale) + shift`` with the
-gated residual ``h + y * gate``, or pi0's RMSNorm ``(1 + w)`` with a plain residual; the GEMM
-output, ``y * gate`` and ``h`` are rounded to bf16 where the eager model stores them.
+The norms live inside the GEMMs that read them: rms(h) is one number per row, so
+``norm(h) @ W.T = rms(h) * ((h * mult) @ W.T) + shift @ W.T``; the sum of squares is gathered
+while the A tiles stream through, and pi0.5's ``shift @ W.T`` (a function of the denoise step
+only) is folded at load (`ExpertWeights.__post_init__`). The residuals are closed by whichever
+split of a column tile finishes last (an arrival counter per tile), which sums every split's
+partial in split order: deterministic. So no phase works on whole rows, and a layer has 6
+barriers, not 8.
+
+Norms follow the eager model: pi0.5's adaRMS ``rms(h) * (1 + scale) + shift`` with the gated
+residual ``h + y * gate``, or pi0's RMSNorm ``(1 + w)`` with a plain residual; the GEMM output,
+``y * gate`` and ``h`` are rounded to bf16 where the eager model stores them (the normed GEMM
+input is rounded before its row scale, not after: a different rounding, not a coarser one).
 
 All programs must be resident at once (the barrier waits for every one): the grid is one
 program per SM, launched cooperatively. On the interpreter (CI) the grid is one program, which
 runs every unit of every phase in order.
 
-Measured (H200, pi0.5 expert, 50 tokens, 968 + 50 keys): 852 us per step, against ~950 us for the
-same work as separate kernels; the grid barriers (~2-3 us each, 8 per layer) are now the largest
-cost (docs/results/README.md).
+Measured (H200, pi0.5 expert, 50 tokens, 968 + 50 keys): 883 us per step with 8 phases per layer
+(a barrier ~1.4 us, the two row phases 3.7 + 2.1 us), against ~950 us for the same work as
+separate kernels (docs/results/README.md).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -42,43 +48,25 @@ import triton.language as tl
 from ._common import dot_precision, is_interpreting, needs_rtne_fix, round_bf16_rtne
 from .attention import _attn_combine_tile, _attn_fwd_tile
 
-__all__ = ["ExpertStepPlan", "ExpertWeights", "expert_step_ref"]
+__all__ = ["PHASES", "ExpertStepPlan", "ExpertWeights", "expert_step_ref"]
 
 _LOG2E = 1.4426950408889634
+PHASES = 6  # per layer, each ended by a grid barrier
+_SYNC_LINE = 32  # int32 words per 128-byte line of the sync buffer
 
 
 @triton.jit
-def _grid_sync(bar_ptr, target, PTX: tl.constexpr):
+def _grid_sync(bar_ptr, target):
     """Every program arrives (release) and waits until `target` arrivals are seen (acquire).
-
-    PTX=False: Triton atomics (an acquire read-modify-write after the polling loop).
-    PTX=True (experimental, GPU only): thread 0 arrives with a fire-and-forget
-    ``red.release.gpu`` and every thread polls with ``ld.acquire.gpu``, which saves the two
-    round trips of the returning atomics."""
+    (A PTX variant, thread 0 arriving with ``red.release`` and every thread polling with
+    ``ld.acquire``, measured the same on the H200: 880 vs 883 us per step.)"""
     tl.debug_barrier()
-    if PTX:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
-            "@p red.release.gpu.global.add.u32 [$1], 1; mov.u32 $0, 0; }",
-            "=r,l", [bar_ptr], dtype=tl.int32, is_pure=False, pack=1,
-        )  # fmt: skip
-        seen = _load_acquire(bar_ptr)
-        while seen < target:
-            seen = _load_acquire(bar_ptr)
-    else:
-        tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
-        seen = tl.load(bar_ptr, volatile=True)  # poll with plain loads: no atomic queue on the line
-        while seen < target:
-            seen = tl.load(bar_ptr, volatile=True)
-        tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")  # synchronise with every arrival
+    tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
+    seen = tl.load(bar_ptr, volatile=True)  # poll with plain loads: no atomic queue on the line
+    while seen < target:
+        seen = tl.load(bar_ptr, volatile=True)
+    tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")  # synchronise with every arrival
     tl.debug_barrier()
-
-
-@triton.jit
-def _load_acquire(ptr):
-    return tl.inline_asm_elementwise(
-        "ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1
-    )
 
 
 @triton.jit
@@ -88,12 +76,12 @@ def _now():
 
 
 @triton.jit
-def _phase_end(bar_ptr, target, trace_ptr, idx, pid, TRACE: tl.constexpr, PTX: tl.constexpr):
+def _phase_end(bar_ptr, target, trace_ptr, idx, pid, TRACE: tl.constexpr):
     """Barrier between phases; with TRACE, the time the last program finished phase `idx`
     (atomic max over programs) and the time program 0 left the barrier."""
     if TRACE:
         tl.atomic_max(trace_ptr + 2 * idx, _now())
-    _grid_sync(bar_ptr, target, PTX)
+    _grid_sync(bar_ptr, target)
     if TRACE:
         if pid == 0:
             tl.store(trace_ptr + 2 * idx + 1, _now())
@@ -149,37 +137,14 @@ def _geglu_store(g, u, rows, row_ok, cols, col_ok, act_ptr, FF: tl.constexpr, FI
 
 
 @triton.jit
-def _residual_norm_row(
-    row,
-    h_ptr,
-    part_ptr,
-    gate_ptr,
-    mult_ptr,
-    shift_ptr,
-    x_ptr,
-    eps,
-    has_part,
-    WE: tl.constexpr,
-    N_PARTS: tl.constexpr,
-    BM: tl.constexpr,
-    GATED: tl.constexpr,
-    HAS_SHIFT: tl.constexpr,
-    FIX: tl.constexpr,
-    BLOCK_W: tl.constexpr,
-):
+def _norm_row(
+    row, h_ptr, mult_ptr, shift_ptr, x_ptr, eps,
+    WE: tl.constexpr, HAS_SHIFT: tl.constexpr, FIX: tl.constexpr, BLOCK_W: tl.constexpr,
+):  # fmt: skip
+    """x[row] = rms(h[row]) * mult (+ shift): the final norm."""
     cols = tl.arange(0, BLOCK_W)
     ok = cols < WE
-    hp = h_ptr + row * WE + cols
-    h = tl.load(hp, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-    if has_part:
-        y = tl.zeros([BLOCK_W], dtype=tl.float32)
-        for s in tl.static_range(N_PARTS):
-            y += tl.load(part_ptr + (s * BM + row) * WE + cols, mask=ok, other=0.0, cache_modifier=".cg")
-        y = _round(y, FIX, h_ptr.dtype.element_ty)  # the sub-layer's GEMM output, as stored
-        if GATED:
-            y = _round(y * tl.load(gate_ptr + cols, mask=ok, other=0.0), FIX, h_ptr.dtype.element_ty)
-        h = _round(h + y, FIX, h_ptr.dtype.element_ty)
-        tl.store(hp, h.to(h_ptr.dtype.element_ty), mask=ok)
+    h = tl.load(h_ptr + row * WE + cols, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
     r = tl.math.rsqrt(tl.sum(h * h, axis=0) / WE + eps)
     x = h * r * tl.load(mult_ptr + cols, mask=ok, other=0.0)
     if HAS_SHIFT:
@@ -201,16 +166,23 @@ def _tile_dot(
     col_ok,
     stride_w,
     PAIR_OFF,
+    mult_ptr,
     PAIRED: tl.constexpr,
+    NORM: tl.constexpr,
     UPCAST: tl.constexpr,
     PREC: tl.constexpr,
+    FIX: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """[BLOCK_M, BLOCK_N] of a @ w.T over k in [k_lo, k_hi) (and of the paired rows + PAIR_OFF)."""
+    """[BLOCK_M, BLOCK_N] of a @ w.T over k in [k_lo, k_hi) (and of the paired rows + PAIR_OFF).
+
+    NORM: a's columns are scaled by mult first, and each row's sum of squares of the unscaled
+    a is returned too (the caller applies the row's rms)."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
     a_rows = a_ptr + rows.to(tl.int64)[:, None] * stride_a
     w_cols = w_ptr + wrow.to(tl.int64)[None, :] * stride_w
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -218,6 +190,12 @@ def _tile_dot(
         k_ok = ks < k_hi
         # activations were written by other programs in this launch: read them from L2
         a = tl.load(a_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0, cache_modifier=".cg")
+        if NORM:
+            af = a.to(tl.float32)
+            ss += tl.sum(af * af, axis=1)
+            a = _round(af * tl.load(mult_ptr + ks, mask=k_ok, other=0.0)[None, :], FIX, a_ptr.dtype.element_ty)
+            if not UPCAST:
+                a = a.to(a_ptr.dtype.element_ty)
         wm = k_ok[:, None] & col_ok[None, :]
         w = tl.load(w_cols + ks[:, None], mask=wm, other=0.0)
         if UPCAST:
@@ -229,43 +207,86 @@ def _tile_dot(
             if UPCAST:
                 w2 = w2.to(tl.float32)
             acc2 = tl.dot(a, w2, acc2, input_precision=PREC)
+    return acc, acc2, ss
+
+
+@triton.jit
+def _normed_tile_dot(
+    h_ptr, rows, row_ok, w_ptr, wrow, col_ok, PAIR_OFF, mult_ptr, bias_ptr, eps,
+    WE: tl.constexpr, HAS_SHIFT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, FIX: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """norm(h) @ w.T for the rows `wrow` and `wrow + PAIR_OFF` of w: rms(h) * ((h * mult) @ w.T),
+    plus the folded ``shift @ w.T`` (bias, per w row) with HAS_SHIFT."""
+    acc, acc2, ss = _tile_dot(
+        h_ptr, WE, rows, row_ok, 0, WE, w_ptr, wrow, col_ok, WE, PAIR_OFF, mult_ptr,
+        True, True, UPCAST, PREC, FIX, BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
+    r = tl.math.rsqrt(ss / WE + eps)[:, None]
+    acc *= r
+    acc2 *= r
+    if HAS_SHIFT:
+        acc += tl.load(bias_ptr + wrow, mask=col_ok, other=0.0)[None, :]
+        acc2 += tl.load(bias_ptr + PAIR_OFF + wrow, mask=col_ok, other=0.0)[None, :]
     return acc, acc2
 
 
 @triton.jit
-def _split_k_partials(
+def _split_k_residual(
     u,
     a_ptr,
     w_ptr,
     part_ptr,
+    count_ptr,
+    last,
+    h_ptr,
+    gate_ptr,
     M,
     N: tl.constexpr,
     K: tl.constexpr,
     K_PER: tl.constexpr,
+    GATED: tl.constexpr,
     UPCAST: tl.constexpr,
     PREC: tl.constexpr,
+    FIX: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
 ):
-    """Unit u = (column tile, K split s) of a [M, K] @ w[N, K].T -> fp32 rows of partial s."""
+    """Unit u = (column tile t, K split s) of h += gate * (a[M, K] @ w[N, K].T): the fp32 partial
+    of split s; then an arrival on the tile's counter, and the tile's last arrival (the counter
+    was at `last`) sums every split in split order and closes the residual for those columns."""
     n_tiles: tl.constexpr = N // BN
+    N_SPLITS: tl.constexpr = K // K_PER
     t = u % n_tiles
     s = u // n_tiles
     rows = tl.arange(0, BM)
+    row_ok = rows < M
     cols = t * BN + tl.arange(0, BN)
-    acc, _ = _tile_dot(
-        a_ptr, K, rows, rows < M, s * K_PER, s * K_PER + K_PER, w_ptr, cols, cols < N, K, 0,
-        False, UPCAST, PREC, BM, BN, BK,
+    acc, _, _ = _tile_dot(
+        a_ptr, K, rows, row_ok, s * K_PER, s * K_PER + K_PER, w_ptr, cols, cols < N, K, 0, w_ptr,
+        False, False, UPCAST, PREC, FIX, BM, BN, BK,
     )  # fmt: skip
     tl.store(part_ptr + (s * BM + rows)[:, None] * N + cols[None, :], acc)
+    tl.debug_barrier()  # every thread's partial is stored before the arrival releases them
+    if tl.atomic_add(count_ptr + t, 1, sem="acq_rel", scope="gpu") == last:
+        y = tl.zeros([BM, BN], dtype=tl.float32)
+        for p in tl.static_range(N_SPLITS):
+            y += tl.load(part_ptr + (p * BM + rows)[:, None] * N + cols[None, :], cache_modifier=".cg")
+        dt = h_ptr.dtype.element_ty
+        y = _round(y, FIX, dt)  # the sub-layer's GEMM output, as stored
+        if GATED:
+            y = _round(y * tl.load(gate_ptr + cols)[None, :], FIX, dt)
+        mask = row_ok[:, None]
+        hp = h_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :]
+        h = tl.load(hp, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+        tl.store(hp, _round(h + y, FIX, dt).to(dt), mask=mask)
 
 
 @triton.jit
 def _expert_step_kernel(
     h_ptr,  # [M, WE] residual stream (updated in place)
-    xa_ptr,  # [M, WE] normed input of the attention block; at the end: the final norm's output
-    xm_ptr,  # [M, WE] normed input of the MLP
+    out_ptr,  # [M, WE] the final norm's output
     q_ptr,  # [M, H, D]
     attn_ptr,  # [M, H * D]
     act_ptr,  # [M, FF]
@@ -285,15 +306,15 @@ def _expert_step_kernel(
     wgu_ptr,  # [L, 2 FF, WE]
     wd_ptr,  # [L, WE, FF]
     m1_ptr,  # [L, WE] attention norm multiplier (1 + scale, or 1 + w)
-    s1_ptr,  # [L, WE] attention norm shift (HAS_SHIFT)
+    b1_ptr,  # [L, (H + 2) D] attention norm shift @ Wqkv.T (HAS_SHIFT)
     g1_ptr,  # [L, WE] attention residual gate (GATED)
     m2_ptr,  # [L, WE] MLP norm
-    s2_ptr,
+    b2_ptr,  # [L, 2 FF] MLP norm shift @ Wgu.T
     g2_ptr,
     mf_ptr,  # [WE] final norm multiplier
     sf_ptr,  # [WE] final norm shift (HAS_SHIFT)
-    bar_ptr,  # int32 arrival counter of this launch (zero at launch)
-    trace_ptr,  # int64 [2 * (8 L + 1) + 1] phase timestamps (TRACE), zero at launch
+    sync_ptr,  # int32 [SYNC_WORDS], zero at launch: grid barrier at 0, tile counters at COUNT_O / COUNT_D
+    trace_ptr,  # int64 [2 * (6 L + 1) + 1] phase timestamps (TRACE), zero at launch
     M,
     Tk,
     suffix_row0,
@@ -311,8 +332,6 @@ def _expert_step_kernel(
     HAS_SHIFT: tl.constexpr,
     BM: tl.constexpr,
     BK: tl.constexpr,
-    BK_QKV: tl.constexpr,
-    BK_GU: tl.constexpr,
     BN_QKV: tl.constexpr,
     BN_O: tl.constexpr,
     KS_O: tl.constexpr,
@@ -325,21 +344,24 @@ def _expert_step_kernel(
     ATT_BS: tl.constexpr,
     CB_M: tl.constexpr,
     CB_DC: tl.constexpr,
+    COUNT_O: tl.constexpr,
+    COUNT_D: tl.constexpr,
     UPCAST: tl.constexpr,
     PREC: tl.constexpr,
     FIX: tl.constexpr,
     TRACE: tl.constexpr,
-    PTX_BARRIER: tl.constexpr,
     BLOCK_W: tl.constexpr,
 ):
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     if TRACE:
         if pid == 0:
-            tl.store(trace_ptr + 2 * (8 * N_LAYERS + 1), _now())
+            tl.store(trace_ptr + 2 * (6 * N_LAYERS + 1), _now())
     zero = pid * 0
     HALF: tl.constexpr = D // 2
     CH: tl.constexpr = (HALF + BN_QKV - 1) // BN_QKV
+    O_SPLITS: tl.constexpr = H * D // KS_O
+    D_SPLITS: tl.constexpr = FF // KS_D
     rows = tl.arange(0, BM)
     row_ok = rows < M
     n_mt = tl.cdiv(M * H, ATT_BM)
@@ -351,33 +373,26 @@ def _expert_step_kernel(
         lk = k_ptr + l64 * stride_kl
         lv = v_ptr + l64 * stride_kl
         wqkv = wqkv_ptr + l64 * ((H + 2) * D * WE)
-        lnorm = layer * WE
-        # 0: close the previous layer's MLP residual, norm for attention
-        for row in range(pid, M, G):
-            _residual_norm_row(
-                row, h_ptr, part_d_ptr, g2_ptr + lnorm - WE, m1_ptr + lnorm, s1_ptr + lnorm, xa_ptr, eps, layer > 0,
-                WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
-            )  # fmt: skip
-        arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 0, pid, TRACE, PTX_BARRIER)
-        # 1: QKV + RoPE; k / v into this layer's cache rows
         wo = wo_ptr + l64 * (WE * H * D)
         wgu = wgu_ptr + l64 * (2 * FF * WE)
         wd = wd_ptr + l64 * (WE * FF)
+        lnorm = layer * WE
+        # 0: norm -> QKV -> RoPE; k / v into this layer's cache rows
         for u in range(pid, (H + 2) * CH, G):
             cols = (u % CH) * BN_QKV + tl.arange(0, BN_QKV)
             col_ok = cols < HALF
             wrow = (u // CH) * D + cols
-            acc, acc2 = _tile_dot(
-                xa_ptr, WE, rows, row_ok, 0, WE, wqkv, wrow, col_ok, WE, HALF, True, UPCAST, PREC, BM, BN_QKV, BK_QKV,
+            acc, acc2 = _normed_tile_dot(
+                h_ptr, rows, row_ok, wqkv, wrow, col_ok, HALF, m1_ptr + lnorm, b1_ptr + layer * ((H + 2) * D), eps,
+                WE, HAS_SHIFT, UPCAST, PREC, FIX, BM, BN_QKV, BK,
             )  # fmt: skip
             _rope_store(
                 acc, acc2, u // CH, rows, row_ok, cols, col_ok, q_ptr, lk + suffix_row0 * stride_kt,
                 lv + suffix_row0 * stride_kt, pos_ptr, inv_ptr, stride_kt, H, D, FIX,
             )  # fmt: skip
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 1, pid, TRACE, PTX_BARRIER)
-        # 2: attention partials (query tile, key split)
+        _phase_end(sync_ptr, arrivals, trace_ptr, layer * 6 + 0, pid, TRACE)
+        # 1: attention partials (query tile, key split)
         for u in range(pid, n_mt * ATT_SPLITS, G):
             _attn_fwd_tile(
                 u % n_mt, u // n_mt, zero, ATT_SPLITS, q_ptr, lk, lv, attn_ptr, kb_ptr, qb_ptr,
@@ -386,51 +401,47 @@ def _expert_step_kernel(
                 D, True, True, True, UPCAST, PREC, FIX, ATT_BM, ATT_BN, D, ".cg",
             )  # fmt: skip
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 2, pid, TRACE, PTX_BARRIER)
-        # 3: combine the key splits
+        _phase_end(sync_ptr, arrivals, trace_ptr, layer * 6 + 1, pid, TRACE)
+        # 2: combine the key splits
         for u in range(pid, n_cm * n_cd, G):
             _attn_combine_tile(
                 u // n_cd, u % n_cd, zero, ws_acc_ptr, ws_m_ptr, ws_l_ptr, attn_ptr, M * H, H,
                 0, H * D, D, D, ATT_SPLITS, FIX, CB_M, CB_DC, ATT_BS, ".cg",
             )  # fmt: skip
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 3, pid, TRACE, PTX_BARRIER)
-        # 4: O projection, split-K partials
-        for u in range(pid, (WE // BN_O) * (H * D // KS_O), G):
-            _split_k_partials(u, attn_ptr, wo, part_o_ptr, M, WE, H * D, KS_O, UPCAST, PREC, BM, BN_O, BK)
-        arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 4, pid, TRACE, PTX_BARRIER)
-        # 5: close the attention residual, norm for the MLP
-        for row in range(pid, M, G):
-            _residual_norm_row(
-                row, h_ptr, part_o_ptr, g1_ptr + lnorm, m2_ptr + lnorm, s2_ptr + lnorm, xm_ptr, eps, layer >= 0,
-                WE, H * D // KS_O, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
+        _phase_end(sync_ptr, arrivals, trace_ptr, layer * 6 + 2, pid, TRACE)
+        # 3: O projection split-K; each column tile's last split closes the attention residual
+        for u in range(pid, (WE // BN_O) * O_SPLITS, G):
+            _split_k_residual(
+                u, attn_ptr, wo, part_o_ptr, sync_ptr + COUNT_O, layer * O_SPLITS + O_SPLITS - 1, h_ptr,
+                g1_ptr + lnorm, M, WE, H * D, KS_O, GATED, UPCAST, PREC, FIX, BM, BN_O, BK,
             )  # fmt: skip
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, TRACE, PTX_BARRIER)
-        # 6: gate|up + GeGLU
+        _phase_end(sync_ptr, arrivals, trace_ptr, layer * 6 + 3, pid, TRACE)
+        # 4: norm -> gate|up -> GeGLU
         for u in range(pid, FF // BN_GU, G):
             cols = u * BN_GU + tl.arange(0, BN_GU)
             col_ok = cols < FF
-            acc, acc2 = _tile_dot(
-                xm_ptr, WE, rows, row_ok, 0, WE, wgu, cols, col_ok, WE, FF, True, UPCAST, PREC, BM, BN_GU, BK_GU,
+            acc, acc2 = _normed_tile_dot(
+                h_ptr, rows, row_ok, wgu, cols, col_ok, FF, m2_ptr + lnorm, b2_ptr + layer * (2 * FF), eps,
+                WE, HAS_SHIFT, UPCAST, PREC, FIX, BM, BN_GU, BK,
             )  # fmt: skip
             _geglu_store(acc, acc2, rows, row_ok, cols, col_ok, act_ptr, FF, FIX)
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE, PTX_BARRIER)
-        # 7: down projection, split-K partials (summed by the next phase 0)
-        for u in range(pid, (WE // BN_D) * (FF // KS_D), G):
-            _split_k_partials(u, act_ptr, wd, part_d_ptr, M, WE, FF, KS_D, UPCAST, PREC, BM, BN_D, BK)
+        _phase_end(sync_ptr, arrivals, trace_ptr, layer * 6 + 4, pid, TRACE)
+        # 5: down projection split-K; each column tile's last split closes the MLP residual
+        for u in range(pid, (WE // BN_D) * D_SPLITS, G):
+            _split_k_residual(
+                u, act_ptr, wd, part_d_ptr, sync_ptr + COUNT_D, layer * D_SPLITS + D_SPLITS - 1, h_ptr,
+                g2_ptr + lnorm, M, WE, FF, KS_D, GATED, UPCAST, PREC, FIX, BM, BN_D, BK,
+            )  # fmt: skip
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 7, pid, TRACE, PTX_BARRIER)
-    # close the last MLP residual; the final norm
+        _phase_end(sync_ptr, arrivals, trace_ptr, layer * 6 + 5, pid, TRACE)
+    # the final norm
     for row in range(pid, M, G):
-        _residual_norm_row(
-            row, h_ptr, part_d_ptr, g2_ptr + (N_LAYERS - 1) * WE, mf_ptr, sf_ptr, xa_ptr, eps, N_LAYERS > 0,
-            WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
-        )  # fmt: skip
+        _norm_row(row, h_ptr, mf_ptr, sf_ptr, out_ptr, eps, WE, HAS_SHIFT, FIX, BLOCK_W)
     if TRACE:
-        tl.atomic_max(trace_ptr + 2 * (8 * N_LAYERS), _now())
+        tl.atomic_max(trace_ptr + 2 * (6 * N_LAYERS), _now())
 
 
 # ---- host side ---------------------------------------------------------------------------------
@@ -440,7 +451,10 @@ def _expert_step_kernel(
 class ExpertWeights:
     """The expert's weights stacked over layers (nn.Linear layout, run dtype), and its norms at
     every denoise step: multipliers [N, L, WE] fp32 (1 + scale, or 1 + w), shifts and gates
-    (pi0.5's adaRMS; None for pi0's RMSNorm and plain residuals), final norm [N, WE]."""
+    (pi0.5's adaRMS; None for pi0's RMSNorm and plain residuals), final norm [N, WE].
+
+    The shifts reach the kernel folded through the GEMM that reads the normed rows,
+    ``shift @ W.T`` in fp32 ([N, L, (H + 2) D] and [N, L, 2 FF]), computed here once."""
 
     qkv: torch.Tensor  # [L, (H + 2) * D, WE]
     o: torch.Tensor  # [L, WE, H * D]
@@ -454,6 +468,22 @@ class ExpertWeights:
     mlp_gate: torch.Tensor | None
     final_mult: torch.Tensor
     final_shift: torch.Tensor | None
+    attn_shift_qkv: torch.Tensor | None = field(init=False, default=None)
+    mlp_shift_gate_up: torch.Tensor | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.attn_shift is not None:
+            self.attn_shift_qkv = _fold_shift(self.attn_shift, self.qkv)
+        if self.mlp_shift is not None:
+            self.mlp_shift_gate_up = _fold_shift(self.mlp_shift, self.gate_up)
+
+
+def _fold_shift(shift: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """shift [N, L, WE] @ w[l].T for every layer l, in fp32 -> [N, L, w rows] (a layer at a
+    time: the fp32 copy of one layer's weight is the only temporary)."""
+    if w.device.type == "meta":
+        return torch.empty(shift.shape[0], w.shape[0], w.shape[1], device="meta")
+    return torch.stack([shift[:, i].float() @ w[i].float().T for i in range(w.shape[0])], 1).contiguous()
 
 
 def _pow2_tile(dim: int, want: int) -> int:
@@ -500,61 +530,69 @@ class ExpertStepPlan:
         self.att_bm, self.att_bn = (32, 64) if not interp else (max(16, triton.next_power_of_2(rows * num_heads)), 64)
         self.att_splits = 8 if not interp else 1
         self.cb_m, self.cb_dc = 16, min(64, head_dim)
-        self.num_warps, self.num_stages = 4, 3
+        self.num_warps, self.num_stages = 4, 4  # 4 stages: 856 vs 883 us per step with 3 (H200)
         if interp:
             self.grid = 1
         else:
             self.grid = sm_count or torch.cuda.get_device_properties(device).multi_processor_count
-        f32 = dict(device=device, dtype=torch.float32)
         act = dict(device=device, dtype=dtype)
-        self.x_attn = torch.zeros(rows, width, **act)
-        self.x_mlp = torch.zeros(rows, width, **act)
+        self.out = torch.zeros(rows, width, **act)
         self.q = torch.zeros(rows, num_heads, head_dim, **act)
         self.attn = torch.zeros(rows, num_heads * head_dim, **act)
         self.act = torch.zeros(rows, mlp_dim, **act)
-        self.part_o = torch.zeros(num_heads * head_dim // self.ks_o, self.bm, width, **f32)
-        self.part_d = torch.zeros(mlp_dim // self.ks_d, self.bm, width, **f32)
-        self.att_ws = torch.zeros(self.att_splits * rows * num_heads * (head_dim + 2), **f32)
-        self.barriers = torch.zeros(launches, dtype=torch.int32, device=device)
+        # per launch: the grid barrier's counter and the O / down tiles' arrival counters, each
+        # on its own 128-byte line (programs spinning on the barrier do not share the tiles' line)
+        self.barriers = torch.zeros(launches, 3 * _SYNC_LINE, dtype=torch.int32, device=device)
         self.trace: torch.Tensor | None = None  # see `enable_trace`
-        # experiments for bench/expert_step.py (not yet measured on a GPU): K tile of the QKV and
-        # gate|up phases (None: bk), and the inline-PTX barrier
-        self.bk_qkv: int | None = None
-        self.bk_gu: int | None = None
-        self.ptx_barrier = False
+        self.set_tiles()
+
+    def set_tiles(self, **tiles: int) -> None:
+        """Change tile settings (bn_o, ks_o, bn_d, ks_d, att_splits, ...; for benchmarks and
+        tests) and size the split buffers for them."""
+        for name, value in tiles.items():
+            if not hasattr(self, name):
+                raise ValueError(f"unknown tile setting {name}")
+            setattr(self, name, value)
+        if self.WE // min(self.bn_o, self.bn_d) > _SYNC_LINE:
+            raise ValueError(f"width {self.WE} has more than {_SYNC_LINE} output tiles")
+        f32 = dict(device=self.device, dtype=torch.float32)
+        self.part_o = torch.zeros(self.H * self.D // self.ks_o, self.bm, self.WE, **f32)
+        self.part_d = torch.zeros(self.FF // self.ks_d, self.bm, self.WE, **f32)
+        self.att_ws = torch.zeros(self.att_splits * self.M * self.H * (self.D + 2), **f32)
 
     def enable_trace(self, layers: int) -> None:
         """Record phase timestamps in later launches (GPU only; for `phase_times`)."""
-        self.trace = torch.zeros(2 * (8 * layers + 1) + 1, dtype=torch.int64, device=self.device)
+        self.trace = torch.zeros(2 * (PHASES * layers + 1) + 1, dtype=torch.int64, device=self.device)
 
     def phase_times(self) -> list[dict[str, float]]:
         """Per layer and phase of the last traced launch: `work` (previous barrier exit -> the
         last program done) and `barrier` (-> program 0 past the barrier), in microseconds."""
         t = self.trace.tolist()
-        layers = (len(t) - 3) // 16
+        layers = (len(t) - 3) // (2 * PHASES)
         out, start = [], t[-1]
-        for i in range(8 * layers + 1):
+        for i in range(PHASES * layers + 1):
             done, left = t[2 * i], t[2 * i + 1]
-            out.append(dict(layer=i // 8, phase=i % 8, work=(done - start) / 1e3, barrier=(left - done) / 1e3))
+            layer, phase = divmod(i, PHASES)
+            out.append(dict(layer=layer, phase=phase, work=(done - start) / 1e3, barrier=(left - done) / 1e3))
             start = left
         return out[:-1] + [dict(out[-1], barrier=0.0)]
 
     def describe(self) -> str:
         return (
-            f"expert step kernel: {self.grid} resident programs, 8 phases per layer; tiles qkv {self.bn_qkv}x2, "
+            f"expert step kernel: {self.grid} resident programs, {PHASES} phases per layer; tiles qkv {self.bn_qkv}x2, "
             f"o {self.bn_o}/K{self.ks_o}, gate_up {self.bn_gu}x2, down {self.bn_d}/K{self.ks_d}, "
             f"attention {self.att_bm}x{self.att_bn} x {self.att_splits} splits"
         )
 
     def step(self, h: torch.Tensor, w: ExpertWeights, step: int, *cache_and_inputs) -> torch.Tensor:
         """Every layer of one denoise step on the residual stream `h` [M, WE] (in place), then
-        the final norm; returns it [M, WE] (the `x_attn` buffer). The rest, as `launch_args`:
+        the final norm; returns it [M, WE] (the `out` buffer). The rest, as `launch_args`:
         k, v (the cache [L, Tk, D]: prefix rows, then the suffix's rows from `suffix_row0`, which
         this launch writes), key_blocks, query_blocks, positions, inv_freq, suffix_row0, slot
-        (this launch's barrier counter, zeroed beforehand), eps."""
+        (this launch's row of `barriers`, zeroed beforehand), eps."""
         args, kwargs = self.launch_args(h, w, step, *cache_and_inputs)
         _expert_step_kernel[(self.grid,)](*args, **kwargs)
-        return self.x_attn
+        return self.out
 
     def launch_args(
         self,
@@ -584,27 +622,30 @@ class ExpertStepPlan:
         ws = self.att_ws
         f = w.attn_mult  # any fp32 tensor for pointers a flag leaves unused
         opt = lambda t: t[step] if t is not None else f  # noqa: E731
+        if (w.attn_shift is None) != (w.mlp_shift is None) or (w.attn_gate is None) != (w.mlp_gate is None):
+            raise ValueError("attention and MLP norms must both have shifts / gates (adaRMS) or neither")
         extra = {"launch_cooperative_grid": True} if self.gpu else {}  # all programs resident (barrier)
         args = (
-            h, self.x_attn, self.x_mlp, self.q, self.attn, self.act, self.part_o, self.part_d,
+            h, self.out, self.q, self.attn, self.act, self.part_o, self.part_d,
             ws[: n * D], ws[n * D : n * (D + 1)], ws[n * (D + 1) : n * (D + 2)],
             k, v, key_blocks, query_blocks, positions, inv_freq,
             w.qkv, w.o, w.gate_up, w.down,
-            w.attn_mult[step], opt(w.attn_shift), opt(w.attn_gate),
-            w.mlp_mult[step], opt(w.mlp_shift), opt(w.mlp_gate),
+            w.attn_mult[step], opt(w.attn_shift_qkv), opt(w.attn_gate),
+            w.mlp_mult[step], opt(w.mlp_shift_gate_up), opt(w.mlp_gate),
             w.final_mult[step], opt(w.final_shift),
-            self.barriers[slot:], self.trace if self.trace is not None else self.barriers,
+            self.barriers[slot], self.trace if self.trace is not None else self.barriers,
             M, Tk, suffix_row0, kps, k.stride(0), k.stride(1), (1.0 / D**0.5) * _LOG2E, eps, L,
         )  # fmt: skip
         interp = is_interpreting() and not self.gpu
         kwargs = dict(
             H=H, D=D, WE=self.WE, FF=self.FF, GATED=w.attn_gate is not None, HAS_SHIFT=w.attn_shift is not None,
-            BM=self.bm, BK=self.bk, BK_QKV=self.bk_qkv or self.bk, BK_GU=self.bk_gu or self.bk,
+            BM=self.bm, BK=self.bk,
             BN_QKV=self.bn_qkv, BN_O=self.bn_o, KS_O=self.ks_o, BN_GU=self.bn_gu,
             BN_D=self.bn_d, KS_D=self.ks_d, ATT_BM=self.att_bm, ATT_BN=self.att_bn, ATT_SPLITS=splits,
             ATT_BS=triton.next_power_of_2(splits), CB_M=self.cb_m, CB_DC=self.cb_dc,
+            COUNT_O=_SYNC_LINE, COUNT_D=2 * _SYNC_LINE,
             UPCAST=interp, PREC=dot_precision(self.dtype), FIX=interp and needs_rtne_fix(self.dtype),
-            TRACE=self.trace is not None, PTX_BARRIER=self.ptx_barrier,
+            TRACE=self.trace is not None,
             BLOCK_W=triton.next_power_of_2(self.WE),
             num_warps=self.num_warps, num_stages=self.num_stages,
             **extra,

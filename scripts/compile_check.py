@@ -2,8 +2,7 @@
 
     python scripts/compile_check.py [--trace] [ARCH ...]    e.g. 90 (H200) 100 110 (Jetson Thor)
 
---trace builds the variant that records phase timestamps (`ExpertStepPlan.enable_trace`);
---ptx-barrier the one with the inline-PTX grid barrier (`ExpertStepPlan.ptx_barrier`).
+--trace builds the variant that records phase timestamps (`ExpertStepPlan.enable_trace`).
 
 Uses Triton's bundled ptxas; the launch is the real pi0.5 one (50 suffix tokens, Gemma-300M
 expert, 968 prefix tokens, 132 SMs) built on meta tensors. Prints one JSON line per target.
@@ -23,12 +22,11 @@ from kernels.expert_step import ExpertStepPlan, ExpertWeights, compile_for
 M, W, F, H, D, L, P = 50, 1024, 4096, 8, 256, 18, 968
 
 
-def real_shape_launch(trace: bool = False, ptx_barrier: bool = False) -> tuple[tuple, dict]:
+def real_shape_launch(trace: bool = False) -> tuple[tuple, dict]:
     meta, bf16 = torch.device("meta"), torch.bfloat16
     plan = ExpertStepPlan(M, W, F, H, D, 10, meta, bf16, gpu=True, sm_count=132)
     if trace:
         plan.enable_trace(L)
-    plan.ptx_barrier = ptx_barrier
     vec, fin = torch.empty(10, L, W, device=meta), torch.empty(10, W, device=meta)
     w = ExpertWeights(
         torch.empty(L, (H + 2) * D, W, dtype=bf16, device=meta), torch.empty(L, W, H * D, dtype=bf16, device=meta),
@@ -44,8 +42,8 @@ def real_shape_launch(trace: bool = False, ptx_barrier: bool = False) -> tuple[t
     )  # fmt: skip
 
 
-def main(archs: list[int], trace: bool, ptx_barrier: bool) -> None:
-    args, kwargs = real_shape_launch(trace, ptx_barrier)
+def main(archs: list[int], trace: bool) -> None:
+    args, kwargs = real_shape_launch(trace)
     for arch in archs:
         t0 = time.perf_counter()
         try:
@@ -65,7 +63,6 @@ def main(archs: list[int], trace: bool, ptx_barrier: bool) -> None:
                     shared_bytes=compiled.metadata.shared,
                     cooperative=bool(kwargs.get("launch_cooperative_grid")),
                     trace=trace and "%globaltimer" in ptx,
-                    ptx_barrier=ptx_barrier and "red.release.gpu" in ptx,
                 )
             ),
             flush=True,
@@ -75,4 +72,4 @@ def main(archs: list[int], trace: bool, ptx_barrier: bool) -> None:
 if __name__ == "__main__":
     argv = sys.argv[1:]
     archs = [int(a) for a in argv if not a.startswith("--")] or [90, 110]
-    main(archs, "--trace" in argv, "--ptx-barrier" in argv)
+    main(archs, "--trace" in argv)
