@@ -111,16 +111,13 @@ def main() -> None:
     show("default", graph_ms(step))
     ref = h.clone()
     results["phases"] = phase_table(plan, step)
-    default_tiles = {name: getattr(plan, name) for name in ("num_stages", "att_bm", "att_splits", "bn_o", "ks_o",
-                                                            "bn_d", "ks_d", "bn_gu")}  # fmt: skip
+    default_tiles = {name: getattr(plan, name) for name in ("num_warps", "num_stages", "bn_o", "ks_o", "bn_d", "ks_d")}
     for tiles in (
         dict(num_stages=3),
-        dict(att_bm=64, att_splits=16),
-        dict(att_bm=64, att_splits=8),
+        dict(num_warps=8),
+        dict(num_warps=8, num_stages=3),
         dict(bn_o=32, ks_o=512),
         dict(bn_d=32, ks_d=1024),
-        dict(bn_d=64, ks_d=256),
-        dict(bn_gu=64),
     ):
         label = ",".join(f"{k}={v}" for k, v in tiles.items())
         plan.set_tiles(**tiles)
