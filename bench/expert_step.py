@@ -41,8 +41,8 @@ def graph_ms(fn, replays: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
-PHASE_NAMES = ["0 norm+qkv+rope", "1 attention", "2 combine", "3 o-proj+residual", "4 norm+gate_up+geglu",
-               "5 down+residual"]  # fmt: skip
+PHASE_NAMES = ["0 residual+norm", "1 qkv+rope", "2 attention", "3 combine", "4 o-proj", "5 residual+norm",
+               "6 gate_up+geglu", "7 down"]  # fmt: skip
 
 
 def phase_table(plan: ExpertStepPlan, step) -> list[dict]:
@@ -115,9 +115,9 @@ def main() -> None:
     for tiles in (
         dict(num_stages=3),
         dict(num_warps=8),
-        dict(num_warps=8, num_stages=3),
         dict(bn_o=32, ks_o=512),
         dict(bn_d=32, ks_d=1024),
+        dict(bn_o=32, ks_o=512, bn_d=32, ks_d=1024),
     ):
         label = ",".join(f"{k}={v}" for k, v in tiles.items())
         plan.set_tiles(**tiles)

@@ -6,40 +6,37 @@ each one pays its launch, its first loads and its tail (~5-9 us each, measured o
 step was latency-bound. Here one program per SM stays resident and walks every layer's phases,
 separated by a grid-wide barrier (an arrival counter in global memory):
 
-    0  norm(h) @ Wqkv.T -> RoPE -> q ; k, v into the cache's suffix rows       units: column-pair tiles
-    1  attention partials over the cached prefix + suffix (split keys)        units: (query tile, split)
-    2  combine the splits -> attn [M, H*D]                                    units: (row tile, d tile)
-    3  attn @ Wo.T split-K partials ; the tile's last split: h += gate * Σ    units: (column tile, split)
-    4  norm(h) @ Wgu.T -> gelu_tanh(g) * u -> act                              units: column-pair tiles
-    5  act @ Wdown.T split-K partials ; the tile's last split: h += gate * Σ  units: (column tile, split)
+    0  h += gate * Σ down partials (previous layer) ; x_attn = norm(h)        units: rows
+    1  x_attn @ Wqkv.T -> RoPE -> q ; k, v into the cache's suffix rows       units: column-pair tiles
+    2  attention partials over the cached prefix + suffix (split keys)        units: (query tile, split)
+    3  combine the splits -> attn [M, H*D]                                    units: (row tile, d tile)
+    4  attn @ Wo.T -> split-K partials                                       units: (column tile, split)
+    5  h += gate * Σ O partials ; x_mlp = norm(h)                             units: rows
+    6  x_mlp @ Wgu.T -> gelu_tanh(g) * u -> act                               units: column-pair tiles
+    7  act @ Wdown.T -> split-K partials (summed by the next layer's phase 0)
 
-and after the last layer: x = final norm(h).
+and after the last layer: h += its down output, x = final norm(h).
+Split-K partials are reduced where they are read (phase 0 / 5), in split order: deterministic.
 
-The norms live inside the GEMMs that read them: rms(h) is one number per row, so
-``norm(h) @ W.T = rms(h) * ((h * mult) @ W.T) + shift @ W.T``; the sum of squares is gathered
-while the A tiles stream through, and pi0.5's ``shift @ W.T`` (a function of the denoise step
-only) is folded at load (`ExpertWeights.__post_init__`). The residuals are closed by whichever
-split of a column tile finishes last (an arrival counter per tile), which sums every split's
-partial in split order: deterministic. So no phase works on whole rows, and a layer has 6
-barriers, not 8.
-
-Norms follow the eager model: pi0.5's adaRMS ``rms(h) * (1 + scale) + shift`` with the gated
-residual ``h + y * gate``, or pi0's RMSNorm ``(1 + w)`` with a plain residual; the GEMM output,
-``y * gate`` and ``h`` are rounded to bf16 where the eager model stores them (the normed GEMM
-input is rounded before its row scale, not after: a different rounding, not a coarser one).
+Norms are exactly the eager model's: pi0.5's adaRMS ``rms(h) * (1 + scale) + shift`` with the
+gated residual ``h + y * gate``, or pi0's RMSNorm ``(1 + w)`` with a plain residual; the GEMM
+output, ``y * gate`` and ``h`` are rounded to bf16 where the eager model stores them.
 
 All programs must be resident at once (the barrier waits for every one): the grid is one
 program per SM, launched cooperatively. On the interpreter (CI) the grid is one program, which
 runs every unit of every phase in order.
 
-Measured (H200, pi0.5 expert, 50 tokens, 968 + 50 keys): 883 us per step with 8 phases per layer
-(a barrier ~1.4 us, the two row phases 3.7 + 2.1 us), against ~950 us for the same work as
-separate kernels (docs/results/README.md).
+Measured (H200, pi0.5 expert, 50 tokens, 968 + 50 keys; docs/results/README.md): 847 us per step,
+against ~950 us for the same work as separate kernels. Per layer (phase trace): QKV 9.0 us,
+attention 8.4, gate|up 8.4, down 5.0, the row phases 3.7 + 2.1, combine 3.2, O 3.5, and ~1.35 us
+per barrier. Six phases per layer, with the norms inside the GEMMs and the residuals closed by
+each column tile's last split-K arrival, measured slower (871 us at its best tiles): the
+last-arrival tails cost more than the row phases and barriers they save.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -51,8 +48,7 @@ from .attention import _attn_combine_tile, _attn_fwd_tile
 __all__ = ["PHASES", "ExpertStepPlan", "ExpertWeights", "expert_step_ref"]
 
 _LOG2E = 1.4426950408889634
-PHASES = 6  # per layer, each ended by a grid barrier
-_SYNC_LINE = 32  # int32 words per 128-byte line of the sync buffer
+PHASES = 8  # per layer, each ended by a grid barrier
 
 
 @triton.jit
@@ -137,14 +133,37 @@ def _geglu_store(g, u, rows, row_ok, cols, col_ok, act_ptr, FF: tl.constexpr, FI
 
 
 @triton.jit
-def _norm_row(
-    row, h_ptr, mult_ptr, shift_ptr, x_ptr, eps,
-    WE: tl.constexpr, HAS_SHIFT: tl.constexpr, FIX: tl.constexpr, BLOCK_W: tl.constexpr,
-):  # fmt: skip
-    """x[row] = rms(h[row]) * mult (+ shift): the final norm."""
+def _residual_norm_row(
+    row,
+    h_ptr,
+    part_ptr,
+    gate_ptr,
+    mult_ptr,
+    shift_ptr,
+    x_ptr,
+    eps,
+    has_part,
+    WE: tl.constexpr,
+    N_PARTS: tl.constexpr,
+    BM: tl.constexpr,
+    GATED: tl.constexpr,
+    HAS_SHIFT: tl.constexpr,
+    FIX: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
     cols = tl.arange(0, BLOCK_W)
     ok = cols < WE
-    h = tl.load(h_ptr + row * WE + cols, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+    hp = h_ptr + row * WE + cols
+    h = tl.load(hp, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+    if has_part:
+        y = tl.zeros([BLOCK_W], dtype=tl.float32)
+        for s in tl.static_range(N_PARTS):
+            y += tl.load(part_ptr + (s * BM + row) * WE + cols, mask=ok, other=0.0, cache_modifier=".cg")
+        y = _round(y, FIX, h_ptr.dtype.element_ty)  # the sub-layer's GEMM output, as stored
+        if GATED:
+            y = _round(y * tl.load(gate_ptr + cols, mask=ok, other=0.0), FIX, h_ptr.dtype.element_ty)
+        h = _round(h + y, FIX, h_ptr.dtype.element_ty)
+        tl.store(hp, h.to(h_ptr.dtype.element_ty), mask=ok)
     r = tl.math.rsqrt(tl.sum(h * h, axis=0) / WE + eps)
     x = h * r * tl.load(mult_ptr + cols, mask=ok, other=0.0)
     if HAS_SHIFT:
@@ -173,9 +192,7 @@ def _tile_dot(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """[BLOCK_M, BLOCK_N] of a @ w.T over k in [k_lo, k_hi) (and of the paired rows + PAIR_OFF).
-    The loop only loads and multiplies (any work on the a tile here costs the GEMM its
-    shared-memory pipeline: a norm folded into it measured 2.2x slower per step)."""
+    """[BLOCK_M, BLOCK_N] of a @ w.T over k in [k_lo, k_hi) (and of the paired rows + PAIR_OFF)."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     a_rows = a_ptr + rows.to(tl.int64)[:, None] * stride_a
@@ -200,106 +217,39 @@ def _tile_dot(
 
 
 @triton.jit
-def _scaled_rows_store(h, rows, row_ok, cols, t, mult_ptr, x_ptr, ssq_ptr, WE: tl.constexpr, BM: tl.constexpr,
-                       FIX: tl.constexpr):  # fmt: skip
-    """For column tile t of the finished residual h [BM, BN] (fp32 of the stored values): the
-    next norm's input before its row scale, x = h * mult, and each row's sum of squares over
-    these columns (ssq [tiles, BM]; the GEMM that reads x adds them up for the row's rms)."""
-    x = _round(h * tl.load(mult_ptr + cols)[None, :], FIX, x_ptr.dtype.element_ty)
-    xp = x_ptr + rows.to(tl.int64)[:, None] * WE + cols[None, :]
-    tl.store(xp, x.to(x_ptr.dtype.element_ty), mask=row_ok[:, None])
-    tl.store(ssq_ptr + t * BM + rows, tl.sum(h * h, axis=1))
-
-
-@triton.jit
-def _normed_tile_dot(
-    x_ptr, ssq_ptr, rows, row_ok, w_ptr, wrow, col_ok, PAIR_OFF, bias_ptr, eps,
-    WE: tl.constexpr, N_SQ: tl.constexpr, HAS_SHIFT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """norm(h) @ w.T for the rows `wrow` and `wrow + PAIR_OFF` of w, from x = h * mult and the
-    N_SQ per-tile sums of squares: rms(h) * (x @ w.T), plus the folded ``shift @ w.T`` (bias,
-    per w row) with HAS_SHIFT."""
-    acc, acc2 = _tile_dot(
-        x_ptr, WE, rows, row_ok, 0, WE, w_ptr, wrow, col_ok, WE, PAIR_OFF,
-        True, UPCAST, PREC, BLOCK_M, BLOCK_N, BLOCK_K,
-    )  # fmt: skip
-    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for t in tl.static_range(N_SQ):  # in tile order: every GEMM sees the same rms
-        ss += tl.load(ssq_ptr + t * BLOCK_M + rows, cache_modifier=".cg")
-    r = tl.math.rsqrt(ss / WE + eps)[:, None]
-    acc *= r
-    acc2 *= r
-    if HAS_SHIFT:
-        acc += tl.load(bias_ptr + wrow, mask=col_ok, other=0.0)[None, :]
-        acc2 += tl.load(bias_ptr + PAIR_OFF + wrow, mask=col_ok, other=0.0)[None, :]
-    return acc, acc2
-
-
-@triton.jit
-def _split_k_residual(
+def _split_k_partials(
     u,
     a_ptr,
     w_ptr,
     part_ptr,
-    count_ptr,
-    last,
-    h_ptr,
-    gate_ptr,
-    next_mult_ptr,
-    x_ptr,
-    ssq_ptr,
-    write_x,
     M,
     N: tl.constexpr,
     K: tl.constexpr,
     K_PER: tl.constexpr,
-    GATED: tl.constexpr,
     UPCAST: tl.constexpr,
     PREC: tl.constexpr,
-    FIX: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
 ):
-    """Unit u = (column tile t, K split s) of h += gate * (a[M, K] @ w[N, K].T): the fp32 partial
-    of split s; then an arrival on the tile's counter, and the tile's last arrival (the counter
-    was at `last`) sums every split in split order, closes the residual for those columns and
-    (write_x) prepares them for the next norm (`_scaled_rows_store`)."""
+    """Unit u = (column tile, K split s) of a [M, K] @ w[N, K].T -> fp32 rows of partial s."""
     n_tiles: tl.constexpr = N // BN
-    N_SPLITS: tl.constexpr = K // K_PER
     t = u % n_tiles
     s = u // n_tiles
     rows = tl.arange(0, BM)
-    row_ok = rows < M
     cols = t * BN + tl.arange(0, BN)
     acc, _ = _tile_dot(
-        a_ptr, K, rows, row_ok, s * K_PER, s * K_PER + K_PER, w_ptr, cols, cols < N, K, 0,
+        a_ptr, K, rows, rows < M, s * K_PER, s * K_PER + K_PER, w_ptr, cols, cols < N, K, 0,
         False, UPCAST, PREC, BM, BN, BK,
     )  # fmt: skip
     tl.store(part_ptr + (s * BM + rows)[:, None] * N + cols[None, :], acc)
-    tl.debug_barrier()  # every thread's partial is stored before the arrival releases them
-    if tl.atomic_add(count_ptr + t, 1, sem="acq_rel", scope="gpu") == last:
-        y = tl.zeros([BM, BN], dtype=tl.float32)
-        for p in tl.static_range(N_SPLITS):
-            y += tl.load(part_ptr + (p * BM + rows)[:, None] * N + cols[None, :], cache_modifier=".cg")
-        dt = h_ptr.dtype.element_ty
-        y = _round(y, FIX, dt)  # the sub-layer's GEMM output, as stored
-        if GATED:
-            y = _round(y * tl.load(gate_ptr + cols)[None, :], FIX, dt)
-        hp = h_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :]
-        h = _round(tl.load(hp, mask=row_ok[:, None], other=0.0, cache_modifier=".cg").to(tl.float32) + y, FIX, dt)
-        tl.store(hp, h.to(dt), mask=row_ok[:, None])
-        if write_x:
-            _scaled_rows_store(h, rows, row_ok, cols, t, next_mult_ptr, x_ptr, ssq_ptr, N, BM, FIX)
 
 
 @triton.jit
 def _expert_step_kernel(
     h_ptr,  # [M, WE] residual stream (updated in place)
-    out_ptr,  # [M, WE] the final norm's output
-    x_ptr,  # [M, WE] the next norm's input before its row scale: h * mult
-    ssq_ptr,  # [tiles, BM] fp32 the next norm's sums of squares per column tile of h
+    xa_ptr,  # [M, WE] normed input of the attention block; at the end: the final norm's output
+    xm_ptr,  # [M, WE] normed input of the MLP
     q_ptr,  # [M, H, D]
     attn_ptr,  # [M, H * D]
     act_ptr,  # [M, FF]
@@ -319,15 +269,15 @@ def _expert_step_kernel(
     wgu_ptr,  # [L, 2 FF, WE]
     wd_ptr,  # [L, WE, FF]
     m1_ptr,  # [L, WE] attention norm multiplier (1 + scale, or 1 + w)
-    b1_ptr,  # [L, (H + 2) D] attention norm shift @ Wqkv.T (HAS_SHIFT)
+    s1_ptr,  # [L, WE] attention norm shift (HAS_SHIFT)
     g1_ptr,  # [L, WE] attention residual gate (GATED)
     m2_ptr,  # [L, WE] MLP norm
-    b2_ptr,  # [L, 2 FF] MLP norm shift @ Wgu.T
+    s2_ptr,
     g2_ptr,
     mf_ptr,  # [WE] final norm multiplier
     sf_ptr,  # [WE] final norm shift (HAS_SHIFT)
-    sync_ptr,  # int32 [SYNC_WORDS], zero at launch: grid barrier at 0, tile counters at COUNT_O / COUNT_D
-    trace_ptr,  # int64 [2 * (6 L + 1) + 1] phase timestamps (TRACE), zero at launch
+    bar_ptr,  # int32 arrival counter of this launch (zero at launch)
+    trace_ptr,  # int64 [2 * (8 L + 1) + 1] phase timestamps (TRACE), zero at launch
     M,
     Tk,
     suffix_row0,
@@ -357,8 +307,6 @@ def _expert_step_kernel(
     ATT_BS: tl.constexpr,
     CB_M: tl.constexpr,
     CB_DC: tl.constexpr,
-    COUNT_O: tl.constexpr,
-    COUNT_D: tl.constexpr,
     UPCAST: tl.constexpr,
     PREC: tl.constexpr,
     FIX: tl.constexpr,
@@ -369,51 +317,48 @@ def _expert_step_kernel(
     G = tl.num_programs(0)
     if TRACE:
         if pid == 0:
-            tl.store(trace_ptr + 2 * (6 * N_LAYERS + 1), _now())
+            tl.store(trace_ptr + 2 * (8 * N_LAYERS + 1), _now())
     zero = pid * 0
     HALF: tl.constexpr = D // 2
     CH: tl.constexpr = (HALF + BN_QKV - 1) // BN_QKV
-    O_SPLITS: tl.constexpr = H * D // KS_O
-    D_SPLITS: tl.constexpr = FF // KS_D
-    N_SQ_O: tl.constexpr = WE // BN_O  # column tiles of h closed by the O phase
-    N_SQ_D: tl.constexpr = WE // BN_D  # ... by the down phase (and by the prologue)
     rows = tl.arange(0, BM)
     row_ok = rows < M
-    # prologue: the first layer's norm input, per column tile of the incoming h
-    for t in range(pid, N_SQ_D, G):
-        cols = t * BN_D + tl.arange(0, BN_D)
-        h = tl.load(h_ptr + rows.to(tl.int64)[:, None] * WE + cols[None, :], mask=row_ok[:, None], other=0.0)
-        _scaled_rows_store(h.to(tl.float32), rows, row_ok, cols, t, m1_ptr, x_ptr, ssq_ptr, WE, BM, FIX)
-    arrivals = G + zero
-    _grid_sync(sync_ptr, arrivals)
     n_mt = tl.cdiv(M * H, ATT_BM)
     n_cm = tl.cdiv(M * H, CB_M)
     n_cd: tl.constexpr = D // CB_DC
+    arrivals = zero
     for layer in range(N_LAYERS):
         l64 = (zero + layer).to(tl.int64)
         lk = k_ptr + l64 * stride_kl
         lv = v_ptr + l64 * stride_kl
         wqkv = wqkv_ptr + l64 * ((H + 2) * D * WE)
+        lnorm = layer * WE
+        # 0: close the previous layer's MLP residual, norm for attention
+        for row in range(pid, M, G):
+            _residual_norm_row(
+                row, h_ptr, part_d_ptr, g2_ptr + lnorm - WE, m1_ptr + lnorm, s1_ptr + lnorm, xa_ptr, eps, layer > 0,
+                WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
+            )  # fmt: skip
+        arrivals += G
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 0, pid, TRACE)
+        # 1: QKV + RoPE; k / v into this layer's cache rows
         wo = wo_ptr + l64 * (WE * H * D)
         wgu = wgu_ptr + l64 * (2 * FF * WE)
         wd = wd_ptr + l64 * (WE * FF)
-        lnorm = layer * WE
-        # 0: norm -> QKV -> RoPE; k / v into this layer's cache rows
         for u in range(pid, (H + 2) * CH, G):
             cols = (u % CH) * BN_QKV + tl.arange(0, BN_QKV)
             col_ok = cols < HALF
             wrow = (u // CH) * D + cols
-            acc, acc2 = _normed_tile_dot(
-                x_ptr, ssq_ptr, rows, row_ok, wqkv, wrow, col_ok, HALF, b1_ptr + layer * ((H + 2) * D), eps,
-                WE, N_SQ_D, HAS_SHIFT, UPCAST, PREC, BM, BN_QKV, BK,
+            acc, acc2 = _tile_dot(
+                xa_ptr, WE, rows, row_ok, 0, WE, wqkv, wrow, col_ok, WE, HALF, True, UPCAST, PREC, BM, BN_QKV, BK,
             )  # fmt: skip
             _rope_store(
                 acc, acc2, u // CH, rows, row_ok, cols, col_ok, q_ptr, lk + suffix_row0 * stride_kt,
                 lv + suffix_row0 * stride_kt, pos_ptr, inv_ptr, stride_kt, H, D, FIX,
             )  # fmt: skip
         arrivals += G
-        _phase_end(sync_ptr, arrivals, trace_ptr, layer * 6 + 0, pid, TRACE)
-        # 1: attention partials (query tile, key split)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 1, pid, TRACE)
+        # 2: attention partials (query tile, key split)
         for u in range(pid, n_mt * ATT_SPLITS, G):
             _attn_fwd_tile(
                 u % n_mt, u // n_mt, zero, ATT_SPLITS, q_ptr, lk, lv, attn_ptr, kb_ptr, qb_ptr,
@@ -422,49 +367,51 @@ def _expert_step_kernel(
                 D, True, True, True, UPCAST, PREC, FIX, ATT_BM, ATT_BN, D, ".cg",
             )  # fmt: skip
         arrivals += G
-        _phase_end(sync_ptr, arrivals, trace_ptr, layer * 6 + 1, pid, TRACE)
-        # 2: combine the key splits
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 2, pid, TRACE)
+        # 3: combine the key splits
         for u in range(pid, n_cm * n_cd, G):
             _attn_combine_tile(
                 u // n_cd, u % n_cd, zero, ws_acc_ptr, ws_m_ptr, ws_l_ptr, attn_ptr, M * H, H,
                 0, H * D, D, D, ATT_SPLITS, FIX, CB_M, CB_DC, ATT_BS, ".cg",
             )  # fmt: skip
         arrivals += G
-        _phase_end(sync_ptr, arrivals, trace_ptr, layer * 6 + 2, pid, TRACE)
-        # 3: O projection split-K; each column tile's last split closes the attention residual
-        for u in range(pid, (WE // BN_O) * O_SPLITS, G):
-            _split_k_residual(
-                u, attn_ptr, wo, part_o_ptr, sync_ptr + COUNT_O, layer * O_SPLITS + O_SPLITS - 1, h_ptr,
-                g1_ptr + lnorm, m2_ptr + lnorm, x_ptr, ssq_ptr, True,
-                M, WE, H * D, KS_O, GATED, UPCAST, PREC, FIX, BM, BN_O, BK,
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 3, pid, TRACE)
+        # 4: O projection, split-K partials
+        for u in range(pid, (WE // BN_O) * (H * D // KS_O), G):
+            _split_k_partials(u, attn_ptr, wo, part_o_ptr, M, WE, H * D, KS_O, UPCAST, PREC, BM, BN_O, BK)
+        arrivals += G
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 4, pid, TRACE)
+        # 5: close the attention residual, norm for the MLP
+        for row in range(pid, M, G):
+            _residual_norm_row(
+                row, h_ptr, part_o_ptr, g1_ptr + lnorm, m2_ptr + lnorm, s2_ptr + lnorm, xm_ptr, eps, layer >= 0,
+                WE, H * D // KS_O, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
             )  # fmt: skip
         arrivals += G
-        _phase_end(sync_ptr, arrivals, trace_ptr, layer * 6 + 3, pid, TRACE)
-        # 4: norm -> gate|up -> GeGLU
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, TRACE)
+        # 6: gate|up + GeGLU
         for u in range(pid, FF // BN_GU, G):
             cols = u * BN_GU + tl.arange(0, BN_GU)
             col_ok = cols < FF
-            acc, acc2 = _normed_tile_dot(
-                x_ptr, ssq_ptr, rows, row_ok, wgu, cols, col_ok, FF, b2_ptr + layer * (2 * FF), eps,
-                WE, N_SQ_O, HAS_SHIFT, UPCAST, PREC, BM, BN_GU, BK,
+            acc, acc2 = _tile_dot(
+                xm_ptr, WE, rows, row_ok, 0, WE, wgu, cols, col_ok, WE, FF, True, UPCAST, PREC, BM, BN_GU, BK,
             )  # fmt: skip
             _geglu_store(acc, acc2, rows, row_ok, cols, col_ok, act_ptr, FF, FIX)
         arrivals += G
-        _phase_end(sync_ptr, arrivals, trace_ptr, layer * 6 + 4, pid, TRACE)
-        # 5: down projection split-K; each column tile's last split closes the MLP residual
-        for u in range(pid, (WE // BN_D) * D_SPLITS, G):
-            _split_k_residual(
-                u, act_ptr, wd, part_d_ptr, sync_ptr + COUNT_D, layer * D_SPLITS + D_SPLITS - 1, h_ptr,
-                g2_ptr + lnorm, m1_ptr + lnorm + WE, x_ptr, ssq_ptr, layer + 1 < N_LAYERS,
-                M, WE, FF, KS_D, GATED, UPCAST, PREC, FIX, BM, BN_D, BK,
-            )  # fmt: skip
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE)
+        # 7: down projection, split-K partials (summed by the next phase 0)
+        for u in range(pid, (WE // BN_D) * (FF // KS_D), G):
+            _split_k_partials(u, act_ptr, wd, part_d_ptr, M, WE, FF, KS_D, UPCAST, PREC, BM, BN_D, BK)
         arrivals += G
-        _phase_end(sync_ptr, arrivals, trace_ptr, layer * 6 + 5, pid, TRACE)
-    # the final norm
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 7, pid, TRACE)
+    # close the last MLP residual; the final norm
     for row in range(pid, M, G):
-        _norm_row(row, h_ptr, mf_ptr, sf_ptr, out_ptr, eps, WE, HAS_SHIFT, FIX, BLOCK_W)
+        _residual_norm_row(
+            row, h_ptr, part_d_ptr, g2_ptr + (N_LAYERS - 1) * WE, mf_ptr, sf_ptr, xa_ptr, eps, N_LAYERS > 0,
+            WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
+        )  # fmt: skip
     if TRACE:
-        tl.atomic_max(trace_ptr + 2 * (6 * N_LAYERS), _now())
+        tl.atomic_max(trace_ptr + 2 * (8 * N_LAYERS), _now())
 
 
 # ---- host side ---------------------------------------------------------------------------------
@@ -474,10 +421,7 @@ def _expert_step_kernel(
 class ExpertWeights:
     """The expert's weights stacked over layers (nn.Linear layout, run dtype), and its norms at
     every denoise step: multipliers [N, L, WE] fp32 (1 + scale, or 1 + w), shifts and gates
-    (pi0.5's adaRMS; None for pi0's RMSNorm and plain residuals), final norm [N, WE].
-
-    The shifts reach the kernel folded through the GEMM that reads the normed rows,
-    ``shift @ W.T`` in fp32 ([N, L, (H + 2) D] and [N, L, 2 FF]), computed here once."""
+    (pi0.5's adaRMS; None for pi0's RMSNorm and plain residuals), final norm [N, WE]."""
 
     qkv: torch.Tensor  # [L, (H + 2) * D, WE]
     o: torch.Tensor  # [L, WE, H * D]
@@ -491,22 +435,6 @@ class ExpertWeights:
     mlp_gate: torch.Tensor | None
     final_mult: torch.Tensor
     final_shift: torch.Tensor | None
-    attn_shift_qkv: torch.Tensor | None = field(init=False, default=None)
-    mlp_shift_gate_up: torch.Tensor | None = field(init=False, default=None)
-
-    def __post_init__(self) -> None:
-        if self.attn_shift is not None:
-            self.attn_shift_qkv = _fold_shift(self.attn_shift, self.qkv)
-        if self.mlp_shift is not None:
-            self.mlp_shift_gate_up = _fold_shift(self.mlp_shift, self.gate_up)
-
-
-def _fold_shift(shift: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """shift [N, L, WE] @ w[l].T for every layer l, in fp32 -> [N, L, w rows] (a layer at a
-    time: the fp32 copy of one layer's weight is the only temporary)."""
-    if w.device.type == "meta":
-        return torch.empty(shift.shape[0], w.shape[0], w.shape[1], device="meta")
-    return torch.stack([shift[:, i].float() @ w[i].float().T for i in range(w.shape[0])], 1).contiguous()
 
 
 def _pow2_tile(dim: int, want: int) -> int:
@@ -553,34 +481,32 @@ class ExpertStepPlan:
         self.att_bm, self.att_bn = (32, 64) if not interp else (max(16, triton.next_power_of_2(rows * num_heads)), 64)
         self.att_splits = 8 if not interp else 1
         self.cb_m, self.cb_dc = 16, min(64, head_dim)
-        self.num_warps, self.num_stages = 4, 4  # 4 stages: 856 vs 883 us per step with 3 (H200)
+        self.num_warps, self.num_stages = 4, 4  # H200: 847 us per step; 3 stages 862, 8 warps 896
         if interp:
             self.grid = 1
         else:
             self.grid = sm_count or torch.cuda.get_device_properties(device).multi_processor_count
         act = dict(device=device, dtype=dtype)
-        self.out = torch.zeros(rows, width, **act)
-        self.x = torch.zeros(rows, width, **act)
+        self.x_attn = torch.zeros(rows, width, **act)
+        self.x_mlp = torch.zeros(rows, width, **act)
         self.q = torch.zeros(rows, num_heads, head_dim, **act)
         self.attn = torch.zeros(rows, num_heads * head_dim, **act)
         self.act = torch.zeros(rows, mlp_dim, **act)
-        # per launch: the grid barrier's counter and the O / down tiles' arrival counters, each
-        # on its own 128-byte line (programs spinning on the barrier do not share the tiles' line)
-        self.barriers = torch.zeros(launches, 3 * _SYNC_LINE, dtype=torch.int32, device=device)
+        self._allocate_splits()
+        self.barriers = torch.zeros(launches, dtype=torch.int32, device=device)
         self.trace: torch.Tensor | None = None  # see `enable_trace`
-        self.set_tiles()
 
     def set_tiles(self, **tiles: int) -> None:
-        """Change tile settings (bn_o, ks_o, bn_d, ks_d, att_splits, ...; for benchmarks and
-        tests) and size the split buffers for them."""
+        """Change tile settings (bn_o, ks_o, bn_d, ks_d, att_splits, num_warps, ...; for
+        benchmarks and tests) and size the split buffers for them."""
         for name, value in tiles.items():
             if not hasattr(self, name):
                 raise ValueError(f"unknown tile setting {name}")
             setattr(self, name, value)
-        if self.WE // min(self.bn_o, self.bn_d) > _SYNC_LINE:
-            raise ValueError(f"width {self.WE} has more than {_SYNC_LINE} output tiles")
+        self._allocate_splits()
+
+    def _allocate_splits(self) -> None:
         f32 = dict(device=self.device, dtype=torch.float32)
-        self.ssq = torch.zeros(_SYNC_LINE, self.bm, **f32)
         self.part_o = torch.zeros(self.H * self.D // self.ks_o, self.bm, self.WE, **f32)
         self.part_d = torch.zeros(self.FF // self.ks_d, self.bm, self.WE, **f32)
         self.att_ws = torch.zeros(self.att_splits * self.M * self.H * (self.D + 2), **f32)
@@ -611,13 +537,13 @@ class ExpertStepPlan:
 
     def step(self, h: torch.Tensor, w: ExpertWeights, step: int, *cache_and_inputs) -> torch.Tensor:
         """Every layer of one denoise step on the residual stream `h` [M, WE] (in place), then
-        the final norm; returns it [M, WE] (the `out` buffer). The rest, as `launch_args`:
+        the final norm; returns it [M, WE] (the `x_attn` buffer). The rest, as `launch_args`:
         k, v (the cache [L, Tk, D]: prefix rows, then the suffix's rows from `suffix_row0`, which
         this launch writes), key_blocks, query_blocks, positions, inv_freq, suffix_row0, slot
-        (this launch's row of `barriers`, zeroed beforehand), eps."""
+        (this launch's barrier counter, zeroed beforehand), eps."""
         args, kwargs = self.launch_args(h, w, step, *cache_and_inputs)
         _expert_step_kernel[(self.grid,)](*args, **kwargs)
-        return self.out
+        return self.x_attn
 
     def launch_args(
         self,
@@ -647,18 +573,16 @@ class ExpertStepPlan:
         ws = self.att_ws
         f = w.attn_mult  # any fp32 tensor for pointers a flag leaves unused
         opt = lambda t: t[step] if t is not None else f  # noqa: E731
-        if (w.attn_shift is None) != (w.mlp_shift is None) or (w.attn_gate is None) != (w.mlp_gate is None):
-            raise ValueError("attention and MLP norms must both have shifts / gates (adaRMS) or neither")
         extra = {"launch_cooperative_grid": True} if self.gpu else {}  # all programs resident (barrier)
         args = (
-            h, self.out, self.x, self.ssq, self.q, self.attn, self.act, self.part_o, self.part_d,
+            h, self.x_attn, self.x_mlp, self.q, self.attn, self.act, self.part_o, self.part_d,
             ws[: n * D], ws[n * D : n * (D + 1)], ws[n * (D + 1) : n * (D + 2)],
             k, v, key_blocks, query_blocks, positions, inv_freq,
             w.qkv, w.o, w.gate_up, w.down,
-            w.attn_mult[step], opt(w.attn_shift_qkv), opt(w.attn_gate),
-            w.mlp_mult[step], opt(w.mlp_shift_gate_up), opt(w.mlp_gate),
+            w.attn_mult[step], opt(w.attn_shift), opt(w.attn_gate),
+            w.mlp_mult[step], opt(w.mlp_shift), opt(w.mlp_gate),
             w.final_mult[step], opt(w.final_shift),
-            self.barriers[slot], self.trace if self.trace is not None else self.barriers,
+            self.barriers[slot:], self.trace if self.trace is not None else self.barriers,
             M, Tk, suffix_row0, kps, k.stride(0), k.stride(1), (1.0 / D**0.5) * _LOG2E, eps, L,
         )  # fmt: skip
         interp = is_interpreting() and not self.gpu
@@ -668,7 +592,6 @@ class ExpertStepPlan:
             BN_QKV=self.bn_qkv, BN_O=self.bn_o, KS_O=self.ks_o, BN_GU=self.bn_gu,
             BN_D=self.bn_d, KS_D=self.ks_d, ATT_BM=self.att_bm, ATT_BN=self.att_bn, ATT_SPLITS=splits,
             ATT_BS=triton.next_power_of_2(splits), CB_M=self.cb_m, CB_DC=self.cb_dc,
-            COUNT_O=_SYNC_LINE, COUNT_D=2 * _SYNC_LINE,
             UPCAST=interp, PREC=dot_precision(self.dtype), FIX=interp and needs_rtne_fix(self.dtype),
             TRACE=self.trace is not None,
             BLOCK_W=triton.next_power_of_2(self.WE),

@@ -123,9 +123,9 @@ def test_step_kernel_matches_reference_small(dtype, gated) -> None:
 
 
 @pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
-def test_split_k_residuals_close_every_tile(gated) -> None:
-    """Several column tiles and K splits in the O and down projections: each tile's last split
-    sums all of them (on one program the splits arrive in order, the last one closes)."""
+def test_split_k_partials_over_several_tiles_and_splits(gated) -> None:
+    """Several column tiles and K splits in the O and down projections: the row phases sum
+    every split's partial."""
     tiles = dict(bn_o=16, ks_o=32, bn_d=16, ks_d=32)  # 4 tiles x 4 splits, 4 tiles x 4 splits
     _run_and_compare((10, 64, 128, 4, 32, 2, 24), torch.float32, gated, dict(atol=1e-4, rtol=1e-4), **tiles)
 
