@@ -49,12 +49,13 @@ def main() -> None:
     load_case(fused, case)
     fused.capture()
     report = {"env": environment(dev), "policy": args.policy, "views": args.views}
-    for stage in ("prefix", "denoise"):
+    for stage in ("vision", "prefix", "denoise"):  # vision: part of the prefix graph, here un-graphed
         graph_ms = sorted(time_call(lambda s=stage: fused.run(s), 30, 5, dev))[15]
         rows = kernel_table(getattr(fused, stage), cfg.num_steps)
         busy_ms = sum(r["total_us"] for r in rows) / 1e3
         launches = sum(r["calls"] for r in rows)
-        print(f"\n== {stage}: graph {graph_ms:.3f} ms, kernels busy {busy_ms:.3f} ms, {launches} launches")
+        how = "graph" if (stage, fused.views, fused.bucket) in fused.graphs else "eager"
+        print(f"\n== {stage}: {how} {graph_ms:.3f} ms, kernels busy {busy_ms:.3f} ms, {launches} launches")
         print(f"{'kernel':<70} {'calls':>6} {'total us':>9} {'us/call':>8}")
         for r in rows[:22]:
             print(f"{r['kernel'][:70]:<70} {r['calls']:6d} {r['total_us']:9.1f} {r['per_call_us']:8.2f}")
