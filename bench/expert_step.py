@@ -115,9 +115,7 @@ def main() -> None:
     for tiles in (
         dict(num_stages=3),
         dict(num_warps=8),
-        dict(bn_o=32, ks_o=512),
-        dict(bn_d=32, ks_d=1024),
-        dict(bn_o=32, ks_o=512, bn_d=32, ks_d=1024),
+        dict(bn_o=64, ks_o=256, bn_d=64, ks_d=512),
     ):
         label = ",".join(f"{k}={v}" for k, v in tiles.items())
         plan.set_tiles(**tiles)

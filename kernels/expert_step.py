@@ -26,10 +26,10 @@ All programs must be resident at once (the barrier waits for every one): the gri
 program per SM, launched cooperatively. On the interpreter (CI) the grid is one program, which
 runs every unit of every phase in order.
 
-Measured (H200, pi0.5 expert, 50 tokens, 968 + 50 keys; docs/results/README.md): 847 us per step,
-against ~950 us for the same work as separate kernels. Per layer (phase trace): QKV 9.0 us,
-attention 8.4, gate|up 8.4, down 5.0, the row phases 3.7 + 2.1, combine 3.2, O 3.5, and ~1.35 us
-per barrier. Six phases per layer, with the norms inside the GEMMs and the residuals closed by
+Measured (H200, pi0.5 expert, 50 tokens, 968 + 50 keys; docs/results/README.md): 815 us per step,
+against ~950 us for the same work as separate kernels. Per layer (phase trace, 64-column O / down
+tiles): QKV 8.0 us, attention 9.2, gate|up 7.6, down 4.6, the row phases 3.5 + 1.9, combine 3.1,
+O 3.4, and ~1.35 us per barrier. Six phases per layer, with the norms inside the GEMMs and the residuals closed by
 each column tile's last split-K arrival, measured slower (871 us at its best tiles): the
 last-arrival tails cost more than the row phases and barriers they save.
 """
@@ -474,14 +474,16 @@ class ExpertStepPlan:
         interp = not self.gpu
         self.bm = 64 if not interp else max(16, triton.next_power_of_2(rows))
         self.bn_qkv = 16
-        self.bn_o, self.ks_o = _pow2_tile(width, 64), _pow2_tile(num_heads * head_dim, 256)
+        # O and down: 32 columns x 4 K splits (128 units; the row phases sum 4 partials): 815 us per
+        # step on the H200, against 845 with 64 columns x 8 splits
+        self.bn_o, self.ks_o = _pow2_tile(width, 32), _pow2_tile(num_heads * head_dim, 512)
         self.bn_gu = _pow2_tile(mlp_dim, 32)
-        self.bn_d, self.ks_d = _pow2_tile(width, 64), _pow2_tile(mlp_dim, 512)
+        self.bn_d, self.ks_d = _pow2_tile(width, 32), _pow2_tile(mlp_dim, 1024)
         self.bk = min(128 if not interp else 32, width, self.ks_o, self.ks_d)
         self.att_bm, self.att_bn = (32, 64) if not interp else (max(16, triton.next_power_of_2(rows * num_heads)), 64)
         self.att_splits = 8 if not interp else 1
         self.cb_m, self.cb_dc = 16, min(64, head_dim)
-        self.num_warps, self.num_stages = 4, 4  # H200: 847 us per step; 3 stages 862, 8 warps 896
+        self.num_warps, self.num_stages = 4, 4  # H200 (64-column O / down tiles): 845 us; 3 stages 857, 8 warps 884
         if interp:
             self.grid = 1
         else:

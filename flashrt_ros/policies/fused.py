@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from kernels.ada_rms_norm import ada_rms_norm, gated_residual_ada_rms_norm
 from kernels.attention import attention
+from kernels.denoise_update import denoise_update
 from kernels.euler import euler_step
 from kernels.expert_step import ExpertStepPlan, ExpertWeights
 from kernels.geglu import geglu
@@ -213,6 +214,7 @@ class FusedPi0:
         self.key_blocks = torch.zeros(p + sl, dtype=torch.int32, device=dev)
         self.suffix_pos = torch.zeros(sl, dtype=torch.long, device=dev)
         self.suffix_state = torch.zeros(1, cfg.expert.width, dtype=torch.float32, device=dev)
+        self.suffix_h = torch.zeros(sl, cfg.expert.width, dtype=self.dtype, device=dev)  # the expert's input rows
         self.query_blocks = suffix_blocks(cfg, dev).to(torch.int32).contiguous()
         self._suffix_arange = torch.arange(sl, device=dev)
         # the expert's pass of a step as one persistent launch (kernels/expert_step.py), where it fits
@@ -372,11 +374,20 @@ class FusedPi0:
         x = self.actions
         x.copy_(self.noise)
         dt = -1.0 / cfg.num_steps
-        if self.step_plan is not None:
-            self.step_plan.barriers.zero_()
+        if self.step_plan is None:
+            for step in range(cfg.num_steps):
+                euler_step(x, self.velocity(step, x), dt)
+            return
+        # the step kernel, then one launch for velocity + Euler step (+ pi0.5's next expert input,
+        # which is action_in(x) alone; pi0's also needs the time MLP and the state token)
+        self.step_plan.barriers.zero_()
+        h = self.suffix_h
         for step in range(cfg.num_steps):
-            v = self.velocity_step_kernel(step, x) if self.step_plan is not None else self.velocity(step, x)
-            euler_step(x, v, dt)
+            if step == 0 or not cfg.uses_adarms:
+                h.copy_(self._suffix_input(step, x))
+            y = self.expert_pass(step, h)
+            nxt = (*self.action_in, h) if cfg.uses_adarms and step + 1 < cfg.num_steps else ()
+            denoise_update(y[-cfg.horizon :], x, *self.action_out, dt, *nxt)
 
     def _suffix_input(self, step: int, x: Tensor) -> Tensor:
         """Noisy actions (and pi0's state token) -> the expert's input rows [S, We] in the run dtype."""
@@ -386,17 +397,16 @@ class FusedPi0:
         at = F.linear(F.silu(F.linear(act, self.at_in_action) + self.time_bias[step]), *self.at_out)
         return torch.cat([self.suffix_state, at]).to(self.dtype)
 
-    def velocity_step_kernel(self, step: int, x: Tensor) -> Tensor:
-        """The expert's whole pass as one persistent launch (kernels/expert_step.py)."""
+    def expert_pass(self, step: int, h: Tensor) -> Tensor:
+        """The expert's whole pass on its input rows `h` (updated in place) as one persistent
+        launch (kernels/expert_step.py); returns the final norm's output [S, We]."""
         cfg = self.cfg
-        h = self._suffix_input(step, x)
         p = self.prefix_rows
         keys = slice(0, p + cfg.suffix_len)
-        y = self.step_plan.step(
+        return self.step_plan.step(
             h, self.expert_weights, step, self.prefix_k[:, keys], self.prefix_v[:, keys], self.key_blocks[keys],
             self.query_blocks, self.suffix_pos, self.inv_freq, p, step, cfg.rms_norm_eps,
         )  # fmt: skip
-        return F.linear(y[-cfg.horizon :].float(), *self.action_out)
 
     def velocity(self, step: int, x: Tensor) -> Tensor:
         """The expert as separate kernels (cuBLAS GEMMs + Triton norms / RoPE / attention /

@@ -1,0 +1,133 @@
+"""What happens between two expert passes of the denoise loop, in one launch:
+
+    v = y @ W_out.T + b_out            the expert's action rows -> velocity      [H, A] fp32
+    x = x + dt * v                     the Euler step, in place                  [H, A] fp32
+    h = (x @ W_in.T + b_in).to(dtype)  the next pass's input (pi0.5; optional)   [H, WE]
+
+As torch ops this was 7 small launches per step, the fp32 action_out GEMM alone taking 14 us
+on the H200 (cuBLAS picks a split-K "largek" kernel for K = 1024, N = 32): ~0.5 ms of a
+10-step denoise (docs/results/profile_pi05_3v_20261129_195354.json). Here each program owns
+a block of action rows end to end, so no intermediate leaves the program. fp32 throughout,
+with IEEE fp32 dots, as the eager model's fp32 projections.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import needs_rtne_fix, round_bf16_rtne
+
+__all__ = ["denoise_update", "denoise_update_ref"]
+
+
+@triton.jit
+def _denoise_update_kernel(
+    y_ptr,  # [H, WE] rows (stride_y)
+    x_ptr,  # [H, A] fp32, updated in place
+    wo_ptr,  # [A, WE] fp32
+    bo_ptr,  # [A]
+    wi_ptr,  # [WE, A] fp32 (HAS_IN)
+    bi_ptr,  # [WE]
+    h_ptr,  # [H, WE] (HAS_IN)
+    stride_y,
+    dt,
+    H,
+    A: tl.constexpr,
+    WE: tl.constexpr,
+    HAS_IN: tl.constexpr,
+    FIX_H: tl.constexpr,
+    BR: tl.constexpr,
+    BA: tl.constexpr,
+    BW: tl.constexpr,
+):
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    row_ok = rows < H
+    acols = tl.arange(0, BA)
+    a_ok = acols < A
+    acc = tl.zeros([BR, BA], dtype=tl.float32)
+    for k0 in range(0, WE, BW):
+        ks = k0 + tl.arange(0, BW)
+        k_ok = ks < WE
+        y = tl.load(y_ptr + rows[:, None] * stride_y + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(wo_ptr + acols[None, :] * WE + ks[:, None], mask=k_ok[:, None] & a_ok[None, :], other=0.0)
+        acc = tl.dot(y.to(tl.float32), w, acc, input_precision="ieee")
+    mask = row_ok[:, None] & a_ok[None, :]
+    xp = x_ptr + rows[:, None] * A + acols[None, :]
+    v = acc + tl.load(bo_ptr + acols, mask=a_ok, other=0.0)[None, :]
+    x = tl.load(xp, mask=mask, other=0.0) + dt * v
+    tl.store(xp, x, mask=mask)
+    if HAS_IN:
+        x = tl.where(mask, x, 0.0)
+        for n0 in range(0, WE, BW):
+            ns = n0 + tl.arange(0, BW)
+            n_ok = ns < WE
+            w = tl.load(wi_ptr + ns[None, :] * A + acols[:, None], mask=a_ok[:, None] & n_ok[None, :], other=0.0)
+            h = tl.dot(x, w, input_precision="ieee") + tl.load(bi_ptr + ns, mask=n_ok, other=0.0)[None, :]
+            if FIX_H:
+                h = round_bf16_rtne(h)
+            hp = h_ptr + rows[:, None] * WE + ns[None, :]
+            tl.store(hp, h.to(h_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+
+
+def denoise_update(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    w_out: torch.Tensor,
+    b_out: torch.Tensor,
+    dt: float,
+    w_in: torch.Tensor | None = None,
+    b_in: torch.Tensor | None = None,
+    h_next: torch.Tensor | None = None,
+) -> None:
+    """x += dt * (y @ w_out.T + b_out) in place; with w_in / b_in / h_next also
+    h_next = x @ w_in.T + b_in (after the update, in h_next's dtype).
+
+    Args:
+        y: the expert's output rows of the actions [H, WE] (rows may be strided, a slice).
+        x: the noisy actions [H, A] fp32, contiguous.
+        w_out, b_out: action_out projection [A, WE], [A] fp32.
+        w_in, b_in: action_in projection [WE, A], [WE] fp32 (optional).
+        h_next: [H, WE] contiguous destination of the next expert input.
+    """
+    H, A = x.shape
+    WE = y.shape[1]
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        raise ValueError(f"x must be contiguous fp32 [H, A], got {x.dtype}")
+    if y.shape[0] != H or y.stride(1) != 1:
+        raise ValueError(f"y must be [{H}, WE] with contiguous rows, got {tuple(y.shape)} strides {y.stride()}")
+    if tuple(w_out.shape) != (A, WE) or tuple(b_out.shape) != (A,):
+        raise ValueError(f"w_out / b_out must be [{A}, {WE}] / [{A}], got {tuple(w_out.shape)} / {tuple(b_out.shape)}")
+    has_in = h_next is not None
+    if has_in:
+        if w_in is None or b_in is None or tuple(w_in.shape) != (WE, A) or tuple(b_in.shape) != (WE,):
+            raise ValueError(f"w_in / b_in must be [{WE}, {A}] / [{WE}] with h_next")
+        if tuple(h_next.shape) != (H, WE) or not h_next.is_contiguous():
+            raise ValueError(f"h_next must be contiguous [{H}, {WE}], got {tuple(h_next.shape)}")
+    for name, t in (("w_out", w_out), ("b_out", b_out), ("w_in", w_in), ("b_in", b_in)):
+        if t is not None and (t.dtype != torch.float32 or not t.is_contiguous()):
+            raise ValueError(f"{name} must be contiguous fp32")
+    br = 16
+    bw = min(128, max(16, triton.next_power_of_2(WE)))
+    _denoise_update_kernel[(triton.cdiv(H, br),)](
+        y, x, w_out, b_out, w_in if has_in else w_out, b_in if has_in else b_out, h_next if has_in else x,
+        y.stride(0), float(dt), H, A, WE, has_in, has_in and needs_rtne_fix(h_next.dtype),
+        br, max(16, triton.next_power_of_2(A)), bw, num_warps=4,
+    )  # fmt: skip
+
+
+def denoise_update_ref(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    w_out: torch.Tensor,
+    b_out: torch.Tensor,
+    dt: float,
+    w_in: torch.Tensor | None = None,
+    b_in: torch.Tensor | None = None,
+    h_dtype: torch.dtype = torch.bfloat16,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The same in torch (the eager model's fp32 projections): returns (new x, next h or None)."""
+    x = x + dt * torch.nn.functional.linear(y.float(), w_out, b_out)
+    h = None if w_in is None else torch.nn.functional.linear(x, w_in, b_in).to(h_dtype)
+    return x, h
