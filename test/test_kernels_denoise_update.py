@@ -29,7 +29,8 @@ def test_update_and_next_input_match_torch(shape, h_dtype) -> None:
     h = torch.empty(H, WE, dtype=h_dtype, device=DEVICE)
     denoise_update(y[-H:], x, w_out, b_out, -0.1, w_in, b_in, h)
     torch.testing.assert_close(x, x_ref, atol=1e-5, rtol=1e-5)
-    tol = dict(atol=1e-5, rtol=1e-5) if h_dtype == torch.float32 else dict(atol=0, rtol=8e-3)  # one bf16 rounding
+    # bf16: one rounding step (2**-7 relative); near zero the fp32 sums may differ in the last bits
+    tol = dict(atol=1e-5, rtol=1e-5) if h_dtype == torch.float32 else dict(atol=1e-4, rtol=8e-3)
     torch.testing.assert_close(h, h_ref, **tol)
 
 
