@@ -124,3 +124,16 @@ def test_present_views_are_packed_and_change_nothing(present):
     fused, out = _run_fused(model, x, torch.float32)
     assert fused.views == max(1, sum(present))
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("views", [1, 2])
+def test_vision_stage_matches_the_reference_tokens(views):
+    """The patch conv as a GEMM over unfolded patches (+ bias + position as its added input):
+    the vision stage's tokens equal the reference tower's, view by view."""
+    model = tiny_model("pi05", seed=3, num_views=2).to(DEVICE)
+    x = tiny_inputs(model.cfg, batch=1)
+    fused = FusedPi0(model, torch.float32)
+    fused.set_pixels(x["pixels"][0].to(DEVICE), [True] * views + [False] * (2 - views))
+    with torch.no_grad():
+        ref = model.embed_images(x["pixels"][:, :views].to(DEVICE))[0]
+    torch.testing.assert_close(fused.vision(), ref, rtol=1e-4, atol=1e-4)

@@ -132,8 +132,7 @@ class FusedPi0:
         with torch.no_grad():
             v = model.vision
             conv = v.embeddings.patch_embedding
-            self.patch = (conv.weight.detach().to(dtype), conv.bias.detach().to(dtype))
-            self.pos = v.embeddings.position_embedding.weight.detach().to(dtype)
+            self._patch_embedding(conv, v.embeddings.position_embedding.weight.detach())
             self.vision_layers = [_siglip(layer, dtype) for layer in v.encoder.layers]
             self.post_ln = (v.post_layernorm.weight.detach().to(dtype), v.post_layernorm.bias.detach().to(dtype))
             self.proj = (model.vision_proj.weight.detach().to(dtype), model.vision_proj.bias.detach().to(dtype))
@@ -150,6 +149,19 @@ class FusedPi0:
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
 
     # ---- load-time work ----------------------------------------------------------------------
+    def _patch_embedding(self, conv: torch.nn.Conv2d, pos: Tensor) -> None:
+        """SigLIP's stride-p patch conv as one GEMM over unfolded patches, with the conv bias and
+        the position embedding as its added input: one copy + one cuBLAS call instead of a cuDNN
+        conv, two layout transposes and an add (~90 us for 3 views on the H200). K (3 p^2 = 588)
+        is zero-padded to a multiple of 8 for aligned bf16 rows."""
+        width, k = conv.weight.shape[0], conv.weight[0].numel()
+        k_pad = -(-k // 8) * 8
+        w = torch.zeros(width, k_pad, dtype=self.dtype, device=conv.weight.device)
+        w[:, :k] = conv.weight.detach().reshape(width, k)
+        self.patch_w = w
+        self.patch_pos = (pos.float() + conv.bias.detach().float()).to(self.dtype).repeat(self.cfg.num_views, 1)
+        self.patches = torch.zeros(self.patch_pos.shape[0], k_pad, dtype=self.dtype, device=w.device)
+
     def _precompute_time(self, model: Pi0Model) -> None:
         """Everything that depends only on t, for t = 1, 1 - 1/N, ..., 1/N."""
         cfg, n = self.cfg, self.cfg.num_steps
@@ -299,9 +311,12 @@ class FusedPi0:
     def vision(self) -> Tensor:
         """pixels of the current views [v, 3, S, S] -> projected vision tokens [v*N, Wp]."""
         spec, v = self.cfg.vision, self.views
-        x = F.conv2d(self.pixels[:v], *self.patch, stride=spec.patch_size).flatten(2).transpose(1, 2)
-        h = (x + self.pos).reshape(-1, spec.width).contiguous()  # the kernels want contiguous rows
         heads, hd, n = spec.num_heads, spec.width // spec.num_heads, spec.num_tokens
+        g, p = spec.image_size // spec.patch_size, spec.patch_size
+        patches = self.patches[: v * n]
+        unfolded = self.pixels[:v].view(v, 3, g, p, g, p).permute(0, 2, 4, 1, 3, 5)  # [v, gy, gx, c, py, px]
+        patches[:, : 3 * p * p].view(v, g, g, 3, p, p).copy_(unfolded)
+        h = torch.addmm(self.patch_pos[: v * n], patches, self.patch_w.t())  # patch conv + bias + position
         mlp_out = None
         for w in self.vision_layers:
             if mlp_out is None:
