@@ -111,11 +111,16 @@ def main() -> None:
     show("default", graph_ms(step))
     ref = h.clone()
     results["phases"] = phase_table(plan, step)
-    default_tiles = {name: getattr(plan, name) for name in ("num_warps", "num_stages", "bn_o", "ks_o", "bn_d", "ks_d")}
+    names = ("num_warps", "num_stages", "bn_o", "ks_o", "bn_d", "ks_d", "bk", "att_bn")
+    default_tiles = {name: getattr(plan, name) for name in names}
     for tiles in (
         dict(num_stages=3),
-        dict(num_warps=8),
         dict(bn_o=64, ks_o=256, bn_d=64, ks_d=512),
+        # fewer register spills in the offline build (scripts/compile_check.py --set ...): stack
+        # 1744 -> 872 (att_bn=32), 760 (bk=64), 304 bytes per thread (both); not yet timed
+        dict(att_bn=32),
+        dict(bk=64),
+        dict(bk=64, att_bn=32),
     ):
         label = ",".join(f"{k}={v}" for k, v in tiles.items())
         plan.set_tiles(**tiles)

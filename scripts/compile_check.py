@@ -1,8 +1,13 @@
 """Build the GPU code of the expert step kernel for CUDA targets without a GPU.
 
-    python scripts/compile_check.py [--trace] [ARCH ...]    e.g. 90 (H200) 100 110 (Jetson Thor)
+    python scripts/compile_check.py [--trace] [--set NAME=VALUE ...] [ARCH ...]
+                                                 e.g. 90 (H200) 100 110 (Jetson Thor)
 
---trace builds the variant that records phase timestamps (`ExpertStepPlan.enable_trace`).
+--trace builds the variant that records phase timestamps (`ExpertStepPlan.enable_trace`);
+--set changes a tile setting first (`ExpertStepPlan.set_tiles`, e.g. --set bk=64 --set att_bn=32).
+Each line reports the registers per thread and the spill stack (bytes per thread) that
+Triton's bundled cuobjdump reads from the cubin: the kernel is one large function at the 255
+register limit, so spills are the first thing a tile change moves (no GPU needed to see it).
 
 Uses Triton's bundled ptxas; the launch is the real pi0.5 one (50 suffix tokens, Gemma-300M
 expert, 968 prefix tokens, 132 SMs) built on meta tensors. Prints one JSON line per target.
@@ -12,7 +17,11 @@ Must run without TRITON_INTERPRET (the interpreter replaces the kernels).
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -22,11 +31,12 @@ from kernels.expert_step import ExpertStepPlan, ExpertWeights, compile_for
 M, W, F, H, D, L, P = 50, 1024, 4096, 8, 256, 18, 968
 
 
-def real_shape_launch(trace: bool = False) -> tuple[tuple, dict]:
+def real_shape_launch(trace: bool = False, tiles: dict[str, int] | None = None) -> tuple[tuple, dict]:
     meta, bf16 = torch.device("meta"), torch.bfloat16
     plan = ExpertStepPlan(M, W, F, H, D, 10, meta, bf16, gpu=True, sm_count=132)
     if trace:
         plan.enable_trace(L)
+    plan.set_tiles(**(tiles or {}))
     vec, fin = torch.empty(10, L, W, device=meta), torch.empty(10, W, device=meta)
     w = ExpertWeights(
         torch.empty(L, (H + 2) * D, W, dtype=bf16, device=meta), torch.empty(L, W, H * D, dtype=bf16, device=meta),
@@ -42,8 +52,26 @@ def real_shape_launch(trace: bool = False) -> tuple[tuple, dict]:
     )  # fmt: skip
 
 
-def main(archs: list[int], trace: bool) -> None:
-    args, kwargs = real_shape_launch(trace)
+def resource_usage(cubin: bytes) -> dict[str, int | None]:
+    """Registers and spill stack per thread of the kernel in `cubin` (None where cuobjdump is
+    missing or does not read this target)."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        try:
+            out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, timeout=60).stdout
+        except OSError:
+            out = ""
+    found = {key: re.search(rf"{key}:(\d+)", out) for key in ("REG", "STACK")}
+    value = {key: int(m.group(1)) if m else None for key, m in found.items()}
+    return dict(registers=value["REG"], stack_bytes=value["STACK"])
+
+
+def main(archs: list[int], trace: bool, tiles: dict[str, int]) -> None:
+    args, kwargs = real_shape_launch(trace, tiles)
     for arch in archs:
         t0 = time.perf_counter()
         try:
@@ -63,6 +91,8 @@ def main(archs: list[int], trace: bool) -> None:
                     shared_bytes=compiled.metadata.shared,
                     cooperative=bool(kwargs.get("launch_cooperative_grid")),
                     trace=trace and "%globaltimer" in ptx,
+                    tiles=tiles,
+                    **resource_usage(compiled.asm["cubin"]),
                 )
             ),
             flush=True,
@@ -71,5 +101,11 @@ def main(archs: list[int], trace: bool) -> None:
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
+    tiles = {}
+    while "--set" in argv:
+        i = argv.index("--set")
+        name, value = argv[i + 1].split("=")
+        tiles[name] = int(value)
+        del argv[i : i + 2]
     archs = [int(a) for a in argv if not a.startswith("--")] or [90, 110]
-    main(archs, "--trace" in argv)
+    main(archs, "--trace" in argv, tiles)

@@ -46,12 +46,14 @@ def test_step_kernel_builds_for_hopper_and_thor() -> None:
     for r in results.values():
         assert r["target"] and r["cooperative"]
         assert 0 < r["shared_bytes"] <= 227 * 1024  # fits Hopper's and Thor's shared memory
+        assert r["registers"] is None or 0 < r["registers"] <= 255  # None: this cuobjdump cannot read it
 
 
-def test_traced_variant_builds() -> None:
-    """The variant bench/expert_step.py traces builds too (phase timestamps)."""
-    (result,) = _compile_check("--trace", "90")
-    assert result["trace"] and result["target"]
+def test_traced_variant_with_other_tiles_builds() -> None:
+    """The variant bench/expert_step.py traces builds too (phase timestamps), here with other
+    tiles set the way the benchmark's variants set them."""
+    (result,) = _compile_check("--trace", "--set", "bk=64", "--set", "att_bn=32", "90")
+    assert result["trace"] and result["target"] and result["tiles"] == {"bk": 64, "att_bn": 32}
 
 
 def test_plan_refuses_too_many_suffix_tokens() -> None:
@@ -126,7 +128,7 @@ def test_step_kernel_matches_reference_small(dtype, gated) -> None:
 def test_split_k_partials_over_several_tiles_and_splits(gated) -> None:
     """Several column tiles and K splits in the O and down projections: the row phases sum
     every split's partial."""
-    tiles = dict(bn_o=16, ks_o=32, bn_d=16, ks_d=32)  # 4 tiles x 4 splits, 4 tiles x 4 splits
+    tiles = dict(bn_o=16, ks_o=32, bn_d=16, ks_d=32, att_bn=16)  # 4 x 4 O and down units; 16-key blocks
     _run_and_compare((10, 64, 128, 4, 32, 2, 24), torch.float32, gated, dict(atol=1e-4, rtol=1e-4), **tiles)
 
 
