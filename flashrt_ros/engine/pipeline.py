@@ -88,12 +88,7 @@ class Pipeline:
                 raise
             log.warning("fused path unavailable (%s: %s): running the reference path", type(exc).__name__, exc)
             return None
-        graphs = (
-            f"CUDA graphs for views 1..{fused.cfg.num_views} x prompt buckets {fused.buckets}"
-            if fused.graphs
-            else "no CUDA graphs (not CUDA)"
-        )
-        log.info("fused path active: Triton kernels, %s", graphs)
+        log.info("fused path active: %s", fused.describe())
         return fused
 
     @property

@@ -470,6 +470,23 @@ class FusedPi0:
         x, h = gated_residual_ada_rms_norm(h, branch, gate, mod, eps)
         return x, h, mod[2 * width :]
 
+    def describe(self) -> str:
+        """What runs in each stage (for the log on the robot)."""
+        cuda = self.device.type == "cuda"
+        fc1 = "fc1 + GELU in the cuBLASLt epilogue" if cuda else "fc1 GEMM + Triton bias_gelu"
+        gemm = "cuBLAS" if cuda else "torch"
+        if self.step_plan is not None:
+            expert = f"{self.step_plan.describe()}, then Triton denoise_update (velocity + Euler step"
+            expert += " + next input)" if self.cfg.uses_adarms else ")"
+        else:
+            expert = f"the expert as separate kernels ({gemm} GEMMs + Triton norms / RoPE / attention / GeGLU)"
+        graphs = f"CUDA graphs per (views 1..{self.cfg.num_views}, prompt bucket {self.buckets})"
+        return (
+            f"vision: patch-embedding GEMM, {len(self.vision_layers)} SigLIP layers (Triton LayerNorm, {gemm}, SDPA, "
+            f"{fc1}); prefix LM: {len(self.prefix_layers)} layers ({gemm} GEMMs, Triton rms_norm / qkv_rope / "
+            f"attention / geglu); denoise x{self.cfg.num_steps}: {expert}; {graphs if cuda else 'no graphs (CPU)'}"
+        )
+
     # ---- graphs ------------------------------------------------------------------------------
     def capture(self, warmup: int = 2) -> None:
         """Record the prefix and denoise stages of every (view count, prompt bucket) as CUDA
