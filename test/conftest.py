@@ -12,6 +12,7 @@ Fixtures: `ros_env` (session; the environment for subprocesses that use ROS),
 `ros_module_context` (the same, shared by a test module).
 """
 
+import contextlib
 import functools
 import os
 
@@ -37,6 +38,17 @@ def ros_import_error() -> str | None:
     return None
 
 
+def ros_skip_reason() -> str | None:
+    """Why `ros` tests skip here, or None: they run where rclpy and the interfaces import, and
+    always under FLASHRT_REQUIRE_ROS=1 (where a missing ROS is a failure, not a skip)."""
+    if os.environ.get("FLASHRT_REQUIRE_ROS") == "1" or not ros_import_error():
+        return None
+    return (
+        f"rclpy / flashrt_ros interfaces not importable ({ros_import_error()}); "
+        "run scripts/setup_env.sh and source scripts/env.sh"
+    )
+
+
 @functools.cache
 def _cuda_available() -> bool:
     try:
@@ -55,15 +67,10 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    require_ros = os.environ.get("FLASHRT_REQUIRE_ROS") == "1"
+    ros_reason = ros_skip_reason()
     for item in items:
-        if "ros" in item.keywords and not require_ros and ros_import_error():
-            item.add_marker(
-                pytest.mark.skip(
-                    reason=f"rclpy / flashrt_ros interfaces not importable ({ros_import_error()}); "
-                    "run scripts/setup_env.sh and source scripts/env.sh"
-                )
-            )
+        if "ros" in item.keywords and ros_reason:
+            item.add_marker(pytest.mark.skip(reason=ros_reason))
         if "gpu" in item.keywords and not _cuda_available():
             item.add_marker(pytest.mark.skip(reason=GPU_SKIP_REASON))
 
@@ -76,11 +83,11 @@ def ros_env() -> dict[str, str]:
     return dict(os.environ)
 
 
-@pytest.fixture
-def rclpy_context(ros_env):
-    """A fresh, initialised rclpy Context; shut down after the test."""
-    if os.environ.get("FLASHRT_REQUIRE_ROS") != "1" and ros_import_error():
-        pytest.skip(f"rclpy / flashrt_ros interfaces not importable ({ros_import_error()})")
+@contextlib.contextmanager
+def _initialised_context():
+    reason = ros_skip_reason()
+    if reason:
+        pytest.skip(reason)
     import rclpy
     from rclpy.context import Context
 
@@ -92,15 +99,15 @@ def rclpy_context(ros_env):
         context.try_shutdown()
 
 
+@pytest.fixture
+def rclpy_context(ros_env):
+    """A fresh, initialised rclpy Context; shut down after the test."""
+    with _initialised_context() as context:
+        yield context
+
+
 @pytest.fixture(scope="module")
 def ros_module_context(ros_env):
     """One initialised rclpy Context shared by a test module (a node process per module)."""
-    if os.environ.get("FLASHRT_REQUIRE_ROS") != "1" and ros_import_error():
-        pytest.skip(f"rclpy / flashrt_ros interfaces not importable ({ros_import_error()})")
-    import rclpy
-    from rclpy.context import Context
-
-    context = Context()
-    rclpy.init(context=context)
-    yield context
-    context.try_shutdown()
+    with _initialised_context() as context:
+        yield context
