@@ -226,7 +226,6 @@ class FusedPi0:
         self.key_blocks = torch.zeros(p + sl, dtype=torch.int32, device=dev)
         self.suffix_pos = torch.zeros(sl, dtype=torch.long, device=dev)
         self.suffix_state = torch.zeros(1, cfg.expert.width, dtype=torch.float32, device=dev)
-        self.suffix_h = torch.zeros(sl, cfg.expert.width, dtype=self.dtype, device=dev)  # the expert's input rows
         self.query_blocks = suffix_blocks(cfg, dev).to(torch.int32).contiguous()
         self._suffix_arange = torch.arange(sl, device=dev)
         # the expert's pass of a step as one persistent launch (kernels/expert_step.py), where it fits
@@ -394,12 +393,12 @@ class FusedPi0:
                 euler_step(x, self.velocity(step, x), dt)
             return
         # the step kernel, then one launch for velocity + Euler step (+ pi0.5's next expert input,
-        # which is action_in(x) alone; pi0's also needs the time MLP and the state token)
+        # which is action_in(x) alone, written over this step's input rows; pi0's also needs the
+        # time MLP and the state token)
         self.step_plan.barriers.zero_()
-        h = self.suffix_h
         for step in range(cfg.num_steps):
             if step == 0 or not cfg.uses_adarms:
-                h.copy_(self._suffix_input(step, x))
+                h = self._suffix_input(step, x)
             y = self.expert_pass(step, h)
             nxt = (*self.action_in, h) if cfg.uses_adarms and step + 1 < cfg.num_steps else ()
             denoise_update(y[-cfg.horizon :], x, *self.action_out, dt, *nxt)
