@@ -29,9 +29,9 @@ runs every unit of every phase in order.
 Measured (H200, pi0.5 expert, 50 tokens, 968 + 50 keys; docs/results/README.md): 815 us per step,
 against ~950 us for the same work as separate kernels. Per layer (phase trace, 64-column O / down
 tiles): QKV 8.0 us, attention 9.2, gate|up 7.6, down 4.6, the row phases 3.5 + 1.9, combine 3.1,
-O 3.4, and ~1.35 us per barrier. Six phases per layer, with the norms inside the GEMMs and the residuals closed by
-each column tile's last split-K arrival, measured slower (871 us at its best tiles): the
-last-arrival tails cost more than the row phases and barriers they save.
+O 3.4, and ~1.35 us per barrier. Six phases per layer, with the norms inside the GEMMs and the
+residuals closed by each column tile's last split-K arrival, measured slower (871 us at its best
+tiles): the last-arrival tails cost more than the row phases and barriers they save.
 """
 
 from __future__ import annotations

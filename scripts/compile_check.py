@@ -25,6 +25,7 @@ import tempfile
 import time
 
 import torch
+import triton
 
 from kernels.expert_step import ExpertStepPlan, ExpertWeights, compile_for
 
@@ -55,8 +56,6 @@ def real_shape_launch(trace: bool = False, tiles: dict[str, int] | None = None) 
 def resource_usage(cubin: bytes) -> dict[str, int | None]:
     """Registers and spill stack per thread of the kernel in `cubin` (None where cuobjdump is
     missing or does not read this target)."""
-    import triton
-
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
