@@ -111,7 +111,7 @@ def main() -> None:
     show("default", graph_ms(step))
     ref = h.clone()
     results["phases"] = phase_table(plan, step)
-    names = ("num_warps", "num_stages", "bn_o", "ks_o", "bn_d", "ks_d", "bk", "att_bn")
+    names = ("num_warps", "num_stages", "bn_o", "ks_o", "bn_d", "ks_d", "bk", "att_bn", "att_bm", "att_splits")
     default_tiles = {name: getattr(plan, name) for name in names}
     for tiles in (
         dict(num_stages=3),
@@ -121,6 +121,11 @@ def main() -> None:
         dict(att_bn=32),
         dict(bk=64),
         dict(bk=64, att_bn=32),
+        dict(bk=64, att_bn=32, num_stages=6),
+        # fewer key splits: a cheaper combine phase (it reads splits x 400 x 256 fp32 partials)
+        dict(att_splits=4),
+        dict(att_bm=16, att_splits=4),
+        dict(att_bm=16, att_bn=32, att_splits=4, bk=64),
     ):
         label = ",".join(f"{k}={v}" for k, v in tiles.items())
         plan.set_tiles(**tiles)
