@@ -1,0 +1,98 @@
+"""The prefix LM's attention (968 tokens, 8 query heads, one K/V head of dim 256, padded prompt
+keys masked) on the GPU: our Triton kernel at several tile settings against torch's SDPA
+backends, each checked against the fp32 reference. GPU only.
+
+    python bench/attention.py [--out DIR] [--tokens 968] [--valid 930]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from flashrt_ros.bench.timing import environment
+from kernels.attention import attention, attention_key_blocks, attention_ref
+
+H, D = 8, 256
+
+
+def median_us(fn, iters: int = 50) -> float:
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--tokens", type=int, default=968)
+    ap.add_argument("--valid", type=int, default=930, help="valid tokens; the rest are padded keys")
+    args = ap.parse_args()
+    dev, dt, T = torch.device("cuda"), torch.bfloat16, args.tokens
+    torch.manual_seed(0)
+    q = torch.randn(T, H, D, device=dev, dtype=dt)
+    k, v = torch.randn(T, D, device=dev, dtype=dt), torch.randn(T, D, device=dev, dtype=dt)
+    valid = torch.arange(T, device=dev) < args.valid
+    kb = attention_key_blocks(valid)
+    ref = attention_ref(q.float(), k.float(), v.float(), key_blocks=kb)
+    rows = valid  # padded query rows are never used downstream: compare valid rows only
+    flops = 4 * T * args.valid * D * H
+    results: dict[str, dict] = {}
+
+    def show(label: str, fn, want: torch.Tensor = ref) -> None:
+        try:
+            out = fn()
+            err = float((out.float() - want)[rows].abs().max())
+            us = median_us(fn)
+        except Exception as exc:  # a backend that refuses these inputs: say why, go on
+            print(f"{label:<46} unavailable: {type(exc).__name__}: {str(exc).splitlines()[0][:90]}")
+            results[label] = dict(error=f"{type(exc).__name__}: {exc}"[:300])
+            return
+        results[label] = dict(us=us, max_abs=err, tflops=flops / us / 1e6)
+        print(f"{label:<46} {us:8.1f} us {flops / us / 1e6:6.0f} TFLOP/s  max abs {err:.2e}")
+
+    print(f"prefix attention: {T} tokens ({args.valid} valid), {H} heads, 1 K/V head, d {D}, bf16")
+    show("triton default", lambda: attention(q, k, v, key_blocks=kb))
+    for bm, bn, w, s in ((64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2), (64, 32, 8, 3), (128, 32, 8, 3)):
+        tiles = dict(block_m=bm, block_n=bn, num_warps=w, num_stages=s, num_splits=1)
+        show(f"triton {bm}x{bn} w{w} s{s}", lambda t=tiles: attention(q, k, v, key_blocks=kb, **t))
+    show("triton 64x32 w4 s3, 2 key splits", lambda: attention(q, k, v, key_blocks=kb, num_splits=2))
+
+    # torch SDPA: [1, H, T, D] views of the same tensors (no copies), the mask as a bool row
+    qs = q.unsqueeze(0).transpose(1, 2)
+    ks, vs = k.view(1, 1, T, D), v.view(1, 1, T, D)
+    ke, ve = ks.expand(1, H, T, D), vs.expand(1, H, T, D)
+    mask = valid.view(1, 1, 1, T)
+    bias = torch.zeros(1, 1, T, T, device=dev, dtype=dt).masked_fill(~mask, float("-inf"))
+    sdpa = lambda kk, vv, m, **kw: F.scaled_dot_product_attention(qs, kk, vv, attn_mask=m, **kw).transpose(1, 2)[0]  # noqa: E731
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+        with sdpa_kernel(backend):
+            show(f"sdpa {name}, mask, gqa", lambda: sdpa(ks, vs, mask, enable_gqa=True))
+            show(f"sdpa {name}, mask, k/v expanded", lambda: sdpa(ke, ve, mask))
+            show(f"sdpa {name}, additive mask, k/v contiguous", lambda: sdpa(ke.contiguous(), ve.contiguous(), bias))
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # no mask support: the unmasked floor, for scale
+        no_mask = attention_ref(q.float(), k.float(), v.float())
+        show("sdpa flash, NO mask (a floor only), gqa", lambda: sdpa(ks, vs, None, enable_gqa=True), no_mask)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"attention_{time.strftime('%Y%m%d_%H%M%S')}.json"
+    path.write_text(json.dumps(dict(env=environment(dev), tokens=T, valid=args.valid, results=results), indent=1))
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
