@@ -111,9 +111,7 @@ def main() -> None:
     show("default", graph_ms(step))
     ref = h.clone()
     results["phases"] = phase_table(plan, step)
-    names = ("num_warps", "num_stages", "bn_o", "ks_o", "bn_d", "ks_d", "bk", "att_bn", "att_bm", "att_splits")
-    default_tiles = {name: getattr(plan, name) for name in names}
-    for tiles in (
+    variants = (
         dict(num_stages=3),
         dict(bn_o=64, ks_o=256, bn_d=64, ks_d=512),
         # fewer register spills in the offline build (scripts/compile_check.py --set ...): stack
@@ -126,7 +124,14 @@ def main() -> None:
         dict(att_splits=4),
         dict(att_bm=16, att_splits=4),
         dict(att_bm=16, att_bn=32, att_splits=4, bk=64),
-    ):
+        # two programs per SM (smaller K tiles and pipelines to fit): twice the loads in flight
+        dict(att_bn=32, bk=64, num_stages=2, grid=2 * plan.grid),
+        dict(att_bn=32, bk=64, num_stages=3, grid=2 * plan.grid),
+        dict(att_bn=32, bk=64, num_stages=3, grid=2 * plan.grid, bn_gu=16, bn_o=16, bn_d=16),
+        dict(att_bn=32, bk=64, num_stages=3, grid=2 * plan.grid, bn_gu=16, bn_o=16, bn_d=16, att_splits=16),
+    )
+    default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
+    for tiles in variants:
         label = ",".join(f"{k}={v}" for k, v in tiles.items())
         plan.set_tiles(**tiles)
         save()
