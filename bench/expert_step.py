@@ -112,18 +112,10 @@ def main() -> None:
     ref = h.clone()
     results["phases"] = phase_table(plan, step)
     variants = (
-        dict(num_stages=3),
-        dict(bn_o=64, ks_o=256, bn_d=64, ks_d=512),
-        # fewer register spills in the offline build (scripts/compile_check.py --set ...): stack
-        # 1744 -> 872 (att_bn=32), 760 (bk=64), 304 bytes per thread (both); not yet timed
+        # measured at bfbed9d (docs/results/expert_step_20261129_204005.log): att_bn=32 812 us
+        # against 828 default; bk=64 (fewer spills offline) 912; 4 key splits 856; num_stages=3 849
         dict(att_bn=32),
-        dict(bk=64),
-        dict(bk=64, att_bn=32),
-        dict(bk=64, att_bn=32, num_stages=6),
-        # fewer key splits: a cheaper combine phase (it reads splits x 400 x 256 fp32 partials)
-        dict(att_splits=4),
         dict(att_bm=16, att_splits=4),
-        dict(att_bm=16, att_bn=32, att_splits=4, bk=64),
         # two programs per SM (smaller K tiles and pipelines to fit): twice the loads in flight
         dict(att_bn=32, bk=64, num_stages=2, grid=2 * plan.grid),
         dict(att_bn=32, bk=64, num_stages=3, grid=2 * plan.grid),
