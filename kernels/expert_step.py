@@ -66,6 +66,18 @@ def _grid_sync(bar_ptr, target):
 
 
 @triton.jit
+def _layer_zero(layer, GPU: tl.constexpr):
+    """0, computed anew in each layer so that the compiler cannot see through it. Without it,
+    LLVM strength-reduces every per-thread weight address into its own 64-bit induction
+    variable (about 70 of them, stepped by the layer strides): 140 registers carried around the
+    layer loop that ptxas spills and shuffles (~130 local loads and stores per layer, offline
+    build). Built from this, addresses are recomputed in each phase instead."""
+    if GPU:
+        return tl.inline_asm_elementwise("mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    return layer * 0
+
+
+@triton.jit
 def _now():
     """The GPU's global nanosecond timer (PTX %globaltimer; GPU only)."""
     return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
@@ -318,23 +330,24 @@ def _expert_step_kernel(
     if TRACE:
         if pid == 0:
             tl.store(trace_ptr + 2 * (8 * N_LAYERS + 1), _now())
-    zero = pid * 0
     HALF: tl.constexpr = D // 2
     CH: tl.constexpr = (HALF + BN_QKV - 1) // BN_QKV
-    rows = tl.arange(0, BM)
-    row_ok = rows < M
     n_mt = tl.cdiv(M * H, ATT_BM)
     n_cm = tl.cdiv(M * H, CB_M)
     n_cd: tl.constexpr = D // CB_DC
-    arrivals = zero
+    arrivals = pid * 0
     for layer in range(N_LAYERS):
+        zero = _layer_zero(layer, not UPCAST)
+        me = pid + zero  # first unit of this program in every phase below
+        rows = zero + tl.arange(0, BM)
+        row_ok = rows < M
         l64 = (zero + layer).to(tl.int64)
         lk = k_ptr + l64 * stride_kl
         lv = v_ptr + l64 * stride_kl
         wqkv = wqkv_ptr + l64 * ((H + 2) * D * WE)
         lnorm = layer * WE
         # 0: close the previous layer's MLP residual, norm for attention
-        for row in range(pid, M, G):
+        for row in range(me, M, G):
             _residual_norm_row(
                 row, h_ptr, part_d_ptr, g2_ptr + lnorm - WE, m1_ptr + lnorm, s1_ptr + lnorm, xa_ptr, eps, layer > 0,
                 WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
@@ -345,7 +358,7 @@ def _expert_step_kernel(
         wo = wo_ptr + l64 * (WE * H * D)
         wgu = wgu_ptr + l64 * (2 * FF * WE)
         wd = wd_ptr + l64 * (WE * FF)
-        for u in range(pid, (H + 2) * CH, G):
+        for u in range(me, (H + 2) * CH, G):
             cols = (u % CH) * BN_QKV + tl.arange(0, BN_QKV)
             col_ok = cols < HALF
             wrow = (u // CH) * D + cols
@@ -359,7 +372,7 @@ def _expert_step_kernel(
         arrivals += G
         _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 1, pid, TRACE)
         # 2: attention partials (query tile, key split)
-        for u in range(pid, n_mt * ATT_SPLITS, G):
+        for u in range(me, n_mt * ATT_SPLITS, G):
             _attn_fwd_tile(
                 u % n_mt, u // n_mt, zero, ATT_SPLITS, q_ptr, lk, lv, attn_ptr, kb_ptr, qb_ptr,
                 ws_acc_ptr, ws_m_ptr, ws_l_ptr, M * H, H, Tk, keys_per_split, qk_scale,
@@ -369,7 +382,7 @@ def _expert_step_kernel(
         arrivals += G
         _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 2, pid, TRACE)
         # 3: combine the key splits
-        for u in range(pid, n_cm * n_cd, G):
+        for u in range(me, n_cm * n_cd, G):
             _attn_combine_tile(
                 u // n_cd, u % n_cd, zero, ws_acc_ptr, ws_m_ptr, ws_l_ptr, attn_ptr, M * H, H,
                 0, H * D, D, D, ATT_SPLITS, FIX, CB_M, CB_DC, ATT_BS, ".cg",
@@ -377,12 +390,12 @@ def _expert_step_kernel(
         arrivals += G
         _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 3, pid, TRACE)
         # 4: O projection, split-K partials
-        for u in range(pid, (WE // BN_O) * (H * D // KS_O), G):
+        for u in range(me, (WE // BN_O) * (H * D // KS_O), G):
             _split_k_partials(u, attn_ptr, wo, part_o_ptr, M, WE, H * D, KS_O, UPCAST, PREC, BM, BN_O, BK)
         arrivals += G
         _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 4, pid, TRACE)
         # 5: close the attention residual, norm for the MLP
-        for row in range(pid, M, G):
+        for row in range(me, M, G):
             _residual_norm_row(
                 row, h_ptr, part_o_ptr, g1_ptr + lnorm, m2_ptr + lnorm, s2_ptr + lnorm, xm_ptr, eps, layer >= 0,
                 WE, H * D // KS_O, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
@@ -390,7 +403,7 @@ def _expert_step_kernel(
         arrivals += G
         _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, TRACE)
         # 6: gate|up + GeGLU
-        for u in range(pid, FF // BN_GU, G):
+        for u in range(me, FF // BN_GU, G):
             cols = u * BN_GU + tl.arange(0, BN_GU)
             col_ok = cols < FF
             acc, acc2 = _tile_dot(
@@ -400,7 +413,7 @@ def _expert_step_kernel(
         arrivals += G
         _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE)
         # 7: down projection, split-K partials (summed by the next phase 0)
-        for u in range(pid, (WE // BN_D) * (FF // KS_D), G):
+        for u in range(me, (WE // BN_D) * (FF // KS_D), G):
             _split_k_partials(u, act_ptr, wd, part_d_ptr, M, WE, FF, KS_D, UPCAST, PREC, BM, BN_D, BK)
         arrivals += G
         _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 7, pid, TRACE)
