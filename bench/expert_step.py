@@ -112,13 +112,12 @@ def main() -> None:
     ref = h.clone()
     results["phases"] = phase_table(plan, step)
     variants = (
-        # measured at bfbed9d (docs/results/expert_step_20261129_204005.log): att_bn=32 812 us
-        # against 828 default; bk=64 (fewer spills offline) 912; 4 key splits 856; num_stages=3 849
-        dict(att_bn=32),
-        dict(att_bm=16, att_splits=4),
-        # measured at b2a78ff: two programs per SM (grid 264, bk=64, 2-3 stages) 1129-1444 us
-        dict(bk=64),
-        dict(bk=64, att_bn=32),
+        # measured at bfbed9d / b2a78ff / 8afbc3d (docs/results/expert_step_*.log): 32 x 32 attention
+        # tiles (now the default) beat 32 x 64 by 16-59 us; bk=64 (16 K steps) 912 us; 4 key splits
+        # 856; 3 stages 849; two programs per SM (grid 264) 1129-1444
+        dict(att_bn=64),
+        dict(att_bn=16),
+        dict(att_bm=16, att_bn=32, att_splits=4),
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
     for tiles in variants:

@@ -6,8 +6,10 @@
 --trace builds the variant that records phase timestamps (`ExpertStepPlan.enable_trace`);
 --set changes a tile setting first (`ExpertStepPlan.set_tiles`, e.g. --set bk=64 --set att_bn=32).
 Each line reports the registers per thread and the spill stack (bytes per thread) that
-Triton's bundled cuobjdump reads from the cubin: the kernel is one large function at the 255
-register limit, so spills are the first thing a tile change moves (no GPU needed to see it).
+Triton's bundled cuobjdump reads from the cubin, and how many of its loops are software-
+pipelined. The build is specialised like the JIT's (16-byte aligned pointers, integers divisible
+by 16): without that, no GEMM loop is pipelined and the code, registers and spills are another
+kernel's (this tool reported that one until 2026-11-29).
 
 Uses Triton's bundled ptxas; the launch is the real pi0.5 one (50 suffix tokens, Gemma-300M
 expert, 968 prefix tokens, 132 SMs) built on meta tensors. Prints one JSON line per target.
@@ -90,6 +92,10 @@ def main(archs: list[int], trace: bool, tiles: dict[str, int]) -> None:
                     shared_bytes=compiled.metadata.shared,
                     cooperative=bool(kwargs.get("launch_cooperative_grid")),
                     trace=trace and "%globaltimer" in ptx,
+                    # loops whose loads are asynchronous copies: software-pipelined
+                    pipelined_loops=sum(
+                        "async.token" in line for line in compiled.asm["ttgir"].splitlines() if "scf.for" in line
+                    ),
                     tiles=tiles,
                     **resource_usage(compiled.asm["cubin"]),
                 )

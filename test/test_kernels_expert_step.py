@@ -47,6 +47,9 @@ def test_step_kernel_builds_for_hopper_and_thor() -> None:
         assert r["target"] and r["cooperative"]
         assert 0 < r["shared_bytes"] <= 227 * 1024  # fits Hopper's and Thor's shared memory
         assert r["registers"] is None or 0 < r["registers"] <= 255  # None: this cuobjdump cannot read it
+    # specialised like the JIT's build: the four GEMM K loops and the attention loop are
+    # software-pipelined (an unspecialised build pipelines the attention loop alone)
+    assert results[90]["pipelined_loops"] == 5
 
 
 def test_traced_variant_with_other_tiles_builds() -> None:
