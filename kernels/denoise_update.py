@@ -3,6 +3,8 @@
     v = y @ W_out.T + b_out            the expert's action rows -> velocity      [H, A] fp32
     x = x + dt * v                     the Euler step, in place                  [H, A] fp32
     h = (x @ W_in.T + b_in).to(dtype)  the next pass's input (pi0.5; optional)   [H, WE]
+    h = silu(x @ W_in.T + b_in)        or its SiLU (pi0: the action-time MLP's hidden layer, with
+                                       its action_in projection folded into W_in at load)
 
 As torch ops this was 7 small launches per step, the fp32 action_out GEMM alone taking 14 us
 on the H200 (cuBLAS picks a split-K "largek" kernel for K = 1024, N = 32): ~0.5 ms of a
@@ -36,6 +38,7 @@ def _denoise_update_kernel(
     A: tl.constexpr,
     WE: tl.constexpr,
     HAS_IN: tl.constexpr,
+    SILU: tl.constexpr,
     FIX_H: tl.constexpr,
     BA: tl.constexpr,
     BW: tl.constexpr,
@@ -62,6 +65,8 @@ def _denoise_update_kernel(
             n_ok = ns < WE
             w = tl.load(wi_ptr + ns[:, None] * A + acols[None, :], mask=n_ok[:, None] & a_ok[None, :], other=0.0)
             h = tl.sum(w * x[None, :], axis=1) + tl.load(bi_ptr + ns, mask=n_ok, other=0.0)
+            if SILU:
+                h = h / (1.0 + tl.exp(-h))
             if FIX_H:
                 h = round_bf16_rtne(h)
             tl.store(h_ptr + row * WE + ns, h.to(h_ptr.dtype.element_ty), mask=n_ok)
@@ -76,9 +81,10 @@ def denoise_update(
     w_in: torch.Tensor | None = None,
     b_in: torch.Tensor | None = None,
     h_next: torch.Tensor | None = None,
+    silu: bool = False,
 ) -> None:
     """x += dt * (y @ w_out.T + b_out) in place; with w_in / b_in / h_next also
-    h_next = x @ w_in.T + b_in (after the update, in h_next's dtype).
+    h_next = x @ w_in.T + b_in (after the update, in h_next's dtype), or its SiLU with `silu`.
 
     Args:
         y: the expert's output rows of the actions [H, WE] (rows may be strided, a slice).
@@ -86,6 +92,7 @@ def denoise_update(
         w_out, b_out: action_out projection [A, WE], [A] fp32.
         w_in, b_in: action_in projection [WE, A], [WE] fp32 (optional).
         h_next: [H, WE] contiguous destination of the next expert input.
+        silu: apply SiLU to h_next (pi0's action-time MLP).
     """
     H, A = x.shape
     WE = y.shape[1]
@@ -108,7 +115,7 @@ def denoise_update(
     bw = min(triton.next_power_of_2(WE), max(16, 8192 // ba))  # an [A, BW] fp32 tile: 64 values per thread
     _denoise_update_kernel[(H,)](
         y, x, w_out, b_out, w_in if has_in else w_out, b_in if has_in else b_out, h_next if has_in else x,
-        y.stride(0), float(dt), A, WE, has_in, has_in and needs_rtne_fix(h_next.dtype), ba, bw, num_warps=4,
+        y.stride(0), float(dt), A, WE, has_in, silu, has_in and needs_rtne_fix(h_next.dtype), ba, bw, num_warps=4,
     )  # fmt: skip
 
 
@@ -121,8 +128,12 @@ def denoise_update_ref(
     w_in: torch.Tensor | None = None,
     b_in: torch.Tensor | None = None,
     h_dtype: torch.dtype = torch.bfloat16,
+    silu: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The same in torch (the eager model's fp32 projections): returns (new x, next h or None)."""
-    x = x + dt * torch.nn.functional.linear(y.float(), w_out, b_out)
-    h = None if w_in is None else torch.nn.functional.linear(x, w_in, b_in).to(h_dtype)
-    return x, h
+    F = torch.nn.functional
+    x = x + dt * F.linear(y.float(), w_out, b_out)
+    if w_in is None:
+        return x, None
+    h = F.linear(x, w_in, b_in)
+    return x, (F.silu(h) if silu else h).to(h_dtype)

@@ -34,6 +34,18 @@ def test_update_and_next_input_match_torch(shape, h_dtype) -> None:
     torch.testing.assert_close(h, h_ref, **tol)
 
 
+@pytest.mark.parametrize("h_dtype", [torch.float32, torch.bfloat16])
+def test_silu_next_input_matches_torch(h_dtype) -> None:
+    """pi0: the next input is the action-time MLP's hidden layer, SiLU(x @ W.T + b) (fp32)."""
+    y, x, w_out, b_out, w_in, b_in = _problem(50, 32, 1024, 51)
+    x_ref, h_ref = denoise_update_ref(y[-50:], x, w_out, b_out, -0.1, w_in, b_in, h_dtype, silu=True)
+    h = torch.empty(50, 1024, dtype=h_dtype, device=DEVICE)
+    denoise_update(y[-50:], x, w_out, b_out, -0.1, w_in, b_in, h, silu=True)
+    tol = dict(atol=1e-5, rtol=1e-5) if h_dtype == torch.float32 else dict(atol=1e-4, rtol=8e-3)
+    torch.testing.assert_close(h, h_ref, **tol)
+    assert float((h_ref.float() - torch.nn.functional.linear(x_ref, w_in, b_in)).abs().max()) > 0.1  # SiLU applied
+
+
 def test_update_without_next_input_leaves_the_rest() -> None:
     y, x, w_out, b_out, _, _ = _problem(50, 32, 64, 51)
     x_ref, _ = denoise_update_ref(y[-50:], x, w_out, b_out, -0.25)

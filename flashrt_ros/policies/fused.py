@@ -39,6 +39,7 @@ from kernels.expert_step import ExpertStepPlan, ExpertWeights
 from kernels.geglu import geglu
 from kernels.gelu import bias_gelu
 from kernels.layer_norm import layer_norm
+from kernels.linear_f32 import linear_f32
 from kernels.preprocess import preprocess_image
 from kernels.rms_norm import rms_norm
 from kernels.rope import qkv_rope, rope_inv_freq
@@ -182,8 +183,13 @@ class FusedPi0:
             we = cfg.expert.width
             temb = sinusoidal_time_embedding(t, we, cfg.min_period, cfg.max_period)  # [N, We]
             w = model.action_time_mlp_in.weight.detach().float()
-            self.at_in_action = w[:, :we].contiguous()
-            self.time_bias = (temb @ w[:, we:].T + model.action_time_mlp_in.bias.float()).contiguous()  # [N, We]
+            at_in_action = w[:, :we]
+            time_bias = temb @ w[:, we:].T + model.action_time_mlp_in.bias.float()  # [N, We]
+            # action_in folded into the MLP's first layer (equal up to fp32 rounding): its hidden
+            # layer is silu(x @ at_hidden.T + at_hidden_bias[step]), straight from the actions
+            w_in, b_in = self.action_in
+            self.at_hidden = (at_in_action @ w_in).contiguous()  # [We, A]
+            self.at_hidden_bias = (time_bias + at_in_action @ b_in).contiguous()  # [N, We]
             self.at_out = (model.action_time_mlp_out.weight.detach().float(), model.action_time_mlp_out.bias.float())
             self.state_proj = (model.state_proj.weight.detach().float(), model.state_proj.bias.detach().float())
 
@@ -226,6 +232,8 @@ class FusedPi0:
         self.key_blocks = torch.zeros(p + sl, dtype=torch.int32, device=dev)
         self.suffix_pos = torch.zeros(sl, dtype=torch.long, device=dev)
         self.suffix_state = torch.zeros(1, cfg.expert.width, dtype=torch.float32, device=dev)
+        self.suffix_in = torch.zeros(sl, cfg.expert.width, dtype=self.dtype, device=dev)  # expert input rows
+        self.at_u = torch.zeros(cfg.horizon, cfg.expert.width, dtype=torch.float32, device=dev)  # pi0's MLP hidden
         self.query_blocks = suffix_blocks(cfg, dev).to(torch.int32).contiguous()
         self._suffix_arange = torch.arange(sl, device=dev)
         # the expert's pass of a step as one persistent launch (kernels/expert_step.py), where it fits
@@ -392,23 +400,33 @@ class FusedPi0:
             for step in range(cfg.num_steps):
                 euler_step(x, self.velocity(step, x), dt)
             return
-        # the step kernel, then one launch for velocity + Euler step (+ pi0.5's next expert input,
-        # which is action_in(x) alone, written over this step's input rows; pi0's also needs the
-        # time MLP and the state token)
+        # the step kernel, then one launch for velocity + Euler step + the next input's first part:
+        # pi0.5's action_in(x), written straight into the input rows; pi0's time-MLP hidden layer,
+        # whose output projection (linear_f32) fills the rows after the state token
         self.step_plan.barriers.zero_()
+        h, adarms = self.suffix_in, cfg.uses_adarms
         for step in range(cfg.num_steps):
-            if step == 0 or not cfg.uses_adarms:
-                h = self._suffix_input(step, x)
+            if step == 0 and adarms:
+                h.copy_(F.linear(x, *self.action_in))
+            elif step == 0:
+                self.at_u.copy_(F.silu(F.linear(x, self.at_hidden, self.at_hidden_bias[0])))
+            if not adarms:  # the state token, then the MLP's output (the step kernel overwrote both)
+                h[:1].copy_(self.suffix_state)
+                linear_f32(self.at_u, *self.at_out, out=h[1:])
             y = self.expert_pass(step, h)
-            nxt = (*self.action_in, h) if cfg.uses_adarms and step + 1 < cfg.num_steps else ()
-            denoise_update(y[-cfg.horizon :], x, *self.action_out, dt, *nxt)
+            if step + 1 == cfg.num_steps:
+                nxt = ()
+            elif adarms:
+                nxt = (*self.action_in, h)
+            else:
+                nxt = (self.at_hidden, self.at_hidden_bias[step + 1], self.at_u)
+            denoise_update(y[-cfg.horizon :], x, *self.action_out, dt, *nxt, silu=not adarms)
 
     def _suffix_input(self, step: int, x: Tensor) -> Tensor:
         """Noisy actions (and pi0's state token) -> the expert's input rows [S, We] in the run dtype."""
-        act = F.linear(x, *self.action_in)  # [H, We] fp32
         if self.cfg.uses_adarms:
-            return act.to(self.dtype)
-        at = F.linear(F.silu(F.linear(act, self.at_in_action) + self.time_bias[step]), *self.at_out)
+            return F.linear(x, *self.action_in).to(self.dtype)
+        at = F.linear(F.silu(F.linear(x, self.at_hidden, self.at_hidden_bias[step])), *self.at_out)
         return torch.cat([self.suffix_state, at]).to(self.dtype)
 
     def expert_pass(self, step: int, h: Tensor) -> Tensor:
@@ -476,7 +494,7 @@ class FusedPi0:
         gemm = "cuBLAS" if cuda else "torch"
         if self.step_plan is not None:
             expert = f"{self.step_plan.describe()}, then Triton denoise_update (velocity + Euler step"
-            expert += " + next input)" if self.cfg.uses_adarms else ")"
+            expert += " + next input)" if self.cfg.uses_adarms else " + time-MLP hidden layer) and linear_f32"
         else:
             expert = f"the expert as separate kernels ({gemm} GEMMs + Triton norms / RoPE / attention / GeGLU)"
         graphs = f"CUDA graphs per (views 1..{self.cfg.num_views}, prompt bucket {self.buckets})"
