@@ -112,13 +112,13 @@ def main() -> None:
     ref = h.clone()
     results["phases"] = phase_table(plan, step)
     variants = (
-        # measured at bfbed9d / b2a78ff / 8afbc3d / a72e069 (docs/results/expert_step_*.log): 32 x 32
-        # attention tiles (the default) beat 32 x 64 by 16-59 us and 32 x 16 by 46; bk=64 (16 K steps)
-        # 912 us; 4 key splits 856; 3 stages 849; two programs per SM (grid 264) 1129-1444
-        dict(att_bm=16, att_splits=4),
-        # fewer, larger K steps (bk=64 was slower than 128): 256 with 3 or 2 stages (192 / 128 KB)
-        dict(bk=256, num_stages=3),
-        dict(bk=256, num_stages=2),
+        # measured at bfbed9d / b2a78ff / 8afbc3d / a72e069 / de65c20 (docs/results/expert_step_*.log):
+        # 32 x 32 attention tiles (the default) beat 32 x 64 by 16-59 us and 32 x 16 by 46; bk=64
+        # (16 K steps) 912 us, bk=256 876 (3 stages) / 1013 (2); 4 key splits 856; 3 stages 849; two
+        # programs per SM (grid 264) 1129-1444
+        dict(num_stages=5),
+        dict(num_stages=6),
+        dict(att_splits=10),
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
     for tiles in variants:
