@@ -1,8 +1,9 @@
 """The prefix LM's attention (968 tokens, 8 query heads, one K/V head of dim 256, padded prompt
 keys masked) on the GPU: our Triton kernel at several tile settings against torch's SDPA
-backends, each checked against the fp32 reference. GPU only.
+backends, each checked against the fp32 reference; then SigLIP's attention (per view: 256
+tokens, 16 heads of dim 72) under each SDPA backend. GPU only.
 
-    python bench/attention.py [--out DIR] [--tokens 968] [--valid 930]
+    python bench/attention.py [--out DIR] [--tokens 968] [--valid 930] [--views 3]
 """
 
 from __future__ import annotations
@@ -46,11 +47,40 @@ def median_us(fn, calls: int = 10, replays: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def vision(views: int, tokens: int = 256, heads: int = 16, hd: int = 72) -> dict[str, dict]:
+    """SigLIP's attention as FusedPi0.vision calls it: q, k, v strided views of the fused QKV
+    GEMM's output [v, n, 3, heads, hd]; each SDPA backend against the fp32 maths."""
+    torch.manual_seed(0)
+    qkv = torch.randn(views, tokens, 3, heads, hd, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4)
+    want = torch.softmax(q.float() @ k.float().transpose(-1, -2) / hd**0.5, -1) @ v.float()
+    flops = 4 * views * heads * tokens * tokens * hd
+    print(f"SigLIP attention: {views} views x {tokens} tokens, {heads} heads of dim {hd}, bf16")
+    results = {}
+    for name, backend in (
+        ("cudnn", SDPBackend.CUDNN_ATTENTION),
+        ("flash", SDPBackend.FLASH_ATTENTION),
+        ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+    ):
+        try:
+            with sdpa_kernel(backend):
+                fn = lambda: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
+                err = float((fn().float() - want).abs().max())
+                us = median_us(fn)
+        except Exception as exc:
+            print(f"sdpa {name:<40} unavailable: {type(exc).__name__}: {str(exc).splitlines()[0][:90]}")
+            continue
+        results[name] = dict(us=us, max_abs=err)
+        print(f"sdpa {name:<41} {us:8.1f} us {flops / us / 1e6:6.0f} TFLOP/s  max abs {err:.2e}")
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("out"))
     ap.add_argument("--tokens", type=int, default=968)
     ap.add_argument("--valid", type=int, default=930, help="valid tokens; the rest are padded keys")
+    ap.add_argument("--views", type=int, default=3)
     args = ap.parse_args()
     dev, dt, T = torch.device("cuda"), torch.bfloat16, args.tokens
     torch.manual_seed(0)
@@ -97,6 +127,8 @@ def main() -> None:
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # no mask support: the unmasked floor, for scale
         no_mask = attention_ref(q.float(), k.float(), v.float())
         show("sdpa flash, NO mask (a floor only), gqa", lambda: sdpa(ks, vs, None, enable_gqa=True), no_mask)
+
+    results["vision"] = vision(args.views)
 
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"attention_{time.strftime('%Y%m%d_%H%M%S')}.json"

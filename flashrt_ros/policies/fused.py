@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm import tqdm
 
 from kernels.ada_rms_norm import ada_rms_norm, gated_residual_ada_rms_norm
@@ -49,6 +50,9 @@ from .pi0 import Pi0Model, sinusoidal_time_embedding, suffix_blocks
 
 log = logging.getLogger(__name__)
 
+# SigLIP's attention (per view 256 tokens, 16 heads of dim 72) in this order of preference: cuDNN's
+# kernel also zeroes a workspace per call (one more launch per layer); bench/attention.py compares them
+VISION_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 VISIBLE, MASKED = -(2**30), 2**30  # key block ids: seen by every query / by none (kernels/attention.py)
 
 
@@ -331,7 +335,9 @@ class FusedPi0:
             else:
                 y, h = layer_norm(mlp_out, *w.ln1, eps=spec.layer_norm_eps, residual=h)
             qkv = F.linear(y, *w.qkv).view(v, n, 3, heads, hd).permute(2, 0, 3, 1, 4)
-            a = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2]).transpose(1, 2).reshape(v * n, -1)
+            with sdpa_kernel(VISION_SDPA, set_priority=True):
+                a = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
+            a = a.transpose(1, 2).reshape(v * n, -1)
             y, h = layer_norm(F.linear(a, *w.out), *w.ln2, eps=spec.layer_norm_eps, residual=h)
             mlp_out = F.linear(_linear_gelu_tanh(y, *w.fc1), *w.fc2)
         y, _ = layer_norm(mlp_out, *self.post_ln, eps=spec.layer_norm_eps, residual=h)
