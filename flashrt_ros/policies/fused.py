@@ -50,9 +50,10 @@ from .pi0 import Pi0Model, sinusoidal_time_embedding, suffix_blocks
 
 log = logging.getLogger(__name__)
 
-# SigLIP's attention (per view 256 tokens, 16 heads of dim 72) in this order of preference: cuDNN's
-# kernel also zeroes a workspace per call (one more launch per layer); bench/attention.py compares them
-VISION_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+# SigLIP's attention (per view 256 tokens, 16 heads of dim 72), backends in this order: on the H200
+# cuDNN 10.6 us per layer (3 views, its workspace memset included), flash 12.4, memory-efficient 17.5
+# (bench/attention.py, docs/results/attention_20261129_211334.json)
+VISION_SDPA = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 VISIBLE, MASKED = -(2**30), 2**30  # key block ids: seen by every query / by none (kernels/attention.py)
 
 
