@@ -1,0 +1,33 @@
+"""`flashrt bench` on the CPU: a tiny eager run writes its JSON (latency + parity), and the
+speed-up line prints ratios to two decimals (2.96x must not read as 3.0x)."""
+
+import json
+
+from flashrt_ros.cli import _print_ratios, main
+
+
+def test_tiny_eager_bench_writes_latency_and_parity(tmp_path, capsys) -> None:
+    rc = main(
+        ["bench", "--policy", "pi05", "--tiny", "--views", "1", "--modes", "eager,fused", "--iters", "2",
+         "--warmup", "1", "--steps", "2", "--horizon", "4", "--dtype", "float32", "--out", str(tmp_path)]
+    )  # fmt: skip
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "fused / compile modes need a CUDA GPU; running eager only" in out
+    (path,) = tmp_path.glob("bench_*.json")
+    (run,) = json.loads(path.read_text())["runs"]
+    assert (run["policy"], run["views"], run["mode"]) == ("pi05", 1, "eager")
+    assert run["full"]["median_ms"] > 0 and run["full"]["p99_ms"] >= run["full"]["median_ms"]
+    assert run["parity"]["chunk"]["cosine"] > 0.999999  # fp32 eager against the fp32 reference: same maths
+
+
+def test_speed_up_ratios_have_two_decimals(capsys) -> None:
+    runs = [
+        {"policy": "pi05", "views": 3, "mode": mode, "full": {"median_ms": ms}}
+        for mode, ms in (("eager", 370.485), ("fused", 16.015), ("compile", 47.45))
+    ]
+    _print_ratios({"runs": runs}, "pi05")
+    _print_ratios({"runs": runs[:1]}, "pi05")  # no fused run: nothing to compare, no line
+    assert capsys.readouterr().out.splitlines() == [
+        "pi05 3v speed-up of fused (median full decision): eager/fused = 23.13x, compile/fused = 2.96x"
+    ]
