@@ -17,34 +17,15 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from flashrt_ros.bench.timing import environment
+from flashrt_ros.bench.timing import environment, graph_ms
 from kernels.attention import attention, attention_key_blocks, attention_ref
 
 H, D = 8, 256
 
 
-def median_us(fn, calls: int = 10, replays: int = 20) -> float:
-    """Per call, from a CUDA graph of `calls` back-to-back calls: the kernels' own time, not the
-    Python launch path (which is longer than the kernel here)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return sorted(times)[len(times) // 2]
+def median_us(fn) -> float:
+    """Per call, from a CUDA graph of 10 back-to-back calls (see `graph_ms`)."""
+    return graph_ms(fn, calls=10, replays=20) * 1e3
 
 
 def vision(views: int, tokens: int = 256, heads: int = 16, hd: int = 72) -> dict[str, dict]:

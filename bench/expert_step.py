@@ -13,32 +13,11 @@ from pathlib import Path
 
 import torch
 
-from flashrt_ros.bench.timing import environment
+from flashrt_ros.bench.timing import environment, graph_ms
 from kernels.expert_step import ExpertStepPlan, ExpertWeights
 from kernels.rope import rope_inv_freq
 
 M, W, F_MLP, H, D, LAYERS, PREFIX = 50, 1024, 4096, 8, 256, 18, 968
-
-
-def graph_ms(fn, replays: int = 10) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
 
 
 PHASE_NAMES = ["0 residual+norm", "1 qkv+rope", "2 attention", "3 combine", "4 o-proj", "5 residual+norm",

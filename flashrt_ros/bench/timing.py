@@ -67,6 +67,31 @@ def time_call(
     return out
 
 
+def graph_ms(fn: Callable[[], object], calls: int = 1, replays: int = 10) -> float:
+    """Median milliseconds per call of `fn` replayed from a CUDA graph of `calls` back-to-back
+    calls: the kernels' own time, without the Python launch path (which for one small kernel can
+    be longer than the kernel). `fn` runs once on a side stream first (warm-up, JIT builds)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return sorted(times)[len(times) // 2]
+
+
 def environment(device: torch.device) -> dict:
     """Commit, GPU, versions: enough to tell two result files apart."""
     commit = os.environ.get("FLASHRT_COMMIT", "")
