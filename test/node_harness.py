@@ -11,6 +11,7 @@ as good on that topic.
 from __future__ import annotations
 
 import array
+import contextlib
 import re
 import subprocess
 import sys
@@ -317,3 +318,17 @@ def start_node_and_peer(env: dict[str, str], tmp: Path, context: Any, **override
         node.stop()
         raise
     return node, peer
+
+
+@contextlib.contextmanager
+def running_node_and_peer(env: dict[str, str], tmp: Path, context: Any, **overrides: Any):
+    """`start_node_and_peer` for a `with` block (a module fixture's body); on leaving it, the
+    peer closes and the node must stop cleanly (exit code 0) and log its final stats line."""
+    node, peer = start_node_and_peer(env, tmp, context, **overrides)
+    try:
+        yield node, peer
+    finally:
+        peer.close()
+        code = node.stop()
+    assert code == 0, f"node exited with {code}\n{node.tail()}"
+    node.wait_for_line("shutting down; stats:")

@@ -13,19 +13,15 @@ import time
 
 import numpy as np
 import pytest
-from node_harness import CAMERAS, JOINT_TOPIC, JOINTS, NODE, stamp_ns, start_node_and_peer
+from node_harness import CAMERAS, JOINT_TOPIC, JOINTS, NODE, running_node_and_peer, stamp_ns
 
 pytestmark = pytest.mark.ros
 
 
 @pytest.fixture(scope="module")
 def running(ros_env, ros_module_context, tmp_path_factory):
-    node, peer = start_node_and_peer(ros_env, tmp_path_factory.mktemp("node"), ros_module_context)
-    yield node, peer
-    peer.close()
-    code = node.stop()
-    assert code == 0, f"node exited with {code}\n{node.tail()}"
-    node.wait_for_line("shutting down; stats:")
+    with running_node_and_peer(ros_env, tmp_path_factory.mktemp("node"), ros_module_context) as node_and_peer:
+        yield node_and_peer
 
 
 def chunk_rate(peer, seconds: float) -> float:

@@ -11,17 +11,15 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from node_harness import CAMERAS, HW, JOINT_TOPIC, TEST_PARAMS, NodeProcess, new_namespace, start_node_and_peer
+from node_harness import CAMERAS, HW, JOINT_TOPIC, TEST_PARAMS, NodeProcess, new_namespace, running_node_and_peer
 
 pytestmark = pytest.mark.ros
 
 
 @pytest.fixture(scope="module")
 def running(ros_env, ros_module_context, tmp_path_factory):
-    node, peer = start_node_and_peer(ros_env, tmp_path_factory.mktemp("inputs"), ros_module_context)
-    yield node, peer
-    peer.close()
-    assert node.stop() == 0, node.tail()
+    with running_node_and_peer(ros_env, tmp_path_factory.mktemp("inputs"), ros_module_context) as node_and_peer:
+        yield node_and_peer
 
 
 def refused(running, relative_topic: str, publish_bad, reason: str, logged: str, seconds: float = 1.0) -> None:
