@@ -413,11 +413,9 @@ class FusedPi0:
         self.step_plan.barriers.zero_()
         h, adarms = self.suffix_in, cfg.uses_adarms
         for step in range(cfg.num_steps):
-            if step == 0 and adarms:
-                h.copy_(F.linear(x, *self.action_in))
-            elif step == 0:
-                self.at_u.copy_(F.silu(F.linear(x, self.at_hidden, self.at_hidden_bias[0])))
-            if not adarms:  # the state token, then the MLP's output (the step kernel overwrote both)
+            if step == 0:
+                h.copy_(self._suffix_input(0, x))
+            elif not adarms:  # the state token, then the MLP's output (the step kernel overwrote both)
                 h[:1].copy_(self.suffix_state)
                 linear_f32(self.at_u, *self.at_out, out=h[1:])
             y = self.expert_pass(step, h)
