@@ -80,6 +80,23 @@ def _layer_zero(layer, GPU: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_l2(base, n, pid, G):
+    """Ask L2 to fetch this program's share of the `n` elements at `base` (PTX
+    ``cp.async.bulk.prefetch.L2``: one fire-and-forget bulk request per thread, GPU only), so
+    that a later phase's weight loads hit L2 instead of waiting on HBM."""
+    T: tl.constexpr = 128
+    VEC: tl.constexpr = 16 // (base.dtype.element_ty.primitive_bitwidth // 8)  # elements per 16 B
+    chunk = tl.cdiv(tl.cdiv(n, G * T), VEC) * VEC
+    first = (pid * T + tl.arange(0, T)).to(tl.int64) * chunk
+    size = (tl.minimum(n - first, chunk) * (16 // VEC)).to(tl.int32)  # bytes; <= 0 past the end
+    addr = (base + first).to(tl.int64)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
 def _now():
     """The GPU's global nanosecond timer (PTX %globaltimer; GPU only)."""
     return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
@@ -325,6 +342,7 @@ def _expert_step_kernel(
     PREC: tl.constexpr,
     FIX: tl.constexpr,
     TRACE: tl.constexpr,
+    PREFETCH: tl.constexpr,
     BLOCK_W: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -348,6 +366,22 @@ def _expert_step_kernel(
         lv = v_ptr + l64 * stride_kl
         wqkv = wqkv_ptr + l64 * ((H + 2) * D * WE)
         lnorm = layer * WE
+        wo = wo_ptr + l64 * (WE * H * D)
+        wgu = wgu_ptr + l64 * (2 * FF * WE)
+        wd = wd_ptr + l64 * (WE * FF)
+        if PREFETCH == 1:  # this layer's cache rows and its weights after QKV
+            _prefetch_l2(lk, Tk * D, pid, G)
+            _prefetch_l2(lv, Tk * D, pid, G)
+            _prefetch_l2(wo, WE * H * D, pid, G)
+            _prefetch_l2(wgu, 2 * FF * WE, pid, G)
+            _prefetch_l2(wd, WE * FF, pid, G)
+        if PREFETCH == 3:  # all of this layer
+            _prefetch_l2(wqkv, (H + 2) * D * WE, pid, G)
+            _prefetch_l2(lk, Tk * D, pid, G)
+            _prefetch_l2(lv, Tk * D, pid, G)
+            _prefetch_l2(wo, WE * H * D, pid, G)
+            _prefetch_l2(wgu, 2 * FF * WE, pid, G)
+            _prefetch_l2(wd, WE * FF, pid, G)
         # 0: close the previous layer's MLP residual, norm for attention
         for row in range(me, M, G):
             _residual_norm_row(
@@ -357,9 +391,6 @@ def _expert_step_kernel(
         arrivals += G
         _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 0, pid, TRACE)
         # 1: QKV + RoPE; k / v into this layer's cache rows
-        wo = wo_ptr + l64 * (WE * H * D)
-        wgu = wgu_ptr + l64 * (2 * FF * WE)
-        wd = wd_ptr + l64 * (WE * FF)
         for u in range(me, (H + 2) * CH, G):
             cols = (u % CH) * BN_QKV + tl.arange(0, BN_QKV)
             col_ok = cols < HALF
@@ -397,6 +428,17 @@ def _expert_step_kernel(
         arrivals += G
         _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 4, pid, TRACE)
         # 5: close the attention residual, norm for the MLP
+        if PREFETCH == 1:  # the next layer's QKV weights
+            if layer + 1 < N_LAYERS:
+                _prefetch_l2(wqkv + (H + 2) * D * WE, (H + 2) * D * WE, pid, G)
+        if PREFETCH == 2:  # all of the next layer
+            if layer + 1 < N_LAYERS:
+                _prefetch_l2(wqkv + (H + 2) * D * WE, (H + 2) * D * WE, pid, G)
+                _prefetch_l2(lk + stride_kl, Tk * D, pid, G)
+                _prefetch_l2(lv + stride_kl, Tk * D, pid, G)
+                _prefetch_l2(wo + WE * H * D, WE * H * D, pid, G)
+                _prefetch_l2(wgu + 2 * FF * WE, 2 * FF * WE, pid, G)
+                _prefetch_l2(wd + WE * FF, WE * FF, pid, G)
         for row in range(me, M, G):
             _residual_norm_row(
                 row, h_ptr, part_o_ptr, g1_ptr + lnorm, m2_ptr + lnorm, s2_ptr + lnorm, xm_ptr, eps, layer >= 0,
@@ -499,6 +541,7 @@ class ExpertStepPlan:
         self.att_bm, self.att_bn = (32, 32) if not interp else (max(16, triton.next_power_of_2(rows * num_heads)), 64)
         self.att_splits = 8 if not interp else 1
         self.cb_m, self.cb_dc = 16, min(64, head_dim)
+        self.prefetch = 0  # L2 prefetch schedule of weights and cache rows (GPU only; 0 off)
         self.num_warps, self.num_stages = 4, 4  # H200 (64-column O / down tiles): 845 us; 3 stages 857, 8 warps 884
         if interp:
             self.grid = 1
@@ -611,7 +654,7 @@ class ExpertStepPlan:
             BN_D=self.bn_d, KS_D=self.ks_d, ATT_BM=self.att_bm, ATT_BN=self.att_bn, ATT_SPLITS=splits,
             ATT_BS=triton.next_power_of_2(splits), CB_M=self.cb_m, CB_DC=self.cb_dc,
             UPCAST=interp, PREC=dot_precision(self.dtype), FIX=interp and needs_rtne_fix(self.dtype),
-            TRACE=self.trace is not None,
+            TRACE=self.trace is not None, PREFETCH=self.prefetch if self.gpu else 0,
             BLOCK_W=triton.next_power_of_2(self.WE),
             num_warps=self.num_warps, num_stages=self.num_stages,
             **extra,
