@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from flashrt_ros.bench.timing import environment, graph_ms
+from kernels.denoise_update import DenoiseUpdate, denoise_update
 from kernels.expert_step import ExpertStepPlan, ExpertWeights
 from kernels.rope import rope_inv_freq
 
@@ -89,15 +90,38 @@ def main() -> None:
     print(plan.describe())
     show("default", graph_ms(step))
     ref = h.clone()
+    # the denoise update (pi0.5: velocity, Euler step, next input into h): its own launch after
+    # the step, against the step kernel's tail
+    f32 = lambda *shape: 0.05 * torch.randn(*shape, device=dev)  # noqa: E731
+    x0, upd_w = f32(M, 32), (f32(32, W), f32(32), -0.1, f32(W, 32), f32(W))
+    x = x0.clone()
+
+    def step_then_update():
+        step()
+        x.copy_(x0)
+        denoise_update(plan.x_attn, x, *upd_w, h_next=h)
+
+    def step_with_update():
+        plan.barriers.zero_()
+        h.copy_(h0)
+        x.copy_(x0)
+        plan.step(h, w, 0, k, v, kb, qb, pos, inv, PREFIX, 0, 1e-6, update=DenoiseUpdate(x, *upd_w, h_next=h))
+
+    show("step, then denoise_update (2 launches)", graph_ms(step_then_update))
+    two = (h.clone(), x.clone())
+    show("step ending with the update (1 launch)", graph_ms(step_with_update))
+    diff = [float((a.float() - b.float()).abs().max()) for a, b in zip((h, x), two, strict=True)]
+    results["update tail max abs diff (h, x)"] = diff
+    print("update tail vs separate launch, max abs diff (h, x):", diff)
     results["phases"] = phase_table(plan, step)
     variants = (
         # measured at bfbed9d / b2a78ff / 8afbc3d / a72e069 / de65c20 (docs/results/expert_step_*.log):
         # 32 x 32 attention tiles (the default) beat 32 x 64 by 16-59 us and 32 x 16 by 46; bk=64
         # (16 K steps) 912 us, bk=256 876 (3 stages) / 1013 (2); 4 key splits 856; 3 stages 849; two
         # programs per SM (grid 264) 1129-1444
-        dict(prefetch=1),
-        dict(prefetch=2),
-        dict(prefetch=3),
+        dict(num_stages=5),
+        dict(num_stages=6),
+        dict(att_splits=10),
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
     for tiles in variants:
@@ -107,7 +131,6 @@ def main() -> None:
         try:
             show(label, graph_ms(step))
             results[f"{label} max abs diff vs default"] = float((h.float() - ref.float()).abs().max())
-            results[f"{label} phases"] = phase_table(plan, step)
         except Exception as exc:
             print(f"{label}: {type(exc).__name__}: {str(exc)[:100]}")
         plan.set_tiles(**default_tiles)

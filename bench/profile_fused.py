@@ -22,17 +22,21 @@ from flashrt_ros.policies.config import PolicyConfig
 from flashrt_ros.policies.fused import FusedPi0
 
 
-def kernel_table(fn, steps: int) -> list[dict]:
+def kernel_table(fn, steps: int) -> tuple[list[dict], list[dict]]:
+    """Per kernel name: calls and device time; and every kernel in launch order (name, us)."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
+    device = [e for e in prof.events() if (getattr(e, "device_time", 0) or 0) > 0 and e.device_type.name == "CUDA"]
+    device.sort(key=lambda e: e.time_range.start)
+    sequence = [dict(kernel=e.name[:60], us=round(e.device_time, 2)) for e in device]
     rows = []
     for e in prof.key_averages():
         t = getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0)
         if t > 0 and e.count > 0:
             rows.append(dict(kernel=e.key[:90], calls=e.count, total_us=t, per_call_us=t / e.count))
     rows.sort(key=lambda r: -r["total_us"])
-    return rows
+    return rows, sequence
 
 
 def main() -> None:
@@ -51,7 +55,7 @@ def main() -> None:
     report = {"env": environment(dev), "policy": args.policy, "views": args.views}
     for stage in ("vision", "prefix", "denoise"):  # vision: part of the prefix graph, here un-graphed
         graph_ms = sorted(time_call(lambda s=stage: fused.run(s), 30, 5, dev))[15]
-        rows = kernel_table(getattr(fused, stage), cfg.num_steps)
+        rows, sequence = kernel_table(getattr(fused, stage), cfg.num_steps)
         busy_ms = sum(r["total_us"] for r in rows) / 1e3
         launches = sum(r["calls"] for r in rows)
         how = "graph" if (stage, fused.views, fused.bucket) in fused.graphs else "eager"
@@ -59,7 +63,13 @@ def main() -> None:
         print(f"{'kernel':<70} {'calls':>6} {'total us':>9} {'us/call':>8}")
         for r in rows[:22]:
             print(f"{r['kernel'][:70]:<70} {r['calls']:6d} {r['total_us']:9.1f} {r['per_call_us']:8.2f}")
-        report[stage] = dict(graph_ms=graph_ms, busy_ms=busy_ms, launches=launches, kernels=rows)
+        # one layer in launch order: around the 5th attention kernel (vision: SDPA, prefix: ours)
+        marks = [i for i, r in enumerate(sequence) if "attn" in r["kernel"] or "sdpa" in r["kernel"]]
+        if len(marks) > 5:
+            print("one layer in launch order:")
+            for r in sequence[marks[4] - 6 : marks[5] - 6]:
+                print(f"    {r['kernel']:<60} {r['us']:8.2f}")
+        report[stage] = dict(graph_ms=graph_ms, busy_ms=busy_ms, launches=launches, kernels=rows, sequence=sequence)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"profile_{args.policy}_{args.views}v_{time.strftime('%Y%m%d_%H%M%S')}.json"
     path.write_text(json.dumps(report, indent=1))

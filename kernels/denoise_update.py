@@ -15,13 +15,63 @@ eager model's fp32 projections.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from ._common import needs_rtne_fix, round_bf16_rtne
 
-__all__ = ["denoise_update", "denoise_update_ref"]
+__all__ = ["DenoiseUpdate", "denoise_update", "denoise_update_ref", "update_row"]
+
+
+@triton.jit
+def update_row(
+    row,  # action row (int64)
+    y_row_ptr,  # the expert's output row of this action [WE]
+    x_ptr,
+    wo_ptr,
+    bo_ptr,
+    wi_ptr,
+    bi_ptr,
+    h_ptr,
+    dt,
+    A: tl.constexpr,
+    WE: tl.constexpr,
+    HAS_IN: tl.constexpr,
+    SILU: tl.constexpr,
+    FIX_H: tl.constexpr,
+    BA: tl.constexpr,
+    BW: tl.constexpr,
+):
+    """One action row end to end (also the step kernel's tail, see kernels/expert_step.py): the
+    dot products as broadcast multiplies and row sums (fp32 `tl.dot` at these sizes measured
+    60 us per call on the H200)."""
+    acols = tl.arange(0, BA)
+    a_ok = acols < A
+    v = tl.zeros([BA], dtype=tl.float32)
+    for k0 in tl.static_range(0, WE, BW):
+        ks = k0 + tl.arange(0, BW)
+        k_ok = ks < WE
+        y = tl.load(y_row_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+        w = tl.load(wo_ptr + acols[:, None] * WE + ks[None, :], mask=a_ok[:, None] & k_ok[None, :], other=0.0)
+        v += tl.sum(w * y[None, :], axis=1)
+    xp = x_ptr + row * A + acols
+    x = tl.load(xp, mask=a_ok, other=0.0) + dt * (v + tl.load(bo_ptr + acols, mask=a_ok, other=0.0))
+    tl.store(xp, x, mask=a_ok)
+    if HAS_IN:
+        x = tl.where(a_ok, x, 0.0)
+        for n0 in tl.static_range(0, WE, BW):
+            ns = n0 + tl.arange(0, BW)
+            n_ok = ns < WE
+            w = tl.load(wi_ptr + ns[:, None] * A + acols[None, :], mask=n_ok[:, None] & a_ok[None, :], other=0.0)
+            h = tl.sum(w * x[None, :], axis=1) + tl.load(bi_ptr + ns, mask=n_ok, other=0.0)
+            if SILU:
+                h = h / (1.0 + tl.exp(-h))
+            if FIX_H:
+                h = round_bf16_rtne(h)
+            tl.store(h_ptr + row * WE + ns, h.to(h_ptr.dtype.element_ty), mask=n_ok)
 
 
 @triton.jit
@@ -43,33 +93,60 @@ def _denoise_update_kernel(
     BA: tl.constexpr,
     BW: tl.constexpr,
 ):
-    """One program per action row: the dot products as broadcast multiplies and row sums (fp32
-    `tl.dot` at these sizes measured 60 us per call on the H200)."""
+    """One program per action row."""
     row = tl.program_id(0).to(tl.int64)
-    acols = tl.arange(0, BA)
-    a_ok = acols < A
-    v = tl.zeros([BA], dtype=tl.float32)
-    for k0 in tl.static_range(0, WE, BW):
-        ks = k0 + tl.arange(0, BW)
-        k_ok = ks < WE
-        y = tl.load(y_ptr + row * stride_y + ks, mask=k_ok, other=0.0).to(tl.float32)
-        w = tl.load(wo_ptr + acols[:, None] * WE + ks[None, :], mask=a_ok[:, None] & k_ok[None, :], other=0.0)
-        v += tl.sum(w * y[None, :], axis=1)
-    xp = x_ptr + row * A + acols
-    x = tl.load(xp, mask=a_ok, other=0.0) + dt * (v + tl.load(bo_ptr + acols, mask=a_ok, other=0.0))
-    tl.store(xp, x, mask=a_ok)
-    if HAS_IN:
-        x = tl.where(a_ok, x, 0.0)
-        for n0 in tl.static_range(0, WE, BW):
-            ns = n0 + tl.arange(0, BW)
-            n_ok = ns < WE
-            w = tl.load(wi_ptr + ns[:, None] * A + acols[None, :], mask=n_ok[:, None] & a_ok[None, :], other=0.0)
-            h = tl.sum(w * x[None, :], axis=1) + tl.load(bi_ptr + ns, mask=n_ok, other=0.0)
-            if SILU:
-                h = h / (1.0 + tl.exp(-h))
-            if FIX_H:
-                h = round_bf16_rtne(h)
-            tl.store(h_ptr + row * WE + ns, h.to(h_ptr.dtype.element_ty), mask=n_ok)
+    update_row(
+        row, y_ptr + row * stride_y, x_ptr, wo_ptr, bo_ptr, wi_ptr, bi_ptr, h_ptr, dt,
+        A, WE, HAS_IN, SILU, FIX_H, BA, BW,
+    )  # fmt: skip
+
+
+@dataclass
+class DenoiseUpdate:
+    """The arguments of `denoise_update` after its `y`: what a launch that ends with the update
+    (the step kernel's tail) needs."""
+
+    x: torch.Tensor
+    w_out: torch.Tensor
+    b_out: torch.Tensor
+    dt: float
+    w_in: torch.Tensor | None = None
+    b_in: torch.Tensor | None = None
+    h_next: torch.Tensor | None = None
+    silu: bool = False
+
+    def check(self, H: int, WE: int) -> None:
+        """Shapes / dtypes for an expert output of H action rows of width WE; ValueError if not."""
+        A = self.x.shape[1]
+        if self.x.dtype != torch.float32 or not self.x.is_contiguous() or self.x.shape[0] != H:
+            raise ValueError(f"x must be contiguous fp32 [{H}, A], got {self.x.dtype} {tuple(self.x.shape)}")
+        if tuple(self.w_out.shape) != (A, WE) or tuple(self.b_out.shape) != (A,):
+            raise ValueError(
+                f"w_out / b_out must be [{A}, {WE}] / [{A}], got {tuple(self.w_out.shape)} / {tuple(self.b_out.shape)}"
+            )
+        if self.h_next is not None:
+            w, b = self.w_in, self.b_in
+            if w is None or b is None or tuple(w.shape) != (WE, A) or tuple(b.shape) != (WE,):
+                raise ValueError(f"w_in / b_in must be [{WE}, {A}] / [{WE}] with h_next")
+            if tuple(self.h_next.shape) != (H, WE) or not self.h_next.is_contiguous():
+                raise ValueError(f"h_next must be contiguous [{H}, {WE}], got {tuple(self.h_next.shape)}")
+        for name in ("w_out", "b_out", "w_in", "b_in"):
+            t = getattr(self, name)
+            if t is not None and (t.dtype != torch.float32 or not t.is_contiguous()):
+                raise ValueError(f"{name} must be contiguous fp32")
+
+    def launch_args(self) -> tuple:
+        """(x, w_out, b_out, w_in, b_in, h_next, dt) pointers (unused ones stand in) and the
+        constexprs (A, HAS_IN, SILU, FIX_H, BA, BW) for `update_row`."""
+        has_in = self.h_next is not None
+        A, WE = self.w_out.shape
+        ba = triton.next_power_of_2(A)
+        bw = min(triton.next_power_of_2(WE), max(16, 8192 // ba))  # an [A, BW] fp32 tile: 64 values per thread
+        ptrs = (
+            self.x, self.w_out, self.b_out, self.w_in if has_in else self.w_out, self.b_in if has_in else self.b_out,
+            self.h_next if has_in else self.x, float(self.dt),
+        )  # fmt: skip
+        return ptrs, (A, has_in, self.silu, has_in and needs_rtne_fix(self.h_next.dtype), ba, bw)
 
 
 def denoise_update(
@@ -94,28 +171,14 @@ def denoise_update(
         h_next: [H, WE] contiguous destination of the next expert input.
         silu: apply SiLU to h_next (pi0's action-time MLP).
     """
-    H, A = x.shape
-    WE = y.shape[1]
-    if x.dtype != torch.float32 or not x.is_contiguous():
-        raise ValueError(f"x must be contiguous fp32 [H, A], got {x.dtype}")
-    if y.shape[0] != H or y.stride(1) != 1:
-        raise ValueError(f"y must be [{H}, WE] with contiguous rows, got {tuple(y.shape)} strides {y.stride()}")
-    if tuple(w_out.shape) != (A, WE) or tuple(b_out.shape) != (A,):
-        raise ValueError(f"w_out / b_out must be [{A}, {WE}] / [{A}], got {tuple(w_out.shape)} / {tuple(b_out.shape)}")
-    has_in = h_next is not None
-    if has_in:
-        if w_in is None or b_in is None or tuple(w_in.shape) != (WE, A) or tuple(b_in.shape) != (WE,):
-            raise ValueError(f"w_in / b_in must be [{WE}, {A}] / [{WE}] with h_next")
-        if tuple(h_next.shape) != (H, WE) or not h_next.is_contiguous():
-            raise ValueError(f"h_next must be contiguous [{H}, {WE}], got {tuple(h_next.shape)}")
-    for name, t in (("w_out", w_out), ("b_out", b_out), ("w_in", w_in), ("b_in", b_in)):
-        if t is not None and (t.dtype != torch.float32 or not t.is_contiguous()):
-            raise ValueError(f"{name} must be contiguous fp32")
-    ba = triton.next_power_of_2(A)
-    bw = min(triton.next_power_of_2(WE), max(16, 8192 // ba))  # an [A, BW] fp32 tile: 64 values per thread
+    H, WE = y.shape
+    if y.stride(1) != 1:
+        raise ValueError(f"y must be [H, WE] with contiguous rows, got {tuple(y.shape)} strides {y.stride()}")
+    update = DenoiseUpdate(x, w_out, b_out, dt, w_in, b_in, h_next, silu)
+    update.check(H, WE)
+    (x, wo, bo, wi, bi, h, dt), (A, has_in, silu, fix, ba, bw) = update.launch_args()
     _denoise_update_kernel[(H,)](
-        y, x, w_out, b_out, w_in if has_in else w_out, b_in if has_in else b_out, h_next if has_in else x,
-        y.stride(0), float(dt), A, WE, has_in, silu, has_in and needs_rtne_fix(h_next.dtype), ba, bw, num_warps=4,
+        y, x, wo, bo, wi, bi, h, y.stride(0), dt, A, WE, has_in, silu, fix, ba, bw, num_warps=4,
     )  # fmt: skip
 
 

@@ -15,7 +15,9 @@ separated by a grid-wide barrier (an arrival counter in global memory):
     6  x_mlp @ Wgu.T -> gelu_tanh(g) * u -> act                               units: column-pair tiles
     7  act @ Wdown.T -> split-K partials (summed by the next layer's phase 0)
 
-and after the last layer: h += its down output, x = final norm(h).
+and after the last layer: h += its down output, x = final norm(h), and optionally the denoise
+update of the action rows (velocity, Euler step, the next pass's input; kernels/denoise_update.py)
+in the programs that normed them.
 Split-K partials are reduced where they are read (phase 0 / 5), in split order: deterministic.
 
 Norms are exactly the eager model's: pi0.5's adaRMS ``rms(h) * (1 + scale) + shift`` with the
@@ -44,6 +46,7 @@ import triton.language as tl
 
 from ._common import dot_precision, is_interpreting, needs_rtne_fix, round_bf16_rtne
 from .attention import _attn_combine_tile, _attn_fwd_tile
+from .denoise_update import DenoiseUpdate, update_row
 
 __all__ = ["PHASES", "ExpertStepPlan", "ExpertWeights", "expert_step_ref"]
 
@@ -77,23 +80,6 @@ def _layer_zero(layer, GPU: tl.constexpr):
     if GPU:
         return tl.inline_asm_elementwise("mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
     return layer * 0
-
-
-@triton.jit
-def _prefetch_l2(base, n, pid, G):
-    """Ask L2 to fetch this program's share of the `n` elements at `base` (PTX
-    ``cp.async.bulk.prefetch.L2``: one fire-and-forget bulk request per thread, GPU only), so
-    that a later phase's weight loads hit L2 instead of waiting on HBM."""
-    T: tl.constexpr = 128
-    VEC: tl.constexpr = 16 // (base.dtype.element_ty.primitive_bitwidth // 8)  # elements per 16 B
-    chunk = tl.cdiv(tl.cdiv(n, G * T), VEC) * VEC
-    first = (pid * T + tl.arange(0, T)).to(tl.int64) * chunk
-    size = (tl.minimum(n - first, chunk) * (16 // VEC)).to(tl.int32)  # bytes; <= 0 past the end
-    addr = (base + first).to(tl.int64)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1,
-    )  # fmt: skip
 
 
 @triton.jit
@@ -309,6 +295,14 @@ def _expert_step_kernel(
     sf_ptr,  # [WE] final norm shift (HAS_SHIFT)
     bar_ptr,  # int32 arrival counter of this launch (zero at launch)
     trace_ptr,  # int64 [2 * (8 L + 1) + 1] phase timestamps (TRACE), zero at launch
+    ux_ptr,  # UPDATE (the denoise update after the final norm, kernels/denoise_update.py):
+    uwo_ptr,  # noisy actions [HA, A] fp32, action_out [A, WE] + bias, the next input's first
+    ubo_ptr,  # layer [WE, A] + bias and its destination [HA, WE]
+    uwi_ptr,
+    ubi_ptr,
+    uh_ptr,
+    udt,
+    act_row0,  # suffix row of the first action (UPDATE)
     M,
     Tk,
     suffix_row0,
@@ -342,8 +336,14 @@ def _expert_step_kernel(
     PREC: tl.constexpr,
     FIX: tl.constexpr,
     TRACE: tl.constexpr,
-    PREFETCH: tl.constexpr,
     BLOCK_W: tl.constexpr,
+    UPDATE: tl.constexpr,
+    U_A: tl.constexpr,
+    U_HAS_IN: tl.constexpr,
+    U_SILU: tl.constexpr,
+    U_FIX: tl.constexpr,
+    U_BA: tl.constexpr,
+    U_BW: tl.constexpr,
 ):
     pid = tl.program_id(0)
     G = tl.num_programs(0)
@@ -366,22 +366,6 @@ def _expert_step_kernel(
         lv = v_ptr + l64 * stride_kl
         wqkv = wqkv_ptr + l64 * ((H + 2) * D * WE)
         lnorm = layer * WE
-        wo = wo_ptr + l64 * (WE * H * D)
-        wgu = wgu_ptr + l64 * (2 * FF * WE)
-        wd = wd_ptr + l64 * (WE * FF)
-        if PREFETCH == 1:  # this layer's cache rows and its weights after QKV
-            _prefetch_l2(lk, Tk * D, pid, G)
-            _prefetch_l2(lv, Tk * D, pid, G)
-            _prefetch_l2(wo, WE * H * D, pid, G)
-            _prefetch_l2(wgu, 2 * FF * WE, pid, G)
-            _prefetch_l2(wd, WE * FF, pid, G)
-        if PREFETCH == 3:  # all of this layer
-            _prefetch_l2(wqkv, (H + 2) * D * WE, pid, G)
-            _prefetch_l2(lk, Tk * D, pid, G)
-            _prefetch_l2(lv, Tk * D, pid, G)
-            _prefetch_l2(wo, WE * H * D, pid, G)
-            _prefetch_l2(wgu, 2 * FF * WE, pid, G)
-            _prefetch_l2(wd, WE * FF, pid, G)
         # 0: close the previous layer's MLP residual, norm for attention
         for row in range(me, M, G):
             _residual_norm_row(
@@ -391,6 +375,9 @@ def _expert_step_kernel(
         arrivals += G
         _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 0, pid, TRACE)
         # 1: QKV + RoPE; k / v into this layer's cache rows
+        wo = wo_ptr + l64 * (WE * H * D)
+        wgu = wgu_ptr + l64 * (2 * FF * WE)
+        wd = wd_ptr + l64 * (WE * FF)
         for u in range(me, (H + 2) * CH, G):
             cols = (u % CH) * BN_QKV + tl.arange(0, BN_QKV)
             col_ok = cols < HALF
@@ -428,17 +415,6 @@ def _expert_step_kernel(
         arrivals += G
         _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 4, pid, TRACE)
         # 5: close the attention residual, norm for the MLP
-        if PREFETCH == 1:  # the next layer's QKV weights
-            if layer + 1 < N_LAYERS:
-                _prefetch_l2(wqkv + (H + 2) * D * WE, (H + 2) * D * WE, pid, G)
-        if PREFETCH == 2:  # all of the next layer
-            if layer + 1 < N_LAYERS:
-                _prefetch_l2(wqkv + (H + 2) * D * WE, (H + 2) * D * WE, pid, G)
-                _prefetch_l2(lk + stride_kl, Tk * D, pid, G)
-                _prefetch_l2(lv + stride_kl, Tk * D, pid, G)
-                _prefetch_l2(wo + WE * H * D, WE * H * D, pid, G)
-                _prefetch_l2(wgu + 2 * FF * WE, 2 * FF * WE, pid, G)
-                _prefetch_l2(wd + WE * FF, WE * FF, pid, G)
         for row in range(me, M, G):
             _residual_norm_row(
                 row, h_ptr, part_o_ptr, g1_ptr + lnorm, m2_ptr + lnorm, s2_ptr + lnorm, xm_ptr, eps, layer >= 0,
@@ -467,6 +443,13 @@ def _expert_step_kernel(
             row, h_ptr, part_d_ptr, g2_ptr + (N_LAYERS - 1) * WE, mf_ptr, sf_ptr, xa_ptr, eps, N_LAYERS > 0,
             WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
         )  # fmt: skip
+        if UPDATE:  # the action rows go on to the denoise update in the program that normed them
+            if row >= act_row0:
+                tl.debug_barrier()  # the normed row, as other threads of this program stored it
+                update_row(
+                    (row - act_row0).to(tl.int64), xa_ptr + row * WE, ux_ptr, uwo_ptr, ubo_ptr, uwi_ptr, ubi_ptr,
+                    uh_ptr, udt, U_A, WE, U_HAS_IN, U_SILU, U_FIX, U_BA, U_BW,
+                )  # fmt: skip
     if TRACE:
         tl.atomic_max(trace_ptr + 2 * (8 * N_LAYERS), _now())
 
@@ -541,7 +524,6 @@ class ExpertStepPlan:
         self.att_bm, self.att_bn = (32, 32) if not interp else (max(16, triton.next_power_of_2(rows * num_heads)), 64)
         self.att_splits = 8 if not interp else 1
         self.cb_m, self.cb_dc = 16, min(64, head_dim)
-        self.prefetch = 0  # L2 prefetch schedule of weights and cache rows (GPU only; 0 off)
         self.num_warps, self.num_stages = 4, 4  # H200 (64-column O / down tiles): 845 us; 3 stages 857, 8 warps 884
         if interp:
             self.grid = 1
@@ -596,13 +578,19 @@ class ExpertStepPlan:
             f"attention {self.att_bm}x{self.att_bn} x {self.att_splits} splits"
         )
 
-    def step(self, h: torch.Tensor, w: ExpertWeights, step: int, *cache_and_inputs) -> torch.Tensor:
+    def step(
+        self, h: torch.Tensor, w: ExpertWeights, step: int, *cache_and_inputs, update: DenoiseUpdate | None = None
+    ) -> torch.Tensor:
         """Every layer of one denoise step on the residual stream `h` [M, WE] (in place), then
         the final norm; returns it [M, WE] (the `x_attn` buffer). The rest, as `launch_args`:
         k, v (the cache [L, Tk, D]: prefix rows, then the suffix's rows from `suffix_row0`, which
         this launch writes), key_blocks, query_blocks, positions, inv_freq, suffix_row0, slot
-        (this launch's barrier counter, zeroed beforehand), eps."""
-        args, kwargs = self.launch_args(h, w, step, *cache_and_inputs)
+        (this launch's barrier counter, zeroed beforehand), eps.
+
+        `update`: also the denoise update on the last `update.x.shape[0]` rows of the output
+        (`denoise_update(out[-HA:], ...)`), each row in the program that normed it: the launch,
+        its ramp and its tail of a separate kernel less per step."""
+        args, kwargs = self.launch_args(h, w, step, *cache_and_inputs, update=update)
         _expert_step_kernel[(self.grid,)](*args, **kwargs)
         return self.x_attn
 
@@ -620,6 +608,7 @@ class ExpertStepPlan:
         suffix_row0: int,
         slot: int,
         eps: float,
+        update: DenoiseUpdate | None = None,
     ) -> tuple[tuple, dict]:
         """The step kernel's arguments (see `step`)."""
         M, D, H, L = self.M, self.D, self.H, int(w.qkv.shape[0])
@@ -635,6 +624,14 @@ class ExpertStepPlan:
         f = w.attn_mult  # any fp32 tensor for pointers a flag leaves unused
         opt = lambda t: t[step] if t is not None else f  # noqa: E731
         extra = {"launch_cooperative_grid": True} if self.gpu else {}  # all programs resident (barrier)
+        if update is not None:
+            update.check(update.x.shape[0], self.WE)
+            if update.x.shape[0] > M:
+                raise ValueError(f"the update has {update.x.shape[0]} action rows, the step {M} rows")
+            u_ptrs, u_const = update.launch_args()
+            act_row0 = M - update.x.shape[0]
+        else:
+            u_ptrs, u_const, act_row0 = (f, f, f, f, f, f, 0.0), (1, False, False, False, 16, 16), M
         args = (
             h, self.x_attn, self.x_mlp, self.q, self.attn, self.act, self.part_o, self.part_d,
             ws[: n * D], ws[n * D : n * (D + 1)], ws[n * (D + 1) : n * (D + 2)],
@@ -644,6 +641,7 @@ class ExpertStepPlan:
             w.mlp_mult[step], opt(w.mlp_shift), opt(w.mlp_gate),
             w.final_mult[step], opt(w.final_shift),
             self.barriers[slot:], self.trace if self.trace is not None else self.barriers,
+            *u_ptrs, act_row0,
             M, Tk, suffix_row0, kps, k.stride(0), k.stride(1), (1.0 / D**0.5) * _LOG2E, eps, L,
         )  # fmt: skip
         interp = is_interpreting() and not self.gpu
@@ -654,8 +652,10 @@ class ExpertStepPlan:
             BN_D=self.bn_d, KS_D=self.ks_d, ATT_BM=self.att_bm, ATT_BN=self.att_bn, ATT_SPLITS=splits,
             ATT_BS=triton.next_power_of_2(splits), CB_M=self.cb_m, CB_DC=self.cb_dc,
             UPCAST=interp, PREC=dot_precision(self.dtype), FIX=interp and needs_rtne_fix(self.dtype),
-            TRACE=self.trace is not None, PREFETCH=self.prefetch if self.gpu else 0,
+            TRACE=self.trace is not None,
             BLOCK_W=triton.next_power_of_2(self.WE),
+            UPDATE=update is not None,
+            **dict(zip(("U_A", "U_HAS_IN", "U_SILU", "U_FIX", "U_BA", "U_BW"), u_const, strict=True)),
             num_warps=self.num_warps, num_stages=self.num_stages,
             **extra,
         )  # fmt: skip

@@ -76,6 +76,7 @@ def layer_norm(
     residual: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     residual_out: torch.Tensor | None = None,
+    num_warps: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """LayerNorm over the last dim, optionally of ``s = x + residual``.
 
@@ -85,6 +86,7 @@ def layer_norm(
         eps: SigLIP uses 1e-6.
         residual: optional [..., D]; then returns ``(y, s)`` with ``s`` rounded to ``x.dtype``.
         out / residual_out: optional static buffers; ``residual_out`` may alias x or residual.
+        num_warps: launch setting; None: by row width (`num_warps_for`).
     """
     D = x.shape[-1]
     x2 = rows_2d(x, "x")
@@ -126,7 +128,7 @@ def layer_norm(
             FIX_Y=needs_rtne_fix(y2.dtype),
             FIX_S=needs_rtne_fix(s2.dtype),
             BLOCK_D=block,
-            num_warps=num_warps_for(block),
+            num_warps=num_warps or num_warps_for(block),
         )
     return out if residual is None else (out, residual_out)
 

@@ -17,6 +17,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ._common import dot_precision, is_interpreting, needs_rtne_fix, round_bf16_rtne
+
 __all__ = ["LinearTiles", "linear", "linear_ref"]
 
 
@@ -50,6 +52,9 @@ def _linear_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
     GROUP_M: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PREC: tl.constexpr,
+    FIX: tl.constexpr,
 ):
     # tiles in groups of GROUP_M row tiles per column tile: a W tile is read once from HBM
     pid = tl.program_id(0)
@@ -62,11 +67,18 @@ def _linear_kernel(
     off_n = ((pid % in_group) // size_m) * BN
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for k in tl.range(0, K, BK):
-        acc = tl.dot(x_desc.load([off_m, k]), w_desc.load([off_n, k]).T, acc)
+        a = x_desc.load([off_m, k])
+        b = w_desc.load([off_n, k])
+        if UPCAST:  # the interpreter's tl.dot mis-multiplies bf16
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b.T, acc, input_precision=PREC)
     cols = off_n + tl.arange(0, BN)
     y = acc + tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     if GELU:
         y = _gelu_tanh(y)
+    if FIX:
+        y = round_bf16_rtne(y)
     y_desc.store([off_m, off_n], y.to(y_desc.dtype))
 
 
@@ -80,14 +92,14 @@ def linear(
 ) -> torch.Tensor:
     """act(x @ w.T + b) with act GELU(tanh) or none; returns out [M, N] (allocated if None).
 
-    x [M, K], w [N, K] (nn.Linear layout), b [N], out [M, N]: one dtype (bf16 / fp16), rows
-    contiguous with 16-byte aligned strides (TMA)."""
+    x [M, K], w [N, K] (nn.Linear layout), b [N], out [M, N]: one dtype (bf16 / fp16; fp32 runs
+    the products in TF32 on a GPU), rows contiguous with 16-byte aligned strides (TMA)."""
     M, K = x.shape
     N = w.shape[0]
     if tuple(w.shape) != (N, K) or tuple(b.shape) != (N,):
         raise ValueError(f"w / b must be [N, {K}] / [N], got {tuple(w.shape)} / {tuple(b.shape)}")
-    if not (x.dtype == w.dtype == b.dtype) or x.dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"x, w, b must share a 16-bit float dtype, got {x.dtype} / {w.dtype} / {b.dtype}")
+    if not (x.dtype == w.dtype == b.dtype) or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"x, w, b must share a float dtype, got {x.dtype} / {w.dtype} / {b.dtype}")
     if out is None:
         out = torch.empty(M, N, device=x.device, dtype=x.dtype)
     if tuple(out.shape) != (M, N) or out.dtype != x.dtype:
@@ -102,6 +114,7 @@ def linear(
         TensorDescriptor.from_tensor(w, [t.bn, t.bk]),
         TensorDescriptor.from_tensor(out, [t.bm, t.bn]),
         b, M, N, K, gelu, t.bm, t.bn, t.bk, t.group_m,
+        is_interpreting() and x.dtype != torch.float32, dot_precision(x.dtype), needs_rtne_fix(x.dtype),
         num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip
     return out

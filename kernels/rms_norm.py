@@ -80,6 +80,7 @@ def rms_norm(
     out: torch.Tensor | None = None,
     residual_out: torch.Tensor | None = None,
     unit_offset: bool = True,
+    num_warps: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Gemma RMSNorm over the last dimension, optionally fused with ``x + residual``.
 
@@ -93,6 +94,7 @@ def rms_norm(
             program reads its row before writing it).
         unit_offset: ``True`` for Gemma's ``(1 + w)``; ``False`` if ``1 + w`` was folded into
             ``weight`` at load time.
+        num_warps: launch setting; None: by row width (`num_warps_for`).
 
     Returns:
         ``y`` if ``residual`` is None, else ``(y, s)``.
@@ -140,7 +142,7 @@ def rms_norm(
             FIX_Y=needs_rtne_fix(y2.dtype),
             FIX_S=needs_rtne_fix(s2.dtype),
             BLOCK_D=block,
-            num_warps=num_warps_for(block),
+            num_warps=num_warps or num_warps_for(block),
         )
     if residual is None:
         return out

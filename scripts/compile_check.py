@@ -29,6 +29,7 @@ import time
 import torch
 import triton
 
+from kernels.denoise_update import DenoiseUpdate
 from kernels.expert_step import ExpertStepPlan, ExpertWeights, compile_for
 
 M, W, F, H, D, L, P = 50, 1024, 4096, 8, 256, 18, 968
@@ -48,10 +49,13 @@ def real_shape_launch(trace: bool = False, tiles: dict[str, int] | None = None) 
     )  # fmt: skip
     cache = torch.empty(L, P + M, D, dtype=bf16, device=meta)
     i32 = dict(dtype=torch.int32, device=meta)
+    h = torch.empty(M, W, dtype=bf16, device=meta)
+    f32 = lambda *shape: torch.empty(*shape, device=meta)  # noqa: E731
+    update = DenoiseUpdate(f32(M, 32), f32(32, W), f32(32), -0.1, f32(W, 32), f32(W), h)  # pi0.5's: next input into h
     return plan.launch_args(
-        torch.empty(M, W, dtype=bf16, device=meta), w, 3, cache, cache, torch.empty(P + M, **i32),
+        h, w, 3, cache, cache, torch.empty(P + M, **i32),
         torch.empty(M, **i32), torch.empty(M, dtype=torch.int64, device=meta), torch.empty(D // 2, device=meta),
-        P, 3, 1e-6,
+        P, 3, 1e-6, update=update,
     )  # fmt: skip
 
 

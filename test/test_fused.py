@@ -110,7 +110,7 @@ def test_step_kernel_and_per_op_expert_agree():
     x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1).items()}
     fused, out = _run_fused(model, x, torch.float32)
     assert fused.step_plan is not None
-    assert "expert step kernel" in fused.describe() and "denoise_update" in fused.describe()
+    assert "expert step kernel" in fused.describe() and "ending with the denoise update" in fused.describe()
     fused.step_plan, fused.graphs = None, {}
     torch.testing.assert_close(fused.sample_actions(), out, rtol=1e-5, atol=1e-5)
 

@@ -19,6 +19,7 @@ import torch
 from kernel_fixtures import DEVICE
 from policy_fixtures import cosine
 
+from kernels.denoise_update import DenoiseUpdate, denoise_update_ref
 from kernels.expert_step import PHASES, ExpertStepPlan, ExpertWeights, expert_step_ref
 from kernels.rope import rope_inv_freq
 
@@ -145,3 +146,59 @@ def test_set_tiles_refuses_unknown_settings() -> None:
 @pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
 def test_step_kernel_matches_reference_gpu_real_shapes(gated) -> None:
     _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, gated, None)
+
+
+def _run_with_update(shape, dtype, pi05: bool, A: int, tol) -> None:
+    """The step kernel's tail (`update=`) against the reference step + `denoise_update_ref`:
+    pi0.5 (every row an action; the next input written over h, which the kernel just updated)
+    and pi0 (a state row first; the time MLP's SiLU hidden layer into an fp32 buffer)."""
+    M, W, F, H, D, L, P = shape
+    h0, w, (k, v, kb, qb, pos, inv, row0) = _problem(M, W, F, H, D, L, P, dtype, gated=pi05)
+    HA = M if pi05 else M - 1
+    g = torch.Generator().manual_seed(1)
+    f32 = lambda *s: (torch.randn(*s, generator=g) * 0.3).to(DEVICE)  # noqa: E731
+    x0, w_out, b_out, w_in, b_in = f32(HA, A), f32(A, W), f32(A), f32(W, A), f32(W)
+    h_ref, y_ref, _, _ = expert_step_ref(h0, w, 1, k, v, kb, qb, pos, inv, row0, 1e-6)
+    x_ref, nxt_ref = denoise_update_ref(y_ref[-HA:], x0, w_out, b_out, -0.1, w_in, b_in, dtype, silu=not pi05)
+    if not pi05:
+        nxt_ref = denoise_update_ref(y_ref[-HA:], x0, w_out, b_out, -0.1, w_in, b_in, torch.float32, silu=True)[1]
+
+    plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), dtype)
+    h, x = h0.clone(), x0.clone()
+    nxt = h if pi05 else torch.zeros(HA, W, device=DEVICE)
+    update = DenoiseUpdate(x, w_out, b_out, -0.1, w_in, b_in, nxt, silu=not pi05)
+    y = plan.step(h, w, 1, k, v, kb, qb, pos, inv, row0, 0, 1e-6, update=update)
+    pairs = [(y, y_ref), (x, x_ref), (nxt, nxt_ref)]
+    if not pi05:
+        pairs.append((h, h_ref))  # pi0.5's h now holds the next input
+    for got, ref in pairs:
+        if tol is None:
+            assert cosine(got.float(), ref.float()) > 0.999
+        else:
+            torch.testing.assert_close(got.float(), ref.float(), **tol)
+
+
+@pytest.mark.parametrize("pi05", [True, False], ids=["pi05-next-input-into-h", "pi0-silu-hidden"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_step_kernel_with_denoise_update_small(dtype, pi05) -> None:
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else None
+    _run_with_update((10, 32, 64, 4, 16, 2, 24), dtype, pi05, A=6, tol=tol)
+
+
+def test_step_kernel_refuses_an_update_with_more_rows() -> None:
+    M, W, F, H, D, L, P = 10, 32, 64, 4, 16, 2, 24
+    h0, w, inputs = _problem(M, W, F, H, D, L, P, torch.float32, gated=True)
+    plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), torch.float32)
+    z = lambda *s: torch.zeros(*s, device=DEVICE)  # noqa: E731
+    update = DenoiseUpdate(z(M + 1, 4), z(4, W), z(4), -0.1)
+    with pytest.raises(ValueError, match="11 action rows, the step 10 rows"):
+        plan.step(h0.clone(), w, 1, *inputs, 0, 1e-6, update=update)
+    with pytest.raises(ValueError, match=r"w_out / b_out must be \[4, 32\]"):
+        plan.step(h0.clone(), w, 1, *inputs, 0, 1e-6, update=DenoiseUpdate(z(M, 4), z(4, W + 1), z(4), -0.1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pi05", [True, False], ids=["pi05-next-input-into-h", "pi0-silu-hidden"])
+def test_step_kernel_with_denoise_update_gpu_real_shapes(pi05) -> None:
+    M = 50 if pi05 else 51
+    _run_with_update((M, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, pi05, A=32, tol=None)

@@ -34,12 +34,13 @@ from tqdm import tqdm
 
 from kernels.ada_rms_norm import ada_rms_norm, gated_residual_ada_rms_norm
 from kernels.attention import attention
-from kernels.denoise_update import denoise_update
+from kernels.denoise_update import DenoiseUpdate
 from kernels.euler import euler_step
 from kernels.expert_step import ExpertStepPlan, ExpertWeights
 from kernels.geglu import geglu
 from kernels.gelu import bias_gelu
 from kernels.layer_norm import layer_norm
+from kernels.linear import LinearTiles, linear
 from kernels.linear_f32 import linear_f32
 from kernels.preprocess import preprocess_image
 from kernels.rms_norm import rms_norm
@@ -55,6 +56,14 @@ log = logging.getLogger(__name__)
 # (bench/attention.py, docs/results/attention_20261129_211334.json)
 VISION_SDPA = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 VISIBLE, MASKED = -(2**30), 2**30  # key block ids: seen by every query / by none (kernels/attention.py)
+
+# SigLIP's O and fc2 GEMMs (N = 1152) on CUDA: Triton's TMA GEMM at these tiles, against cuBLAS's
+# 112 x 64 tiles (H200, 768 rows: O 6.55 vs 7.12 us, fc2 18.52 vs 20.26; bench/vision_gemm.py,
+# docs/results/vision_gemm_*.json). QKV and fc1 stay on cuBLAS (1.5x faster there).
+VISION_LINEAR_TILES = LinearTiles(bm=64, bn=128, bk=64, group_m=8, num_warps=4, num_stages=5)
+# Row norms' warps at the pipeline's widths (H200, bench/row_norms.py): SigLIP LayerNorm 768 x 1152
+# 2.93 us with 2 warps (3.23 with the width default of 8), Gemma RMSNorm 968 x 2048 3.58 with 4 (3.77)
+VISION_NORM_WARPS, PREFIX_NORM_WARPS = 2, 4
 
 
 @dataclass
@@ -116,6 +125,13 @@ def _linear_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     if x.is_cuda:
         return torch._addmm_activation(bias, x, weight.t(), use_gelu=True)
     return bias_gelu(F.linear(x, weight), bias)
+
+
+def _siglip_linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """SigLIP's O and fc2 GEMMs: on CUDA the Triton TMA GEMM at `VISION_LINEAR_TILES`, elsewhere torch."""
+    if x.is_cuda:
+        return linear(x, weight, bias, tiles=VISION_LINEAR_TILES)
+    return F.linear(x, weight, bias)
 
 
 class FusedPi0:
@@ -329,19 +345,19 @@ class FusedPi0:
         unfolded = self.pixels[:v].view(v, 3, g, p, g, p).permute(0, 2, 4, 1, 3, 5)  # [v, gy, gx, c, py, px]
         patches[:, : 3 * p * p].view(v, g, g, 3, p, p).copy_(unfolded)
         h = torch.addmm(self.patch_pos[: v * n], patches, self.patch_w.t())  # patch conv + bias + position
-        mlp_out = None
+        mlp_out, eps, nw = None, spec.layer_norm_eps, VISION_NORM_WARPS
         for w in self.vision_layers:
             if mlp_out is None:
-                y = layer_norm(h, *w.ln1, eps=spec.layer_norm_eps)
+                y = layer_norm(h, *w.ln1, eps=eps, num_warps=nw)
             else:
-                y, h = layer_norm(mlp_out, *w.ln1, eps=spec.layer_norm_eps, residual=h)
+                y, h = layer_norm(mlp_out, *w.ln1, eps=eps, residual=h, num_warps=nw)
             qkv = F.linear(y, *w.qkv).view(v, n, 3, heads, hd).permute(2, 0, 3, 1, 4)
             with sdpa_kernel(VISION_SDPA, set_priority=True):
                 a = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
             a = a.transpose(1, 2).reshape(v * n, -1)
-            y, h = layer_norm(F.linear(a, *w.out), *w.ln2, eps=spec.layer_norm_eps, residual=h)
-            mlp_out = F.linear(_linear_gelu_tanh(y, *w.fc1), *w.fc2)
-        y, _ = layer_norm(mlp_out, *self.post_ln, eps=spec.layer_norm_eps, residual=h)
+            y, h = layer_norm(_siglip_linear(a, *w.out), *w.ln2, eps=eps, residual=h, num_warps=nw)
+            mlp_out = _siglip_linear(_linear_gelu_tanh(y, *w.fc1), *w.fc2)
+        y, _ = layer_norm(mlp_out, *self.post_ln, eps=eps, residual=h, num_warps=nw)
         return F.linear(y, *self.proj)
 
     def prefix(self) -> None:
@@ -369,17 +385,17 @@ class FusedPi0:
         """The prefix LM: bidirectional over valid prefix tokens; keeps K/V, drops the last output."""
         mlp_out = None
         kb = self.key_blocks[rows]
-        eps = self.cfg.rms_norm_eps
+        eps, nw = self.cfg.rms_norm_eps, PREFIX_NORM_WARPS
         for i, w in enumerate(layers):
             if mlp_out is None:
-                x = rms_norm(h, w.norm_in, eps)
+                x = rms_norm(h, w.norm_in, eps, num_warps=nw)
             else:
-                x, h = rms_norm(mlp_out, w.norm_in, eps, residual=h)
+                x, h = rms_norm(mlp_out, w.norm_in, eps, residual=h, num_warps=nw)
             q = self._qkv_into_cache(i, x, w, positions, spec, rows)
             if i == len(layers) - 1:
                 return  # only this layer's K/V are ever read
             a = attention(q, self.prefix_k[i, rows], self.prefix_v[i, rows], key_blocks=kb)
-            x, h = rms_norm(F.linear(a.view(a.shape[0], -1), w.o), w.norm_post, eps, residual=h)
+            x, h = rms_norm(F.linear(a.view(a.shape[0], -1), w.o), w.norm_post, eps, residual=h, num_warps=nw)
             mlp_out = F.linear(geglu(F.linear(x, w.gate_up)), w.down)
 
     def _qkv_into_cache(self, layer: int, x: Tensor, w: GemmaW, positions: Tensor, spec, rows: slice) -> Tensor:
@@ -407,25 +423,27 @@ class FusedPi0:
             for step in range(cfg.num_steps):
                 euler_step(x, self.velocity(step, x), dt)
             return
-        # the step kernel, then one launch for velocity + Euler step + the next input's first part:
-        # pi0.5's action_in(x), written straight into the input rows; pi0's time-MLP hidden layer,
-        # whose output projection (linear_f32) fills the rows after the state token
+        # one launch per step: the step kernel, ending with velocity + Euler step + the next
+        # input's first part (pi0.5's action_in(x), written straight into the input rows; pi0's
+        # time-MLP hidden layer, whose output projection (linear_f32) fills the rows after the
+        # state token)
         self.step_plan.barriers.zero_()
         h, adarms = self.suffix_in, cfg.uses_adarms
         for step in range(cfg.num_steps):
-            if step == 0:
+            if step == 0 and adarms:
+                linear_f32(x, *self.action_in, out=h)
+            elif step == 0:
                 h.copy_(self._suffix_input(0, x))
             elif not adarms:  # the state token, then the MLP's output (the step kernel overwrote both)
                 h[:1].copy_(self.suffix_state)
                 linear_f32(self.at_u, *self.at_out, out=h[1:])
-            y = self.expert_pass(step, h)
             if step + 1 == cfg.num_steps:
                 nxt = ()
             elif adarms:
                 nxt = (*self.action_in, h)
             else:
                 nxt = (self.at_hidden, self.at_hidden_bias[step + 1], self.at_u)
-            denoise_update(y[-cfg.horizon :], x, *self.action_out, dt, *nxt, silu=not adarms)
+            self.expert_pass(step, h, DenoiseUpdate(x, *self.action_out, dt, *nxt, silu=not adarms))
 
     def _suffix_input(self, step: int, x: Tensor) -> Tensor:
         """Noisy actions (and pi0's state token) -> the expert's input rows [S, We] in the run dtype."""
@@ -434,15 +452,16 @@ class FusedPi0:
         at = F.linear(F.silu(F.linear(x, self.at_hidden, self.at_hidden_bias[step])), *self.at_out)
         return torch.cat([self.suffix_state, at]).to(self.dtype)
 
-    def expert_pass(self, step: int, h: Tensor) -> Tensor:
+    def expert_pass(self, step: int, h: Tensor, update: DenoiseUpdate | None = None) -> Tensor:
         """The expert's whole pass on its input rows `h` (updated in place) as one persistent
-        launch (kernels/expert_step.py); returns the final norm's output [S, We]."""
+        launch (kernels/expert_step.py), optionally ending with the denoise `update`; returns
+        the final norm's output [S, We]."""
         cfg = self.cfg
         p = self.prefix_rows
         keys = slice(0, p + cfg.suffix_len)
         return self.step_plan.step(
             h, self.expert_weights, step, self.prefix_k[:, keys], self.prefix_v[:, keys], self.key_blocks[keys],
-            self.query_blocks, self.suffix_pos, self.inv_freq, p, step, cfg.rms_norm_eps,
+            self.query_blocks, self.suffix_pos, self.inv_freq, p, step, cfg.rms_norm_eps, update=update,
         )  # fmt: skip
 
     def velocity(self, step: int, x: Tensor) -> Tensor:
@@ -495,11 +514,11 @@ class FusedPi0:
     def describe(self) -> str:
         """What runs in each stage (for the log on the robot)."""
         cuda = self.device.type == "cuda"
-        fc1 = "fc1 + GELU in the cuBLASLt epilogue" if cuda else "fc1 GEMM + Triton bias_gelu"
+        fc1 = "fc1 + GELU in the cuBLASLt epilogue, O / fc2 Triton TMA GEMMs" if cuda else "fc1 GEMM + Triton bias_gelu"
         gemm = "cuBLAS" if cuda else "torch"
         if self.step_plan is not None:
-            expert = f"{self.step_plan.describe()}, then Triton denoise_update (velocity + Euler step"
-            expert += " + next input)" if self.cfg.uses_adarms else " + time-MLP hidden layer) and linear_f32"
+            expert = f"{self.step_plan.describe()}, ending with the denoise update (velocity + Euler step"
+            expert += " + next input)" if self.cfg.uses_adarms else " + time-MLP hidden layer), then linear_f32"
         else:
             expert = f"the expert as separate kernels ({gemm} GEMMs + Triton norms / RoPE / attention / GeGLU)"
         graphs = f"CUDA graphs per (views 1..{self.cfg.num_views}, prompt bucket {self.buckets})"
