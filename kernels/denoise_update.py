@@ -23,55 +23,56 @@ import triton.language as tl
 
 from ._common import needs_rtne_fix, round_bf16_rtne
 
-__all__ = ["DenoiseUpdate", "denoise_update", "denoise_update_ref", "update_row"]
+__all__ = ["DenoiseUpdate", "denoise_update", "denoise_update_ref", "euler", "next_input_part", "velocity_part"]
 
 
 @triton.jit
-def update_row(
-    row,  # action row (int64)
-    y_row_ptr,  # the expert's output row of this action [WE]
-    x_ptr,
-    wo_ptr,
-    bo_ptr,
-    wi_ptr,
-    bi_ptr,
-    h_ptr,
-    dt,
-    A: tl.constexpr,
-    WE: tl.constexpr,
-    HAS_IN: tl.constexpr,
-    SILU: tl.constexpr,
-    FIX_H: tl.constexpr,
-    BA: tl.constexpr,
-    BW: tl.constexpr,
+def velocity_part(
+    y_row_ptr, wo_ptr, k_lo, A: tl.constexpr, WE: tl.constexpr, KC: tl.constexpr, BA: tl.constexpr, BW: tl.constexpr
 ):
-    """One action row end to end (also the step kernel's tail, see kernels/expert_step.py): the
+    """Σ_k W_out[:, k] * y[k] over k in [k_lo, k_lo + KC) -> [BA] fp32 (KC a multiple of BW): the
     dot products as broadcast multiplies and row sums (fp32 `tl.dot` at these sizes measured
     60 us per call on the H200)."""
     acols = tl.arange(0, BA)
     a_ok = acols < A
     v = tl.zeros([BA], dtype=tl.float32)
-    for k0 in tl.static_range(0, WE, BW):
-        ks = k0 + tl.arange(0, BW)
+    for k0 in tl.static_range(0, KC, BW):
+        ks = k_lo + k0 + tl.arange(0, BW)
         k_ok = ks < WE
         y = tl.load(y_row_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
         w = tl.load(wo_ptr + acols[:, None] * WE + ks[None, :], mask=a_ok[:, None] & k_ok[None, :], other=0.0)
         v += tl.sum(w * y[None, :], axis=1)
-    xp = x_ptr + row * A + acols
-    x = tl.load(xp, mask=a_ok, other=0.0) + dt * (v + tl.load(bo_ptr + acols, mask=a_ok, other=0.0))
-    tl.store(xp, x, mask=a_ok)
-    if HAS_IN:
-        x = tl.where(a_ok, x, 0.0)
-        for n0 in tl.static_range(0, WE, BW):
-            ns = n0 + tl.arange(0, BW)
-            n_ok = ns < WE
-            w = tl.load(wi_ptr + ns[:, None] * A + acols[None, :], mask=n_ok[:, None] & a_ok[None, :], other=0.0)
-            h = tl.sum(w * x[None, :], axis=1) + tl.load(bi_ptr + ns, mask=n_ok, other=0.0)
-            if SILU:
-                h = h / (1.0 + tl.exp(-h))
-            if FIX_H:
-                h = round_bf16_rtne(h)
-            tl.store(h_ptr + row * WE + ns, h.to(h_ptr.dtype.element_ty), mask=n_ok)
+    return v
+
+
+@triton.jit
+def next_input_part(
+    row, x, wi_ptr, bi_ptr, h_ptr, n_lo,
+    A: tl.constexpr, WE: tl.constexpr, NC: tl.constexpr, SILU: tl.constexpr, FIX_H: tl.constexpr,
+    BA: tl.constexpr, BW: tl.constexpr,
+):  # fmt: skip
+    """Columns [n_lo, n_lo + NC) of the next input's row: (x @ W_in.T + b_in), or its SiLU."""
+    acols = tl.arange(0, BA)
+    a_ok = acols < A
+    x = tl.where(a_ok, x, 0.0)
+    for n0 in tl.static_range(0, NC, BW):
+        ns = n_lo + n0 + tl.arange(0, BW)
+        n_ok = ns < WE
+        w = tl.load(wi_ptr + ns[:, None] * A + acols[None, :], mask=n_ok[:, None] & a_ok[None, :], other=0.0)
+        h = tl.sum(w * x[None, :], axis=1) + tl.load(bi_ptr + ns, mask=n_ok, other=0.0)
+        if SILU:
+            h = h / (1.0 + tl.exp(-h))
+        if FIX_H:
+            h = round_bf16_rtne(h)
+        tl.store(h_ptr + row * WE + ns, h.to(h_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
+def euler(x_row_ptr, v, bo_ptr, dt, A: tl.constexpr, BA: tl.constexpr):
+    """x + dt * (v + b_out) for one action row (fp32 [BA])."""
+    acols = tl.arange(0, BA)
+    a_ok = acols < A
+    return tl.load(x_row_ptr + acols, mask=a_ok, other=0.0) + dt * (v + tl.load(bo_ptr + acols, mask=a_ok, other=0.0))
 
 
 @triton.jit
@@ -93,12 +94,15 @@ def _denoise_update_kernel(
     BA: tl.constexpr,
     BW: tl.constexpr,
 ):
-    """One program per action row."""
+    """One program per action row, end to end (the step kernel's tail splits the same work
+    over more programs, see kernels/expert_step.py)."""
     row = tl.program_id(0).to(tl.int64)
-    update_row(
-        row, y_ptr + row * stride_y, x_ptr, wo_ptr, bo_ptr, wi_ptr, bi_ptr, h_ptr, dt,
-        A, WE, HAS_IN, SILU, FIX_H, BA, BW,
-    )  # fmt: skip
+    WHOLE: tl.constexpr = (WE + BW - 1) // BW * BW
+    v = velocity_part(y_ptr + row * stride_y, wo_ptr, 0, A, WE, WHOLE, BA, BW)
+    x = euler(x_ptr + row * A, v, bo_ptr, dt, A, BA)
+    tl.store(x_ptr + row * A + tl.arange(0, BA), x, mask=tl.arange(0, BA) < A)
+    if HAS_IN:
+        next_input_part(row, x, wi_ptr, bi_ptr, h_ptr, 0, A, WE, WHOLE, SILU, FIX_H, BA, BW)
 
 
 @dataclass

@@ -46,7 +46,7 @@ import triton.language as tl
 
 from ._common import dot_precision, is_interpreting, needs_rtne_fix, round_bf16_rtne
 from .attention import _attn_combine_tile, _attn_fwd_tile
-from .denoise_update import DenoiseUpdate, update_row
+from .denoise_update import DenoiseUpdate, euler, next_input_part, velocity_part
 
 __all__ = ["PHASES", "ExpertStepPlan", "ExpertWeights", "expert_step_ref"]
 
@@ -301,6 +301,7 @@ def _expert_step_kernel(
     uwi_ptr,
     ubi_ptr,
     uh_ptr,
+    uv_ptr,  # fp32 workspace: velocity partials [WE / U_KC, HA, U_BA], then the old x [HA, U_BA]
     udt,
     act_row0,  # suffix row of the first action (UPDATE)
     M,
@@ -344,6 +345,8 @@ def _expert_step_kernel(
     U_FIX: tl.constexpr,
     U_BA: tl.constexpr,
     U_BW: tl.constexpr,
+    U_KC: tl.constexpr,
+    U_NC: tl.constexpr,
 ):
     pid = tl.program_id(0)
     G = tl.num_programs(0)
@@ -443,15 +446,52 @@ def _expert_step_kernel(
             row, h_ptr, part_d_ptr, g2_ptr + (N_LAYERS - 1) * WE, mf_ptr, sf_ptr, xa_ptr, eps, N_LAYERS > 0,
             WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
         )  # fmt: skip
-        if UPDATE:  # the action rows go on to the denoise update in the program that normed them
-            if row >= act_row0:
-                tl.debug_barrier()  # the normed row, as other threads of this program stored it
-                update_row(
-                    (row - act_row0).to(tl.int64), xa_ptr + row * WE, ux_ptr, uwo_ptr, ubo_ptr, uwi_ptr, ubi_ptr,
-                    uh_ptr, udt, U_A, WE, U_HAS_IN, U_SILU, U_FIX, U_BA, U_BW,
-                )  # fmt: skip
+    if UPDATE:
+        _denoise_tail(
+            pid, G, bar_ptr, arrivals + G, xa_ptr, ux_ptr, uwo_ptr, ubo_ptr, uwi_ptr, ubi_ptr, uh_ptr, uv_ptr, udt,
+            act_row0, M, WE, U_A, U_HAS_IN, U_SILU, U_FIX, U_BA, U_BW, U_KC, U_NC,
+        )  # fmt: skip
     if TRACE:
         tl.atomic_max(trace_ptr + 2 * (8 * N_LAYERS), _now())
+
+
+@triton.jit
+def _denoise_tail(
+    pid, G, bar_ptr, arrivals, y_ptr, x_ptr, wo_ptr, bo_ptr, wi_ptr, bi_ptr, h_ptr, ws_ptr, dt, act_row0, M,
+    WE: tl.constexpr, A: tl.constexpr, HAS_IN: tl.constexpr, SILU: tl.constexpr, FIX_H: tl.constexpr,
+    BA: tl.constexpr, BW: tl.constexpr, KC: tl.constexpr, NC: tl.constexpr,
+):  # fmt: skip
+    """The denoise update of the HA = M - act_row0 action rows (kernels/denoise_update.py) in two
+    phases over every program, not one program per row: (row, K chunk) velocity partials, and
+    (row, column chunk) of the next input, each summing its row's partials and taking the Euler
+    step (the chunk-0 unit stores x). The old x is copied aside in the first phase, so that no
+    unit of the second reads a row another one is writing."""
+    _grid_sync(bar_ptr, arrivals)  # every normed row stored
+    HA = M - act_row0
+    N_K: tl.constexpr = WE // KC
+    acols = tl.arange(0, BA)
+    a_ok = acols < A
+    old_x = ws_ptr + N_K * HA * BA
+    for u in range(pid, HA * N_K, G):
+        r = u // N_K
+        kc = u % N_K
+        v = velocity_part(y_ptr + (act_row0 + r) * WE, wo_ptr, kc * KC, A, WE, KC, BA, BW)
+        tl.store(ws_ptr + (kc * HA + r) * BA + acols, v)
+        if kc == 0:
+            tl.store(old_x + r * BA + acols, tl.load(x_ptr + r * A + acols, mask=a_ok, other=0.0))
+    _grid_sync(bar_ptr, arrivals + G)
+    N_N: tl.constexpr = WE // NC
+    for u in range(pid, HA * N_N, G):
+        r = u // N_N
+        nc = u % N_N
+        v = tl.zeros([BA], dtype=tl.float32)
+        for kc in tl.static_range(N_K):
+            v += tl.load(ws_ptr + (kc * HA + r) * BA + acols, cache_modifier=".cg")
+        x = euler(old_x + r * BA, v, bo_ptr, dt, A, BA)
+        if nc == 0:
+            tl.store(x_ptr + r * A + acols, x, mask=a_ok)
+        if HAS_IN:
+            next_input_part(r.to(tl.int64), x, wi_ptr, bi_ptr, h_ptr, nc * NC, A, WE, NC, SILU, FIX_H, BA, BW)
 
 
 # ---- host side ---------------------------------------------------------------------------------
@@ -524,6 +564,7 @@ class ExpertStepPlan:
         self.att_bm, self.att_bn = (32, 32) if not interp else (max(16, triton.next_power_of_2(rows * num_heads)), 64)
         self.att_splits = 8 if not interp else 1
         self.cb_m, self.cb_dc = 16, min(64, head_dim)
+        self.update_chunks = 0  # denoise tail: K / column chunks per action row (0: fill the grid once)
         self.num_warps, self.num_stages = 4, 4  # H200 (64-column O / down tiles): 845 us; 3 stages 857, 8 warps 884
         if interp:
             self.grid = 1
@@ -538,6 +579,7 @@ class ExpertStepPlan:
         self._allocate_splits()
         self.barriers = torch.zeros(launches, dtype=torch.int32, device=device)
         self.trace: torch.Tensor | None = None  # see `enable_trace`
+        self.update_ws: torch.Tensor | None = None  # the denoise tail's workspace (`_update_ws`)
 
     def set_tiles(self, **tiles: int) -> None:
         """Change tile settings (bn_o, ks_o, bn_d, ks_d, att_splits, num_warps, ...; for
@@ -594,6 +636,25 @@ class ExpertStepPlan:
         _expert_step_kernel[(self.grid,)](*args, **kwargs)
         return self.x_attn
 
+    def _update_chunks(self, rows: int, bw: int) -> tuple[int, int]:
+        """(K chunk, column chunk) of the denoise tail: as many chunks per row as fill the grid
+        once (H200, 50 rows: 2 of 512), each a multiple of the [A, BW] tile."""
+        tiles = triton.cdiv(self.WE, bw)
+        chunks = self.update_chunks or 1
+        if tiles % chunks:
+            raise ValueError(f"update_chunks={chunks} does not divide the {tiles} tiles of {bw} columns")
+        while not self.update_chunks and chunks * 2 * rows <= self.grid and tiles % (chunks * 2) == 0:
+            chunks *= 2
+        size = tiles // chunks * bw
+        return size, size
+
+    def _update_ws(self, rows: int, ba: int, kc: int) -> torch.Tensor:
+        """The tail's fp32 workspace (allocated at the first update, grown if ever needed)."""
+        need = (triton.cdiv(self.WE, kc) + 1) * rows * ba
+        if self.update_ws is None or self.update_ws.numel() < need:
+            self.update_ws = torch.zeros(need, dtype=torch.float32, device=self.device)
+        return self.update_ws
+
     def launch_args(
         self,
         h: torch.Tensor,
@@ -628,10 +689,13 @@ class ExpertStepPlan:
             update.check(update.x.shape[0], self.WE)
             if update.x.shape[0] > M:
                 raise ValueError(f"the update has {update.x.shape[0]} action rows, the step {M} rows")
-            u_ptrs, u_const = update.launch_args()
+            (ux, uwo, ubo, uwi, ubi, uh, udt), u_const = update.launch_args()
+            chunks = self._update_chunks(update.x.shape[0], u_const[5])
+            u_ptrs = (ux, uwo, ubo, uwi, ubi, uh, self._update_ws(update.x.shape[0], u_const[4], chunks[0]), udt)
+            u_const += chunks
             act_row0 = M - update.x.shape[0]
         else:
-            u_ptrs, u_const, act_row0 = (f, f, f, f, f, f, 0.0), (1, False, False, False, 16, 16), M
+            u_ptrs, u_const, act_row0 = (f, f, f, f, f, f, f, 0.0), (1, False, False, False, 16, 16, 16, 16), M
         args = (
             h, self.x_attn, self.x_mlp, self.q, self.attn, self.act, self.part_o, self.part_d,
             ws[: n * D], ws[n * D : n * (D + 1)], ws[n * (D + 1) : n * (D + 2)],
@@ -655,7 +719,7 @@ class ExpertStepPlan:
             TRACE=self.trace is not None,
             BLOCK_W=triton.next_power_of_2(self.WE),
             UPDATE=update is not None,
-            **dict(zip(("U_A", "U_HAS_IN", "U_SILU", "U_FIX", "U_BA", "U_BW"), u_const, strict=True)),
+            **dict(zip(("U_A", "U_HAS_IN", "U_SILU", "U_FIX", "U_BA", "U_BW", "U_KC", "U_NC"), u_const, strict=True)),
             num_warps=self.num_warps, num_stages=self.num_stages,
             **extra,
         )  # fmt: skip

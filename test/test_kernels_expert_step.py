@@ -148,7 +148,7 @@ def test_step_kernel_matches_reference_gpu_real_shapes(gated) -> None:
     _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, gated, None)
 
 
-def _run_with_update(shape, dtype, pi05: bool, A: int, tol) -> None:
+def _run_with_update(shape, dtype, pi05: bool, A: int, tol, **tiles) -> None:
     """The step kernel's tail (`update=`) against the reference step + `denoise_update_ref`:
     pi0.5 (every row an action; the next input written over h, which the kernel just updated)
     and pi0 (a state row first; the time MLP's SiLU hidden layer into an fp32 buffer)."""
@@ -164,6 +164,7 @@ def _run_with_update(shape, dtype, pi05: bool, A: int, tol) -> None:
         nxt_ref = denoise_update_ref(y_ref[-HA:], x0, w_out, b_out, -0.1, w_in, b_in, torch.float32, silu=True)[1]
 
     plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), dtype)
+    plan.set_tiles(**tiles)
     h, x = h0.clone(), x0.clone()
     nxt = h if pi05 else torch.zeros(HA, W, device=DEVICE)
     update = DenoiseUpdate(x, w_out, b_out, -0.1, w_in, b_in, nxt, silu=not pi05)
@@ -183,6 +184,15 @@ def _run_with_update(shape, dtype, pi05: bool, A: int, tol) -> None:
 def test_step_kernel_with_denoise_update_small(dtype, pi05) -> None:
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else None
     _run_with_update((10, 32, 64, 4, 16, 2, 24), dtype, pi05, A=6, tol=tol)
+
+
+@pytest.mark.parametrize("pi05", [True, False], ids=["pi05-next-input-into-h", "pi0-silu-hidden"])
+def test_denoise_tail_in_chunks(pi05) -> None:
+    """The tail's (row, chunk) units as on the GPU, where a row's velocity is summed from two
+    K-chunk partials and its next input written in two column chunks (here 2 x 256 of 512)."""
+    _run_with_update(
+        (6, 512, 64, 2, 16, 1, 8), torch.float32, pi05, A=32, tol=dict(atol=1e-4, rtol=1e-4), update_chunks=2
+    )
 
 
 def test_step_kernel_refuses_an_update_with_more_rows() -> None:

@@ -57,10 +57,12 @@ log = logging.getLogger(__name__)
 VISION_SDPA = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 VISIBLE, MASKED = -(2**30), 2**30  # key block ids: seen by every query / by none (kernels/attention.py)
 
-# SigLIP's O and fc2 GEMMs (N = 1152) on CUDA: Triton's TMA GEMM at these tiles, against cuBLAS's
-# 112 x 64 tiles (H200, 768 rows: O 6.55 vs 7.12 us, fc2 18.52 vs 20.26; bench/vision_gemm.py,
-# docs/results/vision_gemm_*.json). QKV and fc1 stay on cuBLAS (1.5x faster there).
+# SigLIP's O and fc2 GEMMs (N = 1152) on CUDA from 3 views (768 rows) up: Triton's TMA GEMM at
+# these tiles beats cuBLAS's 112 x 64 tiles there (H200, 768 rows: O 6.47 vs 7.24 us, fc2 16.97 vs
+# 19.80), not at 256 / 512 rows (O 6.14 vs 4.82, fc2 16.53 vs 10.08 at 256); QKV and fc1 stay on
+# cuBLAS at every size (bench/vision_gemm.py --views 1,2,3; docs/results/vision_gemm_*.json)
 VISION_LINEAR_TILES = LinearTiles(bm=64, bn=128, bk=64, group_m=8, num_warps=4, num_stages=5)
+VISION_LINEAR_MIN_ROWS = 768
 # Row norms' warps at the pipeline's widths (H200, bench/row_norms.py): SigLIP LayerNorm 768 x 1152
 # 2.93 us with 2 warps (3.23 with the width default of 8), Gemma RMSNorm 968 x 2048 3.58 with 4 (3.77)
 VISION_NORM_WARPS, PREFIX_NORM_WARPS = 2, 4
@@ -128,8 +130,8 @@ def _linear_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
 
 
 def _siglip_linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """SigLIP's O and fc2 GEMMs: on CUDA the Triton TMA GEMM at `VISION_LINEAR_TILES`, elsewhere torch."""
-    if x.is_cuda:
+    """SigLIP's O and fc2 GEMMs: the Triton TMA GEMM where it measured faster, else torch / cuBLAS."""
+    if x.is_cuda and x.shape[0] >= VISION_LINEAR_MIN_ROWS:
         return linear(x, weight, bias, tiles=VISION_LINEAR_TILES)
     return F.linear(x, weight, bias)
 
@@ -514,7 +516,11 @@ class FusedPi0:
     def describe(self) -> str:
         """What runs in each stage (for the log on the robot)."""
         cuda = self.device.type == "cuda"
-        fc1 = "fc1 + GELU in the cuBLASLt epilogue, O / fc2 Triton TMA GEMMs" if cuda else "fc1 GEMM + Triton bias_gelu"
+        fc1 = (
+            "fc1 + GELU in the cuBLASLt epilogue, O / fc2 Triton TMA GEMMs from 3 views"
+            if cuda
+            else "fc1 GEMM + Triton bias_gelu"
+        )
         gemm = "cuBLAS" if cuda else "torch"
         if self.step_plan is not None:
             expert = f"{self.step_plan.describe()}, ending with the denoise update (velocity + Euler step"
