@@ -118,7 +118,7 @@ def main() -> None:
         # measured at bfbed9d / b2a78ff / 8afbc3d / a72e069 / de65c20 (docs/results/expert_step_*.log):
         # 32 x 32 attention tiles (the default) beat 32 x 64 by 16-59 us and 32 x 16 by 46; bk=64
         # (16 K steps) 912 us, bk=256 876 (3 stages) / 1013 (2); 4 key splits 856; 3 stages 849; two
-        # programs per SM (grid 264) 1129-1444
+        # programs per SM (grid 264) 1129-1444; L2 prefetch of weights and cache rows (afd3b99) 925-964
         dict(num_stages=5),
         dict(num_stages=6),
         dict(att_splits=10),

@@ -28,12 +28,16 @@ All programs must be resident at once (the barrier waits for every one): the gri
 program per SM, launched cooperatively. On the interpreter (CI) the grid is one program, which
 runs every unit of every phase in order.
 
-Measured (H200, pi0.5 expert, 50 tokens, 968 + 50 keys; docs/results/README.md): 815 us per step,
-against ~950 us for the same work as separate kernels. Per layer (phase trace, 64-column O / down
-tiles): QKV 8.0 us, attention 9.2, gate|up 7.6, down 4.6, the row phases 3.5 + 1.9, combine 3.1,
-O 3.4, and ~1.35 us per barrier. Six phases per layer, with the norms inside the GEMMs and the
-residuals closed by each column tile's last split-K arrival, measured slower (871 us at its best
-tiles): the last-arrival tails cost more than the row phases and barriers they save.
+Measured (H200, pi0.5 expert, 50 tokens, 968 + 50 keys; docs/results/README.md): 762-780 us per
+step, against ~950 us for the same work as separate kernels. Per layer (phase trace): QKV 7.5 us,
+attention 9.3, gate|up 7.1-7.4, down 4.5, the row phases 2.3 + 1.4, combine 3.0, O 2.9, and
+~1.35 us per barrier. Measured and dropped: six phases per layer, with the norms inside the GEMMs
+and the residuals closed by each column tile's last split-K arrival (871 us at its best tiles:
+the last-arrival tails cost more than the row phases and barriers they save); L2 prefetch of the
+weights / cache rows ahead of their phases with ``cp.async.bulk.prefetch.L2`` (925-964 us: issuing
+it stalls its phase by 8-11 us, and the GEMM phases it feeds gain only 0.3-1 us each, so they are
+not waiting on HBM). The denoise tail costs ~15 us per step, 2.6 us less than the same update as
+its own launch after the step (bench/expert_step.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 # Everything that needs the GPU, in one command for the device machine (H200; Python 3.12,
 # torch 2.11 + CUDA 13, triton 3.6; no network). CI has no GPU, so these never run there.
 #
-#   bash scripts/gpu_check.sh [parts...]     parts: kernels fused parity latency bench step compile profile
+#   bash scripts/gpu_check.sh [parts...]     parts: kernels fused parity latency bench step compile profile micro
 #                                            (default: kernels fused parity latency bench step)
 #
 # Carry the parity wheels (`bash scripts/fetch_parity_wheels.sh` -> .whl) for `parity`.
@@ -70,6 +70,11 @@ for part in "${parts[@]}"; do
     profile)
       step "Fused pi0.5 decision, kernel by kernel"
       python3 bench/profile_fused.py --policy pi05 --views 3 --out "$OUT" 2>&1 | tee "$OUT/profile.log" || status=1
+      ;;
+    micro)
+      step "Pipeline pieces at their shapes: row norms per warps, prefix MLP whole vs in chunks"
+      python3 bench/row_norms.py --out "$OUT" 2>&1 | tee "$OUT/row_norms.log" || status=1
+      python3 bench/prefix_mlp.py --out "$OUT" 2>&1 | tee "$OUT/prefix_mlp.log" || status=1
       ;;
     *) echo "unknown part $part"; status=2 ;;
   esac

@@ -40,7 +40,6 @@ from kernels.expert_step import ExpertStepPlan, ExpertWeights
 from kernels.geglu import geglu
 from kernels.gelu import bias_gelu
 from kernels.layer_norm import layer_norm
-from kernels.linear import LinearTiles, linear
 from kernels.linear_f32 import linear_f32
 from kernels.preprocess import preprocess_image
 from kernels.rms_norm import rms_norm
@@ -57,12 +56,6 @@ log = logging.getLogger(__name__)
 VISION_SDPA = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 VISIBLE, MASKED = -(2**30), 2**30  # key block ids: seen by every query / by none (kernels/attention.py)
 
-# SigLIP's O and fc2 GEMMs (N = 1152) on CUDA from 3 views (768 rows) up: Triton's TMA GEMM at
-# these tiles beats cuBLAS's 112 x 64 tiles there (H200, 768 rows: O 6.47 vs 7.24 us, fc2 16.97 vs
-# 19.80), not at 256 / 512 rows (O 6.14 vs 4.82, fc2 16.53 vs 10.08 at 256); QKV and fc1 stay on
-# cuBLAS at every size (bench/vision_gemm.py --views 1,2,3; docs/results/vision_gemm_*.json)
-VISION_LINEAR_TILES = LinearTiles(bm=64, bn=128, bk=64, group_m=8, num_warps=4, num_stages=5)
-VISION_LINEAR_MIN_ROWS = 768
 # Row norms' warps at the pipeline's widths (H200, bench/row_norms.py): SigLIP LayerNorm 768 x 1152
 # 2.93 us with 2 warps (3.23 with the width default of 8), Gemma RMSNorm 968 x 2048 3.58 with 4 (3.77)
 VISION_NORM_WARPS, PREFIX_NORM_WARPS = 2, 4
@@ -127,13 +120,6 @@ def _linear_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     if x.is_cuda:
         return torch._addmm_activation(bias, x, weight.t(), use_gelu=True)
     return bias_gelu(F.linear(x, weight), bias)
-
-
-def _siglip_linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """SigLIP's O and fc2 GEMMs: the Triton TMA GEMM where it measured faster, else torch / cuBLAS."""
-    if x.is_cuda and x.shape[0] >= VISION_LINEAR_MIN_ROWS:
-        return linear(x, weight, bias, tiles=VISION_LINEAR_TILES)
-    return F.linear(x, weight, bias)
 
 
 class FusedPi0:
@@ -357,8 +343,8 @@ class FusedPi0:
             with sdpa_kernel(VISION_SDPA, set_priority=True):
                 a = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
             a = a.transpose(1, 2).reshape(v * n, -1)
-            y, h = layer_norm(_siglip_linear(a, *w.out), *w.ln2, eps=eps, residual=h, num_warps=nw)
-            mlp_out = _siglip_linear(_linear_gelu_tanh(y, *w.fc1), *w.fc2)
+            y, h = layer_norm(F.linear(a, *w.out), *w.ln2, eps=eps, residual=h, num_warps=nw)
+            mlp_out = F.linear(_linear_gelu_tanh(y, *w.fc1), *w.fc2)
         y, _ = layer_norm(mlp_out, *self.post_ln, eps=eps, residual=h, num_warps=nw)
         return F.linear(y, *self.proj)
 
