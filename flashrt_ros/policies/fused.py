@@ -56,10 +56,6 @@ log = logging.getLogger(__name__)
 VISION_SDPA = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 VISIBLE, MASKED = -(2**30), 2**30  # key block ids: seen by every query / by none (kernels/attention.py)
 
-# Row norms' warps at the pipeline's widths (H200, bench/row_norms.py): SigLIP LayerNorm 768 x 1152
-# 2.93 us with 2 warps (3.23 with the width default of 8), Gemma RMSNorm 968 x 2048 3.58 with 4 (3.77)
-VISION_NORM_WARPS, PREFIX_NORM_WARPS = 2, 4
-
 
 @dataclass
 class GemmaW:
@@ -333,19 +329,19 @@ class FusedPi0:
         unfolded = self.pixels[:v].view(v, 3, g, p, g, p).permute(0, 2, 4, 1, 3, 5)  # [v, gy, gx, c, py, px]
         patches[:, : 3 * p * p].view(v, g, g, 3, p, p).copy_(unfolded)
         h = torch.addmm(self.patch_pos[: v * n], patches, self.patch_w.t())  # patch conv + bias + position
-        mlp_out, eps, nw = None, spec.layer_norm_eps, VISION_NORM_WARPS
+        mlp_out, eps = None, spec.layer_norm_eps
         for w in self.vision_layers:
             if mlp_out is None:
-                y = layer_norm(h, *w.ln1, eps=eps, num_warps=nw)
+                y = layer_norm(h, *w.ln1, eps=eps)
             else:
-                y, h = layer_norm(mlp_out, *w.ln1, eps=eps, residual=h, num_warps=nw)
+                y, h = layer_norm(mlp_out, *w.ln1, eps=eps, residual=h)
             qkv = F.linear(y, *w.qkv).view(v, n, 3, heads, hd).permute(2, 0, 3, 1, 4)
             with sdpa_kernel(VISION_SDPA, set_priority=True):
                 a = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
             a = a.transpose(1, 2).reshape(v * n, -1)
-            y, h = layer_norm(F.linear(a, *w.out), *w.ln2, eps=eps, residual=h, num_warps=nw)
+            y, h = layer_norm(F.linear(a, *w.out), *w.ln2, eps=eps, residual=h)
             mlp_out = F.linear(_linear_gelu_tanh(y, *w.fc1), *w.fc2)
-        y, _ = layer_norm(mlp_out, *self.post_ln, eps=eps, residual=h, num_warps=nw)
+        y, _ = layer_norm(mlp_out, *self.post_ln, eps=eps, residual=h)
         return F.linear(y, *self.proj)
 
     def prefix(self) -> None:
@@ -373,17 +369,17 @@ class FusedPi0:
         """The prefix LM: bidirectional over valid prefix tokens; keeps K/V, drops the last output."""
         mlp_out = None
         kb = self.key_blocks[rows]
-        eps, nw = self.cfg.rms_norm_eps, PREFIX_NORM_WARPS
+        eps = self.cfg.rms_norm_eps
         for i, w in enumerate(layers):
             if mlp_out is None:
-                x = rms_norm(h, w.norm_in, eps, num_warps=nw)
+                x = rms_norm(h, w.norm_in, eps)
             else:
-                x, h = rms_norm(mlp_out, w.norm_in, eps, residual=h, num_warps=nw)
+                x, h = rms_norm(mlp_out, w.norm_in, eps, residual=h)
             q = self._qkv_into_cache(i, x, w, positions, spec, rows)
             if i == len(layers) - 1:
                 return  # only this layer's K/V are ever read
             a = attention(q, self.prefix_k[i, rows], self.prefix_v[i, rows], key_blocks=kb)
-            x, h = rms_norm(F.linear(a.view(a.shape[0], -1), w.o), w.norm_post, eps, residual=h, num_warps=nw)
+            x, h = rms_norm(F.linear(a.view(a.shape[0], -1), w.o), w.norm_post, eps, residual=h)
             mlp_out = F.linear(geglu(F.linear(x, w.gate_up)), w.down)
 
     def _qkv_into_cache(self, layer: int, x: Tensor, w: GemmaW, positions: Tensor, spec, rows: slice) -> Tensor:

@@ -1,0 +1,66 @@
+"""In-graph A/B of a module-level setting of the fused path (`flashrt_ros/policies/fused.py`):
+the vision and prefix stages (pi0.5, random weights, bf16) captured and timed for each value,
+alternating over rounds in one process. A kernel that wins alone can lose inside the stage (cold
+weights, neighbours): this measures the choice where it runs. GPU only.
+
+    python bench/fused_ab.py VISION_NORM_WARPS=2,8 [PREFIX_NORM_WARPS=4,8 ...] [--rounds 3] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+import flashrt_ros.policies.fused as fused_mod
+from flashrt_ros.bench.reference import Case, build_random
+from flashrt_ros.bench.stages import load_case
+from flashrt_ros.bench.timing import environment, graph_ms
+from flashrt_ros.policies.config import PolicyConfig
+from flashrt_ros.policies.fused import FusedPi0
+
+
+def parse_setting(text: str) -> tuple[str, list[int]]:
+    name, _, values = text.partition("=")
+    if not hasattr(fused_mod, name) or not values:
+        raise SystemExit(f"{text!r}: expected NAME=v1,v2 with NAME a setting of flashrt_ros/policies/fused.py")
+    return name, [int(v) for v in values.split(",")]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("settings", nargs="+", help="NAME=v1,v2: values to alternate (one setting at a time)")
+    ap.add_argument("--views", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path("out"))
+    args = ap.parse_args()
+    settings = [parse_setting(s) for s in args.settings]
+    dev = torch.device("cuda")
+    cfg = PolicyConfig.preset("pi05", num_views=args.views, dtype="bfloat16")
+    fused = FusedPi0(build_random(cfg, dev), torch.bfloat16)
+    load_case(fused, Case.make(cfg, dev, args.views))
+    results: dict[str, list[float]] = {}
+    for name, values in settings:
+        default = getattr(fused_mod, name)
+        for rnd in range(args.rounds):
+            for value in values:
+                setattr(fused_mod, name, value)
+                for stage in ("vision", "prefix"):
+                    ms = graph_ms(getattr(fused, stage), replays=20)
+                    results.setdefault(f"{stage} {name}={value}", []).append(ms)
+                    print(f"round {rnd}: {stage:<7} {name}={value:<6} {ms:.4f} ms", flush=True)
+        setattr(fused_mod, name, default)
+    print()
+    for key, values in results.items():
+        print(f"{key:<36} median of rounds {sorted(values)[len(values) // 2]:.4f} ms")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"fused_ab_{time.strftime('%Y%m%d_%H%M%S')}.json"
+    path.write_text(json.dumps(dict(env=environment(dev), views=args.views, results=results), indent=1))
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
