@@ -3,7 +3,9 @@ the vision and prefix stages (pi0.5, random weights, bf16) captured and timed fo
 alternating over rounds in one process. A kernel that wins alone can lose inside the stage (cold
 weights, neighbours): this measures the choice where it runs. GPU only.
 
-    python bench/fused_ab.py VISION_NORM_WARPS=2,8 [PREFIX_NORM_WARPS=4,8 ...] [--rounds 3] [--out DIR]
+    python bench/fused_ab.py VISION_NORM_WARPS=none,2 [PREFIX_NORM_WARPS=none,4 ...] [--rounds 3] [--out DIR]
+
+A value is an integer or `none`; a new choice to measure becomes such a module-level setting first.
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ from flashrt_ros.policies.config import PolicyConfig
 from flashrt_ros.policies.fused import FusedPi0
 
 
-def parse_setting(text: str) -> tuple[str, list[int]]:
+def parse_setting(text: str) -> tuple[str, list[int | None]]:
     name, _, values = text.partition("=")
     if not hasattr(fused_mod, name) or not values:
         raise SystemExit(f"{text!r}: expected NAME=v1,v2 with NAME a setting of flashrt_ros/policies/fused.py")
-    return name, [int(v) for v in values.split(",")]
+    return name, [None if v.lower() == "none" else int(v) for v in values.split(",")]
 
 
 def main() -> None:
@@ -51,7 +53,7 @@ def main() -> None:
                 for stage in ("vision", "prefix"):
                     ms = graph_ms(getattr(fused, stage), replays=20)
                     results.setdefault(f"{stage} {name}={value}", []).append(ms)
-                    print(f"round {rnd}: {stage:<7} {name}={value:<6} {ms:.4f} ms", flush=True)
+                    print(f"round {rnd}: {stage:<7} {name}={value!s:<6} {ms:.4f} ms", flush=True)
         setattr(fused_mod, name, default)
     print()
     for key, values in results.items():

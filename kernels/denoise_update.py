@@ -1,4 +1,4 @@
-"""What happens between two expert passes of the denoise loop, in one launch:
+"""What happens between two expert passes of the denoise loop:
 
     v = y @ W_out.T + b_out            the expert's action rows -> velocity      [H, A] fp32
     x = x + dt * v                     the Euler step, in place                  [H, A] fp32
@@ -8,9 +8,11 @@
 
 As torch ops this was 7 small launches per step, the fp32 action_out GEMM alone taking 14 us
 on the H200 (cuBLAS picks a split-K "largek" kernel for K = 1024, N = 32): ~0.5 ms of a
-10-step denoise (docs/results/profile_pi05_3v_20261129_195354.json). Here each program owns
-one action row end to end, so no intermediate leaves the program. fp32 throughout, as the
-eager model's fp32 projections.
+10-step denoise (docs/results/profile_pi05_3v_20261129_195354.json). `denoise_update` is one
+launch in which each program owns one action row end to end; the fused path runs the same
+pieces (`velocity_part`, `euler`, `next_input_part`) as the step kernel's tail instead, spread
+over every program in (row, chunk) units (kernels/expert_step.py `_denoise_tail`). fp32
+throughout, as the eager model's fp32 projections.
 """
 
 from __future__ import annotations
@@ -121,6 +123,8 @@ class DenoiseUpdate:
 
     def check(self, H: int, WE: int) -> None:
         """Shapes / dtypes for an expert output of H action rows of width WE; ValueError if not."""
+        if self.x.dim() != 2:
+            raise ValueError(f"x must be [{H}, A] (2-D), got shape {tuple(self.x.shape)}")
         A = self.x.shape[1]
         if self.x.dtype != torch.float32 or not self.x.is_contiguous() or self.x.shape[0] != H:
             raise ValueError(f"x must be contiguous fp32 [{H}, A], got {self.x.dtype} {tuple(self.x.shape)}")
@@ -141,7 +145,8 @@ class DenoiseUpdate:
 
     def launch_args(self) -> tuple:
         """(x, w_out, b_out, w_in, b_in, h_next, dt) pointers (unused ones stand in) and the
-        constexprs (A, HAS_IN, SILU, FIX_H, BA, BW) for `update_row`."""
+        constexprs (A, HAS_IN, SILU, FIX_H, BA, BW) of `_denoise_update_kernel` and the step
+        kernel's tail."""
         has_in = self.h_next is not None
         A, WE = self.w_out.shape
         ba = triton.next_power_of_2(A)

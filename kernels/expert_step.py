@@ -17,7 +17,7 @@ separated by a grid-wide barrier (an arrival counter in global memory):
 
 and after the last layer: h += its down output, x = final norm(h), and optionally the denoise
 update of the action rows (velocity, Euler step, the next pass's input; kernels/denoise_update.py)
-in the programs that normed them.
+in two more grid-wide phases (`_denoise_tail`).
 Split-K partials are reduced where they are read (phase 0 / 5), in split order: deterministic.
 
 Norms are exactly the eager model's: pi0.5's adaRMS ``rms(h) * (1 + scale) + shift`` with the
@@ -56,6 +56,7 @@ __all__ = ["PHASES", "ExpertStepPlan", "ExpertWeights", "expert_step_ref"]
 
 _LOG2E = 1.4426950408889634
 PHASES = 8  # per layer, each ended by a grid barrier
+UPDATE_MAX_ACTIONS = 64  # action dims the denoise tail holds (its workspace is sized for them)
 
 
 @triton.jit
@@ -472,7 +473,7 @@ def _denoise_tail(
     unit of the second reads a row another one is writing."""
     _grid_sync(bar_ptr, arrivals)  # every normed row stored
     HA = M - act_row0
-    N_K: tl.constexpr = WE // KC
+    N_K: tl.constexpr = (WE + KC - 1) // KC
     acols = tl.arange(0, BA)
     a_ok = acols < A
     old_x = ws_ptr + N_K * HA * BA
@@ -484,7 +485,7 @@ def _denoise_tail(
         if kc == 0:
             tl.store(old_x + r * BA + acols, tl.load(x_ptr + r * A + acols, mask=a_ok, other=0.0))
     _grid_sync(bar_ptr, arrivals + G)
-    N_N: tl.constexpr = WE // NC
+    N_N: tl.constexpr = (WE + NC - 1) // NC
     for u in range(pid, HA * N_N, G):
         r = u // N_N
         nc = u % N_N
@@ -583,7 +584,11 @@ class ExpertStepPlan:
         self._allocate_splits()
         self.barriers = torch.zeros(launches, dtype=torch.int32, device=device)
         self.trace: torch.Tensor | None = None  # see `enable_trace`
-        self.update_ws: torch.Tensor | None = None  # the denoise tail's workspace (`_update_ws`)
+        # the denoise tail's workspace, for any chunking (chunks >= 16 columns) and action dims up to
+        # UPDATE_MAX_ACTIONS: allocated here, so that a graph captured later never sees it replaced
+        self.update_ws = torch.empty(
+            (triton.cdiv(width, 16) + 1) * rows * UPDATE_MAX_ACTIONS, device=device, dtype=torch.float32
+        )
 
     def set_tiles(self, **tiles: int) -> None:
         """Change tile settings (bn_o, ks_o, bn_d, ks_d, att_splits, num_warps, ...; for
@@ -634,7 +639,7 @@ class ExpertStepPlan:
         (this launch's barrier counter, zeroed beforehand), eps.
 
         `update`: also the denoise update on the last `update.x.shape[0]` rows of the output
-        (`denoise_update(out[-HA:], ...)`), each row in the program that normed it: the launch,
+        (`denoise_update(out[-HA:], ...)`), in two more grid-wide phases: the launch,
         its ramp and its tail of a separate kernel less per step."""
         args, kwargs = self.launch_args(h, w, step, *cache_and_inputs, update=update)
         _expert_step_kernel[(self.grid,)](*args, **kwargs)
@@ -653,10 +658,10 @@ class ExpertStepPlan:
         return size, size
 
     def _update_ws(self, rows: int, ba: int, kc: int) -> torch.Tensor:
-        """The tail's fp32 workspace (allocated at the first update, grown if ever needed)."""
+        """The tail's fp32 workspace: `update_ws`, sized at construction for the largest tail."""
         need = (triton.cdiv(self.WE, kc) + 1) * rows * ba
-        if self.update_ws is None or self.update_ws.numel() < need:
-            self.update_ws = torch.zeros(need, dtype=torch.float32, device=self.device)
+        if ba > UPDATE_MAX_ACTIONS or need > self.update_ws.numel():
+            raise ValueError(f"the denoise tail holds at most {UPDATE_MAX_ACTIONS} action dims, got {ba}")
         return self.update_ws
 
     def launch_args(

@@ -1,8 +1,9 @@
 """Build the GPU code of the expert step kernel for CUDA targets without a GPU.
 
-    python scripts/compile_check.py [--trace] [--set NAME=VALUE ...] [ARCH ...]
+    python scripts/compile_check.py [--trace] [--no-update] [--set NAME=VALUE ...] [ARCH ...]
                                                  e.g. 90 (H200) 100 110 (Jetson Thor)
 
+The launch ends with the denoise update (the fused path's); --no-update builds it without the tail.
 --trace builds the variant that records phase timestamps (`ExpertStepPlan.enable_trace`);
 --set changes a tile setting first (`ExpertStepPlan.set_tiles`, e.g. --set bk=64 --set att_bn=32).
 Each line reports the registers per thread and the spill stack (bytes per thread) that
@@ -35,7 +36,9 @@ from kernels.expert_step import ExpertStepPlan, ExpertWeights, compile_for
 M, W, F, H, D, L, P = 50, 1024, 4096, 8, 256, 18, 968
 
 
-def real_shape_launch(trace: bool = False, tiles: dict[str, int] | None = None) -> tuple[tuple, dict]:
+def real_shape_launch(
+    trace: bool = False, tiles: dict[str, int] | None = None, with_update: bool = True
+) -> tuple[tuple, dict]:
     meta, bf16 = torch.device("meta"), torch.bfloat16
     plan = ExpertStepPlan(M, W, F, H, D, 10, meta, bf16, gpu=True, sm_count=132)
     if trace:
@@ -55,7 +58,7 @@ def real_shape_launch(trace: bool = False, tiles: dict[str, int] | None = None) 
     return plan.launch_args(
         h, w, 3, cache, cache, torch.empty(P + M, **i32),
         torch.empty(M, **i32), torch.empty(M, dtype=torch.int64, device=meta), torch.empty(D // 2, device=meta),
-        P, 3, 1e-6, update=update,
+        P, 3, 1e-6, update=update if with_update else None,
     )  # fmt: skip
 
 
@@ -75,8 +78,8 @@ def resource_usage(cubin: bytes) -> dict[str, int | None]:
     return dict(registers=value["REG"], stack_bytes=value["STACK"])
 
 
-def main(archs: list[int], trace: bool, tiles: dict[str, int]) -> None:
-    args, kwargs = real_shape_launch(trace, tiles)
+def main(archs: list[int], trace: bool, tiles: dict[str, int], with_update: bool) -> None:
+    args, kwargs = real_shape_launch(trace, tiles, with_update)
     for arch in archs:
         t0 = time.perf_counter()
         try:
@@ -96,6 +99,7 @@ def main(archs: list[int], trace: bool, tiles: dict[str, int]) -> None:
                     shared_bytes=compiled.metadata.shared,
                     cooperative=bool(kwargs.get("launch_cooperative_grid")),
                     trace=trace and "%globaltimer" in ptx,
+                    update=with_update,
                     # loops whose loads are asynchronous copies: software-pipelined
                     pipelined_loops=sum(
                         "async.token" in line for line in compiled.asm["ttgir"].splitlines() if "scf.for" in line
@@ -117,4 +121,4 @@ if __name__ == "__main__":
         tiles[name] = int(value)
         del argv[i : i + 2]
     archs = [int(a) for a in argv if not a.startswith("--")] or [90, 110]
-    main(archs, "--trace" in argv, tiles)
+    main(archs, "--trace" in argv, tiles, "--no-update" not in argv)

@@ -164,9 +164,8 @@ def _run_with_update(shape, dtype, pi05: bool, A: int, tol, **tiles) -> None:
     f32 = lambda *s: (torch.randn(*s, generator=g) * 0.3).to(DEVICE)  # noqa: E731
     x0, w_out, b_out, w_in, b_in = f32(HA, A), f32(A, W), f32(A), f32(W, A), f32(W)
     h_ref, y_ref, _, _ = expert_step_ref(h0, w, 1, k, v, kb, qb, pos, inv, row0, 1e-6)
-    x_ref, nxt_ref = denoise_update_ref(y_ref[-HA:], x0, w_out, b_out, -0.1, w_in, b_in, dtype, silu=not pi05)
-    if not pi05:
-        nxt_ref = denoise_update_ref(y_ref[-HA:], x0, w_out, b_out, -0.1, w_in, b_in, torch.float32, silu=True)[1]
+    nxt_dtype = dtype if pi05 else torch.float32  # pi0's hidden layer stays fp32
+    x_ref, nxt_ref = denoise_update_ref(y_ref[-HA:], x0, w_out, b_out, -0.1, w_in, b_in, nxt_dtype, silu=not pi05)
 
     plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), dtype)
     plan.set_tiles(**tiles)
@@ -194,6 +193,22 @@ def test_denoise_tail_in_chunks(pi05) -> None:
     _run_with_update(
         (6, 512, 64, 2, 16, 1, 8), torch.float32, pi05, A=32, tol=dict(atol=1e-4, rtol=1e-4), update_chunks=2
     )
+
+
+def test_denoise_tail_at_a_width_that_is_not_a_multiple_of_its_tile() -> None:
+    """48 columns with a 64-column tile: the partial tile still counts (masked, not skipped)."""
+    _run_with_update((10, 48, 64, 4, 16, 2, 24), torch.float32, True, A=6, tol=dict(atol=1e-4, rtol=1e-4))
+
+
+def test_denoise_tail_chunks_fill_the_grid_once() -> None:
+    """The GPU plan's default: as many chunks per action row as fit the grid once (H200, 50 rows
+    of 1024: 2 chunks of 512 columns); a set chunk count must divide the row's tiles."""
+    plan = ExpertStepPlan(50, 1024, 4096, 8, 256, 1, torch.device("meta"), torch.bfloat16, gpu=True, sm_count=132)
+    assert plan._update_chunks(50, 256) == (512, 512)
+    assert plan._update_chunks(30, 256) == (256, 256)  # 4 chunks x 30 rows <= 132
+    plan.set_tiles(update_chunks=3)
+    with pytest.raises(ValueError, match="update_chunks=3 does not divide the 4 tiles"):
+        plan._update_chunks(50, 256)
 
 
 def test_step_kernel_refuses_an_update_with_more_rows() -> None:

@@ -55,6 +55,12 @@ log = logging.getLogger(__name__)
 # (bench/attention.py, docs/results/attention_20261129_211334.json)
 VISION_SDPA = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 VISIBLE, MASKED = -(2**30), 2**30  # key block ids: seen by every query / by none (kernels/attention.py)
+# Row norms' warps (None: the kernels' width default). Alone, fewer warps measured faster (SigLIP
+# LayerNorm 2 warps 2.93 vs 3.23 us, prefix RMSNorm 4 warps 3.58 vs 3.77; bench/row_norms.py), but
+# inside the captured stages the vision stage was ~10 us slower with 2 and the prefix's 4 tied
+# (bench/fused_ab.py, docs/results/fused_ab_20261129_222332.json)
+VISION_NORM_WARPS: int | None = None
+PREFIX_NORM_WARPS: int | None = None
 
 
 @dataclass
@@ -329,19 +335,19 @@ class FusedPi0:
         unfolded = self.pixels[:v].view(v, 3, g, p, g, p).permute(0, 2, 4, 1, 3, 5)  # [v, gy, gx, c, py, px]
         patches[:, : 3 * p * p].view(v, g, g, 3, p, p).copy_(unfolded)
         h = torch.addmm(self.patch_pos[: v * n], patches, self.patch_w.t())  # patch conv + bias + position
-        mlp_out, eps = None, spec.layer_norm_eps
+        mlp_out, eps, nw = None, spec.layer_norm_eps, VISION_NORM_WARPS
         for w in self.vision_layers:
             if mlp_out is None:
-                y = layer_norm(h, *w.ln1, eps=eps)
+                y = layer_norm(h, *w.ln1, eps=eps, num_warps=nw)
             else:
-                y, h = layer_norm(mlp_out, *w.ln1, eps=eps, residual=h)
+                y, h = layer_norm(mlp_out, *w.ln1, eps=eps, residual=h, num_warps=nw)
             qkv = F.linear(y, *w.qkv).view(v, n, 3, heads, hd).permute(2, 0, 3, 1, 4)
             with sdpa_kernel(VISION_SDPA, set_priority=True):
                 a = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
             a = a.transpose(1, 2).reshape(v * n, -1)
-            y, h = layer_norm(F.linear(a, *w.out), *w.ln2, eps=eps, residual=h)
+            y, h = layer_norm(F.linear(a, *w.out), *w.ln2, eps=eps, residual=h, num_warps=nw)
             mlp_out = F.linear(_linear_gelu_tanh(y, *w.fc1), *w.fc2)
-        y, _ = layer_norm(mlp_out, *self.post_ln, eps=eps, residual=h)
+        y, _ = layer_norm(mlp_out, *self.post_ln, eps=eps, residual=h, num_warps=nw)
         return F.linear(y, *self.proj)
 
     def prefix(self) -> None:
@@ -369,17 +375,17 @@ class FusedPi0:
         """The prefix LM: bidirectional over valid prefix tokens; keeps K/V, drops the last output."""
         mlp_out = None
         kb = self.key_blocks[rows]
-        eps = self.cfg.rms_norm_eps
+        eps, nw = self.cfg.rms_norm_eps, PREFIX_NORM_WARPS
         for i, w in enumerate(layers):
             if mlp_out is None:
-                x = rms_norm(h, w.norm_in, eps)
+                x = rms_norm(h, w.norm_in, eps, num_warps=nw)
             else:
-                x, h = rms_norm(mlp_out, w.norm_in, eps, residual=h)
+                x, h = rms_norm(mlp_out, w.norm_in, eps, residual=h, num_warps=nw)
             q = self._qkv_into_cache(i, x, w, positions, spec, rows)
             if i == len(layers) - 1:
                 return  # only this layer's K/V are ever read
             a = attention(q, self.prefix_k[i, rows], self.prefix_v[i, rows], key_blocks=kb)
-            x, h = rms_norm(F.linear(a.view(a.shape[0], -1), w.o), w.norm_post, eps, residual=h)
+            x, h = rms_norm(F.linear(a.view(a.shape[0], -1), w.o), w.norm_post, eps, residual=h, num_warps=nw)
             mlp_out = F.linear(geglu(F.linear(x, w.gate_up)), w.down)
 
     def _qkv_into_cache(self, layer: int, x: Tensor, w: GemmaW, positions: Tensor, spec, rows: slice) -> Tensor:
@@ -498,11 +504,7 @@ class FusedPi0:
     def describe(self) -> str:
         """What runs in each stage (for the log on the robot)."""
         cuda = self.device.type == "cuda"
-        fc1 = (
-            "fc1 + GELU in the cuBLASLt epilogue, O / fc2 Triton TMA GEMMs from 3 views"
-            if cuda
-            else "fc1 GEMM + Triton bias_gelu"
-        )
+        fc1 = "fc1 + GELU in the cuBLASLt epilogue" if cuda else "fc1 GEMM + Triton bias_gelu"
         gemm = "cuBLAS" if cuda else "torch"
         if self.step_plan is not None:
             expert = f"{self.step_plan.describe()}, ending with the denoise update (velocity + Euler step"
