@@ -126,8 +126,10 @@ class DenoiseUpdate:
         if self.x.dim() != 2:
             raise ValueError(f"x must be [{H}, A] (2-D), got shape {tuple(self.x.shape)}")
         A = self.x.shape[1]
-        if self.x.dtype != torch.float32 or not self.x.is_contiguous() or self.x.shape[0] != H:
-            raise ValueError(f"x must be contiguous fp32 [{H}, A], got {self.x.dtype} {tuple(self.x.shape)}")
+        if self.x.shape[0] != H:
+            raise ValueError(f"x has {self.x.shape[0]} action rows, the expert output {H}")
+        if self.x.dtype != torch.float32 or not self.x.is_contiguous():
+            raise ValueError(f"x must be contiguous fp32 [{H}, A], got {self.x.dtype} strides {self.x.stride()}")
         if tuple(self.w_out.shape) != (A, WE) or tuple(self.b_out.shape) != (A,):
             raise ValueError(
                 f"w_out / b_out must be [{A}, {WE}] / [{A}], got {tuple(self.w_out.shape)} / {tuple(self.b_out.shape)}"

@@ -611,7 +611,8 @@ class ExpertStepPlan:
 
     def phase_times(self) -> list[dict[str, float]]:
         """Per layer and phase of the last traced launch: `work` (previous barrier exit -> the
-        last program done) and `barrier` (-> program 0 past the barrier), in microseconds."""
+        last program done) and `barrier` (-> program 0 past the barrier), in microseconds. With
+        `update=`, the last entry (the final norm) includes the denoise tail."""
         t = self.trace.tolist()
         layers = (len(t) - 3) // (2 * PHASES)
         out, start = [], t[-1]
@@ -700,6 +701,8 @@ class ExpertStepPlan:
                 raise ValueError(f"the update has {update.x.shape[0]} action rows, the step {M} rows")
             (ux, uwo, ubo, uwi, ubi, uh, udt), u_const = update.launch_args()
             chunks = self._update_chunks(update.x.shape[0], u_const[5])
+            if not u_const[1]:  # no next input (the last step): one column unit per row, the x store
+                chunks = (chunks[0], triton.cdiv(self.WE, u_const[5]) * u_const[5])
             u_ptrs = (ux, uwo, ubo, uwi, ubi, uh, self._update_ws(update.x.shape[0], u_const[4], chunks[0]), udt)
             u_const += chunks
             act_row0 = M - update.x.shape[0]

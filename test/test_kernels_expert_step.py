@@ -195,6 +195,23 @@ def test_denoise_tail_in_chunks(pi05) -> None:
     )
 
 
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_denoise_tail_of_the_last_step(chunks) -> None:
+    """No next input (the last step): only the Euler step of x, the rest of the output as the
+    reference's; h keeps the step's residual stream."""
+    M, W, F, H, D, L, P = 6, 512, 64, 2, 16, 1, 8
+    h0, w, (k, v, kb, qb, pos, inv, row0) = _problem(M, W, F, H, D, L, P, torch.float32, gated=True)
+    g = torch.Generator().manual_seed(2)
+    x0, w_out, b_out = (torch.randn(*s, generator=g).to(DEVICE) * 0.3 for s in ((M, 32), (32, W), (32,)))
+    h_ref, y_ref, _, _ = expert_step_ref(h0, w, 1, k, v, kb, qb, pos, inv, row0, 1e-6)
+    x_ref, _ = denoise_update_ref(y_ref, x0, w_out, b_out, -0.1)
+    plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), torch.float32)
+    plan.set_tiles(update_chunks=chunks)
+    h, x = h0.clone(), x0.clone()
+    y = plan.step(h, w, 1, k, v, kb, qb, pos, inv, row0, 0, 1e-6, update=DenoiseUpdate(x, w_out, b_out, -0.1))
+    _assert_all_close([(y, y_ref), (x, x_ref), (h, h_ref)], dict(atol=1e-4, rtol=1e-4))
+
+
 def test_denoise_tail_at_a_width_that_is_not_a_multiple_of_its_tile() -> None:
     """48 columns with a 64-column tile: the partial tile still counts (masked, not skipped)."""
     _run_with_update((10, 48, 64, 4, 16, 2, 24), torch.float32, True, A=6, tol=dict(atol=1e-4, rtol=1e-4))
