@@ -3,9 +3,11 @@ the vision and prefix stages (pi0.5, random weights, bf16) captured and timed fo
 alternating over rounds in one process. A kernel that wins alone can lose inside the stage (cold
 weights, neighbours): this measures the choice where it runs. GPU only.
 
-    python bench/fused_ab.py VISION_NORM_WARPS=none,2 [PREFIX_NORM_WARPS=none,4 ...] [--rounds 3] [--out DIR]
+    python bench/fused_ab.py "VISION_NORM_WARPS=none;2" ["PREFIX_ATTENTION_TILES=none;128x32,w8,s3,k2" ...]
+                             [--rounds 3] [--out DIR]
 
-A value is an integer or `none`; a new choice to measure becomes such a module-level setting first.
+Values are separated by `;`, each an integer, `none` or a string; a new choice to measure becomes
+such a module-level setting of fused.py first.
 """
 
 from __future__ import annotations
@@ -25,16 +27,22 @@ from flashrt_ros.policies.config import PolicyConfig
 from flashrt_ros.policies.fused import FusedPi0
 
 
-def parse_setting(text: str) -> tuple[str, list[int | None]]:
+def parse_value(text: str) -> int | str | None:
+    if text.lower() == "none":
+        return None
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
+def parse_setting(text: str) -> tuple[str, list[int | str | None]]:
     name, _, values = text.partition("=")
     if not hasattr(fused_mod, name) or not values:
-        raise SystemExit(f"{text!r}: expected NAME=v1,v2 with NAME a setting of flashrt_ros/policies/fused.py")
-    return name, [None if v.lower() == "none" else int(v) for v in values.split(",")]
+        raise SystemExit(f"{text!r}: expected NAME=v1;v2 with NAME a setting of flashrt_ros/policies/fused.py")
+    return name, [parse_value(v) for v in values.split(";")]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("settings", nargs="+", help="NAME=v1,v2: values to alternate (one setting at a time)")
+    ap.add_argument("settings", nargs="+", help="NAME=v1;v2: values to alternate (one setting at a time)")
     ap.add_argument("--views", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("out"))

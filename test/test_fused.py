@@ -139,3 +139,24 @@ def test_vision_stage_matches_the_reference_tokens(views):
     with torch.no_grad():
         ref = model.embed_images(x["pixels"][:, :views].to(DEVICE))[0]
     torch.testing.assert_close(fused.vision(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_prefix_attention_tiles_setting(monkeypatch):
+    """`PREFIX_ATTENTION_TILES` (the hook bench/fused_ab.py A/Bs on the GPU) runs the prefix
+    attention with the given launch, here split over 2 key ranges and combined: same chunk."""
+    import flashrt_ros.policies.fused as fused_mod
+
+    model = tiny_model("pi05", seed=5).to(DEVICE)
+    x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1, valid_tokens=20).items()}
+    _, default = _run_fused(model, x, torch.float32)
+    tiles = "64x32,w8,s3,k2" if DEVICE == "cuda" else "16x16,w4,s1,k2"
+    monkeypatch.setattr(fused_mod, "PREFIX_ATTENTION_TILES", tiles)
+    launches = []
+    real = fused_mod.attention
+    monkeypatch.setattr(fused_mod, "attention", lambda *a, **kw: launches.append(kw) or real(*a, **kw))
+    _, split = _run_fused(model, x, torch.float32)
+    torch.testing.assert_close(split, default, rtol=1e-5, atol=1e-5)
+    assert launches and all(kw.get("num_splits") == 2 and kw.get("num_warps") in (4, 8) for kw in launches)
+    monkeypatch.setattr(fused_mod, "PREFIX_ATTENTION_TILES", "128x32,w8")
+    with pytest.raises(ValueError, match="PREFIX_ATTENTION_TILES '128x32,w8': expected BMxBN"):
+        _run_fused(model, x, torch.float32)

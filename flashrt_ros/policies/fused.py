@@ -61,6 +61,28 @@ VISIBLE, MASKED = -(2**30), 2**30  # key block ids: seen by every query / by non
 # (bench/fused_ab.py, docs/results/fused_ab_20261129_222332.json)
 VISION_NORM_WARPS: int | None = None
 PREFIX_NORM_WARPS: int | None = None
+# The prefix LM's attention launch, "BMxBN,wWARPS,sSTAGES,kSPLITS" (e.g. "128x32,w8,s3,k2"), or None
+# for the kernel's heuristic (64 x 32 tiles, 4 warps, 3 stages, no split: 40.8 us per layer on the
+# H200). A candidate, not yet measured in place: 128-row tiles with 8 warps (two warpgroups per
+# CTA) and 2 key splits to fill the SMs (bench/attention.py; bench/fused_ab.py to A/B it here)
+PREFIX_ATTENTION_TILES: str | None = None
+
+
+def _attention_tiles(spec: str | None) -> dict[str, int]:
+    """ "128x32,w8,s3,k2" -> attention() launch keywords; None -> {} (the heuristic)."""
+    if spec is None:
+        return {}
+    keys = dict(w="num_warps", s="num_stages", k="num_splits")
+    try:
+        tile, *rest = spec.split(",")
+        bm, bn = (int(t) for t in tile.split("x"))
+        out = {keys[p[0]]: int(p[1:]) for p in rest}
+        if len(rest) != 3 or len(out) != 3:
+            raise ValueError
+    except (ValueError, KeyError, IndexError) as err:
+        want = "BMxBN,wWARPS,sSTAGES,kSPLITS, e.g. 128x32,w8,s3,k2"
+        raise ValueError(f"PREFIX_ATTENTION_TILES {spec!r}: expected {want}") from err
+    return dict(block_m=bm, block_n=bn, **out)
 
 
 @dataclass
@@ -375,7 +397,7 @@ class FusedPi0:
         """The prefix LM: bidirectional over valid prefix tokens; keeps K/V, drops the last output."""
         mlp_out = None
         kb = self.key_blocks[rows]
-        eps, nw = self.cfg.rms_norm_eps, PREFIX_NORM_WARPS
+        eps, nw, tiles = self.cfg.rms_norm_eps, PREFIX_NORM_WARPS, _attention_tiles(PREFIX_ATTENTION_TILES)
         for i, w in enumerate(layers):
             if mlp_out is None:
                 x = rms_norm(h, w.norm_in, eps, num_warps=nw)
@@ -384,7 +406,7 @@ class FusedPi0:
             q = self._qkv_into_cache(i, x, w, positions, spec, rows)
             if i == len(layers) - 1:
                 return  # only this layer's K/V are ever read
-            a = attention(q, self.prefix_k[i, rows], self.prefix_v[i, rows], key_blocks=kb)
+            a = attention(q, self.prefix_k[i, rows], self.prefix_v[i, rows], key_blocks=kb, **tiles)
             x, h = rms_norm(F.linear(a.view(a.shape[0], -1), w.o), w.norm_post, eps, residual=h, num_warps=nw)
             mlp_out = F.linear(geglu(F.linear(x, w.gate_up)), w.down)
 
