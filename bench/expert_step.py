@@ -119,8 +119,8 @@ def main() -> None:
         # 32 x 32 attention tiles (the default) beat 32 x 64 by 16-59 us and 32 x 16 by 46; bk=64
         # (16 K steps) 912 us, bk=256 876 (3 stages) / 1013 (2); 4 key splits 856; 3 stages 849; two
         # programs per SM (grid 264) 1129-1444; L2 prefetch of weights and cache rows (afd3b99) 925-964
+        dict(combine_tail=1),  # each query tile's last key split merges the splits: no combine phase
         dict(num_stages=5),
-        dict(num_stages=6),
         dict(att_splits=10),
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
@@ -131,6 +131,7 @@ def main() -> None:
         try:
             show(label, graph_ms(step))
             results[f"{label} max abs diff vs default"] = float((h.float() - ref.float()).abs().max())
+            results[f"{label} phases"] = phase_table(plan, step)
         except Exception as exc:
             print(f"{label}: {type(exc).__name__}: {str(exc)[:100]}")
         plan.set_tiles(**default_tiles)
