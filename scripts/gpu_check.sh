@@ -3,6 +3,7 @@
 # torch 2.11 + CUDA 13, triton 3.6; no network). CI has no GPU, so these never run there.
 #
 #   bash scripts/gpu_check.sh [parts...]     parts: kernels fused parity latency bench step compile profile micro
+#                                            experiments
 #                                            (default: kernels fused parity latency bench step)
 #
 # Carry the parity wheels (`bash scripts/fetch_parity_wheels.sh` -> .whl) for `parity`.
@@ -75,6 +76,13 @@ for part in "${parts[@]}"; do
       step "Pipeline pieces at their shapes: row norms per warps, prefix MLP whole vs in chunks"
       python3 bench/row_norms.py --out "$OUT" 2>&1 | tee "$OUT/row_norms.log" || status=1
       python3 bench/prefix_mlp.py --out "$OUT" 2>&1 | tee "$OUT/prefix_mlp.log" || status=1
+      ;;
+    experiments)
+      step "Prepared, not yet measured: step kernel combine_tail, prefix attention on 128-row tiles + 2 splits"
+      python3 bench/expert_step.py --out "$OUT" 2>&1 | tee "$OUT/expert_step.log" || status=1
+      python3 bench/attention.py --out "$OUT" 2>&1 | tee "$OUT/attention.log" || status=1
+      python3 bench/fused_ab.py "PREFIX_ATTENTION_TILES=none;128x32,w8,s3,k2;128x64,w8,s2,k2" --out "$OUT" 2>&1 \
+        | tee "$OUT/fused_ab.log" || status=1
       ;;
     *) echo "unknown part $part"; status=2 ;;
   esac
