@@ -18,6 +18,7 @@ throughout, as the eager model's fp32 projections.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -25,7 +26,15 @@ import triton.language as tl
 
 from ._common import needs_rtne_fix, round_bf16_rtne
 
-__all__ = ["DenoiseUpdate", "denoise_update", "denoise_update_ref", "euler", "next_input_part", "velocity_part"]
+__all__ = [
+    "DenoiseUpdate",
+    "UpdateConsts",
+    "denoise_update",
+    "denoise_update_ref",
+    "euler",
+    "next_input_part",
+    "velocity_part",
+]
 
 
 @triton.jit
@@ -107,6 +116,17 @@ def _denoise_update_kernel(
         next_input_part(row, x, wi_ptr, bi_ptr, h_ptr, 0, A, WE, WHOLE, SILU, FIX_H, BA, BW)
 
 
+class UpdateConsts(NamedTuple):
+    """The update's constexprs: action dims, next input?, its SiLU?, its bf16 fix, tile sizes."""
+
+    A: int
+    has_in: bool
+    silu: bool
+    fix_h: bool
+    ba: int
+    bw: int
+
+
 @dataclass
 class DenoiseUpdate:
     """The arguments of `denoise_update` after its `y`: what a launch that ends with the update
@@ -145,7 +165,7 @@ class DenoiseUpdate:
             if t is not None and (t.dtype != torch.float32 or not t.is_contiguous()):
                 raise ValueError(f"{name} must be contiguous fp32")
 
-    def launch_args(self) -> tuple:
+    def launch_args(self) -> tuple[tuple, UpdateConsts]:
         """(x, w_out, b_out, w_in, b_in, h_next, dt) pointers (unused ones stand in) and the
         constexprs (A, HAS_IN, SILU, FIX_H, BA, BW) of `_denoise_update_kernel` and the step
         kernel's tail."""
@@ -157,7 +177,7 @@ class DenoiseUpdate:
             self.x, self.w_out, self.b_out, self.w_in if has_in else self.w_out, self.b_in if has_in else self.b_out,
             self.h_next if has_in else self.x, float(self.dt),
         )  # fmt: skip
-        return ptrs, (A, has_in, self.silu, has_in and needs_rtne_fix(self.h_next.dtype), ba, bw)
+        return ptrs, UpdateConsts(A, has_in, self.silu, has_in and needs_rtne_fix(self.h_next.dtype), ba, bw)
 
 
 def denoise_update(

@@ -614,8 +614,8 @@ class ExpertStepPlan:
         self._allocate_splits()
         # per launch: its barrier's arrival counter, then (combine_tail) a split count per layer and
         # query tile, for up to MAX_LAYERS layers and 16-row attention tiles
-        width = triton.cdiv(1 + MAX_LAYERS * triton.cdiv(rows * num_heads, 16), 4) * 4  # rows 16-byte aligned
-        self.barriers = torch.zeros(launches, width, dtype=torch.int32, device=device)
+        counters = triton.cdiv(1 + MAX_LAYERS * triton.cdiv(rows * num_heads, 16), 4) * 4  # rows 16-byte aligned
+        self.barriers = torch.zeros(launches, counters, dtype=torch.int32, device=device)
         self.trace: torch.Tensor | None = None  # see `enable_trace`
         # the denoise tail's workspace, for any chunking (chunks >= 16 columns) and action dims up to
         # UPDATE_MAX_ACTIONS: allocated here, so that a graph captured later never sees it replaced
@@ -683,17 +683,17 @@ class ExpertStepPlan:
         _expert_step_kernel[(self.grid,)](*args, **kwargs)
         return self.x_attn
 
-    def _update_chunks(self, rows: int, bw: int) -> tuple[int, int]:
-        """(K chunk, column chunk) of the denoise tail: as many chunks per row as fill the grid
-        once (H200, 50 rows: 2 of 512), each a multiple of the [A, BW] tile."""
+    def _update_chunk(self, rows: int, bw: int) -> int:
+        """Columns per chunk (K chunks of the velocity, column chunks of the next input) of the
+        denoise tail: as many chunks per row as fill the grid once (H200, 50 rows: 2 of 512),
+        each a multiple of the [A, BW] tile."""
         tiles = triton.cdiv(self.WE, bw)
         chunks = self.update_chunks or 1
         if tiles % chunks:
             raise ValueError(f"update_chunks={chunks} does not divide the {tiles} tiles of {bw} columns")
         while not self.update_chunks and chunks * 2 * rows <= self.grid and tiles % (chunks * 2) == 0:
             chunks *= 2
-        size = tiles // chunks * bw
-        return size, size
+        return tiles // chunks * bw
 
     def _update_ws(self, rows: int, ba: int, kc: int) -> torch.Tensor:
         """The tail's fp32 workspace: `update_ws`, sized at construction for the largest tail."""
@@ -740,12 +740,12 @@ class ExpertStepPlan:
             update.check(update.x.shape[0], self.WE)
             if update.x.shape[0] > M:
                 raise ValueError(f"the update has {update.x.shape[0]} action rows, the step {M} rows")
-            (ux, uwo, ubo, uwi, ubi, uh, udt), u_const = update.launch_args()
-            chunks = self._update_chunks(update.x.shape[0], u_const[5])
-            if not u_const[1]:  # no next input (the last step): one column unit per row, the x store
-                chunks = (chunks[0], triton.cdiv(self.WE, u_const[5]) * u_const[5])
-            u_ptrs = (ux, uwo, ubo, uwi, ubi, uh, self._update_ws(update.x.shape[0], u_const[4], chunks[0]), udt)
-            u_const += chunks
+            (ux, uwo, ubo, uwi, ubi, uh, udt), c = update.launch_args()
+            kc = self._update_chunk(update.x.shape[0], c.bw)
+            # no next input (the last step): one column unit per row, the one that stores x
+            nc = kc if c.has_in else triton.cdiv(self.WE, c.bw) * c.bw
+            u_ptrs = (ux, uwo, ubo, uwi, ubi, uh, self._update_ws(update.x.shape[0], c.ba, kc), udt)
+            u_const = (*c, kc, nc)
             act_row0 = M - update.x.shape[0]
         else:
             u_ptrs, u_const, act_row0 = (f, f, f, f, f, f, f, 0.0), (1, False, False, False, 16, 16, 16, 16), M

@@ -263,11 +263,17 @@ def test_denoise_tail_chunks_fill_the_grid_once() -> None:
     """The GPU plan's default: as many chunks per action row as fit the grid once (H200, 50 rows
     of 1024: 2 chunks of 512 columns); a set chunk count must divide the row's tiles."""
     plan = ExpertStepPlan(50, 1024, 4096, 8, 256, 1, torch.device("meta"), torch.bfloat16, gpu=True, sm_count=132)
-    assert plan._update_chunks(50, 256) == (512, 512)
-    assert plan._update_chunks(30, 256) == (256, 256)  # 4 chunks x 30 rows <= 132
+    assert plan._update_chunk(50, 256) == 512
+    assert plan._update_chunk(30, 256) == 256  # 4 chunks x 30 rows <= 132
     plan.set_tiles(update_chunks=3)
     with pytest.raises(ValueError, match="update_chunks=3 does not divide the 4 tiles"):
-        plan._update_chunks(50, 256)
+        plan._update_chunk(50, 256)
+
+
+def test_denoise_tail_workspace_is_sized_by_the_expert_width() -> None:
+    """Velocity partials for 16-column chunks of a wide expert (4096) with few rows, + the old x."""
+    plan = ExpertStepPlan(2, 4096, 64, 1, 16, 1, torch.device("meta"), torch.float32, gpu=True, sm_count=132)
+    assert plan.update_ws.numel() == (4096 // 16 + 1) * 2 * 64
 
 
 def test_step_kernel_refuses_an_update_with_more_rows() -> None:
