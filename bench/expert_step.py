@@ -119,9 +119,11 @@ def main() -> None:
         # 32 x 32 attention tiles (the default) beat 32 x 64 by 16-59 us and 32 x 16 by 46; bk=64
         # (16 K steps) 912 us, bk=256 876 (3 stages) / 1013 (2); 4 key splits 856; 3 stages 849; two
         # programs per SM (grid 264) 1129-1444; L2 prefetch of weights and cache rows (afd3b99) 925-964
-        dict(combine_tail=1),  # each query tile's last key split merges the splits: no combine phase
-        dict(num_stages=5),
-        dict(att_splits=10),
+        # (dd826ad: each query tile's last key split merging the splits, no combine phase, 932 vs 767;
+        # num_stages=5 772; att_splits=10 770)
+        dict(att_bm=64, att_splits=16),  # half the K/V bytes per attention unit, 7 x 16 units
+        dict(att_bm=64, att_splits=12),
+        dict(att_bm=16, att_splits=4),
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
     for tiles in variants:

@@ -10,7 +10,6 @@ separated by a grid-wide barrier (an arrival counter in global memory):
     1  x_attn @ Wqkv.T -> RoPE -> q ; k, v into the cache's suffix rows       units: column-pair tiles
     2  attention partials over the cached prefix + suffix (split keys)        units: (query tile, split)
     3  combine the splits -> attn [M, H*D]                                    units: (row tile, d tile)
-       (combine_tail: no phase 3; the split that finishes a query tile last merges it in phase 2)
     4  attn @ Wo.T -> split-K partials                                       units: (column tile, split)
     5  h += gate * Σ O partials ; x_mlp = norm(h)                             units: rows
     6  x_mlp @ Wgu.T -> gelu_tanh(g) * u -> act                               units: column-pair tiles
@@ -58,7 +57,6 @@ __all__ = ["PHASES", "ExpertStepPlan", "ExpertWeights", "expert_step_ref"]
 _LOG2E = 1.4426950408889634
 PHASES = 8  # per layer, each ended by a grid barrier
 UPDATE_MAX_ACTIONS = 64  # action dims the denoise tail holds (its workspace is sized for them)
-MAX_LAYERS = 64  # layers a launch's split counters are sized for (combine_tail)
 
 
 @triton.jit
@@ -87,26 +85,6 @@ def _layer_zero(layer, GPU: tl.constexpr):
     if GPU:
         return tl.inline_asm_elementwise("mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
     return layer * 0
-
-
-@triton.jit
-def _combine_if_last(
-    t, count_ptr, ws_acc_ptr, ws_m_ptr, ws_l_ptr, attn_ptr, rows_total,
-    H: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr, FIX: tl.constexpr,
-    BM: tl.constexpr, DC: tl.constexpr, BS: tl.constexpr,
-):  # fmt: skip
-    """Count this key split of query tile `t` as done; the split that completes the tile merges
-    all of its splits into attn (COMBINE_TAIL: no combine phase and no barrier before it). The
-    arrival releases this program's partial stores, the last one acquires everyone's."""
-    tl.debug_barrier()
-    done = tl.atomic_add(count_ptr + t, 1, sem="acq_rel", scope="gpu")
-    if done == SPLITS - 1:
-        tl.debug_barrier()
-        for dc in tl.static_range(D // DC):
-            _attn_combine_tile(
-                t, dc, t * 0, ws_acc_ptr, ws_m_ptr, ws_l_ptr, attn_ptr, rows_total, H,
-                0, H * D, D, D, SPLITS, FIX, BM, DC, BS, ".cg",
-            )  # fmt: skip
 
 
 @triton.jit
@@ -320,7 +298,7 @@ def _expert_step_kernel(
     g2_ptr,
     mf_ptr,  # [WE] final norm multiplier
     sf_ptr,  # [WE] final norm shift (HAS_SHIFT)
-    bar_ptr,  # int32 of this launch (zero at launch): the arrival counter, then COMBINE_TAIL's [L, tiles] split counts
+    bar_ptr,  # int32 arrival counter of this launch (zero at launch)
     trace_ptr,  # int64 [2 * (8 L + 1) + 1] phase timestamps (TRACE), zero at launch
     ux_ptr,  # UPDATE (the denoise update after the final norm, kernels/denoise_update.py):
     uwo_ptr,  # noisy actions [HA, A] fp32, action_out [A, WE] + bias, the next input's first
@@ -365,7 +343,6 @@ def _expert_step_kernel(
     FIX: tl.constexpr,
     TRACE: tl.constexpr,
     BLOCK_W: tl.constexpr,
-    COMBINE_TAIL: tl.constexpr,
     UPDATE: tl.constexpr,
     U_A: tl.constexpr,
     U_HAS_IN: tl.constexpr,
@@ -430,22 +407,16 @@ def _expert_step_kernel(
                 0, H * D, D, 0, stride_kt, 0, stride_kt, 0, H * D, D, 0, 0,
                 D, True, True, True, UPCAST, PREC, FIX, ATT_BM, ATT_BN, D, ".cg",
             )  # fmt: skip
-            if COMBINE_TAIL:
-                _combine_if_last(
-                    u % n_mt, bar_ptr + 1 + layer * n_mt, ws_acc_ptr, ws_m_ptr, ws_l_ptr, attn_ptr, M * H,
-                    H, D, ATT_SPLITS, FIX, ATT_BM, CB_DC, ATT_BS,
-                )  # fmt: skip
         arrivals += G
         _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 2, pid, TRACE)
-        # 3: combine the key splits (unless the last split of each tile did)
-        if not COMBINE_TAIL:
-            for u in range(me, n_cm * n_cd, G):
-                _attn_combine_tile(
-                    u // n_cd, u % n_cd, zero, ws_acc_ptr, ws_m_ptr, ws_l_ptr, attn_ptr, M * H, H,
-                    0, H * D, D, D, ATT_SPLITS, FIX, CB_M, CB_DC, ATT_BS, ".cg",
-                )  # fmt: skip
-            arrivals += G
-            _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 3, pid, TRACE)
+        # 3: combine the key splits
+        for u in range(me, n_cm * n_cd, G):
+            _attn_combine_tile(
+                u // n_cd, u % n_cd, zero, ws_acc_ptr, ws_m_ptr, ws_l_ptr, attn_ptr, M * H, H,
+                0, H * D, D, D, ATT_SPLITS, FIX, CB_M, CB_DC, ATT_BS, ".cg",
+            )  # fmt: skip
+        arrivals += G
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 3, pid, TRACE)
         # 4: O projection, split-K partials
         for u in range(me, (WE // BN_O) * (H * D // KS_O), G):
             _split_k_partials(u, attn_ptr, wo, part_o_ptr, M, WE, H * D, KS_O, UPCAST, PREC, BM, BN_O, BK)
@@ -598,7 +569,6 @@ class ExpertStepPlan:
         self.att_bm, self.att_bn = (32, 32) if not interp else (max(16, triton.next_power_of_2(rows * num_heads)), 64)
         self.att_splits = 8 if not interp else 1
         self.cb_m, self.cb_dc = 16, min(64, head_dim)
-        self.combine_tail = 0  # 1: each query tile's last key split merges the splits (no combine phase)
         self.update_chunks = 0  # denoise tail: K / column chunks per action row (0: fill the grid once)
         self.num_warps, self.num_stages = 4, 4  # H200 (64-column O / down tiles): 845 us; 3 stages 857, 8 warps 884
         if interp:
@@ -612,10 +582,8 @@ class ExpertStepPlan:
         self.attn = torch.zeros(rows, num_heads * head_dim, **act)
         self.act = torch.zeros(rows, mlp_dim, **act)
         self._allocate_splits()
-        # per launch: its barrier's arrival counter, then (combine_tail) a split count per layer and
-        # query tile, for up to MAX_LAYERS layers and 16-row attention tiles
-        counters = triton.cdiv(1 + MAX_LAYERS * triton.cdiv(rows * num_heads, 16), 4) * 4  # rows 16-byte aligned
-        self.barriers = torch.zeros(launches, counters, dtype=torch.int32, device=device)
+        # one arrival counter per launch, each in its own 16-byte row
+        self.barriers = torch.zeros(launches, 4, dtype=torch.int32, device=device)
         self.trace: torch.Tensor | None = None  # see `enable_trace`
         # the denoise tail's workspace, for any chunking (chunks >= 16 columns) and action dims up to
         # UPDATE_MAX_ACTIONS: allocated here, so that a graph captured later never sees it replaced
@@ -645,17 +613,13 @@ class ExpertStepPlan:
     def phase_times(self) -> list[dict[str, float]]:
         """Per layer and phase of the last traced launch: `work` (previous barrier exit -> the
         last program done) and `barrier` (-> program 0 past the barrier), in microseconds. With
-        `update=`, the last entry (the final norm) includes the denoise tail; a phase the launch
-        skipped (the combine, with combine_tail) reads 0 and 0."""
+        `update=`, the last entry (the final norm) includes the denoise tail."""
         t = self.trace.tolist()
         layers = (len(t) - 3) // (2 * PHASES)
         out, start = [], t[-1]
         for i in range(PHASES * layers + 1):
             done, left = t[2 * i], t[2 * i + 1]
             layer, phase = divmod(i, PHASES)
-            if done == 0:  # not recorded
-                out.append(dict(layer=layer, phase=phase, work=0.0, barrier=0.0))
-                continue
             out.append(dict(layer=layer, phase=phase, work=(done - start) / 1e3, barrier=(left - done) / 1e3))
             start = left
         return out[:-1] + [dict(out[-1], barrier=0.0)]
@@ -720,8 +684,6 @@ class ExpertStepPlan:
     ) -> tuple[tuple, dict]:
         """The step kernel's arguments (see `step`)."""
         M, D, H, L = self.M, self.D, self.H, int(w.qkv.shape[0])
-        if self.combine_tail and (L > MAX_LAYERS or self.att_bm < 16):
-            raise ValueError(f"combine_tail counts splits for up to {MAX_LAYERS} layers of >= 16-row tiles")
         if not 0 <= slot < self.barriers.shape[0]:
             raise ValueError(f"slot {slot} outside the plan's {self.barriers.shape[0]} launches")
         if tuple(h.shape) != (M, self.WE) or not h.is_contiguous() or h.dtype != self.dtype:
@@ -770,7 +732,7 @@ class ExpertStepPlan:
             ATT_BS=triton.next_power_of_2(splits), CB_M=self.cb_m, CB_DC=self.cb_dc,
             UPCAST=interp, PREC=dot_precision(self.dtype), FIX=interp and needs_rtne_fix(self.dtype),
             TRACE=self.trace is not None,
-            BLOCK_W=triton.next_power_of_2(self.WE), COMBINE_TAIL=bool(self.combine_tail),
+            BLOCK_W=triton.next_power_of_2(self.WE),
             UPDATE=update is not None,
             **dict(zip(("U_A", "U_HAS_IN", "U_SILU", "U_FIX", "U_BA", "U_BW", "U_KC", "U_NC"), u_const, strict=True)),
             num_warps=self.num_warps, num_stages=self.num_stages,

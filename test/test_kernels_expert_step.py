@@ -82,23 +82,6 @@ def test_phase_times_decodes_the_trace() -> None:
     assert rows[-1]["barrier"] == 0.0 and all(r["work"] == 3.0 for r in rows)
 
 
-def test_phase_times_skips_an_unrecorded_phase() -> None:
-    """combine_tail skips phase 3: it reads 0 / 0, and phase 4's work runs from phase 2's barrier."""
-    plan = ExpertStepPlan(10, 32, 64, 4, 16, 1, torch.device("cpu"), torch.float32)
-    plan.enable_trace(layers=1)
-    stamps, t = [], 1000
-    for i in range(PHASES + 1):
-        if i == 3:
-            stamps += [0, 0]
-            continue
-        stamps += [t + 3000, t + 4000]
-        t += 4000
-    plan.trace.copy_(torch.tensor(stamps + [1000], dtype=torch.int64))
-    rows = plan.phase_times()
-    assert rows[3]["work"] == 0.0 and rows[3]["barrier"] == 0.0
-    assert rows[4]["work"] == 3.0 and rows[2]["barrier"] == 1.0
-
-
 def _problem(M, W, F, H, D, L, P, dtype, gated, seed=0):
     """Random stacked weights / norms for 2 steps, a cache whose last 4 prefix keys are padding."""
     g = torch.Generator().manual_seed(seed)
@@ -158,26 +141,19 @@ def test_split_k_partials_over_several_tiles_and_splits(gated) -> None:
     _run_and_compare((10, 64, 128, 4, 32, 2, 24), torch.float32, gated, dict(atol=1e-4, rtol=1e-4), **tiles)
 
 
-@pytest.mark.parametrize("combine_tail", [0, 1], ids=["combine-phase", "last-split-combines"])
 @pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_attention_over_several_tiles_and_key_splits(dtype, gated, combine_tail) -> None:
-    """3 query tiles x 3 key splits: merged by the combine phase, or (combine_tail) by the split
-    that finishes each tile last, counted per launch, layer and tile."""
+def test_attention_over_several_tiles_and_key_splits(dtype, gated) -> None:
+    """3 query tiles x 3 key splits, merged by the combine phase."""
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else None
-    tiles = dict(att_bm=16, att_bn=16, att_splits=3, combine_tail=combine_tail)
+    tiles = dict(att_bm=16, att_bn=16, att_splits=3)
     _run_and_compare((10, 32, 64, 4, 16, 2, 24), dtype, gated, tol, **tiles)
 
 
-def test_combine_tail_refuses_more_layers_than_its_counters() -> None:
+def test_step_refuses_a_slot_outside_the_plan() -> None:
     M, W, F, H, D, P = 10, 32, 64, 4, 16, 24
     h0, w, inputs = _problem(M, W, F, H, D, 2, P, torch.float32, gated=True)
-    w.qkv = w.qkv[:1].expand(65, -1, -1)  # only the layer count is checked before the launch
     plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), torch.float32)
-    plan.set_tiles(combine_tail=1)
-    with pytest.raises(ValueError, match="up to 64 layers"):
-        plan.step(h0.clone(), w, 1, *inputs, 0, 1e-6)
-    plan.set_tiles(combine_tail=0)
     with pytest.raises(ValueError, match="slot 1 outside the plan's 1 launches"):
         plan.step(h0.clone(), w, 1, *inputs, 1, 1e-6)
 
@@ -189,10 +165,9 @@ def test_set_tiles_refuses_unknown_settings() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("combine_tail", [0, 1], ids=["combine-phase", "last-split-combines"])
 @pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
-def test_step_kernel_matches_reference_gpu_real_shapes(gated, combine_tail) -> None:
-    _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, gated, None, combine_tail=combine_tail)
+def test_step_kernel_matches_reference_gpu_real_shapes(gated) -> None:
+    _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, gated, None)
 
 
 def _run_with_update(shape, dtype, pi05: bool, A: int, tol, **tiles) -> None:
