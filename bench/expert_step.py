@@ -1,7 +1,7 @@
 """The expert step kernel alone (one denoise step: 18 layers at 50 tokens, 623 MB of weights),
 captured in a CUDA graph, for its default tiles and a few variants. GPU only.
 
-    python bench/expert_step.py [--out DIR]
+    python bench/expert_step.py [--rounds 5] [--out DIR]
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def phase_table(plan: ExpertStepPlan, step) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", type=Path, default=Path("out"))
     args = ap.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
@@ -118,25 +119,39 @@ def main() -> None:
         # measured at bfbed9d / b2a78ff / 8afbc3d / a72e069 / de65c20 (docs/results/expert_step_*.log):
         # 32 x 32 attention tiles (the default) beat 32 x 64 by 16-59 us and 32 x 16 by 46; bk=64
         # (16 K steps) 912 us, bk=256 876 (3 stages) / 1013 (2); 4 key splits 856; 3 stages 849; two
-        # programs per SM (grid 264) 1129-1444; L2 prefetch of weights and cache rows (afd3b99) 925-964
-        # (dd826ad: each query tile's last key split merging the splits, no combine phase, 932 vs 767;
-        # num_stages=5 772; att_splits=10 770)
-        dict(att_bm=64, att_splits=16),  # half the K/V bytes per attention unit, 7 x 16 units
-        dict(att_bm=64, att_splits=12),
-        dict(att_bm=16, att_splits=4),
+        # programs per SM (grid 264) 1129-1444; L2 prefetch of weights and cache rows (afd3b99) 925-964;
+        # dd826ad: the last key split merging its tile (no combine phase) 932 vs 767, 5 stages 772,
+        # 10 splits 770; b0181f6: 64-row attention tiles 910-923 vs 782 (every phase slower)
+        dict(att_bm=16, att_splits=4),  # 100 attention units of 16 query rows x 256 keys
+        dict(att_bm=16, att_splits=5),
+        dict(att_bm=16, att_splits=8),
+        dict(att_bm=16, att_bn=64, att_splits=4),
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
-    for tiles in variants:
-        label = ",".join(f"{k}={v}" for k, v in tiles.items())
+    # alternate the variants over rounds (one machine drifts by ~2% between minutes)
+    labelled = [("default", default_tiles)] + [(",".join(f"{k}={v}" for k, v in t.items()), t) for t in variants]
+    times: dict[str, list[float]] = {}
+    for _ in range(args.rounds):
+        for label, tiles in labelled:
+            plan.set_tiles(**tiles)
+            try:
+                times.setdefault(label, []).append(graph_ms(step))
+            except Exception as exc:
+                print(f"{label}: {type(exc).__name__}: {str(exc)[:100]}")
+                times[label] = []
+    print(f"\nalternating over {args.rounds} rounds (median):")
+    for label, tiles in labelled:
+        if not times[label]:
+            continue
         plan.set_tiles(**tiles)
-        save()
-        try:
-            show(label, graph_ms(step))
-            results[f"{label} max abs diff vs default"] = float((h.float() - ref.float()).abs().max())
+        show(f"{label} (rounds)", sorted(times[label])[len(times[label]) // 2])
+        results[f"{label} rounds ms"] = times[label]
+        graph_ms(step)
+        results[f"{label} max abs diff vs default"] = float((h.float() - ref.float()).abs().max())
+        if label != "default":
             results[f"{label} phases"] = phase_table(plan, step)
-        except Exception as exc:
-            print(f"{label}: {type(exc).__name__}: {str(exc)[:100]}")
-        plan.set_tiles(**default_tiles)
+        save()
+    plan.set_tiles(**default_tiles)
     save()
     print("wrote", path)
 

@@ -384,10 +384,13 @@ def _launch_settings(B: int, M: int, Tk: int, D: int, device: torch.device) -> t
     Measured on the H200 (bf16, d 256, 8 heads): the pi0 suffix (51 tokens = 408 rows over
     968 + 51 keys) is latency-bound: 32 x 64 tiles, 4 warps, 2 stages and 8 key splits
     (104 programs + combine) take ~10 us against ~50 us unsplit and ~100 us for torch SDPA;
-    the prefix (968 tokens = 7744 rows) is compute-bound: 64 x 32 tiles, 4 warps, 3 stages,
-    ~40 us (~190 TFLOP/s). Shared memory: Q tile + stages x (K + V tiles) = 144 KB / 128 KB,
-    within Hopper's and datacenter Blackwell / Thor's 227 KB; GPUs with less opt-in shared
-    memory (e.g. 99 KB) get 32-key tiles and 2 stages (80 KB / 96 KB).
+    the prefix (968 tokens = 7744 rows) is compute-bound: 128 x 64 tiles on 8 warps (two
+    warpgroups per CTA), 2 stages, and as many key splits as fill the SMs once (2: 122 CTAs):
+    32.7 us (~225 TFLOP/s) against 39.9 for 64 x 32 tiles on 4 warps (one CTA of 255 registers
+    per SM), and 92 us less per prefix in the captured stage (bench/fused_ab.py, 5 rounds).
+    Shared memory: Q tile + stages x (K + V tiles) = 192 KB / 144 KB / 128 KB, within Hopper's
+    and datacenter Blackwell / Thor's 227 KB; GPUs with less opt-in shared memory (e.g. 99 KB)
+    get 64 x 32 tiles on 4 warps with 2 stages (80 KB) or 32-key tiles (96 KB).
     Interpreter: one tile as large as the problem allows, no split (its cost is per program).
     """
     block_d = max(16, triton.next_power_of_2(D))
@@ -398,7 +401,10 @@ def _launch_settings(B: int, M: int, Tk: int, D: int, device: torch.device) -> t
     big_smem = smem == 0 or smem >= 200 * 1024
     scale_d = max(1, block_d // 256)  # wider heads: shrink tiles to stay in shared memory
     if B * triton.cdiv(M, 64) >= sms // 2:
-        return 64, max(16, 32 // scale_d), 4, (3 if big_smem else 2), 1
+        if not big_smem:
+            return 64, max(16, 32 // scale_d), 4, 2, 1
+        bn = max(16, 64 // scale_d)
+        return 128, bn, 8, 2, max(1, min(sms // (B * triton.cdiv(M, 128)), triton.cdiv(Tk, bn)))
     bm, bn = 32, max(16, (64 if big_smem else 32) // scale_d)
     work = B * triton.cdiv(M, bm)
     splits = max(1, min(triton.cdiv(3 * sms // 4, work), triton.cdiv(Tk, bn)))

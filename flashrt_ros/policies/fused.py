@@ -62,9 +62,9 @@ VISIBLE, MASKED = -(2**30), 2**30  # key block ids: seen by every query / by non
 VISION_NORM_WARPS: int | None = None
 PREFIX_NORM_WARPS: int | None = None
 # The prefix LM's attention launch, "BMxBN,wWARPS,sSTAGES,kSPLITS" (e.g. "128x32,w8,s3,k2"), or None
-# for the kernel's heuristic (64 x 32 tiles, 4 warps, 3 stages, no split: 40.8 us per layer on the
-# H200). A candidate, not yet measured in place: 128-row tiles with 8 warps (two warpgroups per
-# CTA) and 2 key splits to fill the SMs (bench/attention.py; bench/fused_ab.py to A/B it here)
+# for the kernel's heuristic (on the H200 at 3 views: 128 x 64 tiles, 8 warps, 2 stages, 2 key
+# splits; 92 us per prefix faster in place than 64 x 32 on 4 warps, 3 stages, no split, which is
+# "64x32,w4,s3,k1"; bench/fused_ab.py A/Bs candidates in the captured stage)
 PREFIX_ATTENTION_TILES: str | None = None
 
 
