@@ -121,11 +121,12 @@ def main() -> None:
         # (16 K steps) 912 us, bk=256 876 (3 stages) / 1013 (2); 4 key splits 856; 3 stages 849; two
         # programs per SM (grid 264) 1129-1444; L2 prefetch of weights and cache rows (afd3b99) 925-964;
         # dd826ad: the last key split merging its tile (no combine phase) 932 vs 767, 5 stages 772,
-        # 10 splits 770; b0181f6: 64-row attention tiles 910-923 vs 782 (every phase slower)
-        dict(att_bm=16, att_splits=4),  # 100 attention units of 16 query rows x 256 keys
-        dict(att_bm=16, att_splits=5),
-        dict(att_bm=16, att_splits=8),
-        dict(att_bm=16, att_bn=64, att_splits=4),
+        # 10 splits 770; b0181f6: 64-row attention tiles 910-923 vs 782 (every phase slower); c07fec0
+        # (5 alternating rounds): 16-row tiles x 5 splits 748 vs 778 for 32 x 8 (now the default),
+        # 16 x 4 splits 777, 16 x 8 830, 16 x 64-key tiles x 4 853
+        dict(att_bm=32, att_splits=8),  # the default before 16-row tiles
+        dict(att_bm=16, att_splits=6),  # 150 units: some programs take two
+        dict(num_stages=3),
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
     # alternate the variants over rounds (one machine drifts by ~2% between minutes)

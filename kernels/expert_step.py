@@ -28,10 +28,10 @@ All programs must be resident at once (the barrier waits for every one): the gri
 program per SM, launched cooperatively. On the interpreter (CI) the grid is one program, which
 runs every unit of every phase in order.
 
-Measured (H200, pi0.5 expert, 50 tokens, 968 + 50 keys; docs/results/README.md): 762-780 us per
-step, against ~950 us for the same work as separate kernels. Per layer (phase trace): QKV 7.5 us,
-attention 9.3, gate|up 7.1-7.4, down 4.5, the row phases 2.3 + 1.4, combine 3.0, O 2.9, and
-~1.35 us per barrier. Measured and dropped: six phases per layer, with the norms inside the GEMMs
+Measured (H200, pi0.5 expert, 50 tokens, 968 + 50 keys; docs/results/README.md): 748 us per
+step, against ~950 us for the same work as separate kernels. Per layer (phase trace): QKV 6.2 us,
+attention 8.6, gate|up 7.1, down 4.4, the row phases 1.7 + 1.3, combine 1.8, O 2.8, and
+~1.4 us per barrier. Measured and dropped: six phases per layer, with the norms inside the GEMMs
 and the residuals closed by each column tile's last split-K arrival (871 us at its best tiles:
 the last-arrival tails cost more than the row phases and barriers they save); L2 prefetch of the
 weights / cache rows ahead of their phases with ``cp.async.bulk.prefetch.L2`` (925-964 us: issuing
@@ -557,6 +557,10 @@ class ExpertStepPlan:
         self.device, self.dtype = device, dtype
         self.gpu = gpu if gpu is not None else (not is_interpreting() and device.type == "cuda")
         interp = not self.gpu
+        if interp:
+            self.grid = 1
+        else:
+            self.grid = sm_count or torch.cuda.get_device_properties(device).multi_processor_count
         self.bm = 64 if not interp else max(16, triton.next_power_of_2(rows))
         self.bn_qkv = 16
         # O and down: 32 columns x 4 K splits (128 units; the row phases sum 4 partials): 815 us per
@@ -565,16 +569,17 @@ class ExpertStepPlan:
         self.bn_gu = _pow2_tile(mlp_dim, 32)
         self.bn_d, self.ks_d = _pow2_tile(width, 32), _pow2_tile(mlp_dim, 1024)
         self.bk = min(128 if not interp else 32, width, self.ks_o, self.ks_d)
-        # attention 32 x 32 tiles: 783-812 us per step on the H200, against 822-842 with 32 x 64
-        self.att_bm, self.att_bn = (32, 32) if not interp else (max(16, triton.next_power_of_2(rows * num_heads)), 64)
-        self.att_splits = 8 if not interp else 1
+        # attention: 16 query rows x 32-key tiles, with as many key splits as fill the grid once
+        # (pi0.5: 25 tiles x 5 splits): 748 us per step on the H200 against 778 for 32 x 32 x 8
+        # (13 x 8 units), alternating over 5 rounds; 16 x 4 splits 777, 16 x 8 830 (two waves)
+        if interp:
+            self.att_bm, self.att_bn, self.att_splits = max(16, triton.next_power_of_2(rows * num_heads)), 64, 1
+        else:
+            self.att_bm, self.att_bn = 16, 32
+            self.att_splits = max(1, self.grid // triton.cdiv(rows * num_heads, self.att_bm))
         self.cb_m, self.cb_dc = 16, min(64, head_dim)
         self.update_chunks = 0  # denoise tail: K / column chunks per action row (0: fill the grid once)
         self.num_warps, self.num_stages = 4, 4  # H200 (64-column O / down tiles): 845 us; 3 stages 857, 8 warps 884
-        if interp:
-            self.grid = 1
-        else:
-            self.grid = sm_count or torch.cuda.get_device_properties(device).multi_processor_count
         act = dict(device=device, dtype=dtype)
         self.x_attn = torch.zeros(rows, width, **act)
         self.x_mlp = torch.zeros(rows, width, **act)
