@@ -127,6 +127,8 @@ def main() -> None:
         dict(att_bm=32, att_splits=8),  # the default before 16-row tiles
         dict(att_bm=16, att_splits=6),  # 150 units: some programs take two
         dict(num_stages=3),
+        dict(att_bn=16),  # 16 x 16 score tiles (230 registers offline, against 255)
+        dict(cb_m=32),  # the combine on 32-row tiles
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
     # alternate the variants over rounds (one machine drifts by ~2% between minutes)
