@@ -124,11 +124,12 @@ def main() -> None:
         # 10 splits 770; b0181f6: 64-row attention tiles 910-923 vs 782 (every phase slower); c07fec0
         # (5 alternating rounds): 16-row tiles x 5 splits 748 vs 778 for 32 x 8 (now the default),
         # 16 x 4 splits 777, 16 x 8 830, 16 x 64-key tiles x 4 853
+        # 91469ec (5 rounds): 742 us per step; 32 x 8 splits 773, 16 x 6 splits 786, 3 stages 830,
+        # 16 x 16 score tiles 936, 32-row combine tiles 958
         dict(att_bm=32, att_splits=8),  # the default before 16-row tiles
-        dict(att_bm=16, att_splits=6),  # 150 units: some programs take two
-        dict(num_stages=3),
-        dict(att_bn=16),  # 16 x 16 score tiles (230 registers offline, against 255)
-        dict(cb_m=32),  # the combine on 32-row tiles
+        dict(bk=64),
+        dict(cb_dc=32),
+        dict(ks_o=256),
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
     # alternate the variants over rounds (one machine drifts by ~2% between minutes)
