@@ -378,8 +378,10 @@ def _device_info(device: torch.device) -> tuple[int, int]:
     return _DEVICE_INFO[idx]
 
 
-def _launch_settings(B: int, M: int, Tk: int, D: int, device: torch.device) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages, num_splits) without autotuning.
+def _launch_settings(B: int, M: int, Tk: int, D: int, sms: int | None, smem: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages, num_splits) without autotuning, for a GPU with
+    `sms` SMs and `smem` bytes of opt-in shared memory per block (0: unknown, taken as large);
+    sms None: the interpreter.
 
     Measured on the H200 (bf16, d 256, 8 heads): the pi0 suffix (51 tokens = 408 rows over
     968 + 51 keys) is latency-bound: 32 x 64 tiles, 4 warps, 2 stages and 8 key splits
@@ -388,27 +390,32 @@ def _launch_settings(B: int, M: int, Tk: int, D: int, device: torch.device) -> t
     warpgroups per CTA), 2 stages, and as many key splits as fill the SMs once (2: 122 CTAs):
     32.7 us (~225 TFLOP/s) against 39.9 for 64 x 32 tiles on 4 warps (one CTA of 255 registers
     per SM), and 92 us less per prefix in the captured stage (bench/fused_ab.py, 5 rounds).
-    Shared memory: Q tile + stages x (K + V tiles) = 192 KB / 144 KB / 128 KB, within Hopper's
-    and datacenter Blackwell / Thor's 227 KB; GPUs with less opt-in shared memory (e.g. 99 KB)
-    get 64 x 32 tiles on 4 warps with 2 stages (80 KB) or 32-key tiles (96 KB).
+    Shared memory (`_smem_bytes`): 192 KB for the prefix's tiles, 144 KB for the suffix's,
+    within Hopper's and datacenter Blackwell / Thor's 227 KB; GPUs with less opt-in shared
+    memory (e.g. 99 KB) get 32-key tiles and 2 stages (96 KB at 64 rows, 80 KB at 32).
     Interpreter: one tile as large as the problem allows, no split (its cost is per program).
     """
     block_d = max(16, triton.next_power_of_2(D))
-    if is_interpreting() or device.type != "cuda":
+    if sms is None:
         bm = min(64, max(16, triton.next_power_of_2(M)))
         return bm, min(64, max(16, triton.next_power_of_2(Tk))), 4, 1, 1
-    sms, smem = _device_info(device)
     big_smem = smem == 0 or smem >= 200 * 1024
     scale_d = max(1, block_d // 256)  # wider heads: shrink tiles to stay in shared memory
     if B * triton.cdiv(M, 64) >= sms // 2:
         if not big_smem:
-            return 64, max(16, 32 // scale_d), 4, 2, 1
-        bn = max(16, 64 // scale_d)
-        return 128, bn, 8, 2, max(1, min(sms // (B * triton.cdiv(M, 128)), triton.cdiv(Tk, bn)))
+            return max(16, 64 // scale_d), max(16, 32 // scale_d), 4, 2, 1
+        bm, bn = max(16, 128 // scale_d), max(16, 64 // scale_d)
+        return bm, bn, 8, 2, max(1, min(sms // (B * triton.cdiv(M, bm)), triton.cdiv(Tk, bn)))
     bm, bn = 32, max(16, (64 if big_smem else 32) // scale_d)
     work = B * triton.cdiv(M, bm)
     splits = max(1, min(triton.cdiv(3 * sms // 4, work), triton.cdiv(Tk, bn)))
     return bm, bn, 4, 2, splits
+
+
+def _smem_bytes(block_m: int, block_n: int, D: int, stages: int, elem: int = 2) -> int:
+    """Shared memory of a launch: the Q tile, and a K and a V tile per pipeline stage."""
+    block_d = max(16, triton.next_power_of_2(D))
+    return elem * block_d * (block_m + 2 * block_n * stages)
 
 
 def _as_batched(t: torch.Tensor, ndim: int, name: str) -> torch.Tensor:
@@ -492,7 +499,9 @@ def attention(
         return out
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    bm, bn, warps, stages, splits = _launch_settings(B, M, Tk, D, q.device)
+    gpu = not is_interpreting() and q.device.type == "cuda"
+    sms, smem = _device_info(q.device) if gpu else (None, 0)
+    bm, bn, warps, stages, splits = _launch_settings(B, M, Tk, D, sms, smem)
     bm, bn = block_m or bm, block_n or bn
     warps, stages = num_warps or warps, num_stages or stages
     block_d = max(16, triton.next_power_of_2(D))

@@ -4,7 +4,7 @@ import pytest
 import torch
 from kernel_fixtures import DEVICE
 
-from kernels.attention import attention, attention_key_blocks, attention_ref
+from kernels.attention import _launch_settings, _smem_bytes, attention, attention_key_blocks, attention_ref
 
 # bf16: P is rounded to bf16 before the PV product (flash-attention practice) and the output is bf16.
 TOL = {torch.float32: dict(atol=2e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
@@ -93,6 +93,32 @@ def test_no_mask_batched_strided_cache_views_and_out_buffer() -> None:
     torch.testing.assert_close(out, attention_ref(q, k, v), **TOL[torch.float32])
     o2 = attention(q, k, v, scale=0.3, num_splits=2, block_n=16)
     torch.testing.assert_close(o2, attention_ref(q, k, v, scale=0.3), **TOL[torch.float32])
+
+
+H200, SMALL_SMEM, FEW_SMS = (132, 227 * 1024), (132, 99 * 1024), (20, 227 * 1024)
+
+
+@pytest.mark.parametrize("device", [H200, SMALL_SMEM, FEW_SMS, (132, 0)], ids=["h200", "99KB", "20SMs", "unknown"])
+@pytest.mark.parametrize("D", [72, 128, 256, 512])
+@pytest.mark.parametrize("rows", [400, 408, 3648, 5696, 7744], ids=lambda r: f"{r}rows")
+def test_launch_settings_fit_the_gpu(device, D: int, rows: int) -> None:
+    """Every heuristic launch fits the GPU's shared memory (unknown: 227 KB assumed), and a
+    split of a compute-bound problem (8 warps) stays within one wave of the SMs."""
+    sms, smem = device
+    bm, bn, warps, stages, splits = _launch_settings(1, rows, rows // 8 + 50, D, sms, smem)
+    assert _smem_bytes(bm, bn, D, stages) <= (smem or 227 * 1024)
+    assert splits >= 1 and warps in (4, 8) and bm >= 16 and bn >= 16
+    if warps == 8:
+        assert splits == 1 or -(-rows // bm) * splits <= sms
+
+
+def test_launch_settings_h200_choices() -> None:
+    """The measured choices (docstring of _launch_settings): the pi0.5 prefix at 3 views on
+    128 x 64 tiles, 8 warps, 2 stages, 2 key splits; the suffix on 32 x 64 with 8 splits."""
+    assert _launch_settings(1, 968 * 8, 968, 256, *H200) == (128, 64, 8, 2, 2)
+    assert _launch_settings(1, 50 * 8, 1018, 256, *H200) == (32, 64, 4, 2, 8)
+    assert _launch_settings(1, 968 * 8, 968, 256, *SMALL_SMEM) == (64, 32, 4, 2, 1)
+    assert _launch_settings(1, 968 * 8, 968, 256, None, 0)[-1] == 1  # interpreter: no split
 
 
 @pytest.mark.gpu

@@ -65,6 +65,18 @@ def test_plan_refuses_too_many_suffix_tokens() -> None:
         ExpertStepPlan(65, 1024, 4096, 8, 256, 1, torch.device("meta"), torch.bfloat16, gpu=True, sm_count=132)
 
 
+@pytest.mark.parametrize("rows", [50, 51], ids=["pi05", "pi0"])
+@pytest.mark.parametrize("sms", [132, 20, 170])
+def test_attention_units_fill_the_grid_once(rows: int, sms: int) -> None:
+    """GPU tiles: 16 query rows per attention unit, and as many key splits as fill the grid
+    without a second wave (pi0.5 on the H200: 25 tiles x 5 splits)."""
+    plan = ExpertStepPlan(rows, 1024, 4096, 8, 256, 1, torch.device("meta"), torch.bfloat16, gpu=True, sm_count=sms)
+    tiles = -(-rows * 8 // plan.att_bm)
+    assert plan.att_bm == 16 and plan.att_splits >= 1
+    assert tiles * plan.att_splits <= max(sms, tiles) < tiles * (plan.att_splits + 1)
+    assert plan.att_ws.numel() == plan.att_splits * rows * 8 * (256 + 2)
+
+
 def test_phase_times_decodes_the_trace() -> None:
     """Trace layout: per phase (last program done, program 0 past the barrier), then the final
     phase, then the launch start; times in ns -> us."""
