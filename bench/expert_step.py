@@ -125,11 +125,10 @@ def main() -> None:
         # (5 alternating rounds): 16-row tiles x 5 splits 748 vs 778 for 32 x 8 (now the default),
         # 16 x 4 splits 777, 16 x 8 830, 16 x 64-key tiles x 4 853
         # 91469ec (5 rounds): 742 us per step; 32 x 8 splits 773, 16 x 6 splits 786, 3 stages 830,
-        # 16 x 16 score tiles 936, 32-row combine tiles 958
+        # 16 x 16 score tiles 936, 32-row combine tiles 958; 906928f (3 rounds): 737 us; bk=64 831,
+        # 32-column combine chunks 869, 8 O splits (ks_o=256) 893
         dict(att_bm=32, att_splits=8),  # the default before 16-row tiles
-        dict(bk=64),
-        dict(cb_dc=32),
-        dict(ks_o=256),
+        dict(num_stages=5),
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
     # alternate the variants over rounds (one machine drifts by ~2% between minutes)
