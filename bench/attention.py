@@ -9,15 +9,13 @@ tokens, 16 heads of dim 72) under each SDPA backend. GPU only.
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from flashrt_ros.bench.timing import environment, graph_ms
+from flashrt_ros.bench.timing import graph_ms, write_result
 from kernels.attention import attention, attention_key_blocks, attention_ref
 
 H, D = 8, 256
@@ -117,10 +115,7 @@ def main() -> None:
 
     results["vision"] = vision(args.views)
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"attention_{time.strftime('%Y%m%d_%H%M%S')}.json"
-    path.write_text(json.dumps(dict(env=environment(dev), tokens=T, valid=args.valid, results=results), indent=1))
-    print("wrote", path)
+    write_result(args.out, "attention", dev, tokens=T, valid=args.valid, results=results)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,6 @@ such a module-level setting of fused.py first.
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from pathlib import Path
 
 import torch
@@ -22,7 +20,7 @@ import torch
 import flashrt_ros.policies.fused as fused_mod
 from flashrt_ros.bench.reference import Case, build_random
 from flashrt_ros.bench.stages import load_case
-from flashrt_ros.bench.timing import environment, graph_ms
+from flashrt_ros.bench.timing import graph_ms, write_result
 from flashrt_ros.policies.config import PolicyConfig
 from flashrt_ros.policies.fused import FusedPi0
 
@@ -66,10 +64,7 @@ def main() -> None:
     print()
     for key, values in results.items():
         print(f"{key:<36} median of rounds {sorted(values)[len(values) // 2]:.4f} ms")
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"fused_ab_{time.strftime('%Y%m%d_%H%M%S')}.json"
-    path.write_text(json.dumps(dict(env=environment(dev), views=args.views, results=results), indent=1))
-    print("wrote", path)
+    write_result(args.out, "fused_ab", dev, views=args.views, results=results)
 
 
 if __name__ == "__main__":

@@ -10,14 +10,12 @@ at 1024 rows shows what the 968-row tile tail costs. GPU only.
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from flashrt_ros.bench.timing import environment, graph_ms
+from flashrt_ros.bench.timing import graph_ms, write_result
 
 # name, rows, K, N, layers timed (distinct weights; together larger than the 50 MB L2), GELU epilogue
 SHAPES = [
@@ -88,10 +86,7 @@ def main() -> None:
     got = F.linear(torch._addmm_activation(b1p, x, w1p.t(), use_gelu=True), w2p)
     table["padded mlp max abs diff"] = float((got.float() - ref.float()).abs().max())
     print("SigLIP MLP padded to 4352 vs 4304, max abs diff:", table["padded mlp max abs diff"])
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"gemm_shapes_{time.strftime('%Y%m%d_%H%M%S')}.json"
-    path.write_text(json.dumps(dict(env=environment(dev), results=table), indent=1))
-    print("wrote", path)
+    write_result(args.out, "gemm_shapes", dev, results=table)
 
 
 if __name__ == "__main__":

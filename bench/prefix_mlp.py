@@ -9,14 +9,12 @@ GEMM accumulates the chunks (beta = 1). GPU only.
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from flashrt_ros.bench.timing import environment, graph_ms
+from flashrt_ros.bench.timing import graph_ms, write_result
 from kernels.geglu import geglu
 
 WIDTH, FF, LAYERS = 2048, 16384, 4
@@ -88,10 +86,7 @@ def main() -> None:
     results["F.linear down"] = graph_ms(lambda: F.linear(act, dn), calls=4) * 1e3
     for k in ("gate_up gemm", "geglu", "down gemm", "F.linear down"):
         print(f"{k:<14} {results[k]:8.2f} us")
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"prefix_mlp_{time.strftime('%Y%m%d_%H%M%S')}.json"
-    path.write_text(json.dumps(dict(env=environment(dev), rows=M, results=results), indent=1))
-    print("wrote", path)
+    write_result(args.out, "prefix_mlp", dev, rows=M, results=results)
 
 
 if __name__ == "__main__":

@@ -8,14 +8,12 @@ add (968 rows x 2048, the prefix LM). GPU only.
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from flashrt_ros.bench.timing import environment, graph_ms
+from flashrt_ros.bench.timing import graph_ms, write_result
 from kernels.layer_norm import layer_norm
 from kernels.rms_norm import rms_norm
 
@@ -39,10 +37,7 @@ def main() -> None:
             us = graph_ms(fn, calls=20) * 1e3
             results[f"{name} warps={warps or 'default'}"] = us
             print(f"{name:<28} warps={str(warps or 'default'):<8} {us:7.2f} us")
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"row_norms_{time.strftime('%Y%m%d_%H%M%S')}.json"
-    path.write_text(json.dumps(dict(env=environment(dev), results=results), indent=1))
-    print("wrote", path)
+    write_result(args.out, "row_norms", dev, results=results)
 
 
 if __name__ == "__main__":

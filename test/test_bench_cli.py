@@ -31,3 +31,17 @@ def test_speed_up_ratios_have_two_decimals(capsys) -> None:
     assert capsys.readouterr().out.splitlines() == [
         "pi05 3v speed-up of fused (median full decision): eager/fused = 23.13x, compile/fused = 2.96x"
     ]
+
+
+def test_write_result_keeps_the_environment_beside_the_payload(tmp_path, capsys) -> None:
+    """What every bench script writes: its payload and where it ran (commit, versions, device)."""
+    import torch
+
+    from flashrt_ros.bench.timing import write_result
+
+    path = write_result(tmp_path / "new", "probe", torch.device("cpu"), rows=3, results={"a": [1.5]})
+    data = json.loads(path.read_text())
+    assert path.parent == tmp_path / "new" and path.name.startswith("probe_") and path.suffix == ".json"
+    assert data["rows"] == 3 and data["results"] == {"a": [1.5]}
+    assert {"commit", "torch", "triton", "device"} <= set(data["env"]) and data["env"]["device"] == "cpu"
+    assert f"wrote {path}" in capsys.readouterr().out

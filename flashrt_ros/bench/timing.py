@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -124,3 +126,13 @@ def environment(device: torch.device) -> dict:
     else:
         env["cpu"] = platform.processor() or platform.machine()
     return env
+
+
+def write_result(out_dir: Path, stem: str, device: torch.device, **payload) -> Path:
+    """`out_dir/<stem>_<date>_<time>.json` with the run's environment (commit, GPU, versions)
+    beside `payload`; prints where it went."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{stem}_{time.strftime('%Y%m%d_%H%M%S')}.json"
+    path.write_text(json.dumps(dict(env=environment(device), **payload), indent=1))
+    print("wrote", path)
+    return path
