@@ -96,7 +96,7 @@ def _attn_fwd_tile(
     BLOCK_D: tl.constexpr,
     CACHE: tl.constexpr,  # cache modifier of the q load ('.cg' inside a persistent kernel)
 ):
-    """One (query tile, key split) of the forward pass; also called by kernels.expert_layer."""
+    """One (query tile, key split) of the forward pass; also called by kernels.expert_step."""
     b = b.to(tl.int64)
 
     # Rows of the tile are (token, head) pairs: row = token * H + head.
