@@ -89,7 +89,10 @@ def main() -> None:
     for bm, bn, w, s in ((64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2), (64, 32, 8, 3), (128, 32, 8, 3)):
         tiles = dict(block_m=bm, block_n=bn, num_warps=w, num_stages=s, num_splits=1)
         show(f"triton {bm}x{bn} w{w} s{s}", lambda t=tiles: attention(q, k, v, key_blocks=kb, **t))
-    show("triton 64x32 w4 s3, 2 key splits", lambda: attention(q, k, v, key_blocks=kb, num_splits=2))
+    show(
+        "triton 64x32 w4 s3, 2 key splits",
+        lambda: attention(q, k, v, key_blocks=kb, block_m=64, block_n=32, num_warps=4, num_stages=3, num_splits=2),
+    )
     # two warpgroups per CTA (128-row tiles, 8 warps: 235 registers, no spill, offline build) do
     # more per SM than one (64 x 32, 4 warps: 255 registers, 1 CTA per SM), but 61 tiles fill half
     # the SMs (54 us above); 2 key splits give 122 CTAs, plus the combine

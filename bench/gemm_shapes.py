@@ -4,7 +4,7 @@ graph), as laid out now and in candidate layouts: SigLIP's MLP width (4304) zero
 multiple of 128 (exact: GELU(0) = 0 meets zero rows of fc2), and the cuBLASLt backend. The LM
 at 1024 rows shows what the 968-row tile tail costs. GPU only.
 
-    python bench/gemm_shapes.py [--out DIR]
+    python bench/gemm_shapes.py [--rounds 3] [--out DIR]
 """
 
 from __future__ import annotations

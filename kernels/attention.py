@@ -29,7 +29,7 @@ Uses:
 
 A query row that sees no key at all returns zeros (not NaN).
 
-For few query rows (the 51-token suffix is 408 rows, 7 tiles for 132 SMs) the keys are split
+For few query rows (the 51-token suffix is 408 rows, 13 tiles of 32 for 132 SMs) the keys are split
 across programs (flash-decoding): each split writes an unnormalised partial (acc, max, sum) and
 a small combine kernel merges them. ``num_splits`` picks it; by default a heuristic on the SM
 count (1 on the interpreter).
@@ -390,15 +390,25 @@ def _launch_settings(B: int, M: int, Tk: int, D: int, sms: int | None, smem: int
     warpgroups per CTA), 2 stages, and as many key splits as fill the SMs once (2: 122 CTAs):
     32.7 us (~225 TFLOP/s) against 39.9 for 64 x 32 tiles on 4 warps (one CTA of 255 registers
     per SM), and 92 us less per prefix in the captured stage (bench/fused_ab.py, 5 rounds).
-    Shared memory (`_smem_bytes`): 192 KB for the prefix's tiles, 144 KB for the suffix's,
-    within Hopper's and datacenter Blackwell / Thor's 227 KB; GPUs with less opt-in shared
-    memory (e.g. 99 KB) get 32-key tiles and 2 stages (96 KB at 64 rows, 80 KB at 32).
+    Shared memory (`_smem_bytes`, a conservative model: Triton allocates less, e.g. 128 KB for
+    the prefix's tiles where the model says 192): 192 KB for the prefix's tiles, 144 KB for the
+    suffix's, within Hopper's and datacenter Blackwell / Thor's 227 KB; GPUs with less opt-in
+    shared memory (e.g. 99 KB) get 32-key tiles and 2 stages (96 KB at 64 rows, 80 KB at 32).
+    Heads wider than 256 shrink the tiles; a launch that still would not fit drops stages.
     Interpreter: one tile as large as the problem allows, no split (its cost is per program).
     """
-    block_d = max(16, triton.next_power_of_2(D))
     if sms is None:
         bm = min(64, max(16, triton.next_power_of_2(M)))
         return bm, min(64, max(16, triton.next_power_of_2(Tk))), 4, 1, 1
+    bm, bn, warps, stages, splits = _heuristic(B, M, Tk, D, sms, smem)
+    while stages > 1 and smem and _smem_bytes(bm, bn, D, stages) > smem:
+        stages -= 1  # very wide heads on a GPU with little shared memory
+    return bm, bn, warps, stages, splits
+
+
+def _heuristic(B: int, M: int, Tk: int, D: int, sms: int, smem: int) -> tuple[int, int, int, int, int]:
+    """`_launch_settings` on a GPU, before the shared-memory check."""
+    block_d = max(16, triton.next_power_of_2(D))
     big_smem = smem == 0 or smem >= 200 * 1024
     scale_d = max(1, block_d // 256)  # wider heads: shrink tiles to stay in shared memory
     if B * triton.cdiv(M, 64) >= sms // 2:
@@ -406,7 +416,7 @@ def _launch_settings(B: int, M: int, Tk: int, D: int, sms: int | None, smem: int
             return max(16, 64 // scale_d), max(16, 32 // scale_d), 4, 2, 1
         bm, bn = max(16, 128 // scale_d), max(16, 64 // scale_d)
         return bm, bn, 8, 2, max(1, min(sms // (B * triton.cdiv(M, bm)), triton.cdiv(Tk, bn)))
-    bm, bn = 32, max(16, (64 if big_smem else 32) // scale_d)
+    bm, bn = max(16, 32 // scale_d), max(16, (64 if big_smem else 32) // scale_d)
     work = B * triton.cdiv(M, bm)
     splits = max(1, min(triton.cdiv(3 * sms // 4, work), triton.cdiv(Tk, bn)))
     return bm, bn, 4, 2, splits
@@ -463,7 +473,8 @@ def attention(
         query_blocks: int32 [Tq] or [B, Tq]; None: all 0.
         scale: softmax scale, default ``D ** -0.5`` (Gemma: 1/16).
         out: optional static [.., Tq, H, D] output (any strides with contiguous last dim).
-        num_splits: key splits (flash-decoding); None: heuristic (1 on the interpreter).
+        num_splits: key splits (flash-decoding); None: heuristic (1 on the interpreter; computed
+            for the heuristic's tiles, also when `block_m` / `block_n` override them).
         block_m / block_n / num_warps / num_stages: launch settings; None: heuristic.
         workspace: optional fp32 buffer of at least ``B * num_splits * Tq * H * (D + 2)``
             elements for the split partials (allocated per call if None).
@@ -567,7 +578,6 @@ def attention(
         num_stages=stages,
     )
     if split:
-        cm = 32 if not is_interpreting() else min(64, max(16, triton.next_power_of_2(M)))
         if is_interpreting():
             cm, cdc = min(64, max(16, triton.next_power_of_2(M))), block_d
         else:

@@ -36,8 +36,9 @@ and the residuals closed by each column tile's last split-K arrival (871 us at i
 the last-arrival tails cost more than the row phases and barriers they save); L2 prefetch of the
 weights / cache rows ahead of their phases with ``cp.async.bulk.prefetch.L2`` (925-964 us: issuing
 it stalls its phase by 8-11 us, and the GEMM phases it feeds gain only 0.3-1 us each, so they are
-not waiting on HBM). The denoise tail costs ~15 us per step, 2.6 us less than the same update as
-its own launch after the step (bench/expert_step.py).
+not waiting on HBM). The denoise tail costs ~15 us per step: 2.6-11 us less than the same update
+as its own launch after the step with 32-row attention tiles, a tie with 16-row ones
+(bench/expert_step.py).
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ for part in "${parts[@]}"; do
       step "Candidates: step kernel attention tiles, GEMM layouts at the prefix shapes, prefix attention tiles in place"
       python3 bench/expert_step.py --out "$OUT" 2>&1 | tee "$OUT/expert_step.log" || status=1
       python3 bench/gemm_shapes.py --out "$OUT" 2>&1 | tee "$OUT/gemm_shapes.log" || status=1
-      python3 bench/fused_ab.py "PREFIX_ATTENTION_TILES=none;128x64,w8,s2,k2;128x32,w8,s3,k2" --rounds 5 \
+      python3 bench/fused_ab.py "PREFIX_ATTENTION_TILES=none;64x32,w4,s3,k1;128x32,w8,s3,k2" --rounds 5 \
         --out "$OUT" 2>&1 | tee "$OUT/fused_ab.log" || status=1
       ;;
     *) echo "unknown part $part"; status=2 ;;

@@ -99,7 +99,7 @@ H200, SMALL_SMEM, FEW_SMS = (132, 227 * 1024), (132, 99 * 1024), (20, 227 * 1024
 
 
 @pytest.mark.parametrize("device", [H200, SMALL_SMEM, FEW_SMS, (132, 0)], ids=["h200", "99KB", "20SMs", "unknown"])
-@pytest.mark.parametrize("D", [72, 128, 256, 512])
+@pytest.mark.parametrize("D", [72, 128, 256, 512, 1024])
 @pytest.mark.parametrize("rows", [400, 408, 3648, 5696, 7744], ids=lambda r: f"{r}rows")
 def test_launch_settings_fit_the_gpu(device, D: int, rows: int) -> None:
     """Every heuristic launch fits the GPU's shared memory (unknown: 227 KB assumed), and a

@@ -68,13 +68,26 @@ def test_plan_refuses_too_many_suffix_tokens() -> None:
 @pytest.mark.parametrize("rows", [50, 51], ids=["pi05", "pi0"])
 @pytest.mark.parametrize("sms", [132, 20, 170])
 def test_attention_units_fill_the_grid_once(rows: int, sms: int) -> None:
-    """GPU tiles: 16 query rows per attention unit, and as many key splits as fill the grid
-    without a second wave (pi0.5 on the H200: 25 tiles x 5 splits)."""
-    plan = ExpertStepPlan(rows, 1024, 4096, 8, 256, 1, torch.device("meta"), torch.bfloat16, gpu=True, sm_count=sms)
-    tiles = -(-rows * 8 // plan.att_bm)
-    assert plan.att_bm == 16 and plan.att_splits >= 1
-    assert tiles * plan.att_splits <= max(sms, tiles) < tiles * (plan.att_splits + 1)
-    assert plan.att_ws.numel() == plan.att_splits * rows * 8 * (256 + 2)
+    """GPU launch (built on meta tensors, not run): 16 query rows per attention unit and as many
+    key splits over the 968 + S keys as fill the grid in one wave (pi0.5 on the H200: 25 tiles
+    x 5 splits); a grid smaller than the query tiles gets no split."""
+    meta, bf16, W, F, H, D, L, P = torch.device("meta"), torch.bfloat16, 1024, 4096, 8, 256, 2, 968
+    plan = ExpertStepPlan(rows, W, F, H, D, 1, meta, bf16, gpu=True, sm_count=sms)
+    e = lambda *shape, dtype=bf16: torch.empty(*shape, dtype=dtype, device=meta)  # noqa: E731
+    vec = e(1, L, W, dtype=torch.float32)
+    w = ExpertWeights(e(L, (H + 2) * D, W), e(L, W, H * D), e(L, 2 * F, W), e(L, W, F), vec, vec, vec, vec, vec, vec,
+                      e(1, W, dtype=torch.float32), e(1, W, dtype=torch.float32))  # fmt: skip
+    i32 = torch.int32
+    _, kw = plan.launch_args(
+        e(rows, W), w, 0, e(L, P + rows, D), e(L, P + rows, D), e(P + rows, dtype=i32), e(rows, dtype=i32),
+        e(rows, dtype=torch.int64), e(D // 2, dtype=torch.float32), P, 0, 1e-6,
+    )  # fmt: skip
+    tiles = -(-rows * H // kw["ATT_BM"])
+    assert kw["ATT_BM"] == 16 and kw["ATT_SPLITS"] == plan.att_splits
+    if tiles >= sms:
+        assert kw["ATT_SPLITS"] == 1
+    else:
+        assert tiles * kw["ATT_SPLITS"] <= sms < tiles * (kw["ATT_SPLITS"] + 1)
 
 
 def test_phase_times_decodes_the_trace() -> None:

@@ -131,6 +131,8 @@ def environment(device: torch.device) -> dict:
 def write_result(out_dir: Path, stem: str, device: torch.device, **payload) -> Path:
     """`out_dir/<stem>_<date>_<time>.json` with the run's environment (commit, GPU, versions)
     beside `payload`; prints where it went."""
+    if "env" in payload:
+        raise ValueError("payload key 'env' is reserved for the run's environment")
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{stem}_{time.strftime('%Y%m%d_%H%M%S')}.json"
     path.write_text(json.dumps(dict(env=environment(device), **payload), indent=1))
