@@ -408,7 +408,7 @@ def _launch_settings(B: int, M: int, Tk: int, D: int, sms: int | None, smem: int
 
 def _heuristic(B: int, M: int, Tk: int, D: int, sms: int, smem: int) -> tuple[int, int, int, int, int]:
     """`_launch_settings` on a GPU, before the shared-memory check."""
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = _block_d(D)
     big_smem = smem == 0 or smem >= 200 * 1024
     scale_d = max(1, block_d // 256)  # wider heads: shrink tiles to stay in shared memory
     if B * triton.cdiv(M, 64) >= sms // 2:
@@ -422,10 +422,14 @@ def _heuristic(B: int, M: int, Tk: int, D: int, sms: int, smem: int) -> tuple[in
     return bm, bn, 4, 2, splits
 
 
+def _block_d(D: int) -> int:
+    """The head dim as the kernels tile it: a power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, triton.next_power_of_2(D))
+
+
 def _smem_bytes(block_m: int, block_n: int, D: int, stages: int, elem: int = 2) -> int:
     """Shared memory of a launch: the Q tile, and a K and a V tile per pipeline stage."""
-    block_d = max(16, triton.next_power_of_2(D))
-    return elem * block_d * (block_m + 2 * block_n * stages)
+    return elem * _block_d(D) * (block_m + 2 * block_n * stages)
 
 
 def _as_batched(t: torch.Tensor, ndim: int, name: str) -> torch.Tensor:
@@ -515,7 +519,7 @@ def attention(
     bm, bn, warps, stages, splits = _launch_settings(B, M, Tk, D, sms, smem)
     bm, bn = block_m or bm, block_n or bn
     warps, stages = num_warps or warps, num_stages or stages
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = _block_d(D)
     m_tiles = triton.cdiv(M, bm)
     num_splits = max(1, min(int(num_splits or splits), max(1, triton.cdiv(Tk, bn))))
     # Whole key tiles per split, and no empty split.
