@@ -1,7 +1,7 @@
 """The prefix LM's attention (968 tokens, 8 query heads, one K/V head of dim 256, padded prompt
 keys masked) on the GPU: our Triton kernel at several tile settings against torch's SDPA
 backends, each checked against the fp32 reference; then SigLIP's attention (per view: 256
-tokens, 16 heads of dim 72) under each SDPA backend. GPU only.
+tokens, 16 heads of dim 72) under each SDPA backend and our packed kernel. GPU only.
 
     python bench/attention.py [--out DIR] [--tokens 968] [--valid 930] [--views 3]
 """
@@ -17,6 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashrt_ros.bench.timing import graph_ms, write_result
 from kernels.attention import attention, attention_key_blocks, attention_ref
+from kernels.packed_attention import packed_attention
 
 H, D = 8, 256
 
@@ -51,6 +52,21 @@ def vision(views: int, tokens: int = 256, heads: int = 16, hd: int = 72) -> dict
             continue
         results[name] = dict(us=us, max_abs=err)
         print(f"sdpa {name:<41} {us:8.1f} us {flops / us / 1e6:6.0f} TFLOP/s  max abs {err:.2e}")
+    # kernels/packed_attention.py on the same buffer, its output in the O GEMM's layout
+    packed = qkv.view(views * tokens, 3 * heads * hd)
+    want_rows = want.transpose(1, 2).reshape(views * tokens, heads * hd)
+    for label, tiles in (
+        ("triton packed default", {}),
+        *(
+            (f"triton packed {bm}x{bn} w{w} s{s}", dict(block_m=bm, block_n=bn, num_warps=w, num_stages=s))
+            for bm, bn, w, s in ((32, 64, 4, 2), (64, 128, 4, 2), (128, 64, 8, 2), (64, 256, 4, 1), (32, 128, 4, 2))
+        ),
+    ):
+        fn = lambda t=tiles: packed_attention(packed, heads, tokens, **t)  # noqa: E731
+        err = float((fn().float() - want_rows).abs().max())
+        us = median_us(fn)
+        results[label] = dict(us=us, max_abs=err)
+        print(f"{label:<46} {us:8.1f} us {flops / us / 1e6:6.0f} TFLOP/s  max abs {err:.2e}")
     return results
 
 

@@ -3,7 +3,7 @@
 # torch 2.11 + CUDA 13, triton 3.6; no network). CI has no GPU, so these never run there.
 #
 #   bash scripts/gpu_check.sh [parts...]     parts: kernels fused parity latency bench step compile profile micro
-#                                            experiments
+#                                            experiments vision
 #                                            (default: kernels fused parity latency bench step)
 #
 # Carry the parity wheels (`bash scripts/fetch_parity_wheels.sh` -> .whl) for `parity`.
@@ -83,6 +83,12 @@ for part in "${parts[@]}"; do
       python3 bench/gemm_shapes.py --out "$OUT" 2>&1 | tee "$OUT/gemm_shapes.log" || status=1
       python3 bench/fused_ab.py "PREFIX_ATTENTION_TILES=none;64x32,w4,s3,k1;128x32,w8,s3,k2" --rounds 5 \
         --out "$OUT" 2>&1 | tee "$OUT/fused_ab.log" || status=1
+      ;;
+    vision)
+      step "SigLIP attention: SDPA backends vs the packed Triton kernel, alone and in the captured stages"
+      python3 bench/attention.py --out "$OUT" 2>&1 | tee "$OUT/attention.log" || status=1
+      python3 bench/fused_ab.py "VISION_ATTENTION=triton;sdpa" --rounds 5 --out "$OUT" 2>&1 \
+        | tee "$OUT/fused_ab_vision.log" || status=1
       ;;
     *) echo "unknown part $part"; status=2 ;;
   esac

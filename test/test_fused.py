@@ -141,6 +141,25 @@ def test_vision_stage_matches_the_reference_tokens(views):
     torch.testing.assert_close(fused.vision(), ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("backend", ["triton", "sdpa"])
+def test_vision_attention_setting(monkeypatch, backend):
+    """`VISION_ATTENTION` (bench/fused_ab.py's hook): the packed Triton kernel and torch's SDPA
+    both give the reference tower's tokens; an unknown value is refused by name."""
+    import flashrt_ros.policies.fused as fused_mod
+
+    model = tiny_model("pi05", seed=3, num_views=2).to(DEVICE)
+    x = tiny_inputs(model.cfg, batch=1)
+    fused = FusedPi0(model, torch.float32)
+    fused.set_pixels(x["pixels"][0].to(DEVICE), [True, True])
+    with torch.no_grad():
+        ref = model.embed_images(x["pixels"][:, :2].to(DEVICE))[0]
+    monkeypatch.setattr(fused_mod, "VISION_ATTENTION", backend)
+    torch.testing.assert_close(fused.vision(), ref, rtol=1e-4, atol=1e-4)
+    monkeypatch.setattr(fused_mod, "VISION_ATTENTION", "cudnn")
+    with pytest.raises(ValueError, match="VISION_ATTENTION 'cudnn': expected 'triton' or 'sdpa'"):
+        fused.vision()
+
+
 def test_prefix_attention_tiles_setting(monkeypatch):
     """`PREFIX_ATTENTION_TILES` (the hook bench/fused_ab.py A/Bs on the GPU) runs the prefix
     attention with the given launch, here split over 2 key ranges and combined: same chunk."""

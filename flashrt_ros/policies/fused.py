@@ -41,6 +41,7 @@ from kernels.geglu import geglu
 from kernels.gelu import bias_gelu
 from kernels.layer_norm import layer_norm
 from kernels.linear_f32 import linear_f32
+from kernels.packed_attention import packed_attention
 from kernels.preprocess import preprocess_image
 from kernels.rms_norm import rms_norm
 from kernels.rope import qkv_rope, rope_inv_freq
@@ -54,6 +55,9 @@ log = logging.getLogger(__name__)
 # cuDNN 10.6 us per layer (3 views, its workspace memset included), flash 12.4, memory-efficient 17.5
 # (bench/attention.py, docs/results/attention_20261129_211334.json)
 VISION_SDPA = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+# "triton": kernels/packed_attention.py, read straight from the QKV GEMM's output and written in
+# the O GEMM's layout; "sdpa": torch's SDPA with the backends above
+VISION_ATTENTION = "triton"
 VISIBLE, MASKED = -(2**30), 2**30  # key block ids: seen by every query / by none (kernels/attention.py)
 # Row norms' warps (None: the kernels' width default). Alone, fewer warps measured faster (SigLIP
 # LayerNorm 2 warps 2.93 vs 3.23 us, prefix RMSNorm 4 warps 3.58 vs 3.77; bench/row_norms.py), but
@@ -363,14 +367,23 @@ class FusedPi0:
                 y = layer_norm(h, *w.ln1, eps=eps, num_warps=nw)
             else:
                 y, h = layer_norm(mlp_out, *w.ln1, eps=eps, residual=h, num_warps=nw)
-            qkv = F.linear(y, *w.qkv).view(v, n, 3, heads, hd).permute(2, 0, 3, 1, 4)
-            with sdpa_kernel(VISION_SDPA, set_priority=True):
-                a = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
-            a = a.transpose(1, 2).reshape(v * n, -1)
+            a = self._vision_attention(F.linear(y, *w.qkv), v, n, heads, hd)
             y, h = layer_norm(F.linear(a, *w.out), *w.ln2, eps=eps, residual=h, num_warps=nw)
             mlp_out = F.linear(_linear_gelu_tanh(y, *w.fc1), *w.fc2)
         y, _ = layer_norm(mlp_out, *self.post_ln, eps=eps, residual=h, num_warps=nw)
         return F.linear(y, *self.proj)
+
+    @staticmethod
+    def _vision_attention(qkv: Tensor, v: int, n: int, heads: int, hd: int) -> Tensor:
+        """SigLIP's attention per view: qkv [v*n, 3*heads*hd] -> [v*n, heads*hd]."""
+        if VISION_ATTENTION == "triton":
+            return packed_attention(qkv, heads, n)
+        if VISION_ATTENTION != "sdpa":
+            raise ValueError(f"VISION_ATTENTION {VISION_ATTENTION!r}: expected 'triton' or 'sdpa'")
+        q, k, val = qkv.view(v, n, 3, heads, hd).permute(2, 0, 3, 1, 4)
+        with sdpa_kernel(VISION_SDPA, set_priority=True):
+            a = F.scaled_dot_product_attention(q, k, val)
+        return a.transpose(1, 2).reshape(v * n, -1)
 
     def prefix(self) -> None:
         """Vision + prompt -> prefix_k / prefix_v of every layer (+ the suffix's positions).
