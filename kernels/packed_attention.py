@@ -94,9 +94,8 @@ def packed_attention(
     if out is None:
         out = torch.empty(rows, num_heads * D, device=qkv.device, dtype=qkv.dtype)
     elif tuple(out.shape) != (rows, num_heads * D) or out.stride(-1) != 1 or out.dtype != qkv.dtype:
-        raise ValueError(
-            f"out must be {qkv.dtype} [{rows}, {num_heads * D}] with contiguous rows, got {out.dtype} {tuple(out.shape)}"
-        )
+        want = f"{qkv.dtype} [{rows}, {num_heads * D}] with contiguous rows"
+        raise ValueError(f"out must be {want}, got {out.dtype} {tuple(out.shape)}")
     interp = is_interpreting()
     bm, bn, warps, stages = _launch_settings(seq_len, interp)
     bm, bn = block_m or bm, block_n or bn
