@@ -56,10 +56,18 @@ def vision(views: int, tokens: int = 256, heads: int = 16, hd: int = 72) -> dict
     packed = qkv.view(views * tokens, 3 * heads * hd)
     want_rows = want.transpose(1, 2).reshape(views * tokens, heads * hd)
     for label, tiles in (
-        ("triton packed default", {}),
+        ("triton packed default (head dim 64 + 16)", {}),
+        ("triton packed, head dim padded to 128", dict(split_head=False)),
         *(
             (f"triton packed {bm}x{bn} w{w} s{s}", dict(block_m=bm, block_n=bn, num_warps=w, num_stages=s))
-            for bm, bn, w, s in ((32, 64, 4, 2), (64, 128, 4, 2), (128, 64, 8, 2), (64, 256, 4, 1), (32, 128, 4, 2))
+            for bm, bn, w, s in (
+                (64, 64, 4, 3),
+                (128, 64, 8, 2),
+                (64, 128, 4, 2),
+                (32, 64, 4, 2),
+                (128, 128, 8, 1),
+                (64, 256, 4, 1),
+            )
         ),
     ):
         fn = lambda t=tiles: packed_attention(packed, heads, tokens, **t)  # noqa: E731
@@ -112,9 +120,10 @@ def main() -> None:
     # two warpgroups per CTA (128-row tiles, 8 warps: 235 registers, no spill, offline build) do
     # more per SM than one (64 x 32, 4 warps: 255 registers, 1 CTA per SM), but 61 tiles fill half
     # the SMs (54 us above); 2 key splits give 122 CTAs, plus the combine
-    for bm, bn, w, s in ((128, 32, 8, 3), (128, 64, 8, 2)):
-        tiles = dict(block_m=bm, block_n=bn, num_warps=w, num_stages=s, num_splits=2)
-        show(f"triton {bm}x{bn} w{w} s{s}, 2 key splits", lambda t=tiles: attention(q, k, v, key_blocks=kb, **t))
+    for bm, bn, w, s, sp in ((128, 32, 8, 3, 2), (128, 64, 8, 2, 2), (128, 128, 8, 1, 2), (128, 64, 8, 2, 3),
+                            (64, 64, 4, 2, 2), (128, 32, 8, 4, 2), (64, 128, 8, 2, 2)):  # fmt: skip
+        tiles = dict(block_m=bm, block_n=bn, num_warps=w, num_stages=s, num_splits=sp)
+        show(f"triton {bm}x{bn} w{w} s{s}, {sp} key splits", lambda t=tiles: attention(q, k, v, key_blocks=kb, **t))
 
     # torch SDPA: [1, H, T, D] views of the same tensors (no copies), the mask as a bool row
     qs = q.unsqueeze(0).transpose(1, 2)
