@@ -155,6 +155,12 @@ def test_vision_attention_setting(monkeypatch, backend):
         ref = model.embed_images(x["pixels"][:, :2].to(DEVICE))[0]
     monkeypatch.setattr(fused_mod, "VISION_ATTENTION", backend)
     torch.testing.assert_close(fused.vision(), ref, rtol=1e-4, atol=1e-4)
+    if backend == "triton":  # and at a launch of VISION_ATTENTION_TILES (bench/fused_ab.py's hook)
+        monkeypatch.setattr(fused_mod, "VISION_ATTENTION_TILES", "64x128,w4,s2" if DEVICE == "cuda" else "16x16,w4,s1")
+        torch.testing.assert_close(fused.vision(), ref, rtol=1e-4, atol=1e-4)
+        monkeypatch.setattr(fused_mod, "VISION_ATTENTION_TILES", "64x128,w4,s2,k2")
+        with pytest.raises(ValueError, match="VISION_ATTENTION_TILES '64x128,w4,s2,k2': expected BMxBN,wWARPS,sSTAGES"):
+            fused.vision()
     monkeypatch.setattr(fused_mod, "VISION_ATTENTION", "cudnn")
     with pytest.raises(ValueError, match="VISION_ATTENTION 'cudnn': expected 'triton' or 'sdpa'"):
         fused.vision()

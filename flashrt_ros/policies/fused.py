@@ -58,6 +58,8 @@ VISION_SDPA = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBacken
 # "triton": kernels/packed_attention.py, read straight from the QKV GEMM's output and written in
 # the O GEMM's layout; "sdpa": torch's SDPA with the backends above
 VISION_ATTENTION = "triton"
+# its launch, "BMxBN,wWARPS,sSTAGES", or None for the kernel's default (kernels/packed_attention.py)
+VISION_ATTENTION_TILES: str | None = None
 VISIBLE, MASKED = -(2**30), 2**30  # key block ids: seen by every query / by none (kernels/attention.py)
 # Row norms' warps (None: the kernels' width default). Alone, fewer warps measured faster (SigLIP
 # LayerNorm 2 warps 2.93 vs 3.23 us, prefix RMSNorm 4 warps 3.58 vs 3.77; bench/row_norms.py), but
@@ -72,20 +74,25 @@ PREFIX_NORM_WARPS: int | None = None
 PREFIX_ATTENTION_TILES: str | None = None
 
 
-def _attention_tiles(spec: str | None) -> dict[str, int]:
-    """ "128x32,w8,s3,k2" -> attention() launch keywords; None -> {} (the heuristic)."""
+def _attention_tiles(spec: str | None, name: str = "PREFIX_ATTENTION_TILES", splits: bool = True) -> dict[str, int]:
+    """ "128x32,w8,s3,k2" -> attention launch keywords (without ",kSPLITS" where `splits` is
+    False: the packed vision kernel has none); None -> {} (the kernel's default)."""
     if spec is None:
         return {}
-    keys = dict(w="num_warps", s="num_stages", k="num_splits")
+    keys = dict(w="num_warps", s="num_stages", k="num_splits") if splits else dict(w="num_warps", s="num_stages")
     try:
         tile, *rest = spec.split(",")
         bm, bn = (int(t) for t in tile.split("x"))
         out = {keys[p[0]]: int(p[1:]) for p in rest}
-        if len(rest) != 3 or len(out) != 3:
+        if len(rest) != len(keys) or len(out) != len(keys):
             raise ValueError
     except (ValueError, KeyError, IndexError) as err:
-        want = "BMxBN,wWARPS,sSTAGES,kSPLITS, e.g. 128x32,w8,s3,k2"
-        raise ValueError(f"PREFIX_ATTENTION_TILES {spec!r}: expected {want}") from err
+        want = (
+            "BMxBN,wWARPS,sSTAGES,kSPLITS, e.g. 128x32,w8,s3,k2"
+            if splits
+            else "BMxBN,wWARPS,sSTAGES, e.g. 64x128,w4,s2"
+        )
+        raise ValueError(f"{name} {spec!r}: expected {want}") from err
     return dict(block_m=bm, block_n=bn, **out)
 
 
@@ -377,7 +384,9 @@ class FusedPi0:
     def _vision_attention(qkv: Tensor, v: int, n: int, heads: int, hd: int) -> Tensor:
         """SigLIP's attention per view: qkv [v*n, 3*heads*hd] -> [v*n, heads*hd]."""
         if VISION_ATTENTION == "triton":
-            return packed_attention(qkv, heads, n)
+            return packed_attention(
+                qkv, heads, n, **_attention_tiles(VISION_ATTENTION_TILES, "VISION_ATTENTION_TILES", False)
+            )
         if VISION_ATTENTION != "sdpa":
             raise ValueError(f"VISION_ATTENTION {VISION_ATTENTION!r}: expected 'triton' or 'sdpa'")
         q, k, val = qkv.view(v, n, 3, heads, hd).permute(2, 0, 3, 1, 4)
