@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from kernel_fixtures import DEVICE
 
-from kernels.packed_attention import _head_parts, packed_attention, packed_attention_ref
+from kernels.packed_attention import packed_attention, packed_attention_ref
 
 # bf16: P is rounded to bf16 before the PV product and the output is bf16
 TOL = {torch.float32: dict(atol=2e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
@@ -33,18 +33,10 @@ def test_matches_sdpa_at_ragged_shapes(seqs: int, T: int, H: int, D: int, dtype:
     two (72 -> 128, SigLIP's), several query / key tiles (16-row tiles over 40 tokens)."""
     qkv = _qkv(seqs, T, H, D, dtype, seed=T)
     want = _sdpa(qkv, H, T)
-    for split_head in (True, False):  # head dim in two tiles, or one padded tile
-        out = packed_attention(qkv, H, T, block_m=16, block_n=16, split_head=split_head)
-        assert out.shape == (seqs * T, H * D) and out.dtype == dtype
-        torch.testing.assert_close(out.float(), want, **TOL[dtype])
+    out = packed_attention(qkv, H, T, block_m=16, block_n=16)
+    assert out.shape == (seqs * T, H * D) and out.dtype == dtype
+    torch.testing.assert_close(out.float(), want, **TOL[dtype])
     torch.testing.assert_close(packed_attention_ref(qkv, H, T).float(), want, **TOL[dtype])
-
-
-def test_head_parts() -> None:
-    """Head dims as MMA tiles: SigLIP's 72 as 64 + 16, powers of two whole, tiny ones at 16."""
-    assert _head_parts(72) == (64, 16, True) and _head_parts(72, split=False) == (128, 16, False)
-    assert _head_parts(24) == (16, 16, True) and _head_parts(100) == (64, 64, True)
-    assert _head_parts(64) == (64, 16, False) and _head_parts(8) == (16, 16, False)
 
 
 def test_sequences_do_not_see_each_other() -> None:
@@ -92,6 +84,6 @@ def test_siglip_shapes_gpu(views: int) -> None:
     qkv = _qkv(views, T, H, D, torch.bfloat16, seed=views)
     want = _sdpa(qkv, H, T)
     torch.testing.assert_close(packed_attention(qkv, H, T).float(), want, **TOL[torch.bfloat16])
-    for bm, bn, w, s, split in ((32, 64, 4, 2, True), (128, 64, 8, 2, True), (64, 64, 4, 2, False)):
-        out = packed_attention(qkv, H, T, block_m=bm, block_n=bn, num_warps=w, num_stages=s, split_head=split)
+    for bm, bn, w, s in ((32, 64, 4, 2), (64, 128, 4, 2), (128, 64, 8, 2), (128, 128, 8, 1)):
+        out = packed_attention(qkv, H, T, block_m=bm, block_n=bn, num_warps=w, num_stages=s)
         torch.testing.assert_close(out.float(), want, **TOL[torch.bfloat16])
