@@ -13,9 +13,9 @@ product (flash-attention practice).
 
 Why a kernel of our own: torch's SDPA on these views costs a memset plus the cuDNN kernel
 (8.4 + 0.8 us per SigLIP layer at 3 views on the H200, docs/results), for ~0.9 GFLOP and ~7 MB.
-Measured on the H200 (SigLIP, 3 views, bf16; bench/attention.py): 9.3-9.5 us per layer against
-10.1-10.8 for cuDNN, and inside the captured vision stage 1.995 against 2.060 ms (bench/fused_ab.py,
-5 alternating rounds). Measured and dropped: the head dim as two MMA tiles (72 = 64 + 16 instead
+Measured on the H200 (SigLIP, 3 views, bf16; bench/attention.py): 9.5-9.7 us per layer against
+10.1-10.8 for cuDNN, and inside the captured vision stage 2.013 against 2.064 ms (bench/fused_ab.py,
+5 alternating rounds, lower in each). Measured and dropped: the head dim as two MMA tiles (72 = 64 + 16 instead
 of one padded to 128): 0.1-0.2 us less, and its 1-stage launches faulted (128 x 128, 64 x 256;
 bench/packed_attention_probe.py); other tiles: 64 x 128 9.1 alone but 2.014 vs 2.003 ms in the
 stage, 128 x 64 on 8 warps 9.2-9.8, 32 x 64 13-14.
