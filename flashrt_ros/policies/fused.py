@@ -195,10 +195,11 @@ class FusedPi0:
 
     # ---- load-time work ----------------------------------------------------------------------
     def _patch_embedding(self, conv: torch.nn.Conv2d, pos: Tensor) -> None:
-        """SigLIP's stride-p patch conv as one GEMM over unfolded patches, with the conv bias and
-        the position embedding as its added input: one copy + one cuBLAS call instead of a cuDNN
-        conv, two layout transposes and an add (~90 us for 3 views on the H200). K (3 p^2 = 588)
-        is zero-padded to a multiple of 8 for aligned bf16 rows."""
+        """SigLIP's stride-p patch conv as one GEMM over unfolded patches: one copy + one cuBLAS
+        call instead of a cuDNN conv, two layout transposes and an add (~90 us for 3 views on the
+        H200). The conv bias + position embedding (`patch_pos`) are added by the first
+        LayerNorm's fused residual add: as the GEMM's added input (addmm) they cost a 2 us copy
+        of it first. K (3 p^2 = 588) is zero-padded to a multiple of 8 for aligned bf16 rows."""
         width, k = conv.weight.shape[0], conv.weight[0].numel()
         k_pad = -(-k // 8) * 8
         w = torch.zeros(width, k_pad, dtype=self.dtype, device=conv.weight.device)
@@ -367,13 +368,11 @@ class FusedPi0:
         patches = self.patches[: v * n]
         unfolded = self.pixels[:v].view(v, 3, g, p, g, p).permute(0, 2, 4, 1, 3, 5)  # [v, gy, gx, c, py, px]
         patches[:, : 3 * p * p].view(v, g, g, 3, p, p).copy_(unfolded)
-        h = torch.addmm(self.patch_pos[: v * n], patches, self.patch_w.t())  # patch conv + bias + position
-        mlp_out, eps, nw = None, spec.layer_norm_eps, VISION_NORM_WARPS
+        # the patch conv; its bias + the position embedding join as the first LayerNorm's residual
+        mlp_out, h = patches @ self.patch_w.t(), self.patch_pos[: v * n]
+        eps, nw = spec.layer_norm_eps, VISION_NORM_WARPS
         for w in self.vision_layers:
-            if mlp_out is None:
-                y = layer_norm(h, *w.ln1, eps=eps, num_warps=nw)
-            else:
-                y, h = layer_norm(mlp_out, *w.ln1, eps=eps, residual=h, num_warps=nw)
+            y, h = layer_norm(mlp_out, *w.ln1, eps=eps, residual=h, num_warps=nw)
             a = self._vision_attention(F.linear(y, *w.qkv), v, n, heads, hd)
             y, h = layer_norm(F.linear(a, *w.out), *w.ln2, eps=eps, residual=h, num_warps=nw)
             mlp_out = F.linear(_linear_gelu_tanh(y, *w.fc1), *w.fc2)
