@@ -329,11 +329,23 @@ def qkv_rope(
 
     Returns:
         ``(q [T, H, d], k, v)``: the given buffers, or new tensors of ``qkv``'s dtype.
+
+    ``num_heads=0``: ``qkv`` is the output of a K|V-only GEMM ``x @ [Wk; Wv].T``, for a layer
+    whose queries are never read (the prefix's last layer); q is empty.
     """
     H, HK, d = num_heads, num_kv_heads, head_dim
     if qkv.dim() != 2 or qkv.shape[1] != (H + 2 * HK) * d or qkv.stride(1) != 1:
         raise ValueError(f"qkv must be [T, {(H + 2 * HK) * d}] with contiguous rows, got {tuple(qkv.shape)}")
     T = qkv.shape[0]
+    if H == 0:  # the kernel's q slot ropes the k heads
+        k_out = qkv.new_empty(T, HK, d) if k_out is None else k_out
+        v_out = qkv.new_empty(T, HK, d) if v_out is None else v_out
+        k_in, v_in = (qkv, qkv.stride(0), d), (qkv[:, HK * d :], qkv.stride(0), d)
+        k_dst = (k_out, *_heads(k_out, T, HK, d, "k_out"))
+        v_dst = (v_out, *_heads(v_out, T, HK, d, "v_out"))
+        inv_freq = rope_inv_freq(d, base, qkv.device) if inv_freq is None else inv_freq
+        _launch(k_in, None, v_in, k_dst, None, v_dst, positions, inv_freq, T, HK, HK, d)
+        return qkv.new_empty(T, 0, d), k_out, v_out
     if q_out is None:
         q_out = qkv.new_empty(T, H, d)
     if k_out is None:

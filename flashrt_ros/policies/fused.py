@@ -424,20 +424,26 @@ class FusedPi0:
                 x = rms_norm(h, w.norm_in, eps, num_warps=nw)
             else:
                 x, h = rms_norm(mlp_out, w.norm_in, eps, residual=h, num_warps=nw)
+            if i == len(layers) - 1:  # only this layer's K/V are ever read: no queries
+                self._qkv_into_cache(i, x, w, positions, spec, rows, kv_only=True)
+                return
             q = self._qkv_into_cache(i, x, w, positions, spec, rows)
-            if i == len(layers) - 1:
-                return  # only this layer's K/V are ever read
             a = attention(q, self.prefix_k[i, rows], self.prefix_v[i, rows], key_blocks=kb, **tiles)
             x, h = rms_norm(F.linear(a.view(a.shape[0], -1), w.o), w.norm_post, eps, residual=h, num_warps=nw)
             mlp_out = F.linear(geglu(F.linear(x, w.gate_up)), w.down)
 
-    def _qkv_into_cache(self, layer: int, x: Tensor, w: GemmaW, positions: Tensor, spec, rows: slice) -> Tensor:
+    def _qkv_into_cache(
+        self, layer: int, x: Tensor, w: GemmaW, positions: Tensor, spec, rows: slice, kv_only: bool = False
+    ) -> Tensor:
         """One QKV GEMM + the RoPE epilogue: roped K and V land in rows `rows` of this layer's
-        cache (the prefix's rows in the prefix stage, the suffix's in `velocity`); returns q."""
+        cache (the prefix's rows in the prefix stage, the suffix's in `velocity`); returns q.
+        kv_only: the GEMM over the K|V rows of the weight only (q empty): the prefix's last layer,
+        17.7 us of GEMM at 3 views for 2560 columns of which 512 are read."""
+        heads = 0 if kv_only else spec.num_heads
         q, _, _ = qkv_rope(
-            F.linear(x, w.qkv),
+            F.linear(x, w.qkv[spec.num_heads * spec.head_dim :] if kv_only else w.qkv),
             positions,
-            spec.num_heads,
+            heads,
             spec.head_dim,
             spec.num_kv_heads,
             k_out=self.prefix_k[layer, rows],
