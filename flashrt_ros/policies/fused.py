@@ -360,8 +360,9 @@ class FusedPi0:
         """Prefix tokens of the current shape bucket: the present views' image tokens + the prompt bucket."""
         return self.views * self.cfg.vision.num_tokens + self.bucket
 
-    def vision(self) -> Tensor:
-        """pixels of the current views [v, 3, S, S] -> projected vision tokens [v*N, Wp]."""
+    def vision(self, out: Tensor | None = None) -> Tensor:
+        """pixels of the current views [v, 3, S, S] -> projected vision tokens [v*N, Wp] (into
+        `out` if given: the prefix stage writes them straight into `prefix_emb`)."""
         spec, v = self.cfg.vision, self.views
         heads, hd, n = spec.num_heads, spec.width // spec.num_heads, spec.num_tokens
         g, p = spec.image_size // spec.patch_size, spec.patch_size
@@ -377,7 +378,8 @@ class FusedPi0:
             y, h = layer_norm(F.linear(a, *w.out), *w.ln2, eps=eps, residual=h, num_warps=nw)
             mlp_out = F.linear(_linear_gelu_tanh(y, *w.fc1), *w.fc2)
         y, _ = layer_norm(mlp_out, *self.post_ln, eps=eps, residual=h, num_warps=nw)
-        return F.linear(y, *self.proj)
+        weight, bias = self.proj
+        return torch.addmm(bias, y, weight.t(), out=out)
 
     @staticmethod
     def _vision_attention(qkv: Tensor, v: int, n: int, heads: int, hd: int) -> Tensor:
@@ -401,8 +403,9 @@ class FusedPi0:
         cfg, b = self.cfg, self.bucket
         p = self.prefix_rows
         n_img = p - b
-        self.prefix_emb[:n_img] = self.vision()
-        self.prefix_emb[n_img:p] = F.embedding(self.tokens[:b], self.embed) * self.embed_scale
+        self.vision(out=self.prefix_emb[:n_img])
+        prompt = torch.index_select(self.embed, 0, self.tokens[:b], out=self.prefix_emb[n_img:p])
+        prompt.mul_(self.embed_scale)  # the same bf16 product as embedding(...) * scale
         valid = torch.cat(
             [self.view_valid[: self.views].repeat_interleave(cfg.vision.num_tokens), self.token_valid[:b]]
         )
