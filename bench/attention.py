@@ -71,8 +71,13 @@ def vision(views: int, tokens: int = 256, heads: int = 16, hd: int = 72) -> dict
         ),
     ):
         fn = lambda t=tiles: packed_attention(packed, heads, tokens, **t)  # noqa: E731
-        err = float((fn().float() - want_rows).abs().max())
-        us = median_us(fn)
+        try:
+            err = float((fn().float() - want_rows).abs().max())
+            us = median_us(fn)
+        except Exception as exc:  # e.g. out of shared memory: say why, go on (a fault still ends the run)
+            print(f"{label:<46} unavailable: {type(exc).__name__}: {str(exc).splitlines()[0][:90]}")
+            results[label] = dict(error=f"{type(exc).__name__}: {exc}"[:300])
+            continue
         results[label] = dict(us=us, max_abs=err)
         print(f"{label:<46} {us:8.1f} us {flops / us / 1e6:6.0f} TFLOP/s  max abs {err:.2e}")
     return results
@@ -147,6 +152,8 @@ def main() -> None:
     ap.add_argument("--parts", default="prefix,vision", help="prefix, vision or both (comma-separated)")
     args = ap.parse_args()
     parts = args.parts.split(",")
+    if not parts or set(parts) - {"prefix", "vision"}:
+        raise SystemExit(f"--parts {args.parts!r}: expected prefix, vision or prefix,vision")
     results = prefix(args) if "prefix" in parts else {}
     if "vision" in parts:
         results["vision"] = vision(args.views)

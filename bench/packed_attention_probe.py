@@ -48,8 +48,8 @@ def main() -> None:
         return
     for spec in sys.argv[1:] or DEFAULT:
         run = subprocess.run([sys.executable, __file__, "--one", spec], capture_output=True, text=True)
-        lines = (run.stdout + run.stderr).strip().splitlines()
-        said = lines[-1] if run.returncode == 0 else next((ln for ln in lines if "Error" in ln), lines[-1:] or "?")
+        lines = (run.stdout + run.stderr).strip().splitlines() or ["(no output)"]
+        said = lines[-1] if run.returncode == 0 else next((ln for ln in lines if "Error" in ln), lines[-1])
         print(f"{spec:<22} {'' if run.returncode == 0 else 'FAILED: '}{said}")
 
 

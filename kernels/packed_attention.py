@@ -11,9 +11,10 @@ One program per (query tile, head, sequence) runs the flash-attention tile of
 the head transpose is ever copied. Scores and softmax in fp32, P in the input dtype for the PV
 product (flash-attention practice).
 
-Why a kernel of our own: torch's SDPA on these views costs a memset plus the cuDNN kernel
-(8.4 + 0.8 us per SigLIP layer at 3 views on the H200, docs/results), for ~0.9 GFLOP and ~7 MB.
-Measured on the H200 (SigLIP, 3 views, bf16; bench/attention.py): 9.5-9.7 us per layer against
+Why a kernel of our own: torch's SDPA on these views costs the cuDNN kernel plus a workspace
+memset (8.4 + 0.8 us per SigLIP layer at 3 views on the H200, docs/results), for ~0.9 GFLOP and
+~7 MB. Measured on the H200 (SigLIP, 3 views, bf16; bench/attention.py and the profiles):
+9.4-9.7 us per layer against
 10.1-10.8 for cuDNN, and inside the captured vision stage 2.013 against 2.064 ms (bench/fused_ab.py,
 5 alternating rounds, lower in each). Measured and dropped: the head dim as two MMA tiles (72 = 64 + 16 instead
 of one padded to 128): 0.1-0.2 us less, and its 1-stage launches faulted (128 x 128, 64 x 256;
@@ -68,7 +69,8 @@ def _packed_attn_kernel(
 
 def _launch_settings(T: int, interp: bool) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages). GPU: 64-row query tiles over 64-key tiles on
-    4 warps, 2 stages (SigLIP at 3 views: 4 x 16 x 3 = 192 programs). Interpreter: one tile."""
+    4 warps, 2 stages (SigLIP at 3 views: 4 x 16 x 3 = 192 programs). Interpreter: tiles as
+    large as the sequence up to 64 (its cost is per program)."""
     if interp:
         block = min(64, max(16, triton.next_power_of_2(T)))
         return block, block, 4, 1

@@ -86,7 +86,7 @@ for part in "${parts[@]}"; do
       ;;
     vision)
       step "SigLIP attention: SDPA backends vs the packed Triton kernel, alone and in the captured stages"
-      python3 bench/attention.py --out "$OUT" 2>&1 | tee "$OUT/attention.log" || status=1
+      python3 bench/attention.py --parts vision --out "$OUT" 2>&1 | tee "$OUT/attention.log" || status=1
       python3 bench/fused_ab.py "VISION_ATTENTION=triton;sdpa" --rounds 5 --out "$OUT" 2>&1 \
         | tee "$OUT/fused_ab_vision.log" || status=1
       ;;

@@ -143,8 +143,9 @@ def test_vision_stage_matches_the_reference_tokens(views):
 
 @pytest.mark.parametrize("backend", ["triton", "sdpa"])
 def test_vision_attention_setting(monkeypatch, backend):
-    """`VISION_ATTENTION` (bench/fused_ab.py's hook): the packed Triton kernel and torch's SDPA
-    both give the reference tower's tokens; an unknown value is refused by name."""
+    """`VISION_ATTENTION` (bench/fused_ab.py's hook): the packed Triton kernel runs (with the
+    launch of `VISION_ATTENTION_TILES`) or torch's SDPA does, both giving the reference tower's
+    tokens, and the log line says which; invalid values are refused by name before a capture."""
     import flashrt_ros.policies.fused as fused_mod
 
     model = tiny_model("pi05", seed=3, num_views=2).to(DEVICE)
@@ -153,17 +154,32 @@ def test_vision_attention_setting(monkeypatch, backend):
     fused.set_pixels(x["pixels"][0].to(DEVICE), [True, True])
     with torch.no_grad():
         ref = model.embed_images(x["pixels"][:, :2].to(DEVICE))[0]
+    launches = []
+    real = fused_mod.packed_attention
+    monkeypatch.setattr(fused_mod, "packed_attention", lambda *a, **kw: launches.append(kw) or real(*a, **kw))
     monkeypatch.setattr(fused_mod, "VISION_ATTENTION", backend)
+    tiles = "64x128,w4,s2" if DEVICE == "cuda" else "16x16,w4,s1"
+    monkeypatch.setattr(fused_mod, "VISION_ATTENTION_TILES", tiles)
     torch.testing.assert_close(fused.vision(), ref, rtol=1e-4, atol=1e-4)
-    if backend == "triton":  # and at a launch of VISION_ATTENTION_TILES (bench/fused_ab.py's hook)
-        monkeypatch.setattr(fused_mod, "VISION_ATTENTION_TILES", "64x128,w4,s2" if DEVICE == "cuda" else "16x16,w4,s1")
-        torch.testing.assert_close(fused.vision(), ref, rtol=1e-4, atol=1e-4)
-        monkeypatch.setattr(fused_mod, "VISION_ATTENTION_TILES", "64x128,w4,s2,k2")
-        with pytest.raises(ValueError, match="VISION_ATTENTION_TILES '64x128,w4,s2,k2': expected BMxBN,wWARPS,sSTAGES"):
-            fused.vision()
-    monkeypatch.setattr(fused_mod, "VISION_ATTENTION", "cudnn")
-    with pytest.raises(ValueError, match="VISION_ATTENTION 'cudnn': expected 'triton' or 'sdpa'"):
-        fused.vision()
+    if backend == "triton":
+        want = dict(block_m=int(tiles.split("x")[0]), block_n=int(tiles.split("x")[1].split(",")[0]))
+        assert len(launches) == model.cfg.vision.depth
+        assert all(kw["block_m"] == want["block_m"] and kw["block_n"] == want["block_n"] for kw in launches)
+        assert "Triton packed attention at " + tiles in fused.describe()
+    else:
+        assert not launches and "torch SDPA" in fused.describe()
+    for name, value, match in (
+        (
+            "VISION_ATTENTION_TILES",
+            "64x128,w4,s2,k2",
+            "VISION_ATTENTION_TILES '64x128,w4,s2,k2': expected BMxBN,wWARPS",
+        ),
+        ("VISION_ATTENTION", "cudnn", "VISION_ATTENTION 'cudnn': expected 'triton' or 'sdpa'"),
+    ):
+        monkeypatch.setattr(fused_mod, name, value)
+        for call in (fused.vision, fused.capture):
+            with pytest.raises(ValueError, match=match):
+                call()
 
 
 def test_prefix_attention_tiles_setting(monkeypatch):

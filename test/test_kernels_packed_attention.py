@@ -78,8 +78,9 @@ def test_bad_out_buffer_is_refused() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("views", [1, 3])
 def test_siglip_shapes_gpu(views: int) -> None:
-    """SigLIP at its real shape: 256 tokens per view, 16 heads of dim 72, bf16; default tiles
-    and every tile setting the benchmark sweeps."""
+    """SigLIP at its real shape: 256 tokens per view, 16 heads of dim 72, bf16; the default
+    launch and four others, one with a single stage (`bench/packed_attention_probe.py` also
+    replays launches from a CUDA graph, each in its own process)."""
     T, H, D = 256, 16, 72
     qkv = _qkv(views, T, H, D, torch.bfloat16, seed=views)
     want = _sdpa(qkv, H, T)

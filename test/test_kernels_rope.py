@@ -65,19 +65,25 @@ def test_qkv_rope_writes_into_kv_cache_slice(dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("HK", [1, 2])
 def test_kv_only_epilogue_matches_the_full_one(HK: int, dtype: torch.dtype) -> None:
-    """num_heads=0 (a K|V-only GEMM, the prefix's last layer): the same k / v as the full QKV
-    epilogue gives from the same GEMM's k|v columns; nothing else in the cache is written."""
+    """num_heads=0 (a K|V-only GEMM, the prefix's last layer): exactly the k / v that the full QKV
+    epilogue writes from the same GEMM's k|v columns (and the reference's), into cache rows or
+    new tensors, from rows with a stride; nothing else in the cache is written."""
     g = torch.Generator().manual_seed(4 + HK)
     T, H, d, P = 9, 3, 32, 5
     qkv = torch.randn(T, (H + 2 * HK) * d, generator=g).to(dtype).to(DEVICE)
     pos = _positions(T, g, start=P)
     cache = torch.full((2, P + T, HK, d), 7.0, dtype=dtype, device=DEVICE)
-    q, k, v = qkv_rope(qkv[:, H * d :].contiguous(), pos, 0, d, num_kv_heads=HK, k_out=cache[0, P:], v_out=cache[1, P:])
+    kv = qkv[:, H * d :]  # rows strided by the full width
+    q, k, v = qkv_rope(kv, pos, 0, d, num_kv_heads=HK, k_out=cache[0, P:], v_out=cache[1, P:])
+    _, k_full, v_full = qkv_rope(qkv, pos, H, d, num_kv_heads=HK)
     _, k_ref, v_ref = qkv_rope_ref(qkv, pos, H, d, num_kv_heads=HK)
     assert q.shape == (T, 0, d)
+    assert torch.equal(k, k_full) and torch.equal(v, v_full)
     torch.testing.assert_close(k.float(), k_ref.float(), **TOL[dtype])
     torch.testing.assert_close(v, v_ref, atol=0, rtol=0)
     assert bool((cache[:, :P] == 7.0).all())
+    _, k_new, v_new = qkv_rope(kv, pos, 0, d, num_kv_heads=HK)  # outputs allocated
+    assert torch.equal(k_new, k_full) and torch.equal(v_new, v_full)
 
 
 def test_qkv_rope_allocates_outputs_and_multi_kv_heads() -> None:
