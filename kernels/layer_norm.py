@@ -28,7 +28,6 @@ def _layer_norm_kernel(
     b_ptr,
     y_ptr,
     s_ptr,
-    N,
     D,
     stride_x,
     stride_r,
@@ -41,33 +40,32 @@ def _layer_norm_kernel(
     FIX_Y: tl.constexpr,
     FIX_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    BLOCK_R: tl.constexpr,  # rows per program
 ):
-    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)[:, None]  # [R, 1]
-    cols = tl.arange(0, BLOCK_D)[None, :]  # [1, D]
-    mask = (rows < N) & (cols < D)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    mask = cols < D
 
-    x = tl.load(x_ptr + rows * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
-        r = tl.load(r_ptr + rows * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(r_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
         s = x + r
         if FIX_S:
             s = round_bf16_rtne(s)
         s = s.to(s_ptr.dtype.element_ty)
-        tl.store(s_ptr + rows * stride_s + cols, s, mask=mask)
+        tl.store(s_ptr + row * stride_s + cols, s, mask=mask)
         x = s.to(tl.float32)
 
-    mean = tl.sum(x, axis=1)[:, None] / D
+    mean = tl.sum(x, axis=0) / D
     xc = tl.where(mask, x - mean, 0.0)
-    var = tl.sum(xc * xc, axis=1)[:, None] / D
+    var = tl.sum(xc * xc, axis=0) / D
     y = xc * tl.math.rsqrt(var + eps)
     if HAS_WEIGHT:
-        y = y * tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+        y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_BIAS:
-        y = y + tl.load(b_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+        y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     if FIX_Y:
         y = round_bf16_rtne(y)
-    tl.store(y_ptr + rows * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def layer_norm(
@@ -79,7 +77,6 @@ def layer_norm(
     out: torch.Tensor | None = None,
     residual_out: torch.Tensor | None = None,
     num_warps: int | None = None,
-    rows_per_program: int = 1,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """LayerNorm over the last dim, optionally of ``s = x + residual``.
 
@@ -90,10 +87,7 @@ def layer_norm(
         residual: optional [..., D]; then returns ``(y, s)`` with ``s`` rounded to ``x.dtype``.
         out / residual_out: optional static buffers; ``residual_out`` may alias x or residual.
         num_warps: launch setting; None: by row width (`num_warps_for`).
-        rows_per_program: rows each program norms (a power of two; 1: one row per program).
     """
-    if rows_per_program < 1 or rows_per_program & (rows_per_program - 1):
-        raise ValueError(f"rows_per_program must be a power of two, got {rows_per_program}")
     D = x.shape[-1]
     x2 = rows_2d(x, "x")
     for name, p in (("weight", weight), ("bias", bias)):
@@ -115,14 +109,13 @@ def layer_norm(
         r2, s2 = x2, y2
     if x2.shape[0] > 0:
         block = row_block(D)
-        _layer_norm_kernel[(triton.cdiv(x2.shape[0], rows_per_program),)](
+        _layer_norm_kernel[(x2.shape[0],)](
             x2,
             r2,
             weight if weight is not None else x2,
             bias if bias is not None else x2,
             y2,
             s2,
-            x2.shape[0],
             D,
             x2.stride(0),
             r2.stride(0),
@@ -135,7 +128,6 @@ def layer_norm(
             FIX_Y=needs_rtne_fix(y2.dtype),
             FIX_S=needs_rtne_fix(s2.dtype),
             BLOCK_D=block,
-            BLOCK_R=rows_per_program,
             num_warps=num_warps or num_warps_for(block),
         )
     return out if residual is None else (out, residual_out)

@@ -141,21 +141,6 @@ def test_vision_stage_matches_the_reference_tokens(views):
     torch.testing.assert_close(fused.vision(), ref, rtol=1e-4, atol=1e-4)
 
 
-def test_vision_norm_rows_setting(monkeypatch):
-    """`VISION_NORM_ROWS` (bench/fused_ab.py's hook): SigLIP's LayerNorms over blocks of rows
-    give the reference tower's tokens."""
-    import flashrt_ros.policies.fused as fused_mod
-
-    model = tiny_model("pi05", seed=4, num_views=2).to(DEVICE)
-    x = tiny_inputs(model.cfg, batch=1)
-    fused = FusedPi0(model, torch.float32)
-    fused.set_pixels(x["pixels"][0].to(DEVICE), [True, True])
-    with torch.no_grad():
-        ref = model.embed_images(x["pixels"][:, :2].to(DEVICE))[0]
-    monkeypatch.setattr(fused_mod, "VISION_NORM_ROWS", 4)
-    torch.testing.assert_close(fused.vision(), ref, rtol=1e-4, atol=1e-4)
-
-
 @pytest.mark.parametrize("backend", ["triton", "sdpa"])
 def test_vision_attention_setting(monkeypatch, backend):
     """`VISION_ATTENTION` (bench/fused_ab.py's hook): the packed Triton kernel runs (with the

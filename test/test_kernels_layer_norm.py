@@ -23,21 +23,13 @@ def test_layer_norm_matches_reference(T: int, D: int, dtype: torch.dtype) -> Non
     torch.testing.assert_close(layer_norm(x, w, b).float(), layer_norm_ref(x, w, b).float(), **TOL[dtype])
 
 
-@pytest.mark.parametrize("rows_per_program", [1, 2, 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_layer_norm_fused_residual(dtype: torch.dtype, rows_per_program: int) -> None:
-    """13 rows: the last program of 2 / 4 rows per program holds rows past the end (masked)."""
+def test_layer_norm_fused_residual(dtype: torch.dtype) -> None:
     x, r, w, b = _inputs(13, 130, dtype, seed=5)
-    y, s = layer_norm(x, w, b, residual=r, rows_per_program=rows_per_program)
+    y, s = layer_norm(x, w, b, residual=r)
     y_ref, s_ref = layer_norm_ref(x, w, b, residual=r)
     torch.testing.assert_close(s, s_ref, atol=0, rtol=0)
     torch.testing.assert_close(y.float(), y_ref.float(), **TOL[dtype])
-
-
-def test_layer_norm_rows_per_program_must_be_a_power_of_two() -> None:
-    x, _, w, b = _inputs(4, 48, torch.float32, seed=7)
-    with pytest.raises(ValueError, match="rows_per_program must be a power of two, got 3"):
-        layer_norm(x, w, b, rows_per_program=3)
 
 
 def test_layer_norm_no_affine_in_place_residual() -> None:
@@ -50,10 +42,9 @@ def test_layer_norm_no_affine_in_place_residual() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows_per_program", [1, 2, 4])
-def test_layer_norm_gpu_real_shape(rows_per_program: int) -> None:
+def test_layer_norm_gpu_real_shape() -> None:
     x, r, w, b = _inputs(3 * 256, 1152, torch.bfloat16, seed=7)
-    y, s = layer_norm(x, w, b, residual=r, rows_per_program=rows_per_program)
+    y, s = layer_norm(x, w, b, residual=r)
     y_ref, s_ref = layer_norm_ref(x, w, b, residual=r)
     torch.testing.assert_close(s, s_ref, atol=0, rtol=0)
     torch.testing.assert_close(y.float(), y_ref.float(), **TOL[torch.bfloat16])

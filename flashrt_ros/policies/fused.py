@@ -68,8 +68,6 @@ VISIBLE, MASKED = -(2**30), 2**30  # key block ids: seen by every query / by non
 # (bench/fused_ab.py, docs/results/fused_ab_20261129_222332.json)
 VISION_NORM_WARPS: int | None = None
 PREFIX_NORM_WARPS: int | None = None
-# SigLIP LayerNorm rows per program (1: one row per program; kernels/layer_norm.py)
-VISION_NORM_ROWS = 1
 # The prefix LM's attention launch, "BMxBN,wWARPS,sSTAGES,kSPLITS" (e.g. "128x32,w8,s3,k2"), or None
 # for the kernel's heuristic (on the H200 at 3 views: 128 x 64 tiles, 8 warps, 2 stages, 2 key
 # splits; 92 us per prefix faster in place than 64 x 32 on 4 warps, 3 stages, no split, which is
@@ -383,13 +381,13 @@ class FusedPi0:
         patches[:, : 3 * p * p].view(v, g, g, 3, p, p).copy_(unfolded)
         # the patch conv; its bias + the position embedding join as the first LayerNorm's residual
         mlp_out, h = patches @ self.patch_w.t(), self.patch_pos[: v * n]
-        eps, nw, rows = spec.layer_norm_eps, VISION_NORM_WARPS, VISION_NORM_ROWS
+        eps, nw = spec.layer_norm_eps, VISION_NORM_WARPS
         for w in self.vision_layers:
-            y, h = layer_norm(mlp_out, *w.ln1, eps=eps, residual=h, num_warps=nw, rows_per_program=rows)
+            y, h = layer_norm(mlp_out, *w.ln1, eps=eps, residual=h, num_warps=nw)
             a = self._vision_attention(F.linear(y, *w.qkv), v, n, heads, hd)
-            y, h = layer_norm(F.linear(a, *w.out), *w.ln2, eps=eps, residual=h, num_warps=nw, rows_per_program=rows)
+            y, h = layer_norm(F.linear(a, *w.out), *w.ln2, eps=eps, residual=h, num_warps=nw)
             mlp_out = F.linear(_linear_gelu_tanh(y, *w.fc1), *w.fc2)
-        y, _ = layer_norm(mlp_out, *self.post_ln, eps=eps, residual=h, num_warps=nw, rows_per_program=rows)
+        y, _ = layer_norm(mlp_out, *self.post_ln, eps=eps, residual=h, num_warps=nw)
         weight, bias = self.proj
         return torch.addmm(bias, y, weight.t(), out=out)
 
