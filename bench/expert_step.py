@@ -133,7 +133,7 @@ def main() -> None:
         # 342a78d (5 rounds): default 734.2, 32 x 8 splits 761.0, 3 stages 774.1, bk=64 806.4,
         # ks_o=256 763.9.
         dict(att_bm=32, att_splits=8),  # the default before 16-row tiles, for scale
-        dict(fp8=1),  # not a tile: QKV and gate|up on e4m3 operands (ExpertWeights.with_fp8)
+        dict(fp8=1),  # not a tile: QKV and gate|up on e4m3 operands (its TB/s counts bf16 bytes)
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles if name != "fp8"}
     # alternate the variants over rounds (one machine drifts by ~2% between minutes); each variant

@@ -228,8 +228,12 @@ def _tile_dot(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    IMPRECISE: tl.constexpr,
 ):
-    """[BLOCK_M, BLOCK_N] of a @ w.T over k in [k_lo, k_hi) (and of the paired rows + PAIR_OFF)."""
+    """[BLOCK_M, BLOCK_N] of a @ w.T over k in [k_lo, k_hi) (and of the paired rows + PAIR_OFF).
+    IMPRECISE: for FP8 operands, how many products Hopper's tensor cores may sum in their
+    reduced-precision accumulator before adding into fp32 (None: Triton's default, which on
+    sm_90 never promotes; bf16 ignores it)."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     a_rows = a_ptr + rows.to(tl.int64)[:, None] * stride_a
@@ -244,12 +248,12 @@ def _tile_dot(
         if UPCAST:
             a = a.to(tl.float32)
             w = w.to(tl.float32)
-        acc = tl.dot(a, w, acc, input_precision=PREC)
+        acc = tl.dot(a, w, acc, input_precision=PREC, max_num_imprecise_acc=IMPRECISE)
         if PAIRED:
             w2 = tl.load(w_cols + PAIR_OFF * stride_w + ks[:, None], mask=wm, other=0.0)
             if UPCAST:
                 w2 = w2.to(tl.float32)
-            acc2 = tl.dot(a, w2, acc2, input_precision=PREC)
+            acc2 = tl.dot(a, w2, acc2, input_precision=PREC, max_num_imprecise_acc=IMPRECISE)
     return acc, acc2
 
 
@@ -257,7 +261,7 @@ def _tile_dot(
 def _fp8_scaled(acc, acc2, xs_ptr, rows, row_ok, ws_ptr, wrow, col_ok, PAIR_OFF):
     """An e4m3 tile product (and its pair's, PAIR_OFF rows of the weight further) times its
     row scales and output-channel scales: the real x @ W.T."""
-    xs = tl.load(xs_ptr + rows, mask=row_ok, other=0.0)[:, None]
+    xs = tl.load(xs_ptr + rows, mask=row_ok, other=0.0, cache_modifier=".cg")[:, None]  # written this launch
     acc = acc * xs * tl.load(ws_ptr + wrow, mask=col_ok, other=0.0)[None, :]
     acc2 = acc2 * xs * tl.load(ws_ptr + PAIR_OFF + wrow, mask=col_ok, other=0.0)[None, :]
     return acc, acc2
@@ -287,7 +291,7 @@ def _split_k_partials(
     cols = t * BN + tl.arange(0, BN)
     acc, _ = _tile_dot(
         a_ptr, K, rows, rows < M, s * K_PER, s * K_PER + K_PER, w_ptr, cols, cols < N, K, 0,
-        False, UPCAST, PREC, BM, BN, BK,
+        False, UPCAST, PREC, BM, BN, BK, None,
     )  # fmt: skip
     tl.store(part_ptr + (s * BM + rows)[:, None] * N + cols[None, :], acc)
 
@@ -384,7 +388,7 @@ def _expert_step_kernel(
     U_BW: tl.constexpr,
     U_KC: tl.constexpr,
     U_NC: tl.constexpr,
-    FP8: tl.constexpr,  # QKV and gate|up on e4m3 operands (fp32 accumulation, scales after)
+    FP8: tl.constexpr,  # QKV and gate|up on e4m3 operands (promoted to fp32 every K tile; scales after)
 ):
     pid = tl.program_id(0)
     G = tl.num_programs(0)
@@ -426,7 +430,7 @@ def _expert_step_kernel(
             if FP8:
                 acc, acc2 = _tile_dot(
                     xa8_ptr, WE, rows, row_ok, 0, WE, wqkv8_ptr + l64 * ((H + 2) * D * WE), wrow, col_ok, WE, HALF,
-                    True, UPCAST, PREC, BM, BN_QKV, BK,
+                    True, UPCAST, PREC, BM, BN_QKV, BK, BK,
                 )  # fmt: skip
                 acc, acc2 = _fp8_scaled(
                     acc, acc2, xs_ptr, rows, row_ok, sqkv_ptr + l64 * ((H + 2) * D), wrow, col_ok, HALF
@@ -434,6 +438,7 @@ def _expert_step_kernel(
             else:
                 acc, acc2 = _tile_dot(
                     xa_ptr, WE, rows, row_ok, 0, WE, wqkv, wrow, col_ok, WE, HALF, True, UPCAST, PREC, BM, BN_QKV, BK,
+                    None,
                 )  # fmt: skip
             _rope_store(
                 acc, acc2, u // CH, rows, row_ok, cols, col_ok, q_ptr, lk + suffix_row0 * stride_kt,
@@ -479,7 +484,7 @@ def _expert_step_kernel(
             if FP8:
                 acc, acc2 = _tile_dot(
                     xm8_ptr, WE, rows, row_ok, 0, WE, wgu8_ptr + l64 * (2 * FF * WE), cols, col_ok, WE, FF,
-                    True, UPCAST, PREC, BM, BN_GU, BK,
+                    True, UPCAST, PREC, BM, BN_GU, BK, BK,
                 )  # fmt: skip
                 acc, acc2 = _fp8_scaled(
                     acc, acc2, xs_ptr + BM, rows, row_ok, sgu_ptr + l64 * (2 * FF), cols, col_ok, FF
@@ -487,6 +492,7 @@ def _expert_step_kernel(
             else:
                 acc, acc2 = _tile_dot(
                     xm_ptr, WE, rows, row_ok, 0, WE, wgu, cols, col_ok, WE, FF, True, UPCAST, PREC, BM, BN_GU, BK,
+                    None,
                 )  # fmt: skip
             _geglu_store(acc, acc2, rows, row_ok, cols, col_ok, act_ptr, FF, FIX)
         arrivals += G
@@ -585,6 +591,15 @@ class ExpertWeights:
         return replace(self, qkv_fp8=qkv, qkv_scale=qkv_scale, gate_up_fp8=gate_up, gate_up_scale=gate_up_scale)
 
 
+def _fp8_weights_ok(w: ExpertWeights) -> bool:
+    pairs = ((w.qkv_fp8, w.qkv_scale, w.qkv), (w.gate_up_fp8, w.gate_up_scale, w.gate_up))
+    return all(
+        q is not None and s is not None and q.dtype == torch.float8_e4m3fn and q.shape == ref.shape
+        and s.dtype == torch.float32 and s.shape == ref.shape[:-1] and q.is_contiguous() and s.is_contiguous()
+        for q, s, ref in pairs
+    )  # fmt: skip
+
+
 def quantize_rows_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """w [..., rows, K] -> (e4m3 [..., rows, K], fp32 scales [..., rows]) with w ~= q * scale."""
     scale = w.float().abs().amax(dim=-1).clamp(min=1e-30) / torch.finfo(torch.float8_e4m3fn).max
@@ -655,7 +670,6 @@ class ExpertStepPlan:
         # FP8 copies of x_attn / x_mlp and their row scales (read only by an FP8 launch)
         self.x_attn_fp8 = torch.zeros(rows, width, device=device, dtype=torch.float8_e4m3fn)
         self.x_mlp_fp8 = torch.zeros(rows, width, device=device, dtype=torch.float8_e4m3fn)
-        self.x_scales = torch.zeros(2, self.bm, device=device, dtype=torch.float32)
         self.q = torch.zeros(rows, num_heads, head_dim, **act)
         self.attn = torch.zeros(rows, num_heads * head_dim, **act)
         self.act = torch.zeros(rows, mlp_dim, **act)
@@ -680,6 +694,7 @@ class ExpertStepPlan:
 
     def _allocate_splits(self) -> None:
         f32 = dict(device=self.device, dtype=torch.float32)
+        self.x_scales = torch.zeros(2, self.bm, **f32)  # FP8 row scales of x_attn, x_mlp
         self.part_o = torch.zeros(self.H * self.D // self.ks_o, self.bm, self.WE, **f32)
         self.part_d = torch.zeros(self.FF // self.ks_d, self.bm, self.WE, **f32)
         self.att_ws = torch.zeros(self.att_splits * self.M * self.H * (self.D + 2), **f32)
@@ -762,9 +777,13 @@ class ExpertStepPlan:
     ) -> tuple[tuple, dict]:
         """The step kernel's arguments (see `step`)."""
         M, D, H, L = self.M, self.D, self.H, int(w.qkv.shape[0])
-        fp8 = w.qkv_fp8 is not None
-        if fp8 and (w.gate_up_fp8 is None or w.qkv_scale is None or w.gate_up_scale is None):
-            raise ValueError("FP8 weights need qkv_fp8, gate_up_fp8 and both scales (ExpertWeights.with_fp8)")
+        fp8_parts = (w.qkv_fp8, w.qkv_scale, w.gate_up_fp8, w.gate_up_scale)
+        fp8 = any(t is not None for t in fp8_parts)
+        if fp8 and not _fp8_weights_ok(w):
+            raise ValueError(
+                "FP8 weights need qkv_fp8 / gate_up_fp8 (float8_e4m3fn, the shapes of qkv / gate_up) and their "
+                "fp32 scales [L, rows] together (ExpertWeights.with_fp8)"
+            )
         if not 0 <= slot < self.barriers.shape[0]:
             raise ValueError(f"slot {slot} outside the plan's {self.barriers.shape[0]} launches")
         if tuple(h.shape) != (M, self.WE) or not h.is_contiguous() or h.dtype != self.dtype:
@@ -904,7 +923,7 @@ def expert_step_ref(
         c, s = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
         return t * c + torch.cat([-t[..., D // 2 :], t[..., : D // 2]], -1) * s
 
-    def fp8_linear(x, w8, scale):  # e4m3 operands: x per row, W per output row, fp32 products
+    def fp8_linear(x, w8, scale):  # e4m3 operands: x per row, W per output row, exact fp32 sums
         xs = x.float().abs().amax(-1, keepdim=True).clamp(min=1e-30) / torch.finfo(torch.float8_e4m3fn).max
         x8 = (x.float() / xs).to(torch.float8_e4m3fn).float() * xs
         return torch.nn.functional.linear(x8, w8.float() * scale[:, None])

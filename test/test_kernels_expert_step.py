@@ -191,7 +191,8 @@ def test_attention_over_several_tiles_and_key_splits(dtype, gated) -> None:
 def test_fp8_qkv_and_gate_up_match_the_fp8_reference(dtype, gated) -> None:
     """With `ExpertWeights.with_fp8()` the QKV and gate|up GEMMs run on e4m3 operands (the row
     phases write each normed row in e4m3 with its scale): the same maths as the reference's
-    FP8 emulation (x per row and W per output row rounded to e4m3, fp32 products)."""
+    FP8 emulation (x per row and W per output row rounded to e4m3, exact fp32 sums; on the GPU
+    the tensor cores' reduced-precision sums are promoted to fp32 every K tile)."""
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else None
     _run_and_compare((10, 32, 64, 4, 16, 2, 24), dtype, gated, tol, fp8=True)
 
@@ -215,9 +216,15 @@ def test_fp8_weights_must_come_complete() -> None:
     M, W, F, H, D, P = 10, 32, 64, 4, 16, 24
     h0, w, (k, v, kb, qb, pos, inv, row0) = _problem(M, W, F, H, D, 2, P, torch.float32, gated=True)
     plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), torch.float32)
-    half = dataclasses.replace(w.with_fp8(), gate_up_fp8=None)
-    with pytest.raises(ValueError, match="FP8 weights need qkv_fp8, gate_up_fp8 and both scales"):
-        plan.step(h0.clone(), half, 1, k, v, kb, qb, pos, inv, row0, 0, 1e-6)
+    full = w.with_fp8()
+    for broken in (
+        dataclasses.replace(full, gate_up_fp8=None),
+        dataclasses.replace(full, qkv_fp8=None),  # not silently the bf16 path
+        dataclasses.replace(full, qkv_scale=full.qkv_scale[:, :-1]),
+        dataclasses.replace(full, gate_up_fp8=full.gate_up_fp8.float()),
+    ):
+        with pytest.raises(ValueError, match="FP8 weights need qkv_fp8 / gate_up_fp8"):
+            plan.step(h0.clone(), broken, 1, k, v, kb, qb, pos, inv, row0, 0, 1e-6)
 
 
 def test_step_refuses_a_slot_outside_the_plan() -> None:
