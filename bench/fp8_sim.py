@@ -5,7 +5,7 @@ back to fp32: what a row-wise scaled FP8 GEMM with fp32 accumulation computes), 
 compared with the unquantised model's for the same inputs and noise (cosine, max abs).
 
     python bench/fp8_sim.py [--policy pi05] [--views 3] [--device cpu] [--parts prefix_lm,vision]
-                            [--format e4m3|e4m3_block128|bf16]
+                            [--format e4m3|e4m3_block128|bf16] [--only q_proj,k_proj,...]
 
 `--format e4m3_block128` scales per 1 x 128 block of an activation row and per 128 x 128 tile of a
 weight (fine-grained scaling) instead of per row / output channel. `--format bf16` rounds the
@@ -75,9 +75,14 @@ class FakeQuantLinear(nn.Module):
         return F.linear(self.quant(x, dim=-1), self.weight, self.bias)
 
 
-def quantise(model: nn.Module, prefixes: tuple[str, ...], fmt: str) -> int:
-    """Swap every nn.Linear under the given module-name prefixes for a FakeQuantLinear."""
-    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.startswith(prefixes)]
+def quantise(model: nn.Module, prefixes: tuple[str, ...], fmt: str, only: tuple[str, ...] = ()) -> int:
+    """Swap every nn.Linear under the given module-name prefixes (and, with `only`, whose name
+    ends with one of those) for a FakeQuantLinear."""
+    names = [
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, nn.Linear) and n.startswith(prefixes) and (not only or n.endswith(only))
+    ]
     for name in names:
         parent, _, child = name.rpartition(".")
         owner = model.get_submodule(parent)
@@ -99,6 +104,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--parts", default="prefix_lm,vision", help=f"comma-separated, from {', '.join(PARTS)}")
     ap.add_argument("--format", default="e4m3", choices=sorted(FORMATS))
+    ap.add_argument(
+        "--only", default="", help="comma-separated linear names, e.g. q_proj,k_proj,v_proj,gate_proj,up_proj"
+    )
     ap.add_argument("--out", type=Path, default=Path("out"))
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -111,14 +119,23 @@ def main() -> None:
     results = {}
     done: list[str] = []
     for part in args.parts.split(","):  # cumulative: each row adds one part to the FP8 set
-        n = quantise(model, (PARTS[part],), args.format)
+        n = quantise(model, (PARTS[part],), args.format, tuple(o for o in args.only.split(",") if o))
         done.append(part)
         got = decide(model, case)
         results["+".join(done)] = dict(compare(got, ref), linears=n)
         r = results["+".join(done)]
         where = f"{args.format} GEMM operands in {'+'.join(done):<24} ({n:3d} more linears)"
         print(f"{where}: cosine {r['cosine']:.6f}, max abs {r['max_abs']:.3e} (chunk |max| {r['ref_abs_max']:.2f})")
-    write_result(args.out, "fp8_sim", dev, policy=args.policy, views=args.views, format=args.format, results=results)
+    write_result(
+        args.out,
+        "fp8_sim",
+        dev,
+        policy=args.policy,
+        views=args.views,
+        format=args.format,
+        only=args.only,
+        results=results,
+    )
 
 
 if __name__ == "__main__":

@@ -180,9 +180,9 @@ class FusedPi0:
         """expert_fp8: the step kernel's QKV and gate|up GEMMs on e4m3 operands (weights scaled
         per output row at load, activations per row by the norms before them). Experimental and
         not yet measured on a GPU: its only parity evidence is `bench/fp8_sim.py`'s CPU
-        simulation (full-size pi0.5, random weights, exact fp32 sums): cosine 0.99985 against the
-        unquantised chunk with all the expert's GEMMs in FP8. `flashrt bench --modes fused_fp8`
-        measures the real one's latency and parity."""
+        simulation (full-size pi0.5, random weights, exact fp32 sums): cosine 0.99997 against the
+        unquantised chunk with these GEMMs in FP8 (0.99985 with all of the expert's).
+        `flashrt bench --modes fused_fp8` measures the real one's latency and parity."""
         cfg: PolicyConfig = model.cfg
         self.cfg, self.dtype, self.expert_fp8 = cfg, dtype, expert_fp8
         # Prompt-length buckets: a decision runs the smallest one that holds its prompt, so a short
