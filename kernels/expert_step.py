@@ -258,12 +258,27 @@ def _tile_dot(
 
 
 @triton.jit
-def _fp8_scaled(acc, acc2, xs_ptr, rows, row_ok, ws_ptr, wrow, col_ok, PAIR_OFF):
-    """An e4m3 tile product (and its pair's, PAIR_OFF rows of the weight further) times its
-    row scales and output-channel scales: the real x @ W.T."""
-    xs = tl.load(xs_ptr + rows, mask=row_ok, other=0.0, cache_modifier=".cg")[:, None]  # written this launch
-    acc = acc * xs * tl.load(ws_ptr + wrow, mask=col_ok, other=0.0)[None, :]
-    acc2 = acc2 * xs * tl.load(ws_ptr + PAIR_OFF + wrow, mask=col_ok, other=0.0)[None, :]
+def _normed_tile_dot(
+    x_ptr, x8_ptr, xs_ptr, w_ptr, w8_ptr, ws_ptr, rows, row_ok, wrow, col_ok, PAIR_OFF,
+    WE: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8: tl.constexpr,
+):  # fmt: skip
+    """A tile (and its pair's, PAIR_OFF weight rows further) of a normed row block @ W.T over
+    all WE columns: as stored, or (FP8) on the e4m3 copies, promoted to fp32 every K tile, then
+    times the row scales (written this launch: read from L2) and the output-row scales."""
+    if FP8:
+        acc, acc2 = _tile_dot(
+            x8_ptr, WE, rows, row_ok, 0, WE, w8_ptr, wrow, col_ok, WE, PAIR_OFF,
+            True, UPCAST, PREC, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_K,
+        )  # fmt: skip
+        xs = tl.load(xs_ptr + rows, mask=row_ok, other=0.0, cache_modifier=".cg")[:, None]
+        acc = acc * xs * tl.load(ws_ptr + wrow, mask=col_ok, other=0.0)[None, :]
+        acc2 = acc2 * xs * tl.load(ws_ptr + PAIR_OFF + wrow, mask=col_ok, other=0.0)[None, :]
+    else:
+        acc, acc2 = _tile_dot(
+            x_ptr, WE, rows, row_ok, 0, WE, w_ptr, wrow, col_ok, WE, PAIR_OFF,
+            True, UPCAST, PREC, BLOCK_M, BLOCK_N, BLOCK_K, None,
+        )  # fmt: skip
     return acc, acc2
 
 
@@ -427,19 +442,10 @@ def _expert_step_kernel(
             cols = (u % CH) * BN_QKV + tl.arange(0, BN_QKV)
             col_ok = cols < HALF
             wrow = (u // CH) * D + cols
-            if FP8:
-                acc, acc2 = _tile_dot(
-                    xa8_ptr, WE, rows, row_ok, 0, WE, wqkv8_ptr + l64 * ((H + 2) * D * WE), wrow, col_ok, WE, HALF,
-                    True, UPCAST, PREC, BM, BN_QKV, BK, BK,
-                )  # fmt: skip
-                acc, acc2 = _fp8_scaled(
-                    acc, acc2, xs_ptr, rows, row_ok, sqkv_ptr + l64 * ((H + 2) * D), wrow, col_ok, HALF
-                )
-            else:
-                acc, acc2 = _tile_dot(
-                    xa_ptr, WE, rows, row_ok, 0, WE, wqkv, wrow, col_ok, WE, HALF, True, UPCAST, PREC, BM, BN_QKV, BK,
-                    None,
-                )  # fmt: skip
+            acc, acc2 = _normed_tile_dot(
+                xa_ptr, xa8_ptr, xs_ptr, wqkv, wqkv8_ptr + l64 * ((H + 2) * D * WE), sqkv_ptr + l64 * ((H + 2) * D),
+                rows, row_ok, wrow, col_ok, HALF, WE, UPCAST, PREC, BM, BN_QKV, BK, FP8,
+            )  # fmt: skip
             _rope_store(
                 acc, acc2, u // CH, rows, row_ok, cols, col_ok, q_ptr, lk + suffix_row0 * stride_kt,
                 lv + suffix_row0 * stride_kt, pos_ptr, inv_ptr, stride_kt, H, D, FIX,
@@ -481,19 +487,10 @@ def _expert_step_kernel(
         for u in range(me, FF // BN_GU, G):
             cols = u * BN_GU + tl.arange(0, BN_GU)
             col_ok = cols < FF
-            if FP8:
-                acc, acc2 = _tile_dot(
-                    xm8_ptr, WE, rows, row_ok, 0, WE, wgu8_ptr + l64 * (2 * FF * WE), cols, col_ok, WE, FF,
-                    True, UPCAST, PREC, BM, BN_GU, BK, BK,
-                )  # fmt: skip
-                acc, acc2 = _fp8_scaled(
-                    acc, acc2, xs_ptr + BM, rows, row_ok, sgu_ptr + l64 * (2 * FF), cols, col_ok, FF
-                )
-            else:
-                acc, acc2 = _tile_dot(
-                    xm_ptr, WE, rows, row_ok, 0, WE, wgu, cols, col_ok, WE, FF, True, UPCAST, PREC, BM, BN_GU, BK,
-                    None,
-                )  # fmt: skip
+            acc, acc2 = _normed_tile_dot(
+                xm_ptr, xm8_ptr, xs_ptr + BM, wgu, wgu8_ptr + l64 * (2 * FF * WE), sgu_ptr + l64 * (2 * FF),
+                rows, row_ok, cols, col_ok, FF, WE, UPCAST, PREC, BM, BN_GU, BK, FP8,
+            )  # fmt: skip
             _geglu_store(acc, acc2, rows, row_ok, cols, col_ok, act_ptr, FF, FIX)
         arrivals += G
         _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE)
@@ -924,9 +921,8 @@ def expert_step_ref(
         return t * c + torch.cat([-t[..., D // 2 :], t[..., : D // 2]], -1) * s
 
     def fp8_linear(x, w8, scale):  # e4m3 operands: x per row, W per output row, exact fp32 sums
-        xs = x.float().abs().amax(-1, keepdim=True).clamp(min=1e-30) / torch.finfo(torch.float8_e4m3fn).max
-        x8 = (x.float() / xs).to(torch.float8_e4m3fn).float() * xs
-        return torch.nn.functional.linear(x8, w8.float() * scale[:, None])
+        x8, xs = quantize_rows_fp8(x)
+        return torch.nn.functional.linear(x8.float() * xs[:, None], w8.float() * scale[:, None])
 
     def linear(x, i, w16, w8, scale):
         if w8 is None:
