@@ -397,9 +397,11 @@ class FusedPi0:
         # the patch conv; its bias + the position embedding join as the first LayerNorm's residual
         mlp_out, h = patches @ self.patch_w.t(), self.patch_pos[: v * n]
         eps, nw = spec.layer_norm_eps, VISION_NORM_WARPS
+        check_settings()
+        tiles = _attention_tiles(VISION_ATTENTION_TILES, "VISION_ATTENTION_TILES", splits=False)
         for w in self.vision_layers:
             y, h = layer_norm(mlp_out, *w.ln1, eps=eps, residual=h, num_warps=nw)
-            a = self._vision_attention(F.linear(y, *w.qkv), v, n, heads, hd)
+            a = self._vision_attention(F.linear(y, *w.qkv), v, n, heads, hd, tiles)
             y, h = layer_norm(F.linear(a, *w.out), *w.ln2, eps=eps, residual=h, num_warps=nw)
             mlp_out = F.linear(_linear_gelu_tanh(y, *w.fc1), *w.fc2)
         y, _ = layer_norm(mlp_out, *self.post_ln, eps=eps, residual=h, num_warps=nw)
@@ -407,13 +409,11 @@ class FusedPi0:
         return torch.addmm(bias, y, weight.t(), out=out)
 
     @staticmethod
-    def _vision_attention(qkv: Tensor, v: int, n: int, heads: int, hd: int) -> Tensor:
-        """SigLIP's attention per view: qkv [v*n, 3*heads*hd] -> [v*n, heads*hd]."""
-        check_settings()
+    def _vision_attention(qkv: Tensor, v: int, n: int, heads: int, hd: int, tiles: dict[str, int]) -> Tensor:
+        """SigLIP's attention per view: qkv [v*n, 3*heads*hd] -> [v*n, heads*hd] (`tiles`: the
+        packed kernel's launch keywords)."""
         if VISION_ATTENTION == "triton":
-            return packed_attention(
-                qkv, heads, n, **_attention_tiles(VISION_ATTENTION_TILES, "VISION_ATTENTION_TILES", False)
-            )
+            return packed_attention(qkv, heads, n, **tiles)
         q, k, val = qkv.view(v, n, 3, heads, hd).permute(2, 0, 3, 1, 4)
         with sdpa_kernel(VISION_SDPA, set_priority=True):
             a = F.scaled_dot_product_attention(q, k, val)
