@@ -34,10 +34,15 @@ E4M3_MAX = 448.0
 PARTS = {"prefix_lm": "prefix_lm.", "vision": "vision.", "expert": "expert."}
 
 
+def _fake_e4m3(t: torch.Tensor, dims) -> torch.Tensor:
+    """t rounded to e4m3 with one fp32 scale per slice over `dims` (amax -> 448), dequantised."""
+    scale = t.abs().amax(dim=dims, keepdim=True).clamp(min=1e-12) / E4M3_MAX
+    return (t / scale).to(torch.float8_e4m3fn).to(t.dtype) * scale
+
+
 def fake_fp8(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """x rounded to e4m3 with one fp32 scale per slice along `dim` (amax -> 448), dequantised."""
-    scale = x.abs().amax(dim=dim, keepdim=True).clamp(min=1e-12) / E4M3_MAX
-    return (x / scale).to(torch.float8_e4m3fn).to(x.dtype) * scale
+    """x rounded to e4m3 with one fp32 scale per slice along `dim`, dequantised."""
+    return _fake_e4m3(x, dim)
 
 
 def fake_fp8_blocks(x: torch.Tensor, dim: int, block: int = 128) -> torch.Tensor:
@@ -47,12 +52,8 @@ def fake_fp8_blocks(x: torch.Tensor, dim: int, block: int = 128) -> torch.Tensor
     if k % block:
         return fake_fp8(x, dim)
     if dim == 1 and x.dim() == 2 and x.shape[0] % block == 0:  # weight [N, K]: 128 x 128 tiles
-        t = x.reshape(x.shape[0] // block, block, k // block, block)
-        scale = t.abs().amax(dim=(1, 3), keepdim=True).clamp(min=1e-12) / E4M3_MAX
-        return ((t / scale).to(torch.float8_e4m3fn).to(x.dtype) * scale).reshape(x.shape)
-    t = x.reshape(*lead, k // block, block)  # activations: 1 x 128 per row
-    scale = t.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / E4M3_MAX
-    return ((t / scale).to(torch.float8_e4m3fn).to(x.dtype) * scale).reshape(x.shape)
+        return _fake_e4m3(x.reshape(x.shape[0] // block, block, k // block, block), (1, 3)).reshape(x.shape)
+    return _fake_e4m3(x.reshape(*lead, k // block, block), -1).reshape(x.shape)  # activations: 1 x 128 per row
 
 
 def fake_bf16(x: torch.Tensor, dim: int) -> torch.Tensor:
