@@ -20,7 +20,7 @@ from .bench.timing import HEADER, environment
 def _bench(args: argparse.Namespace) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     modes = args.modes.split(",")
-    if device.type != "cuda" and {"fused", "fused_fp8", "compile"} & set(modes):
+    if device.type != "cuda" and {"fused", "compile"} & set(modes):
         print("fused / compile modes need a CUDA GPU; running eager only")
         modes = ["eager"]
     results: dict = {"env": environment(device), "settings": vars(args).copy(), "runs": []}
@@ -29,7 +29,7 @@ def _bench(args: argparse.Namespace) -> int:
     print(HEADER)
     for mode in modes:  # the slow compile baseline last, so a cut-short run still has the rest
         for kind, (model, base, cases, refs) in setups.items():
-            views_list = args.views if mode.startswith("fused") or args.baselines_all_views else [max(args.views)]
+            views_list = args.views if mode == "fused" or args.baselines_all_views else [max(args.views)]
             for views in views_list:
                 model.cfg = base.replace(num_views=views, dtype=args.dtype)
                 run = _bench_one(mode, model, cases[views], refs[views], args, f"{kind} {views}v {mode}", device)
@@ -73,9 +73,9 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
             from .bench.parity import compare
 
             extra["parity"] = {"chunk": compare(chunk[0], ref[0])}
-        elif mode in ("fused", "fused_fp8"):
+        elif mode == "fused":
             lat, extra["parity"], extra["build_capture_s"] = measure_fused(
-                model, case, args.iters, args.warmup, label, ref, expert_fp8=mode == "fused_fp8"
+                model, case, args.iters, args.warmup, label, ref
             )
         elif mode == "compile":
             lat, extra["parity"], extra["compile_s"] = measure_compiled(
@@ -83,7 +83,7 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
             )
             extra["compile_mode"] = args.compile_mode
         else:
-            raise ValueError(f"unknown mode {mode!r} (eager, compile, fused, fused_fp8)")
+            raise ValueError(f"unknown mode {mode!r} (eager, compile, fused)")
     except Exception as exc:  # a baseline that fails is reported, not fatal
         print(f"{label}: FAILED: {type(exc).__name__}: {exc}")
         return {"error": f"{type(exc).__name__}: {exc}"}
@@ -157,11 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--device", default=None)
     b.add_argument("--tiny", action="store_true", help="tiny configs (CPU smoke runs)")
-    b.add_argument(
-        "--modes",
-        default="eager,compile,fused",
-        help="comma list of eager, compile, fused, fused_fp8 (experimental: the expert's QKV and gate|up in FP8)",
-    )
+    b.add_argument("--modes", default="eager,compile,fused", help="comma list of eager, compile, fused")
     b.add_argument("--compile-mode", default="reduce-overhead", help="torch.compile mode for the baseline")
     b.add_argument(
         "--baselines-all-views", action="store_true", help="eager/compile at every view count, not only the largest"

@@ -101,19 +101,3 @@ def round_bf16_rtne(x):
     bits = bits + 0x7FFF + ((bits >> 16) & 1)
     bits = bits & 0xFFFF0000
     return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def round_e4m3_rtne(x):
-    """Round fp32 ``x`` (|x| <= 448) to e4m3's 3 mantissa bits (ties to even), as fp32.
-
-    Interpreter-only workaround: Triton 3.9's interpreter converts to float8 e4m3 wrongly where
-    rounding carries into the exponent (-127.87 -> -64, where torch and the GPU give -128) and
-    rounds some ties away from even (336 -> 352, torch: 320); a value already on e4m3's grid
-    converts exactly. Exact for e4m3's normal range
-    (|x| >= 2**-6); below it the interpreter's own conversion rounds what is left.
-    """
-    bits = x.to(tl.uint32, bitcast=True)
-    bits = bits + 0x7FFFF + ((bits >> 20) & 1)
-    bits = bits & 0xFFF00000
-    return bits.to(tl.float32, bitcast=True)

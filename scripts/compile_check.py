@@ -1,11 +1,10 @@
 """Build the GPU code of the expert step kernel for CUDA targets without a GPU.
 
-    python scripts/compile_check.py [--trace] [--no-update] [--fp8] [--set NAME=VALUE ...] [ARCH ...]
+    python scripts/compile_check.py [--trace] [--no-update] [--set NAME=VALUE ...] [ARCH ...]
                                                  e.g. 90 (H200) 100 110 (Jetson Thor)
 
 The launch ends with the denoise update (the fused path's); --no-update builds it without the tail.
 --trace builds the variant that records phase timestamps (`ExpertStepPlan.enable_trace`);
---fp8 the one with QKV and gate|up on e4m3 operands (`ExpertWeights.with_fp8`);
 --set changes a tile setting first (`ExpertStepPlan.set_tiles`, e.g. --set bk=64 --set att_bn=32).
 Each line reports the registers per thread and the spill stack (bytes per thread) that
 Triton's bundled cuobjdump reads from the cubin, and how many of its loops are software-
@@ -38,7 +37,7 @@ M, W, F, H, D, L, P = 50, 1024, 4096, 8, 256, 18, 968
 
 
 def real_shape_launch(
-    trace: bool = False, tiles: dict[str, int] | None = None, with_update: bool = True, fp8: bool = False
+    trace: bool = False, tiles: dict[str, int] | None = None, with_update: bool = True
 ) -> tuple[tuple, dict]:
     meta, bf16 = torch.device("meta"), torch.bfloat16
     plan = ExpertStepPlan(M, W, F, H, D, 10, meta, bf16, gpu=True, sm_count=132)
@@ -51,7 +50,6 @@ def real_shape_launch(
         torch.empty(L, 2 * F, W, dtype=bf16, device=meta), torch.empty(L, W, F, dtype=bf16, device=meta),
         vec, vec, vec, vec, vec, vec, fin, fin,
     )  # fmt: skip
-    w = w.with_fp8() if fp8 else w
     cache = torch.empty(L, P + M, D, dtype=bf16, device=meta)
     i32 = dict(dtype=torch.int32, device=meta)
     h = torch.empty(M, W, dtype=bf16, device=meta)
@@ -80,8 +78,8 @@ def resource_usage(cubin: bytes) -> dict[str, int | None]:
     return dict(registers=value["REG"], stack_bytes=value["STACK"])
 
 
-def main(archs: list[int], trace: bool, tiles: dict[str, int], with_update: bool, fp8: bool = False) -> None:
-    args, kwargs = real_shape_launch(trace, tiles, with_update, fp8)
+def main(archs: list[int], trace: bool, tiles: dict[str, int], with_update: bool) -> None:
+    args, kwargs = real_shape_launch(trace, tiles, with_update)
     for arch in archs:
         t0 = time.perf_counter()
         try:
@@ -102,8 +100,6 @@ def main(archs: list[int], trace: bool, tiles: dict[str, int], with_update: bool
                     cooperative=bool(kwargs.get("launch_cooperative_grid")),
                     trace=trace and "%globaltimer" in ptx,
                     update=with_update,
-                    fp8=fp8,
-                    e4m3_mma=len(re.findall(r"mma\S*\.e4m3\.e4m3", ptx)),  # FP8 tensor-core instructions
                     # loops whose loads are asynchronous copies: software-pipelined
                     pipelined_loops=sum(
                         "async.token" in line for line in compiled.asm["ttgir"].splitlines() if "scf.for" in line
@@ -125,4 +121,4 @@ if __name__ == "__main__":
         tiles[name] = int(value)
         del argv[i : i + 2]
     archs = [int(a) for a in argv if not a.startswith("--")] or [90, 110]
-    main(archs, "--trace" in argv, tiles, "--no-update" not in argv, "--fp8" in argv)
+    main(archs, "--trace" in argv, tiles, "--no-update" not in argv)

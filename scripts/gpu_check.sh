@@ -3,7 +3,7 @@
 # torch 2.11 + CUDA 13, triton 3.6; no network). CI has no GPU, so these never run there.
 #
 #   bash scripts/gpu_check.sh [parts...]     parts: kernels fused parity latency bench step compile profile micro
-#                                            experiments vision fp8
+#                                            experiments vision
 #                                            (default: kernels fused parity latency bench step)
 #
 # Carry the parity wheels (`bash scripts/fetch_parity_wheels.sh` -> .whl) for `parity`.
@@ -83,15 +83,6 @@ for part in "${parts[@]}"; do
       python3 bench/gemm_shapes.py --out "$OUT" 2>&1 | tee "$OUT/gemm_shapes.log" || status=1
       python3 bench/fused_ab.py "PREFIX_ATTENTION_TILES=none;64x32,w4,s3,k1;128x32,w8,s3,k2" --rounds 5 \
         --out "$OUT" 2>&1 | tee "$OUT/fused_ab.log" || status=1
-      ;;
-    fp8)
-      step "Experimental FP8 expert (QKV and gate|up on e4m3): tests, kernel A/B, full decision with parity"
-      { python3 -m pytest -q -m gpu -p no:cacheprovider test/test_kernels_expert_step.py -k fp8 \
-        && python3 -m pytest -q -p no:cacheprovider test/test_fused.py -k fp8; } 2>&1 | tee "$OUT/fp8_tests.log" \
-        | tail -5 || status=1
-      python3 bench/expert_step.py --out "$OUT" 2>&1 | tee "$OUT/expert_step.log" || status=1
-      python3 -m flashrt_ros.cli bench --policy pi05,pi0 --views 3 --modes fused,fused_fp8 --iters 30 --warmup 3 \
-        --out "$OUT" 2>&1 | tee "$OUT/bench_fp8.log" || status=1
       ;;
     vision)
       step "SigLIP attention: SDPA backends vs the packed Triton kernel, alone and in the captured stages"

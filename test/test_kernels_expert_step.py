@@ -8,7 +8,6 @@
   interpreter): the only check of Thor's target we can run in CI.
 """
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -52,15 +51,6 @@ def test_step_kernel_builds_for_hopper_and_thor() -> None:
     # specialised like the JIT's build: the four GEMM K loops and the attention loop are
     # software-pipelined (an unspecialised build pipelines the attention loop alone)
     assert results[90]["pipelined_loops"] == 5
-
-
-def test_fp8_variant_builds_on_fp8_tensor_cores() -> None:
-    """`ExpertWeights.with_fp8()`'s launch builds for Hopper with e4m3 x e4m3 MMAs (QKV and
-    gate|up), still software-pipelined and within shared memory; the default has none."""
-    (fp8,) = _compile_check("--fp8", "90")
-    (plain,) = _compile_check("90")
-    assert fp8["fp8"] and fp8["e4m3_mma"] > 0 and plain["e4m3_mma"] == 0
-    assert fp8["pipelined_loops"] == 5 and 0 < fp8["shared_bytes"] <= 227 * 1024
 
 
 def test_traced_variant_with_other_tiles_builds() -> None:
@@ -139,10 +129,9 @@ def _problem(M, W, F, H, D, L, P, dtype, gated, seed=0):
     return rnd(M, W), w, inputs
 
 
-def _run_and_compare(shape, dtype, gated, tol, fp8=False, **tiles):
+def _run_and_compare(shape, dtype, gated, tol, **tiles):
     M, W, F, H, D, L, P = shape
     h0, w, (k, v, kb, qb, pos, inv, row0) = _problem(M, W, F, H, D, L, P, dtype, gated)
-    w = w.with_fp8() if fp8 else w
     h_ref, x_ref, k_ref, v_ref = expert_step_ref(h0, w, 1, k, v, kb, qb, pos, inv, row0, 1e-6)
     plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), dtype)
     plan.set_tiles(**tiles)
@@ -186,47 +175,6 @@ def test_attention_over_several_tiles_and_key_splits(dtype, gated) -> None:
     _run_and_compare((10, 32, 64, 4, 16, 2, 24), dtype, gated, tol, **tiles)
 
 
-@pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fp8_qkv_and_gate_up_match_the_fp8_reference(dtype, gated) -> None:
-    """With `ExpertWeights.with_fp8()` the QKV and gate|up GEMMs run on e4m3 operands (the row
-    phases write each normed row in e4m3 with its scale): the same maths as the reference's
-    FP8 emulation (x per row and W per output row rounded to e4m3, exact fp32 sums; on the GPU
-    the tensor cores' reduced-precision sums are promoted to fp32 every K tile)."""
-    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else None
-    _run_and_compare((10, 32, 64, 4, 16, 2, 24), dtype, gated, tol, fp8=True)
-
-
-def test_fp8_is_not_the_bf16_path_and_stays_close_to_it() -> None:
-    """The FP8 launch really computes on e4m3 operands (it differs from the unquantised one),
-    and stays close to it (cosine of h > 0.999 on this small problem)."""
-    M, W, F, H, D, L, P = 10, 32, 64, 4, 16, 2, 24
-    h0, w, (k, v, kb, qb, pos, inv, row0) = _problem(M, W, F, H, D, L, P, torch.float32, True)
-    plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), torch.float32)
-    outs = []
-    for weights in (w, w.with_fp8()):
-        h = h0.clone()
-        plan.step(h, weights, 1, k.clone(), v.clone(), kb, qb, pos, inv, row0, 0, 1e-6)
-        outs.append(h)
-    assert not torch.allclose(outs[0], outs[1], atol=1e-4, rtol=1e-4)
-    assert cosine(outs[0], outs[1]) > 0.999
-
-
-def test_fp8_weights_must_come_complete() -> None:
-    M, W, F, H, D, P = 10, 32, 64, 4, 16, 24
-    h0, w, (k, v, kb, qb, pos, inv, row0) = _problem(M, W, F, H, D, 2, P, torch.float32, gated=True)
-    plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), torch.float32)
-    full = w.with_fp8()
-    for broken in (
-        dataclasses.replace(full, gate_up_fp8=None),
-        dataclasses.replace(full, qkv_fp8=None),  # not silently the bf16 path
-        dataclasses.replace(full, qkv_scale=full.qkv_scale[:, :-1]),
-        dataclasses.replace(full, gate_up_fp8=full.gate_up_fp8.float()),
-    ):
-        with pytest.raises(ValueError, match="FP8 weights need qkv_fp8 / gate_up_fp8"):
-            plan.step(h0.clone(), broken, 1, k, v, kb, qb, pos, inv, row0, 0, 1e-6)
-
-
 def test_step_refuses_a_slot_outside_the_plan() -> None:
     M, W, F, H, D, P = 10, 32, 64, 4, 16, 24
     h0, w, inputs = _problem(M, W, F, H, D, 2, P, torch.float32, gated=True)
@@ -242,10 +190,9 @@ def test_set_tiles_refuses_unknown_settings() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
-def test_step_kernel_matches_reference_gpu_real_shapes(gated, fp8) -> None:
-    _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, gated, None, fp8=fp8)
+def test_step_kernel_matches_reference_gpu_real_shapes(gated) -> None:
+    _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, gated, None)
 
 
 def _run_with_update(shape, dtype, pi05: bool, A: int, tol, **tiles) -> None:

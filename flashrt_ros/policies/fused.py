@@ -171,20 +171,10 @@ class FusedPi0:
     """A Pi0Model compiled into re-laid-out weights, static buffers and (on CUDA) two graphs."""
 
     def __init__(
-        self,
-        model: Pi0Model,
-        dtype: torch.dtype = torch.bfloat16,
-        prompt_buckets: tuple[int, ...] = (64, 128),
-        expert_fp8: bool = False,
+        self, model: Pi0Model, dtype: torch.dtype = torch.bfloat16, prompt_buckets: tuple[int, ...] = (64, 128)
     ):
-        """expert_fp8: the step kernel's QKV and gate|up GEMMs on e4m3 operands (weights scaled
-        per output row at load, activations per row by the norms before them). Experimental and
-        not yet measured on a GPU: its only parity evidence is `bench/fp8_sim.py`'s CPU
-        simulation (full-size pi0.5, random weights, exact fp32 sums): cosine 0.99997 against the
-        unquantised chunk with these GEMMs in FP8 (0.99985 with all of the expert's).
-        `flashrt bench --modes fused_fp8` measures the real one's latency and parity."""
         cfg: PolicyConfig = model.cfg
-        self.cfg, self.dtype, self.expert_fp8 = cfg, dtype, expert_fp8
+        self.cfg, self.dtype = cfg, dtype
         # Prompt-length buckets: a decision runs the smallest one that holds its prompt, so a short
         # prompt does not pay for 200 padded tokens. Each bucket has its own pair of graphs.
         self.buckets = sorted({b for b in prompt_buckets if 0 < b < cfg.prompt_len} | {cfg.prompt_len})
@@ -312,13 +302,8 @@ class FusedPi0:
             )
         except ValueError as err:
             log.warning("expert step kernel not used (%s): the expert runs as separate kernels", err)
-        if self.expert_fp8 and self.step_plan is None:
-            log.warning("expert_fp8 ignored: it needs the expert step kernel")
-            self.expert_fp8 = False
         if self.step_plan is not None:
             self.expert_weights = self._expert_weights()
-            if self.expert_fp8:
-                self.expert_weights = self.expert_weights.with_fp8()
             log.info("%s", self.step_plan.describe())
 
     def buffers(self) -> dict[str, Tensor]:
@@ -583,8 +568,7 @@ class FusedPi0:
         fc1 = "fc1 + GELU in the cuBLASLt epilogue" if cuda else "fc1 GEMM + Triton bias_gelu"
         gemm = "cuBLAS" if cuda else "torch"
         if self.step_plan is not None:
-            expert = f"{self.step_plan.describe()}{' (QKV, gate|up on FP8 e4m3)' if self.expert_fp8 else ''}"
-            expert += ", ending with the denoise update (velocity + Euler step"
+            expert = f"{self.step_plan.describe()}, ending with the denoise update (velocity + Euler step"
             expert += " + next input)" if self.cfg.uses_adarms else " + time-MLP hidden layer), then linear_f32"
         else:
             expert = f"the expert as separate kernels ({gemm} GEMMs + Triton norms / RoPE / attention / GeGLU)"
