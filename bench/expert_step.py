@@ -15,7 +15,7 @@ import torch
 
 from flashrt_ros.bench.timing import environment, graph_ms
 from kernels.denoise_update import DenoiseUpdate, denoise_update
-from kernels.expert_step import ExpertStepPlan, ExpertWeights
+from kernels.expert_step import ExpertStepPlan, ExpertWeights, rope_table
 from kernels.rope import rope_inv_freq
 
 M, W, F_MLP, H, D, LAYERS, PREFIX = 50, 1024, 4096, 8, 256, 18, 968
@@ -64,7 +64,7 @@ def main() -> None:
     kb[PREFIX:] = 1
     qb = torch.ones(M, dtype=torch.int32, device=dev)
     pos = torch.arange(PREFIX, PREFIX + M, device=dev)
-    inv = rope_inv_freq(D, 10000.0, dev)
+    rope = rope_table(pos, rope_inv_freq(D, 10000.0, dev))
     plan = ExpertStepPlan(M, W, F_MLP, H, D, 1, dev, dt)
     h0 = rnd(M, W)
     h = h0.clone()
@@ -72,7 +72,7 @@ def main() -> None:
     def step():
         plan.barriers.zero_()
         h.copy_(h0)
-        plan.step(h, w, 0, k, v, kb, qb, pos, inv, PREFIX, 0, 1e-6)
+        plan.step(h, w, 0, k, v, kb, qb, rope, PREFIX, 0, 1e-6)
 
     results = {}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -106,7 +106,7 @@ def main() -> None:
         plan.barriers.zero_()
         h.copy_(h0)
         x.copy_(x0)
-        plan.step(h, w, 0, k, v, kb, qb, pos, inv, PREFIX, 0, 1e-6, update=DenoiseUpdate(x, *upd_w, h_next=h))
+        plan.step(h, w, 0, k, v, kb, qb, rope, PREFIX, 0, 1e-6, update=DenoiseUpdate(x, *upd_w, h_next=h))
 
     # the three alternating over rounds (a machine drifts by ~2% between minutes): the tail's
     # extra code may change how the layers themselves compile, so each gets its phase table

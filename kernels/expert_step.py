@@ -53,7 +53,7 @@ from ._common import dot_precision, is_interpreting, needs_rtne_fix, round_bf16_
 from .attention import _attn_combine_tile, _attn_fwd_tile
 from .denoise_update import DenoiseUpdate, euler, next_input_part, velocity_part
 
-__all__ = ["PHASES", "ExpertStepPlan", "ExpertWeights", "expert_step_ref"]
+__all__ = ["PHASES", "ExpertStepPlan", "ExpertWeights", "expert_step_ref", "rope_table"]
 
 _LOG2E = 1.4426950408889634
 PHASES = 8  # per layer, each ended by a grid barrier
@@ -116,17 +116,17 @@ def _round(x, FIX: tl.constexpr, dtype: tl.constexpr):
 
 @triton.jit
 def _rope_store(
-    lo, hi, head, rows, row_ok, cols, col_ok, q_ptr, k_ptr, v_ptr, pos_ptr, inv_ptr, stride_kt,
+    lo, hi, head, rows, row_ok, cols, col_ok, q_ptr, k_ptr, v_ptr, rope_ptr, M, stride_kt,
     H: tl.constexpr, D: tl.constexpr, FIX: tl.constexpr,
 ):  # fmt: skip
     """Columns `cols` (lo) and `cols + D/2` (hi) of QKV head `head` (q heads, then k, then v):
-    q and k rotated by Gemma's rotate_half RoPE at each row's position; q to q [M, H, D], k / v
-    to their cache rows."""
-    pos = tl.load(pos_ptr + rows, mask=row_ok, other=0).to(tl.float32)
-    ang = pos[:, None] * tl.load(inv_ptr + cols, mask=col_ok, other=0.0)[None, :]
+    q and k rotated by Gemma's rotate_half RoPE at each row's position (cos / sin read from
+    `rope_table`'s [2, M, D/2]); q to q [M, H, D], k / v to their cache rows."""
+    cs = rope_ptr + rows[:, None] * (D // 2) + cols[None, :]
+    mask = row_ok[:, None] & col_ok[None, :]
     rotate = tl.minimum(tl.maximum(H + 1 - head, 0), 1)  # 1 for q and k heads; v is copied
-    c = tl.cos(ang) * rotate + (1.0 - rotate)
-    s = tl.sin(ang) * rotate
+    c = tl.load(cs, mask=mask, other=1.0) * rotate + (1.0 - rotate)
+    s = tl.load(cs + M * (D // 2), mask=mask, other=0.0) * rotate
     o_lo = lo * c - hi * s
     o_hi = hi * c + lo * s
     if FIX:
@@ -139,7 +139,6 @@ def _rope_store(
         p = k_ptr + r64 * stride_kt + cols[None, :]
     else:
         p = v_ptr + r64 * stride_kt + cols[None, :]
-    mask = row_ok[:, None] & col_ok[None, :]
     tl.store(p, o_lo.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(p + D // 2, o_hi.to(q_ptr.dtype.element_ty), mask=mask)
 
@@ -285,8 +284,7 @@ def _expert_step_kernel(
     v_ptr,
     kb_ptr,  # [Tk] key block ids
     qb_ptr,  # [M] query block ids
-    pos_ptr,  # [M] suffix positions
-    inv_ptr,  # [D / 2] RoPE inverse frequencies
+    rope_ptr,  # [2, M, D / 2] fp32: cos, sin of each suffix row's RoPE angles (rope_table)
     wqkv_ptr,  # [L, (H + 2) D, WE]
     wo_ptr,  # [L, WE, H D]
     wgu_ptr,  # [L, 2 FF, WE]
@@ -396,7 +394,7 @@ def _expert_step_kernel(
             )  # fmt: skip
             _rope_store(
                 acc, acc2, u // CH, rows, row_ok, cols, col_ok, q_ptr, lk + suffix_row0 * stride_kt,
-                lv + suffix_row0 * stride_kt, pos_ptr, inv_ptr, stride_kt, H, D, FIX,
+                lv + suffix_row0 * stride_kt, rope_ptr, M, stride_kt, H, D, FIX,
             )  # fmt: skip
         arrivals += G
         _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 1, pid, TRACE)
@@ -523,6 +521,19 @@ class ExpertWeights:
     final_shift: torch.Tensor | None
 
 
+def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """cos and sin of the RoPE angles ``position * inv_freq`` (fp32), [2, M, D/2], for the step
+    kernel's QKV phase. The suffix's positions are the same in every layer and every denoise step
+    of a decision, so they are computed once, by torch, instead of 180 times in the kernel (whose
+    cos / sin code was a quarter of its 115 KB of machine code and its register spills)."""
+    ang = positions.float()[:, None] * inv_freq.float()[None, :]
+    if out is None:
+        out = torch.empty(2, *ang.shape, device=ang.device, dtype=torch.float32)
+    torch.cos(ang, out=out[0])
+    torch.sin(ang, out=out[1])
+    return out
+
+
 def _pow2_tile(dim: int, want: int) -> int:
     """Largest power of two <= want that divides dim (at least 16, as tl.dot needs)."""
     t = want
@@ -643,7 +654,8 @@ class ExpertStepPlan:
         """Every layer of one denoise step on the residual stream `h` [M, WE] (in place), then
         the final norm; returns it [M, WE] (the `x_attn` buffer). The rest, as `launch_args`:
         k, v (the cache [L, Tk, D]: prefix rows, then the suffix's rows from `suffix_row0`, which
-        this launch writes), key_blocks, query_blocks, positions, inv_freq, suffix_row0, slot
+        this launch writes), key_blocks, query_blocks, rope (`rope_table` of the suffix's
+        positions, made once per decision), suffix_row0, slot
         (this launch's barrier counter, zeroed beforehand), eps.
 
         `update`: also the denoise update on the last `update.x.shape[0]` rows of the output
@@ -681,8 +693,7 @@ class ExpertStepPlan:
         v: torch.Tensor,
         key_blocks: torch.Tensor,
         query_blocks: torch.Tensor,
-        positions: torch.Tensor,
-        inv_freq: torch.Tensor,
+        rope: torch.Tensor,
         suffix_row0: int,
         slot: int,
         eps: float,
@@ -696,6 +707,11 @@ class ExpertStepPlan:
             raise ValueError(f"h must be contiguous {self.dtype} [{M}, {self.WE}], got {tuple(h.shape)} {h.dtype}")
         if k.stride() != v.stride() or k.stride(-1) != 1:
             raise ValueError("k and v caches must share strides, rows contiguous")
+        if tuple(rope.shape) != (2, M, D // 2) or rope.dtype != torch.float32 or not rope.is_contiguous():
+            raise ValueError(
+                f"rope must be rope_table(...)'s contiguous float32 [2, {M}, {D // 2}], "
+                f"got {tuple(rope.shape)} {rope.dtype}"
+            )
         Tk = int(k.shape[1])
         kps = triton.cdiv(triton.cdiv(Tk, self.att_splits), self.att_bn) * self.att_bn
         splits = triton.cdiv(Tk, kps)
@@ -720,7 +736,7 @@ class ExpertStepPlan:
         args = (
             h, self.x_attn, self.x_mlp, self.q, self.attn, self.act, self.part_o, self.part_d,
             ws[: n * D], ws[n * D : n * (D + 1)], ws[n * (D + 1) : n * (D + 2)],
-            k, v, key_blocks, query_blocks, positions, inv_freq,
+            k, v, key_blocks, query_blocks, rope,
             w.qkv, w.o, w.gate_up, w.down,
             w.attn_mult[step], opt(w.attn_shift), opt(w.attn_gate),
             w.mlp_mult[step], opt(w.mlp_shift), opt(w.mlp_gate),

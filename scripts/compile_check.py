@@ -57,8 +57,7 @@ def real_shape_launch(
     update = DenoiseUpdate(f32(M, 32), f32(32, W), f32(32), -0.1, f32(W, 32), f32(W), h)  # pi0.5's: next input into h
     return plan.launch_args(
         h, w, 3, cache, cache, torch.empty(P + M, **i32),
-        torch.empty(M, **i32), torch.empty(M, dtype=torch.int64, device=meta), torch.empty(D // 2, device=meta),
-        P, 3, 1e-6, update=update if with_update else None,
+        torch.empty(M, **i32), f32(2, M, D // 2), P, 3, 1e-6, update=update if with_update else None,
     )  # fmt: skip
 
 

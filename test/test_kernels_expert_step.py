@@ -20,7 +20,7 @@ from kernel_fixtures import DEVICE
 from policy_fixtures import cosine
 
 from kernels.denoise_update import DenoiseUpdate, denoise_update_ref
-from kernels.expert_step import PHASES, ExpertStepPlan, ExpertWeights, expert_step_ref
+from kernels.expert_step import PHASES, ExpertStepPlan, ExpertWeights, expert_step_ref, rope_table
 from kernels.rope import rope_inv_freq
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,7 +80,7 @@ def test_attention_units_fill_the_grid_once(rows: int, sms: int) -> None:
     i32 = torch.int32
     _, kw = plan.launch_args(
         e(rows, W), w, 0, e(L, P + rows, D), e(L, P + rows, D), e(P + rows, dtype=i32), e(rows, dtype=i32),
-        e(rows, dtype=torch.int64), e(D // 2, dtype=torch.float32), P, 0, 1e-6,
+        e(2, rows, D // 2, dtype=torch.float32), P, 0, 1e-6,
     )  # fmt: skip
     tiles = -(-rows * H // kw["ATT_BM"])
     assert kw["ATT_BM"] == 16 and kw["ATT_SPLITS"] == plan.att_splits
@@ -88,6 +88,22 @@ def test_attention_units_fill_the_grid_once(rows: int, sms: int) -> None:
         assert kw["ATT_SPLITS"] == 1
     else:
         assert tiles * kw["ATT_SPLITS"] <= sms < tiles * (kw["ATT_SPLITS"] + 1)
+
+
+def test_rope_table_is_cos_sin_of_position_times_frequency_and_checked() -> None:
+    """`rope_table`: [2, M, D/2] cos / sin of position x inv_freq; a launch refuses a table of
+    the wrong shape or dtype (a positions vector, say) with what it expected."""
+    pos, inv = torch.arange(7, 12), rope_inv_freq(16, 10000.0, "cpu")
+    table = rope_table(pos, inv)
+    ang = pos.double()[:, None] * inv.double()[None, :]
+    assert table.shape == (2, 5, 8) and table.dtype == torch.float32
+    torch.testing.assert_close(table, torch.stack([ang.cos(), ang.sin()]).float(), rtol=1e-5, atol=1e-6)
+    M, W, F, H, D, L, P = 10, 32, 64, 4, 16, 2, 24
+    h0, w, (k, v, kb, qb, pos, inv, row0) = _problem(M, W, F, H, D, L, P, torch.float32, gated=True)
+    plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), torch.float32)
+    for bad in (pos, rope_table(pos, inv).double(), rope_table(pos[:-1], inv)):
+        with pytest.raises(ValueError, match=rf"rope must be rope_table\(...\)'s contiguous float32 \[2, {M}, 8\]"):
+            plan.step(h0.clone(), w, 1, k, v, kb, qb, bad, row0, 0, 1e-6)
 
 
 def test_phase_times_decodes_the_trace() -> None:
@@ -129,6 +145,13 @@ def _problem(M, W, F, H, D, L, P, dtype, gated, seed=0):
     return rnd(M, W), w, inputs
 
 
+def _kernel_inputs(inputs):
+    """`_problem`'s (k, v, kb, qb, positions, inv_freq, row0) as the kernel takes them: the RoPE
+    angles as `rope_table`'s cos / sin (the reference computes its own from the positions)."""
+    *head, pos, inv, row0 = inputs
+    return (*head, rope_table(pos, inv), row0)
+
+
 def _run_and_compare(shape, dtype, gated, tol, **tiles):
     M, W, F, H, D, L, P = shape
     h0, w, (k, v, kb, qb, pos, inv, row0) = _problem(M, W, F, H, D, L, P, dtype, gated)
@@ -136,7 +159,7 @@ def _run_and_compare(shape, dtype, gated, tol, **tiles):
     plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), dtype)
     plan.set_tiles(**tiles)
     h = h0.clone()
-    x = plan.step(h, w, 1, k, v, kb, qb, pos, inv, row0, 0, 1e-6)
+    x = plan.step(h, w, 1, k, v, kb, qb, rope_table(pos, inv), row0, 0, 1e-6)
     assert torch.equal(k[:, :row0], k_ref[:, :row0]) and torch.equal(v[:, :row0], v_ref[:, :row0])  # prefix kept
     suffix = slice(row0, row0 + M)
     _assert_all_close([(h, h_ref), (x, x_ref), (k[:, suffix], k_ref[:, suffix]), (v[:, suffix], v_ref[:, suffix])], tol)
@@ -180,7 +203,7 @@ def test_step_refuses_a_slot_outside_the_plan() -> None:
     h0, w, inputs = _problem(M, W, F, H, D, 2, P, torch.float32, gated=True)
     plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), torch.float32)
     with pytest.raises(ValueError, match="slot 1 outside the plan's 1 launches"):
-        plan.step(h0.clone(), w, 1, *inputs, 1, 1e-6)
+        plan.step(h0.clone(), w, 1, *_kernel_inputs(inputs), 1, 1e-6)
 
 
 def test_set_tiles_refuses_unknown_settings() -> None:
@@ -214,7 +237,7 @@ def _run_with_update(shape, dtype, pi05: bool, A: int, tol, **tiles) -> None:
     h, x = h0.clone(), x0.clone()
     nxt = h if pi05 else torch.zeros(HA, W, device=DEVICE)
     update = DenoiseUpdate(x, w_out, b_out, -0.1, w_in, b_in, nxt, silu=not pi05)
-    y = plan.step(h, w, 1, k, v, kb, qb, pos, inv, row0, 0, 1e-6, update=update)
+    y = plan.step(h, w, 1, k, v, kb, qb, rope_table(pos, inv), row0, 0, 1e-6, update=update)
     pairs = [(y, y_ref), (x, x_ref), (nxt, nxt_ref)]
     if not pi05:
         pairs.append((h, h_ref))  # pi0.5's h now holds the next input
@@ -250,7 +273,9 @@ def test_denoise_tail_of_the_last_step(chunks) -> None:
     plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), torch.float32)
     plan.set_tiles(update_chunks=chunks)
     h, x = h0.clone(), x0.clone()
-    y = plan.step(h, w, 1, k, v, kb, qb, pos, inv, row0, 0, 1e-6, update=DenoiseUpdate(x, w_out, b_out, -0.1))
+    y = plan.step(
+        h, w, 1, k, v, kb, qb, rope_table(pos, inv), row0, 0, 1e-6, update=DenoiseUpdate(x, w_out, b_out, -0.1)
+    )
     _assert_all_close([(y, y_ref), (x, x_ref), (h, h_ref)], dict(atol=1e-4, rtol=1e-4))
 
 
@@ -283,9 +308,11 @@ def test_step_kernel_refuses_an_update_with_more_rows() -> None:
     z = lambda *s: torch.zeros(*s, device=DEVICE)  # noqa: E731
     update = DenoiseUpdate(z(M + 1, 4), z(4, W), z(4), -0.1)
     with pytest.raises(ValueError, match="11 action rows, the step 10 rows"):
-        plan.step(h0.clone(), w, 1, *inputs, 0, 1e-6, update=update)
+        plan.step(h0.clone(), w, 1, *_kernel_inputs(inputs), 0, 1e-6, update=update)
     with pytest.raises(ValueError, match=r"w_out / b_out must be \[4, 32\]"):
-        plan.step(h0.clone(), w, 1, *inputs, 0, 1e-6, update=DenoiseUpdate(z(M, 4), z(4, W + 1), z(4), -0.1))
+        plan.step(
+            h0.clone(), w, 1, *_kernel_inputs(inputs), 0, 1e-6, update=DenoiseUpdate(z(M, 4), z(4, W + 1), z(4), -0.1)
+        )
 
 
 @pytest.mark.gpu

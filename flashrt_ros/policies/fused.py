@@ -36,7 +36,7 @@ from kernels.ada_rms_norm import ada_rms_norm, gated_residual_ada_rms_norm
 from kernels.attention import attention
 from kernels.denoise_update import DenoiseUpdate
 from kernels.euler import euler_step
-from kernels.expert_step import ExpertStepPlan, ExpertWeights
+from kernels.expert_step import ExpertStepPlan, ExpertWeights, rope_table
 from kernels.geglu import geglu
 from kernels.gelu import bias_gelu
 from kernels.layer_norm import layer_norm
@@ -286,6 +286,8 @@ class FusedPi0:
         self.prefix_v = torch.zeros_like(self.prefix_k)
         self.key_blocks = torch.zeros(p + sl, dtype=torch.int32, device=dev)
         self.suffix_pos = torch.zeros(sl, dtype=torch.long, device=dev)
+        # cos / sin of the suffix's RoPE angles for the step kernel (rope_table), once per decision
+        self.suffix_rope = torch.zeros(2, sl, cfg.expert.head_dim // 2, dtype=torch.float32, device=dev)
         self.suffix_state = torch.zeros(1, cfg.expert.width, dtype=torch.float32, device=dev)
         self.suffix_in = torch.zeros(sl, cfg.expert.width, dtype=self.dtype, device=dev)  # expert input rows
         self.at_u = torch.zeros(cfg.horizon, cfg.expert.width, dtype=torch.float32, device=dev)  # pi0's MLP hidden
@@ -320,6 +322,7 @@ class FusedPi0:
             "prefix_v",
             "key_blocks",
             "suffix_pos",
+            "suffix_rope",
             "suffix_state",
         )
         return {n: getattr(self, n) for n in names}
@@ -422,6 +425,8 @@ class FusedPi0:
         self.key_blocks[:p] = torch.where(valid, VISIBLE, MASKED).to(torch.int32)
         self.key_blocks[p : p + cfg.suffix_len] = self.query_blocks
         self.suffix_pos.copy_(valid.sum() + self._suffix_arange)
+        if self.step_plan is not None:
+            rope_table(self.suffix_pos, self.inv_freq, out=self.suffix_rope)
         if not cfg.uses_adarms:
             self.suffix_state.copy_(F.linear(self.state, *self.state_proj))
         self._decoder(self.prefix_layers, self.prefix_emb[:p], positions, cfg.prefix, rows=slice(0, p))
@@ -512,7 +517,7 @@ class FusedPi0:
         keys = slice(0, p + cfg.suffix_len)
         return self.step_plan.step(
             h, self.expert_weights, step, self.prefix_k[:, keys], self.prefix_v[:, keys], self.key_blocks[keys],
-            self.query_blocks, self.suffix_pos, self.inv_freq, p, step, cfg.rms_norm_eps, update=update,
+            self.query_blocks, self.suffix_rope, p, step, cfg.rms_norm_eps, update=update,
         )  # fmt: skip
 
     def velocity(self, step: int, x: Tensor) -> Tensor:
