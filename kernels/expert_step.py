@@ -28,17 +28,19 @@ All programs must be resident at once (the barrier waits for every one): the gri
 program per SM, launched cooperatively. On the interpreter (CI) the grid is one program, which
 runs every unit of every phase in order.
 
-Measured (H200, pi0.5 expert, 50 tokens, 968 + 50 keys; docs/results/README.md): 748 us per
-step, against ~950 us for the same work as separate kernels. Per layer (phase trace): QKV 6.2 us,
-attention 8.6, gate|up 7.1, down 4.4, the row phases 1.7 + 1.3, combine 1.8, O 2.8, and
-~1.4 us per barrier. Measured and dropped: six phases per layer, with the norms inside the GEMMs
+Measured (H200, pi0.5 expert, 50 tokens, 968 + 50 keys; docs/results/README.md): ~734 us per
+step alone, ~742 with the denoise tail, against ~950 us for the same work as separate kernels.
+Per layer (phase trace): QKV + RoPE 5.2 us, attention 8.5, gate|up 6.9, down 4.4, the row phases
+1.7 + 1.4, combine 1.9, O 2.8, and ~1.4 us per barrier. RoPE's cos / sin come from a table made
+once per decision (`rope_table`): computed here they cost ~1 us per layer and the kernel's
+only spills. Measured and dropped: six phases per layer, with the norms inside the GEMMs
 and the residuals closed by each column tile's last split-K arrival (871 us at its best tiles:
 the last-arrival tails cost more than the row phases and barriers they save); L2 prefetch of the
 weights / cache rows ahead of their phases with ``cp.async.bulk.prefetch.L2`` (925-964 us: issuing
 it stalls its phase by 8-11 us, and the GEMM phases it feeds gain only 0.3-1 us each, so they are
-not waiting on HBM). The denoise tail costs ~15 us per step: 2.6-11 us less than the same update
-as its own launch after the step with 32-row attention tiles, a tie with 16-row ones
-(bench/expert_step.py).
+not waiting on HBM); QKV and gate|up on FP8 operands (827 vs 742 us: halving their bytes gained
+0.2-0.4 us, and O / down slowed). The denoise tail costs ~8 us per step: ~8.5 us less than the
+same update as its own launch after the step (bench/expert_step.py, d891797).
 """
 
 from __future__ import annotations
