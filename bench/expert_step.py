@@ -148,11 +148,6 @@ def main() -> None:
         # 342a78d (5 rounds): default 734.2, 32 x 8 splits 761.0, 3 stages 774.1, bk=64 806.4,
         # ks_o=256 763.9; 55cf05e: QKV and gate|up on FP8 operands 826.8 vs 742.1 (dropped).
         dict(att_bm=32, att_splits=8),  # the default before 16-row tiles, for scale
-        # d891797 has no spills (the RoPE table), so the earlier losers are measured again
-        dict(att_qk_parts=2),  # q k^T as 2 / 4 independent dots over head-dim slices
-        dict(att_qk_parts=4),
-        dict(num_stages=3),
-        dict(bk=64),
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
     # alternate the variants over rounds (one machine drifts by ~2% between minutes); each variant

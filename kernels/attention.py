@@ -53,17 +53,6 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _dot_part(q_part, k_rows, d0, col_ok, PART: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
-    """q_part [BM, PART] @ k[:, d0:d0 + PART]^T -> [BM, BN] fp32 (a head-dim slice of q k^T)."""
-    dp = d0 + tl.arange(0, PART)
-    k = tl.load(k_rows + dp[None, :], mask=col_ok[:, None], other=0.0)
-    if UPCAST:
-        k = k.to(tl.float32)
-        q_part = q_part.to(tl.float32)
-    return tl.dot(q_part, tl.trans(k), input_precision=PREC)
-
-
-@triton.jit
 def _attn_fwd_tile(
     pid_m,
     pid_s,
@@ -106,13 +95,8 @@ def _attn_fwd_tile(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     CACHE: tl.constexpr,  # cache modifier of the q load ('.cg' inside a persistent kernel)
-    QK_PARTS: tl.constexpr = 1,
 ):
-    """One (query tile, key split) of the forward pass; also called by kernels.expert_step.
-
-    QK_PARTS > 1 (HEAD_DIM == BLOCK_D only): q k^T as that many dots over slices of the head
-    dim, summed. For a 16-row tile on mma.sync one dot over d 256 is a chain of 16 dependent
-    MMAs per warp; independent shorter chains let them overlap (the step kernel's case)."""
+    """One (query tile, key split) of the forward pass; also called by kernels.expert_step."""
     b = b.to(tl.int64)
 
     # Rows of the tile are (token, head) pairs: row = token * H + head.
@@ -123,20 +107,14 @@ def _attn_fwd_tile(
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
 
-    q_rows = q_ptr + b * stride_qb + tok[:, None] * stride_qt + head[:, None] * stride_qh
-    tl.static_assert(QK_PARTS == 1 or HEAD_DIM == BLOCK_D, "QK_PARTS > 1 needs HEAD_DIM == BLOCK_D")
-    PART: tl.constexpr = BLOCK_D // QK_PARTS
-    if QK_PARTS == 1:
-        q = tl.load(q_rows + d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0, cache_modifier=CACHE)
-        if UPCAST:
-            q = q.to(tl.float32)
-    else:  # q's head-dim slices, loaded once (HEAD_DIM == BLOCK_D: no mask on d)
-        dp = tl.arange(0, PART)
-        q0 = tl.load(q_rows + dp[None, :], mask=row_ok[:, None], other=0.0, cache_modifier=CACHE)
-        q1 = tl.load(q_rows + PART + dp[None, :], mask=row_ok[:, None], other=0.0, cache_modifier=CACHE)
-        if QK_PARTS == 4:
-            q2 = tl.load(q_rows + 2 * PART + dp[None, :], mask=row_ok[:, None], other=0.0, cache_modifier=CACHE)
-            q3 = tl.load(q_rows + 3 * PART + dp[None, :], mask=row_ok[:, None], other=0.0, cache_modifier=CACHE)
+    q = tl.load(
+        q_ptr + b * stride_qb + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+        cache_modifier=CACHE,
+    )
+    if UPCAST:
+        q = q.to(tl.float32)
     if HAS_QB:
         q_blk = tl.load(qb_ptr + b * stride_qbb + tok, mask=row_ok, other=0)
     else:
@@ -152,18 +130,12 @@ def _attn_fwd_tile(
         cols = n0 + tl.arange(0, BLOCK_N)
         col_ok = cols < n_end
         kv_mask = col_ok[:, None] & d_ok[None, :]
-        k_rows = k_ptr + b * stride_kb + cols[:, None].to(tl.int64) * stride_kt
-        if QK_PARTS == 1:
-            k = tl.load(k_rows + d[None, :], mask=kv_mask, other=0.0)
-            if UPCAST:
-                k = k.to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale  # [BLOCK_M, BLOCK_N]
-        else:  # each part scaled before the sum: `dot + x` would fold into one chained dot again
-            s = _dot_part(q0, k_rows, 0, col_ok, PART, UPCAST, PREC) * qk_scale
-            s += _dot_part(q1, k_rows, PART, col_ok, PART, UPCAST, PREC) * qk_scale
-            if QK_PARTS == 4:
-                s += _dot_part(q2, k_rows, 2 * PART, col_ok, PART, UPCAST, PREC) * qk_scale
-                s += _dot_part(q3, k_rows, 3 * PART, col_ok, PART, UPCAST, PREC) * qk_scale
+        k = tl.load(
+            k_ptr + b * stride_kb + cols[:, None].to(tl.int64) * stride_kt + d[None, :], mask=kv_mask, other=0.0
+        )
+        if UPCAST:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale  # [BLOCK_M, BLOCK_N]
 
         if HAS_KB:
             k_blk = tl.load(kb_ptr + b * stride_kbb + cols, mask=col_ok, other=2**30)

@@ -337,7 +337,6 @@ def _expert_step_kernel(
     ATT_BN: tl.constexpr,
     ATT_SPLITS: tl.constexpr,
     ATT_BS: tl.constexpr,
-    ATT_QK: tl.constexpr,  # q k^T as this many head-dim slices (attention.py's QK_PARTS)
     CB_M: tl.constexpr,
     CB_DC: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -407,7 +406,7 @@ def _expert_step_kernel(
                 u % n_mt, u // n_mt, zero, ATT_SPLITS, q_ptr, lk, lv, attn_ptr, kb_ptr, qb_ptr,
                 ws_acc_ptr, ws_m_ptr, ws_l_ptr, M * H, H, Tk, keys_per_split, qk_scale,
                 0, H * D, D, 0, stride_kt, 0, stride_kt, 0, H * D, D, 0, 0,
-                D, True, True, True, UPCAST, PREC, FIX, ATT_BM, ATT_BN, D, ".cg", ATT_QK,
+                D, True, True, True, UPCAST, PREC, FIX, ATT_BM, ATT_BN, D, ".cg",
             )  # fmt: skip
         arrivals += G
         _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 2, pid, TRACE)
@@ -592,7 +591,6 @@ class ExpertStepPlan:
         else:
             self.att_bm, self.att_bn = 16, 32
             self.att_splits = max(1, self.grid // triton.cdiv(rows * num_heads, self.att_bm))
-        self.att_qk_parts = 1  # q k^T in 1, 2 or 4 head-dim slices (attention.py's QK_PARTS)
         self.cb_m, self.cb_dc = 16, min(64, head_dim)
         self.update_chunks = 0  # denoise tail: K / column chunks per action row (0: fill the grid once)
         self.num_warps, self.num_stages = 4, 4  # H200 (64-column O / down tiles): 845 us; 3 stages 857, 8 warps 884
@@ -755,7 +753,7 @@ class ExpertStepPlan:
             BM=self.bm, BK=self.bk,
             BN_QKV=self.bn_qkv, BN_O=self.bn_o, KS_O=self.ks_o, BN_GU=self.bn_gu,
             BN_D=self.bn_d, KS_D=self.ks_d, ATT_BM=self.att_bm, ATT_BN=self.att_bn, ATT_SPLITS=splits,
-            ATT_BS=triton.next_power_of_2(splits), ATT_QK=self.att_qk_parts, CB_M=self.cb_m, CB_DC=self.cb_dc,
+            ATT_BS=triton.next_power_of_2(splits), CB_M=self.cb_m, CB_DC=self.cb_dc,
             UPCAST=interp, PREC=dot_precision(self.dtype), FIX=interp and needs_rtne_fix(self.dtype),
             TRACE=self.trace is not None,
             BLOCK_W=triton.next_power_of_2(self.WE),

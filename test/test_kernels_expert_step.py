@@ -189,14 +189,6 @@ def test_split_k_partials_over_several_tiles_and_splits(gated) -> None:
     _run_and_compare((10, 64, 128, 4, 32, 2, 24), torch.float32, gated, dict(atol=1e-4, rtol=1e-4), **tiles)
 
 
-@pytest.mark.parametrize("parts", [2, 4])
-def test_attention_scores_in_head_dim_slices(parts) -> None:
-    """q k^T as 2 or 4 independent dots over head-dim slices (att_qk_parts) gives the same step
-    as the reference; head dim 64, so each slice is >= 16 wide as a GPU dot needs."""
-    tiles = dict(att_bm=16, att_bn=16, att_splits=2, att_qk_parts=parts)
-    _run_and_compare((10, 64, 128, 2, 64, 2, 24), torch.float32, True, dict(atol=1e-4, rtol=1e-4), **tiles)
-
-
 @pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_attention_over_several_tiles_and_key_splits(dtype, gated) -> None:
@@ -221,10 +213,9 @@ def test_set_tiles_refuses_unknown_settings() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("qk_parts", [1, 2, 4])
 @pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
-def test_step_kernel_matches_reference_gpu_real_shapes(gated, qk_parts) -> None:
-    _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, gated, None, att_qk_parts=qk_parts)
+def test_step_kernel_matches_reference_gpu_real_shapes(gated) -> None:
+    _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, gated, None)
 
 
 def _run_with_update(shape, dtype, pi05: bool, A: int, tol, **tiles) -> None:
