@@ -147,6 +147,9 @@ def main() -> None:
         # the previous variant's settings, a bench bug fixed since: their numbers are not valid.)
         # 342a78d (5 rounds): default 734.2, 32 x 8 splits 761.0, 3 stages 774.1, bk=64 806.4,
         # ks_o=256 763.9; 55cf05e: QKV and gate|up on FP8 operands 826.8 vs 742.1 (dropped).
+        # 192ed51 (no spills since the RoPE table; 5 rounds): default 727.4; q k^T as 2 / 4
+        # independent dots over head-dim slices 738.6 / 736.1 (attention phase 8.6 -> 9.9 us;
+        # reverted), 3 stages 774.6, bk=64 809.6.
         dict(att_bm=32, att_splits=8),  # the default before 16-row tiles, for scale
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
