@@ -44,12 +44,10 @@ def phase_table(plan: ExpertStepPlan, step) -> list[dict]:
     return table
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=Path("out"))
-    args = ap.parse_args()
-    dev, dt = torch.device("cuda"), torch.bfloat16
+def make_problem(dev: torch.device):
+    """pi0.5's expert at its real shape with random weights: (plan, weights, h0, h, (k, v,
+    key_blocks, query_blocks, rope), step), where step() runs one launch on h from h0."""
+    dt = torch.bfloat16
     torch.manual_seed(0)
     rnd = lambda *shape, s=1.0: (torch.randn(*shape, device=dev) * s).to(dt)  # noqa: E731
     vec = lambda: (1 + 0.1 * torch.randn(1, LAYERS, W, device=dev)).contiguous()  # noqa: E731
@@ -73,6 +71,17 @@ def main() -> None:
         plan.barriers.zero_()
         h.copy_(h0)
         plan.step(h, w, 0, k, v, kb, qb, rope, PREFIX, 0, 1e-6)
+
+    return plan, w, h0, h, (k, v, kb, qb, rope), step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=Path("out"))
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    plan, w, h0, h, (k, v, kb, qb, rope), step = make_problem(dev)
 
     results = {}
     args.out.mkdir(parents=True, exist_ok=True)
