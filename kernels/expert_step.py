@@ -197,30 +197,6 @@ def _residual_norm_row(
 
 
 @triton.jit
-def _k_tile(
-    acc, acc2, k0, k_hi, a_rows, row_ok, w_cols, col_ok, stride_w, PAIR_OFF,
-    PAIRED: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """One K tile [k0, k0 + BLOCK_K) of `_tile_dot`, added to acc (and acc2)."""
-    ks = k0 + tl.arange(0, BLOCK_K)
-    k_ok = ks < k_hi
-    # activations were written by other programs in this launch: read them from L2
-    a = tl.load(a_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0, cache_modifier=".cg")
-    wm = k_ok[:, None] & col_ok[None, :]
-    w = tl.load(w_cols + ks[:, None], mask=wm, other=0.0)
-    if UPCAST:
-        a = a.to(tl.float32)
-        w = w.to(tl.float32)
-    acc = tl.dot(a, w, acc, input_precision=PREC)
-    if PAIRED:
-        w2 = tl.load(w_cols + PAIR_OFF * stride_w + ks[:, None], mask=wm, other=0.0)
-        if UPCAST:
-            w2 = w2.to(tl.float32)
-        acc2 = tl.dot(a, w2, acc2, input_precision=PREC)
-    return acc, acc2
-
-
-@triton.jit
 def _tile_dot(
     a_ptr,
     stride_a,
@@ -239,28 +215,28 @@ def _tile_dot(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    rot=0,
-    ROTATE: tl.constexpr = False,
 ):
-    """[BLOCK_M, BLOCK_N] of a @ w.T over k in [k_lo, k_hi) (and of the paired rows + PAIR_OFF).
-    ROTATE: start at K tile `rot` (mod the tile count) and wrap around, so that units reading
-    the same activation rows at once ask for different parts of them."""
+    """[BLOCK_M, BLOCK_N] of a @ w.T over k in [k_lo, k_hi) (and of the paired rows + PAIR_OFF)."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     a_rows = a_ptr + rows.to(tl.int64)[:, None] * stride_a
     w_cols = w_ptr + wrow.to(tl.int64)[None, :] * stride_w
-    if ROTATE:
-        n_k = tl.cdiv(k_hi - k_lo, BLOCK_K)
-        for i in range(0, n_k):
-            acc, acc2 = _k_tile(
-                acc, acc2, k_lo + ((i + rot) % n_k) * BLOCK_K, k_hi, a_rows, row_ok, w_cols, col_ok, stride_w,
-                PAIR_OFF, PAIRED, UPCAST, PREC, BLOCK_K,
-            )  # fmt: skip
-    else:
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            acc, acc2 = _k_tile(
-                acc, acc2, k0, k_hi, a_rows, row_ok, w_cols, col_ok, stride_w, PAIR_OFF, PAIRED, UPCAST, PREC, BLOCK_K
-            )
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < k_hi
+        # activations were written by other programs in this launch: read them from L2
+        a = tl.load(a_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0, cache_modifier=".cg")
+        wm = k_ok[:, None] & col_ok[None, :]
+        w = tl.load(w_cols + ks[:, None], mask=wm, other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(a, w, acc, input_precision=PREC)
+        if PAIRED:
+            w2 = tl.load(w_cols + PAIR_OFF * stride_w + ks[:, None], mask=wm, other=0.0)
+            if UPCAST:
+                w2 = w2.to(tl.float32)
+            acc2 = tl.dot(a, w2, acc2, input_precision=PREC)
     return acc, acc2
 
 
@@ -279,7 +255,6 @@ def _split_k_partials(
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
-    ROTATE: tl.constexpr = False,
 ):
     """Unit u = (column tile, K split s) of a [M, K] @ w[N, K].T -> fp32 rows of partial s."""
     n_tiles: tl.constexpr = N // BN
@@ -289,7 +264,7 @@ def _split_k_partials(
     cols = t * BN + tl.arange(0, BN)
     acc, _ = _tile_dot(
         a_ptr, K, rows, rows < M, s * K_PER, s * K_PER + K_PER, w_ptr, cols, cols < N, K, 0,
-        False, UPCAST, PREC, BM, BN, BK, t, ROTATE,
+        False, UPCAST, PREC, BM, BN, BK,
     )  # fmt: skip
     tl.store(part_ptr + (s * BM + rows)[:, None] * N + cols[None, :], acc)
 
@@ -362,7 +337,6 @@ def _expert_step_kernel(
     ATT_BN: tl.constexpr,
     ATT_SPLITS: tl.constexpr,
     ATT_BS: tl.constexpr,
-    K_ROT: tl.constexpr,  # GEMM units start at different K tiles (`_tile_dot`'s ROTATE)
     CB_M: tl.constexpr,
     CB_DC: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -419,7 +393,6 @@ def _expert_step_kernel(
             wrow = (u // CH) * D + cols
             acc, acc2 = _tile_dot(
                 xa_ptr, WE, rows, row_ok, 0, WE, wqkv, wrow, col_ok, WE, HALF, True, UPCAST, PREC, BM, BN_QKV, BK,
-                u, K_ROT,
             )  # fmt: skip
             _rope_store(
                 acc, acc2, u // CH, rows, row_ok, cols, col_ok, q_ptr, lk + suffix_row0 * stride_kt,
@@ -447,7 +420,7 @@ def _expert_step_kernel(
         _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 3, pid, TRACE)
         # 4: O projection, split-K partials
         for u in range(me, (WE // BN_O) * (H * D // KS_O), G):
-            _split_k_partials(u, attn_ptr, wo, part_o_ptr, M, WE, H * D, KS_O, UPCAST, PREC, BM, BN_O, BK, K_ROT)
+            _split_k_partials(u, attn_ptr, wo, part_o_ptr, M, WE, H * D, KS_O, UPCAST, PREC, BM, BN_O, BK)
         arrivals += G
         _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 4, pid, TRACE)
         # 5: close the attention residual, norm for the MLP
@@ -464,14 +437,13 @@ def _expert_step_kernel(
             col_ok = cols < FF
             acc, acc2 = _tile_dot(
                 xm_ptr, WE, rows, row_ok, 0, WE, wgu, cols, col_ok, WE, FF, True, UPCAST, PREC, BM, BN_GU, BK,
-                u, K_ROT,
             )  # fmt: skip
             _geglu_store(acc, acc2, rows, row_ok, cols, col_ok, act_ptr, FF, FIX)
         arrivals += G
         _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE)
         # 7: down projection, split-K partials (summed by the next phase 0)
         for u in range(me, (WE // BN_D) * (FF // KS_D), G):
-            _split_k_partials(u, act_ptr, wd, part_d_ptr, M, WE, FF, KS_D, UPCAST, PREC, BM, BN_D, BK, K_ROT)
+            _split_k_partials(u, act_ptr, wd, part_d_ptr, M, WE, FF, KS_D, UPCAST, PREC, BM, BN_D, BK)
         arrivals += G
         _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 7, pid, TRACE)
     # close the last MLP residual; the final norm
@@ -619,7 +591,6 @@ class ExpertStepPlan:
         else:
             self.att_bm, self.att_bn = 16, 32
             self.att_splits = max(1, self.grid // triton.cdiv(rows * num_heads, self.att_bm))
-        self.k_rotate = 0  # 1: each GEMM unit starts its K loop at its own tile (see _tile_dot)
         self.cb_m, self.cb_dc = 16, min(64, head_dim)
         self.update_chunks = 0  # denoise tail: K / column chunks per action row (0: fill the grid once)
         self.num_warps, self.num_stages = 4, 4  # H200 (64-column O / down tiles): 845 us; 3 stages 857, 8 warps 884
@@ -782,7 +753,7 @@ class ExpertStepPlan:
             BM=self.bm, BK=self.bk,
             BN_QKV=self.bn_qkv, BN_O=self.bn_o, KS_O=self.ks_o, BN_GU=self.bn_gu,
             BN_D=self.bn_d, KS_D=self.ks_d, ATT_BM=self.att_bm, ATT_BN=self.att_bn, ATT_SPLITS=splits,
-            ATT_BS=triton.next_power_of_2(splits), K_ROT=bool(self.k_rotate), CB_M=self.cb_m, CB_DC=self.cb_dc,
+            ATT_BS=triton.next_power_of_2(splits), CB_M=self.cb_m, CB_DC=self.cb_dc,
             UPCAST=interp, PREC=dot_precision(self.dtype), FIX=interp and needs_rtne_fix(self.dtype),
             TRACE=self.trace is not None,
             BLOCK_W=triton.next_power_of_2(self.WE),
