@@ -160,7 +160,7 @@ def main() -> None:
         # independent dots over head-dim slices 738.6 / 736.1 (attention phase 8.6 -> 9.9 us;
         # reverted), 3 stages 774.6, bk=64 809.6. 4e739ec (7 rounds): each GEMM unit starting its K
         # loop at its own tile (k_rotate) 733.1 vs 734.7: a tie, reverted.
-        dict(tma=1),  # the GEMM phases' tiles through TMA tensor descriptors
+        dict(att_bm=32, att_splits=8),  # the default before 16-row tiles, for scale
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
     # alternate the variants over rounds (one machine drifts by ~2% between minutes); each variant

@@ -50,7 +50,6 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._common import dot_precision, is_interpreting, needs_rtne_fix, round_bf16_rtne
 from .attention import _attn_combine_tile, _attn_fwd_tile
@@ -98,18 +97,12 @@ def _now():
 
 
 @triton.jit
-def _phase_end(bar_ptr, target, trace_ptr, idx, pid, TRACE: tl.constexpr, ASYNC_READS: tl.constexpr = False):
+def _phase_end(bar_ptr, target, trace_ptr, idx, pid, TRACE: tl.constexpr):
     """Barrier between phases; with TRACE, the time the last program finished phase `idx`
-    (atomic max over programs) and the time program 0 left the barrier. ASYNC_READS (GPU, TMA):
-    the next phase reads what this one stored through the async proxy (TMA), which needs a
-    proxy fence after the barrier to see the generic-proxy stores."""
+    (atomic max over programs) and the time program 0 left the barrier."""
     if TRACE:
         tl.atomic_max(trace_ptr + 2 * idx, _now())
     _grid_sync(bar_ptr, target)
-    if ASYNC_READS:
-        tl.inline_asm_elementwise(
-            "fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
-        )
     if TRACE:
         if pid == 0:
             tl.store(trace_ptr + 2 * idx + 1, _now())
@@ -222,30 +215,10 @@ def _tile_dot(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    a_desc=None,
-    w_desc=None,
-    w_row0=0,
-    TMA: tl.constexpr = False,
 ):
-    """[BLOCK_M, BLOCK_N] of a @ w.T over k in [k_lo, k_hi) (and of the paired rows + PAIR_OFF).
-    TMA: both tiles through tensor descriptors (`a_desc` over a's rows, `w_desc` over w as 2D
-    rows, this tile from row `w_row0`) instead of pointer loads."""
+    """[BLOCK_M, BLOCK_N] of a @ w.T over k in [k_lo, k_hi) (and of the paired rows + PAIR_OFF)."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if TMA:
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            a = a_desc.load([0, k0])
-            w = w_desc.load([w_row0, k0])
-            if UPCAST:
-                a = a.to(tl.float32)
-                w = w.to(tl.float32)
-            acc = tl.dot(a, w.T, acc, input_precision=PREC)
-            if PAIRED:
-                w2 = w_desc.load([w_row0 + PAIR_OFF, k0])
-                if UPCAST:
-                    w2 = w2.to(tl.float32)
-                acc2 = tl.dot(a, w2.T, acc2, input_precision=PREC)
-        return acc, acc2
     a_rows = a_ptr + rows.to(tl.int64)[:, None] * stride_a
     w_cols = w_ptr + wrow.to(tl.int64)[None, :] * stride_w
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -282,13 +255,8 @@ def _split_k_partials(
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
-    a_desc=None,
-    w_desc=None,
-    w_row0=0,
-    TMA: tl.constexpr = False,
 ):
-    """Unit u = (column tile, K split s) of a [M, K] @ w[N, K].T -> fp32 rows of partial s
-    (TMA: through descriptors, w's rows from `w_row0`; see `_tile_dot`)."""
+    """Unit u = (column tile, K split s) of a [M, K] @ w[N, K].T -> fp32 rows of partial s."""
     n_tiles: tl.constexpr = N // BN
     t = u % n_tiles
     s = u // n_tiles
@@ -296,7 +264,7 @@ def _split_k_partials(
     cols = t * BN + tl.arange(0, BN)
     acc, _ = _tile_dot(
         a_ptr, K, rows, rows < M, s * K_PER, s * K_PER + K_PER, w_ptr, cols, cols < N, K, 0,
-        False, UPCAST, PREC, BM, BN, BK, a_desc, w_desc, w_row0 + t * BN, TMA,
+        False, UPCAST, PREC, BM, BN, BK,
     )  # fmt: skip
     tl.store(part_ptr + (s * BM + rows)[:, None] * N + cols[None, :], acc)
 
@@ -323,14 +291,6 @@ def _expert_step_kernel(
     wo_ptr,  # [L, WE, H D]
     wgu_ptr,  # [L, 2 FF, WE]
     wd_ptr,  # [L, WE, FF]
-    xa_desc,  # TMA: tensor descriptors of x_attn, x_mlp, attn, act and of the four weights as 2D
-    xm_desc,  # [L * rows, K] (None without TMA)
-    attn_desc,
-    act_desc,
-    wqkv_desc,
-    wo_desc,
-    wgu_desc,
-    wd_desc,
     m1_ptr,  # [L, WE] attention norm multiplier (1 + scale, or 1 + w)
     s1_ptr,  # [L, WE] attention norm shift (HAS_SHIFT)
     g1_ptr,  # [L, WE] attention residual gate (GATED)
@@ -383,7 +343,6 @@ def _expert_step_kernel(
     PREC: tl.constexpr,
     FIX: tl.constexpr,
     TRACE: tl.constexpr,
-    TMA: tl.constexpr,  # GEMM tiles through the tensor descriptors above
     BLOCK_W: tl.constexpr,
     UPDATE: tl.constexpr,
     U_A: tl.constexpr,
@@ -423,7 +382,7 @@ def _expert_step_kernel(
                 WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
             )  # fmt: skip
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 0, pid, TRACE, TMA and not UPCAST)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 0, pid, TRACE)
         # 1: QKV + RoPE; k / v into this layer's cache rows
         wo = wo_ptr + l64 * (WE * H * D)
         wgu = wgu_ptr + l64 * (2 * FF * WE)
@@ -434,14 +393,13 @@ def _expert_step_kernel(
             wrow = (u // CH) * D + cols
             acc, acc2 = _tile_dot(
                 xa_ptr, WE, rows, row_ok, 0, WE, wqkv, wrow, col_ok, WE, HALF, True, UPCAST, PREC, BM, BN_QKV, BK,
-                xa_desc, wqkv_desc, layer * ((H + 2) * D) + (u // CH) * D + (u % CH) * BN_QKV, TMA,
             )  # fmt: skip
             _rope_store(
                 acc, acc2, u // CH, rows, row_ok, cols, col_ok, q_ptr, lk + suffix_row0 * stride_kt,
                 lv + suffix_row0 * stride_kt, rope_ptr, M, stride_kt, H, D, FIX,
             )  # fmt: skip
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 1, pid, TRACE, TMA and not UPCAST)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 1, pid, TRACE)
         # 2: attention partials (query tile, key split)
         for u in range(me, n_mt * ATT_SPLITS, G):
             _attn_fwd_tile(
@@ -451,7 +409,7 @@ def _expert_step_kernel(
                 D, True, True, True, UPCAST, PREC, FIX, ATT_BM, ATT_BN, D, ".cg",
             )  # fmt: skip
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 2, pid, TRACE, TMA and not UPCAST)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 2, pid, TRACE)
         # 3: combine the key splits
         for u in range(me, n_cm * n_cd, G):
             _attn_combine_tile(
@@ -459,15 +417,12 @@ def _expert_step_kernel(
                 0, H * D, D, D, ATT_SPLITS, FIX, CB_M, CB_DC, ATT_BS, ".cg",
             )  # fmt: skip
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 3, pid, TRACE, TMA and not UPCAST)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 3, pid, TRACE)
         # 4: O projection, split-K partials
         for u in range(me, (WE // BN_O) * (H * D // KS_O), G):
-            _split_k_partials(
-                u, attn_ptr, wo, part_o_ptr, M, WE, H * D, KS_O, UPCAST, PREC, BM, BN_O, BK,
-                attn_desc, wo_desc, layer * WE, TMA,
-            )  # fmt: skip
+            _split_k_partials(u, attn_ptr, wo, part_o_ptr, M, WE, H * D, KS_O, UPCAST, PREC, BM, BN_O, BK)
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 4, pid, TRACE, TMA and not UPCAST)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 4, pid, TRACE)
         # 5: close the attention residual, norm for the MLP
         for row in range(me, M, G):
             _residual_norm_row(
@@ -475,26 +430,22 @@ def _expert_step_kernel(
                 WE, H * D // KS_O, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
             )  # fmt: skip
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, TRACE, TMA and not UPCAST)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, TRACE)
         # 6: gate|up + GeGLU
         for u in range(me, FF // BN_GU, G):
             cols = u * BN_GU + tl.arange(0, BN_GU)
             col_ok = cols < FF
             acc, acc2 = _tile_dot(
                 xm_ptr, WE, rows, row_ok, 0, WE, wgu, cols, col_ok, WE, FF, True, UPCAST, PREC, BM, BN_GU, BK,
-                xm_desc, wgu_desc, layer * (2 * FF) + u * BN_GU, TMA,
             )  # fmt: skip
             _geglu_store(acc, acc2, rows, row_ok, cols, col_ok, act_ptr, FF, FIX)
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE, TMA and not UPCAST)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE)
         # 7: down projection, split-K partials (summed by the next phase 0)
         for u in range(me, (WE // BN_D) * (FF // KS_D), G):
-            _split_k_partials(
-                u, act_ptr, wd, part_d_ptr, M, WE, FF, KS_D, UPCAST, PREC, BM, BN_D, BK,
-                act_desc, wd_desc, layer * WE, TMA,
-            )  # fmt: skip
+            _split_k_partials(u, act_ptr, wd, part_d_ptr, M, WE, FF, KS_D, UPCAST, PREC, BM, BN_D, BK)
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 7, pid, TRACE, TMA and not UPCAST)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 7, pid, TRACE)
     # close the last MLP residual; the final norm
     for row in range(pid, M, G):
         _residual_norm_row(
@@ -640,7 +591,6 @@ class ExpertStepPlan:
         else:
             self.att_bm, self.att_bn = 16, 32
             self.att_splits = max(1, self.grid // triton.cdiv(rows * num_heads, self.att_bm))
-        self.tma = 0  # 1: the GEMM phases load their tiles through TMA tensor descriptors
         self.cb_m, self.cb_dc = 16, min(64, head_dim)
         self.update_chunks = 0  # denoise tail: K / column chunks per action row (0: fill the grid once)
         self.num_warps, self.num_stages = 4, 4  # H200 (64-column O / down tiles): 845 us; 3 stages 857, 8 warps 884
@@ -717,23 +667,6 @@ class ExpertStepPlan:
         _expert_step_kernel[(self.grid,)](*args, **kwargs)
         return self.x_attn
 
-    def _descriptors(self, w: ExpertWeights) -> tuple:
-        """TMA descriptors of the GEMM operands (8 Nones without `tma`): the activation rows
-        [M, K] in [bm, bk] boxes (rows past M read as zeros) and each weight as 2D [L * rows, K]
-        in [tile columns, bk] boxes."""
-        if not self.tma:
-            return (None,) * 8
-        bm, bk = self.bm, self.bk
-
-        def desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
-            t = t.reshape(-1, t.shape[-1])
-            return TensorDescriptor(t, list(t.shape), list(t.stride()), [rows, bk])
-
-        return (
-            desc(self.x_attn, bm), desc(self.x_mlp, bm), desc(self.attn, bm), desc(self.act, bm),
-            desc(w.qkv, self.bn_qkv), desc(w.o, self.bn_o), desc(w.gate_up, self.bn_gu), desc(w.down, self.bn_d),
-        )  # fmt: skip
-
     def _update_chunk(self, rows: int, bw: int) -> int:
         """Columns per chunk (K chunks of the velocity, column chunks of the next input) of the
         denoise tail: as many chunks per row as fill the grid once (H200, 50 rows: 2 of 512),
@@ -807,7 +740,6 @@ class ExpertStepPlan:
             ws[: n * D], ws[n * D : n * (D + 1)], ws[n * (D + 1) : n * (D + 2)],
             k, v, key_blocks, query_blocks, rope,
             w.qkv, w.o, w.gate_up, w.down,
-            *self._descriptors(w),
             w.attn_mult[step], opt(w.attn_shift), opt(w.attn_gate),
             w.mlp_mult[step], opt(w.mlp_shift), opt(w.mlp_gate),
             w.final_mult[step], opt(w.final_shift),
@@ -824,7 +756,6 @@ class ExpertStepPlan:
             ATT_BS=triton.next_power_of_2(splits), CB_M=self.cb_m, CB_DC=self.cb_dc,
             UPCAST=interp, PREC=dot_precision(self.dtype), FIX=interp and needs_rtne_fix(self.dtype),
             TRACE=self.trace is not None,
-            TMA=bool(self.tma),
             BLOCK_W=triton.next_power_of_2(self.WE),
             UPDATE=update is not None,
             **dict(zip(("U_A", "U_HAS_IN", "U_SILU", "U_FIX", "U_BA", "U_BW", "U_KC", "U_NC"), u_const, strict=True)),
@@ -840,7 +771,6 @@ def compile_for(args: tuple, kwargs: dict, arch: int):
     the meta device): a check that the GPU code builds for a target we cannot run here."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from triton.runtime.jit import mangle_type
 
     kernel = _expert_step_kernel
     names = kernel.arg_names
@@ -853,13 +783,6 @@ def compile_for(args: tuple, kwargs: dict, arch: int):
     # allocations are aligned, so a tensor's alignment is its storage offset's
     signature, constexprs, attrs = {}, {}, {}
     for i, (name, value) in enumerate(zip(names, args, strict=False)):
-        if value is None:  # an unused descriptor: a None constexpr, as the JIT makes it
-            signature[name] = "constexpr"
-            constexprs[(i,)] = None
-            continue
-        if isinstance(value, TensorDescriptor):
-            signature[name] = mangle_type(value)
-            continue
         if isinstance(value, torch.Tensor):
             signature[name] = ptr[value.dtype]
             aligned = value.storage_offset() * value.element_size() % 16 == 0
