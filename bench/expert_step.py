@@ -159,7 +159,8 @@ def main() -> None:
         # 192ed51 (no spills since the RoPE table; 5 rounds): default 727.4; q k^T as 2 / 4
         # independent dots over head-dim slices 738.6 / 736.1 (attention phase 8.6 -> 9.9 us;
         # reverted), 3 stages 774.6, bk=64 809.6. 4e739ec (7 rounds): each GEMM unit starting its K
-        # loop at its own tile (k_rotate) 733.1 vs 734.7: a tie, reverted.
+        # loop at its own tile (k_rotate) 733.1 vs 734.7: a tie, reverted. dc725ec (7 rounds): the
+        # GEMM phases' tiles through TMA tensor descriptors 740.7 vs 733.3 (reverted).
         dict(att_bm=32, att_splits=8),  # the default before 16-row tiles, for scale
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
