@@ -3,7 +3,7 @@
 # torch 2.11 + CUDA 13, triton 3.6; no network). CI has no GPU, so these never run there.
 #
 #   bash scripts/gpu_check.sh [parts...]     parts: kernels fused parity latency bench step compile profile micro
-#                                            experiments vision
+#                                            experiments vision ncu
 #                                            (default: kernels fused parity latency bench step)
 #
 # Carry the parity wheels (`bash scripts/fetch_parity_wheels.sh` -> .whl) for `parity`.
@@ -83,6 +83,18 @@ for part in "${parts[@]}"; do
       python3 bench/gemm_shapes.py --out "$OUT" 2>&1 | tee "$OUT/gemm_shapes.log" || status=1
       python3 bench/fused_ab.py "PREFIX_ATTENTION_TILES=none;64x32,w4,s3,k1;128x32,w8,s3,k2" --rounds 5 \
         --out "$OUT" 2>&1 | tee "$OUT/fused_ab.log" || status=1
+      ;;
+    ncu)
+      step "Nsight Compute: where the step kernel's warps wait (stall samples per source line)"
+      NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+      (cd bench && "$NCU" --kernel-name _expert_step_kernel --launch-skip 3 --launch-count 1 \
+        --section WarpStateStats --section SourceCounters --section SpeedOfLight --import-source yes \
+        -o "$OUT/step" -f python3 step_ncu.py) 2>&1 | tail -3 || status=1
+      "$NCU" --import "$OUT/step.ncu-rep" --page details --print-details all --section WarpStateStats \
+        > "$OUT/step_ncu_warp_state.txt" 2>&1 || status=1
+      "$NCU" --import "$OUT/step.ncu-rep" --page source --print-source cuda,sass --csv > "$OUT/step_source.csv" \
+        2>&1 || status=1
+      python3 bench/step_ncu.py --summarize "$OUT/step_source.csv" | tee "$OUT/step_ncu_stall_lines.txt" | head -25
       ;;
     vision)
       step "SigLIP attention: SDPA backends vs the packed Triton kernel, alone and in the captured stages"
