@@ -35,10 +35,10 @@ def summarize(path: Path, top: int = 40) -> None:
         for row in csv.reader(f):
             if len(row) >= 2 and row[0] == "File Path":
                 file = row[1].rsplit("/", 1)[-1]
-            elif len(row) >= 5 and row[0] not in ("Line No", ""):
+            elif len(row) >= 5 and row[0].isdigit():  # a source line (headers and others skipped)
                 where = (file, int(row[0]))
                 text[where] = row[1].strip()
-            elif len(row) >= 5 and where is not None and row[4].isdigit():
+            elif len(row) >= 5 and row[0] == "" and where is not None and row[4].isdigit():
                 samples[where] += int(row[4])
     total = sum(samples.values()) or 1
     print(f"warp stall samples by source line ({total} in all)")

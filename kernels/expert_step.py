@@ -32,15 +32,15 @@ Measured (H200, pi0.5 expert, 50 tokens, 968 + 50 keys; docs/results/README.md):
 step alone, ~742 with the denoise tail, against ~950 us for the same work as separate kernels.
 Per layer (phase trace): QKV + RoPE 5.2 us, attention 8.5, gate|up 6.9, down 4.4, the row phases
 1.7 + 1.4, combine 1.9, O 2.8, and ~1.4 us per barrier. RoPE's cos / sin come from a table made
-once per decision (`rope_table`): computed here they cost ~1 us per layer and the kernel's
-only spills. Measured and dropped: six phases per layer, with the norms inside the GEMMs
+once per decision (`rope_table`): computed here they cost ~1 us per layer and (Triton 3.6)
+the kernel's only spills. Measured and dropped: six phases per layer, with the norms inside the GEMMs
 and the residuals closed by each column tile's last split-K arrival (871 us at its best tiles:
 the last-arrival tails cost more than the row phases and barriers they save); L2 prefetch of the
 weights / cache rows ahead of their phases with ``cp.async.bulk.prefetch.L2`` (925-964 us: issuing
 it stalls its phase by 8-11 us, and the GEMM phases it feeds gain only 0.3-1 us each, so they are
 not waiting on HBM); QKV and gate|up on FP8 operands (827 vs 742 us: halving their bytes gained
-0.2-0.4 us, and O / down slowed). The denoise tail costs ~8 us per step: ~8.5 us less than the
-same update as its own launch after the step (bench/expert_step.py, d891797).
+0.2-0.4 us, and O / down slowed). The denoise update as the launch's tail saves ~6-9 us per
+step against the same update as its own launch after the step (bench/expert_step.py).
 """
 
 from __future__ import annotations
@@ -526,8 +526,9 @@ class ExpertWeights:
 def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """cos and sin of the RoPE angles ``position * inv_freq`` (fp32), [2, M, D/2], for the step
     kernel's QKV phase. The suffix's positions are the same in every layer and every denoise step
-    of a decision, so they are computed once, by torch, instead of 180 times in the kernel (whose
-    cos / sin code was a quarter of its 115 KB of machine code and its register spills)."""
+    of a decision, so they are computed once, by torch, instead of 180 times in the kernel (where
+    libdevice's cos / sin were ~20 KB of its 118 KB of machine code and, with Triton 3.6, all of
+    its register spills)."""
     ang = positions.float()[:, None] * inv_freq.float()[None, :]
     if out is None:
         out = torch.empty(2, *ang.shape, device=ang.device, dtype=torch.float32)
