@@ -1,10 +1,12 @@
 """Build the GPU code of the expert step kernel for CUDA targets without a GPU.
 
-    python scripts/compile_check.py [--trace] [--no-update] [--set NAME=VALUE ...] [ARCH ...]
+    python scripts/compile_check.py [--trace] [--no-update] [--sms N] [--set NAME=VALUE ...] [ARCH ...]
                                                  e.g. 90 (H200) 100 110 (Jetson Thor)
 
 The launch ends with the denoise update (the fused path's); --no-update builds it without the tail.
 --trace builds the variant that records phase timestamps (`ExpertStepPlan.enable_trace`);
+--sms builds the launch for a GPU with N SMs (default 132, the H200's; Jetson AGX Thor has 20),
+which changes the grid-dependent tiles (attention key splits, the denoise tail's chunks);
 --set changes a tile setting first (`ExpertStepPlan.set_tiles`, e.g. --set bk=64 --set att_bn=32).
 Each line reports the registers per thread and the spill stack (bytes per thread) that
 Triton's bundled cuobjdump reads from the cubin, and how many of its loops are software-
@@ -37,10 +39,10 @@ M, W, F, H, D, L, P = 50, 1024, 4096, 8, 256, 18, 968
 
 
 def real_shape_launch(
-    trace: bool = False, tiles: dict[str, int] | None = None, with_update: bool = True
+    trace: bool = False, tiles: dict[str, int] | None = None, with_update: bool = True, sms: int = 132
 ) -> tuple[tuple, dict]:
     meta, bf16 = torch.device("meta"), torch.bfloat16
-    plan = ExpertStepPlan(M, W, F, H, D, 10, meta, bf16, gpu=True, sm_count=132)
+    plan = ExpertStepPlan(M, W, F, H, D, 10, meta, bf16, gpu=True, sm_count=sms)
     if trace:
         plan.enable_trace(L)
     plan.set_tiles(**(tiles or {}))
@@ -77,8 +79,8 @@ def resource_usage(cubin: bytes) -> dict[str, int | None]:
     return dict(registers=value["REG"], stack_bytes=value["STACK"])
 
 
-def main(archs: list[int], trace: bool, tiles: dict[str, int], with_update: bool) -> None:
-    args, kwargs = real_shape_launch(trace, tiles, with_update)
+def main(archs: list[int], trace: bool, tiles: dict[str, int], with_update: bool, sms: int = 132) -> None:
+    args, kwargs = real_shape_launch(trace, tiles, with_update, sms)
     for arch in archs:
         t0 = time.perf_counter()
         try:
@@ -93,6 +95,7 @@ def main(archs: list[int], trace: bool, tiles: dict[str, int], with_update: bool
             json.dumps(
                 dict(
                     arch=arch,
+                    sms=sms,
                     seconds=round(time.perf_counter() - t0, 1),
                     target=f".target sm_{arch}" in ptx,
                     shared_bytes=compiled.metadata.shared,
@@ -119,5 +122,10 @@ if __name__ == "__main__":
         name, value = argv[i + 1].split("=")
         tiles[name] = int(value)
         del argv[i : i + 2]
+    sms = 132
+    if "--sms" in argv:
+        i = argv.index("--sms")
+        sms = int(argv[i + 1])
+        del argv[i : i + 2]
     archs = [int(a) for a in argv if not a.startswith("--")] or [90, 110]
-    main(archs, "--trace" in argv, tiles, "--no-update" not in argv)
+    main(archs, "--trace" in argv, tiles, "--no-update" not in argv, sms)

@@ -53,6 +53,14 @@ def test_step_kernel_builds_for_hopper_and_thor() -> None:
     assert results[90]["pipelined_loops"] == 5
 
 
+def test_thor_sized_launch_builds() -> None:
+    """--sms 20 (Jetson AGX Thor's SM count): the grid-dependent launch (one key split per query
+    tile, the tail's chunks) builds too, for Hopper here (any Triton's ptxas knows sm_90)."""
+    (result,) = _compile_check("--sms", "20", "90")
+    assert result["sms"] == 20 and result["target"] and result["cooperative"]
+    assert 0 < result["shared_bytes"] <= 227 * 1024
+
+
 def test_traced_variant_with_other_tiles_builds() -> None:
     """The variant bench/expert_step.py traces builds too (phase timestamps), here with other
     tiles set the way the benchmark's variants set them."""
