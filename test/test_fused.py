@@ -12,6 +12,7 @@ from kernel_fixtures import DEVICE
 from policy_fixtures import cosine, tiny_inputs, tiny_model
 
 from flashrt_ros.policies.fused import FusedPi0
+from kernels.expert_step import rope_table
 
 
 def _run_fused(model, x, dtype):
@@ -72,6 +73,32 @@ def test_pipeline_fused_backend_matches_reference_backend():
     assert out.actions.shape == ref.actions.shape == (policy.cfg.horizon, 6)
     np.testing.assert_allclose(out.actions, ref.actions, rtol=1e-3, atol=1e-3)
     assert set(out.timings_ms) == {"preprocess", "prefix", "denoise", "postprocess"}
+
+
+@pytest.mark.parametrize("kind", ["pi05", "pi0"])
+def test_suffix_positions_follow_each_decisions_prompt(kind):
+    """Two decisions on one captured object with prompts of different lengths (same bucket): the
+    suffix's positions, and the step kernel's RoPE table made from them, are redone per decision
+    (a stale table would rotate the second decision's queries and keys by the first's positions)."""
+    model = tiny_model(kind, seed=7).to(DEVICE)
+    fused = None
+    for valid in (14, 9):
+        x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1, valid_tokens=valid).items()}
+        ref = model.sample_actions(**x)[0]
+        if fused is None:
+            fused, out = _run_fused(model, x, torch.float32)
+        else:
+            fused.set_pixels(x["pixels"][0], x["image_masks"][0].tolist())
+            fused.set_inputs(x["tokens"][0], x["token_masks"][0], x["state"][0], x["noise"][0])
+            out = fused.sample_actions()
+        assert fused.step_plan is not None
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+        # the tiny model's chunk hardly depends on the expert's RoPE (a table 5 positions off moves
+        # it by ~1e-5), so check the table itself: this decision's positions, not the last one's
+        images = model.cfg.num_views * model.cfg.vision.num_tokens
+        want = images + valid + torch.arange(model.cfg.suffix_len, device=DEVICE)
+        assert torch.equal(fused.suffix_pos, want)
+        assert torch.equal(fused.suffix_rope, rope_table(want, fused.inv_freq))
 
 
 @pytest.mark.parametrize("valid_tokens,bucket", [(5, 8), (8, 8), (9, 16)])
