@@ -169,7 +169,7 @@ def main() -> None:
         # reverted), 3 stages 774.6, bk=64 809.6. 4e739ec (7 rounds): each GEMM unit starting its K
         # loop at its own tile (k_rotate) 733.1 vs 734.7: a tie, reverted. dc725ec (7 rounds): the
         # GEMM phases' tiles through TMA tensor descriptors 740.7 vs 733.3 (reverted).
-        dict(local_combine=1),  # combine units wait on their query tile's counter, not a grid barrier
+        dict(att_bm=32, att_splits=8),  # the default before 16-row tiles, for scale
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
     # alternate the variants over rounds (one machine drifts by ~2% between minutes); each variant

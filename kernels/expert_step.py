@@ -58,9 +58,7 @@ from .denoise_update import DenoiseUpdate, euler, next_input_part, velocity_part
 __all__ = ["PHASES", "ExpertStepPlan", "ExpertWeights", "expert_step_ref", "rope_table"]
 
 _LOG2E = 1.4426950408889634
-PHASES = 8  # per layer, each ended by a grid barrier (phase 2 not, with local_combine)
-TILE_COUNTERS_AT = 32  # a launch's barrier row: the grid counter's 128-byte line, then per-query-tile counters
-TILE_COUNTERS: tl.constexpr = tl.constexpr(TILE_COUNTERS_AT)
+PHASES = 8  # per layer, each ended by a grid barrier
 UPDATE_MAX_ACTIONS = 64  # action dims the denoise tail holds (its workspace is sized for them)
 
 
@@ -96,26 +94,6 @@ def _layer_zero(layer, GPU: tl.constexpr):
 def _now():
     """The GPU's global nanosecond timer (PTX %globaltimer; GPU only)."""
     return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
-
-
-@triton.jit
-def _wait_count(cnt_ptr, target):
-    """Wait until the counter at `cnt_ptr` reaches `target` (acquire), like `_grid_sync`'s wait."""
-    seen = tl.load(cnt_ptr, volatile=True)
-    while seen < target:
-        seen = tl.load(cnt_ptr, volatile=True)
-    tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
-    tl.debug_barrier()
-
-
-@triton.jit
-def _phase_mark(trace_ptr, idx, pid, TRACE: tl.constexpr):
-    """A phase ended without a grid barrier: with TRACE, `_phase_end`'s two stamps (the last
-    program done, program 0 moving on) with nothing between them."""
-    if TRACE:
-        tl.atomic_max(trace_ptr + 2 * idx, _now())
-        if pid == 0:
-            tl.store(trace_ptr + 2 * idx + 1, _now())
 
 
 @triton.jit
@@ -365,7 +343,6 @@ def _expert_step_kernel(
     PREC: tl.constexpr,
     FIX: tl.constexpr,
     TRACE: tl.constexpr,
-    LOCAL_COMBINE: tl.constexpr,  # attention -> combine through per-query-tile counters, no grid barrier
     BLOCK_W: tl.constexpr,
     UPDATE: tl.constexpr,
     U_A: tl.constexpr,
@@ -431,18 +408,10 @@ def _expert_step_kernel(
                 0, H * D, D, 0, stride_kt, 0, stride_kt, 0, H * D, D, 0, 0,
                 D, True, True, True, UPCAST, PREC, FIX, ATT_BM, ATT_BN, D, ".cg",
             )  # fmt: skip
-            if LOCAL_COMBINE:  # this query tile has one more key split done
-                tl.debug_barrier()
-                tl.atomic_add(bar_ptr + TILE_COUNTERS + u % n_mt, 1, sem="release", scope="gpu")
-        if LOCAL_COMBINE:  # no grid barrier: each combine unit waits for its own query tile below
-            _phase_mark(trace_ptr, layer * 8 + 2, pid, TRACE)
-        else:
-            arrivals += G
-            _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 2, pid, TRACE)
+        arrivals += G
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 2, pid, TRACE)
         # 3: combine the key splits
         for u in range(me, n_cm * n_cd, G):
-            if LOCAL_COMBINE:  # every key split of this row tile's query tile, in this layer
-                _wait_count(bar_ptr + TILE_COUNTERS + (u // n_cd) * CB_M // ATT_BM, (layer + 1) * ATT_SPLITS)
             _attn_combine_tile(
                 u // n_cd, u % n_cd, zero, ws_acc_ptr, ws_m_ptr, ws_l_ptr, attn_ptr, M * H, H,
                 0, H * D, D, D, ATT_SPLITS, FIX, CB_M, CB_DC, ATT_BS, ".cg",
@@ -623,7 +592,6 @@ class ExpertStepPlan:
         else:
             self.att_bm, self.att_bn = 16, 32
             self.att_splits = max(1, self.grid // triton.cdiv(rows * num_heads, self.att_bm))
-        self.local_combine = 0  # 1: combine units wait on their query tile's counter, not a grid barrier
         self.cb_m, self.cb_dc = 16, min(64, head_dim)
         self.update_chunks = 0  # denoise tail: K / column chunks per action row (0: fill the grid once)
         self.num_warps, self.num_stages = 4, 4  # H200 (64-column O / down tiles): 845 us; 3 stages 857, 8 warps 884
@@ -634,10 +602,8 @@ class ExpertStepPlan:
         self.attn = torch.zeros(rows, num_heads * head_dim, **act)
         self.act = torch.zeros(rows, mlp_dim, **act)
         self._allocate_splits()
-        # per launch: the grid's arrival counter in its own 128-byte line, then one counter per
-        # attention query tile (local_combine; query tiles have >= 16 rows)
-        tiles = triton.cdiv(rows * num_heads, 16)
-        self.barriers = torch.zeros(launches, TILE_COUNTERS_AT + tiles, dtype=torch.int32, device=device)
+        # one arrival counter per launch, each in its own 16-byte row
+        self.barriers = torch.zeros(launches, 4, dtype=torch.int32, device=device)
         self.trace: torch.Tensor | None = None  # see `enable_trace`
         # the denoise tail's workspace, for any chunking (chunks >= 16 columns) and action dims up to
         # UPDATE_MAX_ACTIONS: allocated here, so that a graph captured later never sees it replaced
@@ -749,13 +715,6 @@ class ExpertStepPlan:
                 f"rope must be rope_table(...)'s contiguous float32 [2, {M}, {D // 2}], "
                 f"got {tuple(rope.shape)} {rope.dtype}"
             )
-        if self.local_combine and (
-            self.att_bm % self.cb_m or triton.cdiv(M * H, self.att_bm) > self.barriers.shape[1] - TILE_COUNTERS_AT
-        ):
-            raise ValueError(
-                f"local_combine needs combine row tiles ({self.cb_m}) that divide the query tiles ({self.att_bm}) "
-                f"and a counter per query tile"
-            )
         Tk = int(k.shape[1])
         kps = triton.cdiv(triton.cdiv(Tk, self.att_splits), self.att_bn) * self.att_bn
         splits = triton.cdiv(Tk, kps)
@@ -798,7 +757,6 @@ class ExpertStepPlan:
             ATT_BS=triton.next_power_of_2(splits), CB_M=self.cb_m, CB_DC=self.cb_dc,
             UPCAST=interp, PREC=dot_precision(self.dtype), FIX=interp and needs_rtne_fix(self.dtype),
             TRACE=self.trace is not None,
-            LOCAL_COMBINE=bool(self.local_combine),
             BLOCK_W=triton.next_power_of_2(self.WE),
             UPDATE=update is not None,
             **dict(zip(("U_A", "U_HAS_IN", "U_SILU", "U_FIX", "U_BA", "U_BW", "U_KC", "U_NC"), u_const, strict=True)),

@@ -197,25 +197,6 @@ def test_split_k_partials_over_several_tiles_and_splits(gated) -> None:
     _run_and_compare((10, 64, 128, 4, 32, 2, 24), torch.float32, gated, dict(atol=1e-4, rtol=1e-4), **tiles)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_combine_waits_on_its_query_tiles_counter(dtype) -> None:
-    """local_combine: no grid barrier after the attention phase; each combine unit waits until
-    every key split of its query tile is in (counted per tile, per layer: 2 layers, 3 query tiles
-    x 3 splits, 32-row query tiles over 16-row combine tiles)."""
-    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else None
-    tiles = dict(att_bm=32, att_bn=16, att_splits=3, local_combine=1)
-    _run_and_compare((20, 32, 64, 4, 16, 2, 24), dtype, True, tol, **tiles)
-
-
-def test_local_combine_refuses_row_tiles_that_do_not_divide() -> None:
-    M, W, F, H, D, L, P = 10, 32, 64, 4, 16, 2, 24
-    h0, w, inputs = _problem(M, W, F, H, D, L, P, torch.float32, gated=True)
-    plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), torch.float32)
-    plan.set_tiles(att_bm=16, cb_m=32, local_combine=1)
-    with pytest.raises(ValueError, match="local_combine needs combine row tiles"):
-        plan.step(h0.clone(), w, 1, *_kernel_inputs(inputs), 0, 1e-6)
-
-
 @pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_attention_over_several_tiles_and_key_splits(dtype, gated) -> None:
@@ -240,10 +221,9 @@ def test_set_tiles_refuses_unknown_settings() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("local_combine", [0, 1])
 @pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
-def test_step_kernel_matches_reference_gpu_real_shapes(gated, local_combine) -> None:
-    _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, gated, None, local_combine=local_combine)
+def test_step_kernel_matches_reference_gpu_real_shapes(gated) -> None:
+    _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, gated, None)
 
 
 def _run_with_update(shape, dtype, pi05: bool, A: int, tol, **tiles) -> None:
