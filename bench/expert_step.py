@@ -168,7 +168,9 @@ def main() -> None:
         # independent dots over head-dim slices 738.6 / 736.1 (attention phase 8.6 -> 9.9 us;
         # reverted), 3 stages 774.6, bk=64 809.6. 4e739ec (7 rounds): each GEMM unit starting its K
         # loop at its own tile (k_rotate) 733.1 vs 734.7: a tie, reverted. dc725ec (7 rounds): the
-        # GEMM phases' tiles through TMA tensor descriptors 740.7 vs 733.3 (reverted).
+        # GEMM phases' tiles through TMA tensor descriptors 740.7 vs 733.3 (reverted). f1372d4 (7
+        # rounds): attention -> combine through per-query-tile counters instead of a grid barrier
+        # 729.0 vs 731.4, within the noise (traced 800.4 vs 808.0); reverted.
         dict(att_bm=32, att_splits=8),  # the default before 16-row tiles, for scale
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
