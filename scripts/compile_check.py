@@ -21,11 +21,11 @@ Must run without TRITON_INTERPRET (the interpreter replaces the kernels).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -114,18 +114,17 @@ def main(archs: list[int], trace: bool, tiles: dict[str, int], with_update: bool
         )
 
 
+def _args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("archs", nargs="*", type=int, default=[90, 110])
+    ap.add_argument("--trace", action="store_true")
+    ap.add_argument("--no-update", action="store_true")
+    ap.add_argument("--sms", type=int, default=132)
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    return ap.parse_args()
+
+
 if __name__ == "__main__":
-    argv = sys.argv[1:]
-    tiles = {}
-    while "--set" in argv:
-        i = argv.index("--set")
-        name, value = argv[i + 1].split("=")
-        tiles[name] = int(value)
-        del argv[i : i + 2]
-    sms = 132
-    if "--sms" in argv:
-        i = argv.index("--sms")
-        sms = int(argv[i + 1])
-        del argv[i : i + 2]
-    archs = [int(a) for a in argv if not a.startswith("--")] or [90, 110]
-    main(archs, "--trace" in argv, tiles, "--no-update" not in argv, sms)
+    a = _args()
+    tiles = {name: int(value) for name, value in (item.split("=") for item in a.set)}
+    main(a.archs, a.trace, tiles, not a.no_update, a.sms)
