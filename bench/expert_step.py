@@ -171,7 +171,9 @@ def main() -> None:
         # GEMM phases' tiles through TMA tensor descriptors 740.7 vs 733.3 (reverted). f1372d4 (7
         # rounds): attention -> combine through per-query-tile counters instead of a grid barrier
         # 729.0 vs 731.4, within the noise (traced 800.4 vs 808.0); reverted.
-        dict(att_bm=32, att_splits=8),  # the default before 16-row tiles, for scale
+        dict(barrier=1),  # grid barrier variants (kernels/expert_step.py `_grid_sync`)
+        dict(barrier=2),
+        dict(barrier=3),
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
     # alternate the variants over rounds (one machine drifts by ~2% between minutes); each variant

@@ -59,21 +59,92 @@ __all__ = ["PHASES", "ExpertStepPlan", "ExpertWeights", "expert_step_ref", "rope
 
 _LOG2E = 1.4426950408889634
 PHASES = 8  # per layer, each ended by a grid barrier
+FLAGS_OFFSET: tl.constexpr = tl.constexpr(32)  # a launch's barrier row: counter, then (BARRIER 2) one flag per program
 UPDATE_MAX_ACTIONS = 64  # action dims the denoise tail holds (its workspace is sized for them)
 
 
 @triton.jit
-def _grid_sync(bar_ptr, target):
-    """Every program arrives (release) and waits until `target` arrivals are seen (acquire).
-    (A PTX variant, thread 0 arriving with ``red.release`` and every thread polling with
-    ``ld.acquire``, measured the same on the H200: 880 vs 883 us per step.)"""
+def _grid_sync(bar_ptr, target, pid, G, BARRIER: tl.constexpr):
+    """Every program arrives (release) and waits until all of them have (acquire); `target`
+    counts arrivals, G per barrier since the launch began (bar_ptr's row is zero at launch).
+
+    BARRIER 0: every thread polls the arrival counter with plain loads, then one acquire
+    read-modify-write. (A PTX variant, thread 0 arriving with ``red.release`` and every thread
+    polling with ``ld.acquire``, measured the same on the H200: 880 vs 883 us per step.)
+    BARRIER 1 (GPU only): thread 0 arrives and alone polls with ``ld.acquire``; the other
+    threads wait at the CTA barrier (cooperative groups' grid sync).
+    BARRIER 2 (GPU only): no shared counter: each program stores its barrier count to its own
+    flag (``st.release``, no atomic queue on one line) and each thread polls one or two flags.
+    BARRIER 3 (GPU only): as 2, with warp 0 alone polling the flags."""
     tl.debug_barrier()
-    tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
-    seen = tl.load(bar_ptr, volatile=True)  # poll with plain loads: no atomic queue on the line
-    while seen < target:
-        seen = tl.load(bar_ptr, volatile=True)
-    tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")  # synchronise with every arrival
+    if BARRIER == 1:
+        _sync_one_thread(bar_ptr, target)
+    elif BARRIER >= 2:
+        epoch = target // G
+        pollers = epoch * 0 + (128 if BARRIER == 2 else 32)
+        _sync_flags(bar_ptr + FLAGS_OFFSET, bar_ptr + FLAGS_OFFSET + pid, epoch, G, pollers)
+    else:
+        tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
+        seen = tl.load(bar_ptr, volatile=True)  # poll with plain loads: no atomic queue on the line
+        while seen < target:
+            seen = tl.load(bar_ptr, volatile=True)
+        tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")  # synchronise with every arrival
     tl.debug_barrier()
+
+
+@triton.jit
+def _sync_one_thread(bar_ptr, target):
+    """Thread 0: arrive on the counter, then poll it until `target` (labels made unique per
+    inlined copy by LLVM's ``${:uid}``)."""
+    tl.inline_asm_elementwise(
+        """{
+        .reg .pred p, q;
+        .reg .u32 t, v;
+        mov.u32 t, %tid.x;
+        setp.ne.u32 p, t, 0;
+        @p bra DONE_${:uid};
+        red.release.gpu.global.add.u32 [$1], 1;
+        POLL_${:uid}:
+        ld.acquire.gpu.global.u32 v, [$1];
+        setp.lt.u32 q, v, $2;
+        @q bra POLL_${:uid};
+        DONE_${:uid}:
+        mov.u32 $0, 0;
+        }""",
+        "=r,l,r", [bar_ptr, target], dtype=tl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _sync_flags(flags_ptr, own_ptr, epoch, G, pollers):
+    """Thread 0 stores `epoch` to this program's flag; thread t < pollers then waits for flags
+    t, t + pollers, ... (< G) to reach it."""
+    tl.inline_asm_elementwise(
+        """{
+        .reg .pred p, q;
+        .reg .u32 t, v;
+        .reg .u64 a;
+        mov.u32 t, %tid.x;
+        setp.ne.u32 p, t, 0;
+        @!p st.release.gpu.global.u32 [$2], $3;
+        setp.ge.u32 p, t, $5;
+        @p bra DONE_${:uid};
+        NEXT_${:uid}:
+        setp.ge.u32 p, t, $4;
+        @p bra DONE_${:uid};
+        mul.wide.u32 a, t, 4;
+        add.u64 a, a, $1;
+        POLL_${:uid}:
+        ld.acquire.gpu.global.u32 v, [a];
+        setp.lt.u32 q, v, $3;
+        @q bra POLL_${:uid};
+        add.u32 t, t, $5;
+        bra NEXT_${:uid};
+        DONE_${:uid}:
+        mov.u32 $0, 0;
+        }""",
+        "=r,l,l,r,r,r", [flags_ptr, own_ptr, epoch, G, pollers], dtype=tl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -97,12 +168,12 @@ def _now():
 
 
 @triton.jit
-def _phase_end(bar_ptr, target, trace_ptr, idx, pid, TRACE: tl.constexpr):
+def _phase_end(bar_ptr, target, trace_ptr, idx, pid, G, TRACE: tl.constexpr, BARRIER: tl.constexpr):
     """Barrier between phases; with TRACE, the time the last program finished phase `idx`
     (atomic max over programs) and the time program 0 left the barrier."""
     if TRACE:
         tl.atomic_max(trace_ptr + 2 * idx, _now())
-    _grid_sync(bar_ptr, target)
+    _grid_sync(bar_ptr, target, pid, G, BARRIER)
     if TRACE:
         if pid == 0:
             tl.store(trace_ptr + 2 * idx + 1, _now())
@@ -343,6 +414,7 @@ def _expert_step_kernel(
     PREC: tl.constexpr,
     FIX: tl.constexpr,
     TRACE: tl.constexpr,
+    BARRIER: tl.constexpr,
     BLOCK_W: tl.constexpr,
     UPDATE: tl.constexpr,
     U_A: tl.constexpr,
@@ -382,7 +454,7 @@ def _expert_step_kernel(
                 WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
             )  # fmt: skip
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 0, pid, TRACE)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 0, pid, G, TRACE, BARRIER)
         # 1: QKV + RoPE; k / v into this layer's cache rows
         wo = wo_ptr + l64 * (WE * H * D)
         wgu = wgu_ptr + l64 * (2 * FF * WE)
@@ -399,7 +471,7 @@ def _expert_step_kernel(
                 lv + suffix_row0 * stride_kt, rope_ptr, M, stride_kt, H, D, FIX,
             )  # fmt: skip
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 1, pid, TRACE)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 1, pid, G, TRACE, BARRIER)
         # 2: attention partials (query tile, key split)
         for u in range(me, n_mt * ATT_SPLITS, G):
             _attn_fwd_tile(
@@ -409,7 +481,7 @@ def _expert_step_kernel(
                 D, True, True, True, UPCAST, PREC, FIX, ATT_BM, ATT_BN, D, ".cg",
             )  # fmt: skip
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 2, pid, TRACE)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 2, pid, G, TRACE, BARRIER)
         # 3: combine the key splits
         for u in range(me, n_cm * n_cd, G):
             _attn_combine_tile(
@@ -417,12 +489,12 @@ def _expert_step_kernel(
                 0, H * D, D, D, ATT_SPLITS, FIX, CB_M, CB_DC, ATT_BS, ".cg",
             )  # fmt: skip
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 3, pid, TRACE)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 3, pid, G, TRACE, BARRIER)
         # 4: O projection, split-K partials
         for u in range(me, (WE // BN_O) * (H * D // KS_O), G):
             _split_k_partials(u, attn_ptr, wo, part_o_ptr, M, WE, H * D, KS_O, UPCAST, PREC, BM, BN_O, BK)
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 4, pid, TRACE)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 4, pid, G, TRACE, BARRIER)
         # 5: close the attention residual, norm for the MLP
         for row in range(me, M, G):
             _residual_norm_row(
@@ -430,7 +502,7 @@ def _expert_step_kernel(
                 WE, H * D // KS_O, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
             )  # fmt: skip
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, TRACE)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, G, TRACE, BARRIER)
         # 6: gate|up + GeGLU
         for u in range(me, FF // BN_GU, G):
             cols = u * BN_GU + tl.arange(0, BN_GU)
@@ -440,12 +512,12 @@ def _expert_step_kernel(
             )  # fmt: skip
             _geglu_store(acc, acc2, rows, row_ok, cols, col_ok, act_ptr, FF, FIX)
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, G, TRACE, BARRIER)
         # 7: down projection, split-K partials (summed by the next phase 0)
         for u in range(me, (WE // BN_D) * (FF // KS_D), G):
             _split_k_partials(u, act_ptr, wd, part_d_ptr, M, WE, FF, KS_D, UPCAST, PREC, BM, BN_D, BK)
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 7, pid, TRACE)
+        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 7, pid, G, TRACE, BARRIER)
     # close the last MLP residual; the final norm
     for row in range(pid, M, G):
         _residual_norm_row(
@@ -455,7 +527,7 @@ def _expert_step_kernel(
     if UPDATE:
         _denoise_tail(
             pid, G, bar_ptr, arrivals + G, xa_ptr, ux_ptr, uwo_ptr, ubo_ptr, uwi_ptr, ubi_ptr, uh_ptr, uv_ptr, udt,
-            act_row0, M, WE, U_A, U_HAS_IN, U_SILU, U_FIX, U_BA, U_BW, U_KC, U_NC,
+            act_row0, M, WE, U_A, U_HAS_IN, U_SILU, U_FIX, U_BA, U_BW, U_KC, U_NC, BARRIER,
         )  # fmt: skip
     if TRACE:
         tl.atomic_max(trace_ptr + 2 * (8 * N_LAYERS), _now())
@@ -465,14 +537,14 @@ def _expert_step_kernel(
 def _denoise_tail(
     pid, G, bar_ptr, arrivals, y_ptr, x_ptr, wo_ptr, bo_ptr, wi_ptr, bi_ptr, h_ptr, ws_ptr, dt, act_row0, M,
     WE: tl.constexpr, A: tl.constexpr, HAS_IN: tl.constexpr, SILU: tl.constexpr, FIX_H: tl.constexpr,
-    BA: tl.constexpr, BW: tl.constexpr, KC: tl.constexpr, NC: tl.constexpr,
+    BA: tl.constexpr, BW: tl.constexpr, KC: tl.constexpr, NC: tl.constexpr, BARRIER: tl.constexpr,
 ):  # fmt: skip
     """The denoise update of the HA = M - act_row0 action rows (kernels/denoise_update.py) in two
     phases over every program, not one program per row: (row, K chunk) velocity partials, and
     (row, column chunk) of the next input, each summing its row's partials and taking the Euler
     step (the chunk-0 unit stores x). The old x is copied aside in the first phase, so that no
     unit of the second reads a row another one is writing."""
-    _grid_sync(bar_ptr, arrivals)  # every normed row stored
+    _grid_sync(bar_ptr, arrivals, pid, G, BARRIER)  # every normed row stored
     HA = M - act_row0
     N_K: tl.constexpr = (WE + KC - 1) // KC
     acols = tl.arange(0, BA)
@@ -485,7 +557,7 @@ def _denoise_tail(
         tl.store(ws_ptr + (kc * HA + r) * BA + acols, v)
         if kc == 0:
             tl.store(old_x + r * BA + acols, tl.load(x_ptr + r * A + acols, mask=a_ok, other=0.0))
-    _grid_sync(bar_ptr, arrivals + G)
+    _grid_sync(bar_ptr, arrivals + G, pid, G, BARRIER)
     N_N: tl.constexpr = (WE + NC - 1) // NC
     for u in range(pid, HA * N_N, G):
         r = u // N_N
@@ -602,8 +674,10 @@ class ExpertStepPlan:
         self.attn = torch.zeros(rows, num_heads * head_dim, **act)
         self.act = torch.zeros(rows, mlp_dim, **act)
         self._allocate_splits()
-        # one arrival counter per launch, each in its own 16-byte row
-        self.barriers = torch.zeros(launches, 4, dtype=torch.int32, device=device)
+        # per launch a row of its own: the arrival counter, and from FLAGS_OFFSET one flag per program
+        self.barrier = 0  # grid barrier variant (`_grid_sync`); the flags need the GPU
+        flags = triton.cdiv(self.grid, 32) * 32
+        self.barriers = torch.zeros(launches, FLAGS_OFFSET.value + flags, dtype=torch.int32, device=device)
         self.trace: torch.Tensor | None = None  # see `enable_trace`
         # the denoise tail's workspace, for any chunking (chunks >= 16 columns) and action dims up to
         # UPDATE_MAX_ACTIONS: allocated here, so that a graph captured later never sees it replaced
@@ -715,6 +789,8 @@ class ExpertStepPlan:
                 f"rope must be rope_table(...)'s contiguous float32 [2, {M}, {D // 2}], "
                 f"got {tuple(rope.shape)} {rope.dtype}"
             )
+        if self.barrier not in (0, 1, 2, 3) or (self.barrier == 2 and self.num_warps < 4):
+            raise ValueError(f"barrier must be 0-3 (2 needs num_warps >= 4), got {self.barrier}")
         Tk = int(k.shape[1])
         kps = triton.cdiv(triton.cdiv(Tk, self.att_splits), self.att_bn) * self.att_bn
         splits = triton.cdiv(Tk, kps)
@@ -757,6 +833,7 @@ class ExpertStepPlan:
             ATT_BS=triton.next_power_of_2(splits), CB_M=self.cb_m, CB_DC=self.cb_dc,
             UPCAST=interp, PREC=dot_precision(self.dtype), FIX=interp and needs_rtne_fix(self.dtype),
             TRACE=self.trace is not None,
+            BARRIER=self.barrier if self.gpu else 0,
             BLOCK_W=triton.next_power_of_2(self.WE),
             UPDATE=update is not None,
             **dict(zip(("U_A", "U_HAS_IN", "U_SILU", "U_FIX", "U_BA", "U_BW", "U_KC", "U_NC"), u_const, strict=True)),
