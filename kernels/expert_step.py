@@ -75,10 +75,13 @@ def _grid_sync(bar_ptr, target, pid, G, BARRIER: tl.constexpr):
     threads wait at the CTA barrier (cooperative groups' grid sync).
     BARRIER 2 (GPU only): no shared counter: each program stores its barrier count to its own
     flag (``st.release``, no atomic queue on one line) and each thread polls one or two flags.
-    BARRIER 3 (GPU only): as 2, with warp 0 alone polling the flags."""
+    BARRIER 3 (GPU only): as 2, with warp 0 alone polling the flags.
+    BARRIER 4 (GPU only): as 1, polling with relaxed loads and one acquire fence after."""
     tl.debug_barrier()
     if BARRIER == 1:
         _sync_one_thread(bar_ptr, target)
+    elif BARRIER == 4:
+        _sync_one_thread_relaxed(bar_ptr, target)
     elif BARRIER >= 2:
         epoch = target // G
         pollers = epoch * 0 + (128 if BARRIER == 2 else 32)
@@ -108,6 +111,29 @@ def _sync_one_thread(bar_ptr, target):
         ld.acquire.gpu.global.u32 v, [$1];
         setp.lt.u32 q, v, $2;
         @q bra POLL_${:uid};
+        DONE_${:uid}:
+        mov.u32 $0, 0;
+        }""",
+        "=r,l,r", [bar_ptr, target], dtype=tl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _sync_one_thread_relaxed(bar_ptr, target):
+    """`_sync_one_thread` polling with ``ld.relaxed`` and ending with ``fence.acq_rel``."""
+    tl.inline_asm_elementwise(
+        """{
+        .reg .pred p, q;
+        .reg .u32 t, v;
+        mov.u32 t, %tid.x;
+        setp.ne.u32 p, t, 0;
+        @p bra DONE_${:uid};
+        red.release.gpu.global.add.u32 [$1], 1;
+        POLL_${:uid}:
+        ld.relaxed.gpu.global.u32 v, [$1];
+        setp.lt.u32 q, v, $2;
+        @q bra POLL_${:uid};
+        fence.acq_rel.gpu;
         DONE_${:uid}:
         mov.u32 $0, 0;
         }""",
@@ -165,6 +191,17 @@ def _layer_zero(layer, GPU: tl.constexpr):
 def _now():
     """The GPU's global nanosecond timer (PTX %globaltimer; GPU only)."""
     return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_rows(w_ptr, wrow, k_lo, stride_w, K_LEN: tl.constexpr):
+    """Ask L2 for the 128-byte lines of weight rows `wrow`, columns [k_lo, k_lo + K_LEN) (2-byte
+    elements): issued before a barrier for the next phase's tile, so that the wait hides them."""
+    lines = tl.arange(0, K_LEN // 64) * 64
+    ptrs = w_ptr + wrow.to(tl.int64)[:, None] * stride_w + (k_lo + lines)[None, :]
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 @triton.jit
@@ -415,6 +452,7 @@ def _expert_step_kernel(
     FIX: tl.constexpr,
     TRACE: tl.constexpr,
     BARRIER: tl.constexpr,
+    PREFETCH: tl.constexpr,
     BLOCK_W: tl.constexpr,
     UPDATE: tl.constexpr,
     U_A: tl.constexpr,
@@ -453,6 +491,12 @@ def _expert_step_kernel(
                 row, h_ptr, part_d_ptr, g2_ptr + lnorm - WE, m1_ptr + lnorm, s1_ptr + lnorm, xa_ptr, eps, layer > 0,
                 WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
             )  # fmt: skip
+        if PREFETCH:
+            if me < (H + 2) * CH:
+                pcols = (me % CH) * BN_QKV + tl.arange(0, BN_QKV)
+                pwrow = (me // CH) * D + pcols
+                _prefetch_rows(wqkv, pwrow, 0, WE, WE)
+                _prefetch_rows(wqkv, pwrow + HALF, 0, WE, WE)
         arrivals += G
         _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 0, pid, G, TRACE, BARRIER)
         # 1: QKV + RoPE; k / v into this layer's cache rows
@@ -488,6 +532,11 @@ def _expert_step_kernel(
                 u // n_cd, u % n_cd, zero, ws_acc_ptr, ws_m_ptr, ws_l_ptr, attn_ptr, M * H, H,
                 0, H * D, D, D, ATT_SPLITS, FIX, CB_M, CB_DC, ATT_BS, ".cg",
             )  # fmt: skip
+        if PREFETCH:
+            if me < (WE // BN_O) * (H * D // KS_O):
+                _prefetch_rows(
+                    wo, (me % (WE // BN_O)) * BN_O + tl.arange(0, BN_O), (me // (WE // BN_O)) * KS_O, H * D, KS_O
+                )
         arrivals += G
         _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 3, pid, G, TRACE, BARRIER)
         # 4: O projection, split-K partials
@@ -501,6 +550,10 @@ def _expert_step_kernel(
                 row, h_ptr, part_o_ptr, g1_ptr + lnorm, m2_ptr + lnorm, s2_ptr + lnorm, xm_ptr, eps, layer >= 0,
                 WE, H * D // KS_O, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
             )  # fmt: skip
+        if PREFETCH:
+            if me < FF // BN_GU:
+                _prefetch_rows(wgu, me * BN_GU + tl.arange(0, BN_GU), 0, WE, WE)
+                _prefetch_rows(wgu, me * BN_GU + tl.arange(0, BN_GU) + FF, 0, WE, WE)
         arrivals += G
         _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, G, TRACE, BARRIER)
         # 6: gate|up + GeGLU
@@ -511,6 +564,11 @@ def _expert_step_kernel(
                 xm_ptr, WE, rows, row_ok, 0, WE, wgu, cols, col_ok, WE, FF, True, UPCAST, PREC, BM, BN_GU, BK,
             )  # fmt: skip
             _geglu_store(acc, acc2, rows, row_ok, cols, col_ok, act_ptr, FF, FIX)
+        if PREFETCH:
+            if me < (WE // BN_D) * (FF // KS_D):
+                _prefetch_rows(
+                    wd, (me % (WE // BN_D)) * BN_D + tl.arange(0, BN_D), (me // (WE // BN_D)) * KS_D, FF, KS_D
+                )
         arrivals += G
         _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, G, TRACE, BARRIER)
         # 7: down projection, split-K partials (summed by the next phase 0)
@@ -675,6 +733,7 @@ class ExpertStepPlan:
         self.act = torch.zeros(rows, mlp_dim, **act)
         self._allocate_splits()
         # per launch a row of its own: the arrival counter, and from FLAGS_OFFSET one flag per program
+        self.prefetch = False  # L2 prefetch of the next phase's weight tile before each barrier (GPU)
         self.barrier = 0  # grid barrier variant (`_grid_sync`); the flags need the GPU
         flags = triton.cdiv(self.grid, 32) * 32
         self.barriers = torch.zeros(launches, FLAGS_OFFSET.value + flags, dtype=torch.int32, device=device)
@@ -789,8 +848,8 @@ class ExpertStepPlan:
                 f"rope must be rope_table(...)'s contiguous float32 [2, {M}, {D // 2}], "
                 f"got {tuple(rope.shape)} {rope.dtype}"
             )
-        if self.barrier not in (0, 1, 2, 3) or (self.barrier == 2 and self.num_warps < 4):
-            raise ValueError(f"barrier must be 0-3 (2 needs num_warps >= 4), got {self.barrier}")
+        if self.barrier not in (0, 1, 2, 3, 4) or (self.barrier == 2 and self.num_warps < 4):
+            raise ValueError(f"barrier must be 0-4 (2 needs num_warps >= 4), got {self.barrier}")
         Tk = int(k.shape[1])
         kps = triton.cdiv(triton.cdiv(Tk, self.att_splits), self.att_bn) * self.att_bn
         splits = triton.cdiv(Tk, kps)
@@ -834,6 +893,7 @@ class ExpertStepPlan:
             UPCAST=interp, PREC=dot_precision(self.dtype), FIX=interp and needs_rtne_fix(self.dtype),
             TRACE=self.trace is not None,
             BARRIER=self.barrier if self.gpu else 0,
+            PREFETCH=self.prefetch and self.gpu,
             BLOCK_W=triton.next_power_of_2(self.WE),
             UPDATE=update is not None,
             **dict(zip(("U_A", "U_HAS_IN", "U_SILU", "U_FIX", "U_BA", "U_BW", "U_KC", "U_NC"), u_const, strict=True)),
