@@ -171,12 +171,14 @@ def main() -> None:
         # GEMM phases' tiles through TMA tensor descriptors 740.7 vs 733.3 (reverted). f1372d4 (7
         # rounds): attention -> combine through per-query-tile counters instead of a grid barrier
         # 729.0 vs 731.4, within the noise (traced 800.4 vs 808.0); reverted.
-        # 27d1630 (7 rounds): barrier=1 712.0 vs 732.4; per-program flags polled by every thread
-        # (barrier=2) 822.8, by warp 0 (barrier=3) 908.3
-        dict(barrier=1),  # grid barrier variants (kernels/expert_step.py `_grid_sync`)
-        dict(barrier=4),
-        dict(barrier=1, prefetch=True),
-        dict(barrier=0, prefetch=True),
+        # 27d1630 / ebab950 (7 rounds): thread 0 alone polling the barrier 712.0 / 711.9 vs 732.4 for
+        # every thread (now the only GPU barrier); per-program flags polled by every thread 822.8, by
+        # warp 0 908.3, thread 0 polling relaxed + one fence 743.5; L2 prefetch of the next tile
+        # issued before arriving 707.0 (phase 5 +1.3 us: the issue delays the arrival)
+        dict(prefetch=1),  # L2 prefetch of the next GEMM tile after arriving (kernels/expert_step.py)
+        dict(prefetch=2),
+        dict(prefetch_kv=True),
+        dict(prefetch=1, prefetch_kv=True),
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
     # alternate the variants over rounds (one machine drifts by ~2% between minutes); each variant

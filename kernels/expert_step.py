@@ -59,118 +59,80 @@ __all__ = ["PHASES", "ExpertStepPlan", "ExpertWeights", "expert_step_ref", "rope
 
 _LOG2E = 1.4426950408889634
 PHASES = 8  # per layer, each ended by a grid barrier
-FLAGS_OFFSET: tl.constexpr = tl.constexpr(32)  # a launch's barrier row: counter, then (BARRIER 2) one flag per program
 UPDATE_MAX_ACTIONS = 64  # action dims the denoise tail holds (its workspace is sized for them)
 
 
 @triton.jit
-def _grid_sync(bar_ptr, target, pid, G, BARRIER: tl.constexpr):
-    """Every program arrives (release) and waits until all of them have (acquire); `target`
-    counts arrivals, G per barrier since the launch began (bar_ptr's row is zero at launch).
-
-    BARRIER 0: every thread polls the arrival counter with plain loads, then one acquire
-    read-modify-write. (A PTX variant, thread 0 arriving with ``red.release`` and every thread
-    polling with ``ld.acquire``, measured the same on the H200: 880 vs 883 us per step.)
-    BARRIER 1 (GPU only): thread 0 arrives and alone polls with ``ld.acquire``; the other
-    threads wait at the CTA barrier (cooperative groups' grid sync).
-    BARRIER 2 (GPU only): no shared counter: each program stores its barrier count to its own
-    flag (``st.release``, no atomic queue on one line) and each thread polls one or two flags.
-    BARRIER 3 (GPU only): as 2, with warp 0 alone polling the flags.
-    BARRIER 4 (GPU only): as 1, polling with relaxed loads and one acquire fence after."""
+def _arrive(bar_ptr, GPU: tl.constexpr):
+    """This program's arrival at a grid barrier (release): once all of its threads are done,
+    thread 0 adds 1 to the launch's counter. Split from `_wait` so that a program can issue
+    work that needs no one else (the next phase's L2 prefetches) while the others finish."""
     tl.debug_barrier()
-    if BARRIER == 1:
-        _sync_one_thread(bar_ptr, target)
-    elif BARRIER == 4:
-        _sync_one_thread_relaxed(bar_ptr, target)
-    elif BARRIER >= 2:
-        epoch = target // G
-        pollers = epoch * 0 + (128 if BARRIER == 2 else 32)
-        _sync_flags(bar_ptr + FLAGS_OFFSET, bar_ptr + FLAGS_OFFSET + pid, epoch, G, pollers)
+    if GPU:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
+            "@p red.release.gpu.global.add.u32 [$1], 1; mov.u32 $0, 0; }",
+            "=r,l", [bar_ptr], dtype=tl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
     else:
         tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
-        seen = tl.load(bar_ptr, volatile=True)  # poll with plain loads: no atomic queue on the line
+
+
+@triton.jit
+def _wait(bar_ptr, target, GPU: tl.constexpr):
+    """Wait until the counter reaches `target` arrivals (acquire). On the GPU thread 0 alone
+    polls with ``ld.acquire`` while the other threads wait at the CTA barrier (cooperative
+    groups' grid sync; labels unique per inlined copy through LLVM's ``${:uid}``): 712 against
+    732 us per step for every thread polling with plain loads and one acquire read-modify-write
+    after. Measured worse: a flag per program polled by every thread (823) or by warp 0 (908),
+    thread 0 polling with relaxed loads and one acquire fence after (744)."""
+    if GPU:
+        tl.inline_asm_elementwise(
+            """{
+            .reg .pred p, q;
+            .reg .u32 t, v;
+            mov.u32 t, %tid.x;
+            setp.ne.u32 p, t, 0;
+            @p bra DONE_${:uid};
+            POLL_${:uid}:
+            ld.acquire.gpu.global.u32 v, [$1];
+            setp.lt.u32 q, v, $2;
+            @q bra POLL_${:uid};
+            DONE_${:uid}:
+            mov.u32 $0, 0;
+            }""",
+            "=r,l,r", [bar_ptr, target], dtype=tl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
+    else:  # the interpreter (one program)
+        seen = tl.load(bar_ptr, volatile=True)
         while seen < target:
             seen = tl.load(bar_ptr, volatile=True)
-        tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")  # synchronise with every arrival
+        tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
 
 
 @triton.jit
-def _sync_one_thread(bar_ptr, target):
-    """Thread 0: arrive on the counter, then poll it until `target` (labels made unique per
-    inlined copy by LLVM's ``${:uid}``)."""
+def _prefetch_lines(ptrs):
+    """Ask L2 for the 128-byte line at each pointer (no wait, no registers held)."""
     tl.inline_asm_elementwise(
-        """{
-        .reg .pred p, q;
-        .reg .u32 t, v;
-        mov.u32 t, %tid.x;
-        setp.ne.u32 p, t, 0;
-        @p bra DONE_${:uid};
-        red.release.gpu.global.add.u32 [$1], 1;
-        POLL_${:uid}:
-        ld.acquire.gpu.global.u32 v, [$1];
-        setp.lt.u32 q, v, $2;
-        @q bra POLL_${:uid};
-        DONE_${:uid}:
-        mov.u32 $0, 0;
-        }""",
-        "=r,l,r", [bar_ptr, target], dtype=tl.int32, is_pure=False, pack=1,
-    )  # fmt: skip
+        "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 @triton.jit
-def _sync_one_thread_relaxed(bar_ptr, target):
-    """`_sync_one_thread` polling with ``ld.relaxed`` and ending with ``fence.acq_rel``."""
-    tl.inline_asm_elementwise(
-        """{
-        .reg .pred p, q;
-        .reg .u32 t, v;
-        mov.u32 t, %tid.x;
-        setp.ne.u32 p, t, 0;
-        @p bra DONE_${:uid};
-        red.release.gpu.global.add.u32 [$1], 1;
-        POLL_${:uid}:
-        ld.relaxed.gpu.global.u32 v, [$1];
-        setp.lt.u32 q, v, $2;
-        @q bra POLL_${:uid};
-        fence.acq_rel.gpu;
-        DONE_${:uid}:
-        mov.u32 $0, 0;
-        }""",
-        "=r,l,r", [bar_ptr, target], dtype=tl.int32, is_pure=False, pack=1,
-    )  # fmt: skip
+def _prefetch_rows(w_ptr, wrow, k_lo, stride_w, K_LEN: tl.constexpr):
+    """L2 prefetch of weight rows `wrow`, columns [k_lo, k_lo + K_LEN) (2-byte elements)."""
+    lines = tl.arange(0, K_LEN // 64) * 64
+    _prefetch_lines(w_ptr + wrow.to(tl.int64)[:, None] * stride_w + (k_lo + lines)[None, :])
 
 
 @triton.jit
-def _sync_flags(flags_ptr, own_ptr, epoch, G, pollers):
-    """Thread 0 stores `epoch` to this program's flag; thread t < pollers then waits for flags
-    t, t + pollers, ... (< G) to reach it."""
-    tl.inline_asm_elementwise(
-        """{
-        .reg .pred p, q;
-        .reg .u32 t, v;
-        .reg .u64 a;
-        mov.u32 t, %tid.x;
-        setp.ne.u32 p, t, 0;
-        @!p st.release.gpu.global.u32 [$2], $3;
-        setp.ge.u32 p, t, $5;
-        @p bra DONE_${:uid};
-        NEXT_${:uid}:
-        setp.ge.u32 p, t, $4;
-        @p bra DONE_${:uid};
-        mul.wide.u32 a, t, 4;
-        add.u64 a, a, $1;
-        POLL_${:uid}:
-        ld.acquire.gpu.global.u32 v, [a];
-        setp.lt.u32 q, v, $3;
-        @q bra POLL_${:uid};
-        add.u32 t, t, $5;
-        bra NEXT_${:uid};
-        DONE_${:uid}:
-        mov.u32 $0, 0;
-        }""",
-        "=r,l,l,r,r,r", [flags_ptr, own_ptr, epoch, G, pollers], dtype=tl.int32, is_pure=False, pack=1,
-    )  # fmt: skip
+def _prefetch_span(ptr, n, pid, G):
+    """L2 prefetch of ptr[0:n] (2-byte elements), its lines dealt out over the programs."""
+    lines = tl.cdiv(n, 64)
+    for first in range(pid * 32, lines, G * 32):
+        idx = tl.minimum(first + tl.arange(0, 32), lines - 1)
+        _prefetch_lines(ptr + idx.to(tl.int64) * 64)
 
 
 @triton.jit
@@ -194,23 +156,49 @@ def _now():
 
 
 @triton.jit
-def _prefetch_rows(w_ptr, wrow, k_lo, stride_w, K_LEN: tl.constexpr):
-    """Ask L2 for the 128-byte lines of weight rows `wrow`, columns [k_lo, k_lo + K_LEN) (2-byte
-    elements): issued before a barrier for the next phase's tile, so that the wait hides them."""
-    lines = tl.arange(0, K_LEN // 64) * 64
-    ptrs = w_ptr + wrow.to(tl.int64)[:, None] * stride_w + (k_lo + lines)[None, :]
-    tl.inline_asm_elementwise(
-        "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
-    )
+def _prefetch_qkv(wqkv, u, WE: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BN: tl.constexpr):
+    """Unit u's QKV weight rows (phase 1): a column tile of one head and its rotate_half pair."""
+    n: tl.constexpr = (H + 2) * ((D // 2 + BN - 1) // BN)
+    if u < n:
+        wrow = (u // ((D // 2 + BN - 1) // BN)) * D + (u % ((D // 2 + BN - 1) // BN)) * BN + tl.arange(0, BN)
+        _prefetch_rows(wqkv, wrow, 0, WE, WE)
+        _prefetch_rows(wqkv, wrow + D // 2, 0, WE, WE)
 
 
 @triton.jit
-def _phase_end(bar_ptr, target, trace_ptr, idx, pid, G, TRACE: tl.constexpr, BARRIER: tl.constexpr):
-    """Barrier between phases; with TRACE, the time the last program finished phase `idx`
-    (atomic max over programs) and the time program 0 left the barrier."""
+def _prefetch_o(wo, u, WE: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, KS: tl.constexpr):
+    """Unit u's O weight tile (phase 4): BN output rows x one K split."""
+    if u < (WE // BN) * (K // KS):
+        _prefetch_rows(wo, (u % (WE // BN)) * BN + tl.arange(0, BN), (u // (WE // BN)) * KS, K, KS)
+
+
+@triton.jit
+def _prefetch_gate_up(wgu, u, WE: tl.constexpr, FF: tl.constexpr, BN: tl.constexpr):
+    """Unit u's gate and up weight rows (phase 6)."""
+    if u < FF // BN:
+        _prefetch_rows(wgu, u * BN + tl.arange(0, BN), 0, WE, WE)
+        _prefetch_rows(wgu, u * BN + tl.arange(0, BN) + FF, 0, WE, WE)
+
+
+@triton.jit
+def _prefetch_down(wd, u, WE: tl.constexpr, FF: tl.constexpr, BN: tl.constexpr, KS: tl.constexpr):
+    """Unit u's down weight tile (phase 7): BN output rows x one K split."""
+    if u < (WE // BN) * (FF // KS):
+        _prefetch_rows(wd, (u % (WE // BN)) * BN + tl.arange(0, BN), (u // (WE // BN)) * KS, FF, KS)
+
+
+@triton.jit
+def _phase_arrive(bar_ptr, trace_ptr, idx, TRACE: tl.constexpr, GPU: tl.constexpr):
+    """End of phase `idx`; with TRACE, the time the last program finished it (atomic max)."""
     if TRACE:
         tl.atomic_max(trace_ptr + 2 * idx, _now())
-    _grid_sync(bar_ptr, target, pid, G, BARRIER)
+    _arrive(bar_ptr, GPU)
+
+
+@triton.jit
+def _phase_wait(bar_ptr, target, trace_ptr, idx, pid, TRACE: tl.constexpr, GPU: tl.constexpr):
+    """The barrier after phase `idx`; with TRACE, the time program 0 left it."""
+    _wait(bar_ptr, target, GPU)
     if TRACE:
         if pid == 0:
             tl.store(trace_ptr + 2 * idx + 1, _now())
@@ -451,8 +439,9 @@ def _expert_step_kernel(
     PREC: tl.constexpr,
     FIX: tl.constexpr,
     TRACE: tl.constexpr,
-    BARRIER: tl.constexpr,
     PREFETCH: tl.constexpr,
+    PREFETCH_KV: tl.constexpr,
+    GPU: tl.constexpr,
     BLOCK_W: tl.constexpr,
     UPDATE: tl.constexpr,
     U_A: tl.constexpr,
@@ -476,7 +465,7 @@ def _expert_step_kernel(
     n_cd: tl.constexpr = D // CB_DC
     arrivals = pid * 0
     for layer in range(N_LAYERS):
-        zero = _layer_zero(layer, not UPCAST)
+        zero = _layer_zero(layer, GPU)
         me = pid + zero  # first unit of this program in every phase below
         rows = zero + tl.arange(0, BM)
         row_ok = rows < M
@@ -491,14 +480,14 @@ def _expert_step_kernel(
                 row, h_ptr, part_d_ptr, g2_ptr + lnorm - WE, m1_ptr + lnorm, s1_ptr + lnorm, xa_ptr, eps, layer > 0,
                 WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
             )  # fmt: skip
-        if PREFETCH:
-            if me < (H + 2) * CH:
-                pcols = (me % CH) * BN_QKV + tl.arange(0, BN_QKV)
-                pwrow = (me // CH) * D + pcols
-                _prefetch_rows(wqkv, pwrow, 0, WE, WE)
-                _prefetch_rows(wqkv, pwrow + HALF, 0, WE, WE)
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 0, pid, G, TRACE, BARRIER)
+        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 0, TRACE, GPU)
+        if PREFETCH == 1:
+            _prefetch_qkv(wqkv, me, WE, H, D, BN_QKV)
+        if PREFETCH_KV:
+            _prefetch_span(lk, suffix_row0 * stride_kt, pid, G)
+            _prefetch_span(lv, suffix_row0 * stride_kt, pid, G)
+        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 0, pid, TRACE, GPU)
         # 1: QKV + RoPE; k / v into this layer's cache rows
         wo = wo_ptr + l64 * (WE * H * D)
         wgu = wgu_ptr + l64 * (2 * FF * WE)
@@ -515,7 +504,8 @@ def _expert_step_kernel(
                 lv + suffix_row0 * stride_kt, rope_ptr, M, stride_kt, H, D, FIX,
             )  # fmt: skip
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 1, pid, G, TRACE, BARRIER)
+        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 1, TRACE, GPU)
+        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 1, pid, TRACE, GPU)
         # 2: attention partials (query tile, key split)
         for u in range(me, n_mt * ATT_SPLITS, G):
             _attn_fwd_tile(
@@ -525,37 +515,42 @@ def _expert_step_kernel(
                 D, True, True, True, UPCAST, PREC, FIX, ATT_BM, ATT_BN, D, ".cg",
             )  # fmt: skip
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 2, pid, G, TRACE, BARRIER)
+        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 2, TRACE, GPU)
+        if PREFETCH == 2:
+            _prefetch_o(wo, me, WE, H * D, BN_O, KS_O)
+        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 2, pid, TRACE, GPU)
         # 3: combine the key splits
         for u in range(me, n_cm * n_cd, G):
             _attn_combine_tile(
                 u // n_cd, u % n_cd, zero, ws_acc_ptr, ws_m_ptr, ws_l_ptr, attn_ptr, M * H, H,
                 0, H * D, D, D, ATT_SPLITS, FIX, CB_M, CB_DC, ATT_BS, ".cg",
             )  # fmt: skip
-        if PREFETCH:
-            if me < (WE // BN_O) * (H * D // KS_O):
-                _prefetch_rows(
-                    wo, (me % (WE // BN_O)) * BN_O + tl.arange(0, BN_O), (me // (WE // BN_O)) * KS_O, H * D, KS_O
-                )
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 3, pid, G, TRACE, BARRIER)
+        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 3, TRACE, GPU)
+        if PREFETCH == 1:
+            _prefetch_o(wo, me, WE, H * D, BN_O, KS_O)
+        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 3, pid, TRACE, GPU)
         # 4: O projection, split-K partials
         for u in range(me, (WE // BN_O) * (H * D // KS_O), G):
             _split_k_partials(u, attn_ptr, wo, part_o_ptr, M, WE, H * D, KS_O, UPCAST, PREC, BM, BN_O, BK)
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 4, pid, G, TRACE, BARRIER)
+        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 4, TRACE, GPU)
+        if PREFETCH == 2:
+            _prefetch_gate_up(wgu, me, WE, FF, BN_GU)
+        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 4, pid, TRACE, GPU)
         # 5: close the attention residual, norm for the MLP
         for row in range(me, M, G):
             _residual_norm_row(
                 row, h_ptr, part_o_ptr, g1_ptr + lnorm, m2_ptr + lnorm, s2_ptr + lnorm, xm_ptr, eps, layer >= 0,
                 WE, H * D // KS_O, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
             )  # fmt: skip
-        if PREFETCH:
-            if me < FF // BN_GU:
-                _prefetch_rows(wgu, me * BN_GU + tl.arange(0, BN_GU), 0, WE, WE)
-                _prefetch_rows(wgu, me * BN_GU + tl.arange(0, BN_GU) + FF, 0, WE, WE)
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, G, TRACE, BARRIER)
+        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 5, TRACE, GPU)
+        if PREFETCH == 1:
+            _prefetch_gate_up(wgu, me, WE, FF, BN_GU)
+        if PREFETCH == 2:
+            _prefetch_down(wd, me, WE, FF, BN_D, KS_D)
+        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, TRACE, GPU)
         # 6: gate|up + GeGLU
         for u in range(me, FF // BN_GU, G):
             cols = u * BN_GU + tl.arange(0, BN_GU)
@@ -564,18 +559,20 @@ def _expert_step_kernel(
                 xm_ptr, WE, rows, row_ok, 0, WE, wgu, cols, col_ok, WE, FF, True, UPCAST, PREC, BM, BN_GU, BK,
             )  # fmt: skip
             _geglu_store(acc, acc2, rows, row_ok, cols, col_ok, act_ptr, FF, FIX)
-        if PREFETCH:
-            if me < (WE // BN_D) * (FF // KS_D):
-                _prefetch_rows(
-                    wd, (me % (WE // BN_D)) * BN_D + tl.arange(0, BN_D), (me // (WE // BN_D)) * KS_D, FF, KS_D
-                )
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, G, TRACE, BARRIER)
+        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 6, TRACE, GPU)
+        if PREFETCH == 1:
+            _prefetch_down(wd, me, WE, FF, BN_D, KS_D)
+        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE, GPU)
         # 7: down projection, split-K partials (summed by the next phase 0)
         for u in range(me, (WE // BN_D) * (FF // KS_D), G):
             _split_k_partials(u, act_ptr, wd, part_d_ptr, M, WE, FF, KS_D, UPCAST, PREC, BM, BN_D, BK)
         arrivals += G
-        _phase_end(bar_ptr, arrivals, trace_ptr, layer * 8 + 7, pid, G, TRACE, BARRIER)
+        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 7, TRACE, GPU)
+        if PREFETCH == 2:
+            if layer + 1 < N_LAYERS:
+                _prefetch_qkv(wqkv + (H + 2) * D * WE, me, WE, H, D, BN_QKV)
+        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 7, pid, TRACE, GPU)
     # close the last MLP residual; the final norm
     for row in range(pid, M, G):
         _residual_norm_row(
@@ -585,7 +582,7 @@ def _expert_step_kernel(
     if UPDATE:
         _denoise_tail(
             pid, G, bar_ptr, arrivals + G, xa_ptr, ux_ptr, uwo_ptr, ubo_ptr, uwi_ptr, ubi_ptr, uh_ptr, uv_ptr, udt,
-            act_row0, M, WE, U_A, U_HAS_IN, U_SILU, U_FIX, U_BA, U_BW, U_KC, U_NC, BARRIER,
+            act_row0, M, WE, U_A, U_HAS_IN, U_SILU, U_FIX, U_BA, U_BW, U_KC, U_NC, GPU,
         )  # fmt: skip
     if TRACE:
         tl.atomic_max(trace_ptr + 2 * (8 * N_LAYERS), _now())
@@ -595,14 +592,15 @@ def _expert_step_kernel(
 def _denoise_tail(
     pid, G, bar_ptr, arrivals, y_ptr, x_ptr, wo_ptr, bo_ptr, wi_ptr, bi_ptr, h_ptr, ws_ptr, dt, act_row0, M,
     WE: tl.constexpr, A: tl.constexpr, HAS_IN: tl.constexpr, SILU: tl.constexpr, FIX_H: tl.constexpr,
-    BA: tl.constexpr, BW: tl.constexpr, KC: tl.constexpr, NC: tl.constexpr, BARRIER: tl.constexpr,
+    BA: tl.constexpr, BW: tl.constexpr, KC: tl.constexpr, NC: tl.constexpr, GPU: tl.constexpr,
 ):  # fmt: skip
     """The denoise update of the HA = M - act_row0 action rows (kernels/denoise_update.py) in two
     phases over every program, not one program per row: (row, K chunk) velocity partials, and
     (row, column chunk) of the next input, each summing its row's partials and taking the Euler
     step (the chunk-0 unit stores x). The old x is copied aside in the first phase, so that no
     unit of the second reads a row another one is writing."""
-    _grid_sync(bar_ptr, arrivals, pid, G, BARRIER)  # every normed row stored
+    _arrive(bar_ptr, GPU)
+    _wait(bar_ptr, arrivals, GPU)  # every normed row stored
     HA = M - act_row0
     N_K: tl.constexpr = (WE + KC - 1) // KC
     acols = tl.arange(0, BA)
@@ -615,7 +613,8 @@ def _denoise_tail(
         tl.store(ws_ptr + (kc * HA + r) * BA + acols, v)
         if kc == 0:
             tl.store(old_x + r * BA + acols, tl.load(x_ptr + r * A + acols, mask=a_ok, other=0.0))
-    _grid_sync(bar_ptr, arrivals + G, pid, G, BARRIER)
+    _arrive(bar_ptr, GPU)
+    _wait(bar_ptr, arrivals + G, GPU)
     N_N: tl.constexpr = (WE + NC - 1) // NC
     for u in range(pid, HA * N_N, G):
         r = u // N_N
@@ -733,10 +732,11 @@ class ExpertStepPlan:
         self.act = torch.zeros(rows, mlp_dim, **act)
         self._allocate_splits()
         # per launch a row of its own: the arrival counter, and from FLAGS_OFFSET one flag per program
-        self.prefetch = False  # L2 prefetch of the next phase's weight tile before each barrier (GPU)
-        self.barrier = 0  # grid barrier variant (`_grid_sync`); the flags need the GPU
-        flags = triton.cdiv(self.grid, 32) * 32
-        self.barriers = torch.zeros(launches, FLAGS_OFFSET.value + flags, dtype=torch.int32, device=device)
+        # L2 prefetch of each program's next GEMM tile while it waits at a barrier: 0 off, 1 at the
+        # barrier before the GEMM phase, 2 one barrier earlier; prefetch_kv: the layer's prefix K / V
+        # rows at the barrier before QKV (GPU only)
+        self.prefetch, self.prefetch_kv = 0, False
+        self.barriers = torch.zeros(launches, 4, dtype=torch.int32, device=device)
         self.trace: torch.Tensor | None = None  # see `enable_trace`
         # the denoise tail's workspace, for any chunking (chunks >= 16 columns) and action dims up to
         # UPDATE_MAX_ACTIONS: allocated here, so that a graph captured later never sees it replaced
@@ -848,8 +848,8 @@ class ExpertStepPlan:
                 f"rope must be rope_table(...)'s contiguous float32 [2, {M}, {D // 2}], "
                 f"got {tuple(rope.shape)} {rope.dtype}"
             )
-        if self.barrier not in (0, 1, 2, 3, 4) or (self.barrier == 2 and self.num_warps < 4):
-            raise ValueError(f"barrier must be 0-4 (2 needs num_warps >= 4), got {self.barrier}")
+        if self.prefetch not in (0, 1, 2):
+            raise ValueError(f"prefetch must be 0, 1 or 2, got {self.prefetch}")
         Tk = int(k.shape[1])
         kps = triton.cdiv(triton.cdiv(Tk, self.att_splits), self.att_bn) * self.att_bn
         splits = triton.cdiv(Tk, kps)
@@ -892,8 +892,9 @@ class ExpertStepPlan:
             ATT_BS=triton.next_power_of_2(splits), CB_M=self.cb_m, CB_DC=self.cb_dc,
             UPCAST=interp, PREC=dot_precision(self.dtype), FIX=interp and needs_rtne_fix(self.dtype),
             TRACE=self.trace is not None,
-            BARRIER=self.barrier if self.gpu else 0,
-            PREFETCH=self.prefetch and self.gpu,
+            PREFETCH=self.prefetch if self.gpu else 0,
+            PREFETCH_KV=self.prefetch_kv and self.gpu,
+            GPU=self.gpu,
             BLOCK_W=triton.next_power_of_2(self.WE),
             UPDATE=update is not None,
             **dict(zip(("U_A", "U_HAS_IN", "U_SILU", "U_FIX", "U_BA", "U_BW", "U_KC", "U_NC"), u_const, strict=True)),
