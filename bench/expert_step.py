@@ -175,10 +175,13 @@ def main() -> None:
         # every thread (now the only GPU barrier); per-program flags polled by every thread 822.8, by
         # warp 0 908.3, thread 0 polling relaxed + one fence 743.5; L2 prefetch of the next tile
         # issued before arriving 707.0 (phase 5 +1.3 us: the issue delays the arrival)
+        # 770710f (7 rounds): default 710.7; L2 prefetch of the next GEMM tile after arriving at
+        # the barrier before its phase (prefetch=1) 691.8, one barrier earlier (2) 708.4; the prefix
+        # K / V rows (prefetch_kv) 705.1, with prefetch=1 696.6
         dict(prefetch=1),  # L2 prefetch of the next GEMM tile after arriving (kernels/expert_step.py)
-        dict(prefetch=2),
-        dict(prefetch_kv=True),
-        dict(prefetch=1, prefetch_kv=True),
+        dict(prefetch=1, prefetch_bulk=True),
+        dict(prefetch=2, prefetch_bulk=True),
+        dict(prefetch=1, prefetch_bulk=True, prefetch_kv=True),
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
     # alternate the variants over rounds (one machine drifts by ~2% between minutes); each variant

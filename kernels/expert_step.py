@@ -120,19 +120,41 @@ def _prefetch_lines(ptrs):
 
 
 @triton.jit
-def _prefetch_rows(w_ptr, wrow, k_lo, stride_w, K_LEN: tl.constexpr):
-    """L2 prefetch of weight rows `wrow`, columns [k_lo, k_lo + K_LEN) (2-byte elements)."""
-    lines = tl.arange(0, K_LEN // 64) * 64
-    _prefetch_lines(w_ptr + wrow.to(tl.int64)[:, None] * stride_w + (k_lo + lines)[None, :])
+def _prefetch_rows(w_ptr, wrow, k_lo, stride_w, ROWS: tl.constexpr, K_LEN: tl.constexpr, BULK: tl.constexpr):
+    """L2 prefetch of the ROWS weight rows `wrow`, columns [k_lo, k_lo + K_LEN) (2-byte elements):
+    one ``prefetch.global.L2`` per 128-byte line, or (BULK) one ``cp.async.bulk.prefetch.L2``
+    per row segment, ~128 segments in all (one per thread)."""
+    if BULK:
+        SEGS: tl.constexpr = max(1, 128 // ROWS)
+        seg = tl.arange(0, SEGS) * (K_LEN // SEGS)
+        ptrs = w_ptr + wrow.to(tl.int64)[:, None] * stride_w + (k_lo + seg)[None, :]
+        nbytes = tl.full([ROWS, SEGS], K_LEN // SEGS * 2, tl.int32)
+        tl.inline_asm_elementwise(
+            "cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;", "=r,l,r", [ptrs, nbytes],
+            dtype=tl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
+    else:
+        lines = tl.arange(0, K_LEN // 64) * 64
+        _prefetch_lines(w_ptr + wrow.to(tl.int64)[:, None] * stride_w + (k_lo + lines)[None, :])
 
 
 @triton.jit
-def _prefetch_span(ptr, n, pid, G):
-    """L2 prefetch of ptr[0:n] (2-byte elements), its lines dealt out over the programs."""
-    lines = tl.cdiv(n, 64)
-    for first in range(pid * 32, lines, G * 32):
-        idx = tl.minimum(first + tl.arange(0, 32), lines - 1)
-        _prefetch_lines(ptr + idx.to(tl.int64) * 64)
+def _prefetch_span(ptr, n, pid, G, BULK: tl.constexpr):
+    """L2 prefetch of ptr[0:n] (2-byte elements, n a multiple of 8), dealt out over the programs:
+    32 lines per request round, or (BULK) 32 bulk requests for this program's share."""
+    if BULK:
+        share = tl.cdiv(n, G * 256) * 256
+        lo = tl.minimum(pid * share + tl.arange(0, 32) * (share // 32), n)
+        hi = tl.minimum(lo + share // 32, n)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r", [ptr + lo.to(tl.int64), (hi - lo) * 2], dtype=tl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
+    else:
+        lines = tl.cdiv(n, 64)
+        for first in range(pid * 32, lines, G * 32):
+            idx = tl.minimum(first + tl.arange(0, 32), lines - 1)
+            _prefetch_lines(ptr + idx.to(tl.int64) * 64)
 
 
 @triton.jit
@@ -156,35 +178,35 @@ def _now():
 
 
 @triton.jit
-def _prefetch_qkv(wqkv, u, WE: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BN: tl.constexpr):
+def _prefetch_qkv(wqkv, u, WE: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, BULK: tl.constexpr):
     """Unit u's QKV weight rows (phase 1): a column tile of one head and its rotate_half pair."""
     n: tl.constexpr = (H + 2) * ((D // 2 + BN - 1) // BN)
     if u < n:
         wrow = (u // ((D // 2 + BN - 1) // BN)) * D + (u % ((D // 2 + BN - 1) // BN)) * BN + tl.arange(0, BN)
-        _prefetch_rows(wqkv, wrow, 0, WE, WE)
-        _prefetch_rows(wqkv, wrow + D // 2, 0, WE, WE)
+        _prefetch_rows(wqkv, wrow, 0, WE, BN, WE, BULK)
+        _prefetch_rows(wqkv, wrow + D // 2, 0, WE, BN, WE, BULK)
 
 
 @triton.jit
-def _prefetch_o(wo, u, WE: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, KS: tl.constexpr):
+def _prefetch_o(wo, u, WE: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, KS: tl.constexpr, BULK: tl.constexpr):
     """Unit u's O weight tile (phase 4): BN output rows x one K split."""
     if u < (WE // BN) * (K // KS):
-        _prefetch_rows(wo, (u % (WE // BN)) * BN + tl.arange(0, BN), (u // (WE // BN)) * KS, K, KS)
+        _prefetch_rows(wo, (u % (WE // BN)) * BN + tl.arange(0, BN), (u // (WE // BN)) * KS, K, BN, KS, BULK)
 
 
 @triton.jit
-def _prefetch_gate_up(wgu, u, WE: tl.constexpr, FF: tl.constexpr, BN: tl.constexpr):
+def _prefetch_gate_up(wgu, u, WE: tl.constexpr, FF: tl.constexpr, BN: tl.constexpr, BULK: tl.constexpr):
     """Unit u's gate and up weight rows (phase 6)."""
     if u < FF // BN:
-        _prefetch_rows(wgu, u * BN + tl.arange(0, BN), 0, WE, WE)
-        _prefetch_rows(wgu, u * BN + tl.arange(0, BN) + FF, 0, WE, WE)
+        _prefetch_rows(wgu, u * BN + tl.arange(0, BN), 0, WE, BN, WE, BULK)
+        _prefetch_rows(wgu, u * BN + tl.arange(0, BN) + FF, 0, WE, BN, WE, BULK)
 
 
 @triton.jit
-def _prefetch_down(wd, u, WE: tl.constexpr, FF: tl.constexpr, BN: tl.constexpr, KS: tl.constexpr):
+def _prefetch_down(wd, u, WE: tl.constexpr, FF: tl.constexpr, BN: tl.constexpr, KS: tl.constexpr, BULK: tl.constexpr):
     """Unit u's down weight tile (phase 7): BN output rows x one K split."""
     if u < (WE // BN) * (FF // KS):
-        _prefetch_rows(wd, (u % (WE // BN)) * BN + tl.arange(0, BN), (u // (WE // BN)) * KS, FF, KS)
+        _prefetch_rows(wd, (u % (WE // BN)) * BN + tl.arange(0, BN), (u // (WE // BN)) * KS, FF, BN, KS, BULK)
 
 
 @triton.jit
@@ -441,6 +463,7 @@ def _expert_step_kernel(
     TRACE: tl.constexpr,
     PREFETCH: tl.constexpr,
     PREFETCH_KV: tl.constexpr,
+    PREFETCH_BULK: tl.constexpr,
     GPU: tl.constexpr,
     BLOCK_W: tl.constexpr,
     UPDATE: tl.constexpr,
@@ -483,10 +506,10 @@ def _expert_step_kernel(
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 0, TRACE, GPU)
         if PREFETCH == 1:
-            _prefetch_qkv(wqkv, me, WE, H, D, BN_QKV)
+            _prefetch_qkv(wqkv, me, WE, H, D, BN_QKV, PREFETCH_BULK)
         if PREFETCH_KV:
-            _prefetch_span(lk, suffix_row0 * stride_kt, pid, G)
-            _prefetch_span(lv, suffix_row0 * stride_kt, pid, G)
+            _prefetch_span(lk, suffix_row0 * stride_kt, pid, G, PREFETCH_BULK)
+            _prefetch_span(lv, suffix_row0 * stride_kt, pid, G, PREFETCH_BULK)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 0, pid, TRACE, GPU)
         # 1: QKV + RoPE; k / v into this layer's cache rows
         wo = wo_ptr + l64 * (WE * H * D)
@@ -517,7 +540,7 @@ def _expert_step_kernel(
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 2, TRACE, GPU)
         if PREFETCH == 2:
-            _prefetch_o(wo, me, WE, H * D, BN_O, KS_O)
+            _prefetch_o(wo, me, WE, H * D, BN_O, KS_O, PREFETCH_BULK)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 2, pid, TRACE, GPU)
         # 3: combine the key splits
         for u in range(me, n_cm * n_cd, G):
@@ -528,7 +551,7 @@ def _expert_step_kernel(
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 3, TRACE, GPU)
         if PREFETCH == 1:
-            _prefetch_o(wo, me, WE, H * D, BN_O, KS_O)
+            _prefetch_o(wo, me, WE, H * D, BN_O, KS_O, PREFETCH_BULK)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 3, pid, TRACE, GPU)
         # 4: O projection, split-K partials
         for u in range(me, (WE // BN_O) * (H * D // KS_O), G):
@@ -536,7 +559,7 @@ def _expert_step_kernel(
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 4, TRACE, GPU)
         if PREFETCH == 2:
-            _prefetch_gate_up(wgu, me, WE, FF, BN_GU)
+            _prefetch_gate_up(wgu, me, WE, FF, BN_GU, PREFETCH_BULK)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 4, pid, TRACE, GPU)
         # 5: close the attention residual, norm for the MLP
         for row in range(me, M, G):
@@ -547,9 +570,9 @@ def _expert_step_kernel(
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 5, TRACE, GPU)
         if PREFETCH == 1:
-            _prefetch_gate_up(wgu, me, WE, FF, BN_GU)
+            _prefetch_gate_up(wgu, me, WE, FF, BN_GU, PREFETCH_BULK)
         if PREFETCH == 2:
-            _prefetch_down(wd, me, WE, FF, BN_D, KS_D)
+            _prefetch_down(wd, me, WE, FF, BN_D, KS_D, PREFETCH_BULK)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, TRACE, GPU)
         # 6: gate|up + GeGLU
         for u in range(me, FF // BN_GU, G):
@@ -562,7 +585,7 @@ def _expert_step_kernel(
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 6, TRACE, GPU)
         if PREFETCH == 1:
-            _prefetch_down(wd, me, WE, FF, BN_D, KS_D)
+            _prefetch_down(wd, me, WE, FF, BN_D, KS_D, PREFETCH_BULK)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE, GPU)
         # 7: down projection, split-K partials (summed by the next phase 0)
         for u in range(me, (WE // BN_D) * (FF // KS_D), G):
@@ -571,7 +594,7 @@ def _expert_step_kernel(
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 7, TRACE, GPU)
         if PREFETCH == 2:
             if layer + 1 < N_LAYERS:
-                _prefetch_qkv(wqkv + (H + 2) * D * WE, me, WE, H, D, BN_QKV)
+                _prefetch_qkv(wqkv + (H + 2) * D * WE, me, WE, H, D, BN_QKV, PREFETCH_BULK)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 7, pid, TRACE, GPU)
     # close the last MLP residual; the final norm
     for row in range(pid, M, G):
@@ -735,7 +758,8 @@ class ExpertStepPlan:
         # L2 prefetch of each program's next GEMM tile while it waits at a barrier: 0 off, 1 at the
         # barrier before the GEMM phase, 2 one barrier earlier; prefetch_kv: the layer's prefix K / V
         # rows at the barrier before QKV (GPU only)
-        self.prefetch, self.prefetch_kv = 0, False
+        # rows at the barrier before QKV (GPU only); prefetch_bulk: as bulk (TMA) requests per row segment
+        self.prefetch, self.prefetch_kv, self.prefetch_bulk = 0, False, False
         self.barriers = torch.zeros(launches, 4, dtype=torch.int32, device=device)
         self.trace: torch.Tensor | None = None  # see `enable_trace`
         # the denoise tail's workspace, for any chunking (chunks >= 16 columns) and action dims up to
@@ -894,6 +918,7 @@ class ExpertStepPlan:
             TRACE=self.trace is not None,
             PREFETCH=self.prefetch if self.gpu else 0,
             PREFETCH_KV=self.prefetch_kv and self.gpu,
+            PREFETCH_BULK=self.prefetch_bulk,
             GPU=self.gpu,
             BLOCK_W=triton.next_power_of_2(self.WE),
             UPDATE=update is not None,
