@@ -178,10 +178,10 @@ def main() -> None:
         # 770710f (7 rounds): default 710.7; L2 prefetch of the next GEMM tile after arriving at
         # the barrier before its phase (prefetch=1) 691.8, one barrier earlier (2) 708.4; the prefix
         # K / V rows (prefetch_kv) 705.1, with prefetch=1 696.6
+        # 2695fe5 (7 rounds): default 717.5, prefetch=1 700.2; as bulk (TMA) requests per row segment
+        # 717.6, one barrier earlier 745.4, with the K / V rows 751.2 (issuing them stalls ~1.4 us)
         dict(prefetch=1),  # L2 prefetch of the next GEMM tile after arriving (kernels/expert_step.py)
-        dict(prefetch=1, prefetch_bulk=True),
-        dict(prefetch=2, prefetch_bulk=True),
-        dict(prefetch=1, prefetch_bulk=True, prefetch_kv=True),
+        dict(prefetch=2),
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
     # alternate the variants over rounds (one machine drifts by ~2% between minutes); each variant

@@ -210,6 +210,24 @@ def _prefetch_down(wd, u, WE: tl.constexpr, FF: tl.constexpr, BN: tl.constexpr, 
 
 
 @triton.jit
+def _prefetch_now(me, n_busy, AFTER: tl.constexpr, PREFETCH: tl.constexpr):
+    """Whether a program issues its next-phase prefetch here, before (AFTER False) or after
+    arriving at the barrier: PREFETCH 1 after; 2 before when it had no unit in this phase (it
+    would only wait), after otherwise."""
+    busy = (me < n_busy).to(tl.int32)
+    want = busy * 0
+    if PREFETCH == 1:
+        if AFTER:
+            want += 1
+    if PREFETCH == 2:
+        if AFTER:
+            want = busy
+        else:
+            want = 1 - busy
+    return want != 0
+
+
+@triton.jit
 def _phase_arrive(bar_ptr, trace_ptr, idx, TRACE: tl.constexpr, GPU: tl.constexpr):
     """End of phase `idx`; with TRACE, the time the last program finished it (atomic max)."""
     if TRACE:
@@ -504,8 +522,10 @@ def _expert_step_kernel(
                 WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
             )  # fmt: skip
         arrivals += G
+        if _prefetch_now(me, M, False, PREFETCH):
+            _prefetch_qkv(wqkv, me, WE, H, D, BN_QKV, PREFETCH_BULK)
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 0, TRACE, GPU)
-        if PREFETCH == 1:
+        if _prefetch_now(me, M, True, PREFETCH):
             _prefetch_qkv(wqkv, me, WE, H, D, BN_QKV, PREFETCH_BULK)
         if PREFETCH_KV:
             _prefetch_span(lk, suffix_row0 * stride_kt, pid, G, PREFETCH_BULK)
@@ -539,8 +559,6 @@ def _expert_step_kernel(
             )  # fmt: skip
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 2, TRACE, GPU)
-        if PREFETCH == 2:
-            _prefetch_o(wo, me, WE, H * D, BN_O, KS_O, PREFETCH_BULK)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 2, pid, TRACE, GPU)
         # 3: combine the key splits
         for u in range(me, n_cm * n_cd, G):
@@ -549,8 +567,10 @@ def _expert_step_kernel(
                 0, H * D, D, D, ATT_SPLITS, FIX, CB_M, CB_DC, ATT_BS, ".cg",
             )  # fmt: skip
         arrivals += G
+        if _prefetch_now(me, n_cm * n_cd, False, PREFETCH):
+            _prefetch_o(wo, me, WE, H * D, BN_O, KS_O, PREFETCH_BULK)
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 3, TRACE, GPU)
-        if PREFETCH == 1:
+        if _prefetch_now(me, n_cm * n_cd, True, PREFETCH):
             _prefetch_o(wo, me, WE, H * D, BN_O, KS_O, PREFETCH_BULK)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 3, pid, TRACE, GPU)
         # 4: O projection, split-K partials
@@ -558,8 +578,6 @@ def _expert_step_kernel(
             _split_k_partials(u, attn_ptr, wo, part_o_ptr, M, WE, H * D, KS_O, UPCAST, PREC, BM, BN_O, BK)
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 4, TRACE, GPU)
-        if PREFETCH == 2:
-            _prefetch_gate_up(wgu, me, WE, FF, BN_GU, PREFETCH_BULK)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 4, pid, TRACE, GPU)
         # 5: close the attention residual, norm for the MLP
         for row in range(me, M, G):
@@ -568,11 +586,11 @@ def _expert_step_kernel(
                 WE, H * D // KS_O, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
             )  # fmt: skip
         arrivals += G
-        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 5, TRACE, GPU)
-        if PREFETCH == 1:
+        if _prefetch_now(me, M, False, PREFETCH):
             _prefetch_gate_up(wgu, me, WE, FF, BN_GU, PREFETCH_BULK)
-        if PREFETCH == 2:
-            _prefetch_down(wd, me, WE, FF, BN_D, KS_D, PREFETCH_BULK)
+        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 5, TRACE, GPU)
+        if _prefetch_now(me, M, True, PREFETCH):
+            _prefetch_gate_up(wgu, me, WE, FF, BN_GU, PREFETCH_BULK)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, TRACE, GPU)
         # 6: gate|up + GeGLU
         for u in range(me, FF // BN_GU, G):
@@ -583,8 +601,10 @@ def _expert_step_kernel(
             )  # fmt: skip
             _geglu_store(acc, acc2, rows, row_ok, cols, col_ok, act_ptr, FF, FIX)
         arrivals += G
+        if _prefetch_now(me, FF // BN_GU, False, PREFETCH):
+            _prefetch_down(wd, me, WE, FF, BN_D, KS_D, PREFETCH_BULK)
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 6, TRACE, GPU)
-        if PREFETCH == 1:
+        if _prefetch_now(me, FF // BN_GU, True, PREFETCH):
             _prefetch_down(wd, me, WE, FF, BN_D, KS_D, PREFETCH_BULK)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE, GPU)
         # 7: down projection, split-K partials (summed by the next phase 0)
@@ -592,9 +612,6 @@ def _expert_step_kernel(
             _split_k_partials(u, act_ptr, wd, part_d_ptr, M, WE, FF, KS_D, UPCAST, PREC, BM, BN_D, BK)
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 7, TRACE, GPU)
-        if PREFETCH == 2:
-            if layer + 1 < N_LAYERS:
-                _prefetch_qkv(wqkv + (H + 2) * D * WE, me, WE, H, D, BN_QKV, PREFETCH_BULK)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 7, pid, TRACE, GPU)
     # close the last MLP residual; the final norm
     for row in range(pid, M, G):
@@ -754,12 +771,11 @@ class ExpertStepPlan:
         self.attn = torch.zeros(rows, num_heads * head_dim, **act)
         self.act = torch.zeros(rows, mlp_dim, **act)
         self._allocate_splits()
-        # per launch a row of its own: the arrival counter, and from FLAGS_OFFSET one flag per program
-        # L2 prefetch of each program's next GEMM tile while it waits at a barrier: 0 off, 1 at the
-        # barrier before the GEMM phase, 2 one barrier earlier; prefetch_kv: the layer's prefix K / V
-        # rows at the barrier before QKV (GPU only)
-        # rows at the barrier before QKV (GPU only); prefetch_bulk: as bulk (TMA) requests per row segment
+        # L2 prefetch of each program's next GEMM tile at the barrier before its phase (GPU only): 0 off,
+        # 1 after arriving, 2 before arriving where the program had no unit (`_prefetch_now`);
+        # prefetch_kv: also the layer's prefix K / V rows before QKV; prefetch_bulk: as bulk (TMA) requests
         self.prefetch, self.prefetch_kv, self.prefetch_bulk = 0, False, False
+        # one arrival counter per launch, each in its own 16-byte row
         self.barriers = torch.zeros(launches, 4, dtype=torch.int32, device=device)
         self.trace: torch.Tensor | None = None  # see `enable_trace`
         # the denoise tail's workspace, for any chunking (chunks >= 16 columns) and action dims up to
@@ -873,7 +889,7 @@ class ExpertStepPlan:
                 f"got {tuple(rope.shape)} {rope.dtype}"
             )
         if self.prefetch not in (0, 1, 2):
-            raise ValueError(f"prefetch must be 0, 1 or 2, got {self.prefetch}")
+            raise ValueError(f"prefetch must be 0 (off), 1 or 2 (_prefetch_now), got {self.prefetch}")
         Tk = int(k.shape[1])
         kps = triton.cdiv(triton.cdiv(Tk, self.att_splits), self.att_bn) * self.att_bn
         splits = triton.cdiv(Tk, kps)
