@@ -180,8 +180,9 @@ def main() -> None:
         # K / V rows (prefetch_kv) 705.1, with prefetch=1 696.6
         # 2695fe5 (7 rounds): default 717.5, prefetch=1 700.2; as bulk (TMA) requests per row segment
         # 717.6, one barrier earlier 745.4, with the K / V rows 751.2 (issuing them stalls ~1.4 us)
-        dict(prefetch=1),  # L2 prefetch of the next GEMM tile after arriving (kernels/expert_step.py)
-        dict(prefetch=2),
+        # 117b81c (9 rounds): default 713.3, prefetch after arriving 695.9 (now the default), before
+        # arriving by the programs without a unit in the phase 699.2
+        dict(prefetch=False),  # without the L2 prefetch of the next GEMM tile, for scale
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
     # alternate the variants over rounds (one machine drifts by ~2% between minutes); each variant

@@ -120,41 +120,19 @@ def _prefetch_lines(ptrs):
 
 
 @triton.jit
-def _prefetch_rows(w_ptr, wrow, k_lo, stride_w, ROWS: tl.constexpr, K_LEN: tl.constexpr, BULK: tl.constexpr):
-    """L2 prefetch of the ROWS weight rows `wrow`, columns [k_lo, k_lo + K_LEN) (2-byte elements):
-    one ``prefetch.global.L2`` per 128-byte line, or (BULK) one ``cp.async.bulk.prefetch.L2``
-    per row segment, ~128 segments in all (one per thread)."""
-    if BULK:
-        SEGS: tl.constexpr = max(1, 128 // ROWS)
-        seg = tl.arange(0, SEGS) * (K_LEN // SEGS)
-        ptrs = w_ptr + wrow.to(tl.int64)[:, None] * stride_w + (k_lo + seg)[None, :]
-        nbytes = tl.full([ROWS, SEGS], K_LEN // SEGS * 2, tl.int32)
-        tl.inline_asm_elementwise(
-            "cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;", "=r,l,r", [ptrs, nbytes],
-            dtype=tl.int32, is_pure=False, pack=1,
-        )  # fmt: skip
-    else:
-        lines = tl.arange(0, K_LEN // 64) * 64
-        _prefetch_lines(w_ptr + wrow.to(tl.int64)[:, None] * stride_w + (k_lo + lines)[None, :])
-
-
-@triton.jit
-def _prefetch_span(ptr, n, pid, G, BULK: tl.constexpr):
-    """L2 prefetch of ptr[0:n] (2-byte elements, n a multiple of 8), dealt out over the programs:
-    32 lines per request round, or (BULK) 32 bulk requests for this program's share."""
-    if BULK:
-        share = tl.cdiv(n, G * 256) * 256
-        lo = tl.minimum(pid * share + tl.arange(0, 32) * (share // 32), n)
-        hi = tl.minimum(lo + share // 32, n)
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r", [ptr + lo.to(tl.int64), (hi - lo) * 2], dtype=tl.int32, is_pure=False, pack=1,
-        )  # fmt: skip
-    else:
-        lines = tl.cdiv(n, 64)
-        for first in range(pid * 32, lines, G * 32):
-            idx = tl.minimum(first + tl.arange(0, 32), lines - 1)
-            _prefetch_lines(ptr + idx.to(tl.int64) * 64)
+def _prefetch_rows(w_ptr, wrow, k_lo, stride_w, K_LEN: tl.constexpr):
+    """L2 prefetch of weight rows `wrow`, columns [k_lo, k_lo + K_LEN) (2-byte elements), one
+    ``prefetch.global.L2`` per 128-byte line. Issued for the next GEMM phase's tile between
+    arriving at the barrier and leaving it (the GEMM's first loads then hit L2): 691.8-700.2
+    against 710.7-717.5 us per step in three runs of 7-9 alternating rounds (O 2.8 -> 2.0 us,
+    gate|up 6.9 -> 5.7, down 4.4 -> 3.4; the barrier before gate|up +0.8: issuing its 1024
+    lines takes longer than the wait). Measured worse: issued before arriving (707.0 vs 711.9:
+    the arrival waits for the issue), before arriving by the programs without a unit in the
+    phase (699.2 vs 695.9), one barrier earlier (708.4), as bulk requests
+    (``cp.async.bulk.prefetch.L2``, one per row segment: 717.6 vs 700.2, each stalls ~1.4 us),
+    and with the layer's prefix K / V rows before QKV (696.6 vs 691.8)."""
+    lines = tl.arange(0, K_LEN // 64) * 64
+    _prefetch_lines(w_ptr + wrow.to(tl.int64)[:, None] * stride_w + (k_lo + lines)[None, :])
 
 
 @triton.jit
@@ -178,53 +156,35 @@ def _now():
 
 
 @triton.jit
-def _prefetch_qkv(wqkv, u, WE: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, BULK: tl.constexpr):
+def _prefetch_qkv(wqkv, u, WE: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BN: tl.constexpr):
     """Unit u's QKV weight rows (phase 1): a column tile of one head and its rotate_half pair."""
-    n: tl.constexpr = (H + 2) * ((D // 2 + BN - 1) // BN)
-    if u < n:
-        wrow = (u // ((D // 2 + BN - 1) // BN)) * D + (u % ((D // 2 + BN - 1) // BN)) * BN + tl.arange(0, BN)
-        _prefetch_rows(wqkv, wrow, 0, WE, BN, WE, BULK)
-        _prefetch_rows(wqkv, wrow + D // 2, 0, WE, BN, WE, BULK)
+    CH: tl.constexpr = (D // 2 + BN - 1) // BN
+    if u < (H + 2) * CH:
+        wrow = (u // CH) * D + (u % CH) * BN + tl.arange(0, BN)
+        _prefetch_rows(wqkv, wrow, 0, WE, WE)
+        _prefetch_rows(wqkv, wrow + D // 2, 0, WE, WE)
 
 
 @triton.jit
-def _prefetch_o(wo, u, WE: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, KS: tl.constexpr, BULK: tl.constexpr):
+def _prefetch_o(wo, u, WE: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, KS: tl.constexpr):
     """Unit u's O weight tile (phase 4): BN output rows x one K split."""
     if u < (WE // BN) * (K // KS):
-        _prefetch_rows(wo, (u % (WE // BN)) * BN + tl.arange(0, BN), (u // (WE // BN)) * KS, K, BN, KS, BULK)
+        _prefetch_rows(wo, (u % (WE // BN)) * BN + tl.arange(0, BN), (u // (WE // BN)) * KS, K, KS)
 
 
 @triton.jit
-def _prefetch_gate_up(wgu, u, WE: tl.constexpr, FF: tl.constexpr, BN: tl.constexpr, BULK: tl.constexpr):
+def _prefetch_gate_up(wgu, u, WE: tl.constexpr, FF: tl.constexpr, BN: tl.constexpr):
     """Unit u's gate and up weight rows (phase 6)."""
     if u < FF // BN:
-        _prefetch_rows(wgu, u * BN + tl.arange(0, BN), 0, WE, BN, WE, BULK)
-        _prefetch_rows(wgu, u * BN + tl.arange(0, BN) + FF, 0, WE, BN, WE, BULK)
+        _prefetch_rows(wgu, u * BN + tl.arange(0, BN), 0, WE, WE)
+        _prefetch_rows(wgu, u * BN + tl.arange(0, BN) + FF, 0, WE, WE)
 
 
 @triton.jit
-def _prefetch_down(wd, u, WE: tl.constexpr, FF: tl.constexpr, BN: tl.constexpr, KS: tl.constexpr, BULK: tl.constexpr):
+def _prefetch_down(wd, u, WE: tl.constexpr, FF: tl.constexpr, BN: tl.constexpr, KS: tl.constexpr):
     """Unit u's down weight tile (phase 7): BN output rows x one K split."""
     if u < (WE // BN) * (FF // KS):
-        _prefetch_rows(wd, (u % (WE // BN)) * BN + tl.arange(0, BN), (u // (WE // BN)) * KS, FF, BN, KS, BULK)
-
-
-@triton.jit
-def _prefetch_now(me, n_busy, AFTER: tl.constexpr, PREFETCH: tl.constexpr):
-    """Whether a program issues its next-phase prefetch here, before (AFTER False) or after
-    arriving at the barrier: PREFETCH 1 after; 2 before when it had no unit in this phase (it
-    would only wait), after otherwise."""
-    busy = (me < n_busy).to(tl.int32)
-    want = busy * 0
-    if PREFETCH == 1:
-        if AFTER:
-            want += 1
-    if PREFETCH == 2:
-        if AFTER:
-            want = busy
-        else:
-            want = 1 - busy
-    return want != 0
+        _prefetch_rows(wd, (u % (WE // BN)) * BN + tl.arange(0, BN), (u // (WE // BN)) * KS, FF, KS)
 
 
 @triton.jit
@@ -480,8 +440,6 @@ def _expert_step_kernel(
     FIX: tl.constexpr,
     TRACE: tl.constexpr,
     PREFETCH: tl.constexpr,
-    PREFETCH_KV: tl.constexpr,
-    PREFETCH_BULK: tl.constexpr,
     GPU: tl.constexpr,
     BLOCK_W: tl.constexpr,
     UPDATE: tl.constexpr,
@@ -522,14 +480,9 @@ def _expert_step_kernel(
                 WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
             )  # fmt: skip
         arrivals += G
-        if _prefetch_now(me, M, False, PREFETCH):
-            _prefetch_qkv(wqkv, me, WE, H, D, BN_QKV, PREFETCH_BULK)
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 0, TRACE, GPU)
-        if _prefetch_now(me, M, True, PREFETCH):
-            _prefetch_qkv(wqkv, me, WE, H, D, BN_QKV, PREFETCH_BULK)
-        if PREFETCH_KV:
-            _prefetch_span(lk, suffix_row0 * stride_kt, pid, G, PREFETCH_BULK)
-            _prefetch_span(lv, suffix_row0 * stride_kt, pid, G, PREFETCH_BULK)
+        if PREFETCH:
+            _prefetch_qkv(wqkv, me, WE, H, D, BN_QKV)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 0, pid, TRACE, GPU)
         # 1: QKV + RoPE; k / v into this layer's cache rows
         wo = wo_ptr + l64 * (WE * H * D)
@@ -567,11 +520,9 @@ def _expert_step_kernel(
                 0, H * D, D, D, ATT_SPLITS, FIX, CB_M, CB_DC, ATT_BS, ".cg",
             )  # fmt: skip
         arrivals += G
-        if _prefetch_now(me, n_cm * n_cd, False, PREFETCH):
-            _prefetch_o(wo, me, WE, H * D, BN_O, KS_O, PREFETCH_BULK)
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 3, TRACE, GPU)
-        if _prefetch_now(me, n_cm * n_cd, True, PREFETCH):
-            _prefetch_o(wo, me, WE, H * D, BN_O, KS_O, PREFETCH_BULK)
+        if PREFETCH:
+            _prefetch_o(wo, me, WE, H * D, BN_O, KS_O)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 3, pid, TRACE, GPU)
         # 4: O projection, split-K partials
         for u in range(me, (WE // BN_O) * (H * D // KS_O), G):
@@ -586,11 +537,9 @@ def _expert_step_kernel(
                 WE, H * D // KS_O, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
             )  # fmt: skip
         arrivals += G
-        if _prefetch_now(me, M, False, PREFETCH):
-            _prefetch_gate_up(wgu, me, WE, FF, BN_GU, PREFETCH_BULK)
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 5, TRACE, GPU)
-        if _prefetch_now(me, M, True, PREFETCH):
-            _prefetch_gate_up(wgu, me, WE, FF, BN_GU, PREFETCH_BULK)
+        if PREFETCH:
+            _prefetch_gate_up(wgu, me, WE, FF, BN_GU)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, TRACE, GPU)
         # 6: gate|up + GeGLU
         for u in range(me, FF // BN_GU, G):
@@ -601,11 +550,9 @@ def _expert_step_kernel(
             )  # fmt: skip
             _geglu_store(acc, acc2, rows, row_ok, cols, col_ok, act_ptr, FF, FIX)
         arrivals += G
-        if _prefetch_now(me, FF // BN_GU, False, PREFETCH):
-            _prefetch_down(wd, me, WE, FF, BN_D, KS_D, PREFETCH_BULK)
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 6, TRACE, GPU)
-        if _prefetch_now(me, FF // BN_GU, True, PREFETCH):
-            _prefetch_down(wd, me, WE, FF, BN_D, KS_D, PREFETCH_BULK)
+        if PREFETCH:
+            _prefetch_down(wd, me, WE, FF, BN_D, KS_D)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE, GPU)
         # 7: down projection, split-K partials (summed by the next phase 0)
         for u in range(me, (WE // BN_D) * (FF // KS_D), G):
@@ -771,10 +718,9 @@ class ExpertStepPlan:
         self.attn = torch.zeros(rows, num_heads * head_dim, **act)
         self.act = torch.zeros(rows, mlp_dim, **act)
         self._allocate_splits()
-        # L2 prefetch of each program's next GEMM tile at the barrier before its phase (GPU only): 0 off,
-        # 1 after arriving, 2 before arriving where the program had no unit (`_prefetch_now`);
-        # prefetch_kv: also the layer's prefix K / V rows before QKV; prefetch_bulk: as bulk (TMA) requests
-        self.prefetch, self.prefetch_kv, self.prefetch_bulk = 0, False, False
+        # L2 prefetch of each program's next GEMM tile between arriving at the barrier before that
+        # phase and leaving it (GPU only; `_prefetch_rows`)
+        self.prefetch = True
         # one arrival counter per launch, each in its own 16-byte row
         self.barriers = torch.zeros(launches, 4, dtype=torch.int32, device=device)
         self.trace: torch.Tensor | None = None  # see `enable_trace`
@@ -888,8 +834,6 @@ class ExpertStepPlan:
                 f"rope must be rope_table(...)'s contiguous float32 [2, {M}, {D // 2}], "
                 f"got {tuple(rope.shape)} {rope.dtype}"
             )
-        if self.prefetch not in (0, 1, 2):
-            raise ValueError(f"prefetch must be 0 (off), 1 or 2 (_prefetch_now), got {self.prefetch}")
         Tk = int(k.shape[1])
         kps = triton.cdiv(triton.cdiv(Tk, self.att_splits), self.att_bn) * self.att_bn
         splits = triton.cdiv(Tk, kps)
@@ -932,9 +876,7 @@ class ExpertStepPlan:
             ATT_BS=triton.next_power_of_2(splits), CB_M=self.cb_m, CB_DC=self.cb_dc,
             UPCAST=interp, PREC=dot_precision(self.dtype), FIX=interp and needs_rtne_fix(self.dtype),
             TRACE=self.trace is not None,
-            PREFETCH=self.prefetch if self.gpu else 0,
-            PREFETCH_KV=self.prefetch_kv and self.gpu,
-            PREFETCH_BULK=self.prefetch_bulk,
+            PREFETCH=self.prefetch and self.gpu,
             GPU=self.gpu,
             BLOCK_W=triton.next_power_of_2(self.WE),
             UPDATE=update is not None,
