@@ -1,12 +1,14 @@
 """Build the GPU code of the expert step kernel for CUDA targets without a GPU.
 
-    python scripts/compile_check.py [--trace] [--no-update] [--sms N] [--set NAME=VALUE ...] [ARCH ...]
+    python scripts/compile_check.py [--trace] [--no-update] [--sms N] [--shape pi05|tiny] [--set NAME=VALUE ...]
+                                    [ARCH ...]
                                                  e.g. 90 (H200) 100 110 (Jetson Thor)
 
 The launch ends with the denoise update (the fused path's); --no-update builds it without the tail.
 --trace builds the variant that records phase timestamps (`ExpertStepPlan.enable_trace`);
 --sms builds the launch for a GPU with N SMs (default 132, the H200's; Jetson AGX Thor has 20),
 which changes the grid-dependent tiles (attention key splits, the denoise tail's chunks);
+--shape tiny builds PolicyConfig.tiny's expert (what the GPU fused tests build) instead of pi0.5's;
 --set changes a tile setting first (`ExpertStepPlan.set_tiles`, e.g. --set bk=64 --set att_bn=32).
 Each line reports the registers per thread and the spill stack (bytes per thread) that
 Triton's bundled cuobjdump reads from the cubin, and how many of its loops are software-
@@ -35,12 +37,21 @@ import triton
 from kernels.denoise_update import DenoiseUpdate
 from kernels.expert_step import ExpertStepPlan, ExpertWeights, compile_for
 
-M, W, F, H, D, L, P = 50, 1024, 4096, 8, 256, 18, 968
+# rows, width, mlp, heads, head dim, layers, prefix tokens
+SHAPES = {
+    "pi05": (50, 1024, 4096, 8, 256, 18, 968),  # the real expert (3 views, 200 prompt tokens)
+    "tiny": (10, 32, 64, 4, 16, 2, 128),  # PolicyConfig.tiny's, which the GPU fused tests build
+}
 
 
 def real_shape_launch(
-    trace: bool = False, tiles: dict[str, int] | None = None, with_update: bool = True, sms: int = 132
+    trace: bool = False,
+    tiles: dict[str, int] | None = None,
+    with_update: bool = True,
+    sms: int = 132,
+    shape: str = "pi05",
 ) -> tuple[tuple, dict]:
+    M, W, F, H, D, L, P = SHAPES[shape]
     meta, bf16 = torch.device("meta"), torch.bfloat16
     plan = ExpertStepPlan(M, W, F, H, D, 10, meta, bf16, gpu=True, sm_count=sms)
     if trace:
@@ -56,7 +67,8 @@ def real_shape_launch(
     i32 = dict(dtype=torch.int32, device=meta)
     h = torch.empty(M, W, dtype=bf16, device=meta)
     f32 = lambda *shape: torch.empty(*shape, device=meta)  # noqa: E731
-    update = DenoiseUpdate(f32(M, 32), f32(32, W), f32(32), -0.1, f32(W, 32), f32(W), h)  # pi0.5's: next input into h
+    A = 32  # action dims; pi0.5's update: the next input into h
+    update = DenoiseUpdate(f32(M, A), f32(A, W), f32(A), -0.1, f32(W, A), f32(W), h)
     return plan.launch_args(
         h, w, 3, cache, cache, torch.empty(P + M, **i32),
         torch.empty(M, **i32), f32(2, M, D // 2), P, 3, 1e-6, update=update if with_update else None,
@@ -79,8 +91,10 @@ def resource_usage(cubin: bytes) -> dict[str, int | None]:
     return dict(registers=value["REG"], stack_bytes=value["STACK"])
 
 
-def main(archs: list[int], trace: bool, tiles: dict[str, int], with_update: bool, sms: int = 132) -> None:
-    args, kwargs = real_shape_launch(trace, tiles, with_update, sms)
+def main(
+    archs: list[int], trace: bool, tiles: dict[str, int], with_update: bool, sms: int = 132, shape: str = "pi05"
+) -> None:
+    args, kwargs = real_shape_launch(trace, tiles, with_update, sms, shape)
     for arch in archs:
         t0 = time.perf_counter()
         try:
@@ -96,6 +110,7 @@ def main(archs: list[int], trace: bool, tiles: dict[str, int], with_update: bool
                 dict(
                     arch=arch,
                     sms=sms,
+                    shape=shape,
                     seconds=round(time.perf_counter() - t0, 1),
                     target=f".target sm_{arch}" in ptx,
                     shared_bytes=compiled.metadata.shared,
@@ -120,6 +135,7 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--no-update", action="store_true")
     ap.add_argument("--sms", type=int, default=132)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="pi05")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
     return ap.parse_args()
 
@@ -127,4 +143,4 @@ def _args() -> argparse.Namespace:
 if __name__ == "__main__":
     a = _args()
     tiles = {name: int(value) for name, value in (item.split("=") for item in a.set)}
-    main(a.archs, a.trace, tiles, not a.no_update, a.sms)
+    main(a.archs, a.trace, tiles, not a.no_update, a.sms, a.shape)

@@ -61,6 +61,14 @@ def test_thor_sized_launch_builds() -> None:
     assert 0 < result["shared_bytes"] <= 227 * 1024
 
 
+def test_step_kernel_builds_at_the_tiny_shape() -> None:
+    """PolicyConfig.tiny's expert (width 32, head dim 16), which the fused tests build on a GPU:
+    narrow rows must still compile (a prefetch of K // 64 lines once made an empty range there)."""
+    (result,) = _compile_check("--shape", "tiny", "90")
+    assert result["shape"] == "tiny" and result["target"] and result["cooperative"]
+    assert result["registers"] is None or 0 < result["registers"] <= 255
+
+
 def test_traced_variant_with_other_tiles_builds() -> None:
     """The variant bench/expert_step.py traces builds too (phase timestamps), here with other
     tiles set the way the benchmark's variants set them."""
