@@ -182,10 +182,9 @@ def main() -> None:
         # 717.6, one barrier earlier 745.4, with the K / V rows 751.2 (issuing them stalls ~1.4 us)
         # 117b81c (9 rounds): default 713.3, prefetch after arriving 695.9 (now the default), before
         # arriving by the programs without a unit in the phase 699.2
+        # e8ae43a (7 rounds): default 696.2, without the prefetch 717.3; with it, 3 stages 707.9,
+        # 5 stages 702.6, bk=64 715.3
         dict(prefetch=False),  # without the L2 prefetch of the next GEMM tile, for scale
-        dict(num_stages=3),  # with the weights in L2, fewer stages may do
-        dict(num_stages=5),
-        dict(bk=64),
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
     # alternate the variants over rounds (one machine drifts by ~2% between minutes); each variant

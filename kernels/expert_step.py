@@ -4,7 +4,7 @@ persistent launch.
 At 50 tokens a layer streams ~35 MB of weights, ~10 us at HBM speed, but as 6-9 separate kernels
 each one pays its launch, its first loads and its tail (~5-9 us each, measured on the H200), so a
 step was latency-bound. Here one program per SM stays resident and walks every layer's phases,
-separated by a grid-wide barrier (an arrival counter in global memory):
+separated by a grid-wide barrier (an arrival counter in global memory; `_arrive`, `_wait`):
 
     0  h += gate * Σ down partials (previous layer) ; x_attn = norm(h)        units: rows
     1  x_attn @ Wqkv.T -> RoPE -> q ; k, v into the cache's suffix rows       units: column-pair tiles
@@ -28,19 +28,22 @@ All programs must be resident at once (the barrier waits for every one): the gri
 program per SM, launched cooperatively. On the interpreter (CI) the grid is one program, which
 runs every unit of every phase in order.
 
-Measured (H200, pi0.5 expert, 50 tokens, 968 + 50 keys; docs/results/README.md): ~734 us per
-step alone, ~742 with the denoise tail, against ~950 us for the same work as separate kernels.
-Per layer (phase trace): QKV + RoPE 5.2 us, attention 8.5, gate|up 6.9, down 4.4, the row phases
-1.7 + 1.4, combine 1.9, O 2.8, and ~1.4 us per barrier. RoPE's cos / sin come from a table made
-once per decision (`rope_table`): computed here they cost ~1 us per layer and (Triton 3.6)
-the kernel's only spills. Measured and dropped: six phases per layer, with the norms inside the GEMMs
-and the residuals closed by each column tile's last split-K arrival (871 us at its best tiles:
-the last-arrival tails cost more than the row phases and barriers they save); L2 prefetch of the
-weights / cache rows ahead of their phases with ``cp.async.bulk.prefetch.L2`` (925-964 us: issuing
-it stalls its phase by 8-11 us, and the GEMM phases it feeds gain only 0.3-1 us each, so they are
-not waiting on HBM); QKV and gate|up on FP8 operands (827 vs 742 us: halving their bytes gained
-0.2-0.4 us, and O / down slowed). The denoise update as the launch's tail saves ~6-9 us per
-step against the same update as its own launch after the step (bench/expert_step.py).
+Measured (H200, pi0.5 expert, 50 tokens, 968 + 50 keys; docs/results/README.md): ~696 us per
+step alone, ~709 with the denoise tail, against ~950 us for the same work as separate kernels.
+Per layer (phase trace): QKV + RoPE 4.8 us, attention 8.5, gate|up 5.4-6.7, down 3.2-3.4, the
+row phases 1.7 + 1.7, combine 1.8, O 2.1, and ~1.3-1.9 us per barrier. Two things on the way
+there: the barrier's thread 0 alone polls (`_wait`; 712 against 732 us with every thread
+polling), and each program asks L2 for its next GEMM tile's weights between arriving at the
+barrier and leaving it (`_prefetch_rows`; 696 against 713-717 us). RoPE's cos / sin come from a
+table made once per decision (`rope_table`): computed here they cost ~1 us per layer and (Triton
+3.6) the kernel's only spills. Measured and dropped: six phases per layer, with the norms inside
+the GEMMs and the residuals closed by each column tile's last split-K arrival (871 us at its best
+tiles: the last-arrival tails cost more than the row phases and barriers they save); L2 prefetch
+of a whole layer's weights / cache rows ahead of its phases with ``cp.async.bulk.prefetch.L2``
+(925-964 us: issuing it stalls its phase by 8-11 us); QKV and gate|up on FP8 operands (827 vs
+742 us: halving their bytes gained 0.2-0.4 us, and O / down slowed). The denoise update as the
+launch's tail saves ~6-9 us per step against the same update as its own launch after the step
+(bench/expert_step.py).
 """
 
 from __future__ import annotations
