@@ -185,6 +185,8 @@ def main() -> None:
         # e8ae43a (7 rounds): default 696.2, without the prefetch 717.3; with it, 3 stages 707.9,
         # 5 stages 702.6, bk=64 715.3
         dict(prefetch=False),  # without the L2 prefetch of the next GEMM tile, for scale
+        dict(prefetch_mlp=1),  # the MLP weights prefetched during QKV by the programs without a unit
+        dict(prefetch_mlp=2),
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
     # alternate the variants over rounds (one machine drifts by ~2% between minutes); each variant

@@ -160,6 +160,15 @@ def _now():
 
 
 @triton.jit
+def _prefetch_span(ptr, n, part, parts):
+    """L2 prefetch of ptr[0:n] (2-byte elements) dealt out over `parts` programs, this one
+    being `part`: rounds of 128 lines, one per thread (4 warps)."""
+    lines = tl.cdiv(n, 64)
+    for first in range(part * 128, lines, parts * 128):
+        _prefetch_lines(ptr + tl.minimum(first + tl.arange(0, 128), lines - 1).to(tl.int64) * 64)
+
+
+@triton.jit
 def _prefetch_qkv(wqkv, u, WE: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BN: tl.constexpr):
     """Unit u's QKV weight rows (phase 1): a column tile of one head and its rotate_half pair."""
     CH: tl.constexpr = (D // 2 + BN - 1) // BN
@@ -444,6 +453,7 @@ def _expert_step_kernel(
     FIX: tl.constexpr,
     TRACE: tl.constexpr,
     PREFETCH: tl.constexpr,
+    PREFETCH_MLP: tl.constexpr,
     GPU: tl.constexpr,
     BLOCK_W: tl.constexpr,
     UPDATE: tl.constexpr,
@@ -503,6 +513,11 @@ def _expert_step_kernel(
                 acc, acc2, u // CH, rows, row_ok, cols, col_ok, q_ptr, lk + suffix_row0 * stride_kt,
                 lv + suffix_row0 * stride_kt, rope_ptr, M, stride_kt, H, D, FIX,
             )  # fmt: skip
+        if PREFETCH_MLP > 0:  # the programs without a QKV unit: the layer's MLP weights into L2
+            if me >= (H + 2) * CH:
+                _prefetch_span(wgu, 2 * FF * WE, me - (H + 2) * CH, G - (H + 2) * CH)
+                if PREFETCH_MLP > 1:
+                    _prefetch_span(wd, WE * FF, me - (H + 2) * CH, G - (H + 2) * CH)
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 1, TRACE, GPU)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 1, pid, TRACE, GPU)
@@ -542,7 +557,7 @@ def _expert_step_kernel(
             )  # fmt: skip
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 5, TRACE, GPU)
-        if PREFETCH:
+        if PREFETCH and PREFETCH_MLP < 1:
             _prefetch_gate_up(wgu, me, WE, FF, BN_GU)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, TRACE, GPU)
         # 6: gate|up + GeGLU
@@ -555,7 +570,7 @@ def _expert_step_kernel(
             _geglu_store(acc, acc2, rows, row_ok, cols, col_ok, act_ptr, FF, FIX)
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 6, TRACE, GPU)
-        if PREFETCH:
+        if PREFETCH and PREFETCH_MLP < 2:
             _prefetch_down(wd, me, WE, FF, BN_D, KS_D)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE, GPU)
         # 7: down projection, split-K partials (summed by the next phase 0)
@@ -725,6 +740,9 @@ class ExpertStepPlan:
         # L2 prefetch of each program's next GEMM tile between arriving at the barrier before that
         # phase and leaving it (GPU only; `_prefetch_rows`)
         self.prefetch = True
+        # experimental: during QKV, the programs without a unit prefetch the layer's gate|up (1) and
+        # down (2) weights, dealt out among them, instead of each program its tile at the barrier
+        self.prefetch_mlp = 0
         # one arrival counter per launch, each in its own 16-byte row
         self.barriers = torch.zeros(launches, 4, dtype=torch.int32, device=device)
         self.trace: torch.Tensor | None = None  # see `enable_trace`
@@ -881,6 +899,7 @@ class ExpertStepPlan:
             UPCAST=interp, PREC=dot_precision(self.dtype), FIX=interp and needs_rtne_fix(self.dtype),
             TRACE=self.trace is not None,
             PREFETCH=self.prefetch and self.gpu,
+            PREFETCH_MLP=self.prefetch_mlp if self.gpu else 0,
             GPU=self.gpu,
             BLOCK_W=triton.next_power_of_2(self.WE),
             UPDATE=update is not None,
