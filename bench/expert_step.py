@@ -185,8 +185,11 @@ def main() -> None:
         # e8ae43a (7 rounds): default 696.2, without the prefetch 717.3; with it, 3 stages 707.9,
         # 5 stages 702.6, bk=64 715.3
         dict(prefetch=False),  # without the L2 prefetch of the next GEMM tile, for scale
+        # 6146caf (7 rounds): default 698.7, the MLP weights prefetched during QKV by the programs
+        # without a unit: gate|up 686.7 (QKV 4.8 -> 5.9 us, gate|up 6.7 -> 6.1), + down 710.4
         dict(prefetch_mlp=1),  # the MLP weights prefetched during QKV by the programs without a unit
-        dict(prefetch_mlp=2),
+        dict(prefetch_mlp=3),  # the same as one bulk request per thread
+        dict(prefetch_mlp=4),
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
     # alternate the variants over rounds (one machine drifts by ~2% between minutes); each variant

@@ -160,12 +160,22 @@ def _now():
 
 
 @triton.jit
-def _prefetch_span(ptr, n, part, parts):
-    """L2 prefetch of ptr[0:n] (2-byte elements) dealt out over `parts` programs, this one
-    being `part`: rounds of 128 lines, one per thread (4 warps)."""
-    lines = tl.cdiv(n, 64)
-    for first in range(part * 128, lines, parts * 128):
-        _prefetch_lines(ptr + tl.minimum(first + tl.arange(0, 128), lines - 1).to(tl.int64) * 64)
+def _prefetch_span(ptr, n, part, parts, BULK: tl.constexpr):
+    """L2 prefetch of ptr[0:n] (2-byte elements, n a multiple of 8) dealt out over `parts`
+    programs, this one being `part`: rounds of 128 lines, one per thread (4 warps), or (BULK)
+    one ``cp.async.bulk.prefetch.L2`` per thread for its piece of this program's share."""
+    if BULK:
+        piece = tl.cdiv(n, parts * 128 * 8) * 8
+        lo = tl.minimum((part * 128 + tl.arange(0, 128)) * piece, n)
+        size = (tl.minimum(lo + piece, n) - lo) * 2
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r", [ptr + lo.to(tl.int64), size], dtype=tl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
+    else:
+        lines = tl.cdiv(n, 64)
+        for first in range(part * 128, lines, parts * 128):
+            _prefetch_lines(ptr + tl.minimum(first + tl.arange(0, 128), lines - 1).to(tl.int64) * 64)
 
 
 @triton.jit
@@ -515,9 +525,10 @@ def _expert_step_kernel(
             )  # fmt: skip
         if PREFETCH_MLP > 0:  # the programs without a QKV unit: the layer's MLP weights into L2
             if me >= (H + 2) * CH:
-                _prefetch_span(wgu, 2 * FF * WE, me - (H + 2) * CH, G - (H + 2) * CH)
-                if PREFETCH_MLP > 1:
-                    _prefetch_span(wd, WE * FF, me - (H + 2) * CH, G - (H + 2) * CH)
+                bulk: tl.constexpr = PREFETCH_MLP > 2
+                _prefetch_span(wgu, 2 * FF * WE, me - (H + 2) * CH, G - (H + 2) * CH, bulk)
+                if PREFETCH_MLP % 2 == 0:
+                    _prefetch_span(wd, WE * FF, me - (H + 2) * CH, G - (H + 2) * CH, bulk)
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 1, TRACE, GPU)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 1, pid, TRACE, GPU)
@@ -557,7 +568,7 @@ def _expert_step_kernel(
             )  # fmt: skip
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 5, TRACE, GPU)
-        if PREFETCH and PREFETCH_MLP < 1:
+        if PREFETCH and PREFETCH_MLP == 0:
             _prefetch_gate_up(wgu, me, WE, FF, BN_GU)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, TRACE, GPU)
         # 6: gate|up + GeGLU
@@ -570,7 +581,7 @@ def _expert_step_kernel(
             _geglu_store(acc, acc2, rows, row_ok, cols, col_ok, act_ptr, FF, FIX)
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 6, TRACE, GPU)
-        if PREFETCH and PREFETCH_MLP < 2:
+        if PREFETCH and PREFETCH_MLP % 2 == 0:
             _prefetch_down(wd, me, WE, FF, BN_D, KS_D)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE, GPU)
         # 7: down projection, split-K partials (summed by the next phase 0)
@@ -741,7 +752,8 @@ class ExpertStepPlan:
         # phase and leaving it (GPU only; `_prefetch_rows`)
         self.prefetch = True
         # experimental: during QKV, the programs without a unit prefetch the layer's gate|up (1) and
-        # down (2) weights, dealt out among them, instead of each program its tile at the barrier
+        # down (2) weights, dealt out among them, instead of each program its tile at the barrier;
+        # 3 / 4: the same as one bulk request per thread
         self.prefetch_mlp = 0
         # one arrival counter per launch, each in its own 16-byte row
         self.barriers = torch.zeros(launches, 4, dtype=torch.int32, device=device)
