@@ -581,7 +581,7 @@ def _expert_step_kernel(
             _geglu_store(acc, acc2, rows, row_ok, cols, col_ok, act_ptr, FF, FIX)
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 6, TRACE, GPU)
-        if PREFETCH and PREFETCH_MLP % 2 == 0:
+        if PREFETCH and (PREFETCH_MLP % 2 == 1 or PREFETCH_MLP == 0):  # the span has no down weights
             _prefetch_down(wd, me, WE, FF, BN_D, KS_D)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE, GPU)
         # 7: down projection, split-K partials (summed by the next phase 0)
