@@ -187,10 +187,9 @@ def main() -> None:
         dict(prefetch=False),  # without the L2 prefetch of the next GEMM tile, for scale
         # 6146caf (7 rounds): default 698.7, the MLP weights prefetched during QKV by the programs
         # without a unit: gate|up 686.7 (QKV 4.8 -> 5.9 us, gate|up 6.7 -> 6.1), + down 710.4.
-        # (524bc1e's numbers for 1 / 3 / 4 are void: a wrong condition dropped the down tile's
-        # prefetch from 1 and 3 and kept it in 4)
-        dict(prefetch_mlp=1),  # the MLP weights prefetched during QKV by the programs without a unit
-        dict(prefetch_mlp=3),  # the same as one bulk request per thread
+        # (524bc1e's numbers for the variants are void: a wrong condition dropped the down tile's
+        # prefetch.) 4dd7823 (9 rounds): default 696.3, gate|up during QKV 681.6 (now the
+        # default), the same as bulk requests 682.3
     )
     default_tiles = {name: getattr(plan, name) for tiles in variants for name in tiles}
     # alternate the variants over rounds (one machine drifts by ~2% between minutes); each variant

@@ -160,22 +160,17 @@ def _now():
 
 
 @triton.jit
-def _prefetch_span(ptr, n, part, parts, BULK: tl.constexpr):
-    """L2 prefetch of ptr[0:n] (2-byte elements, n a multiple of 8) dealt out over `parts`
-    programs, this one being `part`: rounds of 128 lines, one per thread (4 warps), or (BULK)
-    one ``cp.async.bulk.prefetch.L2`` per thread for its piece of this program's share."""
-    if BULK:
-        piece = tl.cdiv(n, parts * 128 * 8) * 8
-        lo = tl.minimum((part * 128 + tl.arange(0, 128)) * piece, n)
-        size = (tl.minimum(lo + piece, n) - lo) * 2
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r", [ptr + lo.to(tl.int64), size], dtype=tl.int32, is_pure=False, pack=1,
-        )  # fmt: skip
-    else:
-        lines = tl.cdiv(n, 64)
-        for first in range(part * 128, lines, parts * 128):
-            _prefetch_lines(ptr + tl.minimum(first + tl.arange(0, 128), lines - 1).to(tl.int64) * 64)
+def _prefetch_span(ptr, n, part, parts):
+    """L2 prefetch of ptr[0:n] (2-byte elements) dealt out over `parts` programs, this one being
+    `part`: rounds of 128 lines, one per thread (4 warps). The QKV phase's free programs (52 of
+    132 on the H200) fetch the layer's gate|up weights this way, in place of each program its
+    own tile at the barrier before gate|up: 681.6 against 696.3 us per step (9 alternating
+    rounds; 686.7 vs 698.7 in another run), QKV 4.8 -> 5.9 us, gate|up 6.6 -> 6.1, the row
+    phase before it 1.9 -> 1.3 and its barrier 2.0 -> 1.4. The down weights as well: 710.4
+    (QKV 7.1 us); as one bulk request per thread: 682.3 (the same)."""
+    lines = tl.cdiv(n, 64)
+    for first in range(part * 128, lines, parts * 128):
+        _prefetch_lines(ptr + tl.minimum(first + tl.arange(0, 128), lines - 1).to(tl.int64) * 64)
 
 
 @triton.jit
@@ -463,7 +458,6 @@ def _expert_step_kernel(
     FIX: tl.constexpr,
     TRACE: tl.constexpr,
     PREFETCH: tl.constexpr,
-    PREFETCH_MLP: tl.constexpr,
     GPU: tl.constexpr,
     BLOCK_W: tl.constexpr,
     UPDATE: tl.constexpr,
@@ -523,12 +517,9 @@ def _expert_step_kernel(
                 acc, acc2, u // CH, rows, row_ok, cols, col_ok, q_ptr, lk + suffix_row0 * stride_kt,
                 lv + suffix_row0 * stride_kt, rope_ptr, M, stride_kt, H, D, FIX,
             )  # fmt: skip
-        if PREFETCH_MLP > 0:  # the programs without a QKV unit: the layer's MLP weights into L2
+        if PREFETCH:  # the programs without a QKV unit: the layer's gate|up weights into L2, shared out
             if me >= (H + 2) * CH:
-                bulk: tl.constexpr = PREFETCH_MLP > 2
-                _prefetch_span(wgu, 2 * FF * WE, me - (H + 2) * CH, G - (H + 2) * CH, bulk)
-                if PREFETCH_MLP % 2 == 0:
-                    _prefetch_span(wd, WE * FF, me - (H + 2) * CH, G - (H + 2) * CH, bulk)
+                _prefetch_span(wgu, 2 * FF * WE, me - (H + 2) * CH, G - (H + 2) * CH)
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 1, TRACE, GPU)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 1, pid, TRACE, GPU)
@@ -568,8 +559,9 @@ def _expert_step_kernel(
             )  # fmt: skip
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 5, TRACE, GPU)
-        if PREFETCH and PREFETCH_MLP == 0:
-            _prefetch_gate_up(wgu, me, WE, FF, BN_GU)
+        if PREFETCH:
+            if G <= (H + 2) * CH:  # no program was free during QKV (a small GPU): each its own tile
+                _prefetch_gate_up(wgu, me, WE, FF, BN_GU)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, TRACE, GPU)
         # 6: gate|up + GeGLU
         for u in range(me, FF // BN_GU, G):
@@ -581,7 +573,7 @@ def _expert_step_kernel(
             _geglu_store(acc, acc2, rows, row_ok, cols, col_ok, act_ptr, FF, FIX)
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 6, TRACE, GPU)
-        if PREFETCH and (PREFETCH_MLP % 2 == 1 or PREFETCH_MLP == 0):  # the span has no down weights
+        if PREFETCH:
             _prefetch_down(wd, me, WE, FF, BN_D, KS_D)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE, GPU)
         # 7: down projection, split-K partials (summed by the next phase 0)
@@ -749,12 +741,9 @@ class ExpertStepPlan:
         self.act = torch.zeros(rows, mlp_dim, **act)
         self._allocate_splits()
         # L2 prefetch of each program's next GEMM tile between arriving at the barrier before that
-        # phase and leaving it (GPU only; `_prefetch_rows`)
+        # phase and leaving it, gate|up's by the QKV phase's free programs (GPU only; `_prefetch_rows`,
+        # `_prefetch_span`)
         self.prefetch = True
-        # experimental: during QKV, the programs without a unit prefetch the layer's gate|up (1) and
-        # down (2) weights, dealt out among them, instead of each program its tile at the barrier;
-        # 3 / 4: the same as one bulk request per thread
-        self.prefetch_mlp = 0
         # one arrival counter per launch, each in its own 16-byte row
         self.barriers = torch.zeros(launches, 4, dtype=torch.int32, device=device)
         self.trace: torch.Tensor | None = None  # see `enable_trace`
@@ -911,7 +900,6 @@ class ExpertStepPlan:
             UPCAST=interp, PREC=dot_precision(self.dtype), FIX=interp and needs_rtne_fix(self.dtype),
             TRACE=self.trace is not None,
             PREFETCH=self.prefetch and self.gpu,
-            PREFETCH_MLP=self.prefetch_mlp if self.gpu else 0,
             GPU=self.gpu,
             BLOCK_W=triton.next_power_of_2(self.WE),
             UPDATE=update is not None,
