@@ -28,13 +28,14 @@ All programs must be resident at once (the barrier waits for every one): the gri
 program per SM, launched cooperatively. On the interpreter (CI) the grid is one program, which
 runs every unit of every phase in order.
 
-Measured (H200, pi0.5 expert, 50 tokens, 968 + 50 keys; docs/results/README.md): ~696 us per
-step alone, ~709 with the denoise tail, against ~950 us for the same work as separate kernels.
-Per layer (phase trace): QKV + RoPE 4.8 us, attention 8.5, gate|up 5.4-6.7, down 3.2-3.4, the
-row phases 1.7 + 1.7, combine 1.8, O 2.1, and ~1.3-1.9 us per barrier. Two things on the way
-there: the barrier's thread 0 alone polls (`_wait`; 712 against 732 us with every thread
-polling), and each program asks L2 for its next GEMM tile's weights between arriving at the
-barrier and leaving it (`_prefetch_rows`; 696 against 713-717 us). RoPE's cos / sin come from a
+Measured (H200, pi0.5 expert, 50 tokens, 968 + 50 keys; docs/results/README.md): ~682 us per
+step alone, against ~950 us for the same work as separate kernels. Per layer (phase trace): QKV +
+RoPE 5.9 us, attention 8.6, gate|up 6.1, down 3.2, the row phases 2.1 + 1.3, combine 1.9, O 2.1,
+and ~1.3-1.6 us per barrier. Three things on the way there: the barrier's thread 0 alone polls
+(`_wait`; 712 against 732 us with every thread polling); each program asks L2 for its next GEMM
+tile's weights between arriving at the barrier and leaving it (`_prefetch_rows`; 696 against
+713-717 us); and the QKV phase's free programs fetch the layer's gate|up weights into L2
+(`_prefetch_span`; 682 against 696). RoPE's cos / sin come from a
 table made once per decision (`rope_table`): computed here they cost ~1 us per layer and (Triton
 3.6) the kernel's only spills. Measured and dropped: six phases per layer, with the norms inside
 the GEMMs and the residuals closed by each column tile's last split-K arrival (871 us at its best
@@ -790,7 +791,8 @@ class ExpertStepPlan:
         return (
             f"expert step kernel: {self.grid} resident programs, {PHASES} phases per layer; tiles qkv {self.bn_qkv}x2, "
             f"o {self.bn_o}/K{self.ks_o}, gate_up {self.bn_gu}x2, down {self.bn_d}/K{self.ks_d}, "
-            f"attention {self.att_bm}x{self.att_bn} x {self.att_splits} splits"
+            f"attention {self.att_bm}x{self.att_bn} x {self.att_splits} splits; "
+            f"L2 prefetch of the next GEMM's weights {'on' if self.prefetch and self.gpu else 'off'}"
         )
 
     def step(
