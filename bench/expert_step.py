@@ -171,6 +171,7 @@ def main() -> None:
         # GEMM phases' tiles through TMA tensor descriptors 740.7 vs 733.3 (reverted). f1372d4 (7
         # rounds): attention -> combine through per-query-tile counters instead of a grid barrier
         # 729.0 vs 731.4, within the noise (traced 800.4 vs 808.0); reverted.
+        # (variants below named by settings since removed: the code is in git at their commits)
         # 27d1630 / ebab950 (7 rounds): thread 0 alone polling the barrier 712.0 / 711.9 vs 732.4 for
         # every thread (now the only GPU barrier); per-program flags polled by every thread 822.8, by
         # warp 0 908.3, thread 0 polling relaxed + one fence 743.5; L2 prefetch of the next tile
@@ -184,7 +185,7 @@ def main() -> None:
         # arriving by the programs without a unit in the phase 699.2
         # e8ae43a (7 rounds): default 696.2, without the prefetch 717.3; with it, 3 stages 707.9,
         # 5 stages 702.6, bk=64 715.3
-        dict(prefetch=False),  # without the L2 prefetch of the next GEMM tile, for scale
+        dict(prefetch=False),  # without any of the L2 weight prefetches, for scale
         # 6146caf (7 rounds): default 698.7, the MLP weights prefetched during QKV by the programs
         # without a unit: gate|up 686.7 (QKV 4.8 -> 5.9 us, gate|up 6.7 -> 6.1), + down 710.4.
         # (524bc1e's numbers for the variants are void: a wrong condition dropped the down tile's

@@ -126,13 +126,14 @@ def _prefetch_lines(ptrs):
 @triton.jit
 def _prefetch_rows(w_ptr, wrow, k_lo, stride_w, K_LEN: tl.constexpr):
     """L2 prefetch of weight rows `wrow`, columns [k_lo, k_lo + K_LEN) (2-byte elements), one
-    ``prefetch.global.L2`` per 128-byte line. Issued for the next GEMM phase's tile between
-    arriving at the barrier and leaving it (the GEMM's first loads then hit L2): 691.8-700.2
-    against 710.7-717.5 us per step in three runs of 7-9 alternating rounds (O 2.8 -> 2.0 us,
-    gate|up 6.9 -> 5.7, down 4.4 -> 3.4; the barrier before gate|up +0.8: issuing its 1024
-    lines takes longer than the wait). Measured worse: issued before arriving (707.0 vs 711.9:
-    the arrival waits for the issue), before arriving by the programs without a unit in the
-    phase (699.2 vs 695.9), one barrier earlier (708.4), as bulk requests
+    ``prefetch.global.L2`` per 128-byte line. Issued for the program's tile in the next GEMM
+    phase (QKV, O, down; gate|up where `_prefetch_span` does not run) between arriving at the
+    barrier and leaving it, so that the GEMM's first loads hit L2: 691.8-700.2 against
+    710.7-717.5 us per step in three runs of 7-9 alternating rounds (then with gate|up's tile
+    too: O 2.8 -> 2.0 us, gate|up 6.9 -> 5.7, down 4.4 -> 3.2-3.4, and the barrier before
+    gate|up +0.8, issuing its 1024 lines outlasting the wait). Measured worse: issued before
+    arriving (707.0 vs 711.9: the arrival waits for the issue), before arriving by the programs
+    without a unit in the phase (699.2 vs 695.9), one barrier earlier (708.4), as bulk requests
     (``cp.async.bulk.prefetch.L2``, one per row segment: 717.6 vs 700.2, each stalls ~1.4 us),
     and with the layer's prefix K / V rows before QKV (696.6 vs 691.8)."""
     row = w_ptr + wrow.to(tl.int64)[:, None] * stride_w + k_lo
@@ -179,7 +180,8 @@ def _prefetch_qkv(wqkv, u, WE: tl.constexpr, H: tl.constexpr, D: tl.constexpr, B
     """Unit u's QKV weight rows (phase 1): a column tile of one head and its rotate_half pair."""
     CH: tl.constexpr = (D // 2 + BN - 1) // BN
     if u < (H + 2) * CH:
-        wrow = (u // CH) * D + (u % CH) * BN + tl.arange(0, BN)
+        cols = tl.minimum((u % CH) * BN + tl.arange(0, BN), D // 2 - 1)  # a partial last tile: its rows
+        wrow = (u // CH) * D + cols
         _prefetch_rows(wqkv, wrow, 0, WE, WE)
         _prefetch_rows(wqkv, wrow + D // 2, 0, WE, WE)
 
@@ -459,6 +461,7 @@ def _expert_step_kernel(
     FIX: tl.constexpr,
     TRACE: tl.constexpr,
     PREFETCH: tl.constexpr,
+    PREFETCH_SPAN: tl.constexpr,
     GPU: tl.constexpr,
     BLOCK_W: tl.constexpr,
     UPDATE: tl.constexpr,
@@ -518,7 +521,7 @@ def _expert_step_kernel(
                 acc, acc2, u // CH, rows, row_ok, cols, col_ok, q_ptr, lk + suffix_row0 * stride_kt,
                 lv + suffix_row0 * stride_kt, rope_ptr, M, stride_kt, H, D, FIX,
             )  # fmt: skip
-        if PREFETCH:  # the programs without a QKV unit: the layer's gate|up weights into L2, shared out
+        if PREFETCH_SPAN:  # the programs without a QKV unit: the layer's gate|up weights into L2, shared out
             if me >= (H + 2) * CH:
                 _prefetch_span(wgu, 2 * FF * WE, me - (H + 2) * CH, G - (H + 2) * CH)
         arrivals += G
@@ -560,9 +563,8 @@ def _expert_step_kernel(
             )  # fmt: skip
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 5, TRACE, GPU)
-        if PREFETCH:
-            if G <= (H + 2) * CH:  # no program was free during QKV (a small GPU): each its own tile
-                _prefetch_gate_up(wgu, me, WE, FF, BN_GU)
+        if PREFETCH and not PREFETCH_SPAN:  # (with the span, fetched during QKV)
+            _prefetch_gate_up(wgu, me, WE, FF, BN_GU)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, TRACE, GPU)
         # 6: gate|up + GeGLU
         for u in range(me, FF // BN_GU, G):
@@ -745,6 +747,9 @@ class ExpertStepPlan:
         # phase and leaving it, gate|up's by the QKV phase's free programs (GPU only; `_prefetch_rows`,
         # `_prefetch_span`)
         self.prefetch = True
+        # L2 size, for `_prefetch_span` (offline builds on the meta device: the H200's 50 MB)
+        cuda = device.type == "cuda" and torch.cuda.is_available()
+        self.l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size if cuda else 50 * 2**20
         # one arrival counter per launch, each in its own 16-byte row
         self.barriers = torch.zeros(launches, 4, dtype=torch.int32, device=device)
         self.trace: torch.Tensor | None = None  # see `enable_trace`
@@ -793,6 +798,7 @@ class ExpertStepPlan:
             f"o {self.bn_o}/K{self.ks_o}, gate_up {self.bn_gu}x2, down {self.bn_d}/K{self.ks_d}, "
             f"attention {self.att_bm}x{self.att_bn} x {self.att_splits} splits; "
             f"L2 prefetch of the next GEMM's weights {'on' if self.prefetch and self.gpu else 'off'}"
+            f"{' (gate|up during QKV)' if self._prefetch_span() else ''}"
         )
 
     def step(
@@ -811,6 +817,16 @@ class ExpertStepPlan:
         args, kwargs = self.launch_args(h, w, step, *cache_and_inputs, update=update)
         _expert_step_kernel[(self.grid,)](*args, **kwargs)
         return self.x_attn
+
+    def _prefetch_span(self) -> bool:
+        """Whether the QKV phase's free programs prefetch the layer's gate|up weights
+        (`_prefetch_span`): only with enough of them (a few would each issue tens of thousands of
+        lines: then every program prefetches its own tile at the barrier before gate|up) and
+        where those weights fit in L2."""
+        qkv_units = (self.H + 2) * triton.cdiv(self.D // 2, self.bn_qkv)
+        free = self.grid - qkv_units
+        span_bytes = 2 * self.FF * self.WE * self.dtype.itemsize
+        return bool(self.prefetch and self.gpu and 4 * free >= qkv_units and span_bytes <= self.l2_bytes)
 
     def _update_chunk(self, rows: int, bw: int) -> int:
         """Columns per chunk (K chunks of the velocity, column chunks of the next input) of the
@@ -902,6 +918,7 @@ class ExpertStepPlan:
             UPCAST=interp, PREC=dot_precision(self.dtype), FIX=interp and needs_rtne_fix(self.dtype),
             TRACE=self.trace is not None,
             PREFETCH=self.prefetch and self.gpu,
+            PREFETCH_SPAN=self._prefetch_span(),
             GPU=self.gpu,
             BLOCK_W=triton.next_power_of_2(self.WE),
             UPDATE=update is not None,

@@ -121,6 +121,8 @@ def main(
                     pipelined_loops=sum(
                         "async.token" in line for line in compiled.asm["ttgir"].splitlines() if "scf.for" in line
                     ),
+                    # L2 prefetch requests in the code (the barrier-time weight prefetches)
+                    prefetches=ptx.count("prefetch.global.L2"),
                     tiles=tiles,
                     **resource_usage(compiled.asm["cubin"]),
                 )

@@ -51,6 +51,7 @@ def test_step_kernel_builds_for_hopper_and_thor() -> None:
     # specialised like the JIT's build: the four GEMM K loops and the attention loop are
     # software-pipelined (an unspecialised build pipelines the attention loop alone)
     assert results[90]["pipelined_loops"] == 5
+    assert results[90]["prefetches"] > 0  # the weight prefetches at the barriers
 
 
 def test_thor_sized_launch_builds() -> None:
@@ -67,6 +68,7 @@ def test_step_kernel_builds_at_the_tiny_shape() -> None:
     (result,) = _compile_check("--shape", "tiny", "90")
     assert result["shape"] == "tiny" and result["target"] and result["cooperative"]
     assert result["registers"] is None or 0 < result["registers"] <= 255
+    assert result["prefetches"] > 0  # the prefetches are in that build, not compiled away
 
 
 def test_traced_variant_with_other_tiles_builds() -> None:
@@ -168,11 +170,11 @@ def _kernel_inputs(inputs):
     return (*head, rope_table(pos, inv), row0)
 
 
-def _run_and_compare(shape, dtype, gated, tol, **tiles):
+def _run_and_compare(shape, dtype, gated, tol, sms=None, **tiles):
     M, W, F, H, D, L, P = shape
     h0, w, (k, v, kb, qb, pos, inv, row0) = _problem(M, W, F, H, D, L, P, dtype, gated)
     h_ref, x_ref, k_ref, v_ref = expert_step_ref(h0, w, 1, k, v, kb, qb, pos, inv, row0, 1e-6)
-    plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), dtype)
+    plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), dtype, sm_count=sms)
     plan.set_tiles(**tiles)
     h = h0.clone()
     x = plan.step(h, w, 1, k, v, kb, qb, rope_table(pos, inv), row0, 0, 1e-6)
@@ -232,6 +234,31 @@ def test_set_tiles_refuses_unknown_settings() -> None:
 @pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
 def test_step_kernel_matches_reference_gpu_real_shapes(gated) -> None:
     _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, gated, None)
+
+
+@pytest.mark.gpu
+def test_step_kernel_on_a_small_grid_gpu_real_shapes() -> None:
+    """20 programs, Jetson Thor's SM count: each program walks several units of every phase,
+    and no program is free during QKV, so gate|up's weights are prefetched per tile."""
+    _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, True, None, sms=20)
+
+
+def test_gate_up_span_prefetch_only_with_enough_free_programs() -> None:
+    """The QKV phase's free programs fetch gate|up's weights only when there are enough of them
+    (80 QKV units: the H200's 52 free do it, 2 or 4 free do not) and the weights fit in L2."""
+
+    def plan(sms: int) -> ExpertStepPlan:
+        meta = torch.device("meta")
+        return ExpertStepPlan(50, 1024, 4096, 8, 256, 1, meta, torch.bfloat16, gpu=True, sm_count=sms)
+
+    assert plan(132)._prefetch_span()
+    assert not plan(82)._prefetch_span() and not plan(20)._prefetch_span()
+    small_l2 = plan(132)
+    small_l2.set_tiles(l2_bytes=8 * 2**20)  # 16.8 MB of gate|up weights per layer do not fit
+    assert not small_l2._prefetch_span()
+    off = plan(132)
+    off.set_tiles(prefetch=False)
+    assert not off._prefetch_span()
 
 
 def _run_with_update(shape, dtype, pi05: bool, A: int, tol, **tiles) -> None:
