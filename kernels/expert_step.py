@@ -747,9 +747,12 @@ class ExpertStepPlan:
         # phase and leaving it, gate|up's by the QKV phase's free programs (GPU only; `_prefetch_rows`,
         # `_prefetch_span`)
         self.prefetch = True
-        # L2 size, for `_prefetch_span` (offline builds on the meta device: the H200's 50 MB)
+        # L2 size, for `_prefetch_span` (offline builds on the meta device, or a torch build that
+        # does not report it: the H200's 50 MB)
+        h200_l2 = 50 * 2**20
         cuda = device.type == "cuda" and torch.cuda.is_available()
-        self.l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size if cuda else 50 * 2**20
+        props = torch.cuda.get_device_properties(device) if cuda else None
+        self.l2_bytes = int(getattr(props, "L2_cache_size", h200_l2) or h200_l2)
         # one arrival counter per launch, each in its own 16-byte row
         self.barriers = torch.zeros(launches, 4, dtype=torch.int32, device=device)
         self.trace: torch.Tensor | None = None  # see `enable_trace`
