@@ -187,10 +187,11 @@ def _prefetch_qkv(wqkv, u, WE: tl.constexpr, H: tl.constexpr, D: tl.constexpr, B
 
 
 @triton.jit
-def _prefetch_o(wo, u, WE: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, KS: tl.constexpr):
-    """Unit u's O weight tile (phase 4): BN output rows x one K split."""
-    if u < (WE // BN) * (K // KS):
-        _prefetch_rows(wo, (u % (WE // BN)) * BN + tl.arange(0, BN), (u // (WE // BN)) * KS, K, KS)
+def _prefetch_split_k(w, u, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, KS: tl.constexpr):
+    """Unit u's weight tile in a split-K phase (O: phase 4, down: phase 7), as
+    `_split_k_partials` maps it: BN output rows x one K split of KS."""
+    if u < (N // BN) * (K // KS):
+        _prefetch_rows(w, (u % (N // BN)) * BN + tl.arange(0, BN), (u // (N // BN)) * KS, K, KS)
 
 
 @triton.jit
@@ -199,13 +200,6 @@ def _prefetch_gate_up(wgu, u, WE: tl.constexpr, FF: tl.constexpr, BN: tl.constex
     if u < FF // BN:
         _prefetch_rows(wgu, u * BN + tl.arange(0, BN), 0, WE, WE)
         _prefetch_rows(wgu, u * BN + tl.arange(0, BN) + FF, 0, WE, WE)
-
-
-@triton.jit
-def _prefetch_down(wd, u, WE: tl.constexpr, FF: tl.constexpr, BN: tl.constexpr, KS: tl.constexpr):
-    """Unit u's down weight tile (phase 7): BN output rows x one K split."""
-    if u < (WE // BN) * (FF // KS):
-        _prefetch_rows(wd, (u % (WE // BN)) * BN + tl.arange(0, BN), (u // (WE // BN)) * KS, FF, KS)
 
 
 @triton.jit
@@ -547,7 +541,7 @@ def _expert_step_kernel(
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 3, TRACE, GPU)
         if PREFETCH:
-            _prefetch_o(wo, me, WE, H * D, BN_O, KS_O)
+            _prefetch_split_k(wo, me, WE, H * D, BN_O, KS_O)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 3, pid, TRACE, GPU)
         # 4: O projection, split-K partials
         for u in range(me, (WE // BN_O) * (H * D // KS_O), G):
@@ -577,7 +571,7 @@ def _expert_step_kernel(
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 6, TRACE, GPU)
         if PREFETCH:
-            _prefetch_down(wd, me, WE, FF, BN_D, KS_D)
+            _prefetch_split_k(wd, me, WE, FF, BN_D, KS_D)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE, GPU)
         # 7: down projection, split-K partials (summed by the next phase 0)
         for u in range(me, (WE // BN_D) * (FF // KS_D), G):
