@@ -44,13 +44,14 @@ SHAPES = {
 }
 
 
-def real_shape_launch(
+def shape_launch(
     trace: bool = False,
     tiles: dict[str, int] | None = None,
     with_update: bool = True,
     sms: int = 132,
     shape: str = "pi05",
 ) -> tuple[tuple, dict]:
+    """The step kernel's launch arguments for one of SHAPES, on meta tensors."""
     M, W, F, H, D, L, P = SHAPES[shape]
     meta, bf16 = torch.device("meta"), torch.bfloat16
     plan = ExpertStepPlan(M, W, F, H, D, 10, meta, bf16, gpu=True, sm_count=sms)
@@ -94,7 +95,7 @@ def resource_usage(cubin: bytes) -> dict[str, int | None]:
 def main(
     archs: list[int], trace: bool, tiles: dict[str, int], with_update: bool, sms: int = 132, shape: str = "pi05"
 ) -> None:
-    args, kwargs = real_shape_launch(trace, tiles, with_update, sms, shape)
+    args, kwargs = shape_launch(trace, tiles, with_update, sms, shape)
     for arch in archs:
         t0 = time.perf_counter()
         try:
