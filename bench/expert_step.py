@@ -186,9 +186,6 @@ def main() -> None:
         # e8ae43a (7 rounds): default 696.2, without the prefetch 717.3; with it, 3 stages 707.9,
         # 5 stages 702.6, bk=64 715.3
         dict(prefetch=False),  # without any of the L2 weight prefetches, for scale
-        dict(prefetch_schedule=1),  # next/prefetch-schedule: gate|up's head in the row phase before QKV
-        dict(prefetch_schedule=2),  # down's weights by combine's and the row phase's free programs
-        dict(prefetch_schedule=3),
         # 6146caf (7 rounds): default 698.7, the MLP weights prefetched during QKV by the programs
         # without a unit: gate|up 686.7 (QKV 4.8 -> 5.9 us, gate|up 6.7 -> 6.1), + down 710.4.
         # (524bc1e's numbers for the variants are void: a wrong condition dropped the down tile's

@@ -456,7 +456,6 @@ def _expert_step_kernel(
     TRACE: tl.constexpr,
     PREFETCH: tl.constexpr,
     PREFETCH_SPAN: tl.constexpr,
-    SCHEDULE: tl.constexpr,
     GPU: tl.constexpr,
     BLOCK_W: tl.constexpr,
     UPDATE: tl.constexpr,
@@ -490,19 +489,12 @@ def _expert_step_kernel(
         lv = v_ptr + l64 * stride_kl
         wqkv = wqkv_ptr + l64 * ((H + 2) * D * WE)
         lnorm = layer * WE
-        GU: tl.constexpr = 2 * FF * WE  # a layer's gate|up and down weights (elements)
-        DN: tl.constexpr = WE * FF
-        GU_HEAD: tl.constexpr = GU // 4 if SCHEDULE % 2 == 1 else 0  # gate|up's part fetched in phase 0
-        DN_HEAD: tl.constexpr = DN // 4  # down's part fetched during combine (SCHEDULE bit 2)
         # 0: close the previous layer's MLP residual, norm for attention
         for row in range(me, M, G):
             _residual_norm_row(
                 row, h_ptr, part_d_ptr, g2_ptr + lnorm - WE, m1_ptr + lnorm, s1_ptr + lnorm, xa_ptr, eps, layer > 0,
                 WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
             )  # fmt: skip
-        if SCHEDULE % 2 == 1:  # the row phase's free programs: the head of gate|up's weights
-            if me >= M:
-                _prefetch_span(wgu_ptr + l64 * GU, GU_HEAD, me - M, G - M)
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 0, TRACE, GPU)
         if PREFETCH:
@@ -525,7 +517,7 @@ def _expert_step_kernel(
             )  # fmt: skip
         if PREFETCH_SPAN:  # the programs without a QKV unit: the layer's gate|up weights into L2, shared out
             if me >= (H + 2) * CH:
-                _prefetch_span(wgu + GU_HEAD, GU - GU_HEAD, me - (H + 2) * CH, G - (H + 2) * CH)
+                _prefetch_span(wgu, 2 * FF * WE, me - (H + 2) * CH, G - (H + 2) * CH)
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 1, TRACE, GPU)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 1, pid, TRACE, GPU)
@@ -546,9 +538,6 @@ def _expert_step_kernel(
                 u // n_cd, u % n_cd, zero, ws_acc_ptr, ws_m_ptr, ws_l_ptr, attn_ptr, M * H, H,
                 0, H * D, D, D, ATT_SPLITS, FIX, CB_M, CB_DC, ATT_BS, ".cg",
             )  # fmt: skip
-        if SCHEDULE // 2 == 1:  # combine's free programs: the head of down's weights
-            if me >= n_cm * n_cd:
-                _prefetch_span(wd, DN_HEAD, me - n_cm * n_cd, G - n_cm * n_cd)
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 3, TRACE, GPU)
         if PREFETCH:
@@ -566,9 +555,6 @@ def _expert_step_kernel(
                 row, h_ptr, part_o_ptr, g1_ptr + lnorm, m2_ptr + lnorm, s2_ptr + lnorm, xm_ptr, eps, layer >= 0,
                 WE, H * D // KS_O, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
             )  # fmt: skip
-        if SCHEDULE // 2 == 1:  # the row phase's free programs: the rest of down's weights
-            if me >= M:
-                _prefetch_span(wd + DN_HEAD, DN - DN_HEAD, me - M, G - M)
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 5, TRACE, GPU)
         if PREFETCH and not PREFETCH_SPAN:  # (with the span, fetched during QKV)
@@ -584,7 +570,7 @@ def _expert_step_kernel(
             _geglu_store(acc, acc2, rows, row_ok, cols, col_ok, act_ptr, FF, FIX)
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 6, TRACE, GPU)
-        if PREFETCH and SCHEDULE // 2 == 0:
+        if PREFETCH:
             _prefetch_split_k(wd, me, WE, FF, BN_D, KS_D)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE, GPU)
         # 7: down projection, split-K partials (summed by the next phase 0)
@@ -755,7 +741,6 @@ class ExpertStepPlan:
         # phase and leaving it, gate|up's by the QKV phase's free programs (GPU only; `_prefetch_rows`,
         # `_prefetch_span`)
         self.prefetch = True
-        self.prefetch_schedule = 0  # experimental, see `_prefetch_schedule`
         # L2 size, for `_prefetch_span` (offline builds on the meta device, or a torch build that
         # does not report it: the H200's 50 MB)
         h200_l2 = 50 * 2**20
@@ -839,19 +824,6 @@ class ExpertStepPlan:
         free = self.grid - qkv_units
         span_bytes = 2 * self.FF * self.WE * self.dtype.itemsize
         return bool(self.prefetch and self.gpu and 4 * free >= qkv_units and span_bytes <= self.l2_bytes)
-
-    def _prefetch_schedule(self) -> int:
-        """Experimental (next/prefetch-schedule): more of the weight prefetch on free programs.
-        Bit 1: a quarter of gate|up's weights by the free programs of the row phase before QKV
-        (with the span). Bit 2: down's weights by combine's free programs (a quarter) and the row
-        phase before gate|up's (the rest), instead of per tile at the barrier before down."""
-        if not (self.prefetch and self.gpu) or self.grid <= self.M:
-            return 0
-        bits = self.prefetch_schedule & (1 if self._prefetch_span() else 0)
-        combine_units = triton.cdiv(self.M * self.H, self.cb_m) * (self.D // self.cb_dc)
-        if self.grid > combine_units:
-            bits |= self.prefetch_schedule & 2
-        return bits
 
     def _update_chunk(self, rows: int, bw: int) -> int:
         """Columns per chunk (K chunks of the velocity, column chunks of the next input) of the
@@ -944,7 +916,6 @@ class ExpertStepPlan:
             TRACE=self.trace is not None,
             PREFETCH=self.prefetch and self.gpu,
             PREFETCH_SPAN=self._prefetch_span(),
-            SCHEDULE=self._prefetch_schedule(),
             GPU=self.gpu,
             BLOCK_W=triton.next_power_of_2(self.WE),
             UPDATE=update is not None,
