@@ -228,3 +228,29 @@ def test_prefix_attention_tiles_setting(monkeypatch):
     monkeypatch.setattr(fused_mod, "PREFIX_ATTENTION_TILES", "128x32,w8")
     with pytest.raises(ValueError, match="PREFIX_ATTENTION_TILES '128x32,w8': expected BMxBN"):
         _run_fused(model, x, torch.float32)
+
+
+def test_prefix_mlp_setting(monkeypatch):
+    """`PREFIX_MLP` (bench/fused_ab.py's hook): the gate|up GEMM with the GeGLU epilogue
+    (kernels/gate_up_geglu.py) or cuBLAS + geglu run the prefix's MLP to the same chunk, the log
+    line says which, and an invalid value is refused by name before anything runs."""
+    import flashrt_ros.policies.fused as fused_mod
+
+    model = tiny_model("pi05", seed=6).to(DEVICE)
+    x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1, valid_tokens=20).items()}
+    calls = []
+    real = fused_mod.gate_up_geglu
+    monkeypatch.setattr(fused_mod, "gate_up_geglu", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    chunks = {}
+    for value in ("cublas", "triton"):
+        monkeypatch.setattr(fused_mod, "PREFIX_MLP", value)
+        fused, chunks[value] = _run_fused(model, x, torch.float32)
+        fused_kernel = value == "triton" and fused_mod.supports_gate_up_geglu(fused.device)
+        assert ("GeGLU epilogue" in fused.describe()) == fused_kernel
+        assert bool(calls) == fused_kernel
+    # the prefix's last layer stops after its K/V: depth - 1 fused MLPs per decision
+    assert not calls or len(calls) % (model.cfg.prefix.depth - 1) == 0
+    torch.testing.assert_close(chunks["triton"], chunks["cublas"], rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(fused_mod, "PREFIX_MLP", "cutlass")
+    with pytest.raises(ValueError, match="PREFIX_MLP 'cutlass': expected 'triton' or 'cublas'"):
+        _run_fused(model, x, torch.float32)
