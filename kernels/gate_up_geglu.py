@@ -1,13 +1,16 @@
 """Gemma's gate|up GEMM with the GeGLU in its epilogue: ``gelu_tanh(x @ Wg.T) * (x @ Wu.T)``.
 
 The prefix LM's MLP as cuBLAS + `kernels.geglu` writes the [T, 2F] gate|up product (63 MB at
-968 rows) and reads it back; here each tile keeps its gate and up accumulators in registers
-(the same columns of both halves of the [gate; up] weight, two TMA loads per K step) and stores
-only the [T, F] product: half the output bytes, no second pass. Measured on the H200 at the
-prefix's shape (968 x 2048 -> 2 x 16384, cold weights, `bench/gate_up_geglu.py`): 194.6 us
-per layer against 202-203 us for cuBLAS + GeGLU. A persistent grid (one program per SM walking
-the tiles, GROUP_M row tiles together so a weight tile is read once from HBM) on TMA
-descriptors, so sm_90+ only (Hopper, Blackwell, Jetson Thor); older GPUs keep cuBLAS + GeGLU.
+968 rows) and reads it back; here each tile keeps gate and up of the same columns in one
+accumulator and stores only their [T, F] product: half the output bytes, no second pass. For
+that the weight is laid out once at load (`interleave_gate_up`): blocks of `block` gate rows,
+each followed by the same rows of up, so one [2 * block, K] weight tile and one MMA per K step
+give both halves. Measured on the H200 at the prefix's shape (968 x 2048 -> 2 x 16384, cold
+weights, `bench/gate_up_geglu.py`; 128 x 256 x 64 tiles, 4 stages, 8 warps, persistent):
+194.6 us per layer against 202-203 us for cuBLAS + GeGLU; the same maths as two separate
+128-column MMAs on the un-interleaved weight took 245 us. A persistent grid (one program per SM
+walking the tiles, GROUP_M row tiles together so that a weight tile is read once from HBM) on
+TMA descriptors, so sm_90+ only (Hopper, Blackwell, Jetson Thor); older GPUs keep cuBLAS + GeGLU.
 Numerics: fp32 accumulators, GeGLU in fp32, one rounding at the store (the two-kernel path
 rounds the gate|up product to the run dtype first).
 """
@@ -22,7 +25,7 @@ from ._common import check_out, dot_precision, is_interpreting, needs_rtne_fix, 
 from .geglu import geglu_ref
 from .gelu import gelu_tanh
 
-__all__ = ["gate_up_geglu", "gate_up_geglu_ref", "supports_gate_up_geglu"]
+__all__ = ["gate_up_geglu", "gate_up_geglu_ref", "interleave_block", "interleave_gate_up", "supports_gate_up_geglu"]
 
 
 @triton.jit
@@ -51,25 +54,45 @@ def _gate_up_geglu_kernel(
     PREC: tl.constexpr,
     FIX_Y: tl.constexpr,
 ):
-    n_m, n_n = tl.cdiv(M, BM), tl.cdiv(F, BH)
+    n_m, n_n = tl.cdiv(M, BM), F // BH
     for t in tl.range(tl.program_id(0), n_m * n_n, NUM_PROGS, flatten=True):
         pm, pn = _tile(t, n_m, n_n, GROUP_M)
-        acc_g = tl.zeros([BM, BH], dtype=tl.float32)
-        acc_u = tl.zeros([BM, BH], dtype=tl.float32)
+        acc = tl.zeros([BM, 2 * BH], dtype=tl.float32)
         for k in range(0, KD, BK):
             a = x_desc.load([pm * BM, k])
-            # gate rows past F (a ragged last tile) read up rows: they only feed columns >= F,
-            # which the store clips; rows past 2F read zeros
-            wg = w_desc.load([pn * BH, k])
-            wu = w_desc.load([F + pn * BH, k])
+            w = w_desc.load([pn * 2 * BH, k])  # BH gate rows, then the same BH rows of up
             if UPCAST:  # the interpreter's bf16 dot is wrong (Triton 3.9): fp32 there
-                a, wg, wu = a.to(tl.float32), wg.to(tl.float32), wu.to(tl.float32)
-            acc_g = tl.dot(a, wg.T, acc_g, input_precision=PREC)
-            acc_u = tl.dot(a, wu.T, acc_u, input_precision=PREC)
-        y = gelu_tanh(acc_g) * acc_u
+                a, w = a.to(tl.float32), w.to(tl.float32)
+            acc = tl.dot(a, w.T, acc, input_precision=PREC)
+        g, u = tl.split(acc.reshape(BM, 2, BH).permute(0, 2, 1))
+        y = gelu_tanh(g) * u
         if FIX_Y:
             y = round_bf16_rtne(y)
         y_desc.store([pm * BM, pn * BH], y.to(y_desc.dtype))
+
+
+def interleave_block(F: int, device: torch.device) -> int:
+    """The layout block for an MLP of width F: 128 on a GPU (the 128 x 256 tiles measured
+    fastest), else the largest power of two <= 64 that divides F; 0 where F has no block of
+    at least 16 (tl.dot's minimum) or the fused kernel cannot run: use cuBLAS + geglu there."""
+    if not supports_gate_up_geglu(device):
+        return 0
+    want = 64 if is_interpreting() or device.type != "cuda" else 128
+    block = want
+    while block >= 16 and F % block:
+        block //= 2
+    return block if block >= 16 else 0
+
+
+def interleave_gate_up(w_gu: torch.Tensor, block: int) -> torch.Tensor:
+    """[gate; up] rows ([2F, K]) -> blocks of `block` gate rows, each followed by the same rows
+    of up: the layout `gate_up_geglu` (and `geglu(..., interleave=block)`) read."""
+    two_f, kd = w_gu.shape
+    F = two_f // 2
+    if two_f % 2 or block <= 0 or F % block:
+        raise ValueError(f"w_gu [{two_f}, {kd}]: expected 2F rows with F a multiple of block {block}")
+    g, u = w_gu.view(2, F // block, block, kd).unbind(0)
+    return torch.stack((g, u), dim=1).reshape(two_f, kd).contiguous()
 
 
 def supports_gate_up_geglu(device: torch.device) -> bool:
@@ -79,29 +102,31 @@ def supports_gate_up_geglu(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def _launch_settings(M: int, F: int, KD: int, elem: int, device: torch.device) -> dict[str, int]:
-    """BM, BH (columns of each half), BK, stages, warps, programs. GPU: 128 x (128 + 128) x 64
-    tiles on 8 warps with 4 stages (192 KB of operand stages + the 32 KB output tile: within
-    the 227 KB of Hopper / Blackwell / Thor; fewer stages where there is less), one program
-    per SM. Interpreter: small tiles, one program per tile."""
+def _launch_settings(M: int, F: int, KD: int, bh: int, elem: int, device: torch.device) -> dict[str, int]:
+    """BM, BK, stages, warps, programs for column tiles of `bh` (the layout's block). GPU:
+    128 x (2 x 128) x 64 tiles on 8 warps with 4 stages (192 KB of operand stages + the 32 KB
+    output tile: within the 227 KB of Hopper / Blackwell / Thor; fewer stages where there is
+    less), one program per SM. Interpreter: small tiles, one program per tile."""
     if is_interpreting() or device.type != "cuda":
-        bm, bh, bk = (min(64, max(16, triton.next_power_of_2(n))) for n in (M, F, KD))
-        return dict(BM=bm, BH=bh, BK=bk, num_stages=1, num_warps=4, programs=triton.cdiv(M, bm) * triton.cdiv(F, bh))
+        bm, bk = (min(64, max(16, triton.next_power_of_2(n))) for n in (M, KD))
+        return dict(BM=bm, BK=bk, num_stages=1, num_warps=4, programs=triton.cdiv(M, bm) * (F // bh))
     props = torch.cuda.get_device_properties(device)
     smem = int(getattr(props, "shared_memory_per_block_optin", 0) or 0) or 227 * 1024
-    bm, bh, bk = 128, 128, 64
+    bm, bk = 128, 64
     stage, y_tile = (bm + 2 * bh) * bk * elem, bm * bh * elem
     stages = max(1, min(4, (smem - y_tile) // stage))
-    tiles = triton.cdiv(M, bm) * triton.cdiv(F, bh)
-    return dict(BM=bm, BH=bh, BK=bk, num_stages=stages, num_warps=8, programs=min(props.multi_processor_count, tiles))
+    tiles = triton.cdiv(M, bm) * (F // bh)
+    return dict(BM=bm, BK=bk, num_stages=stages, num_warps=8, programs=min(props.multi_processor_count, tiles))
 
 
-def _check(x: torch.Tensor, w_gu: torch.Tensor) -> tuple[int, int, int]:
+def _check(x: torch.Tensor, w_gu: torch.Tensor, block: int) -> tuple[int, int, int]:
     if x.dim() != 2 or w_gu.dim() != 2:
         raise ValueError(f"x must be [T, K] and w_gu [2F, K], got {tuple(x.shape)} and {tuple(w_gu.shape)}")
     (M, KD), (two_f, kw) = x.shape, w_gu.shape
-    if kw != KD or two_f % 2:
-        raise ValueError(f"w_gu must be [2F, {KD}] (gate rows, then up rows), got {tuple(w_gu.shape)}")
+    if kw != KD or two_f % 2 or block < 16 or (two_f // 2) % block:
+        raise ValueError(
+            f"w_gu must be [2F, {KD}] interleaved in blocks of {block} (>= 16, dividing F), got {tuple(w_gu.shape)}"
+        )
     if x.dtype != w_gu.dtype or x.device != w_gu.device:
         raise ValueError(f"x and w_gu differ: {x.dtype} on {x.device} vs {w_gu.dtype} on {w_gu.device}")
     elem = x.element_size()
@@ -111,36 +136,37 @@ def _check(x: torch.Tensor, w_gu: torch.Tensor) -> tuple[int, int, int]:
     return M, two_f // 2, KD
 
 
-def gate_up_geglu(x: torch.Tensor, w_gu: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``gelu_tanh(x @ w_gu[:F].T) * (x @ w_gu[F:].T)`` -> [T, F] in x's dtype.
+def gate_up_geglu(x: torch.Tensor, w_gu: torch.Tensor, block: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``gelu_tanh(x @ Wg.T) * (x @ Wu.T)`` -> [T, F] in x's dtype.
 
     Args:
         x: [T, K] rows (normed hidden states), contiguous rows of a multiple of 16 bytes.
-        w_gu: [2F, K], gate rows then up rows (Gemma's gate_proj and up_proj concatenated).
+        w_gu: [2F, K] from `interleave_gate_up(cat(gate_proj, up_proj), block)`.
+        block: the layout's block (also the tile's column count).
         out: optional static [T, F] buffer (same row rules).
     """
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    M, F, KD = _check(x, w_gu)
+    M, F, KD = _check(x, w_gu, block)
     if out is None:
         out = x.new_empty(M, F)
     check_out(out, (M, F), x.device)
     if out.stride(1) != 1 or (out.stride(0) * out.element_size()) % 16 or out.data_ptr() % 16:
         raise ValueError("out must have contiguous rows of a multiple of 16 bytes, 16-byte aligned")
-    if M == 0 or F == 0:
+    if M == 0:
         return out
-    s = _launch_settings(M, F, KD, x.element_size(), x.device)
-    bm, bh, bk = s["BM"], s["BH"], s["BK"]
+    s = _launch_settings(M, F, KD, block, x.element_size(), x.device)
+    bm, bk = s["BM"], s["BK"]
     _gate_up_geglu_kernel[(s["programs"],)](
         TensorDescriptor.from_tensor(x, [bm, bk]),
-        TensorDescriptor.from_tensor(w_gu, [bh, bk]),
-        TensorDescriptor.from_tensor(out, [bm, bh]),
+        TensorDescriptor.from_tensor(w_gu, [2 * block, bk]),
+        TensorDescriptor.from_tensor(out, [bm, block]),
         M,
         F,
         KD,
         s["programs"],
         BM=bm,
-        BH=bh,
+        BH=block,
         BK=bk,
         GROUP_M=8,
         UPCAST=is_interpreting() and x.dtype != torch.float32,
@@ -153,5 +179,6 @@ def gate_up_geglu(x: torch.Tensor, w_gu: torch.Tensor, out: torch.Tensor | None 
 
 
 def gate_up_geglu_ref(x: torch.Tensor, w_gu: torch.Tensor) -> torch.Tensor:
-    """HF ``GemmaMLP`` up to the down projection, in fp32: geglu(x @ w_gu.T), cast back."""
+    """HF ``GemmaMLP`` up to the down projection, in fp32, on the plain [gate; up] weight
+    (not interleaved): geglu(x @ w_gu.T), cast back."""
     return geglu_ref(x.float() @ w_gu.float().T).to(x.dtype)

@@ -29,30 +29,41 @@ def _geglu_kernel(
     stride_y,
     FIX_Y: tl.constexpr,
     BLOCK_F: tl.constexpr,
+    INTERLEAVE: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     mask = cols < F
     base = gu_ptr + row * stride_gu
-    gate = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(base + F + cols, mask=mask, other=0.0).to(tl.float32)
+    if INTERLEAVE > 0:  # blocks of INTERLEAVE gate columns, then the same columns of up
+        g_col = (cols // INTERLEAVE) * (2 * INTERLEAVE) + cols % INTERLEAVE
+        u_col = g_col + INTERLEAVE
+    else:
+        g_col, u_col = cols, F + cols
+    gate = tl.load(base + g_col, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(base + u_col, mask=mask, other=0.0).to(tl.float32)
     y = gelu_tanh(gate) * up
     if FIX_Y:
         y = round_bf16_rtne(y)
     tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def geglu(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def geglu(gate_up: torch.Tensor, out: torch.Tensor | None = None, interleave: int = 0) -> torch.Tensor:
     """``gelu_tanh(gate_up[..., :F]) * gate_up[..., F:]`` -> [..., F].
 
     Args:
         gate_up: [..., 2F] output of the fused gate|up GEMM (gate first), last dim contiguous.
         out: optional static [..., F] buffer.
+        interleave: 0, or the block of a GEMM output whose weight was laid out by
+            `kernels.gate_up_geglu.interleave_gate_up` (blocks of `interleave` gate columns,
+            each followed by the same columns of up; F a multiple of it).
     """
     two_f = gate_up.shape[-1]
     if two_f % 2:
         raise ValueError(f"gate_up's last dim must be even (gate | up), got {two_f}")
     F = two_f // 2
+    if interleave < 0 or (interleave and F % interleave):
+        raise ValueError(f"interleave {interleave}: expected 0 or a block that divides F = {F}")
     gu2 = rows_2d(gate_up, "gate_up")
     shape = (*gate_up.shape[:-1], F)
     if out is None:
@@ -69,6 +80,7 @@ def geglu(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
             y2.stride(0),
             FIX_Y=needs_rtne_fix(y2.dtype),
             BLOCK_F=block,
+            INTERLEAVE=interleave,
             num_warps=4,
         )
     return out

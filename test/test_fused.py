@@ -245,11 +245,11 @@ def test_prefix_mlp_setting(monkeypatch):
     for value in ("cublas", "triton"):
         monkeypatch.setattr(fused_mod, "PREFIX_MLP", value)
         fused, chunks[value] = _run_fused(model, x, torch.float32)
-        fused_kernel = value == "triton" and fused_mod.supports_gate_up_geglu(fused.device)
+        fused_kernel = value == "triton" and fused.mlp_block > 0
         assert ("GeGLU epilogue" in fused.describe()) == fused_kernel
         assert bool(calls) == fused_kernel
     # the prefix's last layer stops after its K/V: depth - 1 fused MLPs per decision
-    assert not calls or len(calls) % (model.cfg.prefix.depth - 1) == 0
+    assert fused.mlp_block > 0 and len(calls) % (model.cfg.prefix.depth - 1) == 0
     torch.testing.assert_close(chunks["triton"], chunks["cublas"], rtol=1e-5, atol=1e-5)
     monkeypatch.setattr(fused_mod, "PREFIX_MLP", "cutlass")
     with pytest.raises(ValueError, match="PREFIX_MLP 'cutlass': expected 'triton' or 'cublas'"):

@@ -4,7 +4,13 @@ import pytest
 import torch
 from kernel_fixtures import DEVICE, TOL
 
-from kernels.gate_up_geglu import gate_up_geglu, gate_up_geglu_ref, supports_gate_up_geglu
+from kernels.gate_up_geglu import (
+    gate_up_geglu,
+    gate_up_geglu_ref,
+    interleave_block,
+    interleave_gate_up,
+    supports_gate_up_geglu,
+)
 
 pytestmark = pytest.mark.skipif(
     DEVICE == "cuda" and not supports_gate_up_geglu(torch.device("cuda")), reason="needs sm_90+ (TMA)"
@@ -18,13 +24,17 @@ def _operands(T: int, K: int, F: int, dtype: torch.dtype, seed: int) -> tuple[to
     return x, w
 
 
+def _fused(x: torch.Tensor, w: torch.Tensor, block: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    return gate_up_geglu(x, interleave_gate_up(w, block), block, out=out)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("T,K,F", [(1, 16, 16), (37, 40, 48), (70, 128, 96), (129, 64, 200)])
-def test_gate_up_geglu_matches_reference(T: int, K: int, F: int, dtype: torch.dtype) -> None:
-    """Ragged rows, K and F (tiles of 16-64 on the interpreter): clipped stores, zero-filled
-    loads, and gate tiles that run into the up rows all land on the reference."""
+@pytest.mark.parametrize("T,K,F,block", [(1, 16, 16, 16), (37, 40, 48, 16), (70, 128, 96, 32), (129, 64, 192, 64)])
+def test_gate_up_geglu_matches_reference(T: int, K: int, F: int, block: int, dtype: torch.dtype) -> None:
+    """Ragged rows and K (row tiles of 16-64 on the interpreter): clipped stores and
+    zero-filled loads land on the reference computed from the plain [gate; up] weight."""
     x, w = _operands(T, K, F, dtype, seed=T + K + F)
-    y = gate_up_geglu(x, w)
+    y = _fused(x, w, block)
     assert y.shape == (T, F) and y.dtype == dtype
     want = gate_up_geglu_ref(x, w)
     torch.testing.assert_close(y.float(), want.float(), **TOL[dtype])
@@ -34,47 +44,62 @@ def test_gate_up_geglu_writes_the_static_buffer_only_in_its_rows() -> None:
     x, w = _operands(20, 32, 48, torch.float32, seed=1)
     big = torch.full((24, 48), 7.0, device=DEVICE)
     out = big[:20]
-    assert gate_up_geglu(x, w, out=out) is out
+    assert _fused(x, w, 16, out=out) is out
     torch.testing.assert_close(out, gate_up_geglu_ref(x, w), **TOL[torch.float32])
     assert bool((big[20:] == 7.0).all())  # rows past T untouched
 
 
 def test_gate_up_geglu_equals_gemm_then_geglu_kernel() -> None:
-    """The same maths as the two-kernel path it replaces (F.linear, then kernels.geglu)."""
+    """The same maths as the two-kernel path it replaces (the GEMM, then kernels.geglu), on
+    the plain weight and on the interleaved one (what the fused path's cuBLAS variant runs)."""
     from kernels.geglu import geglu
 
     x, w = _operands(33, 64, 80, torch.float32, seed=3)
-    torch.testing.assert_close(gate_up_geglu(x, w), geglu(x @ w.T), **TOL[torch.float32])
+    wi = interleave_gate_up(w, 16)
+    torch.testing.assert_close(gate_up_geglu(x, wi, 16), geglu(x @ w.T), **TOL[torch.float32])
+    torch.testing.assert_close(geglu(x @ wi.T, interleave=16), geglu(x @ w.T), **TOL[torch.float32])
+
+
+def test_interleave_layout_and_block_choice() -> None:
+    w = torch.arange(8.0).repeat_interleave(2).view(8, 2)  # rows 0..7: gate 0..3, up 4..7
+    assert interleave_gate_up(w, 2)[:, 0].tolist() == [0, 1, 4, 5, 2, 3, 6, 7]
+    with pytest.raises(ValueError, match="F a multiple of block 3"):
+        interleave_gate_up(w, 3)
+    dev = torch.device(DEVICE)
+    big = 128 if DEVICE == "cuda" else 64
+    assert interleave_block(16384, dev) == big and interleave_block(48, dev) == 16
+    assert interleave_block(40, dev) == 0  # no power-of-two block >= 16 divides 40
 
 
 @pytest.mark.parametrize(
     "x_shape,w_shape,match",
     [
-        ((4, 32), (63, 32), r"w_gu must be \[2F, 32\]"),
-        ((4, 32), (64, 16), r"w_gu must be \[2F, 32\]"),
-        ((4, 6), (8, 6), "multiple of 16 bytes"),
+        ((4, 32), (63, 32), r"w_gu must be \[2F, 32\] interleaved"),
+        ((4, 32), (64, 16), r"w_gu must be \[2F, 32\] interleaved"),
+        ((4, 32), (48, 32), r"in blocks of 16 \(>= 16, dividing F\)"),
+        ((4, 6), (64, 6), "multiple of 16 bytes"),
         ((4, 32, 1), (64, 32), r"x must be \[T, K\]"),
     ],
 )
 def test_gate_up_geglu_rejects_bad_operands(x_shape, w_shape, match) -> None:
     x, w = torch.zeros(x_shape, device=DEVICE), torch.zeros(w_shape, device=DEVICE)
     with pytest.raises(ValueError, match=match):
-        gate_up_geglu(x, w)
+        gate_up_geglu(x, w, 16)
 
 
 def test_gate_up_geglu_rejects_mixed_dtypes_and_bad_out() -> None:
     x, w = _operands(4, 32, 16, torch.float32, seed=5)
     with pytest.raises(ValueError, match="x and w_gu differ"):
-        gate_up_geglu(x, w.to(torch.bfloat16))
+        gate_up_geglu(x, w.to(torch.bfloat16), 16)
     with pytest.raises(ValueError, match="out has shape"):
-        gate_up_geglu(x, w, out=torch.empty(4, 17, device=DEVICE))
+        gate_up_geglu(x, w, 16, out=torch.empty(4, 17, device=DEVICE))
 
 
 @pytest.mark.gpu
 def test_gate_up_geglu_gpu_real_shape() -> None:
     """The prefix LM's MLP input at 3 views (968 rows, 2048 -> 2 x 16384), bf16."""
     x, w = _operands(968, 2048, 16384, torch.bfloat16, seed=7)
-    y = gate_up_geglu(x, w)
+    y = _fused(x, w, 128)
     want = gate_up_geglu_ref(x, w).float()
     torch.testing.assert_close(y.float(), want, **TOL[torch.bfloat16])
     cos = torch.nn.functional.cosine_similarity(y.float().flatten(), want.flatten(), dim=0)

@@ -37,7 +37,7 @@ from kernels.attention import attention
 from kernels.denoise_update import DenoiseUpdate
 from kernels.euler import euler_step
 from kernels.expert_step import ExpertStepPlan, ExpertWeights, rope_table
-from kernels.gate_up_geglu import gate_up_geglu, supports_gate_up_geglu
+from kernels.gate_up_geglu import gate_up_geglu, interleave_block, interleave_gate_up
 from kernels.geglu import geglu
 from kernels.gelu import bias_gelu
 from kernels.layer_norm import layer_norm
@@ -201,6 +201,11 @@ class FusedPi0:
             self.embed = model.prefix_lm.embed_tokens.weight.detach().to(dtype)
             self.embed_scale = float(torch.tensor(math.sqrt(cfg.prefix.width), dtype=dtype))
             self.prefix_layers = [_gemma(layer, dtype) for layer in model.prefix_lm.layers]
+            # the prefix's gate|up rows interleaved in blocks (kernels/gate_up_geglu.py) where its
+            # fused GEMM can run: both PREFIX_MLP paths read that layout (0: plain [gate; up])
+            self.mlp_block = interleave_block(cfg.prefix.mlp_dim, dev)
+            for w in self.prefix_layers if self.mlp_block else ():
+                w.gate_up = interleave_gate_up(w.gate_up, self.mlp_block)
             self.expert_layers = [_gemma(layer, dtype) for layer in model.expert.layers]
             self.final_norm = f32(model.expert.norm.weight) if not cfg.uses_adarms else None
             self.action_in = (f32(model.action_in_proj.weight), f32(model.action_in_proj.bias))
@@ -454,12 +459,15 @@ class FusedPi0:
             q = self._qkv_into_cache(i, x, w, positions, spec, rows)
             a = attention(q, self.prefix_k[i, rows], self.prefix_v[i, rows], key_blocks=kb, **tiles)
             x, h = rms_norm(F.linear(a.view(a.shape[0], -1), w.o), w.norm_post, eps, residual=h, num_warps=nw)
-            act = gate_up_geglu(x, w.gate_up) if self._prefix_mlp_fused() else geglu(F.linear(x, w.gate_up))
+            if self._prefix_mlp_fused():
+                act = gate_up_geglu(x, w.gate_up, self.mlp_block)
+            else:
+                act = geglu(F.linear(x, w.gate_up), interleave=self.mlp_block)
             mlp_out = F.linear(act, w.down)
 
     def _prefix_mlp_fused(self) -> bool:
-        """Whether the prefix LM's gate|up GEMM carries the GeGLU (PREFIX_MLP, where TMA exists)."""
-        return PREFIX_MLP == "triton" and supports_gate_up_geglu(self.device)
+        """Whether the prefix LM's gate|up GEMM carries the GeGLU (PREFIX_MLP, where it can run)."""
+        return PREFIX_MLP == "triton" and self.mlp_block > 0
 
     def _qkv_into_cache(
         self, layer: int, x: Tensor, w: GemmaW, positions: Tensor, spec, rows: slice, kv_only: bool = False
