@@ -5,7 +5,7 @@ over rounds, each checked against cuBLAS + geglu. GPU only.
 
     python bench/gate_up_geglu.py [--rounds 5] [--layers 2] [--out DIR]
 
-Measured and dropped (2026-12-01, docs/results/gate_up_geglu_20261201_043735.json): the GeGLU's
+Measured and dropped (2026-12-01, 0bb12f1, docs/results/gate_up_geglu_20261201_043735.json): the GeGLU's
 programs in other orders (row-major from the top or bottom, column blocks from the right:
 201.6-208.3 vs 203.0 us, noise), and other tiles of the fused GEMM (gate / up interleaved in one
 256-wide tile): 128 x 256 x 64 with 4 stages on 8 warps, persistent, 194.6 us; 3 stages 197.2;

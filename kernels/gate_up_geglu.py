@@ -25,7 +25,14 @@ from ._common import check_out, dot_precision, is_interpreting, needs_rtne_fix, 
 from .geglu import geglu_ref
 from .gelu import gelu_tanh
 
-__all__ = ["gate_up_geglu", "gate_up_geglu_ref", "interleave_block", "interleave_gate_up", "supports_gate_up_geglu"]
+__all__ = [
+    "compile_offline",
+    "gate_up_geglu",
+    "gate_up_geglu_ref",
+    "interleave_block",
+    "interleave_gate_up",
+    "supports_gate_up_geglu",
+]
 
 
 @triton.jit
@@ -182,3 +189,24 @@ def gate_up_geglu_ref(x: torch.Tensor, w_gu: torch.Tensor) -> torch.Tensor:
     """HF ``GemmaMLP`` up to the down projection, in fp32, on the plain [gate; up] weight
     (not interleaved): geglu(x @ w_gu.T), cast back."""
     return geglu_ref(x.float() @ w_gu.float().T).to(x.dtype)
+
+
+def compile_offline(arch: int, block: int = 128, smem: int = 227 * 1024):
+    """Build the GPU launch's kernel (bf16, `block` columns, the stages `_launch_settings`
+    picks for `smem` bytes) for CUDA `arch` without a GPU, e.g. 90 (H200) or 110 (Jetson Thor):
+    what CI can check of targets it has no device for. Returns Triton's compiled kernel."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    bm, bk, elem = 128, 64, 2
+    stages = max(1, min(4, (smem - bm * block * elem) // ((bm + 2 * block) * bk * elem)))
+    desc = lambda rows, cols: f"tensordesc<bf16[{rows}, {cols}]>"  # noqa: E731
+    signature = dict(x_desc=desc(bm, bk), w_desc=desc(2 * block, bk), y_desc=desc(bm, block))
+    signature.update(M="i32", F="i32", KD="i32", NUM_PROGS="i32")
+    constexprs = dict(BM=bm, BH=block, BK=bk, GROUP_M=8, UPCAST=False, PREC="tf32", FIX_Y=False)
+    signature.update({name: "constexpr" for name in constexprs})
+    return triton.compile(
+        ASTSource(_gate_up_geglu_kernel, signature, constexprs=constexprs),
+        target=GPUTarget("cuda", arch, 64),
+        options=dict(num_warps=8, num_stages=stages),
+    )
