@@ -73,9 +73,10 @@ for part in "${parts[@]}"; do
       python3 bench/profile_fused.py --policy pi05 --views 3 --out "$OUT" 2>&1 | tee "$OUT/profile.log" || status=1
       ;;
     micro)
-      step "Pipeline pieces at their shapes: row norms per warps, prefix MLP whole vs in chunks"
+      step "Pipeline pieces at their shapes: row norms per warps, prefix MLP whole vs in chunks, gate|up + GeGLU fused vs cuBLAS"
       python3 bench/row_norms.py --out "$OUT" 2>&1 | tee "$OUT/row_norms.log" || status=1
       python3 bench/prefix_mlp.py --out "$OUT" 2>&1 | tee "$OUT/prefix_mlp.log" || status=1
+      python3 bench/gate_up_geglu.py --out "$OUT" 2>&1 | tee "$OUT/gate_up_geglu.log" || status=1
       ;;
     experiments)
       step "Candidates: step kernel attention tiles, GEMM layouts at the prefix shapes, prefix attention tiles in place"
