@@ -27,6 +27,7 @@ from .gelu import gelu_tanh
 
 __all__ = [
     "compile_offline",
+    "deinterleave_gate_up",
     "gate_up_geglu",
     "gate_up_geglu_ref",
     "interleave_block",
@@ -92,14 +93,25 @@ def interleave_block(F: int, device: torch.device) -> int:
 
 
 def interleave_gate_up(w_gu: torch.Tensor, block: int) -> torch.Tensor:
-    """[gate; up] rows ([2F, K]) -> blocks of `block` gate rows, each followed by the same rows
-    of up: the layout `gate_up_geglu` (and `geglu(..., interleave=block)`) read."""
-    two_f, kd = w_gu.shape
+    """[..., 2F, K] ([gate; up] rows; leading dims such as layers) -> blocks of `block` gate rows,
+    each followed by the same rows of up: the layout `gate_up_geglu`, `geglu(..., interleave=)`
+    and the step kernel's gate|up phase read."""
+    *lead, two_f, kd = w_gu.shape
     F = two_f // 2
     if two_f % 2 or block <= 0 or F % block:
-        raise ValueError(f"w_gu [{two_f}, {kd}]: expected 2F rows with F a multiple of block {block}")
-    g, u = w_gu.view(2, F // block, block, kd).unbind(0)
-    return torch.stack((g, u), dim=1).reshape(two_f, kd).contiguous()
+        raise ValueError(f"w_gu [..., {two_f}, {kd}]: expected 2F rows with F a multiple of block {block}")
+    g, u = w_gu.reshape(*lead, 2, F // block, block, kd).unbind(-4)
+    return torch.stack((g, u), dim=-3).reshape(*lead, two_f, kd).contiguous()
+
+
+def deinterleave_gate_up(w_int: torch.Tensor, block: int) -> torch.Tensor:
+    """The inverse of `interleave_gate_up`: back to [gate; up] rows."""
+    *lead, two_f, kd = w_int.shape
+    F = two_f // 2
+    if two_f % 2 or block <= 0 or F % block:
+        raise ValueError(f"w [..., {two_f}, {kd}]: expected 2F rows with F a multiple of block {block}")
+    pairs = w_int.reshape(*lead, F // block, 2, block, kd)
+    return torch.stack(pairs.unbind(-3), dim=-4).reshape(*lead, two_f, kd).contiguous()
 
 
 def supports_gate_up_geglu(device: torch.device) -> bool:

@@ -64,6 +64,7 @@ def shape_launch(
         torch.empty(L, 2 * F, W, dtype=bf16, device=meta), torch.empty(L, W, F, dtype=bf16, device=meta),
         vec, vec, vec, vec, vec, vec, fin, fin,
     )  # fmt: skip
+    w = plan.lay_out(w)
     cache = torch.empty(L, P + M, D, dtype=bf16, device=meta)
     i32 = dict(dtype=torch.int32, device=meta)
     h = torch.empty(M, W, dtype=bf16, device=meta)

@@ -97,8 +97,8 @@ def test_attention_units_fill_the_grid_once(rows: int, sms: int) -> None:
                       e(1, W, dtype=torch.float32), e(1, W, dtype=torch.float32))  # fmt: skip
     i32 = torch.int32
     _, kw = plan.launch_args(
-        e(rows, W), w, 0, e(L, P + rows, D), e(L, P + rows, D), e(P + rows, dtype=i32), e(rows, dtype=i32),
-        e(2, rows, D // 2, dtype=torch.float32), P, 0, 1e-6,
+        e(rows, W), plan.lay_out(w), 0, e(L, P + rows, D), e(L, P + rows, D), e(P + rows, dtype=i32),
+        e(rows, dtype=i32), e(2, rows, D // 2, dtype=torch.float32), P, 0, 1e-6,
     )  # fmt: skip
     tiles = -(-rows * H // kw["ATT_BM"])
     assert kw["ATT_BM"] == 16 and kw["ATT_SPLITS"] == plan.att_splits
@@ -121,7 +121,7 @@ def test_rope_table_is_cos_sin_of_position_times_frequency_and_checked() -> None
     plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), torch.float32)
     for bad in (pos, rope_table(pos, inv).double(), rope_table(pos[:-1], inv)):
         with pytest.raises(ValueError, match=rf"rope must be rope_table\(...\)'s contiguous float32 \[2, {M}, 8\]"):
-            plan.step(h0.clone(), w, 1, k, v, kb, qb, bad, row0, 0, 1e-6)
+            plan.step(h0.clone(), plan.lay_out(w), 1, k, v, kb, qb, bad, row0, 0, 1e-6)
 
 
 def test_phase_times_decodes_the_trace() -> None:
@@ -177,7 +177,7 @@ def _run_and_compare(shape, dtype, gated, tol, sms=None, **tiles):
     plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), dtype, sm_count=sms)
     plan.set_tiles(**tiles)
     h = h0.clone()
-    x = plan.step(h, w, 1, k, v, kb, qb, rope_table(pos, inv), row0, 0, 1e-6)
+    x = plan.step(h, plan.lay_out(w), 1, k, v, kb, qb, rope_table(pos, inv), row0, 0, 1e-6)
     assert torch.equal(k[:, :row0], k_ref[:, :row0]) and torch.equal(v[:, :row0], v_ref[:, :row0])  # prefix kept
     suffix = slice(row0, row0 + M)
     _assert_all_close([(h, h_ref), (x, x_ref), (k[:, suffix], k_ref[:, suffix]), (v[:, suffix], v_ref[:, suffix])], tol)
@@ -221,7 +221,7 @@ def test_step_refuses_a_slot_outside_the_plan() -> None:
     h0, w, inputs = _problem(M, W, F, H, D, 2, P, torch.float32, gated=True)
     plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), torch.float32)
     with pytest.raises(ValueError, match="slot 1 outside the plan's 1 launches"):
-        plan.step(h0.clone(), w, 1, *_kernel_inputs(inputs), 1, 1e-6)
+        plan.step(h0.clone(), plan.lay_out(w), 1, *_kernel_inputs(inputs), 1, 1e-6)
 
 
 def test_set_tiles_refuses_unknown_settings() -> None:
@@ -280,7 +280,7 @@ def _run_with_update(shape, dtype, pi05: bool, A: int, tol, **tiles) -> None:
     h, x = h0.clone(), x0.clone()
     nxt = h if pi05 else torch.zeros(HA, W, device=DEVICE)
     update = DenoiseUpdate(x, w_out, b_out, -0.1, w_in, b_in, nxt, silu=not pi05)
-    y = plan.step(h, w, 1, k, v, kb, qb, rope_table(pos, inv), row0, 0, 1e-6, update=update)
+    y = plan.step(h, plan.lay_out(w), 1, k, v, kb, qb, rope_table(pos, inv), row0, 0, 1e-6, update=update)
     pairs = [(y, y_ref), (x, x_ref), (nxt, nxt_ref)]
     if not pi05:
         pairs.append((h, h_ref))  # pi0.5's h now holds the next input
@@ -316,9 +316,8 @@ def test_denoise_tail_of_the_last_step(chunks) -> None:
     plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), torch.float32)
     plan.set_tiles(update_chunks=chunks)
     h, x = h0.clone(), x0.clone()
-    y = plan.step(
-        h, w, 1, k, v, kb, qb, rope_table(pos, inv), row0, 0, 1e-6, update=DenoiseUpdate(x, w_out, b_out, -0.1)
-    )
+    laid, update = plan.lay_out(w), DenoiseUpdate(x, w_out, b_out, -0.1)
+    y = plan.step(h, laid, 1, k, v, kb, qb, rope_table(pos, inv), row0, 0, 1e-6, update=update)
     _assert_all_close([(y, y_ref), (x, x_ref), (h, h_ref)], dict(atol=1e-4, rtol=1e-4))
 
 
@@ -349,13 +348,12 @@ def test_step_kernel_refuses_an_update_with_more_rows() -> None:
     h0, w, inputs = _problem(M, W, F, H, D, L, P, torch.float32, gated=True)
     plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), torch.float32)
     z = lambda *s: torch.zeros(*s, device=DEVICE)  # noqa: E731
-    update = DenoiseUpdate(z(M + 1, 4), z(4, W), z(4), -0.1)
+    update, laid = DenoiseUpdate(z(M + 1, 4), z(4, W), z(4), -0.1), plan.lay_out(w)
     with pytest.raises(ValueError, match="11 action rows, the step 10 rows"):
-        plan.step(h0.clone(), w, 1, *_kernel_inputs(inputs), 0, 1e-6, update=update)
+        plan.step(h0.clone(), laid, 1, *_kernel_inputs(inputs), 0, 1e-6, update=update)
+    update = DenoiseUpdate(z(M, 4), z(4, W + 1), z(4), -0.1)
     with pytest.raises(ValueError, match=r"w_out / b_out must be \[4, 32\]"):
-        plan.step(
-            h0.clone(), w, 1, *_kernel_inputs(inputs), 0, 1e-6, update=DenoiseUpdate(z(M, 4), z(4, W + 1), z(4), -0.1)
-        )
+        plan.step(h0.clone(), laid, 1, *_kernel_inputs(inputs), 0, 1e-6, update=update)
 
 
 @pytest.mark.gpu
@@ -363,3 +361,26 @@ def test_step_kernel_refuses_an_update_with_more_rows() -> None:
 def test_step_kernel_with_denoise_update_gpu_real_shapes(pi05) -> None:
     M = 50 if pi05 else 51
     _run_with_update((M, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, pi05, A=32, tol=None)
+
+
+def test_weights_must_be_laid_out_for_the_plan() -> None:
+    """The kernel reads gate|up interleaved in blocks of the plan's bn_gu (`lay_out`, once at
+    load): plain weights, or a layout for other tiles, are refused by name; `lay_out` is a no-op
+    on weights already laid out for the plan and keeps the plain rows recoverable (the reference
+    reads those)."""
+    M, W, F, H, D, P = 10, 32, 64, 4, 16, 24
+    h0, w, inputs = _problem(M, W, F, H, D, 2, P, torch.float32, gated=True)
+    plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), torch.float32)
+    with pytest.raises(ValueError, match=rf"blocks of 0 \(0: plain\).*bn_gu={plan.bn_gu}: pass plan.lay_out"):
+        plan.step(h0.clone(), w, 1, *_kernel_inputs(inputs), 0, 1e-6)
+    laid = plan.lay_out(w)
+    assert laid.gu_block == plan.bn_gu and plan.lay_out(laid) is laid
+    assert not torch.equal(laid.gate_up, w.gate_up) and torch.equal(laid.plain_gate_up(), w.gate_up)
+    plan.set_tiles(bn_gu=plan.bn_gu // 2)
+    with pytest.raises(ValueError, match=rf"blocks of {laid.gu_block} .*bn_gu={plan.bn_gu}"):
+        plan.step(h0.clone(), laid, 1, *_kernel_inputs(inputs), 0, 1e-6)
+    # laid out again for the new tiles, the kernel matches the reference
+    h_ref, x_ref, _, _ = expert_step_ref(h0, laid, 1, *inputs[:4], *inputs[4:], 1e-6)
+    h = h0.clone()
+    plan.step(h, plan.lay_out(laid), 1, *_kernel_inputs(inputs), 0, 1e-6)
+    torch.testing.assert_close(h, h_ref, atol=1e-4, rtol=1e-4)

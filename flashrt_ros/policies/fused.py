@@ -280,7 +280,8 @@ class FusedPi0:
             attn = per_step([1 + w.norm_in for w in self.expert_layers])
             mlp = per_step([1 + w.norm_post for w in self.expert_layers])
             norms = (attn, None, None, mlp, None, None, torch.stack([1 + self.final_norm] * n), None)
-        return ExpertWeights(stacks["qkv"], stacks["o"], stacks["gate_up"], stacks["down"], *norms)
+        w = ExpertWeights(stacks["qkv"], stacks["o"], stacks["gate_up"], stacks["down"], *norms)
+        return self.step_plan.lay_out(w)  # gate|up interleaved for the kernel's one-MMA tiles
 
     def _allocate(self, dev: torch.device) -> None:
         cfg = self.cfg
