@@ -80,9 +80,10 @@ def _gate_up_geglu_kernel(
 
 
 def interleave_block(F: int, device: torch.device) -> int:
-    """The layout block for an MLP of width F: 128 on a GPU (the 128 x 256 tiles measured
-    fastest), else the largest power of two <= 64 that divides F; 0 where F has no block of
-    at least 16 (tl.dot's minimum) or the fused kernel cannot run: use cuBLAS + geglu there."""
+    """The layout block for an MLP of width F: the largest power of two that divides F, at most
+    128 on a GPU (the 128 x 256 tiles measured fastest) and 64 on the interpreter; 0 where F
+    has no block of at least 16 (tl.dot's minimum) or the fused kernel cannot run (below sm_90):
+    use cuBLAS + geglu there."""
     if not supports_gate_up_geglu(device):
         return 0
     want = 64 if is_interpreting() or device.type != "cuda" else 128
@@ -114,11 +115,31 @@ def deinterleave_gate_up(w_int: torch.Tensor, block: int) -> torch.Tensor:
     return torch.stack(pairs.unbind(-3), dim=-4).reshape(*lead, two_f, kd).contiguous()
 
 
+# The GPU tiles: 128 rows x (2 x block) weight rows x 64 of K per stage
+BM_GPU, BK_GPU = 128, 64
+MIN_SMEM = 200 * 1024  # the measured launch wants ~224 KB; GPUs with less keep cuBLAS + geglu
+
+
 def supports_gate_up_geglu(device: torch.device) -> bool:
-    """TMA descriptors: sm_90+ on CUDA; everywhere under the interpreter."""
+    """TMA descriptors (sm_90+) and room for the measured tiles' stages (Hopper, datacenter
+    Blackwell, Jetson Thor: 227 KB; not consumer Blackwell's 99 KB); everywhere under the
+    interpreter."""
     if is_interpreting():
         return True
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
+        return False
+    return _smem(device) >= MIN_SMEM
+
+
+def _smem(device: torch.device) -> int:
+    props = torch.cuda.get_device_properties(device)
+    return int(getattr(props, "shared_memory_per_block_optin", 0) or 0) or 227 * 1024
+
+
+def _stages(smem: int, bh: int, elem: int) -> int:
+    """Operand stages that fit beside the output tile (at most 4: measured best on the H200)."""
+    stage, y_tile = (BM_GPU + 2 * bh) * BK_GPU * elem, BM_GPU * bh * elem
+    return max(1, min(4, (smem - y_tile) // stage))
 
 
 def _launch_settings(M: int, F: int, KD: int, bh: int, elem: int, device: torch.device) -> dict[str, int]:
@@ -129,20 +150,19 @@ def _launch_settings(M: int, F: int, KD: int, bh: int, elem: int, device: torch.
     if is_interpreting() or device.type != "cuda":
         bm, bk = (min(64, max(16, triton.next_power_of_2(n))) for n in (M, KD))
         return dict(BM=bm, BK=bk, num_stages=1, num_warps=4, programs=triton.cdiv(M, bm) * (F // bh))
-    props = torch.cuda.get_device_properties(device)
-    smem = int(getattr(props, "shared_memory_per_block_optin", 0) or 0) or 227 * 1024
-    bm, bk = 128, 64
-    stage, y_tile = (bm + 2 * bh) * bk * elem, bm * bh * elem
-    stages = max(1, min(4, (smem - y_tile) // stage))
-    tiles = triton.cdiv(M, bm) * (F // bh)
-    return dict(BM=bm, BK=bk, num_stages=stages, num_warps=8, programs=min(props.multi_processor_count, tiles))
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    tiles = triton.cdiv(M, BM_GPU) * (F // bh)
+    stages = _stages(_smem(device), bh, elem)
+    return dict(BM=BM_GPU, BK=BK_GPU, num_stages=stages, num_warps=8, programs=min(sms, tiles))
 
 
 def _check(x: torch.Tensor, w_gu: torch.Tensor, block: int) -> tuple[int, int, int]:
     if x.dim() != 2 or w_gu.dim() != 2:
         raise ValueError(f"x must be [T, K] and w_gu [2F, K], got {tuple(x.shape)} and {tuple(w_gu.shape)}")
     (M, KD), (two_f, kw) = x.shape, w_gu.shape
-    if kw != KD or two_f % 2 or block < 16 or (two_f // 2) % block:
+    if block not in (16, 32, 64, 128):
+        raise ValueError(f"block {block}: expected 16, 32, 64 or 128 (a tile's column count; see interleave_block)")
+    if kw != KD or two_f % 2 or (two_f // 2) % block:
         raise ValueError(
             f"w_gu must be [2F, {KD}] interleaved in blocks of {block} (>= 16, dividing F), got {tuple(w_gu.shape)}"
         )
@@ -170,6 +190,8 @@ def gate_up_geglu(x: torch.Tensor, w_gu: torch.Tensor, block: int, out: torch.Te
     if out is None:
         out = x.new_empty(M, F)
     check_out(out, (M, F), x.device)
+    if out.dtype != x.dtype:
+        raise ValueError(f"out is {out.dtype}, expected x's {x.dtype}")
     if out.stride(1) != 1 or (out.stride(0) * out.element_size()) % 16 or out.data_ptr() % 16:
         raise ValueError("out must have contiguous rows of a multiple of 16 bytes, 16-byte aligned")
     if M == 0:
@@ -210,8 +232,7 @@ def compile_offline(arch: int, block: int = 128, smem: int = 227 * 1024):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    bm, bk, elem = 128, 64, 2
-    stages = max(1, min(4, (smem - bm * block * elem) // ((bm + 2 * block) * bk * elem)))
+    bm, bk, stages = BM_GPU, BK_GPU, _stages(smem, block, 2)
     desc = lambda rows, cols: f"tensordesc<bf16[{rows}, {cols}]>"  # noqa: E731
     signature = dict(x_desc=desc(bm, bk), w_desc=desc(2 * block, bk), y_desc=desc(bm, block))
     signature.update(M="i32", F="i32", KD="i32", NUM_PROGS="i32")

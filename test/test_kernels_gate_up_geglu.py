@@ -87,12 +87,23 @@ def test_gate_up_geglu_rejects_bad_operands(x_shape, w_shape, match) -> None:
         gate_up_geglu(x, w, 16)
 
 
-def test_gate_up_geglu_rejects_mixed_dtypes_and_bad_out() -> None:
-    x, w = _operands(4, 32, 16, torch.float32, seed=5)
+def test_gate_up_geglu_rejects_mixed_dtypes_bad_out_and_blocks() -> None:
+    x, w = _operands(4, 32, 48, torch.float32, seed=5)
     with pytest.raises(ValueError, match="x and w_gu differ"):
         gate_up_geglu(x, w.to(torch.bfloat16), 16)
     with pytest.raises(ValueError, match="out has shape"):
-        gate_up_geglu(x, w, 16, out=torch.empty(4, 17, device=DEVICE))
+        gate_up_geglu(x, w, 16, out=torch.empty(4, 47, device=DEVICE))
+    with pytest.raises(ValueError, match="out is torch.bfloat16, expected x's torch.float32"):
+        gate_up_geglu(x, w, 16, out=torch.empty(4, 48, device=DEVICE, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="block 24: expected 16, 32, 64 or 128"):
+        gate_up_geglu(x, w, 24)
+
+
+def test_geglu_interleave_must_divide_the_width() -> None:
+    from kernels.geglu import geglu
+
+    with pytest.raises(ValueError, match="interleave 32: expected 0 or a block that divides F = 48"):
+        geglu(torch.zeros(2, 96, device=DEVICE), interleave=32)
 
 
 @pytest.mark.gpu
@@ -114,8 +125,10 @@ tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin
 for arch in (90, 110):
     try:
         c = compile_offline(arch)
-    except Exception as exc:  # an older Triton whose ptxas does not know sm_110
-        print(json.dumps(dict(arch=arch, error=str(exc).splitlines()[-1][:200])))
+    except Exception as exc:  # only an older Triton whose ptxas does not know sm_110 is excused
+        if "is not defined for option 'gpu-name'" not in str(exc):
+            raise
+        print(json.dumps(dict(arch=arch, unsupported_by_ptxas=str(exc).splitlines()[-1][:200])))
         continue
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(c.asm["cubin"])
@@ -142,9 +155,9 @@ def test_gpu_launch_builds_for_hopper_and_thor() -> None:
     run = subprocess.run([sys.executable, "-c", _BUILD], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     results = {r["arch"]: r for r in map(json.loads, run.stdout.splitlines())}
-    assert "error" not in results[90], results[90]
+    assert set(results) == {90, 110} and "unsupported_by_ptxas" not in results[90]
     for r in results.values():
-        if "error" in r and r["arch"] == 110:
+        if "unsupported_by_ptxas" in r:
             continue  # Triton 3.6's ptxas (the H200 box's) predates sm_110
         assert r["target"] and 0 < r["shared"] <= 227 * 1024
         assert r["registers"] is None or 0 < r["registers"] <= 255

@@ -152,12 +152,17 @@ def test_reset_service(running):
     from std_srvs.srv import Trigger
 
     node, peer = running
+    # counters well above what a fresh start shows, so that seeing them low again means a reset
+    assert peer.pump(10.0, until=lambda: bool(peer.statuses) and peer.statuses[-1].decisions >= 6)
     response = peer.call(Trigger, f"{peer.namespace}/{NODE}/reset", Trigger.Request())
     assert response.success and "chunk ids restart at 1" in response.message
     t0 = time.monotonic()
-    start = len(peer.chunks)
-    assert peer.pump(5.0, until=lambda: any(c.chunk_id == 1 for c in peer.chunks[start:]))
-    fresh = [s for s in peer.statuses if s.decisions <= 2]
-    assert fresh, "no status with the counters back at zero"
+    start, status_start = len(peer.chunks), len(peer.statuses)
+
+    def fresh() -> list:  # statuses since the reset with the counters back near zero (5 Hz vs 10 Hz decisions)
+        return [s for s in peer.statuses[status_start:] if s.decisions <= 3]
+
+    # wait for both: the chunk ids restarting and a status published after the reset
+    assert peer.pump(5.0, until=lambda: any(c.chunk_id == 1 for c in peer.chunks[start:]) and bool(fresh()))
     assert time.monotonic() - t0 < 5.0
     peer.assert_chunks_from_good_data()

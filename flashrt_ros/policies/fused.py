@@ -280,8 +280,15 @@ class FusedPi0:
             attn = per_step([1 + w.norm_in for w in self.expert_layers])
             mlp = per_step([1 + w.norm_post for w in self.expert_layers])
             norms = (attn, None, None, mlp, None, None, torch.stack([1 + self.final_norm] * n), None)
-        w = ExpertWeights(stacks["qkv"], stacks["o"], stacks["gate_up"], stacks["down"], *norms)
-        return self.step_plan.lay_out(w)  # gate|up interleaved for the kernel's one-MMA tiles
+        # gate|up interleaved for the kernel's one-MMA tiles; the per-layer views follow the new
+        # layout (`velocity` reads it through `expert_gu_block`), so the old stack is freed
+        laid = self.step_plan.lay_out(
+            ExpertWeights(stacks["qkv"], stacks["o"], stacks["gate_up"], stacks["down"], *norms)
+        )
+        for i, w in enumerate(self.expert_layers):
+            w.gate_up = laid.gate_up[i]
+        self.expert_gu_block = laid.gu_block
+        return laid
 
     def _allocate(self, dev: torch.device) -> None:
         cfg = self.cfg
@@ -309,6 +316,7 @@ class FusedPi0:
         # the expert's pass of a step as one persistent launch (kernels/expert_step.py), where it fits
         e = cfg.expert
         self.step_plan = None
+        self.expert_gu_block = 0  # the expert's gate|up layout (kernels/gate_up_geglu.py; 0: plain)
         try:
             if e.num_kv_heads != 1:
                 raise ValueError(f"it needs one KV head, the expert has {e.num_kv_heads}")
@@ -560,7 +568,7 @@ class FusedPi0:
                 query_blocks=self.query_blocks,
             )
             x_n, h, gate = self._norm(step, i, 1, h, F.linear(a.view(a.shape[0], -1), w.o), gate_in, w.norm_post)
-            mlp_out = F.linear(geglu(F.linear(x_n, w.gate_up)), w.down)
+            mlp_out = F.linear(geglu(F.linear(x_n, w.gate_up), interleave=self.expert_gu_block), w.down)
         y, _, _ = self._norm(step, None, 0, h, mlp_out, gate, self.final_norm)
         return F.linear(y[-cfg.horizon :].float(), *self.action_out)
 
