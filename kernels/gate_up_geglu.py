@@ -7,7 +7,7 @@ that the weight is laid out once at load (`interleave_gate_up`): blocks of `bloc
 each followed by the same rows of up, so one [2 * block, K] weight tile and one MMA per K step
 give both halves. Measured on the H200 at the prefix's shape (968 x 2048 -> 2 x 16384, cold
 weights, `bench/gate_up_geglu.py`; 128 x 256 x 64 tiles, 4 stages, 8 warps, persistent):
-194.6 us per layer against 202-203 us for cuBLAS + GeGLU; the same maths as two separate
+183.5 us per layer against 199.7 us for cuBLAS + GeGLU; the same maths as two separate
 128-column MMAs on the un-interleaved weight took 245 us. A persistent grid (one program per SM
 walking the tiles, GROUP_M row tiles together so that a weight tile is read once from HBM) on
 TMA descriptors, so sm_90+ only (Hopper, Blackwell, Jetson Thor); older GPUs keep cuBLAS + GeGLU.

@@ -2,7 +2,8 @@
 
 What changes against the reference (and why it is exact or where it rounds):
 * weights re-laid out once at load: Q|K|V in one matrix, gate|up in one, everything in the
-  run dtype (bf16); in the prefix each sub-layer is one cuBLAS GEMM plus one Triton epilogue;
+  run dtype (bf16); in the prefix each sub-layer is one cuBLAS GEMM plus one Triton epilogue,
+  except the LM's gate|up, one Triton GEMM with the GeGLU in its epilogue (PREFIX_MLP);
 * the action expert's pass of a denoise step (all layers + the final norm) is ONE persistent
   launch (`kernels/expert_step.py`; weights stacked over layers) where the suffix fits its
   64-row tile, which is every real pi0 / pi0.5 config; otherwise (`velocity`) the per-op path;
@@ -76,7 +77,8 @@ PREFIX_NORM_WARPS: int | None = None
 PREFIX_ATTENTION_TILES: str | None = None
 # The prefix LM's gate|up GEMM + GeGLU: "triton" (one GEMM with the GeGLU in its epilogue,
 # kernels/gate_up_geglu.py; sm_90+, else cuBLAS) or "cublas" (cuBLAS GEMM, then kernels/geglu.py).
-# H200, 968 rows, cold weights: 194.6 vs 202-203 us per layer (bench/gate_up_geglu.py)
+# H200: 183.5 vs 199.7 us per layer alone (968 rows, cold weights, bench/gate_up_geglu.py), the
+# captured prefix stage 8.247 vs 8.342 ms (bench/fused_ab.py, 5 alternating rounds, noisy)
 PREFIX_MLP = "triton"
 
 
