@@ -93,14 +93,20 @@ def interleave_block(F: int, device: torch.device) -> int:
     return block if block >= 16 else 0
 
 
+def _half_in_blocks(w: torch.Tensor, block: int) -> int:
+    """F of a [..., 2F, K] gate|up weight, checked to be a multiple of `block`."""
+    two_f, kd = w.shape[-2:]
+    if two_f % 2 or block <= 0 or (two_f // 2) % block:
+        raise ValueError(f"w_gu [..., {two_f}, {kd}]: expected 2F rows with F a multiple of block {block}")
+    return two_f // 2
+
+
 def interleave_gate_up(w_gu: torch.Tensor, block: int) -> torch.Tensor:
     """[..., 2F, K] ([gate; up] rows; leading dims such as layers) -> blocks of `block` gate rows,
     each followed by the same rows of up: the layout `gate_up_geglu`, `geglu(..., interleave=)`
     and the step kernel's gate|up phase read."""
     *lead, two_f, kd = w_gu.shape
-    F = two_f // 2
-    if two_f % 2 or block <= 0 or F % block:
-        raise ValueError(f"w_gu [..., {two_f}, {kd}]: expected 2F rows with F a multiple of block {block}")
+    F = _half_in_blocks(w_gu, block)
     g, u = w_gu.reshape(*lead, 2, F // block, block, kd).unbind(-4)
     return torch.stack((g, u), dim=-3).reshape(*lead, two_f, kd).contiguous()
 
@@ -108,9 +114,7 @@ def interleave_gate_up(w_gu: torch.Tensor, block: int) -> torch.Tensor:
 def deinterleave_gate_up(w_int: torch.Tensor, block: int) -> torch.Tensor:
     """The inverse of `interleave_gate_up`: back to [gate; up] rows."""
     *lead, two_f, kd = w_int.shape
-    F = two_f // 2
-    if two_f % 2 or block <= 0 or F % block:
-        raise ValueError(f"w [..., {two_f}, {kd}]: expected 2F rows with F a multiple of block {block}")
+    F = _half_in_blocks(w_int, block)
     pairs = w_int.reshape(*lead, F // block, 2, block, kd)
     return torch.stack(pairs.unbind(-3), dim=-4).reshape(*lead, two_f, kd).contiguous()
 
@@ -156,6 +160,13 @@ def _launch_settings(M: int, F: int, KD: int, bh: int, elem: int, device: torch.
     return dict(BM=BM_GPU, BK=BK_GPU, num_stages=stages, num_warps=8, programs=min(sms, tiles))
 
 
+def _check_tma_rows(name: str, t: torch.Tensor) -> None:
+    """What a TMA descriptor needs of a 2-D operand: unit inner stride, rows of a multiple of 16
+    bytes, a 16-byte aligned base."""
+    if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
+        raise ValueError(f"{name} must have contiguous rows of a multiple of 16 bytes, 16-byte aligned")
+
+
 def _check(x: torch.Tensor, w_gu: torch.Tensor, block: int) -> tuple[int, int, int]:
     if x.dim() != 2 or w_gu.dim() != 2:
         raise ValueError(f"x must be [T, K] and w_gu [2F, K], got {tuple(x.shape)} and {tuple(w_gu.shape)}")
@@ -168,10 +179,8 @@ def _check(x: torch.Tensor, w_gu: torch.Tensor, block: int) -> tuple[int, int, i
         )
     if x.dtype != w_gu.dtype or x.device != w_gu.device:
         raise ValueError(f"x and w_gu differ: {x.dtype} on {x.device} vs {w_gu.dtype} on {w_gu.device}")
-    elem = x.element_size()
-    for name, t in (("x", x), ("w_gu", w_gu)):  # TMA: unit inner stride, 16-byte rows and base
-        if t.stride(1) != 1 or (t.stride(0) * elem) % 16 or t.data_ptr() % 16:
-            raise ValueError(f"{name} must have contiguous rows of a multiple of 16 bytes, 16-byte aligned")
+    _check_tma_rows("x", x)
+    _check_tma_rows("w_gu", w_gu)
     return M, two_f // 2, KD
 
 
@@ -192,8 +201,7 @@ def gate_up_geglu(x: torch.Tensor, w_gu: torch.Tensor, block: int, out: torch.Te
     check_out(out, (M, F), x.device)
     if out.dtype != x.dtype:
         raise ValueError(f"out is {out.dtype}, expected x's {x.dtype}")
-    if out.stride(1) != 1 or (out.stride(0) * out.element_size()) % 16 or out.data_ptr() % 16:
-        raise ValueError("out must have contiguous rows of a multiple of 16 bytes, 16-byte aligned")
+    _check_tma_rows("out", out)
     if M == 0:
         return out
     s = _launch_settings(M, F, KD, block, x.element_size(), x.device)

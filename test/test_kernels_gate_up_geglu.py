@@ -118,10 +118,9 @@ def test_gate_up_geglu_gpu_real_shape() -> None:
 
 
 _BUILD = """
-import json, os, re, subprocess, sys, tempfile
-import triton
+import json
+from compile_check import resource_usage
 from kernels.gate_up_geglu import compile_offline
-tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 for arch in (90, 110):
     try:
         c = compile_offline(arch)
@@ -130,13 +129,8 @@ for arch in (90, 110):
             raise
         print(json.dumps(dict(arch=arch, unsupported_by_ptxas=str(exc).splitlines()[-1][:200])))
         continue
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(c.asm["cubin"])
-        f.flush()
-        res = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
-    regs, stack = (re.search(key + r":(\\d+)", res) for key in ("REG", "STACK"))
     print(json.dumps(dict(arch=arch, shared=c.metadata.shared, target=f".target sm_{arch}" in c.asm["ptx"],
-                          registers=regs and int(regs.group(1)), stack=stack and int(stack.group(1)))))
+                          **resource_usage(c.asm["cubin"]))))
 """
 
 
@@ -151,7 +145,8 @@ def test_gpu_launch_builds_for_hopper_and_thor() -> None:
 
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    paths = (str(root), str(root / "scripts"), env.get("PYTHONPATH", ""))  # kernels, compile_check
+    env["PYTHONPATH"] = os.pathsep.join(paths)
     run = subprocess.run([sys.executable, "-c", _BUILD], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     results = {r["arch"]: r for r in map(json.loads, run.stdout.splitlines())}
@@ -161,4 +156,4 @@ def test_gpu_launch_builds_for_hopper_and_thor() -> None:
             continue  # Triton 3.6's ptxas (the H200 box's) predates sm_110
         assert r["target"] and 0 < r["shared"] <= 227 * 1024
         assert r["registers"] is None or 0 < r["registers"] <= 255
-        assert r["stack"] in (None, 0)
+        assert r["stack_bytes"] in (None, 0)
