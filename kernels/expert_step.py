@@ -651,6 +651,13 @@ def pair_halves(w: torch.Tensor, head_dim: int, block: int, undo: bool = False) 
     return w.reshape(paired if undo else split).transpose(n + 1, n + 2).reshape(w.shape).contiguous()
 
 
+def unpair_columns(y: torch.Tensor, head_dim: int, block: int) -> torch.Tensor:
+    """[M, heads * head_dim] output of a GEMM on a `pair_halves` weight -> nn.Linear's column
+    order (a copy; for the per-op path, which reads the step kernel's laid-out weights)."""
+    m = y.shape[0]
+    return y.view(m, -1, head_dim // 2 // block, 2, block).transpose(2, 3).reshape(m, -1)
+
+
 @dataclass
 class ExpertWeights:
     """The expert's weights stacked over layers (nn.Linear layout, run dtype), and its norms at

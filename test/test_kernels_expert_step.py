@@ -20,7 +20,15 @@ from kernel_fixtures import DEVICE
 from policy_fixtures import cosine
 
 from kernels.denoise_update import DenoiseUpdate, denoise_update_ref
-from kernels.expert_step import PHASES, ExpertStepPlan, ExpertWeights, expert_step_ref, pair_halves, rope_table
+from kernels.expert_step import (
+    PHASES,
+    ExpertStepPlan,
+    ExpertWeights,
+    expert_step_ref,
+    pair_halves,
+    rope_table,
+    unpair_columns,
+)
 from kernels.rope import rope_inv_freq
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -405,5 +413,7 @@ def test_pair_halves_puts_each_rotate_half_pair_side_by_side() -> None:
     first_head = [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15]
     assert p[0, :16, 0].tolist() == first_head and p[1, 16:32, 0].tolist() == [48 + 16 + r for r in first_head]
     assert torch.equal(pair_halves(p, 16, 4, undo=True), w)
+    x, wk = torch.randn(5, 7), torch.randn(3 * 16, 7)  # a GEMM on the paired weight, columns put back
+    torch.testing.assert_close(unpair_columns(x @ pair_halves(wk, 16, 4).T, 16, 4), x @ wk.T)
     with pytest.raises(ValueError, match="block 3 must divide half a head"):
         pair_halves(w, 16, 3)
