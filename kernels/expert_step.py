@@ -178,13 +178,11 @@ def _prefetch_span(ptr, n, part, parts):
 
 @triton.jit
 def _prefetch_qkv(wqkv, u, WE: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BN: tl.constexpr):
-    """Unit u's QKV weight rows (phase 1): a column tile of one head and its rotate_half pair."""
-    CH: tl.constexpr = (D // 2 + BN - 1) // BN
+    """Unit u's QKV weight rows (phase 1): a column tile of one head and its rotate_half pair,
+    2 * BN consecutive rows in the interleaved layout (`ExpertStepPlan.lay_out`)."""
+    CH: tl.constexpr = D // 2 // BN
     if u < (H + 2) * CH:
-        cols = tl.minimum((u % CH) * BN + tl.arange(0, BN), D // 2 - 1)  # a partial last tile: its rows
-        wrow = (u // CH) * D + cols
-        _prefetch_rows(wqkv, wrow, 0, WE, WE)
-        _prefetch_rows(wqkv, wrow + D // 2, 0, WE, WE)
+        _prefetch_rows(wqkv, (u // CH) * D + (u % CH) * 2 * BN + tl.arange(0, 2 * BN), 0, WE, WE)
 
 
 @triton.jit
@@ -319,17 +317,14 @@ def _tile_dot(
     wrow,
     col_ok,
     stride_w,
-    PAIR_OFF,
-    PAIRED: tl.constexpr,
     UPCAST: tl.constexpr,
     PREC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """[BLOCK_M, BLOCK_N] of a @ w.T over k in [k_lo, k_hi) (and of the paired rows + PAIR_OFF)."""
+    """[BLOCK_M, BLOCK_N] of a @ w.T over k in [k_lo, k_hi), w's rows `wrow`."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     a_rows = a_ptr + rows.to(tl.int64)[:, None] * stride_a
     w_cols = w_ptr + wrow.to(tl.int64)[None, :] * stride_w
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -343,12 +338,7 @@ def _tile_dot(
             a = a.to(tl.float32)
             w = w.to(tl.float32)
         acc = tl.dot(a, w, acc, input_precision=PREC)
-        if PAIRED:
-            w2 = tl.load(w_cols + PAIR_OFF * stride_w + ks[:, None], mask=wm, other=0.0)
-            if UPCAST:
-                w2 = w2.to(tl.float32)
-            acc2 = tl.dot(a, w2, acc2, input_precision=PREC)
-    return acc, acc2
+    return acc
 
 
 @triton.jit
@@ -373,9 +363,8 @@ def _split_k_partials(
     s = u // n_tiles
     rows = tl.arange(0, BM)
     cols = t * BN + tl.arange(0, BN)
-    acc, _ = _tile_dot(
-        a_ptr, K, rows, rows < M, s * K_PER, s * K_PER + K_PER, w_ptr, cols, cols < N, K, 0,
-        False, UPCAST, PREC, BM, BN, BK,
+    acc = _tile_dot(
+        a_ptr, K, rows, rows < M, s * K_PER, s * K_PER + K_PER, w_ptr, cols, cols < N, K, UPCAST, PREC, BM, BN, BK,
     )  # fmt: skip
     tl.store(part_ptr + (s * BM + rows)[:, None] * N + cols[None, :], acc)
 
@@ -474,7 +463,7 @@ def _expert_step_kernel(
         if pid == 0:
             tl.store(trace_ptr + 2 * (8 * N_LAYERS + 1), _now())
     HALF: tl.constexpr = D // 2
-    CH: tl.constexpr = (HALF + BN_QKV - 1) // BN_QKV
+    CH: tl.constexpr = HALF // BN_QKV  # the plan keeps BN_QKV a divisor of D / 2
     n_mt = tl.cdiv(M * H, ATT_BM)
     n_cm = tl.cdiv(M * H, CB_M)
     n_cd: tl.constexpr = D // CB_DC
@@ -507,12 +496,17 @@ def _expert_step_kernel(
         for u in range(me, (H + 2) * CH, G):
             cols = (u % CH) * BN_QKV + tl.arange(0, BN_QKV)
             col_ok = cols < HALF
-            wrow = (u // CH) * D + cols
-            acc, acc2 = _tile_dot(
-                xa_ptr, WE, rows, row_ok, 0, WE, wqkv, wrow, col_ok, WE, HALF, True, UPCAST, PREC, BM, BN_QKV, BK,
+            # rows interleaved per head in blocks of BN_QKV (`ExpertStepPlan.lay_out`): one MMA of
+            # 2 * BN_QKV rows gives columns `cols` and their rotate_half pair `cols + D / 2`
+            # (667.9 vs 678.1 us per step for two paired BN_QKV-row MMAs on the plain layout, H200)
+            wrows = (u // CH) * D + (u % CH) * 2 * BN_QKV + tl.arange(0, 2 * BN_QKV)
+            acc = _tile_dot(
+                xa_ptr, WE, rows, row_ok, 0, WE, wqkv, wrows, wrows < (H + 2) * D, WE, UPCAST, PREC, BM, 2 * BN_QKV,
+                BK,
             )  # fmt: skip
+            lo, hi = tl.split(acc.reshape(BM, 2, BN_QKV).permute(0, 2, 1))
             _rope_store(
-                acc, acc2, u // CH, rows, row_ok, cols, col_ok, q_ptr, lk + suffix_row0 * stride_kt,
+                lo, hi, u // CH, rows, row_ok, cols, col_ok, q_ptr, lk + suffix_row0 * stride_kt,
                 lv + suffix_row0 * stride_kt, rope_ptr, M, stride_kt, H, D, FIX,
             )  # fmt: skip
         if PREFETCH_SPAN:  # the programs without a QKV unit: the layer's gate|up weights into L2, shared out
@@ -568,9 +562,8 @@ def _expert_step_kernel(
             # 2 * BN_GU rows gives gate and up of the same columns (681.8 vs 686.2 us per step
             # for two paired BN_GU-row MMAs on the plain layout, H200)
             wrows = u * 2 * BN_GU + tl.arange(0, 2 * BN_GU)
-            acc, _ = _tile_dot(
-                xm_ptr, WE, rows, row_ok, 0, WE, wgu, wrows, wrows < 2 * FF, WE, 0, False, UPCAST, PREC, BM,
-                2 * BN_GU, BK,
+            acc = _tile_dot(
+                xm_ptr, WE, rows, row_ok, 0, WE, wgu, wrows, wrows < 2 * FF, WE, UPCAST, PREC, BM, 2 * BN_GU, BK,
             )  # fmt: skip
             gate, up = tl.split(acc.reshape(BM, 2, BN_GU).permute(0, 2, 1))
             _geglu_store(gate, up, rows, row_ok, cols, col_ok, act_ptr, FF, FIX)
@@ -644,6 +637,27 @@ def _denoise_tail(
 # ---- host side ---------------------------------------------------------------------------------
 
 
+def pair_halves(w: torch.Tensor, head_dim: int, block: int, undo: bool = False) -> torch.Tensor:
+    """[..., heads * head_dim, K] -> per head, blocks of `block` rows of the first half each
+    followed by the same rows of the second half (the step kernel's QKV layout: one MMA gives a
+    column tile and its rotate_half pair); `undo`: back to nn.Linear's rows."""
+    *lead, rows, kd = w.shape
+    half = head_dim // 2
+    if head_dim % 2 or rows % head_dim or block <= 0 or half % block:
+        raise ValueError(f"{rows} rows of heads of {head_dim}: block {block} must divide half a head")
+    split = (*lead, rows // head_dim, 2, half // block, block, kd)
+    paired = (*lead, rows // head_dim, half // block, 2, block, kd)
+    n = len(lead)
+    return w.reshape(paired if undo else split).transpose(n + 1, n + 2).reshape(w.shape).contiguous()
+
+
+def unpair_columns(y: torch.Tensor, head_dim: int, block: int) -> torch.Tensor:
+    """[M, heads * head_dim] output of a GEMM on a `pair_halves` weight -> nn.Linear's column
+    order (a copy; for the per-op path, which reads the step kernel's laid-out weights)."""
+    m = y.shape[0]
+    return y.view(m, -1, head_dim // 2 // block, 2, block).transpose(2, 3).reshape(m, -1)
+
+
 @dataclass
 class ExpertWeights:
     """The expert's weights stacked over layers (nn.Linear layout, run dtype), and its norms at
@@ -662,10 +676,17 @@ class ExpertWeights:
     mlp_gate: torch.Tensor | None
     final_mult: torch.Tensor
     final_shift: torch.Tensor | None
-    # gate_up's layout: 0 = [gate; up] rows (nn.Linear's, what the reference reads); b > 0 =
-    # blocks of b gate rows each followed by the same rows of up (what the kernel reads:
-    # `ExpertStepPlan.lay_out`)
+    # The layouts of qkv and gate_up: 0 = nn.Linear's rows (what the reference reads); b > 0 =
+    # what the kernel reads (`ExpertStepPlan.lay_out`): per head, blocks of b rows of the first
+    # half each followed by the same rows of the second half (RoPE's rotate_half pairs); gate_up,
+    # blocks of b gate rows each followed by the same rows of up
+    qkv_block: int = 0
     gu_block: int = 0
+
+    def plain_qkv(self) -> torch.Tensor:
+        """qkv as [q heads; k; v] rows of nn.Linear, whatever the layout."""
+        head_dim = (self.qkv.shape[1] - self.o.shape[2]) // 2  # (H + 2) * D rows against H * D
+        return pair_halves(self.qkv, head_dim, self.qkv_block, undo=True) if self.qkv_block else self.qkv
 
     def plain_gate_up(self) -> torch.Tensor:
         """gate_up as [gate; up] rows, whatever the layout."""
@@ -686,13 +707,13 @@ def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor, out: torch.Tenso
     return out
 
 
-def _pow2_tile(dim: int, want: int) -> int:
-    """Largest power of two <= want that divides dim (at least 16, as tl.dot needs)."""
+def _pow2_tile(dim: int, want: int, least: int = 16) -> int:
+    """Largest power of two <= want that divides dim (at least `least`: 16, as tl.dot needs)."""
     t = want
-    while t > 16 and dim % t:
+    while t > least and dim % t:
         t //= 2
     if dim % t:
-        raise ValueError(f"dimension {dim} is not a multiple of 16")
+        raise ValueError(f"dimension {dim} is not a multiple of {least}")
     return t
 
 
@@ -726,7 +747,9 @@ class ExpertStepPlan:
         else:
             self.grid = sm_count or torch.cuda.get_device_properties(device).multi_processor_count
         self.bm = 64 if not interp else max(16, triton.next_power_of_2(rows))
-        self.bn_qkv = 16
+        # QKV: 16-column tiles and their rotate_half pairs (one 32-row MMA); narrower heads (the
+        # tiny test model's 16) take 8, the least whose pair still makes tl.dot's 16 rows
+        self.bn_qkv = _pow2_tile(head_dim // 2, 16, least=8)
         # O and down: 32 columns x 4 K splits (128 units; the row phases sum 4 partials): 815 us per
         # step on the H200, against 845 with 64 columns x 8 splits
         self.bn_o, self.ks_o = _pow2_tile(width, 32), _pow2_tile(num_heads * head_dim, 512)
@@ -805,8 +828,8 @@ class ExpertStepPlan:
 
     def describe(self) -> str:
         return (
-            f"expert step kernel: {self.grid} resident programs, {PHASES} phases per layer; tiles qkv {self.bn_qkv}x2, "
-            f"o {self.bn_o}/K{self.ks_o}, gate_up {self.bn_gu}+{self.bn_gu} interleaved, "
+            f"expert step kernel: {self.grid} resident programs, {PHASES} phases per layer; tiles (paired rows in "
+            f"one MMA) qkv {self.bn_qkv}+{self.bn_qkv}, o {self.bn_o}/K{self.ks_o}, gate_up {self.bn_gu}+{self.bn_gu}, "
             f"down {self.bn_d}/K{self.ks_d}, "
             f"attention {self.att_bm}x{self.att_bn} x {self.att_splits} splits; "
             f"L2 prefetch of the next GEMM's weights {'on' if self.prefetch and self.gpu else 'off'}"
@@ -814,12 +837,15 @@ class ExpertStepPlan:
         )
 
     def lay_out(self, w: ExpertWeights) -> ExpertWeights:
-        """`w` with gate_up in the layout this plan's kernel reads (interleaved in blocks of
-        `bn_gu`); done once at load. A changed `bn_gu` (set_tiles) needs the weights laid out
-        again: `step` refuses a layout that does not match."""
-        if w.gu_block == self.bn_gu:
+        """`w` with qkv and gate_up in the layouts this plan's kernel reads (`pair_halves` in
+        blocks of `bn_qkv`, `interleave_gate_up` in blocks of `bn_gu`); done once at load. Changed
+        tiles (set_tiles) need the weights laid out again: `step` refuses a layout that does not
+        match."""
+        if (w.qkv_block, w.gu_block) == (self.bn_qkv, self.bn_gu):
             return w
-        return replace(w, gate_up=interleave_gate_up(w.plain_gate_up(), self.bn_gu), gu_block=self.bn_gu)
+        qkv = pair_halves(w.plain_qkv(), self.D, self.bn_qkv)
+        gate_up = interleave_gate_up(w.plain_gate_up(), self.bn_gu)
+        return replace(w, qkv=qkv, qkv_block=self.bn_qkv, gate_up=gate_up, gu_block=self.bn_gu)
 
     def step(
         self, h: torch.Tensor, w: ExpertWeights, step: int, *cache_and_inputs, update: DenoiseUpdate | None = None
@@ -886,10 +912,10 @@ class ExpertStepPlan:
         M, D, H, L = self.M, self.D, self.H, int(w.qkv.shape[0])
         if not 0 <= slot < self.barriers.shape[0]:
             raise ValueError(f"slot {slot} outside the plan's {self.barriers.shape[0]} launches")
-        if w.gu_block != self.bn_gu:
+        if (w.qkv_block, w.gu_block) != (self.bn_qkv, self.bn_gu):
             raise ValueError(
-                f"expert weights' gate_up is laid out in blocks of {w.gu_block} (0: plain), the plan's tiles read "
-                f"blocks of bn_gu={self.bn_gu}: pass plan.lay_out(weights)"
+                f"expert weights laid out for (qkv, gate_up) blocks ({w.qkv_block}, {w.gu_block}) (0: plain), the "
+                f"plan's tiles read (bn_qkv, bn_gu) = ({self.bn_qkv}, {self.bn_gu}): pass plan.lay_out(weights)"
             )
         if tuple(h.shape) != (M, self.WE) or not h.is_contiguous() or h.dtype != self.dtype:
             raise ValueError(f"h must be contiguous {self.dtype} [{M}, {self.WE}], got {tuple(h.shape)} {h.dtype}")
@@ -1015,7 +1041,7 @@ def expert_step_ref(
     L, D = w.qkv.shape[0], k.shape[-1]
     H = w.o.shape[2] // D
     h, k, v = h.clone(), k.clone(), v.clone()
-    gate_up = w.plain_gate_up()
+    gate_up, qkv = w.plain_gate_up(), w.plain_qkv()
     pick = lambda t, i: None if t is None else t[step, i].float()  # noqa: E731
 
     def norm(x, mult, shift):
@@ -1036,8 +1062,8 @@ def expert_step_ref(
 
     rows = slice(suffix_row0, suffix_row0 + M)
     for i in range(L):
-        qkv = torch.nn.functional.linear(norm(h, pick(w.attn_mult, i), pick(w.attn_shift, i)), w.qkv[i]).float()
-        q, kk, vv = qkv.split([H * D, D, D], -1)
+        y = torch.nn.functional.linear(norm(h, pick(w.attn_mult, i), pick(w.attn_shift, i)), qkv[i]).float()
+        q, kk, vv = y.split([H * D, D, D], -1)
         k[i, rows], v[i, rows] = rope(kk.view(M, 1, D))[:, 0].to(dt), vv.to(dt)
         a = attention_ref(rope(q.view(M, H, D)).to(dt), k[i], v[i], key_blocks, query_blocks)
         h = residual(h, torch.nn.functional.linear(a.reshape(M, -1), w.o[i]), pick(w.attn_gate, i))

@@ -20,7 +20,15 @@ from kernel_fixtures import DEVICE
 from policy_fixtures import cosine
 
 from kernels.denoise_update import DenoiseUpdate, denoise_update_ref
-from kernels.expert_step import PHASES, ExpertStepPlan, ExpertWeights, expert_step_ref, rope_table
+from kernels.expert_step import (
+    PHASES,
+    ExpertStepPlan,
+    ExpertWeights,
+    expert_step_ref,
+    pair_halves,
+    rope_table,
+    unpair_columns,
+)
 from kernels.rope import rope_inv_freq
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -207,6 +215,14 @@ def test_split_k_partials_over_several_tiles_and_splits(gated) -> None:
     _run_and_compare((10, 64, 128, 4, 32, 2, 24), torch.float32, gated, dict(atol=1e-4, rtol=1e-4), **tiles)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qkv_pairs_over_several_blocks_per_head(dtype) -> None:
+    """Head dim 32 in 8-row blocks: each half of a head holds two blocks, so the QKV units read
+    rows that `lay_out` moved (head dim 16 leaves them in place) and RoPE pairs them back."""
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else None
+    _run_and_compare((10, 32, 64, 4, 32, 2, 24), dtype, True, tol, bn_qkv=8)
+
+
 @pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_attention_over_several_tiles_and_key_splits(dtype, gated) -> None:
@@ -364,23 +380,40 @@ def test_step_kernel_with_denoise_update_gpu_real_shapes(pi05) -> None:
 
 
 def test_weights_must_be_laid_out_for_the_plan() -> None:
-    """The kernel reads gate|up interleaved in blocks of the plan's bn_gu (`lay_out`, once at
-    load): plain weights, or a layout for other tiles, are refused by name; `lay_out` is a no-op
-    on weights already laid out for the plan and keeps the plain rows recoverable (the reference
-    reads those)."""
+    """The kernel reads qkv with each head's rotate_half pairs side by side and gate|up
+    interleaved, in blocks of the plan's bn_qkv / bn_gu (`lay_out`, once at load): plain weights,
+    or a layout for other tiles, are refused by name; `lay_out` is a no-op on weights already laid
+    out for the plan and keeps the plain rows recoverable (the reference reads those)."""
     M, W, F, H, D, P = 10, 32, 64, 4, 16, 24
     h0, w, inputs = _problem(M, W, F, H, D, 2, P, torch.float32, gated=True)
     plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), torch.float32)
-    with pytest.raises(ValueError, match=rf"blocks of 0 \(0: plain\).*bn_gu={plan.bn_gu}: pass plan.lay_out"):
+    blocks = rf"= \({plan.bn_qkv}, {plan.bn_gu}\): pass plan.lay_out"
+    with pytest.raises(ValueError, match=r"\(qkv, gate_up\) blocks \(0, 0\) \(0: plain\).*" + blocks):
         plan.step(h0.clone(), w, 1, *_kernel_inputs(inputs), 0, 1e-6)
     laid = plan.lay_out(w)
-    assert laid.gu_block == plan.bn_gu and plan.lay_out(laid) is laid
-    assert not torch.equal(laid.gate_up, w.gate_up) and torch.equal(laid.plain_gate_up(), w.gate_up)
+    assert (laid.qkv_block, laid.gu_block) == (plan.bn_qkv, plan.bn_gu) and plan.lay_out(laid) is laid
+    # (head dim 16: one 8-row block per half, so qkv's pairing leaves its rows where they were)
+    assert torch.equal(laid.plain_qkv(), w.qkv) and torch.equal(laid.plain_gate_up(), w.gate_up)
+    assert not torch.equal(laid.gate_up, w.gate_up)
     plan.set_tiles(bn_gu=plan.bn_gu // 2)
-    with pytest.raises(ValueError, match=rf"blocks of {laid.gu_block} .*bn_gu={plan.bn_gu}"):
+    again = rf"blocks \({laid.qkv_block}, {laid.gu_block}\) .*= \({plan.bn_qkv}, {plan.bn_gu}\)"
+    with pytest.raises(ValueError, match=again):
         plan.step(h0.clone(), laid, 1, *_kernel_inputs(inputs), 0, 1e-6)
-    # laid out again for the new tiles, the kernel matches the reference
-    h_ref, x_ref, _, _ = expert_step_ref(h0, laid, 1, *inputs[:4], *inputs[4:], 1e-6)
+    # laid out again for the new tiles, the kernel matches the reference (given either layout)
+    h_ref, _, _, _ = expert_step_ref(h0, laid, 1, *inputs, 1e-6)
+    torch.testing.assert_close(h_ref, expert_step_ref(h0, w, 1, *inputs, 1e-6)[0])
     h = h0.clone()
     plan.step(h, plan.lay_out(laid), 1, *_kernel_inputs(inputs), 0, 1e-6)
     torch.testing.assert_close(h, h_ref, atol=1e-4, rtol=1e-4)
+
+
+def test_pair_halves_puts_each_rotate_half_pair_side_by_side() -> None:
+    w = torch.arange(2 * 3 * 16.0).view(2, 48, 1)  # 2 layers, 3 heads of 16 rows
+    p = pair_halves(w, 16, 4)
+    first_head = [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15]
+    assert p[0, :16, 0].tolist() == first_head and p[1, 16:32, 0].tolist() == [48 + 16 + r for r in first_head]
+    assert torch.equal(pair_halves(p, 16, 4, undo=True), w)
+    x, wk = torch.randn(5, 7), torch.randn(3 * 16, 7)  # a GEMM on the paired weight, columns put back
+    torch.testing.assert_close(unpair_columns(x @ pair_halves(wk, 16, 4).T, 16, 4), x @ wk.T)
+    with pytest.raises(ValueError, match="block 3 must divide half a head"):
+        pair_halves(w, 16, 3)

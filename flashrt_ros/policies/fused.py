@@ -37,7 +37,7 @@ from kernels.ada_rms_norm import ada_rms_norm, gated_residual_ada_rms_norm
 from kernels.attention import attention
 from kernels.denoise_update import DenoiseUpdate
 from kernels.euler import euler_step
-from kernels.expert_step import ExpertStepPlan, ExpertWeights, rope_table
+from kernels.expert_step import ExpertStepPlan, ExpertWeights, rope_table, unpair_columns
 from kernels.gate_up_geglu import gate_up_geglu, interleave_block, interleave_gate_up
 from kernels.geglu import geglu
 from kernels.gelu import bias_gelu
@@ -282,14 +282,15 @@ class FusedPi0:
             attn = per_step([1 + w.norm_in for w in self.expert_layers])
             mlp = per_step([1 + w.norm_post for w in self.expert_layers])
             norms = (attn, None, None, mlp, None, None, torch.stack([1 + self.final_norm] * n), None)
-        # gate|up interleaved for the kernel's one-MMA tiles; the per-layer views follow the new
-        # layout (`velocity` reads it through `expert_gu_block`), so the old stack is freed
+        # qkv's rotate_half pairs side by side and gate|up interleaved, for the kernel's one-MMA
+        # tiles; the per-layer views follow the new layouts (`velocity` reads them through
+        # `expert_qkv_block` / `expert_gu_block`), so the old stacks are freed
         laid = self.step_plan.lay_out(
             ExpertWeights(stacks["qkv"], stacks["o"], stacks["gate_up"], stacks["down"], *norms)
         )
         for i, w in enumerate(self.expert_layers):
-            w.gate_up = laid.gate_up[i]
-        self.expert_gu_block = laid.gu_block
+            w.qkv, w.gate_up = laid.qkv[i], laid.gate_up[i]
+        self.expert_qkv_block, self.expert_gu_block = laid.qkv_block, laid.gu_block
         return laid
 
     def _allocate(self, dev: torch.device) -> None:
@@ -318,7 +319,8 @@ class FusedPi0:
         # the expert's pass of a step as one persistent launch (kernels/expert_step.py), where it fits
         e = cfg.expert
         self.step_plan = None
-        self.expert_gu_block = 0  # the expert's gate|up layout (kernels/gate_up_geglu.py; 0: plain)
+        # the expert's qkv / gate|up layouts (kernels/expert_step.pair_halves, kernels/gate_up_geglu.py; 0: plain)
+        self.expert_qkv_block, self.expert_gu_block = 0, 0
         try:
             if e.num_kv_heads != 1:
                 raise ValueError(f"it needs one KV head, the expert has {e.num_kv_heads}")
@@ -481,15 +483,28 @@ class FusedPi0:
         return PREFIX_MLP == "triton" and self.mlp_block > 0
 
     def _qkv_into_cache(
-        self, layer: int, x: Tensor, w: GemmaW, positions: Tensor, spec, rows: slice, kv_only: bool = False
+        self,
+        layer: int,
+        x: Tensor,
+        w: GemmaW,
+        positions: Tensor,
+        spec,
+        rows: slice,
+        kv_only: bool = False,
+        pairs: int = 0,
     ) -> Tensor:
         """One QKV GEMM + the RoPE epilogue: roped K and V land in rows `rows` of this layer's
         cache (the prefix's rows in the prefix stage, the suffix's in `velocity`); returns q.
         kv_only: the GEMM over the K|V rows of the weight only (q empty): the prefix's last layer,
-        ~17.8 us of GEMM at 3 views for 2560 columns of which 512 are read; 7.5 us for the 512."""
+        ~17.8 us of GEMM at 3 views for 2560 columns of which 512 are read; 7.5 us for the 512.
+        pairs: the block of a qkv weight laid out by `pair_halves` (the expert's, for the step
+        kernel): the GEMM's columns are put back in head order first."""
         heads = 0 if kv_only else spec.num_heads
+        y = F.linear(x, w.qkv[spec.num_heads * spec.head_dim :] if kv_only else w.qkv)
+        if pairs:
+            y = unpair_columns(y, spec.head_dim, pairs)
         q, _, _ = qkv_rope(
-            F.linear(x, w.qkv[spec.num_heads * spec.head_dim :] if kv_only else w.qkv),
+            y,
             positions,
             heads,
             spec.head_dim,
@@ -561,7 +576,7 @@ class FusedPi0:
         mlp_out, gate = None, None
         for i, w in enumerate(self.expert_layers):
             x_n, h, gate_in = self._norm(step, i, 0, h, mlp_out, gate, w.norm_in)
-            q = self._qkv_into_cache(i, x_n, w, self.suffix_pos, spec, own)
+            q = self._qkv_into_cache(i, x_n, w, self.suffix_pos, spec, own, pairs=self.expert_qkv_block)
             a = attention(
                 q,
                 self.prefix_k[i, seen],
