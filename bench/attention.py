@@ -1,6 +1,7 @@
 """The prefix LM's attention (968 tokens, 8 query heads, one K/V head of dim 256, padded prompt
 keys masked) on the GPU: our Triton kernel at several tile settings against torch's SDPA
-backends, each checked against the fp32 reference; then SigLIP's attention (per view: 256
+backends and the TMA kernel (kernels/prefix_attention.py), each checked against the fp32
+reference; then SigLIP's attention (per view: 256
 tokens, 16 heads of dim 72) under each SDPA backend and our packed kernel. GPU only.
 
     python bench/attention.py [--out DIR] [--tokens 968] [--valid 930] [--views 3] [--parts prefix,vision]
@@ -18,6 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from flashrt_ros.bench.timing import graph_ms, write_result
 from kernels.attention import attention, attention_key_blocks, attention_ref
 from kernels.packed_attention import packed_attention
+from kernels.prefix_attention import prefix_attention
 
 H, D = 8, 256
 
@@ -110,6 +112,11 @@ def prefix(args: argparse.Namespace) -> dict[str, dict]:
 
     print(f"prefix attention: {T} tokens ({args.valid} valid), {H} heads, 1 K/V head, d {D}, bf16")
     show("triton default", lambda: attention(q, k, v, key_blocks=kb))
+    # kernels/prefix_attention.py: TMA loads, no key split (64-row tiles: 121 programs)
+    show("tma default", lambda: prefix_attention(q, k, v, kb))
+    for bm, bn, w, s in ((64, 64, 4, 3), (64, 32, 4, 3), (64, 64, 8, 2), (128, 64, 8, 2), (128, 32, 8, 3)):
+        tiles = dict(block_m=bm, block_n=bn, num_warps=w, num_stages=s)
+        show(f"tma {bm}x{bn} w{w} s{s}", lambda t=tiles: prefix_attention(q, k, v, kb, **t))
     for bm, bn, w, s in ((64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2), (64, 32, 8, 3), (128, 32, 8, 3)):
         tiles = dict(block_m=bm, block_n=bn, num_warps=w, num_stages=s, num_splits=1)
         show(f"triton {bm}x{bn} w{w} s{s}", lambda t=tiles: attention(q, k, v, key_blocks=kb, **t))

@@ -44,6 +44,7 @@ from kernels.gelu import bias_gelu
 from kernels.layer_norm import layer_norm
 from kernels.linear_f32 import linear_f32
 from kernels.packed_attention import packed_attention
+from kernels.prefix_attention import prefix_attention, supports_prefix_attention
 from kernels.preprocess import preprocess_image
 from kernels.rms_norm import rms_norm
 from kernels.rope import qkv_rope, rope_inv_freq
@@ -75,6 +76,10 @@ PREFIX_NORM_WARPS: int | None = None
 # splits; 92 us per prefix faster in place than 64 x 32 on 4 warps, 3 stages, no split, which is
 # "64x32,w4,s3,k1"; bench/fused_ab.py A/Bs candidates in the captured stage)
 PREFIX_ATTENTION_TILES: str | None = None
+# The prefix LM's attention kernel: "tma" (kernels/prefix_attention.py: 64-row tiles on TMA
+# descriptors, no key split; sm_90+, one K/V head of dim <= 256, else "split") or "split"
+# (kernels/attention.py with the launch above: 128-row tiles, key splits + combine)
+PREFIX_ATTENTION = "tma"
 # The prefix LM's gate|up GEMM + GeGLU: "triton" (one GEMM with the GeGLU in its epilogue,
 # kernels/gate_up_geglu.py; sm_90+, else cuBLAS) or "cublas" (cuBLAS GEMM, then kernels/geglu.py).
 # H200: 183.5 vs 199.7 us per layer alone (968 rows, cold weights, bench/gate_up_geglu.py), the
@@ -109,6 +114,8 @@ def check_settings() -> None:
     read at capture: `capture` checks them before recording anything)."""
     if VISION_ATTENTION not in ("triton", "sdpa"):
         raise ValueError(f"VISION_ATTENTION {VISION_ATTENTION!r}: expected 'triton' or 'sdpa'")
+    if PREFIX_ATTENTION not in ("tma", "split"):
+        raise ValueError(f"PREFIX_ATTENTION {PREFIX_ATTENTION!r}: expected 'tma' or 'split'")
     if PREFIX_MLP not in ("triton", "cublas"):
         raise ValueError(f"PREFIX_MLP {PREFIX_MLP!r}: expected 'triton' or 'cublas'")
     _attention_tiles(VISION_ATTENTION_TILES, "VISION_ATTENTION_TILES", splits=False)
@@ -470,13 +477,27 @@ class FusedPi0:
                 self._qkv_into_cache(i, x, w, positions, spec, rows, kv_only=True)
                 return
             q = self._qkv_into_cache(i, x, w, positions, spec, rows)
-            a = attention(q, self.prefix_k[i, rows], self.prefix_v[i, rows], key_blocks=kb, **tiles)
+            if self._prefix_attention_tma():
+                a = prefix_attention(q, self.prefix_k[i, rows], self.prefix_v[i, rows], kb)
+            else:
+                a = attention(q, self.prefix_k[i, rows], self.prefix_v[i, rows], key_blocks=kb, **tiles)
             x, h = rms_norm(F.linear(a.view(a.shape[0], -1), w.o), w.norm_post, eps, residual=h, num_warps=nw)
             if self._prefix_mlp_fused():
                 act = gate_up_geglu(x, w.gate_up, self.mlp_block)
             else:
                 act = geglu(F.linear(x, w.gate_up), interleave=self.mlp_block)
             mlp_out = F.linear(act, w.down)
+
+    def _prefix_attention_tma(self) -> bool:
+        """Whether the prefix LM's attention runs on kernels/prefix_attention.py (PREFIX_ATTENTION,
+        where it can: sm_90+ or the interpreter, one K/V head, head dim a power of two <= 256)."""
+        spec = self.cfg.prefix
+        return (
+            PREFIX_ATTENTION == "tma"
+            and supports_prefix_attention(self.device)
+            and spec.num_kv_heads == 1
+            and spec.head_dim in (16, 32, 64, 128, 256)
+        )
 
     def _prefix_mlp_fused(self) -> bool:
         """Whether the prefix LM's gate|up GEMM carries the GeGLU (PREFIX_MLP, where it can run)."""
@@ -627,12 +648,13 @@ class FusedPi0:
         graphs = graphs if cuda else "no graphs (CPU)"
         vision_attn = "Triton packed attention" if VISION_ATTENTION == "triton" else "torch SDPA (cuDNN first)"
         mlp = "gate|up GEMM with the GeGLU epilogue (Triton)" if self._prefix_mlp_fused() else f"{gemm} gate|up + geglu"
+        prefix_attn = "attention (TMA, no key split)" if self._prefix_attention_tma() else "attention"
         if VISION_ATTENTION == "triton" and VISION_ATTENTION_TILES:
             vision_attn += f" at {VISION_ATTENTION_TILES}"
         return (
             f"vision: patch-embedding GEMM, {len(self.vision_layers)} SigLIP layers (Triton LayerNorm, {gemm}, "
             f"{vision_attn}, {fc1}); prefix LM: {len(self.prefix_layers)} layers ({gemm} GEMMs, Triton rms_norm / "
-            f"qkv_rope / attention, {mlp}); denoise x{self.cfg.num_steps}: {expert}; {graphs}"
+            f"qkv_rope / {prefix_attn}, {mlp}); denoise x{self.cfg.num_steps}: {expert}; {graphs}"
         )
 
     # ---- graphs ------------------------------------------------------------------------------
