@@ -216,6 +216,7 @@ def test_prefix_attention_tiles_setting(monkeypatch):
 
     model = tiny_model("pi05", seed=5).to(DEVICE)
     x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1, valid_tokens=20).items()}
+    monkeypatch.setattr(fused_mod, "PREFIX_ATTENTION", "split")  # the kernel these tiles launch
     _, default = _run_fused(model, x, torch.float32)
     tiles = "64x32,w8,s3,k2" if DEVICE == "cuda" else "16x16,w4,s1,k2"
     monkeypatch.setattr(fused_mod, "PREFIX_ATTENTION_TILES", tiles)
@@ -227,6 +228,33 @@ def test_prefix_attention_tiles_setting(monkeypatch):
     assert launches and all(kw.get("num_splits") == 2 and kw.get("num_warps") in (4, 8) for kw in launches)
     monkeypatch.setattr(fused_mod, "PREFIX_ATTENTION_TILES", "128x32,w8")
     with pytest.raises(ValueError, match="PREFIX_ATTENTION_TILES '128x32,w8': expected BMxBN"):
+        _run_fused(model, x, torch.float32)
+
+
+def test_prefix_attention_setting(monkeypatch):
+    """`PREFIX_ATTENTION` (bench/fused_ab.py's hook): the TMA kernel (kernels/prefix_attention.py)
+    and the split kernel (kernels/attention.py) give the same chunk over a prompt with padded
+    tokens, the log line says which runs, and an invalid value is refused by name."""
+    import flashrt_ros.policies.fused as fused_mod
+    from kernels.prefix_attention import supports_prefix_attention
+
+    model = tiny_model("pi05", seed=8).to(DEVICE)
+    x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1, valid_tokens=20).items()}
+    calls = []
+    real = fused_mod.prefix_attention
+    monkeypatch.setattr(fused_mod, "prefix_attention", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    chunks = {}
+    for value in ("split", "tma"):
+        monkeypatch.setattr(fused_mod, "PREFIX_ATTENTION", value)
+        fused, chunks[value] = _run_fused(model, x, torch.float32)
+        tma = value == "tma" and supports_prefix_attention(fused.device)
+        assert ("attention (TMA, no key split)" in fused.describe()) == tma
+        assert bool(calls) == tma
+    # the prefix's last layer stops after its K/V: depth - 1 attentions per decision
+    assert len(calls) % (model.cfg.prefix.depth - 1) == 0
+    torch.testing.assert_close(chunks["tma"], chunks["split"], rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(fused_mod, "PREFIX_ATTENTION", "flash")
+    with pytest.raises(ValueError, match="PREFIX_ATTENTION 'flash': expected 'tma' or 'split'"):
         _run_fused(model, x, torch.float32)
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from kernel_fixtures import DEVICE, TOL
+from kernel_fixtures import DEVICE, TOL, offline_builds
 
 from kernels.gate_up_geglu import (
     gate_up_geglu,
@@ -117,40 +117,10 @@ def test_gate_up_geglu_gpu_real_shape() -> None:
     assert float(cos) > 0.9999
 
 
-_BUILD = """
-import json
-from compile_check import resource_usage
-from kernels.gate_up_geglu import compile_offline
-for arch in (90, 110):
-    try:
-        c = compile_offline(arch)
-    except Exception as exc:  # only an older Triton whose ptxas does not know sm_110 is excused
-        if "is not defined for option 'gpu-name'" not in str(exc):
-            raise
-        print(json.dumps(dict(arch=arch, unsupported_by_ptxas=str(exc).splitlines()[-1][:200])))
-        continue
-    print(json.dumps(dict(arch=arch, shared=c.metadata.shared, target=f".target sm_{arch}" in c.asm["ptx"],
-                          **resource_usage(c.asm["cubin"]))))
-"""
-
-
 def test_gpu_launch_builds_for_hopper_and_thor() -> None:
     """The GPU launch (128 x 256 x 64 tiles, 4 stages, 8 warps) built offline with Triton's own
     ptxas: within the 227 KB of shared memory of Hopper and Thor, no spills."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    paths = (str(root), str(root / "scripts"), env.get("PYTHONPATH", ""))  # kernels, compile_check
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    run = subprocess.run([sys.executable, "-c", _BUILD], env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    results = {r["arch"]: r for r in map(json.loads, run.stdout.splitlines())}
-    assert set(results) == {90, 110} and "unsupported_by_ptxas" not in results[90]
+    results = offline_builds("kernels.gate_up_geglu")
     for r in results.values():
         if "unsupported_by_ptxas" in r:
             continue  # Triton 3.6's ptxas (the H200 box's) predates sm_110
