@@ -370,6 +370,63 @@ def _split_k_partials(
 
 
 @triton.jit
+def _attn_tile_tma(
+    pid_m, pid_s, q_desc, k_desc, v_desc, kv_row0, kb_ptr, qb_ptr, ws_acc_ptr, ws_m_ptr, ws_l_ptr, n_splits,
+    MH, H, Tk, keys_per_split, qk_scale,
+    D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """`_attn_fwd_tile`'s split partials with the q, K and V tiles through TMA descriptors (q as
+    [M * H, D] rows, K / V as the cache's [L * Tk, D] rows from this layer's `kv_row0`)."""
+    rows = pid_m * BM + tl.arange(0, BM)
+    row_ok = rows < MH
+    q = q_desc.load([pid_m * BM, 0])
+    if UPCAST:
+        q = q.to(tl.float32)
+    q_blk = tl.load(qb_ptr + rows // H, mask=row_ok, other=0)
+    m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BM], dtype=tl.float32)
+    acc = tl.zeros([BM, D], dtype=tl.float32)
+    n_start = pid_s * keys_per_split
+    n_end = tl.minimum(n_start + keys_per_split, Tk)
+    for n0 in range(n_start, n_end, BN):
+        cols = n0 + tl.arange(0, BN)
+        col_ok = cols < n_end
+        k = k_desc.load([kv_row0 + n0, 0])
+        if UPCAST:
+            k = k.to(tl.float32)
+        s = tl.dot(q, k.T, input_precision=PREC) * qk_scale
+        k_blk = tl.load(kb_ptr + cols, mask=col_ok, other=2**30)
+        s = tl.where((k_blk[None, :] <= q_blk[:, None]) & col_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = v_desc.load([kv_row0 + n0, 0])
+        if UPCAST:
+            p = p.to(v_desc.dtype).to(tl.float32)
+            v = v.to(tl.float32)
+        else:
+            p = p.to(v.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PREC)
+        m_i = m_new
+    ws_row = pid_s * MH + rows.to(tl.int64)
+    d = tl.arange(0, D)
+    tl.store(ws_acc_ptr + ws_row[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
+    tl.store(ws_m_ptr + ws_row, m_i, mask=row_ok)
+    tl.store(ws_l_ptr + ws_row, l_i, mask=row_ok)
+
+
+@triton.jit
+def _proxy_fence(GPU: tl.constexpr):
+    """Order this thread's generic-proxy memory accesses with its async-proxy (TMA) ones."""
+    if GPU:
+        tl.inline_asm_elementwise(
+            "fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+        )
+
+
+@triton.jit
 def _expert_step_kernel(
     h_ptr,  # [M, WE] residual stream (updated in place)
     xa_ptr,  # [M, WE] normed input of the attention block; at the end: the final norm's output
@@ -387,6 +444,9 @@ def _expert_step_kernel(
     kb_ptr,  # [Tk] key block ids
     qb_ptr,  # [M] query block ids
     rope_ptr,  # [2, M, D / 2] fp32: cos, sin of each suffix row's RoPE angles (rope_table)
+    q_desc,  # ATT_TMA: descriptors of q [M * H, D] and of the K / V caches as [L * Tk, D] rows
+    k_desc,
+    v_desc,
     wqkv_ptr,  # [L, (H + 2) D, WE]
     wo_ptr,  # [L, WE, H D]
     wgu_ptr,  # [L, 2 FF, WE]
@@ -443,6 +503,7 @@ def _expert_step_kernel(
     PREC: tl.constexpr,
     FIX: tl.constexpr,
     TRACE: tl.constexpr,
+    ATT_TMA: tl.constexpr,
     PREFETCH: tl.constexpr,
     PREFETCH_SPAN: tl.constexpr,
     GPU: tl.constexpr,
@@ -513,16 +574,28 @@ def _expert_step_kernel(
             if me >= (H + 2) * CH:
                 _prefetch_span(wgu, 2 * FF * WE, me - (H + 2) * CH, G - (H + 2) * CH)
         arrivals += G
+        if ATT_TMA:  # q, k, v stored above are read through TMA (the async proxy) next
+            _proxy_fence(GPU)
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 1, TRACE, GPU)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 1, pid, TRACE, GPU)
+        if ATT_TMA:
+            _proxy_fence(GPU)
         # 2: attention partials (query tile, key split)
-        for u in range(me, n_mt * ATT_SPLITS, G):
-            _attn_fwd_tile(
-                u % n_mt, u // n_mt, zero, ATT_SPLITS, q_ptr, lk, lv, attn_ptr, kb_ptr, qb_ptr,
-                ws_acc_ptr, ws_m_ptr, ws_l_ptr, M * H, H, Tk, keys_per_split, qk_scale,
-                0, H * D, D, 0, stride_kt, 0, stride_kt, 0, H * D, D, 0, 0,
-                D, True, True, True, UPCAST, PREC, FIX, ATT_BM, ATT_BN, D, ".cg",
-            )  # fmt: skip
+        if ATT_TMA:
+            for u in range(me, n_mt * ATT_SPLITS, G):
+                _attn_tile_tma(
+                    u % n_mt, u // n_mt, q_desc, k_desc, v_desc, (zero + layer) * (stride_kl // stride_kt),
+                    kb_ptr, qb_ptr, ws_acc_ptr, ws_m_ptr, ws_l_ptr, ATT_SPLITS, M * H, H, Tk, keys_per_split, qk_scale,
+                    D, ATT_BM, ATT_BN, UPCAST, PREC,
+                )  # fmt: skip
+        else:
+            for u in range(me, n_mt * ATT_SPLITS, G):
+                _attn_fwd_tile(
+                    u % n_mt, u // n_mt, zero, ATT_SPLITS, q_ptr, lk, lv, attn_ptr, kb_ptr, qb_ptr,
+                    ws_acc_ptr, ws_m_ptr, ws_l_ptr, M * H, H, Tk, keys_per_split, qk_scale,
+                    0, H * D, D, 0, stride_kt, 0, stride_kt, 0, H * D, D, 0, 0,
+                    D, True, True, True, UPCAST, PREC, FIX, ATT_BM, ATT_BN, D, ".cg",
+                )  # fmt: skip
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 2, TRACE, GPU)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 2, pid, TRACE, GPU)
@@ -778,6 +851,8 @@ class ExpertStepPlan:
         # phase and leaving it, gate|up's by the QKV phase's free programs (GPU only; `_prefetch_rows`,
         # `_prefetch_span`)
         self.prefetch = True
+        # EXPERIMENT: the attention phase's q / K / V tiles through TMA descriptors (GPU)
+        self.att_tma = False
         # L2 size, for `_prefetch_span` (offline builds on the meta device, or a torch build that
         # does not report it: the H200's 50 MB)
         h200_l2 = 50 * 2**20
@@ -874,6 +949,22 @@ class ExpertStepPlan:
         span_bytes = 2 * self.FF * self.WE * self.dtype.itemsize
         return bool(self.prefetch and self.gpu and 4 * free >= qkv_units and span_bytes <= self.l2_bytes)
 
+    def _attention_descriptors(self, k: torch.Tensor, v: torch.Tensor) -> tuple:
+        """(q, k, v) TMA descriptors for `att_tma`: q as [M * H, D] rows, the caches as
+        [L * Tk, D] rows; Nones without it."""
+        if not self.att_tma:
+            return None, None, None
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        if not (k.is_contiguous() and v.is_contiguous()):
+            raise ValueError("att_tma reads the K / V caches as contiguous [L * Tk, D] rows")
+        kv = [self.att_bn, self.D]
+        return (
+            TensorDescriptor.from_tensor(self.q.view(-1, self.D), [self.att_bm, self.D]),
+            TensorDescriptor.from_tensor(k.view(-1, self.D), kv),
+            TensorDescriptor.from_tensor(v.view(-1, self.D), kv),
+        )
+
     def _update_chunk(self, rows: int, bw: int) -> int:
         """Columns per chunk (K chunks of the velocity, column chunks of the next input) of the
         denoise tail: as many chunks per row as fill the grid once (H200, 50 rows: 2 of 512),
@@ -950,7 +1041,7 @@ class ExpertStepPlan:
         args = (
             h, self.x_attn, self.x_mlp, self.q, self.attn, self.act, self.part_o, self.part_d,
             ws[: n * D], ws[n * D : n * (D + 1)], ws[n * (D + 1) : n * (D + 2)],
-            k, v, key_blocks, query_blocks, rope,
+            k, v, key_blocks, query_blocks, rope, *self._attention_descriptors(k, v),
             w.qkv, w.o, w.gate_up, w.down,
             w.attn_mult[step], opt(w.attn_shift), opt(w.attn_gate),
             w.mlp_mult[step], opt(w.mlp_shift), opt(w.mlp_gate),
@@ -968,6 +1059,7 @@ class ExpertStepPlan:
             ATT_BS=triton.next_power_of_2(splits), CB_M=self.cb_m, CB_DC=self.cb_dc,
             UPCAST=interp, PREC=dot_precision(self.dtype), FIX=interp and needs_rtne_fix(self.dtype),
             TRACE=self.trace is not None,
+            ATT_TMA=bool(self.att_tma),
             PREFETCH=self.prefetch and self.gpu,
             PREFETCH_SPAN=self._prefetch_span(),
             GPU=self.gpu,
@@ -998,6 +1090,14 @@ def compile_for(args: tuple, kwargs: dict, arch: int):
     # allocations are aligned, so a tensor's alignment is its storage offset's
     signature, constexprs, attrs = {}, {}, {}
     for i, (name, value) in enumerate(zip(names, args, strict=False)):
+        if value is None:
+            signature[name] = "constexpr"
+            constexprs[(i,)] = None
+            continue
+        if hasattr(value, "block_shape"):  # a TMA TensorDescriptor
+            dtype = ptr[value.base.dtype][1:]
+            signature[name] = f"tensordesc<{dtype}[{', '.join(map(str, value.block_shape))}]>"
+            continue
         if isinstance(value, torch.Tensor):
             signature[name] = ptr[value.dtype]
             aligned = value.storage_offset() * value.element_size() % 16 == 0

@@ -223,12 +223,14 @@ def test_qkv_pairs_over_several_blocks_per_head(dtype) -> None:
     _run_and_compare((10, 32, 64, 4, 32, 2, 24), dtype, True, tol, bn_qkv=8)
 
 
+@pytest.mark.parametrize("att_tma", [False, True], ids=["pointers", "tma"])
 @pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_attention_over_several_tiles_and_key_splits(dtype, gated) -> None:
-    """3 query tiles x 3 key splits, merged by the combine phase."""
+def test_attention_over_several_tiles_and_key_splits(dtype, gated, att_tma) -> None:
+    """3 query tiles x 3 key splits, merged by the combine phase; the tiles through pointer
+    loads or TMA descriptors (`att_tma`)."""
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else None
-    tiles = dict(att_bm=16, att_bn=16, att_splits=3)
+    tiles = dict(att_bm=16, att_bn=16, att_splits=3, att_tma=att_tma)
     _run_and_compare((10, 32, 64, 4, 16, 2, 24), dtype, gated, tol, **tiles)
 
 
@@ -250,6 +252,11 @@ def test_set_tiles_refuses_unknown_settings() -> None:
 @pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
 def test_step_kernel_matches_reference_gpu_real_shapes(gated) -> None:
     _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, gated, None)
+
+
+@pytest.mark.gpu
+def test_step_kernel_attention_through_tma_gpu_real_shapes() -> None:
+    _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, True, None, att_tma=True)
 
 
 @pytest.mark.gpu
