@@ -198,7 +198,9 @@ def main() -> None:
         # e8ae43a (7 rounds): default 696.2, without the prefetch 717.3; with it, 3 stages 707.9,
         # 5 stages 702.6, bk=64 715.3
         dict(prefetch=False),  # without any of the L2 weight prefetches, for scale
-        dict(att_tma=True),  # EXPERIMENT: the attention phase's tiles through TMA descriptors
+        # 882406b (7 rounds): default 681.0, the attention phase's tiles through TMA descriptors
+        # 671.2 (every round lower; now the default on sm_90+)
+        dict(att_tma=False),  # the attention phase's tiles through pointer loads
         # 6146caf (7 rounds): default 698.7, the MLP weights prefetched during QKV by the programs
         # without a unit: gate|up 686.7 (QKV 4.8 -> 5.9 us, gate|up 6.7 -> 6.1), + down 710.4.
         # (524bc1e's numbers for the variants are void: a wrong condition dropped the down tile's
