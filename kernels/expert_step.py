@@ -372,14 +372,14 @@ def _split_k_partials(
 
 @triton.jit
 def _attn_tile_tma(
-    pid_m, pid_s, q_desc, k_desc, v_desc, kv_row0, kb_ptr, qb_ptr, ws_acc_ptr, ws_m_ptr, ws_l_ptr, n_splits,
+    pid_m, pid_s, q_desc, k_desc, v_desc, layer, kb_ptr, qb_ptr, ws_acc_ptr, ws_m_ptr, ws_l_ptr, n_splits,
     MH, H, Tk, keys_per_split, qk_scale,
     D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """`_attn_fwd_tile`'s split partials with the q, K and V tiles through TMA descriptors (q as
-    [M * H, D] rows, K / V as the cache's [L * Tk, D] rows from this layer's `kv_row0`): the copy
-    engine fills shared memory without address registers or masks (rows past the cache arrive
-    as zeros; keys past the split are hidden by `col_ok`). H200: 671.2 vs 681.0 us per step
+    [M * H, D] rows, K / V as the caches' [L, Tk, D]): the copy engine fills shared memory
+    without address registers or masks (rows past a layer's Tk keys arrive as zeros; keys past
+    the split are hidden by `col_ok`). H200: 671.2 vs 681.0 us per step
     (7 alternating rounds, every one lower; attention phase 8.96 -> 8.32 us), the same bits.
     q and the suffix's K / V rows are stored by the QKV phase through the generic proxy, so a
     proxy fence sits on both sides of the barrier between them (`_proxy_fence`)."""
@@ -397,7 +397,7 @@ def _attn_tile_tma(
     for n0 in range(n_start, n_end, BN):
         cols = n0 + tl.arange(0, BN)
         col_ok = cols < n_end
-        k = k_desc.load([kv_row0 + n0, 0])
+        k = k_desc.load([layer, n0, 0]).reshape(BN, D)
         if UPCAST:
             k = k.to(tl.float32)
         s = tl.dot(q, k.T, input_precision=PREC) * qk_scale
@@ -408,7 +408,7 @@ def _attn_tile_tma(
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = v_desc.load([kv_row0 + n0, 0])
+        v = v_desc.load([layer, n0, 0]).reshape(BN, D)
         if UPCAST:
             p = p.to(v_desc.dtype).to(tl.float32)
             v = v.to(tl.float32)
@@ -450,7 +450,7 @@ def _expert_step_kernel(
     kb_ptr,  # [Tk] key block ids
     qb_ptr,  # [M] query block ids
     rope_ptr,  # [2, M, D / 2] fp32: cos, sin of each suffix row's RoPE angles (rope_table)
-    q_desc,  # ATT_TMA: descriptors of q [M * H, D] and of the K / V caches as [L * Tk, D] rows
+    q_desc,  # ATT_TMA: descriptors of q [M * H, D] and of the K / V caches [L, Tk, D]
     k_desc,
     v_desc,
     wqkv_ptr,  # [L, (H + 2) D, WE]
@@ -590,8 +590,8 @@ def _expert_step_kernel(
         if ATT_TMA:
             for u in range(me, n_mt * ATT_SPLITS, G):
                 _attn_tile_tma(
-                    u % n_mt, u // n_mt, q_desc, k_desc, v_desc, (zero + layer) * (stride_kl // stride_kt),
-                    kb_ptr, qb_ptr, ws_acc_ptr, ws_m_ptr, ws_l_ptr, ATT_SPLITS, M * H, H, Tk, keys_per_split, qk_scale,
+                    u % n_mt, u // n_mt, q_desc, k_desc, v_desc, zero + layer, kb_ptr, qb_ptr,
+                    ws_acc_ptr, ws_m_ptr, ws_l_ptr, ATT_SPLITS, M * H, H, Tk, keys_per_split, qk_scale,
                     D, ATT_BM, ATT_BN, UPCAST, PREC,
                 )  # fmt: skip
         else:
@@ -963,20 +963,21 @@ class ExpertStepPlan:
         return bool(self.prefetch and self.gpu and 4 * free >= qkv_units and span_bytes <= self.l2_bytes)
 
     def _attention_descriptors(self, k: torch.Tensor, v: torch.Tensor) -> tuple:
-        """(q, k, v) TMA descriptors for `att_tma`: q as [M * H, D] rows, the caches as
-        [L * Tk, D] rows (built per launch: a captured graph keeps its launch's copy); Nones
-        without it."""
+        """(q, k, v) TMA descriptors for `att_tma`: q as [M * H, D] rows, the caches as they are,
+        [L, Tk, D] (a bucket's slice of a longer cache too; rows past Tk read as zeros); built per
+        launch (a captured graph keeps its launch's copy); Nones without it."""
         if not self.att_tma:
             return None, None, None
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        if not (k.is_contiguous() and v.is_contiguous()):
-            raise ValueError("att_tma reads the K / V caches as contiguous [L * Tk, D] rows")
-        kv = [self.att_bn, self.D]
+        for name, t in (("k", k), ("v", v)):
+            if t.dim() != 3 or t.stride(2) != 1 or any(st * t.element_size() % 16 for st in t.stride()[:2]):
+                raise ValueError(f"att_tma reads the {name} cache [L, Tk, D] with rows of a multiple of 16 bytes")
+        block = [1, self.att_bn, self.D]
         return (
             TensorDescriptor.from_tensor(self.q.view(-1, self.D), [self.att_bm, self.D]),
-            TensorDescriptor.from_tensor(k.view(-1, self.D), kv),
-            TensorDescriptor.from_tensor(v.view(-1, self.D), kv),
+            TensorDescriptor(k, list(k.shape), list(k.stride()), block),
+            TensorDescriptor(v, list(v.shape), list(v.stride()), block),
         )
 
     def _update_chunk(self, rows: int, bw: int) -> int:

@@ -178,9 +178,13 @@ def _kernel_inputs(inputs):
     return (*head, rope_table(pos, inv), row0)
 
 
-def _run_and_compare(shape, dtype, gated, tol, sms=None, **tiles):
+def _run_and_compare(shape, dtype, gated, tol, sms=None, cache_pad=0, **tiles):
+    """cache_pad: the K / V caches as the first rows of longer ones whose extra rows hold NaN
+    (the fused path passes a prompt bucket's slice of its cache): no kernel may read them."""
     M, W, F, H, D, L, P = shape
     h0, w, (k, v, kb, qb, pos, inv, row0) = _problem(M, W, F, H, D, L, P, dtype, gated)
+    if cache_pad:
+        k, v = (torch.cat([t, torch.full_like(t[:, :cache_pad], float("nan"))], 1)[:, : t.shape[1]] for t in (k, v))
     h_ref, x_ref, k_ref, v_ref = expert_step_ref(h0, w, 1, k, v, kb, qb, pos, inv, row0, 1e-6)
     plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), dtype, sm_count=sms)
     plan.set_tiles(**tiles)
@@ -228,10 +232,11 @@ def test_qkv_pairs_over_several_blocks_per_head(dtype) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_attention_over_several_tiles_and_key_splits(dtype, gated, att_tma) -> None:
     """3 query tiles x 3 key splits, merged by the combine phase; the tiles through pointer
-    loads or TMA descriptors (`att_tma`)."""
+    loads or TMA descriptors (`att_tma`), over caches that are slices of longer ones (34 keys:
+    the last 16-key tile reaches past them, into rows of NaN)."""
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else None
     tiles = dict(att_bm=16, att_bn=16, att_splits=3, att_tma=att_tma)
-    _run_and_compare((10, 32, 64, 4, 16, 2, 24), dtype, gated, tol, **tiles)
+    _run_and_compare((10, 32, 64, 4, 16, 2, 24), dtype, gated, tol, cache_pad=8, **tiles)
 
 
 def test_step_refuses_a_slot_outside_the_plan() -> None:
