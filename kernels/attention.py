@@ -53,6 +53,19 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def online_softmax(s, m_i, l_i):
+    """One key tile of the streaming softmax, scores `s` [rows, keys] in the exp2 domain:
+    (p, the rescale of what came before, the new running max, the new running sum). A row that
+    has seen no visible key yet keeps m = -inf; 0 is subtracted instead, so that exp2(-inf - m)
+    is 0, not NaN. Shared by every attention kernel here."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
 def _attn_fwd_tile(
     pid_m,
     pid_s,
@@ -144,13 +157,7 @@ def _attn_fwd_tile(
             visible = col_ok[None, :]  # every key in range (broadcast over rows)
         s = tl.where(visible, s, float("-inf"))
 
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        # A row that has seen no visible key yet keeps m = -inf; subtract 0 instead so that
-        # exp2(-inf - m) is 0, not NaN.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_new, l_i = online_softmax(s, m_i, l_i)
 
         v = tl.load(
             v_ptr + b * stride_vb + cols[:, None].to(tl.int64) * stride_vt + d[None, :], mask=kv_mask, other=0.0

@@ -57,7 +57,7 @@ import triton
 import triton.language as tl
 
 from ._common import dot_precision, is_interpreting, needs_rtne_fix, round_bf16_rtne
-from .attention import _attn_combine_tile, _attn_fwd_tile
+from .attention import _attn_combine_tile, _attn_fwd_tile, online_softmax
 from .denoise_update import DenoiseUpdate, euler, next_input_part, velocity_part
 from .gate_up_geglu import deinterleave_gate_up, interleave_gate_up
 
@@ -403,11 +403,7 @@ def _attn_tile_tma(
         s = tl.dot(q, k.T, input_precision=PREC) * qk_scale
         k_blk = tl.load(kb_ptr + cols, mask=col_ok, other=2**30)
         s = tl.where((k_blk[None, :] <= q_blk[:, None]) & col_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_new, l_i = online_softmax(s, m_i, l_i)
         v = v_desc.load([layer, n0, 0]).reshape(BN, D)
         if UPCAST:
             p = p.to(v_desc.dtype).to(tl.float32)

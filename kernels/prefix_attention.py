@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ._common import check_out, dot_precision, is_interpreting, needs_rtne_fix, round_bf16_rtne
+from .attention import online_softmax
 from .gate_up_geglu import _check_tma_rows
 
 __all__ = ["compile_offline", "prefix_attention", "supports_prefix_attention"]
@@ -60,11 +61,7 @@ def _prefix_attn_kernel(
         cols = n0 + tl.arange(0, BN)
         kb = tl.load(kb_ptr + cols, mask=cols < Tk, other=HIDDEN)
         s = tl.where((kb <= 0)[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no visible key yet
-        alpha = tl.math.exp2(m_i - m_safe)
-        p = tl.math.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_new, l_i = online_softmax(s, m_i, l_i)
         v = v_desc.load([n0, 0])
         if UPCAST:
             p = p.to(v_desc.dtype).to(tl.float32)  # the bf16 P of the GPU path
