@@ -718,8 +718,10 @@ def pair_halves(w: torch.Tensor, head_dim: int, block: int, undo: bool = False) 
     column tile and its rotate_half pair); `undo`: back to nn.Linear's rows."""
     *lead, rows, kd = w.shape
     half = head_dim // 2
-    if head_dim % 2 or rows % head_dim or block <= 0 or half % block:
-        raise ValueError(f"{rows} rows of heads of {head_dim}: block {block} must divide half a head")
+    if head_dim % 2 or rows % head_dim:
+        raise ValueError(f"{rows} rows are not whole heads of an even head dim {head_dim}")
+    if block <= 0 or half % block:
+        raise ValueError(f"block {block} must divide half a head ({half} rows)")
     split = (*lead, rows // head_dim, 2, half // block, block, kd)
     paired = (*lead, rows // head_dim, half // block, 2, block, kd)
     n = len(lead)
@@ -830,6 +832,8 @@ class ExpertStepPlan:
         self.bm = 64 if not interp else max(16, triton.next_power_of_2(rows))
         # QKV: 16-column tiles and their rotate_half pairs (one 32-row MMA); narrower heads (the
         # tiny test model's 16) take 8, the least whose pair still makes tl.dot's 16 rows
+        if head_dim % 16:
+            raise ValueError(f"head dim {head_dim}: the step kernel's QKV tiles need a multiple of 16")
         self.bn_qkv = _pow2_tile(head_dim // 2, 16, least=8)
         # O and down: 32 columns x 4 K splits (128 units; the row phases sum 4 partials): 815 us per
         # step on the H200, against 845 with 64 columns x 8 splits
@@ -884,6 +888,12 @@ class ExpertStepPlan:
             if not hasattr(self, name):
                 raise ValueError(f"unknown tile setting {name}")
             setattr(self, name, value)
+        half = self.D // 2
+        if self.bn_qkv < 8 or self.bn_qkv & (self.bn_qkv - 1) or half % self.bn_qkv:
+            raise ValueError(
+                f"bn_qkv {self.bn_qkv}: expected a power of two >= 8 dividing half the head dim ({half}); its "
+                "rotate_half pair makes the tile's 2 x bn_qkv rows, and tl.dot needs at least 16"
+            )
         self._allocate_splits()
 
     def _allocate_splits(self) -> None:
@@ -967,8 +977,13 @@ class ExpertStepPlan:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         for name, t in (("k", k), ("v", v)):
-            if t.dim() != 3 or t.stride(2) != 1 or any(st * t.element_size() % 16 for st in t.stride()[:2]):
-                raise ValueError(f"att_tma reads the {name} cache [L, Tk, D] with rows of a multiple of 16 bytes")
+            rows_ok = t.dim() == 3 and t.shape[2] == self.D and t.stride(2) == 1
+            if not rows_ok or any(st * t.element_size() % 16 for st in t.stride()[:2]) or t.data_ptr() % 16:
+                raise ValueError(
+                    f"the {name} cache must be [L, Tk, {self.D}] with unit last stride, other strides of a multiple "
+                    f"of 16 bytes and a 16-byte aligned start (TMA; plan.att_tma=False reads any rows), got shape "
+                    f"{tuple(t.shape)}, strides {t.stride()}, start {t.data_ptr() % 16} bytes past alignment"
+                )
         block = [1, self.att_bn, self.D]
         return (
             TensorDescriptor.from_tensor(self.q.view(-1, self.D), [self.att_bm, self.D]),

@@ -9,7 +9,8 @@ of 64 rows fill the H200's 132 SMs once, with no key split and so no combine ker
 Each program streams its K / V tiles with TMA (the copy engine writes shared memory, no address
 registers), keeps its 64 x 256 fp32 accumulator in one warpgroup's registers and runs the online
 softmax in the exp2 domain. `kernels.attention` (pointer loads, 128-row tiles, 2 key splits +
-combine) stays for every other shape and for GPUs without TMA (below sm_90).
+combine) stays for every other shape, for GPUs without TMA (below sm_90) and where these tiles
+do not fit in shared memory (`supports_prefix_attention`: e.g. fp32 at head dim 256).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .gate_up_geglu import _check_tma_rows
 __all__ = ["compile_offline", "prefix_attention", "supports_prefix_attention"]
 
 _LOG2E = 1.4426950408889634
-MIN_SMEM = 165 * 1024  # the GPU launch's Q tile and 2 stages of K / V tiles (64 x 256 bf16 each)
+GPU_TILES = dict(BM=64, BN=64, num_warps=4, num_stages=2)  # measured on the H200 (bench/attention.py)
 HIDDEN = tl.constexpr(2**30)  # key_blocks value of keys beyond Tk (never visible)
 
 
@@ -80,25 +81,35 @@ def _prefix_attn_kernel(
     )
 
 
-def supports_prefix_attention(device: torch.device) -> bool:
-    """TMA descriptors (sm_90+) and room for the GPU tiles (160 KB of shared memory: Hopper,
-    datacenter Blackwell, Jetson Thor; not consumer Blackwell's 99 KB); everywhere under the
-    interpreter."""
+def _smem_bytes(D: int, elem: int, BM: int, BN: int, num_stages: int, **_) -> int:
+    """Shared memory of a launch: the Q tile and a K and a V tile per stage (the measured
+    bf16 build at D = 256: 164,128 bytes for the model's 163,840)."""
+    return elem * D * (BM + 2 * BN * num_stages)
+
+
+def supports_prefix_attention(device: torch.device, dtype: torch.dtype = torch.bfloat16, head_dim: int = 256) -> bool:
+    """Whether the GPU launch runs here for this dtype and head dim: TMA descriptors (sm_90+)
+    and room for its tiles (bf16 at head dim 256: 164 KB, within Hopper's, datacenter
+    Blackwell's and Jetson Thor's 227 KB; not consumer Blackwell's 99 KB, nor fp32 at 256);
+    everywhere under the interpreter."""
     if is_interpreting():
         return True
     if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
         return False
     props = torch.cuda.get_device_properties(device)
-    return int(getattr(props, "shared_memory_per_block_optin", 0) or 0) >= MIN_SMEM
+    smem = int(getattr(props, "shared_memory_per_block_optin", 0) or 0)
+    need = _smem_bytes(head_dim, torch.empty(0, dtype=dtype).element_size(), **GPU_TILES)
+    return smem >= need + 1024  # + Triton's own scratch
 
 
-def _launch_settings(MQ: int, Tk: int, D: int, device: torch.device) -> dict[str, int]:
-    """GPU: 64-row tiles (one warpgroup, 4 warps), 64-key tiles, 2 stages (32 KB of Q and
-    2 x 64 KB of K / V in shared memory). Interpreter: tiles as small as the problem allows."""
+def _launch_settings(MQ: int, Tk: int, device: torch.device) -> dict[str, int]:
+    """GPU: `GPU_TILES`, 64-row tiles (one warpgroup, 4 warps), 64-key tiles, 2 stages (32 KB
+    of Q and 2 x 64 KB of K / V in shared memory at bf16, head dim 256). Interpreter: tiles as
+    small as the problem allows."""
     if is_interpreting() or device.type != "cuda":
         return dict(BM=min(64, max(16, triton.next_power_of_2(MQ))), BN=min(64, max(16, triton.next_power_of_2(Tk))),
                     num_warps=4, num_stages=1)  # fmt: skip
-    return dict(BM=64, BN=64, num_warps=4, num_stages=2)
+    return dict(GPU_TILES)
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_blocks: torch.Tensor) -> tuple[int, int, int, int]:
@@ -112,9 +123,11 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_blocks: torch.
     if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v differ: {q.dtype}/{k.dtype}/{v.dtype} on {q.device}/{k.device}/{v.device}")
     Tk = k.shape[0]
-    if key_blocks.shape != (Tk,) or key_blocks.dtype != torch.int32 or key_blocks.device != q.device:
+    kb = key_blocks
+    if kb.shape != (Tk,) or kb.dtype != torch.int32 or kb.device != q.device or kb.stride(0) != 1:
         raise ValueError(
-            f"key_blocks must be int32 [{Tk}] on {q.device}, got {key_blocks.dtype} {tuple(key_blocks.shape)}"
+            f"key_blocks must be a contiguous int32 [{Tk}] on {q.device}, got {kb.dtype} {tuple(kb.shape)} "
+            f"(stride {kb.stride()}) on {kb.device}"
         )
     _check_tma_rows("k", k)
     _check_tma_rows("v", v)
@@ -154,7 +167,7 @@ def prefix_attention(
         raise ValueError(f"out must be a contiguous {q.dtype} [T, H, D]")
     if T == 0:
         return out
-    s = _launch_settings(T * H, Tk, D, q.device)
+    s = _launch_settings(T * H, Tk, q.device)
     bm, bn = block_m or s["BM"], block_n or s["BN"]
     scale = D**-0.5 if scale is None else scale
     _prefix_attn_kernel[(triton.cdiv(T * H, bm),)](
@@ -178,7 +191,13 @@ def prefix_attention(
     return out
 
 
-def compile_offline(arch: int, block_m: int = 64, block_n: int = 64, num_warps: int = 4, num_stages: int = 2):
+def compile_offline(
+    arch: int,
+    block_m: int = GPU_TILES["BM"],
+    block_n: int = GPU_TILES["BN"],
+    num_warps: int = GPU_TILES["num_warps"],
+    num_stages: int = GPU_TILES["num_stages"],
+):
     """Build the GPU launch (bf16, head dim 256) for CUDA `arch` without a GPU (90: H200,
     110: Jetson Thor): registers, spills and shared memory of a target CI has no device for."""
     from triton.backends.compiler import GPUTarget

@@ -96,8 +96,10 @@ def resource_usage(cubin: bytes) -> dict[str, int | None]:
 def main(
     archs: list[int], trace: bool, tiles: dict[str, int], with_update: bool, sms: int = 132, shape: str = "pi05"
 ) -> None:
-    args, kwargs = shape_launch(trace, tiles, with_update, sms, shape)
     for arch in archs:
+        # TMA (the attention phase's descriptors) is sm_90+: an older target builds the pointer loads
+        arch_tiles = tiles if arch >= 90 else {"att_tma": 0, **tiles}
+        args, kwargs = shape_launch(trace, arch_tiles, with_update, sms, shape)
         t0 = time.perf_counter()
         try:
             compiled = compile_for(args, kwargs, arch)

@@ -62,6 +62,12 @@ def test_step_kernel_builds_for_hopper_and_thor() -> None:
     assert results[90]["prefetches"] > 0  # the weight prefetches at the barriers
 
 
+def test_pre_hopper_target_builds_without_tma() -> None:
+    """sm_80 (no TMA): the launch builds with the attention phase's pointer loads."""
+    (result,) = _compile_check("80")
+    assert result["target"] and result["tiles"] == {}
+
+
 def test_thor_sized_launch_builds() -> None:
     """--sms 20 (Jetson AGX Thor's SM count): the grid-dependent launch (one key split per query
     tile, the tail's chunks) builds too, for Hopper here (any Triton's ptxas knows sm_90)."""
@@ -149,8 +155,10 @@ def test_phase_times_decodes_the_trace() -> None:
     assert rows[-1]["barrier"] == 0.0 and all(r["work"] == 3.0 for r in rows)
 
 
-def _problem(M, W, F, H, D, L, P, dtype, gated, seed=0):
-    """Random stacked weights / norms for 2 steps, a cache whose last 4 prefix keys are padding."""
+def _problem(M, W, F, H, D, L, P, dtype, gated, seed=0, pi0_blocks=False):
+    """Random stacked weights / norms for 2 steps, a cache whose last 4 prefix keys are padding.
+    pi0_blocks: pi0's suffix blocks (the state token [1], then the actions [2, 2, ...]: the state
+    sees no action key); else pi0.5's (every suffix token in block 1)."""
     g = torch.Generator().manual_seed(seed)
     rnd = lambda *shape, scale=1.0: (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEVICE)  # noqa: E731
     vec = lambda base: (base + 0.2 * torch.randn(2, L, W, generator=g)).to(DEVICE)  # noqa: E731
@@ -165,8 +173,11 @@ def _problem(M, W, F, H, D, L, P, dtype, gated, seed=0):
     k, v = rnd(L, P + M, D), rnd(L, P + M, D)
     kb = torch.full((P + M,), -(2**30), dtype=torch.int32)
     kb[P - 4 : P] = 2**30  # padded prefix keys: seen by no query
-    kb[P:] = 1
-    inputs = (k, v, kb.to(DEVICE), torch.ones(M, dtype=torch.int32, device=DEVICE))
+    qb = torch.ones(M, dtype=torch.int32)
+    if pi0_blocks:
+        qb[1:] = 2
+    kb[P:] = qb
+    inputs = (k, v, kb.to(DEVICE), qb.to(DEVICE))
     inputs += (torch.arange(P - 4, P - 4 + M, device=DEVICE), rope_inv_freq(D, 10000.0, DEVICE), P)
     return rnd(M, W), w, inputs
 
@@ -178,11 +189,11 @@ def _kernel_inputs(inputs):
     return (*head, rope_table(pos, inv), row0)
 
 
-def _run_and_compare(shape, dtype, gated, tol, sms=None, cache_pad=0, **tiles):
+def _run_and_compare(shape, dtype, gated, tol, sms=None, cache_pad=0, pi0_blocks=False, **tiles):
     """cache_pad: the K / V caches as the first rows of longer ones whose extra rows hold NaN
     (the fused path passes a prompt bucket's slice of its cache): no kernel may read them."""
     M, W, F, H, D, L, P = shape
-    h0, w, (k, v, kb, qb, pos, inv, row0) = _problem(M, W, F, H, D, L, P, dtype, gated)
+    h0, w, (k, v, kb, qb, pos, inv, row0) = _problem(M, W, F, H, D, L, P, dtype, gated, pi0_blocks=pi0_blocks)
     if cache_pad:
         k, v = (torch.cat([t, torch.full_like(t[:, :cache_pad], float("nan"))], 1)[:, : t.shape[1]] for t in (k, v))
     h_ref, x_ref, k_ref, v_ref = expert_step_ref(h0, w, 1, k, v, kb, qb, pos, inv, row0, 1e-6)
@@ -233,10 +244,11 @@ def test_qkv_pairs_over_several_blocks_per_head(dtype) -> None:
 def test_attention_over_several_tiles_and_key_splits(dtype, gated, att_tma) -> None:
     """3 query tiles x 3 key splits, merged by the combine phase; the tiles through pointer
     loads or TMA descriptors (`att_tma`), over caches that are slices of longer ones (34 keys:
-    the last 16-key tile reaches past them, into rows of NaN)."""
+    the last 16-key tile reaches past them, into rows of NaN); pi0's block mask with pi0's
+    plain RMSNorm (the state token must not see the action keys)."""
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else None
     tiles = dict(att_bm=16, att_bn=16, att_splits=3, att_tma=att_tma)
-    _run_and_compare((10, 32, 64, 4, 16, 2, 24), dtype, gated, tol, cache_pad=8, **tiles)
+    _run_and_compare((10, 32, 64, 4, 16, 2, 24), dtype, gated, tol, cache_pad=8, pi0_blocks=not gated, **tiles)
 
 
 def test_step_refuses_a_slot_outside_the_plan() -> None:
@@ -247,10 +259,26 @@ def test_step_refuses_a_slot_outside_the_plan() -> None:
         plan.step(h0.clone(), plan.lay_out(w), 1, *_kernel_inputs(inputs), 1, 1e-6)
 
 
-def test_set_tiles_refuses_unknown_settings() -> None:
+def test_set_tiles_refuses_unknown_settings_and_bad_qkv_tiles() -> None:
     plan = ExpertStepPlan(10, 32, 64, 4, 16, 1, torch.device("cpu"), torch.float32)
     with pytest.raises(ValueError, match="unknown tile setting bn_x"):
         plan.set_tiles(bn_x=16)
+    with pytest.raises(ValueError, match=r"bn_qkv 4: expected a power of two >= 8 dividing half the head dim \(8\)"):
+        plan.set_tiles(bn_qkv=4)
+    with pytest.raises(ValueError, match="head dim 24: the step kernel's QKV tiles need a multiple of 16"):
+        ExpertStepPlan(10, 32, 64, 4, 24, 1, torch.device("cpu"), torch.float32)
+
+
+def test_tma_attention_refuses_a_cache_it_cannot_describe() -> None:
+    """att_tma's descriptors need [L, Tk, D] caches with 16-byte strides: a clear error naming
+    what it got, before any launch."""
+    M, W, F, H, D, L, P = 10, 32, 64, 4, 16, 2, 24
+    h0, w, (k, v, kb, qb, pos, inv, row0) = _problem(M, W, F, H, D, L, P, torch.float32, gated=True)
+    plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), torch.float32)
+    plan.set_tiles(att_tma=True)
+    odd_k, odd_v = (torch.zeros(L, P + M, D + 1, device=DEVICE)[..., :D] for _ in "kv")  # 68-byte rows
+    with pytest.raises(ValueError, match=r"the k cache must be \[L, Tk, 16\].*got shape \(2, 34, 16\), strides"):
+        plan.step(h0.clone(), plan.lay_out(w), 1, odd_k, odd_v, kb, qb, rope_table(pos, inv), row0, 0, 1e-6)
 
 
 @pytest.mark.gpu

@@ -8,7 +8,8 @@ from kernel_fixtures import DEVICE, TOL, offline_builds
 from kernels.attention import attention, attention_key_blocks, attention_ref
 from kernels.prefix_attention import prefix_attention, supports_prefix_attention
 
-pytestmark = pytest.mark.skipif(
+# the tests that launch the kernel (the offline builds and the argument checks run anywhere)
+needs_tma = pytest.mark.skipif(
     DEVICE == "cuda" and not supports_prefix_attention(torch.device("cuda")), reason="needs sm_90+ (TMA)"
 )
 
@@ -23,6 +24,7 @@ def _problem(T: int, H: int, D: int, valid: int, dtype: torch.dtype, seed: int, 
     return q, k, v, attention_key_blocks(ok.to(DEVICE))
 
 
+@needs_tma
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "T,H,D,valid,holes",
@@ -39,6 +41,7 @@ def test_prefix_attention_matches_reference(T, H, D, valid, holes, dtype) -> Non
     torch.testing.assert_close(out.float(), want, **TOL[dtype])
 
 
+@needs_tma
 def test_prefix_attention_equals_the_split_kernel() -> None:
     """The same maths as kernels.attention with key splits + combine (what the fused path ran
     before), and the same as a softmax that drops the masked keys altogether."""
@@ -51,6 +54,7 @@ def test_prefix_attention_equals_the_split_kernel() -> None:
     torch.testing.assert_close(out, dense, **TOL[torch.float32])
 
 
+@needs_tma
 def test_prefix_attention_scale_and_static_buffer() -> None:
     q, k, v, kb = _problem(9, 2, 16, 9, torch.float32, seed=3)
     out = torch.full((10, 2, 16), 7.0, device=DEVICE)
@@ -60,6 +64,7 @@ def test_prefix_attention_scale_and_static_buffer() -> None:
     assert bool((out[9] == 7.0).all())  # past T: untouched
 
 
+@needs_tma
 def test_prefix_attention_without_visible_keys_gives_zeros() -> None:
     """Every key masked (no valid token at all): zeros, not NaN."""
     q, k, v, kb = _problem(12, 2, 16, 0, torch.float32, seed=4)
@@ -77,12 +82,15 @@ def test_prefix_attention_rejects_bad_operands() -> None:
         prefix_attention(q[..., :24].contiguous(), k[:, :24].contiguous(), v[:, :24].contiguous(), kb)
     with pytest.raises(ValueError, match="q, k, v differ"):
         prefix_attention(q, k.to(torch.bfloat16), v, kb)
-    with pytest.raises(ValueError, match=r"key_blocks must be int32 \[8\]"):
+    with pytest.raises(ValueError, match=r"key_blocks must be a contiguous int32 \[8\]"):
         prefix_attention(q, k, v, kb.long())
+    with pytest.raises(ValueError, match=r"key_blocks must be a contiguous int32 \[8\].*\(stride \(2,\)\)"):
+        prefix_attention(q, k, v, kb.repeat_interleave(2)[::2])
     with pytest.raises(ValueError, match="out must be a contiguous"):
         prefix_attention(q, k, v, kb, out=torch.empty_like(q, dtype=torch.float64))
 
 
+@needs_tma
 @pytest.mark.gpu
 def test_prefix_attention_gpu_real_shape() -> None:
     """The prefix LM's attention at 3 views (968 tokens, 930 valid, 8 heads, d 256), bf16,
@@ -94,6 +102,17 @@ def test_prefix_attention_gpu_real_shape() -> None:
     cos = torch.nn.functional.cosine_similarity(out.flatten(), want.flatten(), dim=0)
     assert float(cos) > 0.9999
     torch.testing.assert_close(out, attention(q, k, v, key_blocks=kb).float(), **TOL[torch.bfloat16])
+
+
+def test_supported_only_where_the_tiles_fit() -> None:
+    """The GPU tiles need 164 KB at bf16 and head dim 256, 320 KB at fp32: fp32 there falls back
+    to kernels/attention.py (227 KB GPUs); the interpreter runs everything."""
+    from kernels.prefix_attention import GPU_TILES, _smem_bytes
+
+    assert _smem_bytes(256, 2, **GPU_TILES) == 163840 and _smem_bytes(256, 4, **GPU_TILES) > 227 * 1024
+    if DEVICE == "cuda" and supports_prefix_attention(torch.device("cuda")):
+        assert not supports_prefix_attention(torch.device("cuda"), torch.float32, 256)
+        assert supports_prefix_attention(torch.device("cuda"), torch.float32, 64)
 
 
 def test_gpu_launch_builds_for_hopper_and_thor() -> None:

@@ -492,13 +492,14 @@ class FusedPi0:
 
     def _prefix_attention_tma(self) -> bool:
         """Whether the prefix LM's attention runs on kernels/prefix_attention.py (PREFIX_ATTENTION,
-        where it can: sm_90+ or the interpreter, one K/V head, head dim a power of two <= 256)."""
+        where it can: sm_90+ with room for its tiles at this dtype, or the interpreter; one K/V head,
+        head dim a power of two <= 256)."""
         spec = self.cfg.prefix
         return (
             PREFIX_ATTENTION == "tma"
-            and supports_prefix_attention(self.device)
             and spec.num_kv_heads == 1
             and spec.head_dim in (16, 32, 64, 128, 256)
+            and supports_prefix_attention(self.device, self.dtype, spec.head_dim)
         )
 
     def _prefix_mlp_fused(self) -> bool:
