@@ -2,8 +2,8 @@
 # Everything that needs the GPU, in one command for the device machine (H200; Python 3.12,
 # torch 2.11 + CUDA 13, triton 3.6; no network). CI has no GPU, so these never run there.
 #
-#   bash scripts/gpu_check.sh [parts...]     parts: kernels fused parity latency bench step compile profile micro
-#                                            experiments vision ncu
+#   bash scripts/gpu_check.sh [parts...]     parts: kernels fused parity latency bench headline step compile
+#                                            profile micro experiments vision ncu
 #                                            (default: kernels fused parity latency bench step)
 #
 # Carry the parity wheels (`bash scripts/fetch_parity_wheels.sh` -> .whl) for `parity`.
@@ -36,6 +36,11 @@ for part in "${parts[@]}"; do
       step "flashrt bench: eager, fused, torch.compile (pi0.5 and pi0, bf16, batch 1)"
       python3 -m flashrt_ros.cli bench --policy pi05,pi0 --views 1,2,3 --modes eager,fused,compile --iters 50 \
         --warmup 5 --out "$OUT" 2>&1 | tee "$OUT/bench.log" || status=1
+      ;;
+    headline)
+      step "The issue's headline: pi0.5 and pi0 at 3 views, eager, fused, torch.compile in one run (~5 min)"
+      python3 -m flashrt_ros.cli bench --policy pi05,pi0 --views 3 --modes eager,fused,compile --iters 30 \
+        --warmup 3 --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/headline.log" || status=1
       ;;
     parity)
       step "LeRobot 0.6.1 parity, full size"
