@@ -43,9 +43,9 @@ tiles: the last-arrival tails cost more than the row phases and barriers they sa
 of a whole layer's weights / cache rows ahead of its phases with ``cp.async.bulk.prefetch.L2``
 (925-964 us: issuing it stalls its phase by 8-11 us); QKV and gate|up on FP8 operands (827 vs
 742 us: halving their bytes gained 0.2-0.4 us, and O / down slowed). The attention phase reads
-its tiles through TMA descriptors on sm_90+ (`_attn_tile_tma`; 671.2 vs 681.0 us per step). The denoise update as the
-launch's tail saves ~6-9 us per step against the same update as its own launch after the step
-(bench/expert_step.py).
+its tiles through TMA descriptors on sm_90+ (`_attn_tile_tma`; 671.2 vs 681.0 us per step).
+The denoise update as the launch's tail saves ~6-9 us per step against the same update as its
+own launch after the step (bench/expert_step.py).
 """
 
 from __future__ import annotations
@@ -372,7 +372,7 @@ def _split_k_partials(
 
 @triton.jit
 def _attn_tile_tma(
-    pid_m, pid_s, q_desc, k_desc, v_desc, layer, kb_ptr, qb_ptr, ws_acc_ptr, ws_m_ptr, ws_l_ptr, n_splits,
+    pid_m, pid_s, q_desc, k_desc, v_desc, layer, kb_ptr, qb_ptr, ws_acc_ptr, ws_m_ptr, ws_l_ptr,
     MH, H, Tk, keys_per_split, qk_scale,
     D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
@@ -587,7 +587,7 @@ def _expert_step_kernel(
             for u in range(me, n_mt * ATT_SPLITS, G):
                 _attn_tile_tma(
                     u % n_mt, u // n_mt, q_desc, k_desc, v_desc, zero + layer, kb_ptr, qb_ptr,
-                    ws_acc_ptr, ws_m_ptr, ws_l_ptr, ATT_SPLITS, M * H, H, Tk, keys_per_split, qk_scale,
+                    ws_acc_ptr, ws_m_ptr, ws_l_ptr, M * H, H, Tk, keys_per_split, qk_scale,
                     D, ATT_BM, ATT_BN, UPCAST, PREC,
                 )  # fmt: skip
         else:

@@ -20,13 +20,14 @@ import triton
 import triton.language as tl
 
 from ._common import check_out, dot_precision, is_interpreting, needs_rtne_fix, round_bf16_rtne
-from .attention import online_softmax
+from .attention import _device_info, _smem_bytes, online_softmax
 from .gate_up_geglu import _check_tma_rows
 
 __all__ = ["compile_offline", "prefix_attention", "supports_prefix_attention"]
 
 _LOG2E = 1.4426950408889634
 GPU_TILES = dict(BM=64, BN=64, num_warps=4, num_stages=2)  # measured on the H200 (bench/attention.py)
+HEAD_DIMS = (16, 32, 64, 128, 256)  # powers of two that fit one TMA box (256 elements at most)
 HIDDEN = tl.constexpr(2**30)  # key_blocks value of keys beyond Tk (never visible)
 
 
@@ -81,25 +82,20 @@ def _prefix_attn_kernel(
     )
 
 
-def _smem_bytes(D: int, elem: int, BM: int, BN: int, num_stages: int, **_) -> int:
-    """Shared memory of a launch: the Q tile and a K and a V tile per stage (the measured
-    bf16 build at D = 256: 164,128 bytes for the model's 163,840)."""
-    return elem * D * (BM + 2 * BN * num_stages)
-
-
 def supports_prefix_attention(device: torch.device, dtype: torch.dtype = torch.bfloat16, head_dim: int = 256) -> bool:
-    """Whether the GPU launch runs here for this dtype and head dim: TMA descriptors (sm_90+)
-    and room for its tiles (bf16 at head dim 256: 164 KB, within Hopper's, datacenter
-    Blackwell's and Jetson Thor's 227 KB; not consumer Blackwell's 99 KB, nor fp32 at 256);
-    everywhere under the interpreter."""
+    """Whether the GPU launch runs here for this dtype and head dim: a head dim of one TMA box
+    (`HEAD_DIMS`), TMA descriptors (sm_90+) and room for its tiles (bf16 at head dim 256:
+    164 KB, within Hopper's, datacenter Blackwell's and Jetson Thor's 227 KB; not consumer
+    Blackwell's 99 KB, nor fp32 at 256); everywhere under the interpreter."""
+    if head_dim not in HEAD_DIMS:
+        return False
     if is_interpreting():
         return True
     if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
         return False
-    props = torch.cuda.get_device_properties(device)
-    smem = int(getattr(props, "shared_memory_per_block_optin", 0) or 0)
-    need = _smem_bytes(head_dim, torch.empty(0, dtype=dtype).element_size(), **GPU_TILES)
-    return smem >= need + 1024  # + Triton's own scratch
+    t = GPU_TILES
+    need = _smem_bytes(t["BM"], t["BN"], head_dim, t["num_stages"], dtype.itemsize)
+    return _device_info(device)[1] >= need + 1024  # + Triton's own scratch
 
 
 def _launch_settings(MQ: int, Tk: int, device: torch.device) -> dict[str, int]:
@@ -118,7 +114,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_blocks: torch.
     T, H, D = q.shape
     if k.dim() != 2 or v.shape != k.shape or k.shape[1] != D:
         raise ValueError(f"k and v must be [Tk, {D}] (one K/V head), got {tuple(k.shape)} and {tuple(v.shape)}")
-    if D not in (16, 32, 64, 128, 256):
+    if D not in HEAD_DIMS:
         raise ValueError(f"head dim {D}: expected a power of two from 16 to 256 (one TMA box)")
     if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v differ: {q.dtype}/{k.dtype}/{v.dtype} on {q.device}/{k.device}/{v.device}")

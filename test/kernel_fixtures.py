@@ -27,11 +27,9 @@ for arch in (90, 110):
 """
 
 
-def offline_builds(module: str) -> dict[int, dict]:
-    """`module.compile_offline(arch)` for sm_90 (H200) and sm_110 (Jetson Thor), built with
-    Triton's own ptxas in a subprocess without the interpreter: {arch: shared bytes, target,
-    registers, stack bytes}, or {arch: unsupported_by_ptxas} where that ptxas predates the
-    target (Triton 3.6's and sm_110). sm_90 must build."""
+def run_offline(*argv: str) -> list[dict]:
+    """`python argv...` in a process without the interpreter (GPU code is built, nothing runs),
+    with the repo and scripts/ importable (kernels, compile_check); its JSON lines."""
     import json
     import os
     import subprocess
@@ -40,11 +38,17 @@ def offline_builds(module: str) -> dict[int, dict]:
 
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    paths = (str(root), str(root / "scripts"), env.get("PYTHONPATH", ""))  # kernels, compile_check
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    code = _BUILD.format(module=module)
-    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    env["PYTHONPATH"] = os.pathsep.join((str(root), str(root / "scripts"), env.get("PYTHONPATH", "")))
+    run = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=600, cwd=root)
     assert run.returncode == 0, run.stderr[-3000:]
-    results = {r["arch"]: r for r in map(json.loads, run.stdout.splitlines())}
+    return [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+
+
+def offline_builds(module: str) -> dict[int, dict]:
+    """`module.compile_offline(arch)` for sm_90 (H200) and sm_110 (Jetson Thor), built with
+    Triton's own ptxas: {arch: shared bytes, target, registers, stack bytes}, or {arch:
+    unsupported_by_ptxas} where that ptxas predates the target (Triton 3.6's and sm_110).
+    sm_90 must build."""
+    results = {r["arch"]: r for r in run_offline("-c", _BUILD.format(module=module))}
     assert set(results) == {90, 110} and "unsupported_by_ptxas" not in results[90]
     return results

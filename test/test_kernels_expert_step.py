@@ -8,15 +8,11 @@
   interpreter): the only check of Thor's target we can run in CI.
 """
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from kernel_fixtures import DEVICE
+from kernel_fixtures import DEVICE, run_offline
 from policy_fixtures import cosine
 
 from kernels.denoise_update import DenoiseUpdate, denoise_update_ref
@@ -36,14 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _compile_check(*argv: str) -> list[dict]:
     """scripts/compile_check.py in a process without the interpreter; its JSON lines."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "scripts/compile_check.py"), *argv],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    return [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    return run_offline(str(ROOT / "scripts/compile_check.py"), *argv)
 
 
 def test_step_kernel_builds_for_hopper_and_thor() -> None:

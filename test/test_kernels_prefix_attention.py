@@ -107,9 +107,12 @@ def test_prefix_attention_gpu_real_shape() -> None:
 def test_supported_only_where_the_tiles_fit() -> None:
     """The GPU tiles need 164 KB at bf16 and head dim 256, 320 KB at fp32: fp32 there falls back
     to kernels/attention.py (227 KB GPUs); the interpreter runs everything."""
-    from kernels.prefix_attention import GPU_TILES, _smem_bytes
+    from kernels.attention import _smem_bytes
+    from kernels.prefix_attention import GPU_TILES
 
-    assert _smem_bytes(256, 2, **GPU_TILES) == 163840 and _smem_bytes(256, 4, **GPU_TILES) > 227 * 1024
+    need = lambda elem: _smem_bytes(GPU_TILES["BM"], GPU_TILES["BN"], 256, GPU_TILES["num_stages"], elem)  # noqa: E731
+    assert need(2) == 163840 and need(4) > 227 * 1024
+    assert not supports_prefix_attention(torch.device(DEVICE), head_dim=24)  # not one TMA box
     if DEVICE == "cuda" and supports_prefix_attention(torch.device("cuda")):
         assert not supports_prefix_attention(torch.device("cuda"), torch.float32, 256)
         assert supports_prefix_attention(torch.device("cuda"), torch.float32, 64)

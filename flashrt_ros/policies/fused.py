@@ -498,7 +498,6 @@ class FusedPi0:
         return (
             PREFIX_ATTENTION == "tma"
             and spec.num_kv_heads == 1
-            and spec.head_dim in (16, 32, 64, 128, 256)
             and supports_prefix_attention(self.device, self.dtype, spec.head_dim)
         )
 
