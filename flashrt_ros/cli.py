@@ -1,6 +1,9 @@
 """`flashrt` command line: benchmarks and quick checks without ROS.
 
-flashrt bench [--policy pi05] [--views 1,2,3] [--modes eager,compile,fused] [--out DIR]
+flashrt bench [--policy pi05] [--views 1,2,3] [--modes eager,compile,fused,fused-fp8] [--out DIR]
+
+Modes: eager (the reference), compile (the reference's stages under torch.compile), fused (the
+bf16 fused path), fused-fp8 (the same with the prefix MLP's gate|up GEMM in FP8).
 """
 
 from __future__ import annotations
@@ -16,11 +19,17 @@ import torch
 
 from .bench.timing import HEADER, environment
 
+MODES = ("eager", "compile", "fused", "fused-fp8")
+
 
 def _bench(args: argparse.Namespace) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     modes = args.modes.split(",")
-    if device.type != "cuda" and {"fused", "compile"} & set(modes):
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        print(f"unknown mode(s) {', '.join(unknown)}: expected a comma list of {', '.join(MODES)}")
+        return 2
+    if device.type != "cuda" and {"fused", "fused-fp8", "compile"} & set(modes):
         print("fused / compile modes need a CUDA GPU; running eager only")
         modes = ["eager"]
     results: dict = {"env": environment(device), "settings": vars(args).copy(), "runs": []}
@@ -29,7 +38,8 @@ def _bench(args: argparse.Namespace) -> int:
     print(HEADER)
     for mode in modes:  # the slow compile baseline last, so a cut-short run still has the rest
         for kind, (model, base, cases, refs) in setups.items():
-            views_list = args.views if mode == "fused" or args.baselines_all_views else [max(args.views)]
+            all_views = mode.startswith("fused") or args.baselines_all_views
+            views_list = args.views if all_views else [max(args.views)]
             for views in views_list:
                 model.cfg = base.replace(num_views=views, dtype=args.dtype)
                 run = _bench_one(mode, model, cases[views], refs[views], args, f"{kind} {views}v {mode}", device)
@@ -73,9 +83,9 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
             from .bench.parity import compare
 
             extra["parity"] = {"chunk": compare(chunk[0], ref[0])}
-        elif mode == "fused":
+        elif mode in ("fused", "fused-fp8"):
             lat, extra["parity"], extra["build_capture_s"] = measure_fused(
-                model, case, args.iters, args.warmup, label, ref
+                model, case, args.iters, args.warmup, label, ref, prefix_mlp_fp8=mode == "fused-fp8"
             )
         elif mode == "compile":
             lat, extra["parity"], extra["compile_s"] = measure_compiled(
@@ -83,7 +93,7 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
             )
             extra["compile_mode"] = args.compile_mode
         else:
-            raise ValueError(f"unknown mode {mode!r} (eager, compile, fused)")
+            raise ValueError(f"unknown mode {mode!r} ({', '.join(MODES)})")
     except Exception as exc:  # a baseline that fails is reported, not fatal
         print(f"{label}: FAILED: {type(exc).__name__}: {exc}")
         return {"error": f"{type(exc).__name__}: {exc}"}
@@ -98,13 +108,16 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
 
 
 def _print_ratios(results: dict, kind: str) -> None:
+    """Each fused mode's speed-up over the baselines (eager, compile) of the same run."""
     runs = [r for r in results["runs"] if r["policy"] == kind and "full" in r]
     for views in sorted({r["views"] for r in runs}):
         by_mode = {r["mode"]: r["full"]["median_ms"] for r in runs if r["views"] == views}
-        fused = by_mode.get("fused")
-        parts = [f"{m}/fused = {ms / fused:.2f}x" for m, ms in by_mode.items() if fused and m != "fused"]
-        if parts:  # two decimals: 2.96x must not read as the 3.0x a target asks for
-            print(f"{kind} {views}v speed-up of fused (median full decision): " + ", ".join(parts))
+        for fast in ("fused", "fused-fp8"):
+            ms_fast = by_mode.get(fast)
+            base = [m for m in ("eager", "compile") if ms_fast and m in by_mode]
+            parts = [f"{m}/{fast} = {by_mode[m] / ms_fast:.2f}x" for m in base]
+            if parts:  # two decimals: 2.96x must not read as the 3.0x a target asks for
+                print(f"{kind} {views}v speed-up of {fast} (median full decision): " + ", ".join(parts))
 
 
 def _write(results: dict, out: Path | None, plot: bool = False) -> None:
@@ -157,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--device", default=None)
     b.add_argument("--tiny", action="store_true", help="tiny configs (CPU smoke runs)")
-    b.add_argument("--modes", default="eager,compile,fused", help="comma list of eager, compile, fused")
+    b.add_argument("--modes", default="eager,compile,fused", help=f"comma list of {', '.join(MODES)}")
     b.add_argument("--compile-mode", default="reduce-overhead", help="torch.compile mode for the baseline")
     b.add_argument(
         "--baselines-all-views", action="store_true", help="eager/compile at every view count, not only the largest"

@@ -101,3 +101,19 @@ def round_bf16_rtne(x):
     bits = bits + 0x7FFF + ((bits >> 16) & 1)
     bits = bits & 0xFFFF0000
     return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def round_e4m3_rtne(x):
+    """Round fp32 ``x`` (|x| <= 448) to the nearest e4m3 value (ties to even), returned as fp32.
+
+    Interpreter-only workaround: Triton 3.9's interpreter converts fp32 -> e4m3 without carrying
+    a rounded-up mantissa into the exponent (125.997 -> 64, not 128). Normal range: keep 3
+    mantissa bits of the fp32; below 2**-6 (e4m3's subnormals, spacing 2**-9) the add / subtract
+    of 1.5 * 2**14 rounds to that spacing in fp32.
+    """
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = bits + 0x7FFFF + ((bits >> 20) & 1)
+    normal = (bits & 0xFFF00000).to(tl.float32, bitcast=True)
+    tiny = (x + 24576.0) - 24576.0
+    return tl.where(tl.abs(x) < 0.015625, tiny, normal)

@@ -50,6 +50,8 @@ def _gate_up_geglu_kernel(
     x_desc,
     w_desc,
     y_desc,
+    xs_ptr,
+    ws_ptr,
     M,
     F,
     KD,
@@ -61,6 +63,7 @@ def _gate_up_geglu_kernel(
     UPCAST: tl.constexpr,
     PREC: tl.constexpr,
     FIX_Y: tl.constexpr,
+    SCALED: tl.constexpr,
 ):
     n_m, n_n = tl.cdiv(M, BM), F // BH
     for t in tl.range(tl.program_id(0), n_m * n_n, NUM_PROGS, flatten=True):
@@ -72,6 +75,11 @@ def _gate_up_geglu_kernel(
             if UPCAST:  # the interpreter's bf16 dot is wrong (Triton 3.9): fp32 there
                 a, w = a.to(tl.float32), w.to(tl.float32)
             acc = tl.dot(a, w.T, acc, input_precision=PREC)
+        if SCALED:  # FP8 operands: one scale per x row and per weight row (gate|up column)
+            rows = pm * BM + tl.arange(0, BM)
+            cols = pn * 2 * BH + tl.arange(0, 2 * BH)
+            xs = tl.load(xs_ptr + rows, mask=rows < M, other=0.0)
+            acc = acc * xs[:, None] * tl.load(ws_ptr + cols)[None, :]
         g, u = tl.split(acc.reshape(BM, 2, BH).permute(0, 2, 1))
         y = gelu_tanh(g) * u
         if FIX_Y:
@@ -119,9 +127,17 @@ def deinterleave_gate_up(w_int: torch.Tensor, block: int) -> torch.Tensor:
     return torch.stack(pairs.unbind(-3), dim=-4).reshape(*lead, two_f, kd).contiguous()
 
 
-# The GPU tiles: 128 rows x (2 x block) weight rows x 64 of K per stage
-BM_GPU, BK_GPU = 128, 64
+# The GPU tiles: 128 rows x (2 x block) weight rows x 128 bytes of K per stage (64 bf16, 128 FP8)
+BM_GPU, BK_BYTES = 128, 128
 MIN_SMEM = 200 * 1024  # the measured launch wants ~224 KB; GPUs with less keep cuBLAS + geglu
+FP8 = torch.float8_e4m3fn
+# Triton 3.9's sm_100+ build of the FP8 tile takes 16 KB more shared memory than the operand
+# stages + output tile (245 KB at 4 stages for sm_110, offline): one stage fewer there.
+FP8_BLACKWELL_EXTRA = 16 * 1024
+
+
+def _extra_smem(arch_major: int, elem: int) -> int:
+    return FP8_BLACKWELL_EXTRA if elem == 1 and arch_major >= 10 else 0
 
 
 def supports_gate_up_geglu(device: torch.device) -> bool:
@@ -140,24 +156,28 @@ def _smem(device: torch.device) -> int:
     return int(getattr(props, "shared_memory_per_block_optin", 0) or 0) or 227 * 1024
 
 
-def _stages(smem: int, bh: int, elem: int) -> int:
+def _stages(smem: int, bh: int, elem: int, out_elem: int | None = None, arch_major: int = 9) -> int:
     """Operand stages that fit beside the output tile (at most 4: measured best on the H200)."""
-    stage, y_tile = (BM_GPU + 2 * bh) * BK_GPU * elem, BM_GPU * bh * elem
-    return max(1, min(4, (smem - y_tile) // stage))
+    stage, y_tile = (BM_GPU + 2 * bh) * BK_BYTES, BM_GPU * bh * (out_elem or elem)
+    return max(1, min(4, (smem - y_tile - _extra_smem(arch_major, elem)) // stage))
 
 
-def _launch_settings(M: int, F: int, KD: int, bh: int, elem: int, device: torch.device) -> dict[str, int]:
+def _launch_settings(
+    M: int, F: int, KD: int, bh: int, elem: int, device: torch.device, out_elem: int | None = None
+) -> dict[str, int]:
     """BM, BK, stages, warps, programs for column tiles of `bh` (the layout's block). GPU:
-    128 x (2 x 128) x 64 tiles on 8 warps with 4 stages (192 KB of operand stages + the 32 KB
-    output tile: within the 227 KB of Hopper / Blackwell / Thor; fewer stages where there is
-    less), one program per SM. Interpreter: small tiles, one program per tile."""
+    128 x (2 x 128) x 128-byte tiles (K 64 in bf16, 128 in FP8) on 8 warps with 4 stages
+    (192 KB of operand stages + the 32 KB output tile: within the 227 KB of Hopper / Blackwell /
+    Thor; fewer stages where there is less), one program per SM. Interpreter: small tiles, one
+    program per tile."""
     if is_interpreting() or device.type != "cuda":
         bm, bk = (min(64, max(16, triton.next_power_of_2(n))) for n in (M, KD))
         return dict(BM=bm, BK=bk, num_stages=1, num_warps=4, programs=triton.cdiv(M, bm) * (F // bh))
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     tiles = triton.cdiv(M, BM_GPU) * (F // bh)
-    stages = _stages(_smem(device), bh, elem)
-    return dict(BM=BM_GPU, BK=BK_GPU, num_stages=stages, num_warps=8, programs=min(sms, tiles))
+    major = torch.cuda.get_device_capability(device)[0]
+    stages = _stages(_smem(device), bh, elem, out_elem, major)
+    return dict(BM=BM_GPU, BK=BK_BYTES // elem, num_stages=stages, num_warps=8, programs=min(sms, tiles))
 
 
 def _check_tma_rows(name: str, t: torch.Tensor) -> None:
@@ -184,32 +204,59 @@ def _check(x: torch.Tensor, w_gu: torch.Tensor, block: int) -> tuple[int, int, i
     return M, two_f // 2, KD
 
 
-def gate_up_geglu(x: torch.Tensor, w_gu: torch.Tensor, block: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``gelu_tanh(x @ Wg.T) * (x @ Wu.T)`` -> [T, F] in x's dtype.
+def _check_scales(x: torch.Tensor, w_gu: torch.Tensor, x_scale, w_scale) -> bool:
+    """Whether this is the FP8 (e4m3, row-scaled) form; its scales checked."""
+    if x.dtype != FP8:
+        if x_scale is not None or w_scale is not None:
+            raise ValueError(f"x_scale / w_scale are for FP8 (e4m3) operands, got {x.dtype}")
+        return False
+    for name, t, n in (("x_scale", x_scale, x.shape[0]), ("w_scale", w_scale, w_gu.shape[0])):
+        if t is None or t.shape != (n,) or t.dtype != torch.float32 or not t.is_contiguous() or t.device != x.device:
+            got = "None" if t is None else f"{tuple(t.shape)} {t.dtype} on {t.device}"
+            raise ValueError(f"{name}: expected a contiguous [{n}] float32 tensor on {x.device}, got {got}")
+    return True
+
+
+def gate_up_geglu(
+    x: torch.Tensor,
+    w_gu: torch.Tensor,
+    block: int,
+    out: torch.Tensor | None = None,
+    x_scale: torch.Tensor | None = None,
+    w_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``gelu_tanh(x @ Wg.T) * (x @ Wu.T)`` -> [T, F] in x's dtype (bf16 for FP8 operands).
 
     Args:
         x: [T, K] rows (normed hidden states), contiguous rows of a multiple of 16 bytes.
         w_gu: [2F, K] from `interleave_gate_up(cat(gate_proj, up_proj), block)`.
         block: the layout's block (also the tile's column count).
         out: optional static [T, F] buffer (same row rules).
+        x_scale, w_scale: for e4m3 x and w_gu only: fp32 [T] and [2F] (w_gu's rows, interleaved
+            with them): x ~ x_scale[:, None] * x_fp8, W ~ w_scale[:, None] * W_fp8
+            (`kernels.fp8_rows.quantize_rows`).
     """
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     M, F, KD = _check(x, w_gu, block)
+    scaled = _check_scales(x, w_gu, x_scale, w_scale)
+    out_dtype = torch.bfloat16 if scaled else x.dtype
     if out is None:
-        out = x.new_empty(M, F)
+        out = x.new_empty(M, F, dtype=out_dtype)
     check_out(out, (M, F), x.device)
-    if out.dtype != x.dtype:
-        raise ValueError(f"out is {out.dtype}, expected x's {x.dtype}")
+    if out.dtype != out_dtype:
+        raise ValueError(f"out is {out.dtype}, expected {out_dtype}")
     _check_tma_rows("out", out)
     if M == 0:
         return out
-    s = _launch_settings(M, F, KD, block, x.element_size(), x.device)
+    s = _launch_settings(M, F, KD, block, x.element_size(), x.device, out.element_size())
     bm, bk = s["BM"], s["BK"]
     _gate_up_geglu_kernel[(s["programs"],)](
         TensorDescriptor.from_tensor(x, [bm, bk]),
         TensorDescriptor.from_tensor(w_gu, [2 * block, bk]),
         TensorDescriptor.from_tensor(out, [bm, block]),
+        x_scale,
+        w_scale,
         M,
         F,
         KD,
@@ -221,6 +268,7 @@ def gate_up_geglu(x: torch.Tensor, w_gu: torch.Tensor, block: int, out: torch.Te
         UPCAST=is_interpreting() and x.dtype != torch.float32,
         PREC=dot_precision(x.dtype),
         FIX_Y=needs_rtne_fix(out.dtype),
+        SCALED=scaled,
         num_stages=s["num_stages"],
         num_warps=s["num_warps"],
     )
@@ -233,18 +281,23 @@ def gate_up_geglu_ref(x: torch.Tensor, w_gu: torch.Tensor) -> torch.Tensor:
     return geglu_ref(x.float() @ w_gu.float().T).to(x.dtype)
 
 
-def compile_offline(arch: int, block: int = 128, smem: int = 227 * 1024):
-    """Build the GPU launch's kernel (bf16, `block` columns, the stages `_launch_settings`
+def compile_offline(arch: int, block: int = 128, smem: int = 227 * 1024, fp8: bool = False):
+    """Build the GPU launch's kernel (bf16 or FP8 operands, `block` columns, the stages `_launch_settings`
     picks for `smem` bytes) for CUDA `arch` without a GPU, e.g. 90 (H200) or 110 (Jetson Thor):
     what CI can check of targets it has no device for. Returns Triton's compiled kernel."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    bm, bk, stages = BM_GPU, BK_GPU, _stages(smem, block, 2)
-    desc = lambda rows, cols: f"tensordesc<bf16[{rows}, {cols}]>"  # noqa: E731
-    signature = dict(x_desc=desc(bm, bk), w_desc=desc(2 * block, bk), y_desc=desc(bm, block))
+    elem = 1 if fp8 else 2
+    bm, bk, stages = BM_GPU, BK_BYTES // elem, _stages(smem, block, elem, 2, arch // 10)
+    op = "fp8e4nv" if fp8 else "bf16"
+    desc = lambda t, rows, cols: f"tensordesc<{t}[{rows}, {cols}]>"  # noqa: E731
+    signature = dict(x_desc=desc(op, bm, bk), w_desc=desc(op, 2 * block, bk), y_desc=desc("bf16", bm, block))
+    signature.update(xs_ptr="*fp32" if fp8 else "constexpr", ws_ptr="*fp32" if fp8 else "constexpr")
     signature.update(M="i32", F="i32", KD="i32", NUM_PROGS="i32")
-    constexprs = dict(BM=bm, BH=block, BK=bk, GROUP_M=8, UPCAST=False, PREC="tf32", FIX_Y=False)
+    constexprs = dict(BM=bm, BH=block, BK=bk, GROUP_M=8, UPCAST=False, PREC="tf32", FIX_Y=False, SCALED=fp8)
+    if not fp8:
+        constexprs.update(xs_ptr=None, ws_ptr=None)
     signature.update({name: "constexpr" for name in constexprs})
     return triton.compile(
         ASTSource(_gate_up_geglu_kernel, signature, constexprs=constexprs),

@@ -19,7 +19,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_out, needs_rtne_fix, num_warps_for, round_bf16_rtne, row_block, rows_2d
+from ._common import (
+    check_out,
+    is_interpreting,
+    needs_rtne_fix,
+    num_warps_for,
+    round_bf16_rtne,
+    round_e4m3_rtne,
+    row_block,
+    rows_2d,
+)
 
 __all__ = ["rms_norm", "rms_norm_ref"]
 
@@ -31,6 +40,7 @@ def _rms_norm_kernel(
     w_ptr,
     y_ptr,
     s_ptr,
+    q_ptr,
     D,
     stride_x,
     stride_r,
@@ -42,6 +52,7 @@ def _rms_norm_kernel(
     UNIT_OFFSET: tl.constexpr,
     FIX_Y: tl.constexpr,
     FIX_S: tl.constexpr,
+    QUANT: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     # One program normalises one row of D elements held entirely in registers.
@@ -67,7 +78,13 @@ def _rms_norm_kernel(
         if UNIT_OFFSET:
             w = w + 1.0
         y = y * w
-    if FIX_Y:
+    if QUANT:  # e4m3 with one scale per row (kernels/fp8.py): the largest |y| -> 448
+        scale = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12) / 448.0
+        tl.store(q_ptr + row, scale)
+        y = y / scale
+        if FIX_Y:
+            y = round_e4m3_rtne(y)
+    elif FIX_Y:
         y = round_bf16_rtne(y)
     tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -81,6 +98,7 @@ def rms_norm(
     residual_out: torch.Tensor | None = None,
     unit_offset: bool = True,
     num_warps: int | None = None,
+    out_scale: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Gemma RMSNorm over the last dimension, optionally fused with ``x + residual``.
 
@@ -95,6 +113,8 @@ def rms_norm(
         unit_offset: ``True`` for Gemma's ``(1 + w)``; ``False`` if ``1 + w`` was folded into
             ``weight`` at load time.
         num_warps: launch setting; None: by row width (`num_warps_for`).
+        out_scale: with an e4m3 ``out`` only: fp32 [N] (one per row); ``y`` is stored row-scaled
+            (kernels/fp8.py: ``y ~ out_scale[:, None] * out``), the input of an FP8 GEMM.
 
     Returns:
         ``y`` if ``residual`` is None, else ``(y, s)``.
@@ -106,6 +126,12 @@ def rms_norm(
         out = torch.empty_like(x)
     check_out(out, tuple(x.shape), x.device)
     y2 = rows_2d(out, "out", writable=True)
+    quant = out.dtype == torch.float8_e4m3fn
+    if quant != (out_scale is not None):
+        raise ValueError(f"out_scale goes with an e4m3 out (got out {out.dtype}, out_scale {out_scale is not None})")
+    if quant and (out_scale.shape != (y2.shape[0],) or out_scale.dtype != torch.float32 or out_scale.stride(0) != 1):
+        got = f"{tuple(out_scale.shape)} {out_scale.dtype}"
+        raise ValueError(f"out_scale: expected a contiguous [{y2.shape[0]}] float32 tensor, got {got}")
 
     if weight is not None:
         if weight.shape != (D,) or not weight.is_contiguous():
@@ -130,6 +156,7 @@ def rms_norm(
             weight if weight is not None else x2,
             y2,
             s2,
+            out_scale if quant else y2,
             D,
             x2.stride(0),
             r2.stride(0),
@@ -139,8 +166,9 @@ def rms_norm(
             HAS_RESIDUAL=residual is not None,
             HAS_WEIGHT=weight is not None,
             UNIT_OFFSET=bool(unit_offset),
-            FIX_Y=needs_rtne_fix(y2.dtype),
+            FIX_Y=needs_rtne_fix(y2.dtype) or (quant and is_interpreting()),
             FIX_S=needs_rtne_fix(s2.dtype),
+            QUANT=quant,
             BLOCK_D=block,
             num_warps=num_warps or num_warps_for(block),
         )

@@ -16,7 +16,7 @@ from compile_check import resource_usage
 compile_offline = importlib.import_module({module!r}).compile_offline
 for arch in (90, 110):
     try:
-        c = compile_offline(arch)
+        c = compile_offline(arch, **{kwargs})
     except Exception as exc:  # only an older Triton whose ptxas does not know sm_110 is excused
         if "is not defined for option 'gpu-name'" not in str(exc):
             raise
@@ -44,11 +44,11 @@ def run_offline(*argv: str) -> list[dict]:
     return [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
 
 
-def offline_builds(module: str) -> dict[int, dict]:
+def offline_builds(module: str, **kwargs) -> dict[int, dict]:
     """`module.compile_offline(arch)` for sm_90 (H200) and sm_110 (Jetson Thor), built with
     Triton's own ptxas: {arch: shared bytes, target, registers, stack bytes}, or {arch:
     unsupported_by_ptxas} where that ptxas predates the target (Triton 3.6's and sm_110).
-    sm_90 must build."""
-    results = {r["arch"]: r for r in run_offline("-c", _BUILD.format(module=module))}
+    sm_90 must build. `kwargs`: passed on to compile_offline (literals)."""
+    results = {r["arch"]: r for r in run_offline("-c", _BUILD.format(module=module, kwargs=repr(kwargs)))}
     assert set(results) == {90, 110} and "unsupported_by_ptxas" not in results[90]
     return results

@@ -24,13 +24,19 @@ def test_tiny_eager_bench_writes_latency_and_parity(tmp_path, capsys) -> None:
 def test_speed_up_ratios_have_two_decimals(capsys) -> None:
     runs = [
         {"policy": "pi05", "views": 3, "mode": mode, "full": {"median_ms": ms}}
-        for mode, ms in (("eager", 370.485), ("fused", 16.015), ("compile", 47.45))
+        for mode, ms in (("eager", 370.485), ("fused", 16.015), ("compile", 47.45), ("fused-fp8", 15.0))
     ]
     _print_ratios({"runs": runs}, "pi05")
     _print_ratios({"runs": runs[:1]}, "pi05")  # no fused run: nothing to compare, no line
     assert capsys.readouterr().out.splitlines() == [
-        "pi05 3v speed-up of fused (median full decision): eager/fused = 23.13x, compile/fused = 2.96x"
+        "pi05 3v speed-up of fused (median full decision): eager/fused = 23.13x, compile/fused = 2.96x",
+        "pi05 3v speed-up of fused-fp8 (median full decision): eager/fused-fp8 = 24.70x, compile/fused-fp8 = 3.16x",
     ]
+
+
+def test_unknown_mode_is_refused(capsys) -> None:
+    assert main(["bench", "--policy", "pi05", "--tiny", "--modes", "eager,fp8"]) == 2
+    assert "unknown mode(s) fp8: expected a comma list of eager, compile, fused, fused-fp8" in capsys.readouterr().out
 
 
 def test_write_result_keeps_the_environment_beside_the_payload(tmp_path, capsys) -> None:

@@ -15,8 +15,8 @@ from flashrt_ros.policies.fused import FusedPi0
 from kernels.expert_step import rope_table
 
 
-def _run_fused(model, x, dtype):
-    fused = FusedPi0(model, dtype)
+def _run_fused(model, x, dtype, **options):
+    fused = FusedPi0(model, dtype, **options)
     fused.set_pixels(x["pixels"][0].to(dtype), x["image_masks"][0].tolist())
     fused.set_inputs(x["tokens"][0], x["token_masks"][0], x["state"][0], x["noise"][0])
     fused.capture()
@@ -42,6 +42,30 @@ def test_fused_bf16_tracks_fp32_reference(kind):
     _, out = _run_fused(model, x, torch.bfloat16)
     assert cosine(out - x["noise"][0], ref - x["noise"][0]) > 0.9999
     assert cosine(out, ref) > 0.999
+
+
+@pytest.mark.parametrize("kind", ["pi05", "pi0"])
+def test_fused_fp8_prefix_mlp_tracks_fp32_reference(kind):
+    """prefix_mlp_fp8: the prefix LM's gate|up in e4m3 (weights held in FP8, the norm writes
+    e4m3 rows): a different chunk from the bf16 run (the FP8 GEMM ran), still at the parity gate."""
+    from kernels.fp8 import E4M3
+
+    model = tiny_model(kind, seed=2).to(DEVICE)
+    x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1).items()}
+    ref = model.sample_actions(**x)[0]
+    fused, out = _run_fused(model, x, torch.bfloat16, prefix_mlp_fp8=True)
+    assert fused.prefix_mlp_fp8 and "FP8 (e4m3, row scales)" in fused.describe()
+    assert all(w.gate_up.dtype == E4M3 and w.gate_up_scale is not None for w in fused.prefix_layers)
+    _, bf16 = _run_fused(model, x, torch.bfloat16)
+    assert not torch.equal(out, bf16)
+    assert cosine(out - x["noise"][0], ref - x["noise"][0]) > 0.999
+    assert cosine(out, ref) > 0.999
+
+
+def test_fused_fp8_prefix_mlp_needs_bf16():
+    model = tiny_model("pi05", seed=2).to(DEVICE)
+    with pytest.raises(ValueError, match="prefix_mlp_fp8 needs a bfloat16 run, got torch.float32"):
+        FusedPi0(model, torch.float32, prefix_mlp_fp8=True)
 
 
 def test_fused_is_deterministic_and_reads_its_buffers():

@@ -93,7 +93,7 @@ def test_gate_up_geglu_rejects_mixed_dtypes_bad_out_and_blocks() -> None:
         gate_up_geglu(x, w.to(torch.bfloat16), 16)
     with pytest.raises(ValueError, match="out has shape"):
         gate_up_geglu(x, w, 16, out=torch.empty(4, 47, device=DEVICE))
-    with pytest.raises(ValueError, match="out is torch.bfloat16, expected x's torch.float32"):
+    with pytest.raises(ValueError, match="out is torch.bfloat16, expected torch.float32"):
         gate_up_geglu(x, w, 16, out=torch.empty(4, 48, device=DEVICE, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="block 24: expected 16, 32, 64 or 128"):
         gate_up_geglu(x, w, 24)
@@ -124,6 +124,67 @@ def test_gpu_launch_builds_for_hopper_and_thor() -> None:
     for r in results.values():
         if "unsupported_by_ptxas" in r:
             continue  # Triton 3.6's ptxas (the H200 box's) predates sm_110
+        assert r["target"] and 0 < r["shared"] <= 227 * 1024
+        assert r["registers"] is None or 0 < r["registers"] <= 255
+        assert r["stack_bytes"] in (None, 0)
+
+
+def _fp8_operands(T: int, K: int, F: int, block: int, seed: int):
+    """bf16 x and [gate; up] w, their row-scaled e4m3 forms (w interleaved), and the fp32
+    values those stand for (the reference's operands)."""
+    from kernels.fp8 import dequantize_rows, quantize_rows
+
+    x, w = _operands(T, K, F, torch.bfloat16, seed)
+    xq, xs = quantize_rows(x)
+    wq, ws = quantize_rows(interleave_gate_up(w, block))
+    w_deq = dequantize_rows(*quantize_rows(w))  # row scales: the same per row in either layout
+    return (x, w), (xq, xs, wq, ws), (dequantize_rows(xq, xs), w_deq)
+
+
+@pytest.mark.parametrize("T,K,F,block", [(1, 32, 16, 16), (37, 96, 48, 16), (70, 128, 128, 64)])
+def test_gate_up_geglu_fp8_matches_its_dequantised_reference(T: int, K: int, F: int, block: int) -> None:
+    """e4m3 operands with row scales: the kernel's fp32 accumulation and scale epilogue equal
+    the reference on the values the FP8 operands stand for (to the bf16 output's rounding),
+    and stay near the unquantised product."""
+    (x, w), (xq, xs, wq, ws), (x_deq, w_deq) = _fp8_operands(T, K, F, block, seed=T + F)
+    y = gate_up_geglu(xq, wq, block, x_scale=xs, w_scale=ws)
+    assert y.shape == (T, F) and y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), gate_up_geglu_ref(x_deq, w_deq).float(), atol=2e-2, rtol=2e-2)
+    exact = gate_up_geglu_ref(x.float(), w.float()).flatten()
+    cos = torch.nn.functional.cosine_similarity(y.float().flatten(), exact, dim=0)
+    assert float(cos) > 0.99  # e4m3 rounds to ~2**-4 relative; a row of K = 32 averages little of it
+
+
+def test_gate_up_geglu_fp8_needs_both_scales() -> None:
+    (_, _), (xq, xs, wq, ws), _ = _fp8_operands(8, 32, 16, 16, seed=2)
+    with pytest.raises(ValueError, match=r"x_scale: expected a contiguous \[8\] float32"):
+        gate_up_geglu(xq, wq, 16, w_scale=ws)
+    with pytest.raises(ValueError, match=r"w_scale: expected a contiguous \[32\] float32 .* got \(16,\)"):
+        gate_up_geglu(xq, wq, 16, x_scale=xs, w_scale=ws[:16])
+    with pytest.raises(ValueError, match="x_scale / w_scale are for FP8"):
+        x, w = _operands(8, 32, 16, torch.float32, seed=2)
+        gate_up_geglu(x, interleave_gate_up(w, 16), 16, x_scale=xs)
+    with pytest.raises(ValueError, match="out is torch.float32, expected torch.bfloat16"):
+        gate_up_geglu(xq, wq, 16, x_scale=xs, w_scale=ws, out=torch.empty(8, 16, device=DEVICE))
+
+
+@pytest.mark.gpu
+def test_gate_up_geglu_fp8_gpu_real_shape() -> None:
+    """FP8 at the prefix LM's shape (968 rows, 2048 -> 2 x 16384) against the dequantised
+    reference and the unquantised bf16 product."""
+    (x, w), (xq, xs, wq, ws), (x_deq, w_deq) = _fp8_operands(968, 2048, 16384, 128, seed=8)
+    y = gate_up_geglu(xq, wq, 128, x_scale=xs, w_scale=ws).float()
+    torch.testing.assert_close(y, gate_up_geglu_ref(x_deq, w_deq).float(), atol=2e-2, rtol=2e-2)
+    cos = torch.nn.functional.cosine_similarity(y.flatten(), gate_up_geglu_ref(x, w).float().flatten(), dim=0)
+    assert float(cos) > 0.998  # measured 0.99855: two e4m3 GEMMs multiplied by the GeGLU
+
+
+def test_fp8_launch_builds_for_hopper_and_thor() -> None:
+    """The FP8 launch (e4m3 wgmma, 128-byte K stages) built offline like the bf16 one."""
+    results = offline_builds("kernels.gate_up_geglu", fp8=True)
+    for r in results.values():
+        if "unsupported_by_ptxas" in r:
+            continue
         assert r["target"] and 0 < r["shared"] <= 227 * 1024
         assert r["registers"] is None or 0 < r["registers"] <= 255
         assert r["stack_bytes"] in (None, 0)

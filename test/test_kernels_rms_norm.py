@@ -72,3 +72,36 @@ def test_rms_norm_gpu_real_shapes(T: int, D: int) -> None:
     y_ref, s_ref = rms_norm_ref(x, w, residual=r)
     torch.testing.assert_close(s, s_ref, atol=0, rtol=0)
     torch.testing.assert_close(y.float(), y_ref.float(), **TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("T,D", [(1, 48), (37, 130)])
+def test_rms_norm_fp8_out_is_row_scaled_e4m3(T: int, D: int) -> None:
+    """An e4m3 `out` with `out_scale`: each row stored as kernels/fp8.quantize_rows stores the
+    reference's fp32 row (largest |y| -> 448), the new residual as in bf16."""
+    from kernels.fp8 import E4M3, dequantize_rows, quantize_rows
+
+    x, r, w = _inputs(T, D, torch.bfloat16, seed=4)
+    q, scale = torch.empty(T, D, device=DEVICE, dtype=E4M3), torch.empty(T, device=DEVICE)
+    out, s = rms_norm(x, w, residual=r, out=q, out_scale=scale)
+    assert out is q
+    s_ref = rms_norm_ref(x, w, residual=r)[1]
+    torch.testing.assert_close(s, s_ref, atol=0, rtol=0)
+    xf = s_ref.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + w.float())  # the fp32 row
+    q_ref, scale_ref = quantize_rows(y)
+    torch.testing.assert_close(scale, scale_ref, atol=0, rtol=1e-5)
+    assert float(q.float().abs().amax(dim=1).min()) == 448.0  # every row uses the full range
+    # within one e4m3 step of the reference's rounding (rsqrt may differ in the last fp32 bit)
+    torch.testing.assert_close(dequantize_rows(q, scale), dequantize_rows(q_ref, scale_ref), atol=0, rtol=0.13)
+
+
+def test_rms_norm_fp8_out_needs_its_scale() -> None:
+    from kernels.fp8 import E4M3
+
+    x, _, w = _inputs(4, 32, torch.bfloat16)
+    with pytest.raises(ValueError, match="out_scale goes with an e4m3 out"):
+        rms_norm(x, w, out=torch.empty(4, 32, device=DEVICE, dtype=E4M3))
+    with pytest.raises(ValueError, match="out_scale goes with an e4m3 out"):
+        rms_norm(x, w, out_scale=torch.empty(4, device=DEVICE))
+    with pytest.raises(ValueError, match=r"out_scale: expected a contiguous \[4\] float32 tensor, got \(3,\)"):
+        rms_norm(x, w, out=torch.empty(4, 32, device=DEVICE, dtype=E4M3), out_scale=torch.empty(3, device=DEVICE))

@@ -44,6 +44,16 @@ def test_defaults_are_the_embedded_demo():
         ({"policy": "pi05"}, "tokenizer is empty: policy 'pi05' needs PaliGemma's tokenizer.model"),
         ({"device": "gpu"}, "device must be auto, cpu, cuda or cuda:N, got 'gpu'"),
         ({"precision": "fp16"}, "precision must be one of float32, bfloat16, got 'fp16'"),
+        ({"fp8": "all"}, "fp8 must be one of none, prefix_mlp, got 'all'"),
+        (
+            {"fp8": "prefix_mlp"},
+            "fp8 'prefix_mlp' needs precision bfloat16 and the fused backend (auto or fused), "
+            "got precision 'float32', backend 'auto'",
+        ),
+        (
+            {"fp8": "prefix_mlp", "precision": "bfloat16", "backend": "reference"},
+            "got precision 'bfloat16', backend 'reference'",
+        ),
         ({"seed": -1}, "seed must be >= 0"),
         ({"seed": 1.5}, "seed must be an integer, got float 1.5"),
         ({"camera_topics": []}, "camera_topics is empty"),

@@ -25,11 +25,20 @@ def load_case(fused: FusedPi0, case: Case) -> None:
     fused.set_inputs(case.tokens[0], case.token_masks[0], case.state[0], case.noise[0])
 
 
-def measure_fused(model: Pi0Model, case: Case, iters: int, warmup: int, label: str, ref_chunk: torch.Tensor):
-    """Build + capture the fused path, time full decision / stages, and check parity."""
+def measure_fused(
+    model: Pi0Model,
+    case: Case,
+    iters: int,
+    warmup: int,
+    label: str,
+    ref_chunk: torch.Tensor,
+    prefix_mlp_fp8: bool = False,
+):
+    """Build + capture the fused path (bf16; the prefix MLP's gate|up in FP8 with
+    `prefix_mlp_fp8`), time full decision / stages, and check parity."""
     dev = case.noise.device
     t0 = time.perf_counter()
-    fused = FusedPi0(model, torch.bfloat16)
+    fused = FusedPi0(model, torch.bfloat16, prefix_mlp_fp8=prefix_mlp_fp8)
     load_case(fused, case)
     fused.capture()
     capture_s = time.perf_counter() - t0

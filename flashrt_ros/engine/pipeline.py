@@ -65,15 +65,19 @@ class Pipeline:
     falls back to the reference, with a warning saying why, if it cannot be built.
     """
 
-    def __init__(self, policy: Policy, seed: int = 0, stats_window: int = 200, backend: str = "auto"):
+    def __init__(
+        self, policy: Policy, seed: int = 0, stats_window: int = 200, backend: str = "auto", fp8: str = "none"
+    ):
         self.policy = policy
         self.stats = PipelineStats(stats_window)
         self.generator = torch.Generator(device=policy.device).manual_seed(seed)
         self.next_chunk_id = 1  # part of the execution state (capsules save and restore it)
-        self.fused = self._build_fused(backend)
+        if fp8 not in ("none", "prefix_mlp"):
+            raise ValueError(f"fp8 must be none or prefix_mlp, got {fp8!r}")
+        self.fused = self._build_fused(backend, prefix_mlp_fp8=fp8 == "prefix_mlp")
         self.backend = "fused" if self.fused is not None else "reference"
 
-    def _build_fused(self, backend: str):
+    def _build_fused(self, backend: str, prefix_mlp_fp8: bool = False):
         if backend not in ("auto", "fused", "reference"):
             raise ValueError(f"backend must be auto, fused or reference, got {backend!r}")
         if backend == "reference" or (backend == "auto" and self.policy.device.type != "cuda"):
@@ -81,7 +85,8 @@ class Pipeline:
         try:
             from ..policies.fused import FusedPi0
 
-            fused = FusedPi0(self.policy.model, getattr(torch, self.policy.cfg.dtype))
+            dtype = getattr(torch, self.policy.cfg.dtype)
+            fused = FusedPi0(self.policy.model, dtype, prefix_mlp_fp8=prefix_mlp_fp8)
             fused.capture()
         except Exception as exc:
             if backend == "fused":

@@ -38,6 +38,7 @@ from kernels.attention import attention
 from kernels.denoise_update import DenoiseUpdate
 from kernels.euler import euler_step
 from kernels.expert_step import ExpertStepPlan, ExpertWeights, rope_table, unpair_columns
+from kernels.fp8 import E4M3, quantize_rows
 from kernels.gate_up_geglu import gate_up_geglu, interleave_block, interleave_gate_up
 from kernels.geglu import geglu
 from kernels.gelu import bias_gelu
@@ -134,6 +135,7 @@ class GemmaW:
     down: Tensor
     norm_in: Tensor | None  # RMSNorm weights (None where adaRMS modulations are used)
     norm_post: Tensor | None
+    gate_up_scale: Tensor | None = None  # row scales where gate_up is held in FP8 (kernels/fp8.py)
 
 
 @dataclass
@@ -189,8 +191,17 @@ class FusedPi0:
     """A Pi0Model compiled into re-laid-out weights, static buffers and (on CUDA) two graphs."""
 
     def __init__(
-        self, model: Pi0Model, dtype: torch.dtype = torch.bfloat16, prompt_buckets: tuple[int, ...] = (64, 128)
+        self,
+        model: Pi0Model,
+        dtype: torch.dtype = torch.bfloat16,
+        prompt_buckets: tuple[int, ...] = (64, 128),
+        prefix_mlp_fp8: bool = False,
     ):
+        """prefix_mlp_fp8: the prefix LM's gate|up GEMM in FP8 (e4m3 weights and inputs, one
+        scale per row; bf16 runs only, where the fused gate|up kernel runs, else a warning and
+        bf16). H200, 3 views: 107 vs 179 us per layer; the chunk's cosine vs the fp32 reference
+        0.9994 in simulation (bench/fp8_sim.py) against 0.99999 for bf16: a speed / accuracy
+        trade the deployment opts into."""
         cfg: PolicyConfig = model.cfg
         self.cfg, self.dtype = cfg, dtype
         # Prompt-length buckets: a decision runs the smallest one that holds its prompt, so a short
@@ -217,6 +228,9 @@ class FusedPi0:
             self.mlp_block = interleave_block(cfg.prefix.mlp_dim, dev)
             for w in self.prefix_layers if self.mlp_block else ():
                 w.gate_up = interleave_gate_up(w.gate_up, self.mlp_block)
+            self.prefix_mlp_fp8 = self._use_fp8(prefix_mlp_fp8)
+            for w in self.prefix_layers if self.prefix_mlp_fp8 else ():
+                w.gate_up, w.gate_up_scale = quantize_rows(w.gate_up)
             self.expert_layers = [_gemma(layer, dtype) for layer in model.expert.layers]
             self.final_norm = f32(model.expert.norm.weight) if not cfg.uses_adarms else None
             self.action_in = (f32(model.action_in_proj.weight), f32(model.action_in_proj.bias))
@@ -227,6 +241,23 @@ class FusedPi0:
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
 
     # ---- load-time work ----------------------------------------------------------------------
+    def _use_fp8(self, wanted: bool) -> bool:
+        """Whether the prefix MLP's gate|up runs in FP8: asked for, in a bf16 run, and where the
+        fused gate|up kernel runs (sm_90+ or the interpreter) with PREFIX_MLP "triton"."""
+        if not wanted:
+            return False
+        if self.dtype != torch.bfloat16:
+            raise ValueError(f"prefix_mlp_fp8 needs a bfloat16 run, got {self.dtype} (FP8 replaces bf16 GEMM operands)")
+        if not self._prefix_mlp_fused():
+            log.warning(
+                "prefix_mlp_fp8 asked for, but the fused gate|up kernel does not run here (%s, PREFIX_MLP %r): "
+                "the prefix MLP stays bf16",
+                self.device,
+                PREFIX_MLP,
+            )
+            return False
+        return True
+
     def _patch_embedding(self, conv: torch.nn.Conv2d, pos: Tensor) -> None:
         """SigLIP's stride-p patch conv as one GEMM over unfolded patches: one copy + one cuBLAS
         call instead of a cuDNN conv, two layout transposes and an add (~90 us for 3 views on the
@@ -483,12 +514,24 @@ class FusedPi0:
                 a = prefix_attention(q, self.prefix_k[i, rows], self.prefix_v[i, rows], kb)
             else:
                 a = attention(q, self.prefix_k[i, rows], self.prefix_v[i, rows], key_blocks=kb, **tiles)
-            x, h = rms_norm(F.linear(a.view(a.shape[0], -1), w.o), w.norm_post, eps, residual=h, num_warps=nw)
+            o = F.linear(a.view(a.shape[0], -1), w.o)
+            mlp_out, h = self._prefix_mlp(o, h, w)
+
+    def _prefix_mlp(self, o: Tensor, h: Tensor, w: GemmaW) -> tuple[Tensor, Tensor]:
+        """h + o -> the new residual h, normed, through the MLP: (MLP output, new h)."""
+        eps, nw = self.cfg.rms_norm_eps, PREFIX_NORM_WARPS
+        if w.gate_up_scale is not None:  # FP8: the norm writes e4m3 rows + their scales
+            x = torch.empty(o.shape, dtype=E4M3, device=o.device)
+            scale = o.new_empty(o.shape[0], dtype=torch.float32)
+            _, h = rms_norm(o, w.norm_post, eps, residual=h, num_warps=nw, out=x, out_scale=scale)
+            act = gate_up_geglu(x, w.gate_up, self.mlp_block, x_scale=scale, w_scale=w.gate_up_scale)
+        else:
+            x, h = rms_norm(o, w.norm_post, eps, residual=h, num_warps=nw)
             if self._prefix_mlp_fused():
                 act = gate_up_geglu(x, w.gate_up, self.mlp_block)
             else:
                 act = geglu(F.linear(x, w.gate_up), interleave=self.mlp_block)
-            mlp_out = F.linear(act, w.down)
+        return F.linear(act, w.down), h
 
     def _prefix_attention_tma(self) -> bool:
         """Whether the prefix LM's attention runs on kernels/prefix_attention.py (PREFIX_ATTENTION,
@@ -650,6 +693,8 @@ class FusedPi0:
         graphs = graphs if cuda else "no graphs (CPU)"
         vision_attn = "Triton packed attention" if VISION_ATTENTION == "triton" else "torch SDPA (cuDNN first)"
         mlp = "gate|up GEMM with the GeGLU epilogue (Triton)" if self._prefix_mlp_fused() else f"{gemm} gate|up + geglu"
+        if self.prefix_mlp_fp8:
+            mlp = "FP8 (e4m3, row scales) " + mlp
         prefix_attn = "attention (TMA, no key split)" if self._prefix_attention_tma() else "attention"
         if VISION_ATTENTION == "triton" and VISION_ATTENTION_TILES:
             vision_attn += f" at {VISION_ATTENTION_TILES}"

@@ -547,7 +547,7 @@ def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
     if views != len(cfg.camera_topics):
         raise StartupError(f"the policy takes {views} camera views; camera_topics has {len(cfg.camera_topics)}")
     try:
-        pipeline = Pipeline(policy, seed=cfg.seed, backend=cfg.backend)
+        pipeline = Pipeline(policy, seed=cfg.seed, backend=cfg.backend, fp8=cfg.fp8)
     except Exception as exc:  # backend "fused" that cannot be built: say why
         raise StartupError(f"could not build the {cfg.backend} pipeline: {type(exc).__name__}: {exc}") from exc
     description = {
@@ -557,11 +557,18 @@ def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
         else f"RANDOM weights (seed {cfg.seed}, no checkpoint): the actions mean nothing",
         "tokenizer": cfg.tokenizer or "built-in tiny tokenizer",
         "device": str(device),
-        "precision": policy.cfg.dtype,
+        "precision": policy.cfg.dtype + _fp8_suffix(pipeline),
         "backend": pipeline.backend,
         "horizon": str(policy.cfg.horizon),
     }
     return PipelineState(pipeline, cfg.seed), description
+
+
+def _fp8_suffix(pipeline) -> str:
+    """ "+fp8:prefix_mlp" where the fused path runs the prefix MLP in FP8 (the status and the
+    startup log say which precision actually runs)."""
+    fused = pipeline.fused
+    return "+fp8:prefix_mlp" if fused is not None and fused.prefix_mlp_fp8 else ""
 
 
 def resolve_device(device: str, cuda_available: bool) -> str:
