@@ -45,21 +45,34 @@ def test_fused_bf16_tracks_fp32_reference(kind):
 
 
 @pytest.mark.parametrize("kind", ["pi05", "pi0"])
-def test_fused_fp8_prefix_mlp_tracks_fp32_reference(kind):
+def test_fused_fp8_prefix_mlp_tracks_fp32_reference(kind, monkeypatch):
     """prefix_mlp_fp8: the prefix LM's gate|up in e4m3 (weights held in FP8, the norm writes
-    e4m3 rows): a different chunk from the bf16 run (the FP8 GEMM ran), still at the parity gate."""
+    e4m3 rows): a different chunk from the bf16 run (the FP8 GEMM ran), still at the parity gate.
+    The tiny LM has 2 layers, of which only layer 0 runs an MLP: FP8 from layer 0 here."""
+    from flashrt_ros.policies import fused as fused_module
     from kernels.fp8 import E4M3
 
+    monkeypatch.setattr(fused_module, "PREFIX_MLP_FP8_FROM", 0)
     model = tiny_model(kind, seed=2).to(DEVICE)
     x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1).items()}
     ref = model.sample_actions(**x)[0]
     fused, out = _run_fused(model, x, torch.bfloat16, prefix_mlp_fp8=True)
-    assert fused.prefix_mlp_fp8 and "FP8 (e4m3, row scales)" in fused.describe()
+    assert fused.prefix_mlp_fp8 and "from layer 0 an FP8 (e4m3, row scales)" in fused.describe()
     assert all(w.gate_up.dtype == E4M3 and w.gate_up_scale is not None for w in fused.prefix_layers)
     _, bf16 = _run_fused(model, x, torch.bfloat16)
     assert not torch.equal(out, bf16)
     assert cosine(out - x["noise"][0], ref - x["noise"][0]) > 0.999
     assert cosine(out, ref) > 0.999
+
+
+def test_fused_fp8_prefix_mlp_keeps_the_first_layers_bf16():
+    from flashrt_ros.policies.fused import PREFIX_MLP_FP8_FROM
+    from kernels.fp8 import E4M3
+
+    fused = FusedPi0(tiny_model("pi05", seed=2).to(DEVICE), torch.bfloat16, prefix_mlp_fp8=True)
+    dtypes = [w.gate_up.dtype for w in fused.prefix_layers]
+    assert PREFIX_MLP_FP8_FROM == 1 and dtypes == [torch.bfloat16, E4M3]
+    assert fused.prefix_layers[0].gate_up_scale is None
 
 
 def test_fused_fp8_prefix_mlp_needs_bf16():
@@ -97,6 +110,24 @@ def test_pipeline_fused_backend_matches_reference_backend():
     assert out.actions.shape == ref.actions.shape == (policy.cfg.horizon, 6)
     np.testing.assert_allclose(out.actions, ref.actions, rtol=1e-3, atol=1e-3)
     assert set(out.timings_ms) == {"preprocess", "prefix", "denoise", "postprocess"}
+
+
+def test_pipeline_fp8_option(caplog):
+    """fp8 "prefix_mlp" reaches the fused path; the reference path says it runs without it; a
+    wrong value is refused with the values it takes."""
+    from flashrt_ros.engine.pipeline import Pipeline
+    from flashrt_ros.policies.config import PolicyConfig
+    from flashrt_ros.policies.policy import build_policy
+    from flashrt_ros.policies.tiny_tokenizer import tiny_tokenizer_path
+
+    cfg = PolicyConfig.tiny("pi05", num_views=1).replace(dtype="bfloat16")
+    policy = build_policy(cfg, tiny_tokenizer_path(), device=DEVICE, action_dof=6)
+    with pytest.raises(ValueError, match="fp8 must be none or prefix_mlp, got 'mlp'"):
+        Pipeline(policy, backend="reference", fp8="mlp")
+    with caplog.at_level("WARNING"):
+        ref = Pipeline(policy, backend="reference", fp8="prefix_mlp")
+    assert ref.fused is None and "fp8 'prefix_mlp' applies to the fused path only" in caplog.text
+    assert Pipeline(policy, backend="fused", fp8="prefix_mlp").fused.prefix_mlp_fp8
 
 
 @pytest.mark.parametrize("kind", ["pi05", "pi0"])

@@ -75,6 +75,8 @@ class Pipeline:
         if fp8 not in ("none", "prefix_mlp"):
             raise ValueError(f"fp8 must be none or prefix_mlp, got {fp8!r}")
         self.fused = self._build_fused(backend, prefix_mlp_fp8=fp8 == "prefix_mlp")
+        if fp8 != "none" and self.fused is None:
+            log.warning("fp8 %r applies to the fused path only: the reference runs in %s", fp8, policy.cfg.dtype)
         self.backend = "fused" if self.fused is not None else "reference"
 
     def _build_fused(self, backend: str, prefix_mlp_fp8: bool = False):

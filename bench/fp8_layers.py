@@ -1,0 +1,83 @@
+"""Which prefix layers can run their gate|up GEMM in FP8? The fp32 reference with the prefix LM's
+gate_proj / up_proj fake-quantised (bench/fp8_sim.py's rounding) in chosen layers only, each
+set's chunk against the unquantised one (same inputs, noise). CPU is fine (~40 s per decision).
+
+    python bench/fp8_layers.py [--policy pi0] [--views 3] [--device cpu] [--out DIR]
+
+What it decided (2026-12-01, docs/results/fp8_sim_gate_up_layers_*.log): layer 0 (it reads the
+raw embeddings) carries most of the error, so `fused.PREFIX_MLP_FP8_FROM` = 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from fp8_sim import decide, fake_fp8, fake_fp8_blocks
+from torch import nn
+
+from flashrt_ros.bench.parity import compare
+from flashrt_ros.bench.reference import Case, build_random
+from flashrt_ros.bench.timing import write_result
+from flashrt_ros.policies.config import PolicyConfig
+
+# name: (regex over the linear's module name, rounding)
+LAYER_SETS = {
+    "all": (r".", fake_fp8),
+    "all, 1 x 128 blocks": (r".", fake_fp8_blocks),
+    "layers 1-16": (r"layers\.([1-9]|1[0-6])\.", fake_fp8),
+    "layers 2-15": (r"layers\.([2-9]|1[0-5])\.", fake_fp8),
+    "layers 0-8": (r"layers\.[0-8]\.", fake_fp8),
+    "layers 9-17": (r"layers\.(9|1[0-7])\.", fake_fp8),
+}
+
+
+class SwitchableFP8(nn.Module):
+    """A linear whose operands are fake-quantised while its name matches the active set."""
+
+    active: tuple[str, object] | None = None  # (regex, rounding), shared by all
+
+    def __init__(self, linear: nn.Linear, name: str):
+        super().__init__()
+        self.linear, self.name = linear, name
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if SwitchableFP8.active is None or not re.search(SwitchableFP8.active[0], self.name):
+            return self.linear(x)
+        rnd = SwitchableFP8.active[1]
+        return F.linear(rnd(x, dim=-1), rnd(self.linear.weight, dim=1), self.linear.bias)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--policy", default="pi0")
+    ap.add_argument("--views", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", type=Path, default=Path("out"))
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    cfg = PolicyConfig.preset(args.policy, num_views=args.views, dtype="float32")
+    model = build_random(cfg, dev)
+    for name, m in list(model.named_modules()):
+        if isinstance(m, nn.Linear) and name.startswith("prefix_lm.") and name.endswith(("gate_proj", "up_proj")):
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, SwitchableFP8(m, name))
+    case = Case.make(cfg, dev, args.views)
+    ref = decide(model, case)
+    results = {}
+    for label, active in LAYER_SETS.items():
+        SwitchableFP8.active = active
+        t0 = time.perf_counter()
+        results[label] = r = compare(decide(model, case), ref)
+        took = time.perf_counter() - t0
+        what = f"{args.policy} gate|up FP8 {label:<20}"
+        print(f"{what} cosine {r['cosine']:.6f} max abs {r['max_abs']:.3e} ({took:.0f} s)")
+    write_result(args.out, "fp8_layers", dev, policy=args.policy, views=args.views, results=results)
+
+
+if __name__ == "__main__":
+    main()
