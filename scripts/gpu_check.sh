@@ -38,8 +38,8 @@ for part in "${parts[@]}"; do
         --warmup 5 --out "$OUT" 2>&1 | tee "$OUT/bench.log" || status=1
       ;;
     headline)
-      step "The issue's headline: pi0.5 and pi0 at 3 views, eager, fused, torch.compile in one run (~5 min)"
-      python3 -m flashrt_ros.cli bench --policy pi05,pi0 --views 3 --modes eager,fused,compile --iters 30 \
+      step "The issue's headline: pi0.5 and pi0 at 3 views, eager, fused (bf16 and FP8 prefix MLP), torch.compile in one run (~6 min)"
+      python3 -m flashrt_ros.cli bench --policy pi05,pi0 --views 3 --modes eager,fused,fused-fp8,compile --iters 30 \
         --warmup 3 --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/headline.log" || status=1
       ;;
     parity)
@@ -82,6 +82,7 @@ for part in "${parts[@]}"; do
       python3 bench/row_norms.py --out "$OUT" 2>&1 | tee "$OUT/row_norms.log" || status=1
       python3 bench/prefix_mlp.py --out "$OUT" 2>&1 | tee "$OUT/prefix_mlp.log" || status=1
       python3 bench/gate_up_geglu.py --out "$OUT" 2>&1 | tee "$OUT/gate_up_geglu.log" || status=1
+      python3 bench/fp8_gemms.py --out "$OUT" 2>&1 | tee "$OUT/fp8_gemms.log" || status=1
       ;;
     experiments)
       step "Candidates: step kernel attention tiles, GEMM layouts at the prefix shapes, prefix attention tiles in place"
