@@ -25,30 +25,37 @@ from flashrt_ros.bench.reference import Case, build_random
 from flashrt_ros.bench.timing import write_result
 from flashrt_ros.policies.config import PolicyConfig
 
-# name: (regex over the linear's module name, rounding)
+GU, DOWN = r"mlp\.(gate|up)_proj", r"mlp\.down_proj"
+L1_16, L9_16 = r"layers\.([1-9]|1[0-6])\.", r"layers\.(9|1[0-6])\."
+# name: [(regex over the linear's module name, rounding), ...]: the first match rounds a linear
 LAYER_SETS = {
-    "all": (r".", fake_fp8),
-    "all, 1 x 128 blocks": (r".", fake_fp8_blocks),
-    "layers 1-16": (r"layers\.([1-9]|1[0-6])\.", fake_fp8),
-    "layers 2-15": (r"layers\.([2-9]|1[0-5])\.", fake_fp8),
-    "layers 0-8": (r"layers\.[0-8]\.", fake_fp8),
-    "layers 9-17": (r"layers\.(9|1[0-7])\.", fake_fp8),
+    "all": [(GU, fake_fp8)],
+    "all, 1 x 128 blocks": [(GU, fake_fp8_blocks)],
+    "layers 1-16": [(r"layers\.([1-9]|1[0-6])\." + GU, fake_fp8)],
+    "layers 2-15": [(r"layers\.([2-9]|1[0-5])\." + GU, fake_fp8)],
+    "layers 0-8": [(r"layers\.[0-8]\." + GU, fake_fp8)],
+    "layers 9-17": [(r"layers\.(9|1[0-7])\." + GU, fake_fp8)],
+}
+# with --down: gate|up in layers 1-16 plus down (1 x 128 blocks of its input) in some layers
+DOWN_SETS = {
+    "gu 1-16 + down 9-16": [(L1_16 + GU, fake_fp8), (L9_16 + DOWN, fake_fp8_blocks)],
+    "gu 1-16 + down 1-16": [(L1_16 + GU, fake_fp8), (L1_16 + DOWN, fake_fp8_blocks)],
 }
 
 
 class SwitchableFP8(nn.Module):
     """A linear whose operands are fake-quantised while its name matches the active set."""
 
-    active: tuple[str, object] | None = None  # (regex, rounding), shared by all
+    active: list[tuple[str, object]] = []  # [(regex, rounding)], shared by all
 
     def __init__(self, linear: nn.Linear, name: str):
         super().__init__()
         self.linear, self.name = linear, name
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if SwitchableFP8.active is None or not re.search(SwitchableFP8.active[0], self.name):
+        rnd = next((r for pattern, r in SwitchableFP8.active if re.search(pattern, self.name)), None)
+        if rnd is None:
             return self.linear(x)
-        rnd = SwitchableFP8.active[1]
         return F.linear(rnd(x, dim=-1), rnd(self.linear.weight, dim=1), self.linear.bias)
 
 
@@ -57,19 +64,21 @@ def main() -> None:
     ap.add_argument("--policy", default="pi0")
     ap.add_argument("--views", type=int, default=3)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--down", action="store_true", help="the down projection's sets (DOWN_SETS) instead")
     ap.add_argument("--out", type=Path, default=Path("out"))
     args = ap.parse_args()
     dev = torch.device(args.device)
     cfg = PolicyConfig.preset(args.policy, num_views=args.views, dtype="float32")
     model = build_random(cfg, dev)
     for name, m in list(model.named_modules()):
-        if isinstance(m, nn.Linear) and name.startswith("prefix_lm.") and name.endswith(("gate_proj", "up_proj")):
+        mlp = name.endswith(("gate_proj", "up_proj", "down_proj"))
+        if isinstance(m, nn.Linear) and name.startswith("prefix_lm.") and mlp:
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent), child, SwitchableFP8(m, name))
     case = Case.make(cfg, dev, args.views)
     ref = decide(model, case)
     results = {}
-    for label, active in LAYER_SETS.items():
+    for label, active in (DOWN_SETS if args.down else LAYER_SETS).items():
         SwitchableFP8.active = active
         t0 = time.perf_counter()
         results[label] = r = compare(decide(model, case), ref)
