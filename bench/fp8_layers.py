@@ -36,10 +36,13 @@ LAYER_SETS = {
     "layers 0-8": [(r"layers\.[0-8]\." + GU, fake_fp8)],
     "layers 9-17": [(r"layers\.(9|1[0-7])\." + GU, fake_fp8)],
 }
-# with --down: gate|up in layers 1-16 plus down (1 x 128 blocks of its input) in some layers
+# with --down: gate|up in layers 1-16 plus down in some layers (its input scaled per 1 x 128 block,
+# or per row)
 DOWN_SETS = {
     "gu 1-16 + down 9-16": [(L1_16 + GU, fake_fp8), (L9_16 + DOWN, fake_fp8_blocks)],
     "gu 1-16 + down 1-16": [(L1_16 + GU, fake_fp8), (L1_16 + DOWN, fake_fp8_blocks)],
+    "gu 1-16 + down 9-16 rows": [(L1_16 + GU, fake_fp8), (L9_16 + DOWN, fake_fp8)],
+    "gu 1-16 + down 1-16 rows": [(L1_16 + GU, fake_fp8), (L1_16 + DOWN, fake_fp8)],
 }
 
 

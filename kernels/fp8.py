@@ -3,15 +3,20 @@
 Each row of a matrix keeps one fp32 scale, ``t ~ scale[:, None] * q`` with ``q`` in e4m3 and the
 row's largest magnitude mapped to e4m3's largest finite value (448). Weights are quantised once
 at load (`quantize_rows`, rows = output channels); activations per token inside the norm that
-produces them (`kernels.rms_norm.rms_norm(..., out=e4m3 buffer, out_scale=...)`). A row of zeros
+produces them (`kernels.rms_norm.rms_norm(..., out=e4m3 buffer, out_scale=...)`) or by
+`quantize_rows_kernel` (the same rounding as one Triton launch). A row of zeros
 gets the scale of a tiny amax, so it stays zeros and never divides by zero.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
-__all__ = ["E4M3", "E4M3_MAX", "MIN_AMAX", "dequantize_rows", "quantize_rows"]
+from ._common import check_out, is_interpreting, num_warps_for, round_e4m3_rtne, row_block
+
+__all__ = ["E4M3", "E4M3_MAX", "MIN_AMAX", "dequantize_rows", "quantize_rows", "quantize_rows_kernel"]
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
@@ -30,3 +35,40 @@ def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantize_rows(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """The fp32 values an e4m3 matrix and its row scales stand for."""
     return q.float() * scale[:, None]
+
+
+@triton.jit
+def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, D, stride_x, stride_q, FIX: tl.constexpr, BLOCK_D: tl.constexpr):
+    # one program per row, the whole row in registers: amax, scale, e4m3 store
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=cols < D, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / 448.0  # MIN_AMAX, E4M3_MAX
+    tl.store(s_ptr + row, scale)
+    y = x / scale
+    if FIX:
+        y = round_e4m3_rtne(y)
+    tl.store(q_ptr + row * stride_q + cols, y.to(q_ptr.dtype.element_ty), mask=cols < D)
+
+
+def quantize_rows_kernel(
+    x: torch.Tensor, out: torch.Tensor | None = None, scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantize_rows` as one Triton launch, for activations inside a captured stage: [N, D] ->
+    (e4m3 [N, D] into `out`, fp32 [N] into `scale`)."""
+    if x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"x must be [N, D] with contiguous rows, got {tuple(x.shape)} strides {x.stride()}")
+    n, d = x.shape
+    out = torch.empty(n, d, dtype=E4M3, device=x.device) if out is None else out
+    scale = torch.empty(n, dtype=torch.float32, device=x.device) if scale is None else scale
+    check_out(out, (n, d), x.device)
+    check_out(scale, (n,), x.device, "scale")
+    if out.dtype != E4M3 or scale.dtype != torch.float32:
+        raise ValueError(f"out must be e4m3 and scale float32, got {out.dtype} and {scale.dtype}")
+    if n:
+        block = row_block(d)
+        _quantize_rows_kernel[(n,)](
+            x, out, scale, d, x.stride(0), out.stride(0), FIX=is_interpreting(), BLOCK_D=block,
+            num_warps=num_warps_for(block),
+        )  # fmt: skip
+    return out, scale

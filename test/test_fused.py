@@ -65,6 +65,24 @@ def test_fused_fp8_prefix_mlp_tracks_fp32_reference(kind, monkeypatch):
     assert cosine(out, ref) > 0.999
 
 
+def test_fused_fp8_prefix_down_tracks_fp32_reference(monkeypatch):
+    """PREFIX_DOWN_FP8_FROM: the down projection in FP8 too (its input quantised per row by
+    kernels/fp8.py, then torch._scaled_mm): at the parity gate, and not the gate|up-only chunk."""
+    from flashrt_ros.policies import fused as fused_module
+    from kernels.fp8 import E4M3
+
+    monkeypatch.setattr(fused_module, "PREFIX_MLP_FP8_FROM", 0)
+    model = tiny_model("pi05", seed=2).to(DEVICE)
+    x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1).items()}
+    ref = model.sample_actions(**x)[0]
+    _, gate_up_only = _run_fused(model, x, torch.bfloat16, prefix_mlp_fp8=True)
+    monkeypatch.setattr(fused_module, "PREFIX_DOWN_FP8_FROM", 0)
+    fused, out = _run_fused(model, x, torch.bfloat16, prefix_mlp_fp8=True)
+    assert fused.prefix_layers[0].down.dtype == E4M3 and fused.prefix_layers[0].down_scale is not None
+    assert not torch.equal(out, gate_up_only)
+    assert cosine(out, ref) > 0.999
+
+
 def test_fused_fp8_prefix_mlp_keeps_the_first_layers_bf16():
     from flashrt_ros.policies.fused import PREFIX_MLP_FP8_FROM
     from kernels.fp8 import E4M3

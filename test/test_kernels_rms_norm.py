@@ -105,3 +105,20 @@ def test_rms_norm_fp8_out_needs_its_scale() -> None:
         rms_norm(x, w, out_scale=torch.empty(4, device=DEVICE))
     with pytest.raises(ValueError, match=r"out_scale: expected a contiguous \[4\] float32 tensor, got \(3,\)"):
         rms_norm(x, w, out=torch.empty(4, 32, device=DEVICE, dtype=E4M3), out_scale=torch.empty(3, device=DEVICE))
+
+
+@pytest.mark.parametrize("T,D", [(1, 48), (37, 130)])
+def test_quantize_rows_kernel_equals_the_torch_rounding(T: int, D: int) -> None:
+    """kernels/fp8.quantize_rows_kernel (the FP8 down projection's input) rounds as the torch
+    reference: the same e4m3 values and scales, zero rows kept zero."""
+    from kernels.fp8 import quantize_rows, quantize_rows_kernel
+
+    x, _, _ = _inputs(T, D, torch.bfloat16, seed=5)
+    x[0] = 0
+    q, scale = quantize_rows_kernel(x)
+    q_ref, scale_ref = quantize_rows(x)
+    torch.testing.assert_close(scale, scale_ref, atol=0, rtol=1e-6)
+    torch.testing.assert_close(q.float(), q_ref.float(), atol=0, rtol=0)
+    assert bool((q[0].float() == 0).all())
+    with pytest.raises(ValueError, match="out must be e4m3 and scale float32"):
+        quantize_rows_kernel(x, out=torch.empty(T, D, device=DEVICE))

@@ -38,7 +38,7 @@ from kernels.attention import attention
 from kernels.denoise_update import DenoiseUpdate
 from kernels.euler import euler_step
 from kernels.expert_step import ExpertStepPlan, ExpertWeights, rope_table, unpair_columns
-from kernels.fp8 import E4M3, quantize_rows
+from kernels.fp8 import E4M3, quantize_rows, quantize_rows_kernel
 from kernels.gate_up_geglu import gate_up_geglu, interleave_block, interleave_gate_up
 from kernels.geglu import geglu
 from kernels.gelu import bias_gelu
@@ -93,6 +93,10 @@ PREFIX_MLP = "triton"
 # error was most of the chunk's. pi0, 3 views, random weights, simulated (bench/fp8_sim.py's
 # rounding): FP8 in every layer cosine 0.99884, layers 1-16 0.99952, layers 0-8 0.99872, 9-17 0.99998
 PREFIX_MLP_FP8_FROM = 1
+# With prefix_mlp_fp8, the prefix layers from this one on (and from PREFIX_MLP_FP8_FROM) also run
+# their down projection in FP8: the GeGLU output quantised per row (kernels/fp8.py), then
+# cuBLASLt's row-scaled FP8 GEMM (torch._scaled_mm); None: down stays bf16
+PREFIX_DOWN_FP8_FROM: int | None = None
 
 
 def _attention_tiles(spec: str | None, name: str = "PREFIX_ATTENTION_TILES", splits: bool = True) -> dict[str, int]:
@@ -141,6 +145,7 @@ class GemmaW:
     norm_in: Tensor | None  # RMSNorm weights (None where adaRMS modulations are used)
     norm_post: Tensor | None
     gate_up_scale: Tensor | None = None  # row scales where gate_up is held in FP8 (kernels/fp8.py)
+    down_scale: Tensor | None = None  # the same for down
 
 
 @dataclass
@@ -234,8 +239,10 @@ class FusedPi0:
             for w in self.prefix_layers if self.mlp_block else ():
                 w.gate_up = interleave_gate_up(w.gate_up, self.mlp_block)
             self.prefix_mlp_fp8 = self._use_fp8(prefix_mlp_fp8)
-            for w in self.prefix_layers[PREFIX_MLP_FP8_FROM:] if self.prefix_mlp_fp8 else ():
+            for i, w in enumerate(self.prefix_layers[PREFIX_MLP_FP8_FROM:] if self.prefix_mlp_fp8 else ()):
                 w.gate_up, w.gate_up_scale = quantize_rows(w.gate_up)
+                if PREFIX_DOWN_FP8_FROM is not None and i + PREFIX_MLP_FP8_FROM >= PREFIX_DOWN_FP8_FROM:
+                    w.down, w.down_scale = quantize_rows(w.down)
             self.expert_layers = [_gemma(layer, dtype) for layer in model.expert.layers]
             self.final_norm = f32(model.expert.norm.weight) if not cfg.uses_adarms else None
             self.action_in = (f32(model.action_in_proj.weight), f32(model.action_in_proj.bias))
@@ -530,6 +537,12 @@ class FusedPi0:
             scale = o.new_empty(o.shape[0], dtype=torch.float32)
             _, h = rms_norm(o, w.norm_post, eps, residual=h, num_warps=nw, out=x, out_scale=scale)
             act = gate_up_geglu(x, w.gate_up, self.mlp_block, x_scale=scale, w_scale=w.gate_up_scale)
+            if w.down_scale is not None:
+                aq, a_scale = quantize_rows_kernel(act)
+                down = torch._scaled_mm(
+                    aq, w.down.t(), scale_a=a_scale[:, None], scale_b=w.down_scale[None, :], out_dtype=o.dtype
+                )
+                return down, h
         else:
             x, h = rms_norm(o, w.norm_post, eps, residual=h, num_warps=nw)
             if self._prefix_mlp_fused():
