@@ -3,7 +3,7 @@
 flashrt bench [--policy pi05] [--views 1,2,3] [--modes eager,compile,fused,fused-fp8] [--out DIR]
 
 Modes: eager (the reference), compile (the reference's stages under torch.compile), fused (the
-bf16 fused path), fused-fp8 (the same with the prefix MLP's gate|up GEMM in FP8).
+bf16 fused path), fused-fp8 (the same with the prefix LM's MLP GEMMs in FP8).
 """
 
 from __future__ import annotations

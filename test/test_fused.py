@@ -53,11 +53,13 @@ def test_fused_fp8_prefix_mlp_tracks_fp32_reference(kind, monkeypatch):
     from kernels.fp8 import E4M3
 
     monkeypatch.setattr(fused_module, "PREFIX_MLP_FP8_FROM", 0)
+    monkeypatch.setattr(fused_module, "PREFIX_DOWN_FP8_FROM", None)  # gate|up only (the down: next test)
     model = tiny_model(kind, seed=2).to(DEVICE)
     x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1).items()}
     ref = model.sample_actions(**x)[0]
     fused, out = _run_fused(model, x, torch.bfloat16, prefix_mlp_fp8=True)
     assert fused.prefix_mlp_fp8 and "from layer 0 an FP8 (e4m3, row scales)" in fused.describe()
+    assert "bf16 down" in fused.describe()
     assert all(w.gate_up.dtype == E4M3 and w.gate_up_scale is not None for w in fused.prefix_layers)
     _, bf16 = _run_fused(model, x, torch.bfloat16)
     assert not torch.equal(out, bf16)
@@ -72,6 +74,7 @@ def test_fused_fp8_prefix_down_tracks_fp32_reference(monkeypatch):
     from kernels.fp8 import E4M3
 
     monkeypatch.setattr(fused_module, "PREFIX_MLP_FP8_FROM", 0)
+    monkeypatch.setattr(fused_module, "PREFIX_DOWN_FP8_FROM", None)
     model = tiny_model("pi05", seed=2).to(DEVICE)
     x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1).items()}
     ref = model.sample_actions(**x)[0]
@@ -84,13 +87,15 @@ def test_fused_fp8_prefix_down_tracks_fp32_reference(monkeypatch):
 
 
 def test_fused_fp8_prefix_mlp_keeps_the_first_layers_bf16():
+    """The defaults: layer 0's MLP in bf16, both GEMMs of the later layers' in FP8."""
     from flashrt_ros.policies.fused import PREFIX_MLP_FP8_FROM
     from kernels.fp8 import E4M3
 
     fused = FusedPi0(tiny_model("pi05", seed=2).to(DEVICE), torch.bfloat16, prefix_mlp_fp8=True)
-    dtypes = [w.gate_up.dtype for w in fused.prefix_layers]
-    assert PREFIX_MLP_FP8_FROM == 1 and dtypes == [torch.bfloat16, E4M3]
-    assert fused.prefix_layers[0].gate_up_scale is None
+    assert PREFIX_MLP_FP8_FROM == 1
+    assert [(w.gate_up.dtype, w.down.dtype) for w in fused.prefix_layers] == [(torch.bfloat16,) * 2, (E4M3, E4M3)]
+    assert fused.prefix_layers[0].gate_up_scale is None and fused.prefix_layers[0].down_scale is None
+    assert "FP8 down (cuBLASLt) from layer 1" in fused.describe()
 
 
 def test_fused_fp8_prefix_mlp_needs_bf16():

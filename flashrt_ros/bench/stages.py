@@ -34,7 +34,7 @@ def measure_fused(
     ref_chunk: torch.Tensor,
     prefix_mlp_fp8: bool = False,
 ):
-    """Build + capture the fused path (bf16; the prefix MLP's gate|up in FP8 with
+    """Build + capture the fused path (bf16; the prefix LM's MLP GEMMs in FP8 with
     `prefix_mlp_fp8`), time full decision / stages, and check parity."""
     dev = case.noise.device
     t0 = time.perf_counter()

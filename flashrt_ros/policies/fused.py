@@ -95,8 +95,11 @@ PREFIX_MLP = "triton"
 PREFIX_MLP_FP8_FROM = 1
 # With prefix_mlp_fp8, the prefix layers from this one on (and from PREFIX_MLP_FP8_FROM) also run
 # their down projection in FP8: the GeGLU output quantised per row (kernels/fp8.py), then
-# cuBLASLt's row-scaled FP8 GEMM (torch._scaled_mm); None: down stays bf16
-PREFIX_DOWN_FP8_FROM: int | None = None
+# cuBLASLt's row-scaled FP8 GEMM (torch._scaled_mm, where this torch and GPU have it); None: bf16.
+# H200, pi0.5, 3 views (bench/fp8_prefix_ab.py, 7 alternating rounds): prefix stage 6.499 vs 6.832
+# ms for gate|up alone, chunk cosine 0.999456 vs 0.999679 (pi0: 5.948 vs 6.200 ms, 0.999349 vs
+# 0.999372); from layer 9: 6.684 ms, 0.999669
+PREFIX_DOWN_FP8_FROM: int | None = 1
 
 
 def _attention_tiles(spec: str | None, name: str = "PREFIX_ATTENTION_TILES", splits: bool = True) -> dict[str, int]:
@@ -207,11 +210,12 @@ class FusedPi0:
         prompt_buckets: tuple[int, ...] = (64, 128),
         prefix_mlp_fp8: bool = False,
     ):
-        """prefix_mlp_fp8: the prefix LM's gate|up GEMM in FP8 (e4m3 weights and inputs, one
-        scale per row) from layer PREFIX_MLP_FP8_FROM on; bf16 runs only, where the fused gate|up
-        kernel runs (else a warning and bf16). H200, 3 views: 107 vs 179 us per layer: a speed /
-        accuracy trade the deployment opts into (the chunk's cosine vs the fp32 reference drops
-        from ~0.99999 to ~0.9995; docs/results/README.md)."""
+        """prefix_mlp_fp8: the prefix LM's MLP GEMMs in FP8 (e4m3 weights and inputs, one scale
+        per row): gate|up from layer PREFIX_MLP_FP8_FROM on, down from PREFIX_DOWN_FP8_FROM; bf16
+        runs only, where the fused gate|up kernel runs (else a warning and bf16). H200, 3 views:
+        gate|up 107 vs 179 us per layer, down 55 vs 88: a speed / accuracy trade the deployment
+        opts into (the chunk's cosine vs the fp32 reference drops from ~0.99999 to ~0.9995;
+        docs/results/README.md)."""
         cfg: PolicyConfig = model.cfg
         self.cfg, self.dtype = cfg, dtype
         # Prompt-length buckets: a decision runs the smallest one that holds its prompt, so a short
@@ -239,10 +243,12 @@ class FusedPi0:
             for w in self.prefix_layers if self.mlp_block else ():
                 w.gate_up = interleave_gate_up(w.gate_up, self.mlp_block)
             self.prefix_mlp_fp8 = self._use_fp8(prefix_mlp_fp8)
-            for i, w in enumerate(self.prefix_layers[PREFIX_MLP_FP8_FROM:] if self.prefix_mlp_fp8 else ()):
-                w.gate_up, w.gate_up_scale = quantize_rows(w.gate_up)
-                if PREFIX_DOWN_FP8_FROM is not None and i + PREFIX_MLP_FP8_FROM >= PREFIX_DOWN_FP8_FROM:
-                    w.down, w.down_scale = quantize_rows(w.down)
+            down_from = self._fp8_down_from()
+            for i, w in enumerate(self.prefix_layers):
+                if self.prefix_mlp_fp8 and i >= PREFIX_MLP_FP8_FROM:
+                    w.gate_up, w.gate_up_scale = quantize_rows(w.gate_up)
+                    if down_from is not None and i >= down_from:
+                        w.down, w.down_scale = quantize_rows(w.down)
             self.expert_layers = [_gemma(layer, dtype) for layer in model.expert.layers]
             self.final_norm = f32(model.expert.norm.weight) if not cfg.uses_adarms else None
             self.action_in = (f32(model.action_in_proj.weight), f32(model.action_in_proj.bias))
@@ -253,8 +259,23 @@ class FusedPi0:
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
 
     # ---- load-time work ----------------------------------------------------------------------
+    def _fp8_down_from(self) -> int | None:
+        """The first prefix layer whose down projection runs in FP8 (None: none): needs
+        prefix_mlp_fp8 and torch._scaled_mm with row scales on this device (a small probe; where
+        it fails, a warning and bf16 down projections)."""
+        if not self.prefix_mlp_fp8 or PREFIX_DOWN_FP8_FROM is None:
+            return None
+        try:
+            q = torch.zeros(16, 16, dtype=E4M3, device=self.device)
+            ones = torch.ones(16, 1, device=self.device)
+            torch._scaled_mm(q, q.t(), scale_a=ones, scale_b=ones.t(), out_dtype=torch.bfloat16)
+        except (RuntimeError, NotImplementedError) as err:
+            log.warning("FP8 down projection unavailable here (torch._scaled_mm: %s): it stays bf16", err)
+            return None
+        return max(PREFIX_DOWN_FP8_FROM, PREFIX_MLP_FP8_FROM)
+
     def _use_fp8(self, wanted: bool) -> bool:
-        """Whether the prefix MLP's gate|up runs in FP8: asked for, in a bf16 run, and where the
+        """Whether the prefix MLP runs in FP8: asked for, in a bf16 run, and where the
         fused gate|up kernel runs (sm_90+ or the interpreter) with PREFIX_MLP "triton"."""
         if not wanted:
             return False
@@ -712,7 +733,9 @@ class FusedPi0:
         vision_attn = "Triton packed attention" if VISION_ATTENTION == "triton" else "torch SDPA (cuDNN first)"
         mlp = "gate|up GEMM with the GeGLU epilogue (Triton)" if self._prefix_mlp_fused() else f"{gemm} gate|up + geglu"
         if self.prefix_mlp_fp8:
+            down = next((i for i, w in enumerate(self.prefix_layers) if w.down_scale is not None), None)
             mlp = f"from layer {PREFIX_MLP_FP8_FROM} an FP8 (e4m3, row scales) " + mlp
+            mlp += f", FP8 down (cuBLASLt) from layer {down}" if down is not None else ", bf16 down"
         prefix_attn = "attention (TMA, no key split)" if self._prefix_attention_tma() else "attention"
         if VISION_ATTENTION == "triton" and VISION_ATTENTION_TILES:
             vision_attn += f" at {VISION_ATTENTION_TILES}"

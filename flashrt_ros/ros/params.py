@@ -162,8 +162,8 @@ PARAMETERS: dict[str, ParamInfo] = {
     "device": ParamInfo("auto (cuda if available, else cpu), cpu, cuda or cuda:N"),
     "precision": ParamInfo("float32 or bfloat16"),
     "fp8": ParamInfo(
-        "none, or prefix_mlp: the prefix LM's gate|up GEMM in FP8 (e4m3; bfloat16 + fused backend, sm_90+; "
-        "faster, chunk cosine ~0.9994 vs ~0.99999)"
+        "none, or prefix_mlp: the prefix LM's MLP GEMMs in FP8 (e4m3; bfloat16 + fused backend, sm_90+; "
+        "faster, chunk cosine ~0.9995 vs ~0.99999)"
     ),
     "backend": ParamInfo("auto (fused on CUDA, else reference), fused (fail if unavailable) or reference"),
     "seed": ParamInfo("seed of random weights and of the noise generator (>= 0); reset returns to it"),
