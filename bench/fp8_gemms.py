@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 
+import kernels.gate_up_geglu as gu_mod
 from flashrt_ros.bench.timing import graph_ms, write_result
-from kernels.fp8 import quantize_rows
-from kernels.gate_up_geglu import gate_up_geglu, interleave_gate_up, supports_gate_up_geglu
+from kernels.fp8 import dequantize_rows, quantize_rows
+from kernels.gate_up_geglu import gate_up_geglu, gate_up_geglu_ref, interleave_gate_up, supports_gate_up_geglu
 from kernels.geglu import geglu
 from kernels.rms_norm import rms_norm
 
@@ -51,7 +52,7 @@ def _gate_up_variants(dev, layers: int) -> tuple[dict, dict]:
     xq, xs = quantize_rows(x)
     y = torch.empty(rows, ff, device=dev, dtype=torch.bfloat16)
     gu = torch.empty(rows, 2 * ff, device=dev, dtype=torch.bfloat16)
-    outs = {name: torch.empty_like(y) for name in ("bf16", "fp8", "lt")}
+    outs = {name: torch.empty_like(y) for name in ("bf16", "fp8", "fp8p", "lt")}
 
     def bf16():
         for w in wi:
@@ -61,6 +62,14 @@ def _gate_up_variants(dev, layers: int) -> tuple[dict, dict]:
         for q, s in wq:
             gate_up_geglu(xq, q, 128, out=outs["fp8"], x_scale=xs, w_scale=s)
 
+    def fp8_promoted():  # partial sums promoted into fp32 every K step (FP8_PROMOTE_K = 128)
+        gu_mod.FP8_PROMOTE_K = 128
+        try:
+            for q, s in wq:
+                gate_up_geglu(xq, q, 128, out=outs["fp8p"], x_scale=xs, w_scale=s)
+        finally:
+            gu_mod.FP8_PROMOTE_K = None
+
     def lt():
         for q, s in wq_plain:
             geglu(_scaled_mm(xq, xs, q, s, gu), out=outs["lt"])
@@ -68,12 +77,19 @@ def _gate_up_variants(dev, layers: int) -> tuple[dict, dict]:
     fns = {
         "lm gate|up+geglu triton bf16": bf16,
         "lm gate|up+geglu triton fp8": fp8,
+        "lm gate|up+geglu triton fp8 promote/128": fp8_promoted,
         "lm gate|up+geglu cublasLt fp8": lt,
     }
     pairs = {
         "lm gate|up+geglu triton fp8": (outs["fp8"], outs["bf16"]),
+        "lm gate|up+geglu triton fp8 promote/128": (outs["fp8p"], outs["bf16"]),
         "lm gate|up+geglu cublasLt fp8": (outs["lt"], outs["bf16"]),
     }
+    # against the fp32 product of the values the FP8 operands stand for (the last layer's weight):
+    # what the FP8 MMA's accumulation adds on top of the operands' rounding
+    exact = gate_up_geglu_ref(dequantize_rows(xq, xs), dequantize_rows(*quantize_rows(ws[-1]))).float()
+    for name in ("fp8", "fp8p"):
+        pairs[f"accumulation error of triton {name}"] = (outs[name], exact)
     return fns, pairs
 
 
@@ -131,14 +147,21 @@ def main() -> None:
     torch.cuda.synchronize()
     results = {name: dict(us=[]) for name in fns}
     for name, (got, want) in pairs.items():
+        results.setdefault(name, dict(us=[]))
         results[name]["max_abs_vs_bf16"] = float((got.float() - want.float()).abs().max())
         cos = torch.cosine_similarity(got.float().flatten(), want.float().flatten(), 0)
         results[name]["cosine_vs_bf16"] = float(cos)
+    for name in [n for n in results if n not in fns]:  # error-only rows
+        r = results[name]
+        print(f"{name:<42} max abs {r['max_abs_vs_bf16']:.3e}, cosine {r['cosine_vs_bf16']:.7f}")
+        del results[name]["us"]
     for _ in range(args.rounds):
         for name, fn in fns.items():
             results[name]["us"].append(graph_ms(fn, replays=20) / args.layers * 1e3)
     print(f"{'GEMM (cold weights)':<42} {'us':>8}  {'cos vs bf16':>11} {'max abs':>9}   rounds")
     for name, r in results.items():
+        if name not in fns:
+            continue
         r["median_us"] = sorted(r["us"])[len(r["us"]) // 2]
         rounds = " ".join(f"{v:.1f}" for v in r["us"])
         cos = f"{r['cosine_vs_bf16']:11.6f} {r['max_abs_vs_bf16']:9.2e}" if "cosine_vs_bf16" in r else " " * 21

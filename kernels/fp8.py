@@ -1,4 +1,4 @@
-"""Row-scaled FP8 (e4m3): the format of the prefix LM's FP8 gate|up GEMM (`precision` fp8).
+"""Row-scaled FP8 (e4m3): the format of the prefix LM's FP8 MLP GEMMs (node parameter `fp8`).
 
 Each row of a matrix keeps one fp32 scale, ``t ~ scale[:, None] * q`` with ``q`` in e4m3 and the
 row's largest magnitude mapped to e4m3's largest finite value (448). Weights are quantised once
@@ -43,9 +43,10 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, D, stride_x, stride_q, FIX: tl.co
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     x = tl.load(x_ptr + row * stride_x + cols, mask=cols < D, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / 448.0  # MIN_AMAX, E4M3_MAX
+    # IEEE divisions (div_rn; `/` compiles to an approximate one): the same bits as torch
+    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12), 448.0)  # MIN_AMAX, E4M3_MAX
     tl.store(s_ptr + row, scale)
-    y = x / scale
+    y = tl.math.div_rn(x, scale)
     if FIX:
         y = round_e4m3_rtne(y)
     tl.store(q_ptr + row * stride_q + cols, y.to(q_ptr.dtype.element_ty), mask=cols < D)

@@ -64,6 +64,7 @@ def _gate_up_geglu_kernel(
     PREC: tl.constexpr,
     FIX_Y: tl.constexpr,
     SCALED: tl.constexpr,
+    MAX_IMPRECISE: tl.constexpr,
 ):
     n_m, n_n = tl.cdiv(M, BM), F // BH
     for t in tl.range(tl.program_id(0), n_m * n_n, NUM_PROGS, flatten=True):
@@ -74,7 +75,7 @@ def _gate_up_geglu_kernel(
             w = w_desc.load([pn * 2 * BH, k])  # BH gate rows, then the same BH rows of up
             if UPCAST:  # the interpreter's bf16 dot is wrong (Triton 3.9): fp32 there
                 a, w = a.to(tl.float32), w.to(tl.float32)
-            acc = tl.dot(a, w.T, acc, input_precision=PREC)
+            acc = tl.dot(a, w.T, acc, input_precision=PREC, max_num_imprecise_acc=MAX_IMPRECISE)
         if SCALED:  # FP8 operands: one scale per x row and per weight row (gate|up column)
             rows = pm * BM + tl.arange(0, BM)
             cols = pn * 2 * BH + tl.arange(0, 2 * BH)
@@ -131,6 +132,10 @@ def deinterleave_gate_up(w_int: torch.Tensor, block: int) -> torch.Tensor:
 BM_GPU, BK_BYTES = 128, 128
 MIN_SMEM = 200 * 1024  # the measured launch wants ~224 KB; GPUs with less keep cuBLAS + geglu
 FP8 = torch.float8_e4m3fn
+# FP8 on Hopper: the e4m3 MMA accumulates in reduced precision; Triton adds its partial sums into
+# the fp32 accumulator every this many products of K (None: Triton's default, which on sm_90 never
+# promotes within the K loop)
+FP8_PROMOTE_K: int | None = None
 # Triton 3.9's sm_100+ build of the FP8 tile takes 16 KB more shared memory than the operand
 # stages + output tile (245 KB at 4 stages for sm_110, offline): one stage fewer there.
 FP8_BLACKWELL_EXTRA = 16 * 1024
@@ -206,6 +211,8 @@ def _check(x: torch.Tensor, w_gu: torch.Tensor, block: int) -> tuple[int, int, i
 
 def _check_scales(x: torch.Tensor, w_gu: torch.Tensor, x_scale, w_scale) -> bool:
     """Whether this is the FP8 (e4m3, row-scaled) form; its scales checked."""
+    if x.dtype.itemsize == 1 and x.dtype != FP8:
+        raise ValueError(f"x is {x.dtype}: of the 8-bit formats only e4m3 (torch.float8_e4m3fn) is supported")
     if x.dtype != FP8:
         if x_scale is not None or w_scale is not None:
             raise ValueError(f"x_scale / w_scale are for FP8 (e4m3) operands, got {x.dtype}")
@@ -234,7 +241,7 @@ def gate_up_geglu(
         out: optional static [T, F] buffer (same row rules).
         x_scale, w_scale: for e4m3 x and w_gu only: fp32 [T] and [2F] (w_gu's rows, interleaved
             with them): x ~ x_scale[:, None] * x_fp8, W ~ w_scale[:, None] * W_fp8
-            (`kernels.fp8_rows.quantize_rows`).
+            (`kernels.fp8.quantize_rows`).
     """
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -269,6 +276,7 @@ def gate_up_geglu(
         PREC=dot_precision(x.dtype),
         FIX_Y=needs_rtne_fix(out.dtype),
         SCALED=scaled,
+        MAX_IMPRECISE=FP8_PROMOTE_K if scaled else None,
         num_stages=s["num_stages"],
         num_warps=s["num_warps"],
     )
@@ -296,6 +304,7 @@ def compile_offline(arch: int, block: int = 128, smem: int = 227 * 1024, fp8: bo
     signature.update(xs_ptr="*fp32" if fp8 else "constexpr", ws_ptr="*fp32" if fp8 else "constexpr")
     signature.update(M="i32", F="i32", KD="i32", NUM_PROGS="i32")
     constexprs = dict(BM=bm, BH=block, BK=bk, GROUP_M=8, UPCAST=False, PREC="tf32", FIX_Y=False, SCALED=fp8)
+    constexprs.update(MAX_IMPRECISE=FP8_PROMOTE_K if fp8 else None)
     if not fp8:
         constexprs.update(xs_ptr=None, ws_ptr=None)
     signature.update({name: "constexpr" for name in constexprs})

@@ -79,9 +79,9 @@ def _rms_norm_kernel(
             w = w + 1.0
         y = y * w
     if QUANT:  # e4m3 with one scale per row (kernels/fp8.py): the largest |y| -> 448
-        scale = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12) / 448.0
+        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12), 448.0)  # IEEE, as torch
         tl.store(q_ptr + row, scale)
-        y = y / scale
+        y = tl.math.div_rn(y, scale)
         if FIX_Y:
             y = round_e4m3_rtne(y)
     elif FIX_Y:
@@ -129,9 +129,10 @@ def rms_norm(
     quant = out.dtype == torch.float8_e4m3fn
     if quant != (out_scale is not None):
         raise ValueError(f"out_scale goes with an e4m3 out (got out {out.dtype}, out_scale {out_scale is not None})")
-    if quant and (out_scale.shape != (y2.shape[0],) or out_scale.dtype != torch.float32 or out_scale.stride(0) != 1):
-        got = f"{tuple(out_scale.shape)} {out_scale.dtype}"
-        raise ValueError(f"out_scale: expected a contiguous [{y2.shape[0]}] float32 tensor, got {got}")
+    bad_scale = quant and (out_scale.shape != (y2.shape[0],) or out_scale.dtype != torch.float32)
+    if bad_scale or (quant and (out_scale.stride(0) != 1 or out_scale.device != x.device)):
+        got = f"{tuple(out_scale.shape)} {out_scale.dtype} on {out_scale.device}"
+        raise ValueError(f"out_scale: expected a contiguous [{y2.shape[0]}] float32 tensor on {x.device}, got {got}")
 
     if weight is not None:
         if weight.shape != (D,) or not weight.is_contiguous():

@@ -42,7 +42,7 @@ def run_offline(*argv: str) -> list[dict]:
     run = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=600, cwd=root)
     assert run.returncode == 0, run.stderr[-3000:]
     # JSON objects only: on the H200 box (Triton 3.6) the build printed another line starting with "{"
-    return [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{\"")]
+    return [json.loads(line) for line in run.stdout.splitlines() if line.startswith('{"')]
 
 
 def offline_builds(module: str, **kwargs) -> dict[int, dict]:

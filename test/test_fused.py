@@ -60,7 +60,8 @@ def test_fused_fp8_prefix_mlp_tracks_fp32_reference(kind, monkeypatch):
     fused, out = _run_fused(model, x, torch.bfloat16, prefix_mlp_fp8=True)
     assert fused.prefix_mlp_fp8 and "from layer 0 an FP8 (e4m3, row scales)" in fused.describe()
     assert "bf16 down" in fused.describe()
-    assert all(w.gate_up.dtype == E4M3 and w.gate_up_scale is not None for w in fused.prefix_layers)
+    first, last = fused.prefix_layers  # the last layer never runs its MLP: left bf16
+    assert first.gate_up.dtype == E4M3 and first.gate_up_scale is not None and last.gate_up_scale is None
     _, bf16 = _run_fused(model, x, torch.bfloat16)
     assert not torch.equal(out, bf16)
     assert cosine(out - x["noise"][0], ref - x["noise"][0]) > 0.999
@@ -86,16 +87,42 @@ def test_fused_fp8_prefix_down_tracks_fp32_reference(monkeypatch):
     assert cosine(out, ref) > 0.999
 
 
-def test_fused_fp8_prefix_mlp_keeps_the_first_layers_bf16():
-    """The defaults: layer 0's MLP in bf16, both GEMMs of the later layers' in FP8."""
+def test_fused_fp8_prefix_mlp_keeps_the_first_layers_bf16(caplog):
+    """The defaults on a 3-layer LM: layer 0's MLP in bf16, layer 1's two GEMMs in FP8, the last
+    layer (which never runs its MLP) untouched; a 2-layer LM has no layer to run FP8: a warning."""
+    from flashrt_ros.policies.config import GemmaSpec
     from flashrt_ros.policies.fused import PREFIX_MLP_FP8_FROM
     from kernels.fp8 import E4M3
 
-    fused = FusedPi0(tiny_model("pi05", seed=2).to(DEVICE), torch.bfloat16, prefix_mlp_fp8=True)
+    spec = lambda w: GemmaSpec(width=w, depth=3, mlp_dim=2 * w, num_heads=4, num_kv_heads=1, head_dim=16)  # noqa: E731
+    model = tiny_model("pi05", seed=2, prefix=spec(64), expert=spec(32)).to(DEVICE)
+    fused = FusedPi0(model, torch.bfloat16, prefix_mlp_fp8=True)
     assert PREFIX_MLP_FP8_FROM == 1
-    assert [(w.gate_up.dtype, w.down.dtype) for w in fused.prefix_layers] == [(torch.bfloat16,) * 2, (E4M3, E4M3)]
+    bf16, fp8 = (torch.bfloat16,) * 2, (E4M3, E4M3)
+    assert [(w.gate_up.dtype, w.down.dtype) for w in fused.prefix_layers] == [bf16, fp8, bf16]
     assert fused.prefix_layers[0].gate_up_scale is None and fused.prefix_layers[0].down_scale is None
+    assert "from layer 1 an FP8 (e4m3, row scales)" in fused.describe()
     assert "FP8 down (cuBLASLt) from layer 1" in fused.describe()
+    with caplog.at_level("WARNING"):
+        two = FusedPi0(tiny_model("pi05", seed=2).to(DEVICE), torch.bfloat16, prefix_mlp_fp8=True)
+    assert not two.prefix_mlp_fp8 and "no prefix layer from 1 runs an MLP" in caplog.text
+
+
+def test_fused_fp8_down_falls_back_where_scaled_mm_fails(monkeypatch, caplog):
+    """Where torch._scaled_mm (row scales) is missing or wrong, the down projection stays bf16
+    with a warning; gate|up still runs FP8."""
+    from flashrt_ros.policies import fused as fused_module
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("not supported on this GPU")
+
+    monkeypatch.setattr(fused_module, "PREFIX_MLP_FP8_FROM", 0)
+    monkeypatch.setattr(torch, "_scaled_mm", broken)
+    with caplog.at_level("WARNING"):
+        fused = FusedPi0(tiny_model("pi05", seed=2).to(DEVICE), torch.bfloat16, prefix_mlp_fp8=True)
+    assert "FP8 down projection unavailable here (torch._scaled_mm: not supported on this GPU)" in caplog.text
+    assert fused.prefix_layers[0].gate_up_scale is not None and fused.prefix_layers[0].down_scale is None
+    assert "bf16 down" in fused.describe()
 
 
 def test_fused_fp8_prefix_mlp_needs_bf16():
@@ -135,7 +162,7 @@ def test_pipeline_fused_backend_matches_reference_backend():
     assert set(out.timings_ms) == {"preprocess", "prefix", "denoise", "postprocess"}
 
 
-def test_pipeline_fp8_option(caplog):
+def test_pipeline_fp8_option(caplog, monkeypatch):
     """fp8 "prefix_mlp" reaches the fused path; the reference path says it runs without it; a
     wrong value is refused with the values it takes."""
     from flashrt_ros.engine.pipeline import Pipeline
@@ -147,9 +174,15 @@ def test_pipeline_fp8_option(caplog):
     policy = build_policy(cfg, tiny_tokenizer_path(), device=DEVICE, action_dof=6)
     with pytest.raises(ValueError, match="fp8 must be none or prefix_mlp, got 'mlp'"):
         Pipeline(policy, backend="reference", fp8="mlp")
+    fp32 = build_policy(PolicyConfig.tiny("pi05", num_views=1), tiny_tokenizer_path(), device=DEVICE, action_dof=6)
+    with pytest.raises(ValueError, match="fp8 'prefix_mlp' needs a bfloat16 policy, got float32"):
+        Pipeline(fp32, backend="auto", fp8="prefix_mlp")
     with caplog.at_level("WARNING"):
         ref = Pipeline(policy, backend="reference", fp8="prefix_mlp")
     assert ref.fused is None and "fp8 'prefix_mlp' applies to the fused path only" in caplog.text
+    from flashrt_ros.policies import fused as fused_module
+
+    monkeypatch.setattr(fused_module, "PREFIX_MLP_FP8_FROM", 0)  # the tiny LM's only MLP is layer 0's
     assert Pipeline(policy, backend="fused", fp8="prefix_mlp").fused.prefix_mlp_fp8
 
 

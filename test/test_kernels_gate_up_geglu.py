@@ -164,6 +164,8 @@ def test_gate_up_geglu_fp8_needs_both_scales() -> None:
     with pytest.raises(ValueError, match="x_scale / w_scale are for FP8"):
         x, w = _operands(8, 32, 16, torch.float32, seed=2)
         gate_up_geglu(x, interleave_gate_up(w, 16), 16, x_scale=xs)
+    with pytest.raises(ValueError, match="only e4m3"):
+        gate_up_geglu(xq.to(torch.float8_e5m2), wq.to(torch.float8_e5m2), 16, x_scale=xs, w_scale=ws)
     with pytest.raises(ValueError, match="out is torch.float32, expected torch.bfloat16"):
         gate_up_geglu(xq, wq, 16, x_scale=xs, w_scale=ws, out=torch.empty(8, 16, device=DEVICE))
 

@@ -91,8 +91,11 @@ def test_rms_norm_fp8_out_is_row_scaled_e4m3(T: int, D: int) -> None:
     q_ref, scale_ref = quantize_rows(y)
     torch.testing.assert_close(scale, scale_ref, atol=0, rtol=1e-5)
     assert float(q.float().abs().amax(dim=1).min()) == 448.0  # every row uses the full range
-    # within one e4m3 step of the reference's rounding (rsqrt may differ in the last fp32 bit)
-    torch.testing.assert_close(dequantize_rows(q, scale), dequantize_rows(q_ref, scale_ref), atol=0, rtol=0.13)
+    # the reference's e4m3 values, but for a rare element next to a rounding midpoint (rsqrt may
+    # differ in the last fp32 bit): then one e4m3 step (2**-3 relative) away
+    same = q.float() == q_ref.float()
+    assert float(same.float().mean()) >= 0.99
+    torch.testing.assert_close(dequantize_rows(q, scale), dequantize_rows(q_ref, scale_ref), atol=0, rtol=0.126)
 
 
 def test_rms_norm_fp8_out_needs_its_scale() -> None:
@@ -103,7 +106,7 @@ def test_rms_norm_fp8_out_needs_its_scale() -> None:
         rms_norm(x, w, out=torch.empty(4, 32, device=DEVICE, dtype=E4M3))
     with pytest.raises(ValueError, match="out_scale goes with an e4m3 out"):
         rms_norm(x, w, out_scale=torch.empty(4, device=DEVICE))
-    with pytest.raises(ValueError, match=r"out_scale: expected a contiguous \[4\] float32 tensor, got \(3,\)"):
+    with pytest.raises(ValueError, match=r"out_scale: expected a contiguous \[4\] float32 tensor on \S+, got \(3,\)"):
         rms_norm(x, w, out=torch.empty(4, 32, device=DEVICE, dtype=E4M3), out_scale=torch.empty(3, device=DEVICE))
 
 

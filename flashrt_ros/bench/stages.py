@@ -39,6 +39,8 @@ def measure_fused(
     dev = case.noise.device
     t0 = time.perf_counter()
     fused = FusedPi0(model, torch.bfloat16, prefix_mlp_fp8=prefix_mlp_fp8)
+    if prefix_mlp_fp8 and not fused.prefix_mlp_fp8:  # a bf16 row must not be labelled fp8
+        raise RuntimeError(f"FP8 prefix MLP asked for but not active here: {fused.describe()}")
     load_case(fused, case)
     fused.capture()
     capture_s = time.perf_counter() - t0

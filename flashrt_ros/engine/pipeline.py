@@ -74,6 +74,8 @@ class Pipeline:
         self.next_chunk_id = 1  # part of the execution state (capsules save and restore it)
         if fp8 not in ("none", "prefix_mlp"):
             raise ValueError(f"fp8 must be none or prefix_mlp, got {fp8!r}")
+        if fp8 != "none" and policy.cfg.dtype != "bfloat16":  # not a silent fall back to the reference
+            raise ValueError(f"fp8 {fp8!r} needs a bfloat16 policy, got {policy.cfg.dtype}")
         self.fused = self._build_fused(backend, prefix_mlp_fp8=fp8 == "prefix_mlp")
         if fp8 != "none" and self.fused is None:
             log.warning("fp8 %r applies to the fused path only: the reference runs in %s", fp8, policy.cfg.dtype)

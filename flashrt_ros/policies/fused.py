@@ -243,12 +243,7 @@ class FusedPi0:
             for w in self.prefix_layers if self.mlp_block else ():
                 w.gate_up = interleave_gate_up(w.gate_up, self.mlp_block)
             self.prefix_mlp_fp8 = self._use_fp8(prefix_mlp_fp8)
-            down_from = self._fp8_down_from()
-            for i, w in enumerate(self.prefix_layers):
-                if self.prefix_mlp_fp8 and i >= PREFIX_MLP_FP8_FROM:
-                    w.gate_up, w.gate_up_scale = quantize_rows(w.gate_up)
-                    if down_from is not None and i >= down_from:
-                        w.down, w.down_scale = quantize_rows(w.down)
+            self._quantize_prefix_mlp()
             self.expert_layers = [_gemma(layer, dtype) for layer in model.expert.layers]
             self.final_norm = f32(model.expert.norm.weight) if not cfg.uses_adarms else None
             self.action_in = (f32(model.action_in_proj.weight), f32(model.action_in_proj.bias))
@@ -259,17 +254,39 @@ class FusedPi0:
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
 
     # ---- load-time work ----------------------------------------------------------------------
+    def _quantize_prefix_mlp(self) -> None:
+        """With prefix_mlp_fp8: the MLP weights of the layers that run FP8 to row-scaled e4m3.
+        The last layer never runs its MLP (only its K/V are read), so it is left as it is."""
+        if not self.prefix_mlp_fp8:
+            return
+        runs = range(PREFIX_MLP_FP8_FROM, len(self.prefix_layers) - 1)
+        if not runs:
+            log.warning("prefix_mlp_fp8: no prefix layer from %d runs an MLP: all stay bf16", PREFIX_MLP_FP8_FROM)
+            self.prefix_mlp_fp8 = False
+            return
+        down_from = self._fp8_down_from()
+        for i in runs:
+            w = self.prefix_layers[i]
+            w.gate_up, w.gate_up_scale = quantize_rows(w.gate_up)
+            if down_from is not None and i >= down_from:
+                w.down, w.down_scale = quantize_rows(w.down)
+
     def _fp8_down_from(self) -> int | None:
         """The first prefix layer whose down projection runs in FP8 (None: none): needs
         prefix_mlp_fp8 and torch._scaled_mm with row scales on this device (a small probe; where
         it fails, a warning and bf16 down projections)."""
         if not self.prefix_mlp_fp8 or PREFIX_DOWN_FP8_FROM is None:
             return None
-        try:
-            q = torch.zeros(16, 16, dtype=E4M3, device=self.device)
-            ones = torch.ones(16, 1, device=self.device)
-            torch._scaled_mm(q, q.t(), scale_a=ones, scale_b=ones.t(), out_dtype=torch.bfloat16)
-        except (RuntimeError, NotImplementedError) as err:
+        try:  # row scales of 1..16 on a product whose exact value is known
+            ones = torch.ones(16, 16, device=self.device)
+            scale = torch.arange(1.0, 17.0, device=self.device)
+            got = torch._scaled_mm(
+                ones.to(E4M3), ones.to(E4M3).t(), scale_a=scale[:, None], scale_b=scale[None, :],
+                out_dtype=torch.bfloat16,
+            )  # fmt: skip
+            if not torch.equal(got.float(), 16 * scale[:, None] * scale[None, :]):
+                raise RuntimeError("wrong product with row scales")
+        except Exception as err:  # whatever this torch / GPU lacks: bf16 down projections
             log.warning("FP8 down projection unavailable here (torch._scaled_mm: %s): it stays bf16", err)
             return None
         return max(PREFIX_DOWN_FP8_FROM, PREFIX_MLP_FP8_FROM)
@@ -281,12 +298,15 @@ class FusedPi0:
             return False
         if self.dtype != torch.bfloat16:
             raise ValueError(f"prefix_mlp_fp8 needs a bfloat16 run, got {self.dtype} (FP8 replaces bf16 GEMM operands)")
-        if not self._prefix_mlp_fused():
+        spec = self.cfg.prefix
+        if not self._prefix_mlp_fused() or spec.width % 16 or spec.mlp_dim % 16:
             log.warning(
-                "prefix_mlp_fp8 asked for, but the fused gate|up kernel does not run here (%s, PREFIX_MLP %r): "
-                "the prefix MLP stays bf16",
+                "prefix_mlp_fp8 asked for, but the fused gate|up kernel does not run here (%s, PREFIX_MLP %r, "
+                "width %d and MLP width %d, FP8 rows need multiples of 16): the prefix MLP stays bf16",
                 self.device,
                 PREFIX_MLP,
+                spec.width,
+                spec.mlp_dim,
             )
             return False
         return True
@@ -732,9 +752,10 @@ class FusedPi0:
         graphs = graphs if cuda else "no graphs (CPU)"
         vision_attn = "Triton packed attention" if VISION_ATTENTION == "triton" else "torch SDPA (cuDNN first)"
         mlp = "gate|up GEMM with the GeGLU epilogue (Triton)" if self._prefix_mlp_fused() else f"{gemm} gate|up + geglu"
-        if self.prefix_mlp_fp8:
+        if self.prefix_mlp_fp8:  # what was built, read from the weights
+            first = next(i for i, w in enumerate(self.prefix_layers) if w.gate_up_scale is not None)
             down = next((i for i, w in enumerate(self.prefix_layers) if w.down_scale is not None), None)
-            mlp = f"from layer {PREFIX_MLP_FP8_FROM} an FP8 (e4m3, row scales) " + mlp
+            mlp = f"from layer {first} an FP8 (e4m3, row scales) " + mlp
             mlp += f", FP8 down (cuBLASLt) from layer {down}" if down is not None else ", bf16 down"
         prefix_attn = "attention (TMA, no key split)" if self._prefix_attention_tma() else "attention"
         if VISION_ATTENTION == "triton" and VISION_ATTENTION_TILES:
