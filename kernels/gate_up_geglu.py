@@ -12,7 +12,8 @@ weights, `bench/gate_up_geglu.py`; 128 x 256 x 64 tiles, 4 stages, 8 warps, pers
 walking the tiles, GROUP_M row tiles together so that a weight tile is read once from HBM) on
 TMA descriptors, so sm_90+ only (Hopper, Blackwell, Jetson Thor); older GPUs keep cuBLAS + GeGLU.
 Numerics: fp32 accumulators, GeGLU in fp32, one rounding at the store (the two-kernel path
-rounds the gate|up product to the run dtype first).
+rounds the gate|up product to the run dtype first). On e4m3 operands the Hopper MMA accumulates
+in reduced precision within the K loop (FP8_PROMOTE_K says why that is kept).
 """
 
 from __future__ import annotations
