@@ -16,7 +16,16 @@ import triton.language as tl
 
 from ._common import check_out, is_interpreting, num_warps_for, round_e4m3_rtne, row_block
 
-__all__ = ["E4M3", "E4M3_MAX", "MIN_AMAX", "dequantize_rows", "quantize_rows", "quantize_rows_kernel"]
+__all__ = [
+    "E4M3",
+    "E4M3_MAX",
+    "MIN_AMAX",
+    "check_scale",
+    "dequantize_rows",
+    "quantize_rows",
+    "quantize_rows_kernel",
+    "scale_row_e4m3",
+]
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
@@ -37,18 +46,33 @@ def dequantize_rows(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.float() * scale[:, None]
 
 
+def check_scale(t: torch.Tensor | None, n: int, device: torch.device, name: str) -> None:
+    """A row-scale argument must be a contiguous fp32 [n] on `device`."""
+    if t is None or t.shape != (n,) or t.dtype != torch.float32 or not t.is_contiguous() or t.device != device:
+        got = "None" if t is None else f"{tuple(t.shape)} {t.dtype} on {t.device}"
+        raise ValueError(f"{name}: expected a contiguous [{n}] float32 tensor on {device}, got {got}")
+
+
+@triton.jit
+def scale_row_e4m3(y, FIX: tl.constexpr):
+    """One fp32 row (in registers) -> (the row divided by its scale, ready for an e4m3 store;
+    the scale): `quantize_rows` in a kernel. IEEE divisions (div_rn; `/` compiles to an
+    approximate one): the same bits as torch. FIX: the interpreter's rounding workaround."""
+    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12), 448.0)  # MIN_AMAX, E4M3_MAX
+    y = tl.math.div_rn(y, scale)
+    if FIX:
+        y = round_e4m3_rtne(y)
+    return y, scale
+
+
 @triton.jit
 def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, D, stride_x, stride_q, FIX: tl.constexpr, BLOCK_D: tl.constexpr):
     # one program per row, the whole row in registers: amax, scale, e4m3 store
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     x = tl.load(x_ptr + row * stride_x + cols, mask=cols < D, other=0.0).to(tl.float32)
-    # IEEE divisions (div_rn; `/` compiles to an approximate one): the same bits as torch
-    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12), 448.0)  # MIN_AMAX, E4M3_MAX
+    y, scale = scale_row_e4m3(x, FIX)
     tl.store(s_ptr + row, scale)
-    y = tl.math.div_rn(x, scale)
-    if FIX:
-        y = round_e4m3_rtne(y)
     tl.store(q_ptr + row * stride_q + cols, y.to(q_ptr.dtype.element_ty), mask=cols < D)
 
 
@@ -63,9 +87,9 @@ def quantize_rows_kernel(
     out = torch.empty(n, d, dtype=E4M3, device=x.device) if out is None else out
     scale = torch.empty(n, dtype=torch.float32, device=x.device) if scale is None else scale
     check_out(out, (n, d), x.device)
-    check_out(scale, (n,), x.device, "scale")
     if out.dtype != E4M3 or scale.dtype != torch.float32:
         raise ValueError(f"out must be e4m3 and scale float32, got {out.dtype} and {scale.dtype}")
+    check_scale(scale, n, x.device, "scale")
     if n:
         block = row_block(d)
         _quantize_rows_kernel[(n,)](

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ._common import check_out, dot_precision, is_interpreting, needs_rtne_fix, round_bf16_rtne
+from .fp8 import check_scale
 from .geglu import geglu_ref
 from .gelu import gelu_tanh
 
@@ -221,10 +222,8 @@ def _check_scales(x: torch.Tensor, w_gu: torch.Tensor, x_scale, w_scale) -> bool
         if x_scale is not None or w_scale is not None:
             raise ValueError(f"x_scale / w_scale are for FP8 (e4m3) operands, got {x.dtype}")
         return False
-    for name, t, n in (("x_scale", x_scale, x.shape[0]), ("w_scale", w_scale, w_gu.shape[0])):
-        if t is None or t.shape != (n,) or t.dtype != torch.float32 or not t.is_contiguous() or t.device != x.device:
-            got = "None" if t is None else f"{tuple(t.shape)} {t.dtype} on {t.device}"
-            raise ValueError(f"{name}: expected a contiguous [{n}] float32 tensor on {x.device}, got {got}")
+    check_scale(x_scale, x.shape[0], x.device, "x_scale")
+    check_scale(w_scale, w_gu.shape[0], x.device, "w_scale")
     return True
 
 

@@ -25,10 +25,10 @@ from ._common import (
     needs_rtne_fix,
     num_warps_for,
     round_bf16_rtne,
-    round_e4m3_rtne,
     row_block,
     rows_2d,
 )
+from .fp8 import check_scale, scale_row_e4m3
 
 __all__ = ["rms_norm", "rms_norm_ref"]
 
@@ -79,11 +79,8 @@ def _rms_norm_kernel(
             w = w + 1.0
         y = y * w
     if QUANT:  # e4m3 with one scale per row (kernels/fp8.py): the largest |y| -> 448
-        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12), 448.0)  # IEEE, as torch
+        y, scale = scale_row_e4m3(y, FIX_Y)
         tl.store(q_ptr + row, scale)
-        y = tl.math.div_rn(y, scale)
-        if FIX_Y:
-            y = round_e4m3_rtne(y)
     elif FIX_Y:
         y = round_bf16_rtne(y)
     tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -129,10 +126,8 @@ def rms_norm(
     quant = out.dtype == torch.float8_e4m3fn
     if quant != (out_scale is not None):
         raise ValueError(f"out_scale goes with an e4m3 out (got out {out.dtype}, out_scale {out_scale is not None})")
-    bad_scale = quant and (out_scale.shape != (y2.shape[0],) or out_scale.dtype != torch.float32)
-    if bad_scale or (quant and (out_scale.stride(0) != 1 or out_scale.device != x.device)):
-        got = f"{tuple(out_scale.shape)} {out_scale.dtype} on {out_scale.device}"
-        raise ValueError(f"out_scale: expected a contiguous [{y2.shape[0]}] float32 tensor on {x.device}, got {got}")
+    if quant:
+        check_scale(out_scale, y2.shape[0], x.device, "out_scale")
 
     if weight is not None:
         if weight.shape != (D,) or not weight.is_contiguous():
