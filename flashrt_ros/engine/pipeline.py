@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..policies.config import FP8_PARTS
 from ..policies.policy import ModelInputs, Observation, Policy
 from .stats import PipelineStats
 
@@ -72,8 +73,8 @@ class Pipeline:
         self.stats = PipelineStats(stats_window)
         self.generator = torch.Generator(device=policy.device).manual_seed(seed)
         self.next_chunk_id = 1  # part of the execution state (capsules save and restore it)
-        if fp8 not in ("none", "prefix_mlp"):
-            raise ValueError(f"fp8 must be none or prefix_mlp, got {fp8!r}")
+        if fp8 not in FP8_PARTS:
+            raise ValueError(f"fp8 must be {' or '.join(FP8_PARTS)}, got {fp8!r}")
         if fp8 != "none" and policy.cfg.dtype != "bfloat16":  # not a silent fall back to the reference
             raise ValueError(f"fp8 {fp8!r} needs a bfloat16 policy, got {policy.cfg.dtype}")
         self.fused = self._build_fused(backend, prefix_mlp_fp8=fp8 == "prefix_mlp")

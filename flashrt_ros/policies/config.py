@@ -13,6 +13,8 @@ from typing import Literal
 
 PolicyKind = Literal["pi0", "pi05"]
 Precision = Literal["float32", "bfloat16"]
+# what the `fp8` setting may put in FP8 (FusedPi0's prefix_mlp_fp8): nothing, or the prefix LM's MLP
+FP8_PARTS = ("none", "prefix_mlp")
 
 
 @dataclass(frozen=True)

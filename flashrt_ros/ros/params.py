@@ -24,14 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flashrt_ros.policies.config import PolicyConfig
+from flashrt_ros.policies.config import FP8_PARTS, PolicyConfig
 
 NODE_NAME = "flashrt_node"
 TINY_PRESETS = ("pi05_tiny", "pi0_tiny")
 PRESETS = ("pi05", "pi0", *TINY_PRESETS)
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("float32", "bfloat16")
-FP8_PARTS = ("none", "prefix_mlp")
 BACKENDS = ("auto", "fused", "reference")
 TRANSPORTS = ("raw", "compressed")
 MAX_RATE_HZ = 1000.0
