@@ -44,6 +44,16 @@ DOWN_SETS = {
     "gu 1-16 + down 9-16 rows": [(L1_16 + GU, fake_fp8), (L9_16 + DOWN, fake_fp8)],
     "gu 1-16 + down 1-16 rows": [(L1_16 + GU, fake_fp8), (L1_16 + DOWN, fake_fp8)],
 }
+# with --attn: the shipped MLP set plus the attention projections (rows scaled) in layers 1-16
+QKV, O = r"self_attn\.[qkv]_proj", r"self_attn\.o_proj"
+MLP_1_16 = [(L1_16 + GU, fake_fp8), (L1_16 + DOWN, fake_fp8)]
+ATTN_SETS = {
+    "mlp 1-16 (shipped)": MLP_1_16,
+    "+ qkv 1-16": MLP_1_16 + [(L1_16 + QKV, fake_fp8)],
+    "+ o 1-16": MLP_1_16 + [(L1_16 + O, fake_fp8)],
+    "+ qkv, o 1-16": MLP_1_16 + [(L1_16 + QKV, fake_fp8), (L1_16 + O, fake_fp8)],
+    "+ gate|up 0": MLP_1_16 + [(r"layers\.0\." + GU, fake_fp8)],
+}
 
 
 class SwitchableFP8(nn.Module):
@@ -54,6 +64,10 @@ class SwitchableFP8(nn.Module):
     def __init__(self, linear: nn.Linear, name: str):
         super().__init__()
         self.linear, self.name = linear, name
+
+    @property
+    def weight(self) -> torch.Tensor:  # the model reads its dtype from q_proj.weight
+        return self.linear.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rnd = next((r for pattern, r in SwitchableFP8.active if re.search(pattern, self.name)), None)
@@ -68,25 +82,27 @@ def main() -> None:
     ap.add_argument("--views", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--down", action="store_true", help="the down projection's sets (DOWN_SETS) instead")
+    ap.add_argument("--attn", action="store_true", help="the attention projections' sets (ATTN_SETS) instead")
     ap.add_argument("--out", type=Path, default=Path("out"))
     args = ap.parse_args()
     dev = torch.device(args.device)
     cfg = PolicyConfig.preset(args.policy, num_views=args.views, dtype="float32")
     model = build_random(cfg, dev)
     for name, m in list(model.named_modules()):
-        mlp = name.endswith(("gate_proj", "up_proj", "down_proj"))
+        mlp = name.endswith(("gate_proj", "up_proj", "down_proj", "q_proj", "k_proj", "v_proj", "o_proj"))
         if isinstance(m, nn.Linear) and name.startswith("prefix_lm.") and mlp:
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent), child, SwitchableFP8(m, name))
     case = Case.make(cfg, dev, args.views)
     ref = decide(model, case)
     results = {}
-    for label, active in (DOWN_SETS if args.down else LAYER_SETS).items():
+    sets = ATTN_SETS if args.attn else DOWN_SETS if args.down else LAYER_SETS
+    for label, active in sets.items():
         SwitchableFP8.active = active
         t0 = time.perf_counter()
         results[label] = r = compare(decide(model, case), ref)
         took = time.perf_counter() - t0
-        what = f"{args.policy} gate|up FP8 {label:<20}"
+        what = f"{args.policy} FP8 {label:<26}"
         print(f"{what} cosine {r['cosine']:.6f} max abs {r['max_abs']:.3e} ({took:.0f} s)")
     write_result(args.out, "fp8_layers", dev, policy=args.policy, views=args.views, results=results)
 
