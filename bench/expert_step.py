@@ -198,11 +198,11 @@ def main() -> None:
         # e8ae43a (7 rounds): default 696.2, without the prefetch 717.3; with it, 3 stages 707.9,
         # 5 stages 702.6, bk=64 715.3
         dict(prefetch=False),  # without any of the L2 weight prefetches, for scale
-        # the row norms folded into the QKV / gate|up GEMMs, the residuals closed by whole-K O / down
-        # column tiles: 6 phases per layer instead of 8
-        dict(fold_norms=True),
-        dict(fold_norms=True, bn_of=32, bn_df=32),
-        dict(fold_norms=True, bk_norm=128),
+        # 3102f46 (branch exp/fold-norms, 5 rounds): the row norms folded into the QKV / gate|up GEMMs
+        # (sum of squares in their K loops, rsqrt in the epilogue, the shift as shift @ W.T) and the
+        # residuals closed by whole-K O / down column tiles, 6 phases per layer: 1044.9 vs 663.7 us
+        # (QKV 4.4 -> 13.9, gate|up 6.7 -> 14.4: the A tiles through registers; O 2.8 -> 5.6, down
+        # 4.5 -> 9.1 on 64 whole-K units); 32-column O / down tiles 1129, 128-wide normed K 1225
         # 882406b (7 rounds): default 681.0, the attention phase's tiles through TMA descriptors
         # 671.2 (every round lower; now the default on sm_90+)
         dict(att_tma=False),  # the attention phase's tiles through pointer loads

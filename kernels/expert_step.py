@@ -219,16 +219,6 @@ def _phase_wait(bar_ptr, target, trace_ptr, idx, pid, TRACE: tl.constexpr, GPU: 
 
 
 @triton.jit
-def _phase_skip(trace_ptr, idx, pid, TRACE: tl.constexpr):
-    """A phase `fold_norms` leaves out: with TRACE, zero work and barrier at program 0's clock."""
-    if TRACE:
-        if pid == 0:
-            t = _now()
-            tl.store(trace_ptr + 2 * idx, t)
-            tl.store(trace_ptr + 2 * idx + 1, t)
-
-
-@triton.jit
 def _round(x, FIX: tl.constexpr, dtype: tl.constexpr):
     """x rounded to `dtype` and back to fp32 (what a store and a load in the eager model give)."""
     if FIX:
@@ -353,88 +343,6 @@ def _tile_dot(
 
 
 @triton.jit
-def _tile_dot_normed(
-    h_ptr,
-    rows,
-    row_ok,
-    mult_ptr,
-    bias_ptr,
-    w_ptr,
-    wrow,
-    col_ok,
-    eps,
-    K: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    UPCAST: tl.constexpr,
-    PREC: tl.constexpr,
-    FIX: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """[BLOCK_M, BLOCK_N] of norm(h) @ w.T with the row norm folded into the GEMM (`fold_norms`):
-    ``(h * r * m + s) @ w.T = r * ((h * m) @ w.T) + (s @ w.T)``. The K loop reads whole rows of
-    h, so it sums their squares on the way (r = rsqrt(mean(h^2) + eps), applied in the epilogue);
-    m scales the A tiles (rounded to the run dtype, as the eager model rounds its normed x);
-    s @ w.T is `bias_ptr` (per weight row, made at load: `ExpertStepPlan.lay_out`)."""
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-    a_rows = h_ptr + rows.to(tl.int64)[:, None] * K
-    w_cols = w_ptr + wrow.to(tl.int64)[None, :] * K
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < K
-        a_ok = row_ok[:, None] & k_ok[None, :]
-        a = tl.load(a_rows + ks[None, :], mask=a_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-        ss += tl.sum(a * a, axis=1)
-        a = a * tl.load(mult_ptr + ks, mask=k_ok, other=0.0)[None, :]
-        w = tl.load(w_cols + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        if UPCAST:
-            a = _round(a, FIX, w_ptr.dtype.element_ty)
-            w = w.to(tl.float32)
-        else:
-            a = a.to(w_ptr.dtype.element_ty)
-        acc = tl.dot(a, w, acc, input_precision=PREC)
-    acc = acc * tl.math.rsqrt(ss / K + eps)[:, None]
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + wrow, mask=col_ok, other=0.0)[None, :]
-    return acc
-
-
-@triton.jit
-def _full_k_residual(
-    u,
-    a_ptr,
-    w_ptr,
-    h_ptr,
-    gate_ptr,
-    M,
-    N: tl.constexpr,
-    K: tl.constexpr,
-    GATED: tl.constexpr,
-    UPCAST: tl.constexpr,
-    PREC: tl.constexpr,
-    FIX: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-):
-    """Unit u = column tile of [M, K] @ w[N, K].T over the whole K (`fold_norms`), closing the
-    residual of its columns: ``h += y (* gate)``, rounded where the eager model stores."""
-    rows = tl.arange(0, BM)
-    row_ok = rows < M
-    cols = u * BN + tl.arange(0, BN)
-    acc = _tile_dot(a_ptr, K, rows, row_ok, 0, K, w_ptr, cols, cols < N, K, UPCAST, PREC, BM, BN, BK)
-    dt = h_ptr.dtype.element_ty
-    y = _round(acc, FIX, dt)
-    if GATED:
-        y = _round(y * tl.load(gate_ptr + cols)[None, :], FIX, dt)
-    hp = h_ptr + rows[:, None] * N + cols[None, :]
-    h = tl.load(hp, mask=row_ok[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
-    tl.store(hp, _round(h + y, FIX, dt).to(dt), mask=row_ok[:, None])
-
-
-@triton.jit
 def _split_k_partials(
     u,
     a_ptr,
@@ -553,8 +461,6 @@ def _expert_step_kernel(
     g2_ptr,
     mf_ptr,  # [WE] final norm multiplier
     sf_ptr,  # [WE] final norm shift (HAS_SHIFT)
-    b1_ptr,  # FOLD and HAS_SHIFT: [L, (H + 2) D] attention norm shift @ Wqkv.T (kernel row order)
-    b2_ptr,  # FOLD and HAS_SHIFT: [L, 2 FF] MLP norm shift @ Wgu.T (kernel row order)
     bar_ptr,  # int32 arrival counter of this launch (zero at launch)
     trace_ptr,  # int64 [2 * (8 L + 1) + 1] phase timestamps (TRACE), zero at launch
     ux_ptr,  # UPDATE (the denoise update after the final norm, kernels/denoise_update.py):
@@ -605,10 +511,6 @@ def _expert_step_kernel(
     GPU: tl.constexpr,
     BLOCK_W: tl.constexpr,
     UPDATE: tl.constexpr,
-    FOLD: tl.constexpr,
-    BK_N: tl.constexpr,
-    BN_OF: tl.constexpr,
-    BN_DF: tl.constexpr,
     U_A: tl.constexpr,
     U_HAS_IN: tl.constexpr,
     U_SILU: tl.constexpr,
@@ -639,21 +541,17 @@ def _expert_step_kernel(
         lv = v_ptr + l64 * stride_kl
         wqkv = wqkv_ptr + l64 * ((H + 2) * D * WE)
         lnorm = layer * WE
-        # 0: close the previous layer's MLP residual, norm for attention (FOLD: done by the
-        # down units and the QKV units)
-        if FOLD:
-            _phase_skip(trace_ptr, layer * 8 + 0, pid, TRACE)
-        else:
-            for row in range(me, M, G):
-                _residual_norm_row(
-                    row, h_ptr, part_d_ptr, g2_ptr + lnorm - WE, m1_ptr + lnorm, s1_ptr + lnorm, xa_ptr, eps,
-                    layer > 0, WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
-                )  # fmt: skip
-            arrivals += G
-            _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 0, TRACE, GPU)
-            if PREFETCH:
-                _prefetch_qkv(wqkv, me, WE, H, D, BN_QKV)
-            _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 0, pid, TRACE, GPU)
+        # 0: close the previous layer's MLP residual, norm for attention
+        for row in range(me, M, G):
+            _residual_norm_row(
+                row, h_ptr, part_d_ptr, g2_ptr + lnorm - WE, m1_ptr + lnorm, s1_ptr + lnorm, xa_ptr, eps, layer > 0,
+                WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
+            )  # fmt: skip
+        arrivals += G
+        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 0, TRACE, GPU)
+        if PREFETCH:
+            _prefetch_qkv(wqkv, me, WE, H, D, BN_QKV)
+        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 0, pid, TRACE, GPU)
         # 1: QKV + RoPE; k / v into this layer's cache rows
         wo = wo_ptr + l64 * (WE * H * D)
         wgu = wgu_ptr + l64 * (2 * FF * WE)
@@ -665,16 +563,10 @@ def _expert_step_kernel(
             # 2 * BN_QKV rows gives columns `cols` and their rotate_half pair `cols + D / 2`
             # (667.9 vs 678.1 us per step for two paired BN_QKV-row MMAs on the plain layout, H200)
             wrows = (u // CH) * D + (u % CH) * 2 * BN_QKV + tl.arange(0, 2 * BN_QKV)
-            if FOLD:
-                acc = _tile_dot_normed(
-                    h_ptr, rows, row_ok, m1_ptr + lnorm, b1_ptr + layer * ((H + 2) * D), wqkv, wrows,
-                    wrows < (H + 2) * D, eps, WE, HAS_SHIFT, UPCAST, PREC, FIX, BM, 2 * BN_QKV, BK_N,
-                )  # fmt: skip
-            else:
-                acc = _tile_dot(
-                    xa_ptr, WE, rows, row_ok, 0, WE, wqkv, wrows, wrows < (H + 2) * D, WE, UPCAST, PREC, BM,
-                    2 * BN_QKV, BK,
-                )  # fmt: skip
+            acc = _tile_dot(
+                xa_ptr, WE, rows, row_ok, 0, WE, wqkv, wrows, wrows < (H + 2) * D, WE, UPCAST, PREC, BM, 2 * BN_QKV,
+                BK,
+            )  # fmt: skip
             lo, hi = tl.split(acc.reshape(BM, 2, BN_QKV).permute(0, 2, 1))
             _rope_store(
                 lo, hi, u // CH, rows, row_ok, cols, col_ok, q_ptr, lk + suffix_row0 * stride_kt,
@@ -718,42 +610,25 @@ def _expert_step_kernel(
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 3, TRACE, GPU)
         if PREFETCH:
-            if FOLD:
-                if me < WE // BN_OF:
-                    _prefetch_rows(wo, me * BN_OF + tl.arange(0, BN_OF), 0, H * D, H * D)
-            else:
-                _prefetch_split_k(wo, me, WE, H * D, BN_O, KS_O)
+            _prefetch_split_k(wo, me, WE, H * D, BN_O, KS_O)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 3, pid, TRACE, GPU)
-        # 4: O projection (FOLD: whole-K column tiles closing the attention residual; else split-K
-        # partials)
-        if FOLD:
-            for u in range(me, WE // BN_OF, G):
-                _full_k_residual(
-                    u, attn_ptr, wo, h_ptr, g1_ptr + lnorm, M, WE, H * D, GATED, UPCAST, PREC, FIX, BM, BN_OF, BK
-                )  # fmt: skip
-        else:
-            for u in range(me, (WE // BN_O) * (H * D // KS_O), G):
-                _split_k_partials(u, attn_ptr, wo, part_o_ptr, M, WE, H * D, KS_O, UPCAST, PREC, BM, BN_O, BK)
+        # 4: O projection, split-K partials
+        for u in range(me, (WE // BN_O) * (H * D // KS_O), G):
+            _split_k_partials(u, attn_ptr, wo, part_o_ptr, M, WE, H * D, KS_O, UPCAST, PREC, BM, BN_O, BK)
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 4, TRACE, GPU)
-        if FOLD and PREFETCH and not PREFETCH_SPAN:
-            _prefetch_gate_up(wgu, me, WE, FF, BN_GU)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 4, pid, TRACE, GPU)
-        # 5: close the attention residual, norm for the MLP (FOLD: done by the O units and the
-        # gate|up units)
-        if FOLD:
-            _phase_skip(trace_ptr, layer * 8 + 5, pid, TRACE)
-        else:
-            for row in range(me, M, G):
-                _residual_norm_row(
-                    row, h_ptr, part_o_ptr, g1_ptr + lnorm, m2_ptr + lnorm, s2_ptr + lnorm, xm_ptr, eps,
-                    layer >= 0, WE, H * D // KS_O, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
-                )  # fmt: skip
-            arrivals += G
-            _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 5, TRACE, GPU)
-            if PREFETCH and not PREFETCH_SPAN:  # (with the span, fetched during QKV)
-                _prefetch_gate_up(wgu, me, WE, FF, BN_GU)
-            _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, TRACE, GPU)
+        # 5: close the attention residual, norm for the MLP
+        for row in range(me, M, G):
+            _residual_norm_row(
+                row, h_ptr, part_o_ptr, g1_ptr + lnorm, m2_ptr + lnorm, s2_ptr + lnorm, xm_ptr, eps, layer >= 0,
+                WE, H * D // KS_O, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
+            )  # fmt: skip
+        arrivals += G
+        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 5, TRACE, GPU)
+        if PREFETCH and not PREFETCH_SPAN:  # (with the span, fetched during QKV)
+            _prefetch_gate_up(wgu, me, WE, FF, BN_GU)
+        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, TRACE, GPU)
         # 6: gate|up + GeGLU
         for u in range(me, FF // BN_GU, G):
             cols = u * BN_GU + tl.arange(0, BN_GU)
@@ -762,49 +637,27 @@ def _expert_step_kernel(
             # 2 * BN_GU rows gives gate and up of the same columns (681.8 vs 686.2 us per step
             # for two paired BN_GU-row MMAs on the plain layout, H200)
             wrows = u * 2 * BN_GU + tl.arange(0, 2 * BN_GU)
-            if FOLD:
-                acc = _tile_dot_normed(
-                    h_ptr, rows, row_ok, m2_ptr + lnorm, b2_ptr + layer * (2 * FF), wgu, wrows, wrows < 2 * FF, eps,
-                    WE, HAS_SHIFT, UPCAST, PREC, FIX, BM, 2 * BN_GU, BK_N,
-                )  # fmt: skip
-            else:
-                acc = _tile_dot(
-                    xm_ptr, WE, rows, row_ok, 0, WE, wgu, wrows, wrows < 2 * FF, WE, UPCAST, PREC, BM, 2 * BN_GU, BK,
-                )  # fmt: skip
+            acc = _tile_dot(
+                xm_ptr, WE, rows, row_ok, 0, WE, wgu, wrows, wrows < 2 * FF, WE, UPCAST, PREC, BM, 2 * BN_GU, BK,
+            )  # fmt: skip
             gate, up = tl.split(acc.reshape(BM, 2, BN_GU).permute(0, 2, 1))
             _geglu_store(gate, up, rows, row_ok, cols, col_ok, act_ptr, FF, FIX)
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 6, TRACE, GPU)
         if PREFETCH:
-            if FOLD:  # the layer's down weights, shared out over every program
-                _prefetch_span(wd, WE * FF, me, G)
-            else:
-                _prefetch_split_k(wd, me, WE, FF, BN_D, KS_D)
+            _prefetch_split_k(wd, me, WE, FF, BN_D, KS_D)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE, GPU)
-        # 7: down projection (FOLD: whole-K column tiles closing the MLP residual; else split-K
-        # partials, summed by the next phase 0)
-        if FOLD:
-            for u in range(me, WE // BN_DF, G):
-                _full_k_residual(
-                    u, act_ptr, wd, h_ptr, g2_ptr + lnorm, M, WE, FF, GATED, UPCAST, PREC, FIX, BM, BN_DF, BK
-                )  # fmt: skip
-        else:
-            for u in range(me, (WE // BN_D) * (FF // KS_D), G):
-                _split_k_partials(u, act_ptr, wd, part_d_ptr, M, WE, FF, KS_D, UPCAST, PREC, BM, BN_D, BK)
+        # 7: down projection, split-K partials (summed by the next phase 0)
+        for u in range(me, (WE // BN_D) * (FF // KS_D), G):
+            _split_k_partials(u, act_ptr, wd, part_d_ptr, M, WE, FF, KS_D, UPCAST, PREC, BM, BN_D, BK)
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 7, TRACE, GPU)
-        if FOLD and PREFETCH:  # the next layer's QKV tile
-            if layer + 1 < N_LAYERS:
-                _prefetch_qkv(wqkv + (H + 2) * D * WE, me, WE, H, D, BN_QKV)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 7, pid, TRACE, GPU)
-    # close the last MLP residual (FOLD: closed by the down units); the final norm
-    closes = N_LAYERS > 0
-    if FOLD:
-        closes = N_LAYERS < 0
+    # close the last MLP residual; the final norm
     for row in range(pid, M, G):
         _residual_norm_row(
-            row, h_ptr, part_d_ptr, g2_ptr + (N_LAYERS - 1) * WE, mf_ptr, sf_ptr, xa_ptr, eps,
-            closes, WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
+            row, h_ptr, part_d_ptr, g2_ptr + (N_LAYERS - 1) * WE, mf_ptr, sf_ptr, xa_ptr, eps, N_LAYERS > 0,
+            WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
         )  # fmt: skip
     if UPDATE:
         _denoise_tail(
@@ -906,11 +759,6 @@ class ExpertWeights:
     # blocks of b gate rows each followed by the same rows of up
     qkv_block: int = 0
     gu_block: int = 0
-    # With shifts: attn_shift @ qkv.T [N, L, (H + 2) * D] and mlp_shift @ gate_up.T [N, L, 2 * FF]
-    # (fp32, in the layout above), the shifts' part of the normed GEMMs when the kernel folds the
-    # norms into them (`ExpertStepPlan.fold_norms`); made by `ExpertStepPlan.lay_out`
-    qkv_shift: torch.Tensor | None = None
-    gu_shift: torch.Tensor | None = None
 
     def plain_qkv(self) -> torch.Tensor:
         """qkv as [q heads; k; v] rows of nn.Linear, whatever the layout."""
@@ -934,12 +782,6 @@ def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor, out: torch.Tenso
     torch.cos(ang, out=out[0])
     torch.sin(ang, out=out[1])
     return out
-
-
-def _shift_through(shift: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """shift [N, L, K] through each layer's weight [L, O, K] -> [N, L, O] fp32 (layer by layer:
-    one fp32 copy of a layer's weight at a time)."""
-    return torch.stack([shift[:, i].float() @ weight[i].float().T for i in range(weight.shape[0])], 1)
 
 
 def _has_tma(device: torch.device) -> bool:
@@ -1008,12 +850,6 @@ class ExpertStepPlan:
             self.att_bm, self.att_bn = 16, 32
             self.att_splits = max(1, self.grid // triton.cdiv(rows * num_heads, self.att_bm))
         self.cb_m, self.cb_dc = 16, min(64, head_dim)
-        # fold_norms: the row norms inside the GEMMs that read them (QKV, gate|up: `_tile_dot_normed`)
-        # and the residuals closed by the O / down units over whole-K column tiles of bn_of / bn_df
-        # columns (`_full_k_residual`): 6 phases and barriers per layer instead of 8
-        self.fold_norms = False
-        self.bn_of, self.bn_df = _pow2_tile(width, 16), _pow2_tile(width, 16)
-        self.bk_norm = 64  # the normed GEMMs' K tile: their fp32 A tiles at 128 spill (Triton 3.6, sm_90)
         self.update_chunks = 0  # denoise tail: K / column chunks per action row (0: fill the grid once)
         self.num_warps, self.num_stages = 4, 4  # H200 (64-column O / down tiles): 845 us; 3 stages 857, 8 warps 884
         act = dict(device=device, dtype=dtype)
@@ -1089,7 +925,6 @@ class ExpertStepPlan:
             f"expert step kernel: {self.grid} resident programs, {PHASES} phases per layer; tiles (paired rows in "
             f"one MMA) qkv {self.bn_qkv}+{self.bn_qkv}, o {self.bn_o}/K{self.ks_o}, gate_up {self.bn_gu}+{self.bn_gu}, "
             f"down {self.bn_d}/K{self.ks_d}, "
-            f"{f'norms folded into the GEMMs (o / down {self.bn_of} / {self.bn_df} whole-K columns), ' if self.fold_norms else ''}"
             f"attention {self.att_bm}x{self.att_bn} x {self.att_splits} splits{' (TMA)' if self.att_tma else ''}; "
             f"L2 prefetch of the next GEMM's weights {'on' if self.prefetch and self.gpu else 'off'}"
             f"{' (gate|up during QKV)' if self._prefetch_span() else ''}"
@@ -1100,14 +935,11 @@ class ExpertStepPlan:
         blocks of `bn_qkv`, `interleave_gate_up` in blocks of `bn_gu`); done once at load. Changed
         tiles (set_tiles) need the weights laid out again: `step` refuses a layout that does not
         match."""
-        if (w.qkv_block, w.gu_block) != (self.bn_qkv, self.bn_gu):
-            qkv = pair_halves(w.plain_qkv(), self.D, self.bn_qkv)
-            gate_up = interleave_gate_up(w.plain_gate_up(), self.bn_gu)
-            w = replace(w, qkv=qkv, qkv_block=self.bn_qkv, gate_up=gate_up, gu_block=self.bn_gu)
-            w = replace(w, qkv_shift=None, gu_shift=None)
-        if w.attn_shift is not None and w.qkv_shift is None:
-            w = replace(w, qkv_shift=_shift_through(w.attn_shift, w.qkv), gu_shift=_shift_through(w.mlp_shift, w.gate_up))
-        return w
+        if (w.qkv_block, w.gu_block) == (self.bn_qkv, self.bn_gu):
+            return w
+        qkv = pair_halves(w.plain_qkv(), self.D, self.bn_qkv)
+        gate_up = interleave_gate_up(w.plain_gate_up(), self.bn_gu)
+        return replace(w, qkv=qkv, qkv_block=self.bn_qkv, gate_up=gate_up, gu_block=self.bn_gu)
 
     def step(
         self, h: torch.Tensor, w: ExpertWeights, step: int, *cache_and_inputs, update: DenoiseUpdate | None = None
@@ -1217,9 +1049,6 @@ class ExpertStepPlan:
         n = splits * M * H
         ws = self.att_ws
         f = w.attn_mult  # any fp32 tensor for pointers a flag leaves unused
-        fold = bool(self.fold_norms)
-        if fold and w.attn_shift is not None and w.qkv_shift is None:
-            raise ValueError("fold_norms needs the shifts through the weights (qkv_shift): pass plan.lay_out(weights)")
         opt = lambda t: t[step] if t is not None else f  # noqa: E731
         extra = {"launch_cooperative_grid": True} if self.gpu else {}  # all programs resident (barrier)
         if update is not None:
@@ -1243,7 +1072,6 @@ class ExpertStepPlan:
             w.attn_mult[step], opt(w.attn_shift), opt(w.attn_gate),
             w.mlp_mult[step], opt(w.mlp_shift), opt(w.mlp_gate),
             w.final_mult[step], opt(w.final_shift),
-            opt(w.qkv_shift if fold else None), opt(w.gu_shift if fold else None),
             self.barriers[slot], self.trace if self.trace is not None else self.barriers,
             *u_ptrs, act_row0,
             M, Tk, suffix_row0, kps, k.stride(0), k.stride(1), (1.0 / D**0.5) * _LOG2E, eps, L,
@@ -1263,7 +1091,6 @@ class ExpertStepPlan:
             GPU=self.gpu,
             BLOCK_W=triton.next_power_of_2(self.WE),
             UPDATE=update is not None,
-            FOLD=fold, BK_N=min(self.bk, self.bk_norm), BN_OF=self.bn_of, BN_DF=self.bn_df,
             **dict(zip(("U_A", "U_HAS_IN", "U_SILU", "U_FIX", "U_BA", "U_BW", "U_KC", "U_NC"), u_const, strict=True)),
             num_warps=self.num_warps, num_stages=self.num_stages,
             **extra,

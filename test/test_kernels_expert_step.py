@@ -8,7 +8,6 @@
   interpreter): the only check of Thor's target we can run in CI.
 """
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -213,29 +212,6 @@ def test_step_kernel_matches_reference_small(dtype, gated) -> None:
 
 
 @pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_norms_folded_into_the_gemms(dtype, gated) -> None:
-    """`fold_norms`: QKV and gate|up norm the rows they read, the O and down units close the
-    residuals of their whole-K column tiles (4 of 16 here, K 128 / 256 in 32-wide steps)."""
-    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else None
-    _run_and_compare((10, 64, 128, 4, 32, 2, 24), dtype, gated, tol, fold_norms=True)
-
-
-def test_fold_norms_needs_the_shifts_through_the_weights() -> None:
-    """pi0.5's shifts reach the folded GEMMs as shift @ W.T, made by `lay_out`: weights laid out
-    by hand without them are refused with the way out."""
-    M, W, F, H, D, P = 10, 32, 64, 4, 16, 24
-    h0, w, (k, v, kb, qb, pos, inv, row0) = _problem(M, W, F, H, D, 2, P, torch.float32, gated=True)
-    plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), torch.float32)
-    plan.set_tiles(fold_norms=True)
-    laid = plan.lay_out(w)
-    want = torch.stack([w.attn_shift[:, i] @ laid.qkv[i].float().T for i in range(2)], 1)
-    torch.testing.assert_close(laid.qkv_shift, want)
-    with pytest.raises(ValueError, match="plan.lay_out"):
-        plan.step(h0.clone(), replace(laid, qkv_shift=None), 1, k, v, kb, qb, rope_table(pos, inv), row0, 0, 1e-6)
-
-
-@pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
 def test_split_k_partials_over_several_tiles_and_splits(gated) -> None:
     """Several column tiles and K splits in the O and down projections: the row phases sum
     every split's partial."""
@@ -301,12 +277,6 @@ def test_step_kernel_matches_reference_gpu_real_shapes(gated) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
-def test_step_kernel_with_folded_norms_gpu_real_shapes(gated) -> None:
-    _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, gated, None, fold_norms=True)
-
-
-@pytest.mark.gpu
 def test_step_kernel_attention_through_tma_gpu_real_shapes() -> None:
     _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, True, None, att_tma=True)
 
@@ -364,10 +334,9 @@ def _run_with_update(shape, dtype, pi05: bool, A: int, tol, **tiles) -> None:
 
 @pytest.mark.parametrize("pi05", [True, False], ids=["pi05-next-input-into-h", "pi0-silu-hidden"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("fold", [False, True], ids=["row-phases", "folded-norms"])
-def test_step_kernel_with_denoise_update_small(dtype, pi05, fold) -> None:
+def test_step_kernel_with_denoise_update_small(dtype, pi05) -> None:
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else None
-    _run_with_update((10, 32, 64, 4, 16, 2, 24), dtype, pi05, A=6, tol=tol, fold_norms=fold)
+    _run_with_update((10, 32, 64, 4, 16, 2, 24), dtype, pi05, A=6, tol=tol)
 
 
 @pytest.mark.parametrize("pi05", [True, False], ids=["pi05-next-input-into-h", "pi0-silu-hidden"])
