@@ -206,6 +206,10 @@ def main() -> None:
         # 882406b (7 rounds): default 681.0, the attention phase's tiles through TMA descriptors
         # 671.2 (every round lower; now the default on sm_90+)
         dict(att_tma=False),  # the attention phase's tiles through pointer loads
+        # the attention split and the combine's tiles, re-checked with the TMA attention phase
+        dict(att_splits=4),
+        dict(cb_dc=128),
+        dict(cb_m=32, cb_dc=32),
         # 6146caf (7 rounds): default 698.7, the MLP weights prefetched during QKV by the programs
         # without a unit: gate|up 686.7 (QKV 4.8 -> 5.9 us, gate|up 6.7 -> 6.1), + down 710.4.
         # (524bc1e's numbers for the variants are void: a wrong condition dropped the down tile's
