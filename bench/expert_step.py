@@ -208,9 +208,9 @@ def main() -> None:
         dict(att_tma=False),  # the attention phase's tiles through pointer loads
         # 741db5d (5 rounds): default 661.3, att_splits=4 674.4, cb_dc=128 671.6, cb_m=32 + cb_dc=32
         # 666.3. Every layer reading layer 0's weights (35 MB, L2-resident; a scratch copy of the
-        # kernel): 626.7 vs 666.7, only QKV faster (5.44 -> 3.78 us): the QKV weights earlier
-        dict(qkv_span=1),
-        dict(qkv_span=2),
+        # kernel): 626.7 vs 666.7, only QKV faster (5.44 -> 3.78 us). dfc25f2 (7 rounds): the QKV
+        # weights into L2 earlier, by the row phases' free programs: this layer's in phase 0 672.8,
+        # the next layer's in phase 5 699.2, vs 673.0 (reverted)
         # 6146caf (7 rounds): default 698.7, the MLP weights prefetched during QKV by the programs
         # without a unit: gate|up 686.7 (QKV 4.8 -> 5.9 us, gate|up 6.7 -> 6.1), + down 710.4.
         # (524bc1e's numbers for the variants are void: a wrong condition dropped the down tile's

@@ -508,7 +508,6 @@ def _expert_step_kernel(
     ATT_TMA: tl.constexpr,
     PREFETCH: tl.constexpr,
     PREFETCH_SPAN: tl.constexpr,
-    QKV_SPAN: tl.constexpr,
     GPU: tl.constexpr,
     BLOCK_W: tl.constexpr,
     UPDATE: tl.constexpr,
@@ -543,13 +542,6 @@ def _expert_step_kernel(
         wqkv = wqkv_ptr + l64 * ((H + 2) * D * WE)
         lnorm = layer * WE
         # 0: close the previous layer's MLP residual, norm for attention
-        if QKV_SPAN == 1:  # the programs without a row: the layer's QKV weights into L2, shared out
-            if me >= M:
-                _prefetch_span(wqkv, (H + 2) * D * WE, me - M, G - M)
-        if QKV_SPAN == 2:
-            if layer == 0:  # (later layers': by phase 5 of the layer before)
-                if me >= M:
-                    _prefetch_span(wqkv, (H + 2) * D * WE, me - M, G - M)
         for row in range(me, M, G):
             _residual_norm_row(
                 row, h_ptr, part_d_ptr, g2_ptr + lnorm - WE, m1_ptr + lnorm, s1_ptr + lnorm, xa_ptr, eps, layer > 0,
@@ -627,10 +619,6 @@ def _expert_step_kernel(
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 4, TRACE, GPU)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 4, pid, TRACE, GPU)
         # 5: close the attention residual, norm for the MLP
-        if QKV_SPAN == 2:  # the programs without a row: the next layer's QKV weights into L2
-            if layer + 1 < N_LAYERS:
-                if me >= M:
-                    _prefetch_span(wqkv + (H + 2) * D * WE, (H + 2) * D * WE, me - M, G - M)
         for row in range(me, M, G):
             _residual_norm_row(
                 row, h_ptr, part_o_ptr, g1_ptr + lnorm, m2_ptr + lnorm, s2_ptr + lnorm, xm_ptr, eps, layer >= 0,
@@ -875,10 +863,6 @@ class ExpertStepPlan:
         # phase and leaving it, gate|up's by the QKV phase's free programs (GPU only; `_prefetch_rows`,
         # `_prefetch_span`)
         self.prefetch = True
-        # the QKV weights into L2 by the row phases' free programs (shared out, `_prefetch_span`): 0
-        # none (each program its own tile at the barrier before QKV), 1 the layer's during phase 0,
-        # 2 the next layer's during phase 5 (GPU, with at least as many free programs as rows)
-        self.qkv_span = 0
         # the attention phase's q / K / V tiles through TMA descriptors (sm_90+; `_attn_tile_tma`):
         # 671.2 vs 681.0 us per step on the H200, lower in each of 7 alternating rounds
         self.att_tma = self.gpu and _has_tma(device)
@@ -1104,7 +1088,6 @@ class ExpertStepPlan:
             ATT_TMA=bool(self.att_tma),
             PREFETCH=self.prefetch and self.gpu,
             PREFETCH_SPAN=self._prefetch_span(),
-            QKV_SPAN=self.qkv_span if self.prefetch and self.gpu and self.grid >= 2 * self.M else 0,
             GPU=self.gpu,
             BLOCK_W=triton.next_power_of_2(self.WE),
             UPDATE=update is not None,
