@@ -211,11 +211,9 @@ def main() -> None:
         # kernel): 626.7 vs 666.7, only QKV faster (5.44 -> 3.78 us). dfc25f2 (7 rounds): the QKV
         # weights into L2 earlier, by the row phases' free programs: this layer's in phase 0 672.8,
         # the next layer's in phase 5 699.2, vs 673.0 (reverted)
-        # wider QKV / gate|up units: fewer re-reads of the shared activation tile (half of the
-        # bytes these phases move from L2), on fewer programs
-        dict(bn_gu=64),
-        dict(bn_qkv=32),
-        dict(bn_qkv=32, bn_gu=64),
+        # 4370c3f (7 rounds): wider QKV / gate|up units (fewer re-reads of the shared activation
+        # tile, half of the bytes these phases move from L2, on fewer programs): default 682.4,
+        # bn_gu=64 746.0 (gate|up 5.3 -> 9.3 us), bn_qkv=32 691.4, both 755.3
         # 6146caf (7 rounds): default 698.7, the MLP weights prefetched during QKV by the programs
         # without a unit: gate|up 686.7 (QKV 4.8 -> 5.9 us, gate|up 6.7 -> 6.1), + down 710.4.
         # (524bc1e's numbers for the variants are void: a wrong condition dropped the down tile's
