@@ -1,0 +1,198 @@
+// Prototype (bench only): the step kernel's gate|up phase as a warp-specialised CUDA kernel.
+// One CTA per 64-row weight tile (32 gate + 32 up rows, interleaved), A = the [64 x 1024]
+// normed activations shared by all CTAs; a producer warp streams A and W k-tiles with TMA into
+// a 4-stage ring (mbarriers), a consumer warpgroup runs wgmma m64n64k16 and the GeGLU epilogue.
+// The kernel walks `layers` layers (each its own weights) with a grid barrier after each, like
+// the persistent step kernel, so time / layers is one phase + one barrier.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+#include <stdint.h>
+
+namespace proto {
+
+constexpr int BM = 64;       // activation rows (tokens, padded)
+constexpr int BN = 64;       // weight rows per CTA: 32 gate + 32 up
+constexpr int BK = 64;       // K per stage: 128 bytes, one 128B-swizzle row
+constexpr int STAGES = 4;
+constexpr int KDIM = 1024;
+constexpr int KSTEPS = KDIM / BK;
+constexpr int FF = 4096;     // GeGLU output columns
+constexpr int TILES = 2 * FF / BN;
+constexpr uint32_t STAGE_BYTES = (BM * BK + BN * BK) * 2;
+
+struct Smem {
+  __nv_bfloat16 a[STAGES][BM * BK];
+  __nv_bfloat16 w[STAGES][BN * BK];
+  uint64_t full[STAGES];
+  uint64_t empty[STAGES];
+};
+
+__device__ __forceinline__ uint32_t su32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(su32(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(su32(bar)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(su32(bar)) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(su32(bar)), "r"(parity)
+        : "memory");
+  }
+}
+
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint64_t* bar, int x, int y) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
+          su32(dst)),
+      "l"(map), "r"(su32(bar)), "r"(x), "r"(y)
+      : "memory");
+}
+
+// K-major tile of 64-element (128-byte) rows, 128B swizzle: 8-row atoms 1024 bytes apart
+__device__ __forceinline__ uint64_t gmma_desc(const void* p) {
+  uint64_t a = su32(p);
+  return ((a & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(1));
+}
+
+__device__ __forceinline__ void grid_barrier(unsigned int* counter, unsigned int target) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+  unsigned int seen = 0;
+  do {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+  } while (seen < target);
+}
+
+__device__ __forceinline__ float gelu_tanh(float g) {
+  float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+  return 0.5f * g * (1.0f + tanhf(inner));
+}
+
+__global__ void __launch_bounds__(256, 1)
+    gate_up_ws_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap w_map,
+                      __nv_bfloat16* act, unsigned int* counter, int layers, int rows) {
+  extern __shared__ uint8_t smem_raw[];
+  Smem& sm = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const int tid = threadIdx.x;
+  const int tile = blockIdx.x;
+  const bool busy = tile < TILES;
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&sm.full[s], 1);
+      mbar_init(&sm.empty[s], 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  for (int layer = 0; layer < layers; ++layer) {
+    if (busy) {
+      if (tid == 0) {  // producer
+        for (int k = 0; k < KSTEPS; ++k) {
+          const int it = layer * KSTEPS + k, s = it % STAGES;
+          if (it >= STAGES) mbar_wait(&sm.empty[s], ((it / STAGES) - 1) & 1);
+          mbar_expect_tx(&sm.full[s], STAGE_BYTES);
+          tma_load(sm.a[s], &a_map, &sm.full[s], k * BK, 0);
+          tma_load(sm.w[s], &w_map, &sm.full[s], k * BK, layer * 2 * FF + tile * BN);
+        }
+      } else if (tid >= 128) {  // consumer warpgroup
+        float d[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) d[i] = 0.f;
+        for (int k = 0; k < KSTEPS; ++k) {
+          const int it = layer * KSTEPS + k, s = it % STAGES;
+          mbar_wait(&sm.full[s], (it / STAGES) & 1);
+          asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+          for (int kk = 0; kk < BK / 16; ++kk)
+            wgmma_m64n64k16(d, gmma_desc(&sm.a[s][kk * 16]), gmma_desc(&sm.w[s][kk * 16]));
+          asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+          asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+          if (tid == 128) mbar_arrive(&sm.empty[s]);
+        }
+        // accumulator layout of m64n64: row = 16 * warp + lane / 4 + 8 * ((i / 2) % 2),
+        // col = 8 * (i / 4) + 2 * (lane % 4) + i % 2; up (cols 32..63) of col c is d[i + 16]
+        const int t = tid - 128, warp = t / 32, lane = t % 32;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const int row = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
+          const int col = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+          if (row < rows) act[row * FF + tile * (BN / 2) + col] = __float2bfloat16(gelu_tanh(d[i]) * d[i + 16]);
+        }
+      }
+    }
+    __syncthreads();
+    if (tid == 0) grid_barrier(counter, (layer + 1) * gridDim.x);
+    __syncthreads();
+  }
+}
+
+}  // namespace proto
+
+// ---- host -------------------------------------------------------------------------------------
+
+static PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  if (!fn) {
+    cudaDriverEntryPointQueryResult q;
+    cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&fn), 12000, cudaEnableDefault, &q);
+  }
+  return fn;
+}
+
+static CUtensorMap tile_map(const void* base, uint64_t rows, uint64_t cols, uint32_t box_rows, uint32_t box_cols) {
+  CUtensorMap map;
+  cuuint64_t dims[2] = {cols, rows};
+  cuuint64_t strides[1] = {cols * 2};
+  cuuint32_t box[2] = {box_cols, box_rows};
+  cuuint32_t elem[2] = {1, 1};
+  encode_fn()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, elem,
+              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return map;
+}
+
+// x [64, 1024] bf16 (rows past `rows` zero), w [layers * 8192, 1024] bf16 (gate|up interleaved in
+// blocks of 32), act [64, 4096] bf16, counter: one zeroed uint32 per launch
+extern "C" int gate_up_ws_launch(const void* x, const void* w, void* act, unsigned int* counter, int layers,
+                                 int rows, int grid, cudaStream_t stream) {
+  using namespace proto;
+  CUtensorMap a_map = tile_map(x, BM, KDIM, BM, BK);
+  CUtensorMap w_map = tile_map(w, (uint64_t)layers * 2 * FF, KDIM, BN, BK);
+  const int smem = sizeof(Smem) + 1024;
+  cudaFuncSetAttribute(gate_up_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  gate_up_ws_kernel<<<grid, 256, smem, stream>>>(a_map, w_map, static_cast<__nv_bfloat16*>(act), counter, layers,
+                                                  rows);
+  return static_cast<int>(cudaGetLastError());
+}

@@ -1,0 +1,92 @@
+"""Prototype (bench only): the step kernel's gate|up phase as a warp-specialised CUDA kernel
+(`gate_up_ws.cu`: TMA producer warp, 4-stage mbarrier ring, wgmma consumer warpgroup, GeGLU
+epilogue), walking 18 layers' weights with a grid barrier after each, as the persistent step
+kernel does. Prints its time per layer (one phase + one barrier) and its error against torch.
+Built with nvcc at run time (sm_90a). GPU only.
+
+    python bench/cuda/gate_up_ws.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from flashrt_ros.bench.timing import graph_ms, write_result
+
+LAYERS, ROWS, WIDTH, FF, TILE = 18, 50, 1024, 4096, 64
+
+
+def build() -> ctypes.CDLL:
+    so = Path(tempfile.mkdtemp()) / "gate_up_ws.so"
+    src = Path(__file__).with_name("gate_up_ws.cu")
+    cmd = ["nvcc", "-gencode", "arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC"]
+    subprocess.run([*cmd, "-cudart", "shared", "-o", str(so), str(src)], check=True)
+    lib = ctypes.CDLL(str(so))
+    lib.gate_up_ws_launch.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + [ctypes.c_void_p]
+    lib.gate_up_ws_launch.restype = ctypes.c_int
+    return lib
+
+
+def reference(x: torch.Tensor, w_layer: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(x @ gate.T) * (x @ up.T) for one layer's weight interleaved in blocks of 32."""
+    blocks = w_layer.float().view(2 * FF // TILE, 2, TILE // 2, WIDTH)
+    gate, up = blocks[:, 0].reshape(FF, WIDTH), blocks[:, 1].reshape(FF, WIDTH)
+    xf = x[:ROWS].float()
+    return F.gelu(xf @ gate.T, approximate="tanh") * (xf @ up.T)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("out"))
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    lib = build()
+    g = torch.Generator(device=dev).manual_seed(0)
+    x = torch.zeros(64, WIDTH, device=dev, dtype=torch.bfloat16)
+    x[:ROWS] = torch.randn(ROWS, WIDTH, device=dev, generator=g).to(torch.bfloat16)
+    w = (torch.randn(LAYERS * 2 * FF, WIDTH, device=dev, generator=g) / 32).to(torch.bfloat16)
+    act = torch.zeros(64, FF, device=dev, dtype=torch.bfloat16)
+    counter = torch.zeros(4, device=dev, dtype=torch.int32)
+
+    def launch(layers: int = LAYERS) -> None:
+        counter.zero_()
+        stream = torch.cuda.current_stream().cuda_stream
+        ptrs = (x.data_ptr(), w.data_ptr(), act.data_ptr(), counter.data_ptr())
+        rc = lib.gate_up_ws_launch(*ptrs, layers, ROWS, 132, stream)
+        if rc:
+            raise RuntimeError(f"launch failed: cudaError {rc}")
+
+    launch()
+    torch.cuda.synchronize()
+    want = reference(x, w[(LAYERS - 1) * 2 * FF :])
+    got = act[:ROWS].float()
+    err = float((got - want).abs().max())
+    cos = float(F.cosine_similarity(got.flatten(), want.flatten(), dim=0))
+    full = graph_ms(launch) * 1e3
+    one = graph_ms(lambda: launch(1)) * 1e3
+    print(
+        f"gate|up phase, CUDA warp-specialised prototype: {LAYERS} layers in {full:.1f} us -> "
+        f"{full / LAYERS:.2f} us per layer (phase + grid barrier); 1 layer {one:.1f} us"
+    )
+    print(f"last layer vs torch: max abs {err:.3e}, cosine {cos:.6f}")
+    write_result(
+        args.out,
+        "gate_up_ws",
+        dev,
+        us_18_layers=full,
+        us_per_layer=full / LAYERS,
+        us_1_layer=one,
+        max_abs=err,
+        cosine=cos,
+    )
+
+
+if __name__ == "__main__":
+    main()
