@@ -20,14 +20,20 @@ constexpr int KDIM = 1024;
 constexpr int KSTEPS = KDIM / BK;
 constexpr int FF = 4096;     // GeGLU output columns
 constexpr int TILES = 2 * FF / BN;
-constexpr uint32_t STAGE_BYTES = (BM * BK + BN * BK) * 2;
+constexpr uint32_t A_BYTES = BM * BK * 2, W_BYTES = BN * BK * 2;
 
 struct Smem {
   __nv_bfloat16 a[STAGES][BM * BK];
   __nv_bfloat16 w[STAGES][BN * BK];
-  uint64_t full[STAGES];
+  uint64_t full_a[STAGES];
+  uint64_t full_w[STAGES];
   uint64_t empty[STAGES];
 };
+
+// mode bits: the next layer's first STAGES weight tiles issued before the grid barrier; A
+// multicast over a 2-CTA cluster (each CTA loads half its rows for both); the consumer keeps
+// one wgmma group in flight
+constexpr int PREFETCH_W = 1, MULTICAST_A = 2, WGMMA_DEPTH2 = 4;
 
 __device__ __forceinline__ uint32_t su32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -54,6 +60,34 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
         : "r"(su32(bar)), "r"(parity)
         : "memory");
   }
+}
+
+__device__ __forceinline__ void tma_load_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int x, int y,
+                                                   uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(su32(dst)),
+      "l"(map), "r"(su32(bar)), "r"(x), "r"(y), "h"(mask)
+      : "memory");
+}
+
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// arrive on the mbarrier at the same shared-memory offset in cluster CTA `rank`
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
+  asm volatile(
+      "{\n .reg .b32 ra;\n mapa.shared::cluster.u32 ra, %0, %1;\n"
+      " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}" ::"r"(su32(bar)),
+      "r"(rank)
+      : "memory");
 }
 
 __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint64_t* bar, int x, int y) {
@@ -102,44 +136,74 @@ __device__ __forceinline__ float gelu_tanh(float g) {
 
 __global__ void __launch_bounds__(256, 1)
     gate_up_ws_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap w_map,
-                      __nv_bfloat16* act, unsigned int* counter, int layers, int rows) {
+                      __nv_bfloat16* act, unsigned int* counter, int layers, int rows, int mode) {
   extern __shared__ uint8_t smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const int tid = threadIdx.x;
   const int tile = blockIdx.x;
   const bool busy = tile < TILES;
+  const bool prew = mode & PREFETCH_W, mcast = mode & MULTICAST_A, deep = mode & WGMMA_DEPTH2;
+  const uint32_t rank = mcast ? cluster_rank() : 0;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(&sm.full[s], 1);
-      mbar_init(&sm.empty[s], 1);
+      mbar_init(&sm.full_a[s], 1);
+      mbar_init(&sm.full_w[s], 1);
+      mbar_init(&sm.empty[s], mcast ? 2 : 1);  // both CTAs' consumers free a multicast slot
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+  if (mcast) cluster_sync();
+  auto load_w = [&](int layer, int k) {
+    const int it = layer * KSTEPS + k, s = it % STAGES;
+    if (it >= STAGES) mbar_wait(&sm.empty[s], ((it / STAGES) - 1) & 1);
+    mbar_expect_tx(&sm.full_w[s], W_BYTES);
+    tma_load(sm.w[s], &w_map, &sm.full_w[s], k * BK, layer * 2 * FF + tile * BN);
+  };
+  auto release = [&](int s) {
+    if (tid != 128) return;
+    mbar_arrive(&sm.empty[s]);
+    if (mcast) mbar_arrive_cluster(&sm.empty[s], rank ^ 1);
+  };
   for (int layer = 0; layer < layers; ++layer) {
     if (busy) {
       if (tid == 0) {  // producer
+        const int first = (prew && layer > 0) ? STAGES : 0;  // W tiles issued before the barrier
         for (int k = 0; k < KSTEPS; ++k) {
-          const int it = layer * KSTEPS + k, s = it % STAGES;
-          if (it >= STAGES) mbar_wait(&sm.empty[s], ((it / STAGES) - 1) & 1);
-          mbar_expect_tx(&sm.full[s], STAGE_BYTES);
-          tma_load(sm.a[s], &a_map, &sm.full[s], k * BK, 0);
-          tma_load(sm.w[s], &w_map, &sm.full[s], k * BK, layer * 2 * FF + tile * BN);
+          const int s = (layer * KSTEPS + k) % STAGES;
+          if (k >= first) load_w(layer, k);
+          mbar_expect_tx(&sm.full_a[s], A_BYTES);
+          if (mcast)
+            tma_load_multicast(&sm.a[s][rank * (BM / 2) * BK], &a_map, &sm.full_a[s], k * BK, rank * (BM / 2), 3);
+          else
+            tma_load(sm.a[s], &a_map, &sm.full_a[s], k * BK, 0);
         }
+        if (prew && layer + 1 < layers)
+          for (int k = 0; k < STAGES; ++k) load_w(layer + 1, k);
       } else if (tid >= 128) {  // consumer warpgroup
         float d[32];
 #pragma unroll
         for (int i = 0; i < 32; ++i) d[i] = 0.f;
         for (int k = 0; k < KSTEPS; ++k) {
           const int it = layer * KSTEPS + k, s = it % STAGES;
-          mbar_wait(&sm.full[s], (it / STAGES) & 1);
+          mbar_wait(&sm.full_w[s], (it / STAGES) & 1);
+          mbar_wait(&sm.full_a[s], (it / STAGES) & 1);
           asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
           for (int kk = 0; kk < BK / 16; ++kk)
             wgmma_m64n64k16(d, gmma_desc(&sm.a[s][kk * 16]), gmma_desc(&sm.w[s][kk * 16]));
           asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+          if (deep) {
+            asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+            if (k > 0) release((it - 1) % STAGES);
+          } else {
+            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+            release(s);
+          }
+        }
+        if (deep) {
           asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-          if (tid == 128) mbar_arrive(&sm.empty[s]);
+          release((layer * KSTEPS + KSTEPS - 1) % STAGES);
         }
         // accumulator layout of m64n64: row = 16 * warp + lane / 4 + 8 * ((i / 2) % 2),
         // col = 8 * (i / 4) + 2 * (lane % 4) + i % 2; up (cols 32..63) of col c is d[i + 16]
@@ -156,6 +220,7 @@ __global__ void __launch_bounds__(256, 1)
     if (tid == 0) grid_barrier(counter, (layer + 1) * gridDim.x);
     __syncthreads();
   }
+  if (mcast) cluster_sync();  // no CTA leaves while its peer may still signal its barriers
 }
 
 }  // namespace proto
@@ -186,13 +251,26 @@ static CUtensorMap tile_map(const void* base, uint64_t rows, uint64_t cols, uint
 // x [64, 1024] bf16 (rows past `rows` zero), w [layers * 8192, 1024] bf16 (gate|up interleaved in
 // blocks of 32), act [64, 4096] bf16, counter: one zeroed uint32 per launch
 extern "C" int gate_up_ws_launch(const void* x, const void* w, void* act, unsigned int* counter, int layers,
-                                 int rows, int grid, cudaStream_t stream) {
+                                 int rows, int grid, int mode, cudaStream_t stream) {
   using namespace proto;
-  CUtensorMap a_map = tile_map(x, BM, KDIM, BM, BK);
+  const bool mcast = mode & MULTICAST_A;
+  CUtensorMap a_map = tile_map(x, BM, KDIM, mcast ? BM / 2 : BM, BK);
   CUtensorMap w_map = tile_map(w, (uint64_t)layers * 2 * FF, KDIM, BN, BK);
   const int smem = sizeof(Smem) + 1024;
   cudaFuncSetAttribute(gate_up_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  gate_up_ws_kernel<<<grid, 256, smem, stream>>>(a_map, w_map, static_cast<__nv_bfloat16*>(act), counter, layers,
-                                                  rows);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(256);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = mcast ? 2 : 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cudaLaunchKernelEx(&cfg, gate_up_ws_kernel, a_map, w_map, static_cast<__nv_bfloat16*>(act), counter, layers, rows,
+                     mode);
   return static_cast<int>(cudaGetLastError());
 }
