@@ -22,10 +22,8 @@ from pathlib import Path
 
 import torch
 
-from flashrt_ros.bench.reference import Case, build_random
-from flashrt_ros.bench.stages import load_case
+from flashrt_ros.bench.stages import random_fused
 from flashrt_ros.bench.timing import time_call, write_result
-from flashrt_ros.policies.config import PolicyConfig
 from flashrt_ros.policies.fused import FusedPi0
 
 
@@ -85,12 +83,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("out"))
     args = ap.parse_args()
     dev = torch.device("cuda")
-    cfg = PolicyConfig.preset(args.policy, num_views=args.views, dtype="float32")
-    model = build_random(cfg, dev)
-    case = Case.make(cfg, dev, args.views)
-    fused = FusedPi0(model, torch.bfloat16)
-    load_case(fused, case)
-    fused.capture()
+    _, _, fused = random_fused(args.policy, args.views, dev)
     two = fused.sample_actions().clone()
     single = one_graph(fused)
     single.replay()

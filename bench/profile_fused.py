@@ -15,11 +15,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from flashrt_ros.bench.reference import Case, build_random
-from flashrt_ros.bench.stages import load_case
+from flashrt_ros.bench.stages import random_fused
 from flashrt_ros.bench.timing import environment, time_call
-from flashrt_ros.policies.config import PolicyConfig
-from flashrt_ros.policies.fused import FusedPi0
 
 
 def kernel_table(fn, steps: int) -> tuple[list[dict], list[dict]]:
@@ -46,16 +43,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("out"))
     args = ap.parse_args()
     dev = torch.device("cuda")
-    cfg = PolicyConfig.preset(args.policy, num_views=args.views, dtype="bfloat16")
-    model = build_random(cfg, dev)
-    case = Case.make(cfg, dev, args.views)
-    fused = FusedPi0(model, torch.bfloat16)
-    load_case(fused, case)
-    fused.capture()
+    _, _, fused = random_fused(args.policy, args.views, dev, model_dtype="bfloat16")
     report = {"env": environment(dev), "policy": args.policy, "views": args.views}
     for stage in ("vision", "prefix", "denoise"):  # vision: part of the prefix graph, here un-graphed
         graph_ms = sorted(time_call(lambda s=stage: fused.run(s), 30, 5, dev))[15]
-        rows, sequence = kernel_table(getattr(fused, stage), cfg.num_steps)
+        rows, sequence = kernel_table(getattr(fused, stage), fused.cfg.num_steps)
         busy_ms = sum(r["total_us"] for r in rows) / 1e3
         launches = sum(r["calls"] for r in rows)
         how = "graph" if (stage, fused.views, fused.bucket) in fused.graphs else "eager"

@@ -51,3 +51,18 @@ def test_write_result_keeps_the_environment_beside_the_payload(tmp_path, capsys)
     assert data["rows"] == 3 and data["results"] == {"a": [1.5]}
     assert {"commit", "torch", "triton", "device"} <= set(data["env"]) and data["env"]["device"] == "cpu"
     assert f"wrote {path}" in capsys.readouterr().out
+
+
+def test_random_fused_gives_a_loaded_fused_path_that_matches_its_model() -> None:
+    """The benchmarks' common start (`bench.stages.random_fused`): the fused path of a random
+    tiny policy with the case loaded decides what its reference model decides on that case."""
+    import torch
+
+    from flashrt_ros.bench.parity import compare
+    from flashrt_ros.bench.stages import random_fused
+
+    model, case, fused = random_fused("pi05_tiny", 1, torch.device("cpu"))
+    ref = model.sample_actions(*case.args(), noise=case.noise)[0]
+    got = fused.sample_actions()
+    assert got.shape == ref.shape
+    assert compare(got, ref)["cosine"] > 0.999

@@ -11,10 +11,11 @@ import time
 
 import torch
 
+from ..policies.config import PolicyConfig
 from ..policies.fused import FusedPi0
 from ..policies.pi0 import Pi0Model
 from .parity import compare
-from .reference import Case
+from .reference import Case, build_random
 from .timing import Latency, time_call
 
 log = logging.getLogger(__name__)
@@ -23,6 +24,20 @@ log = logging.getLogger(__name__)
 def load_case(fused: FusedPi0, case: Case) -> None:
     fused.set_pixels(case.pixels[0].to(fused.dtype), case.image_masks[0].tolist())
     fused.set_inputs(case.tokens[0], case.token_masks[0], case.state[0], case.noise[0])
+
+
+def random_fused(
+    policy: str, views: int, device: torch.device, model_dtype: str = "float32"
+) -> tuple[Pi0Model, Case, FusedPi0]:
+    """A random-weight `policy` preset at `views` cameras, its Case, and its fused bf16 path with
+    the case loaded and its graphs captured (the benchmarks' common start)."""
+    cfg = PolicyConfig.preset(policy, num_views=views, dtype=model_dtype)
+    model = build_random(cfg, device)
+    case = Case.make(cfg, device, views)
+    fused = FusedPi0(model, torch.bfloat16)
+    load_case(fused, case)
+    fused.capture()
+    return model, case, fused
 
 
 def measure_fused(
