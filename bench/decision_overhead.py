@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from flashrt_ros.bench.stages import random_fused
+from flashrt_ros.bench.stages import capture_graph, random_fused
 from flashrt_ros.bench.timing import time_call, write_result
 from flashrt_ros.policies.fused import FusedPi0
 
@@ -59,21 +59,6 @@ def host_replay_us(fused: FusedPi0, iters: int) -> tuple[float, float]:
     return median(pre), median(den)
 
 
-def one_graph(fused: FusedPi0) -> torch.cuda.CUDAGraph:
-    """prefix + denoise of the current shape captured as one graph (kernels already built)."""
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fused.prefix()
-        fused.denoise()
-    torch.cuda.current_stream().wait_stream(stream)
-    with torch.cuda.graph(graph):
-        fused.prefix()
-        fused.denoise()
-    return graph
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", default="pi05")
@@ -85,7 +70,7 @@ def main() -> None:
     dev = torch.device("cuda")
     _, _, fused = random_fused(args.policy, args.views, dev)
     two = fused.sample_actions().clone()
-    single = one_graph(fused)
+    single = capture_graph(lambda: (fused.prefix(), fused.denoise()), dev)  # one graph for the decision
     single.replay()
     same = bool(torch.equal(fused.actions, two))
     ways = {

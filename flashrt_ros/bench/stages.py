@@ -59,7 +59,7 @@ def measure_fused(
     load_case(fused, case)
     fused.capture()
     capture_s = time.perf_counter() - t0
-    vision_graph = _capture(fused.vision, dev)
+    vision_graph = capture_graph(fused.vision, dev)
     frames = [torch.randint(0, 256, (480, 640, 3), dtype=torch.uint8, device=dev) for _ in range(case.views)]
     rows = {
         "full": time_call(fused.sample_actions, iters, warmup, dev, f"{label} full"),
@@ -91,7 +91,8 @@ def measure_fused(
     return lat, parity, capture_s
 
 
-def _capture(fn, dev: torch.device) -> torch.cuda.CUDAGraph:
+def capture_graph(fn, dev: torch.device) -> torch.cuda.CUDAGraph:
+    """`fn`'s launches as a CUDA graph, after one warm-up call on a side stream (kernel builds)."""
     stream = torch.cuda.Stream(dev)
     stream.wait_stream(torch.cuda.current_stream(dev))
     with torch.cuda.stream(stream):
