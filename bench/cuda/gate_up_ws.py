@@ -88,7 +88,7 @@ def main() -> None:
             f"barrier); vs torch max abs {err:.2e}, cosine {cos:.6f}",
             flush=True,
         )
-        write_result(args.out, "gate_up_ws", dev, results=results)
+        write_result(args.out, "gate_up_ws", dev, results=results)  # after each mode: kept if a later one hangs
 
 
 if __name__ == "__main__":
