@@ -65,9 +65,10 @@ def test_synthetic_jpeg_cameras_and_joints_drive_the_node(ros_env, rclpy_context
     assert frames and frames[-1].format == "jpeg" and frames[-1].header.frame_id == "cam0"
     from PIL import Image
 
-    decoded = [np.asarray(Image.open(io.BytesIO(bytes(f.data)))) for f in (frames[0], frames[-1])]
-    assert decoded[0].shape == (H, W, 3)
-    assert not np.array_equal(decoded[0], decoded[1]), "synthetic frames do not move"
+    assert np.asarray(Image.open(io.BytesIO(bytes(frames[-1].data)))).shape == (H, W, 3)
+    # The scroll repeats every 4 s, so the first and last frame may be the same picture: count distinct ones.
+    distinct = {bytes(f.data) for f in frames}
+    assert len(distinct) > 1, f"synthetic frames do not move: {len(frames)} frames, 1 distinct"
     assert list(joints[-1].name) == JOINTS and len(joints[-1].position) == len(JOINTS)
     assert stamp_ns(joints[-1].header.stamp) > stamp_ns(joints[0].header.stamp) > 0
     assert joint_rate > 100, joint_rate  # 200 Hz published; a loaded 2-core CI machine keeps most
