@@ -170,3 +170,34 @@ def test_lerobot_config_json_maps_to_full_size_config():
     assert cfg0.kind == "pi0" and cfg0.num_views == 2 and cfg0.horizon == 30 and cfg0.prompt_len == 48
     with pytest.raises(CheckpointError, match="not a pi0/pi05 policy"):
         config_from_lerobot({"type": "act"})
+    custom = {**lerobot_config_dict(PolicyConfig.pi05()), "paligemma_variant": "gemma_2b_custom"}
+    with pytest.raises(
+        CheckpointError,
+        match=r"unknown model variants \{'paligemma_variant': 'gemma_2b_custom'\}; "
+        r"expected one of \['gemma_2b', 'gemma_300m'\]",
+    ):
+        config_from_lerobot(custom)
+
+
+def test_lerobot_normaliser_files_and_a_truncated_one(tmp_path):
+    """LeRobot 0.6 keeps statistics in the preprocessor pipeline's safetensors file; a cut file
+    is a clear error naming it, not safetensors' bare exception."""
+    import numpy as np
+    from safetensors.numpy import save_file as save_numpy
+
+    from flashrt_ros.policies.normalize import Normalizer
+
+    stats_file = "policy_preprocessor_step_2_normalizer_processor.safetensors"
+    norm_map = {"VISUAL": "IDENTITY", "STATE": "QUANTILES", "ACTION": "QUANTILES"}
+    step = {"registry_name": "normalizer_processor", "state_file": stats_file, "config": {"norm_map": norm_map}}
+    (tmp_path / "policy_preprocessor.json").write_text(json.dumps({"steps": [step]}))
+    q = {f"{k}.{s}": np.full(n, v, np.float32) for k, n in [("observation.state", 6), ("action", 5)]
+         for s, v in [("q01", -2.0), ("q99", 2.0)]}  # fmt: skip
+    save_numpy(q, str(tmp_path / stats_file))
+    norm = Normalizer.find(tmp_path)
+    assert (norm.mode, norm.convention, norm.dims()) == ("quantile", "lerobot", (6, 5))
+    np.testing.assert_allclose(norm.normalize_state(np.ones(6)), np.full(6, 0.5))
+    data = (tmp_path / stats_file).read_bytes()
+    (tmp_path / stats_file).write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=f"cannot read normalisation statistics {tmp_path / stats_file}: "):
+        Normalizer.find(tmp_path)

@@ -74,7 +74,7 @@ def test_duplicate_unselected_joint_is_fine() -> None:
     np.testing.assert_array_equal(joint_state_to_vector(msg, ARM), np.float32([0.1, 0.2, 0.3, 0.4]))
 
 
-@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, 1e39])  # 1e39: finite, but not in float32
 def test_non_finite_selected_joint(bad: float) -> None:
     err = _refusal(joint_state(ARM, [0.1, bad, 0.3, bad]))
     assert err.reason == ie.NON_FINITE_JOINT

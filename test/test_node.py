@@ -101,17 +101,27 @@ def test_runtime_rate_and_prompt_change(running):
 def test_invalid_runtime_parameters_are_refused_with_reasons(running):
     node, peer = running
     mark = node.mark()
-    bad_rate, bad_prompt, fixed = (
+    before, (prompt,) = peer.latest_counter("", "invalid_parameter"), peer.get_parameters("prompt")
+    long_prompt = "pick up the red cube on the left and put it into the blue box on the right side " * 3
+    bad_rate, bad_prompt, fixed, too_long = (
         peer.set_parameters(rate_hz=-1.0)[0],
         peer.set_parameters(prompt="   ")[0],
         peer.set_parameters(policy="pi0_tiny")[0],
+        peer.set_parameters(prompt=long_prompt)[0],
     )
     assert not bad_rate.successful and bad_rate.reason == "rate_hz must be > 0 and <= 1000, got -1.0"
     assert not bad_prompt.successful and bad_prompt.reason.startswith("prompt is empty")
     assert not fixed.successful
     assert fixed.reason.startswith("policy is read-only at runtime: set it in the params file and restart the node")
+    assert not too_long.successful
+    assert re.fullmatch(
+        r"prompt '.*' takes up to \d+ tokens with a 4-joint state, more than the policy's prompt length 96; "
+        r"expected a shorter instruction",
+        too_long.reason,
+    ), too_long.reason
     node.wait_for_line("parameter change refused: rate_hz must be > 0 and <= 1000, got -1.0", since=mark)
-    assert peer.get_parameters("rate_hz", "policy") == [10.0, "pi05_tiny"]
+    assert peer.get_parameters("rate_hz", "policy", "prompt") == [10.0, "pi05_tiny", prompt]
+    assert peer.wait_for_counter("", "invalid_parameter", above=before + 3) == before + 4
     start = len(peer.chunks)
     assert peer.pump(3.0, until=lambda: len(peer.chunks) > start + 2), "node stopped deciding"
 

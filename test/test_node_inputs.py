@@ -92,8 +92,45 @@ def test_nan_and_inf_joints(running):
         JOINT_TOPIC,
         lambda: peer.publish_joints(peer.joints(positions=bad), good=False),
         "non_finite_joint",
-        "non-finite position: j1=nan, j2=inf; expected finite values",
+        "non-finite position: j1=nan, j2=inf; expected finite float32 values",
     )
+
+
+def test_joint_beyond_float32(running):
+    """1e39 is finite in the message's float64 but not in the policy's float32: refused by name,
+    not passed on to fail inside the policy as a node-wide error."""
+    _, peer = running
+    refused(
+        running,
+        JOINT_TOPIC,
+        lambda: peer.publish_joints(peer.joints(positions=[0.0, 0.1, 1e39, 0.3]), good=False),
+        "non_finite_joint",
+        "non-finite position: j2=1e+39; expected finite float32 values",
+    )
+
+
+def test_duplicate_joint_names(running):
+    _, peer = running
+    names, positions = ["j0", "j1", "j2", "j3", "j1"], [0.0, 0.1, 0.2, 0.3, 0.4]
+    refused(
+        running,
+        JOINT_TOPIC,
+        lambda: peer.publish_joints(peer.joints(names=names, positions=positions), good=False),
+        "duplicate_joint",
+        f"joints ['j1'] appear more than once in {names}; expected once",
+    )
+
+
+def test_future_stamp(running):
+    from rclpy.time import Time
+
+    _, peer = running
+
+    def ahead():
+        stamp = Time(nanoseconds=peer.now().nanoseconds + 3_000_000_000)
+        peer.publish_camera(0, peer.image(stamp=stamp.to_msg()), good=False)
+
+    refused(running, CAMERAS[0], ahead, "future_stamp", "stamp is ", seconds=1.0)
 
 
 def test_missing_joint_names(running):
@@ -196,3 +233,27 @@ def test_policy_that_cannot_be_built_exits_non_zero(ros_env, tmp_path):
     code, output = exit_output(NodeProcess(ros_env, tmp_path, new_namespace(), params))
     assert code == 1, output
     assert "not starting: could not build policy 'pi05_tiny'" in output
+
+
+def test_checkpoint_that_does_not_fit_the_parameters_exits_with_the_reasons(ros_env, tmp_path):
+    """A pi0 checkpoint where `policy` says pi0.5, with statistics for 2 joints where the robot
+    has 4: the node names both mismatches instead of running the wrong model or passing joints
+    through un-normalised."""
+    import numpy as np
+    from policy_fixtures import tiny_model
+
+    from flashrt_ros.policies.checkpoint import save_model
+    from flashrt_ros.policies.normalize import Normalizer, Stats
+
+    folder = save_model(tiny_model("pi0", num_views=len(CAMERAS)), tmp_path / "ckpt", layout="openpi")
+    stats = Stats(q01=-np.ones(2), q99=np.ones(2))
+    Normalizer("quantile", state=stats, actions=stats).save(folder / "norm_stats.json")
+    params = {**TEST_PARAMS, "checkpoint": str(folder)}
+    code, output = exit_output(NodeProcess(ros_env, tmp_path, new_namespace(), params))
+    assert code == 1, output
+    for reason in (
+        f"policy 'pi05_tiny' is a pi05 policy but checkpoint {folder} holds a pi0 one",
+        f"joint_names has 4 joints but the normalisation statistics of checkpoint {folder} cover 2",
+        "action_joint_names (or joint_names) has 4 joints",
+    ):
+        assert reason in output, f"missing reason {reason!r} in:\n{output}"

@@ -51,10 +51,33 @@ def test_tokenize_pi0_ends_with_newline_token(tokenizer_file):
     assert out.ids[:n].tolist() == tok.encode("push the button", add_bos=True) + tok.encode("\n")
 
 
-def test_long_prompt_is_truncated_and_flagged(tokenizer_file):
+def test_long_prompt_is_truncated_and_flagged_every_time(tokenizer_file):
     tok = PromptTokenizer(tokenizer_file, prompt_len=8)
-    out = tok.tokenize("pi05", "pick up the cup and then place it", np.zeros(14))
-    assert out.truncated and out.mask.all()
+    full = tok.token_ids("pi05", "pick up the cup and then place it", np.zeros(14))
+    for _ in range(2):  # once only the first (warned) call was cut, and the second raised
+        out = tok.tokenize("pi05", "pick up the cup and then place it", np.zeros(14))
+        assert out.truncated and out.mask.all() and out.ids.tolist() == full[:8]
+
+
+def test_policy_refuses_a_prompt_it_would_cut(tokenizer_file):
+    from flashrt_ros.policies.policy import Observation, build_policy
+    from flashrt_ros.policies.prompt import PromptTooLong
+
+    cfg = PolicyConfig.tiny("pi05", prompt_len=48)
+    policy = build_policy(cfg, tokenizer_file, seed=0, action_dof=6)
+    short, long = "pick up the cup", "pick up the cup and then place it on the shelf next to the red box"
+    assert policy.prompt_problem(short, 6) is None
+    n = len(policy.tokenizer.token_ids("pi05", long, np.ones(6)))
+    assert n > 48
+    assert policy.prompt_problem(long, 6) == (
+        f"prompt {long!r} takes up to {n} tokens with a 6-joint state, more than the policy's prompt "
+        "length 48; expected a shorter instruction"
+    )
+    obs = Observation([np.zeros((48, 64, 3), np.uint8), None], np.zeros(6), long)
+    for _ in range(2):
+        with pytest.raises(PromptTooLong, match="take more than the policy's 48 tokens"):
+            policy.prepare(obs)
+    assert policy.infer(Observation(obs.images, obs.state, short)).shape == (cfg.horizon, 6)
 
 
 def test_missing_tokenizer_file(tmp_path):

@@ -116,6 +116,9 @@ def read_config(folder: Path, layout: str, fallback: PolicyConfig | None = None)
     return fallback
 
 
+VARIANT_KEYS = {"paligemma_variant": "gemma_2b", "action_expert_variant": "gemma_300m"}
+
+
 def config_from_lerobot(data: dict) -> PolicyConfig:
     kind = data.get("type")
     if kind not in ("pi0", "pi05"):
@@ -124,9 +127,15 @@ def config_from_lerobot(data: dict) -> PolicyConfig:
     views = [k for k, v in data.get("input_features", {}).items() if v.get("type") == "VISUAL"]
     base = PolicyConfig.pi05() if kind == "pi05" else PolicyConfig.pi0()
     res = data.get("image_resolution", [224, 224])
+    chosen = {key: data.get(key, default) for key, default in VARIANT_KEYS.items()}
+    unknown = {key: v for key, v in chosen.items() if v not in variants}
+    if unknown:
+        raise CheckpointError(
+            f"LeRobot config has unknown model variants {unknown}; expected one of {sorted(variants)}"
+        )
     return base.replace(
-        prefix=variants[data.get("paligemma_variant", "gemma_2b")],
-        expert=variants[data.get("action_expert_variant", "gemma_300m")],
+        prefix=variants[chosen["paligemma_variant"]],
+        expert=variants[chosen["action_expert_variant"]],
         vision=base.vision.__class__(image_size=int(res[0])),
         num_views=max(1, len(views) + int(data.get("empty_cameras", 0))),
         prompt_len=int(data.get("tokenizer_max_length", base.prompt_len)),

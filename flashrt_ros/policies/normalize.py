@@ -58,6 +58,13 @@ class Normalizer:
         if missing:
             raise ValueError(f"{self.mode} normalisation needs {name} statistics {missing}")
 
+    def dims(self) -> tuple[int | None, int | None]:
+        """How many state and action dims the statistics cover (None: identity, any number)."""
+        if self.mode == "identity":
+            return None, None
+        key = "mean" if self.mode == "mean_std" else "q01"
+        return tuple(int(getattr(s, key).shape[-1]) for s in (self.state, self.actions))  # type: ignore[return-value]
+
     def normalize_state(self, x: np.ndarray) -> np.ndarray:
         return self._apply(np.asarray(x, dtype=np.float32), self.state, forward=True)
 
@@ -114,7 +121,13 @@ class Normalizer:
             return None
         from safetensors.numpy import load_file
 
-        tensors = load_file(str(folder / step["state_file"]))
+        stats_file = folder / step["state_file"]
+        try:
+            tensors = load_file(str(stats_file))
+        except Exception as exc:  # safetensors' errors are not OSErrors: say which file and what
+            raise ValueError(
+                f"cannot read normalisation statistics {stats_file}: {exc} (truncated or missing?)"
+            ) from exc
         norm_map = step.get("config", {}).get("norm_map", {})
         modes = {"QUANTILES": "quantile", "MEAN_STD": "mean_std", "IDENTITY": "identity"}
         state_mode, action_mode = norm_map.get("STATE", "IDENTITY"), norm_map.get("ACTION", "IDENTITY")

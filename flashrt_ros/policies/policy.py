@@ -20,7 +20,7 @@ from .config import PolicyConfig
 from .normalize import Normalizer
 from .pi0 import Pi0Model, count_parameters
 from .preprocess import images_to_pixels
-from .prompt import PromptTokenizer, Tokens
+from .prompt import PromptTokenizer, PromptTooLong, Tokens, worst_case_state
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +89,27 @@ class Policy:
             raise ValueError("state has non-finite values")
         norm_state = self.normalizer.normalize_state(state)
         tokens: Tokens = self.tokenizer.tokenize(cfg.kind, obs.prompt, norm_state if cfg.kind == "pi05" else None)
+        if tokens.truncated:
+            raise PromptTooLong(
+                f"the prompt{' and state' if cfg.kind == 'pi05' else ''} take more than the policy's "
+                f"{cfg.prompt_len} tokens; expected a shorter prompt (got {obs.prompt!r})"
+            )
         padded = np.zeros(cfg.state_dim, dtype=np.float32)
         padded[: norm_state.shape[0]] = norm_state
         return torch.from_numpy(tokens.ids), torch.from_numpy(tokens.mask), torch.from_numpy(padded)
+
+    def prompt_problem(self, prompt: str, state_dims: int) -> str | None:
+        """Why `prompt` cannot be used with a state of `state_dims` joints, or None: it must fit
+        the policy's prompt length, for pi0.5 with the longest state text (every bin 3 digits)."""
+        state = worst_case_state(state_dims) if self.cfg.kind == "pi05" else None
+        n = len(self.tokenizer.token_ids(self.cfg.kind, prompt, state))
+        if n <= self.cfg.prompt_len:
+            return None
+        with_state = f" with a {state_dims}-joint state" if state is not None else ""
+        return (
+            f"prompt {prompt!r} takes up to {n} tokens{with_state}, more than the policy's prompt "
+            f"length {self.cfg.prompt_len}; expected a shorter instruction"
+        )
 
     def prepare(self, obs: Observation) -> ModelInputs:
         tokens, mask, state = self.prepare_prompt_state(obs)

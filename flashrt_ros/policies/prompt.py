@@ -34,6 +34,15 @@ def pi05_prompt(task: str, state: np.ndarray) -> str:
     return f"Task: {clean_task(task)}, State: {state_str};\nAction: "
 
 
+class PromptTooLong(ValueError):
+    """The prompt (with pi0.5's state) takes more tokens than the policy's prompt length."""
+
+
+def worst_case_state(n: int) -> np.ndarray:
+    """A state whose pi0.5 bins all print with three digits (bin 255), the longest state text."""
+    return np.ones(n, dtype=np.float32)
+
+
 @dataclass
 class Tokens:
     ids: np.ndarray  # int64 [L]
@@ -62,22 +71,26 @@ class PromptTokenizer:
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
         return list(self.sp.encode(text, add_bos=add_bos))
 
-    def tokenize(self, kind: str, task: str, state: np.ndarray | None = None) -> Tokens:
+    def token_ids(self, kind: str, task: str, state: np.ndarray | None = None) -> list[int]:
+        """The prompt's tokens before padding (pi0.5: with the discretised state)."""
         if kind == "pi05":
             if state is None:
                 raise ValueError("pi0.5 writes the discretised state into the prompt: state is required")
-            ids = self.encode(pi05_prompt(task, state), add_bos=True)
-        else:
-            ids = self.encode(clean_task(task), add_bos=True) + self.encode("\n")
-        return self.pad(ids)
+            return self.encode(pi05_prompt(task, state), add_bos=True)
+        return self.encode(clean_task(task), add_bos=True) + self.encode("\n")
+
+    def tokenize(self, kind: str, task: str, state: np.ndarray | None = None) -> Tokens:
+        return self.pad(self.token_ids(kind, task, state))
 
     def pad(self, ids: list[int]) -> Tokens:
+        """Right-pad to prompt_len; a longer prompt is cut to it (as openpi does) and flagged, so
+        the caller can refuse to act on it: a cut pi0.5 prompt loses its state and "Action: "."""
         n = self.prompt_len
         truncated = len(ids) > n
         if truncated and not self._warned_truncation:
             log.warning("prompt has %d tokens, longer than prompt_len %d: truncated (warned once)", len(ids), n)
             self._warned_truncation = True
-            ids = ids[:n]
+        ids = ids[:n]
         out = np.zeros(n, dtype=np.int64)
         out[: len(ids)] = ids
         mask = np.zeros(n, dtype=bool)

@@ -52,8 +52,10 @@ def joint_state_to_vector(msg: Any, joint_names: Sequence[str], source: str = "j
         )
     index = _indices(names, joint_names, source)
     values = np.asarray(positions, dtype=np.float64)[index]
-    _check_finite(values, joint_names, source)
-    return values.astype(np.float32)
+    with np.errstate(over="ignore"):
+        single = values.astype(np.float32)  # checked after the cast: 1e39 is finite only in float64
+    _check_finite(single, values, joint_names, source)
+    return single
 
 
 def _indices(names: list[str], joint_names: Sequence[str], source: str) -> list[int]:
@@ -80,11 +82,11 @@ def _indices(names: list[str], joint_names: Sequence[str], source: str) -> list[
     return [first[n] for n in joint_names]
 
 
-def _check_finite(values: np.ndarray, joint_names: Sequence[str], source: str) -> None:
-    bad = ~np.isfinite(values)
+def _check_finite(single: np.ndarray, given: np.ndarray, joint_names: Sequence[str], source: str) -> None:
+    bad = ~np.isfinite(single)
     if bad.any():
-        listed = ", ".join(f"{joint_names[i]}={values[i]}" for i in np.flatnonzero(bad))
-        raise InputError(NON_FINITE_JOINT, source, f"non-finite position: {listed}; expected finite values")
+        listed = ", ".join(f"{joint_names[i]}={given[i]}" for i in np.flatnonzero(bad))
+        raise InputError(NON_FINITE_JOINT, source, f"non-finite position: {listed}; expected finite float32 values")
 
 
 def stamp_to_ns(stamp: Any) -> int:

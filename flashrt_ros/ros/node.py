@@ -43,6 +43,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from flashrt_ros.engine.stats import PipelineStats
 from flashrt_ros.msg import ActionChunk, PipelineStatus
+from flashrt_ros.policies.prompt import PromptTooLong
 from flashrt_ros.ros import messages
 from flashrt_ros.ros.image_convert import compressed_to_rgb, image_to_rgb
 from flashrt_ros.ros.input_error import InputError
@@ -63,6 +64,11 @@ from flashrt_ros.srv import DropCapsule, ForkCapsule, ListCapsules, RestoreCapsu
 ABSENT = "absent"
 """Decision-time reason: no good message has arrived on the topic (since start or reset)."""
 POLICY_ERROR = "policy_error"
+PROMPT_TOO_LONG = "prompt_too_long"
+INVALID_PARAMETER = "invalid_parameter"
+"""A runtime parameter change that was refused (the old value stays in use)."""
+UNKNOWN_PARAMETER = "unknown_parameter"
+"""A parameter given at start that the node does not know (a typo in the params file?)."""
 
 
 class StartupError(RuntimeError):
@@ -83,12 +89,14 @@ class FlashRTNode(Node):
         problems = self.cfg.validate()
         if problems:
             raise ConfigError(problems)
-        self._warn_unknown_parameters()
+        unknown = self._warn_unknown_parameters()
         self.stats_window = stats_window
         self.state, self.description = build_pipeline_state(self.cfg)
         self._lock = threading.Lock()  # counters and conversion stats (sensor threads)
         self._throttle = ThrottledLog(self.cfg.log_throttle_s)
         self._reset_counters()
+        if unknown:
+            self.invalid[("", UNKNOWN_PARAMETER)] += len(unknown)
         self._decision_group = MutuallyExclusiveCallbackGroup()
         self._create_inputs()
         self._create_outputs()
@@ -99,12 +107,13 @@ class FlashRTNode(Node):
         self._log_startup()
 
     # ---- set-up ----------------------------------------------------------------------------
-    def _warn_unknown_parameters(self) -> None:
+    def _warn_unknown_parameters(self) -> list[str]:
         unknown = unknown_names(set(getattr(self, "_parameter_overrides", {})))
         if unknown:
             self.get_logger().warning(
                 f"ignoring unknown parameters {unknown} (typo in the params file?); known: {', '.join(PARAMETERS)}"
             )
+        return unknown
 
     def _reset_counters(self) -> None:
         self.decisions = 0
@@ -251,9 +260,13 @@ class FlashRTNode(Node):
         t0 = time.perf_counter_ns()
         try:
             decision = self.state.decide(obs)
+        except PromptTooLong as exc:
+            self._count_node_wide(PROMPT_TOO_LONG)
+            self._throttle((PROMPT_TOO_LONG,), self.get_logger().error, f"no chunk published: {exc}")
+            return
         except Exception as exc:  # a policy bug must not kill the node; it is counted and logged
             self._count_node_wide(POLICY_ERROR)
-            self._throttle(("policy_error",), self.get_logger().error, f"policy failed, no chunk published: {exc!r}")
+            self._throttle((POLICY_ERROR,), self.get_logger().error, f"policy failed, no chunk published: {exc!r}")
             return
         latency_ms = (time.perf_counter_ns() - t0) / 1e6
         self._publish(decision, samples, latency_ms, cfg)
@@ -435,9 +448,13 @@ class FlashRTNode(Node):
 
     # ---- parameters ------------------------------------------------------------------------
     def _on_set_parameters(self, params: list) -> SetParametersResult:
-        reason = check_update(self.cfg, {p.name: p.value for p in params})
+        changes = {p.name: p.value for p in params}
+        reason = check_update(self.cfg, changes)
+        if reason is None and isinstance(changes.get("prompt"), str):
+            reason = self.state.pipeline.policy.prompt_problem(changes["prompt"], len(self.cfg.joint_names))
         if reason is None:
             return SetParametersResult(successful=True)
+        self._count_node_wide(INVALID_PARAMETER)
         self.get_logger().warning(f"parameter change refused: {reason}")
         return SetParametersResult(successful=False, reason=reason)
 
@@ -541,11 +558,11 @@ def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
             device=device,
             action_dof=len(cfg.output_joint_names),
         )
-    except (OSError, ValueError, RuntimeError) as exc:  # CheckpointError is a RuntimeError
-        raise StartupError(f"could not build policy {cfg.policy!r}: {exc}") from exc
-    views = policy.cfg.num_views
-    if views != len(cfg.camera_topics):
-        raise StartupError(f"the policy takes {views} camera views; camera_topics has {len(cfg.camera_topics)}")
+    except Exception as exc:  # a bad checkpoint, tokenizer or device: the node says why and exits
+        raise StartupError(f"could not build policy {cfg.policy!r}: {type(exc).__name__}: {exc}") from exc
+    problems = policy_problems(policy, model_cfg.kind, cfg)
+    if problems:
+        raise StartupError("; ".join(problems))
     try:
         pipeline = Pipeline(policy, seed=cfg.seed, backend=cfg.backend, fp8=cfg.fp8)
     except Exception as exc:  # backend "fused" that cannot be built: say why
@@ -562,6 +579,33 @@ def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
         "horizon": str(policy.cfg.horizon),
     }
     return PipelineState(pipeline, cfg.seed), description
+
+
+def policy_problems(policy: Any, kind: str, cfg: NodeConfig) -> list[str]:
+    """Where the built policy does not fit the parameters: the checkpoint's kind against the
+    `policy` preset, camera views, joints against the checkpoint's statistics, the prompt."""
+    problems = []
+    where = f"checkpoint {cfg.checkpoint}" if cfg.checkpoint else "the policy"
+    if policy.cfg.kind != kind:
+        problems.append(
+            f"policy {cfg.policy!r} is a {kind} policy but {where} holds a {policy.cfg.kind} one; "
+            f"expected a matching `policy` parameter"
+        )
+    views = policy.cfg.num_views
+    if views != len(cfg.camera_topics):
+        problems.append(f"the policy takes {views} camera views; camera_topics has {len(cfg.camera_topics)}")
+    state_dims, action_dims = policy.normalizer.dims()
+    for name, joints, dims in [
+        ("joint_names", cfg.joint_names, state_dims),
+        ("action_joint_names (or joint_names)", cfg.output_joint_names, action_dims),
+    ]:
+        if dims is not None and len(joints) > dims:
+            problems.append(
+                f"{name} has {len(joints)} joints but the normalisation statistics of {where} cover "
+                f"{dims}; expected at most {dims} (the checkpoint was trained on another robot?)"
+            )
+    prompt = policy.prompt_problem(cfg.prompt, len(cfg.joint_names))
+    return problems + ([prompt] if prompt else [])
 
 
 def _fp8_suffix(pipeline) -> str:
