@@ -32,11 +32,16 @@ def _bench(args: argparse.Namespace) -> int:
     if device.type != "cuda" and {"fused", "fused-fp8", "compile"} & set(modes):
         print("fused / compile modes need a CUDA GPU; running eager only")
         modes = ["eager"]
+    modes = sorted(modes, key=lambda m: m == "compile")  # the slow baseline last: a cut-short run keeps the rest
     results: dict = {"env": environment(device), "settings": vars(args).copy(), "runs": []}
-    out = Path(args.out) if args.out else None
-    setups = {kind: _setup(kind, args, device) for kind in args.policy.split(",")}
+    out = Path(args.out)
+    try:
+        setups = {kind: _setup(kind, args, device) for kind in args.policy.split(",")}
+    except ValueError as exc:  # an unknown policy, a bad size: say so, no traceback
+        print(f"cannot set up the benchmark: {exc}")
+        return 2
     print(HEADER)
-    for mode in modes:  # the slow compile baseline last, so a cut-short run still has the rest
+    for mode in modes:
         for kind, (model, base, cases, refs) in setups.items():
             all_views = mode.startswith("fused") or args.baselines_all_views
             views_list = args.views if all_views else [max(args.views)]
@@ -48,7 +53,10 @@ def _bench(args: argparse.Namespace) -> int:
     for kind in setups:
         _print_ratios(results, kind)
     _write(results, out, plot=True)
-    return 0
+    failed = [f"{r['policy']} {r['views']}v {r['mode']}" for r in results["runs"] if "error" in r]
+    if failed:
+        print(f"{len(failed)} run(s) FAILED: {', '.join(failed)} (exit status 1)")
+    return 1 if failed else 0
 
 
 def _setup(kind: str, args: argparse.Namespace, device: torch.device):
@@ -170,12 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--device", default=None)
     b.add_argument("--tiny", action="store_true", help="tiny configs (CPU smoke runs)")
-    b.add_argument("--modes", default="eager,compile,fused", help=f"comma list of {', '.join(MODES)}")
+    b.add_argument(
+        "--modes", default="eager,fused,compile", help=f"comma list of {', '.join(MODES)} (compile always runs last)"
+    )
     b.add_argument("--compile-mode", default="reduce-overhead", help="torch.compile mode for the baseline")
     b.add_argument(
         "--baselines-all-views", action="store_true", help="eager/compile at every view count, not only the largest"
     )
-    b.add_argument("--out", default=None, help="folder for the JSON result")
+    b.add_argument("--out", default="bench_results", help="folder for the JSON result and the plot")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "bench":

@@ -3,6 +3,9 @@ speed-up line prints ratios to two decimals (2.96x must not read as 3.0x)."""
 
 import json
 
+import pytest
+import torch
+
 from flashrt_ros.cli import _print_ratios, main
 
 
@@ -37,6 +40,30 @@ def test_speed_up_ratios_have_two_decimals(capsys) -> None:
 def test_unknown_mode_is_refused(capsys) -> None:
     assert main(["bench", "--policy", "pi05", "--tiny", "--modes", "eager,fp8"]) == 2
     assert "unknown mode(s) fp8: expected a comma list of eager, compile, fused, fused-fp8" in capsys.readouterr().out
+
+
+def test_unknown_policy_is_refused_without_a_traceback(tmp_path, capsys) -> None:
+    assert main(["bench", "--policy", "pi07", "--tiny", "--modes", "eager", "--out", str(tmp_path)]) == 2
+    assert "cannot set up the benchmark: unknown policy preset 'pi07_tiny'; expected one of" in capsys.readouterr().out
+
+
+def test_environment_names_this_checkout_from_any_folder(tmp_path, monkeypatch) -> None:
+    """The commit is read from the package's own checkout, not from wherever the bench runs."""
+    import subprocess
+    from pathlib import Path
+
+    from flashrt_ros.bench.timing import environment
+
+    root = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=False)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    monkeypatch.delenv("FLASHRT_COMMIT", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert environment(torch.device("cpu"))["commit"] == head.stdout.strip()
+    monkeypatch.setenv("FLASHRT_COMMIT", "abc1234")
+    env = environment(torch.device("cpu"))
+    assert (env["commit"], env["dirty"]) == ("abc1234", None)
 
 
 def test_write_result_keeps_the_environment_beside_the_payload(tmp_path, capsys) -> None:

@@ -97,12 +97,14 @@ def graph_ms(fn: Callable[[], object], calls: int = 1, replays: int = 10) -> flo
 def environment(device: torch.device) -> dict:
     """Commit, GPU, versions: enough to tell two result files apart."""
     commit = os.environ.get("FLASHRT_COMMIT", "")
-    dirty = False
+    dirty: bool | None = None  # unknown when the commit is given, not read
     if not commit:  # the device machine gets a copy of the tree without .git: pass FLASHRT_COMMIT there
+        package_root = Path(__file__).resolve().parents[2]  # this package's checkout, not the caller's cwd
+        git = {"capture_output": True, "text": True, "check": False, "cwd": package_root}
         try:
-            res = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+            res = subprocess.run(["git", "rev-parse", "HEAD"], **git)
             commit = res.stdout.strip() if res.returncode == 0 else ""
-            st = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, check=False)
+            st = subprocess.run(["git", "status", "--porcelain"], **git)
             dirty = res.returncode == 0 and bool(st.stdout.strip())
         except OSError:
             pass

@@ -8,6 +8,7 @@ the chunk) and the monotonic clock on a CPU.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
@@ -23,6 +24,17 @@ from .stats import PipelineStats
 log = logging.getLogger(__name__)
 
 STAGES = ("preprocess", "prefix", "denoise", "postprocess")
+
+
+class NonFiniteActions(ValueError):
+    """The policy produced NaN or inf actions (a bad checkpoint or statistics, an overflow):
+    the chunk must not reach the robot."""
+
+
+def on_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """Make `device` the current CUDA device, so events, graphs and default streams are on the
+    GPU that does the work (``cuda:1`` included); nothing to do on a CPU."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 @dataclass
@@ -52,6 +64,8 @@ class _Timer:
             self.marks.append((name, time.perf_counter()))
 
     def resolve(self) -> dict[str, float]:
+        if self.cuda:  # the host sync read the chunk, but the last event may not be complete yet
+            self.marks[-1][1].synchronize()
         out = {}
         for (_, a), (name, b) in itertools.pairwise(self.marks):
             out[name] = a.elapsed_time(b) if self.cuda else (b - a) * 1e3
@@ -77,7 +91,8 @@ class Pipeline:
             raise ValueError(f"fp8 must be {' or '.join(FP8_PARTS)}, got {fp8!r}")
         if fp8 != "none" and policy.cfg.dtype != "bfloat16":  # not a silent fall back to the reference
             raise ValueError(f"fp8 {fp8!r} needs a bfloat16 policy, got {policy.cfg.dtype}")
-        self.fused = self._build_fused(backend, prefix_mlp_fp8=fp8 == "prefix_mlp")
+        with on_device(policy.device):
+            self.fused = self._build_fused(backend, prefix_mlp_fp8=fp8 == "prefix_mlp")
         if fp8 != "none" and self.fused is None:
             log.warning("fp8 %r applies to the fused path only: the reference runs in %s", fp8, policy.cfg.dtype)
         self.backend = "fused" if self.fused is not None else "reference"
@@ -106,17 +121,27 @@ class Pipeline:
         return STAGES
 
     def decide(self, obs: Observation, noise: torch.Tensor | None = None) -> Decision:
+        """One chunk; raises (and uses no chunk id) for bad inputs or non-finite actions."""
         policy = self.policy
-        timer = _Timer(policy.device)
-        timer.mark("start")
-        if noise is None:
-            noise = policy.model.noise(1, self.generator, policy.device)
-        with torch.no_grad():
-            run = self._run_fused if self.fused is not None else self._run_reference
-            chunk = run(obs, noise, timer)
-        actions = policy.postprocess(chunk)  # the one host sync of the decision
-        timer.mark("postprocess")
-        timings = timer.resolve()
+        with on_device(policy.device):
+            timer = _Timer(policy.device)
+            timer.mark("start")
+            if noise is None:
+                noise = policy.model.noise(1, self.generator, policy.device)
+            with torch.no_grad():
+                run = self._run_fused if self.fused is not None else self._run_reference
+                chunk = run(obs, noise, timer)
+            actions = policy.postprocess(chunk)  # the one host sync of the decision
+            timer.mark("postprocess")
+            timings = timer.resolve()
+        bad = ~np.isfinite(actions)
+        if bad.any():
+            rows = sorted(set(np.nonzero(bad)[0].tolist()))
+            raise NonFiniteActions(
+                f"{int(bad.sum())} of {actions.size} actions are NaN or inf (rows {rows[:5]}"
+                f"{'...' if len(rows) > 5 else ''}); expected finite actions: check the checkpoint, "
+                "its normalisation statistics and the precision"
+            )
         self.stats.add(timings)
         chunk_id, self.next_chunk_id = self.next_chunk_id, self.next_chunk_id + 1
         return Decision(chunk_id, actions, timings)

@@ -33,13 +33,23 @@ class StageStats:
         self._latency_ms.append(latency_ms)
         self._done_at.append(time.monotonic() if now is None else now)
 
-    def summary(self) -> StageSummary:
+    def summary(self, now: float | None = None) -> StageSummary:
         if not self._latency_ms:
             return StageSummary(self.name, 0, 0.0, 0.0, 0.0, 0.0)
         p50, p90, p99 = np.percentile(np.fromiter(self._latency_ms, float), [50, 90, 99])
+        return StageSummary(self.name, self.count, self.rate(now), float(p50), float(p90), float(p99))
+
+    def rate(self, now: float | None = None) -> float:
+        """Completions per second over the window. Once the stage stops for longer than its
+        mean interval, the window is taken to reach `now`, so the rate falls towards 0
+        instead of showing the last value for ever."""
+        n = len(self._done_at) - 1
         span = self._done_at[-1] - self._done_at[0]
-        rate = (len(self._done_at) - 1) / span if span > 0 else 0.0
-        return StageSummary(self.name, self.count, rate, float(p50), float(p90), float(p99))
+        if n < 1 or span <= 0:
+            return 0.0
+        now = time.monotonic() if now is None else now
+        end = max(self._done_at[-1], now - span / n)
+        return n / (end - self._done_at[0])
 
 
 class PipelineStats:
@@ -53,8 +63,8 @@ class PipelineStats:
         for name, ms in timings_ms.items():
             self.stages.setdefault(name, StageStats(name, self.window)).add(ms, now)
 
-    def summaries(self) -> list[StageSummary]:
-        return [s.summary() for s in self.stages.values()]
+    def summaries(self, now: float | None = None) -> list[StageSummary]:
+        return [s.summary(now) for s in self.stages.values()]
 
     def line(self) -> str:
         """One log line: 'prefix 3.1/4.0 ms | denoise 5.2/6.1 ms' (p50/p99)."""

@@ -65,6 +65,8 @@ ABSENT = "absent"
 """Decision-time reason: no good message has arrived on the topic (since start or reset)."""
 POLICY_ERROR = "policy_error"
 PROMPT_TOO_LONG = "prompt_too_long"
+NON_FINITE_ACTION = "non_finite_action"
+"""The policy produced NaN / inf actions: nothing was published."""
 INVALID_PARAMETER = "invalid_parameter"
 """A runtime parameter change that was refused (the old value stays in use)."""
 UNKNOWN_PARAMETER = "unknown_parameter"
@@ -254,15 +256,17 @@ class FlashRTNode(Node):
         samples = self._fresh_samples(self.get_clock().now().nanoseconds, cfg)
         if samples is None:
             return
+        from flashrt_ros.engine.pipeline import NonFiniteActions
         from flashrt_ros.policies.policy import Observation
 
         obs = Observation(images=[s.value for s in samples[:-1]], state=samples[-1].value, prompt=cfg.prompt)
         t0 = time.perf_counter_ns()
         try:
             decision = self.state.decide(obs)
-        except PromptTooLong as exc:
-            self._count_node_wide(PROMPT_TOO_LONG)
-            self._throttle((PROMPT_TOO_LONG,), self.get_logger().error, f"no chunk published: {exc}")
+        except (PromptTooLong, NonFiniteActions) as exc:
+            reason = PROMPT_TOO_LONG if isinstance(exc, PromptTooLong) else NON_FINITE_ACTION
+            self._count_node_wide(reason)
+            self._throttle((reason,), self.get_logger().error, f"no chunk published: [{reason}] {exc}")
             return
         except Exception as exc:  # a policy bug must not kill the node; it is counted and logged
             self._count_node_wide(POLICY_ERROR)

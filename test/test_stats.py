@@ -1,0 +1,35 @@
+"""Rolling stage statistics: percentiles over the window, and a rate that falls when a stage stops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flashrt_ros.engine.stats import PipelineStats
+
+
+def test_percentiles_and_steady_rate() -> None:
+    stats = PipelineStats(window=100)
+    for i in range(50):
+        stats.add({"prefix": float(i), "denoise": 2.0 * i}, now=10.0 + 0.1 * i)  # 10 Hz
+    prefix, denoise = stats.summaries(now=10.0 + 0.1 * 49 + 0.05)
+    assert (prefix.name, prefix.count, denoise.name) == ("prefix", 50, "denoise")
+    assert (prefix.p50_ms, prefix.p90_ms, prefix.p99_ms) == tuple(np.percentile(np.arange(50.0), [50, 90, 99]))
+    assert prefix.rate_hz == pytest.approx(10.0) and denoise.rate_hz == pytest.approx(10.0)
+
+
+def test_rate_falls_when_the_stage_stops() -> None:
+    stats = PipelineStats(window=100)
+    for i in range(11):
+        stats.add({"denoise": 1.0}, now=0.1 * i)  # 10 Hz for 1 s, then nothing
+    rates = [stats.summaries(now=t)[0].rate_hz for t in (1.05, 2.0, 11.0, 101.0)]
+    assert rates[0] == pytest.approx(10.0)
+    assert rates[1] == pytest.approx(10 / 1.9) and rates[2] == pytest.approx(10 / 10.9) and rates[3] < 0.1
+
+
+def test_window_keeps_the_latest() -> None:
+    stats = PipelineStats(window=4)
+    for i in range(10):
+        stats.add({"x": float(i)}, now=float(i))
+    (x,) = stats.summaries(now=9.5)
+    assert x.count == 10 and x.p50_ms == np.percentile([6.0, 7.0, 8.0, 9.0], 50) and x.rate_hz == pytest.approx(1.0)
