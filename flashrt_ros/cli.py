@@ -112,6 +112,8 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
     if "compile_s" in extra:
         print(f"{'':<34} compile ({extra['compile_mode']}): {extra['compile_s']:.1f} s", flush=True)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    if peak is not None:  # the fp32 reference model stays resident, so this includes its weights
+        print(f"{'':<34} peak GPU memory: {peak:.1f} GiB", flush=True)
     return {"peak_gib": peak, **{k: v.to_dict() for k, v in lat.items()}, **extra}
 
 
