@@ -81,8 +81,10 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
     from .bench.reference import measure_reference
     from .bench.stages import measure_compiled, measure_fused
 
+    resident = 0.0  # the benchmark's models (every policy of the run) are allocated before any mode
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+        resident = torch.cuda.memory_allocated(device) / 2**30
     extra: dict = {}
     try:
         if mode == "eager":
@@ -112,9 +114,11 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
     if "compile_s" in extra:
         print(f"{'':<34} compile ({extra['compile_mode']}): {extra['compile_s']:.1f} s", flush=True)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    if peak is not None:  # the fp32 reference model stays resident, so this includes its weights
-        print(f"{'':<34} peak GPU memory: {peak:.1f} GiB", flush=True)
-    return {"peak_gib": peak, **{k: v.to_dict() for k, v in lat.items()}, **extra}
+    if peak is not None:
+        added = peak - resident
+        print(f"{'':<34} peak GPU memory {peak:.1f} GiB: this mode +{added:.1f} over {resident:.1f} GiB resident")
+    memory = {"peak_gib": peak, "resident_gib": resident if peak is not None else None}
+    return {**memory, **{k: v.to_dict() for k, v in lat.items()}, **extra}
 
 
 def _print_ratios(results: dict, kind: str) -> None:
