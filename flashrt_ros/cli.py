@@ -9,6 +9,7 @@ bf16 fused path), fused-fp8 (the same with the prefix LM's MLP GEMMs in FP8).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import sys
@@ -82,6 +83,7 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
     from .bench.stages import measure_compiled, measure_fused
 
     resident = 0.0  # the benchmark's models (every policy of the run) are allocated before any mode
+    gc.collect()  # the previous run's fused path (its graphs hold reference cycles): not counted here
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         resident = torch.cuda.memory_allocated(device) / 2**30
