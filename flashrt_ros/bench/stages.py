@@ -11,6 +11,7 @@ import time
 
 import torch
 
+from ..policies import cuda_graphs
 from ..policies.config import PolicyConfig
 from ..policies.fused import FusedPi0
 from ..policies.pi0 import Pi0Model
@@ -92,16 +93,8 @@ def measure_fused(
 
 
 def capture_graph(fn, dev: torch.device) -> torch.cuda.CUDAGraph:
-    """`fn`'s launches as a CUDA graph, after one warm-up call on a side stream (kernel builds)."""
-    stream = torch.cuda.Stream(dev)
-    stream.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream(dev).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
+    """`fn`'s launches as a CUDA graph, after one warm-up call (kernel builds)."""
+    return cuda_graphs.capture(fn, dev)
 
 
 def measure_compiled(

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..policies import cuda_graphs
+
 
 @dataclass
 class Latency:
@@ -73,15 +75,9 @@ def graph_ms(fn: Callable[[], object], calls: int = 1, replays: int = 10) -> flo
     """Median milliseconds per call of `fn` replayed from a CUDA graph of `calls` back-to-back
     calls: the kernels' own time, without the Python launch path (which for one small kernel can
     be longer than the kernel). `fn` runs once on a side stream first (warm-up, JIT builds)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+    device = torch.cuda.current_device()
+    cuda_graphs.warm_up(fn, device)
+    graph = cuda_graphs.capture(lambda: [fn() for _ in range(calls)], device, warmup=0)
     graph.replay()
     times = []
     for _ in range(replays):

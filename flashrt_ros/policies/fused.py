@@ -50,6 +50,7 @@ from kernels.preprocess import preprocess_image
 from kernels.rms_norm import rms_norm
 from kernels.rope import qkv_rope, rope_inv_freq
 
+from . import cuda_graphs
 from .config import PolicyConfig
 from .pi0 import Pi0Model, sinusoidal_time_embedding, suffix_blocks
 
@@ -778,18 +779,9 @@ class FusedPi0:
         shapes = [(v, b) for v in range(1, self.cfg.num_views + 1) for b in self.buckets]
         for views, bucket in tqdm(shapes, desc="capturing CUDA graphs", disable=len(shapes) < 4, leave=False):
             self.views, self.bucket = views, bucket
-            stream = torch.cuda.Stream(self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                for _ in range(warmup):
-                    self.prefix()
-                    self.denoise()
-            torch.cuda.current_stream(self.device).wait_stream(stream)
+            cuda_graphs.warm_up(lambda: (self.prefix(), self.denoise()), self.device, warmup)
             for name, fn in (("prefix", self.prefix), ("denoise", self.denoise)):
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    fn()
-                self.graphs[(name, views, bucket)] = graph
+                self.graphs[(name, views, bucket)] = cuda_graphs.capture(fn, self.device, pool=pool, warmup=0)
         self.views, self.bucket = chosen
         log.info(
             "captured CUDA graphs: prefix + denoise for views 1..%d x prompt buckets %s",
