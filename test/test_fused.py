@@ -183,6 +183,32 @@ def test_pipeline_fused_backend_matches_reference_backend():
     assert set(out.timings_ms) == {"preprocess", "prefix", "denoise", "postprocess"}
 
 
+def test_pipeline_release_reference_frees_the_model_and_keeps_deciding():
+    """The node's setting: once the fused path is built, the reference model's weights go (to the
+    meta device) and the fused decisions do not change; on a GPU its memory is given back."""
+    import numpy as np
+
+    from flashrt_ros.engine.pipeline import Pipeline
+    from flashrt_ros.policies.policy import Observation, default_policy
+
+    policy = default_policy("pi05", device=DEVICE, num_views=2, action_dof=6)
+    rng = np.random.default_rng(1)
+    obs = Observation([rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)] * 2, rng.uniform(-1, 1, 6), "pick up")
+    noise = policy.model.noise(1, torch.Generator(device=DEVICE).manual_seed(3), DEVICE)
+    ref = Pipeline(policy, backend="reference").decide(obs, noise)
+    kept = Pipeline(policy, backend="fused")
+    assert kept.released_gib is None and all(p.device.type != "meta" for p in policy.model.parameters())
+    before = kept.decide(obs, noise).actions
+    del kept
+    pipe = Pipeline(policy, backend="fused", release_reference=True)
+    assert all(p.device.type == "meta" for p in policy.model.parameters())
+    assert pipe.released_gib is not None and (pipe.released_gib > 0) == (DEVICE == "cuda")
+    for _ in range(2):
+        out = pipe.decide(obs, noise).actions
+        np.testing.assert_array_equal(out, before)
+    np.testing.assert_allclose(out, ref.actions, rtol=1e-3, atol=1e-3)
+
+
 def test_pipeline_fp8_option(caplog, monkeypatch):
     """fp8 "prefix_mlp" reaches the fused path; the reference path says it runs without it; a
     wrong value is refused with the values it takes."""

@@ -9,6 +9,7 @@ the chunk) and the monotonic clock on a CPU.
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import logging
 import time
@@ -72,16 +73,44 @@ class _Timer:
         return out
 
 
+def release_weights(policy: Policy) -> float:
+    """Move the reference model's weights to the meta device and return the GiB of device memory
+    that freed. Once the fused path is built the reference is not run again, and most of its
+    weights are duplicates of the fused path's re-laid-out copies; the ones the fused path uses
+    as they are stay alive through its own references. Irreversible for this process: the
+    reference path needs a new policy afterwards."""
+    dev = policy.device
+    on_gpu = dev.type == "cuda"
+    before = torch.cuda.memory_allocated(dev) if on_gpu else 0
+    policy.model.to("meta")
+    gc.collect()
+    freed = (before - torch.cuda.memory_allocated(dev)) / 2**30 if on_gpu else 0.0
+    log.info(
+        "released the reference model's weights (%.2f GiB of %s memory): the fused path runs on its own copies",
+        freed,
+        dev,
+    )
+    return freed
+
+
 class Pipeline:
     """Runs decisions of a Policy and keeps per-stage statistics.
 
     backend "reference" runs the plain-torch model; "fused" the fused path (`FusedPi0`:
     Triton kernels, static buffers, CUDA graphs); "auto" picks fused on a CUDA device and
     falls back to the reference, with a warning saying why, if it cannot be built.
+    With `release_reference` (the node), a built fused path frees the reference model's weights:
+    they would otherwise stay on the GPU as duplicates of the fused path's own copies.
     """
 
     def __init__(
-        self, policy: Policy, seed: int = 0, stats_window: int = 200, backend: str = "auto", fp8: str = "none"
+        self,
+        policy: Policy,
+        seed: int = 0,
+        stats_window: int = 200,
+        backend: str = "auto",
+        fp8: str = "none",
+        release_reference: bool = False,
     ):
         self.policy = policy
         self.stats = PipelineStats(stats_window)
@@ -96,6 +125,9 @@ class Pipeline:
         if fp8 != "none" and self.fused is None:
             log.warning("fp8 %r applies to the fused path only: the reference runs in %s", fp8, policy.cfg.dtype)
         self.backend = "fused" if self.fused is not None else "reference"
+        self.released_gib: float | None = None  # device memory freed by `release_reference`
+        if release_reference and self.fused is not None:
+            self.released_gib = release_weights(policy)
 
     def _build_fused(self, backend: str, prefix_mlp_fp8: bool = False):
         if backend not in ("auto", "fused", "reference"):

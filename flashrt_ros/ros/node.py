@@ -568,7 +568,7 @@ def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
     if problems:
         raise StartupError("; ".join(problems))
     try:
-        pipeline = Pipeline(policy, seed=cfg.seed, backend=cfg.backend, fp8=cfg.fp8)
+        pipeline = Pipeline(policy, seed=cfg.seed, backend=cfg.backend, fp8=cfg.fp8, release_reference=True)
     except Exception as exc:  # backend "fused" that cannot be built: say why
         raise StartupError(f"could not build the {cfg.backend} pipeline: {type(exc).__name__}: {exc}") from exc
     description = {
