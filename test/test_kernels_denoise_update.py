@@ -46,6 +46,15 @@ def test_silu_next_input_matches_torch(h_dtype) -> None:
     assert float((h_ref.float() - torch.nn.functional.linear(x_ref, w_in, b_in)).abs().max()) > 0.1  # SiLU applied
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("h_dtype", [torch.float32, torch.bfloat16])
+def test_gpu_real_shapes(h_dtype) -> None:
+    """Compiled, at pi0.5's and pi0's shapes (plain and SiLU next input)."""
+    for shape in [(50, 32, 1024, 50), (50, 32, 1024, 51)]:
+        test_update_and_next_input_match_torch(shape, h_dtype)
+    test_silu_next_input_matches_torch(h_dtype)
+
+
 def test_update_without_next_input_leaves_the_rest() -> None:
     y, x, w_out, b_out, _, _ = _problem(50, 32, 64, 51)
     x_ref, _ = denoise_update_ref(y[-50:], x, w_out, b_out, -0.25)

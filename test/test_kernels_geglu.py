@@ -4,6 +4,7 @@ import pytest
 import torch
 from kernel_fixtures import DEVICE, TOL
 
+from kernels.gate_up_geglu import interleave_block, interleave_gate_up
 from kernels.geglu import geglu, geglu_ref
 
 
@@ -40,3 +41,27 @@ def test_geglu_extreme_inputs_finite_and_strided_rows() -> None:
 def test_geglu_gpu_real_shapes(T: int, F: int) -> None:
     gu = torch.randn(T, 2 * F, device=DEVICE).to(torch.bfloat16)
     torch.testing.assert_close(geglu(gu).float(), geglu_ref(gu).float(), **TOL[torch.bfloat16])
+
+
+def _interleaved(gu: torch.Tensor, block: int) -> torch.Tensor:
+    """gate|up columns in the layout of a GEMM on `interleave_gate_up`'s weight."""
+    return interleave_gate_up(gu.T, block).T.contiguous()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,F,block", [(9, 48, 16), (37, 96, 32), (5, 160, 16)])
+def test_geglu_on_interleaved_columns(T: int, F: int, block: int, dtype: torch.dtype) -> None:
+    """`interleave=block`: what the fused path runs after a GEMM on the interleaved weight."""
+    gu = (torch.randn(T, 2 * F, generator=torch.Generator().manual_seed(T + F)) * 3).to(dtype).to(DEVICE)
+    y = geglu(_interleaved(gu, block), interleave=block)
+    torch.testing.assert_close(y.float(), geglu_ref(gu).float(), **TOL[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,F", [(968, 16384), (50, 4096)])
+def test_geglu_interleaved_gpu_real_shapes(T: int, F: int) -> None:
+    """The prefix LM's and the expert's MLP widths, with the block the fused path picks here."""
+    block = interleave_block(F, torch.device(DEVICE))
+    gu = torch.randn(T, 2 * F, device=DEVICE).to(torch.bfloat16)
+    y = geglu(_interleaved(gu, block), interleave=block)
+    torch.testing.assert_close(y.float(), geglu_ref(gu).float(), **TOL[torch.bfloat16])

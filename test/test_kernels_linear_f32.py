@@ -29,6 +29,14 @@ def test_matches_torch_into_a_row_slice(shape, dtype) -> None:
     assert bool((buf[0] == 7.0).all())
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(50, 1024, 32), (50, 1024, 1024)], ids=["pi05_action_in", "pi0_time_mlp_out"])
+def test_gpu_real_shapes(shape, dtype) -> None:
+    """The compiled path (tf32x3 tensor cores, its own tiles) at the fused path's two uses."""
+    test_matches_torch_into_a_row_slice(shape, dtype)
+
+
 def test_bad_arguments_are_refused() -> None:
     x, w, b = _problem(8, 16, 32)
     with pytest.raises(ValueError, match="x must be fp32"):

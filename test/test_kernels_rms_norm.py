@@ -74,7 +74,7 @@ def test_rms_norm_gpu_real_shapes(T: int, D: int) -> None:
     torch.testing.assert_close(y.float(), y_ref.float(), **TOL[torch.bfloat16])
 
 
-@pytest.mark.parametrize("T,D", [(1, 48), (37, 130)])
+@pytest.mark.parametrize("T,D", [(1, 48), (37, 130), pytest.param(968, 2048, marks=pytest.mark.gpu)])
 def test_rms_norm_fp8_out_is_row_scaled_e4m3(T: int, D: int) -> None:
     """An e4m3 `out` with `out_scale`: each row stored as kernels/fp8.quantize_rows stores the
     reference's fp32 row (largest |y| -> 448), the new residual as in bf16."""
@@ -110,13 +110,15 @@ def test_rms_norm_fp8_out_needs_its_scale() -> None:
         rms_norm(x, w, out=torch.empty(4, 32, device=DEVICE, dtype=E4M3), out_scale=torch.empty(3, device=DEVICE))
 
 
-@pytest.mark.parametrize("T,D", [(1, 48), (37, 130)])
-def test_quantize_rows_kernel_equals_the_torch_rounding(T: int, D: int) -> None:
-    """kernels/fp8.quantize_rows_kernel (the FP8 down projection's input) rounds as the torch
-    reference: the same e4m3 values and scales, zero rows kept zero."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("T,D", [(1, 48), (37, 130), pytest.param(968, 16384, marks=pytest.mark.gpu)])
+def test_quantize_rows_kernel_equals_the_torch_rounding(T: int, D: int, dtype: torch.dtype) -> None:
+    """kernels/fp8.quantize_rows_kernel (the FP8 down projection's input; on the GPU the hardware
+    e4m3 conversion) rounds as the torch reference: the same e4m3 values and scales, zero rows
+    kept zero. 968 x 16384: the prefix LM's GeGLU output at 3 views."""
     from kernels.fp8 import quantize_rows, quantize_rows_kernel
 
-    x, _, _ = _inputs(T, D, torch.bfloat16, seed=5)
+    x, _, _ = _inputs(T, D, dtype, seed=5)
     x[0] = 0
     q, scale = quantize_rows_kernel(x)
     q_ref, scale_ref = quantize_rows(x)
