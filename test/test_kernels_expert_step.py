@@ -288,6 +288,20 @@ def test_step_kernel_on_a_small_grid_gpu_real_shapes() -> None:
     _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, True, None, sms=20)
 
 
+@pytest.mark.gpu
+def test_step_kernel_pi0_as_it_runs_gpu_real_shapes() -> None:
+    """pi0's real suffix: 51 rows (the state token, then 50 actions) under its block mask (the
+    state token does not see the action keys), plain RMSNorm."""
+    _run_and_compare((51, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, False, None, pi0_blocks=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_step_kernel_odd_rows_with_pi0_blocks(dtype) -> None:
+    """An odd row count (pi0's state token + an odd number of actions) and an odd prefix length."""
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else None
+    _run_and_compare((11, 32, 64, 4, 16, 2, 23), dtype, False, tol, pi0_blocks=True)
+
+
 def test_gate_up_span_prefetch_only_with_enough_free_programs() -> None:
     """The QKV phase's free programs fetch gate|up's weights only when there are enough of them
     (80 QKV units: the H200's 52 free do it, 2 or 4 free do not) and the weights fit in L2."""
