@@ -2,7 +2,7 @@
 # Everything that needs the GPU, in one command for the device machine (H200; Python 3.12,
 # torch 2.11 + CUDA 13, triton 3.6; no network). CI has no GPU, so these never run there.
 #
-#   bash scripts/gpu_check.sh [parts...]     parts: kernels fused parity latency bench headline step compile
+#   bash scripts/gpu_check.sh [parts...]     parts: kernels kernels-all fused parity latency bench headline step compile
 #                                            profile micro experiments vision ncu
 #                                            (default: kernels fused parity latency bench step)
 #
@@ -27,6 +27,10 @@ for part in "${parts[@]}"; do
     kernels)
       step "GPU kernel tests at real shapes"
       python3 -m pytest -q -m gpu -p no:cacheprovider test/test_kernels_*.py 2>&1 | tee "$OUT/kernels.log" | tail -25 || status=1
+      ;;
+    kernels-all)
+      step "Every kernel test compiled on the GPU: the real shapes and the small / ragged ones CI interprets (slower: one build per shape)"
+      python3 -m pytest -q -p no:cacheprovider test/test_kernels_*.py 2>&1 | tee "$OUT/kernels_all.log" | tail -25 || status=1
       ;;
     fused)
       step "Fused path vs reference on the GPU (CUDA graphs captured)"
