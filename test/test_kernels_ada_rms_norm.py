@@ -87,3 +87,5 @@ def test_ada_rms_norm_gpu_real_shapes() -> None:
     y2_ref, h_ref = gated_residual_ada_rms_norm_ref(res, y, mod_prev[2 * D :], mod)
     torch.testing.assert_close(h.float(), h_ref.float(), **TOL[torch.bfloat16])  # fp32 gate: fma may differ
     torch.testing.assert_close(y2.float(), y2_ref.float(), **TOL[torch.bfloat16])
+    # adaRMS alone (the expert's first norm of a step): the same rows, the same modulation
+    torch.testing.assert_close(ada_rms_norm(y, mod).float(), ada_rms_norm_ref(y, mod).float(), **TOL[torch.bfloat16])

@@ -72,6 +72,7 @@ def test_rms_norm_gpu_real_shapes(T: int, D: int) -> None:
     y_ref, s_ref = rms_norm_ref(x, w, residual=r)
     torch.testing.assert_close(s, s_ref, atol=0, rtol=0)
     torch.testing.assert_close(y.float(), y_ref.float(), **TOL[torch.bfloat16])
+    torch.testing.assert_close(rms_norm(x, w).float(), rms_norm_ref(x, w).float(), **TOL[torch.bfloat16])  # no residual
 
 
 @pytest.mark.parametrize("T,D", [(1, 48), (37, 130), pytest.param(968, 2048, marks=pytest.mark.gpu)])

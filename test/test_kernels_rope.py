@@ -110,6 +110,9 @@ def test_qkv_rope_gpu_real_shapes(T: int, P: int) -> None:
     torch.testing.assert_close(q.float(), q_ref.float(), **TOL[torch.bfloat16])
     torch.testing.assert_close(cache[0, P:].float(), k_ref[:, 0].float(), **TOL[torch.bfloat16])
     torch.testing.assert_close(cache[1, P:], v_ref[:, 0], atol=0, rtol=0)
+    # K|V only (the prefix LM's last layer): the same k / v from the k|v columns alone
+    _, k_kv, v_kv = qkv_rope(qkv[:, H * d :], pos, 0, d)
+    assert torch.equal(k_kv[:, 0], cache[0, P:]) and torch.equal(v_kv[:, 0], cache[1, P:])
     # fp32 angles at real positions: the in-kernel cos/sin must be accurate, not approximate
     q32 = torch.randn(T, H, d, generator=g).to(DEVICE)
     torch.testing.assert_close(rope(q32, None, pos)[0], rope_ref(q32, None, pos)[0], atol=1e-4, rtol=1e-4)
