@@ -164,7 +164,10 @@ PARAMETERS: dict[str, ParamInfo] = {
         "none, or prefix_mlp: the prefix LM's MLP GEMMs in FP8 (e4m3; bfloat16 + fused backend, sm_90+; "
         "faster, chunk cosine ~0.9995 vs ~0.99999)"
     ),
-    "backend": ParamInfo("auto (fused on CUDA, else reference), fused (fail if unavailable) or reference"),
+    "backend": ParamInfo(
+        "auto (fused on CUDA, else reference), fused (fail if unavailable) or reference; "
+        "with the fused path the reference's weights are freed after start-up"
+    ),
     "seed": ParamInfo("seed of random weights and of the noise generator (>= 0); reset returns to it"),
     "camera_topics": ParamInfo("sensor_msgs/Image (or CompressedImage) topics, in the policy's view order"),
     "camera_transports": ParamInfo("raw or compressed per camera, parallel to camera_topics; [] = all raw"),
