@@ -22,8 +22,9 @@ from pathlib import Path
 
 import torch
 
-from flashrt_ros.bench.stages import capture_graph, random_fused
+from flashrt_ros.bench.stages import random_fused
 from flashrt_ros.bench.timing import time_call, write_result
+from flashrt_ros.policies import cuda_graphs
 from flashrt_ros.policies.fused import FusedPi0
 
 
@@ -70,7 +71,7 @@ def main() -> None:
     dev = torch.device("cuda")
     _, _, fused = random_fused(args.policy, args.views, dev)
     two = fused.sample_actions().clone()
-    single = capture_graph(lambda: (fused.prefix(), fused.denoise()), dev)  # one graph for the decision
+    single = cuda_graphs.capture(lambda: (fused.prefix(), fused.denoise()), dev)  # one graph for the decision
     single.replay()
     same = bool(torch.equal(fused.actions, two))
     ways = {

@@ -60,7 +60,7 @@ def measure_fused(
     load_case(fused, case)
     fused.capture()
     capture_s = time.perf_counter() - t0
-    vision_graph = capture_graph(fused.vision, dev)
+    vision_graph = cuda_graphs.capture(fused.vision, dev)
     frames = [torch.randint(0, 256, (480, 640, 3), dtype=torch.uint8, device=dev) for _ in range(case.views)]
     rows = {
         "full": time_call(fused.sample_actions, iters, warmup, dev, f"{label} full"),
@@ -90,11 +90,6 @@ def measure_fused(
     }
     lat = {k: Latency.from_samples(f"{label} {names[k]}", v) for k, v in rows.items()}
     return lat, parity, capture_s
-
-
-def capture_graph(fn, dev: torch.device) -> torch.cuda.CUDAGraph:
-    """`fn`'s launches as a CUDA graph, after one warm-up call (kernel builds)."""
-    return cuda_graphs.capture(fn, dev)
 
 
 def measure_compiled(
