@@ -82,9 +82,10 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
     from .bench.reference import measure_reference
     from .bench.stages import measure_compiled, measure_fused
 
-    resident = 0.0  # the benchmark's models (every policy of the run) are allocated before any mode
-    gc.collect()  # the previous run's fused path (its graphs hold reference cycles): not counted here
-    if device.type == "cuda":
+    gc.collect()  # anything the previous run left in reference cycles: not counted as resident
+    on_gpu = device.type == "cuda"
+    resident = None  # GiB allocated before this mode: the run's models (every policy of the run)
+    if on_gpu:
         torch.cuda.reset_peak_memory_stats(device)
         resident = torch.cuda.memory_allocated(device) / 2**30
     extra: dict = {}
@@ -115,12 +116,11 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
     print(f"{'':<34} parity vs fp32 reference: cosine {p['cosine']:.6f}, max abs {p['max_abs']:.3e}", flush=True)
     if "compile_s" in extra:
         print(f"{'':<34} compile ({extra['compile_mode']}): {extra['compile_s']:.1f} s", flush=True)
-    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    if peak is not None:
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if on_gpu else None
+    if on_gpu:
         added = peak - resident
         print(f"{'':<34} peak GPU memory {peak:.1f} GiB: this mode +{added:.1f} over {resident:.1f} GiB resident")
-    memory = {"peak_gib": peak, "resident_gib": resident if peak is not None else None}
-    return {**memory, **{k: v.to_dict() for k, v in lat.items()}, **extra}
+    return {"peak_gib": peak, "resident_gib": resident, **{k: v.to_dict() for k, v in lat.items()}, **extra}
 
 
 def _print_ratios(results: dict, kind: str) -> None:
