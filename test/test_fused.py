@@ -150,7 +150,7 @@ def test_rebuilding_the_fused_path_leaves_no_gpu_memory_behind():
     stream for good: every build left that much GPU memory allocated after it was gone."""
     model = tiny_model("pi05", seed=2, num_views=2).to(DEVICE)
     x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1).items()}
-    fused, _ = _run_fused(model, x, torch.float32)  # the first build makes the warm-up stream's
+    fused, _ = _run_fused(model, x, torch.float32)  # the first build makes the warm-up stream's workspace
     shapes = len(fused.graphs) // 2
     del fused
     gc.collect()
