@@ -840,7 +840,8 @@ class ExpertStepPlan:
         self.bn_o, self.ks_o = _pow2_tile(width, 32), _pow2_tile(num_heads * head_dim, 512)
         self.bn_gu = _pow2_tile(mlp_dim, 32)
         self.bn_d, self.ks_d = _pow2_tile(width, 32), _pow2_tile(mlp_dim, 1024)
-        self.bk = min(128 if not interp else 32, width, self.ks_o, self.ks_d)
+        # K step: a power of two (tl.arange) dividing the width (48 -> 16)
+        self.bk = _pow2_tile(width, min(128 if not interp else 32, self.ks_o, self.ks_d))
         # attention: 16 query rows x 32-key tiles, with as many key splits as fill the grid once
         # (pi0.5: 25 tiles x 5 splits): 748 us per step on the H200 against 778 for 32 x 32 x 8
         # (13 x 8 units), alternating over 5 rounds; 16 x 4 splits 777, 16 x 8 830 (two waves)

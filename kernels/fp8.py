@@ -37,7 +37,11 @@ def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if t.dim() != 2:
         raise ValueError(f"quantize_rows wants [N, K], got {tuple(t.shape)}")
     tf = t.float()
-    scale = tf.abs().amax(dim=1).clamp(min=MIN_AMAX) / E4M3_MAX  # [N]
+    amax = tf.abs().amax(dim=1).clamp(min=MIN_AMAX)  # [N]
+    # divide by a tensor, not the Python float: CUDA torch divides by a scalar through its fp32
+    # reciprocal (1 ulp off the IEEE quotient in some rows, which moves values sitting on an e4m3
+    # rounding midpoint); the kernels and CPU torch divide exactly
+    scale = amax / amax.new_full((), E4M3_MAX)
     return (tf / scale[:, None]).to(E4M3), scale.contiguous()
 
 

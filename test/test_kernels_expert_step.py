@@ -385,6 +385,16 @@ def test_denoise_tail_at_a_width_that_is_not_a_multiple_of_its_tile() -> None:
     _run_with_update((10, 48, 64, 4, 16, 2, 24), torch.float32, True, A=6, tol=dict(atol=1e-4, rtol=1e-4))
 
 
+def test_gpu_plan_k_step_is_a_power_of_two_dividing_the_width() -> None:
+    """tl.arange needs a power of two: a 48-wide expert steps K by 16 (it once took 48 and only
+    failed to build compiled); the real 1024-wide expert by 128."""
+    meta = torch.device("meta")
+    plan = lambda W: ExpertStepPlan(10, W, 4096, 8, 256, 1, meta, torch.float32, gpu=True, sm_count=132)  # noqa: E731
+    assert plan(48).bk == 16
+    assert plan(1024).bk == 128
+    assert plan(96).bk == 32
+
+
 def test_denoise_tail_chunks_fill_the_grid_once() -> None:
     """The GPU plan's default: as many chunks per action row as fit the grid once (H200, 50 rows
     of 1024: 2 chunks of 512 columns); a set chunk count must divide the row's tiles."""
