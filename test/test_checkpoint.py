@@ -116,6 +116,28 @@ def test_all_problems_reported_at_once(tmp_path):
     assert "shape [1], expected [64, 64]" in msg
 
 
+def test_non_finite_weights_are_named(tmp_path):
+    """NaN / inf weights would make every action NaN: refused at load, each tensor named."""
+    proj = "model.action_out_proj.weight"
+
+    def edit(t):
+        t[QPROJ][3, 4] = float("nan")
+        t[proj][0, :2] = float("inf")
+
+    msg = _corrupt(tmp_path, edit)
+    assert "2 tensors hold NaN or inf values" in msg
+    assert f"{QPROJ} (1 of 4096 values)" in msg and f"{proj} (2 of " in msg and "expected finite weights" in msg
+
+
+def test_malformed_config_json_names_the_file(tmp_path):
+    save_model(tiny_model("pi05"), tmp_path, layout="lerobot")
+    for name in ("flashrt_config.json", "config.json"):  # ours wins when present, then LeRobot's
+        (tmp_path / name).write_text('{"type": "pi05",')
+        with pytest.raises(ValueError, match=rf"{tmp_path / name} is not valid JSON"):
+            load_model(tmp_path)
+        (tmp_path / name).unlink()
+
+
 def test_truncated_file_is_a_clear_error(tmp_path):
     save_model(tiny_model("pi05"), tmp_path, layout="openpi")
     path = tmp_path / "model.safetensors"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -113,6 +115,23 @@ def test_normaliser_needs_its_statistics():
         Normalizer("minmax")
 
 
+def test_normaliser_refuses_statistics_it_cannot_use(tmp_path):
+    """A NaN bound would make every normalised state NaN (pi0.5 then bins it silently into its
+    prompt): refused at load, naming the statistic, the index and the file."""
+    q = dict(q01=np.full(3, -1.0), q99=np.array([1.0, np.nan, 1.0]))
+    with pytest.raises(ValueError, match=r"state statistic 'q99' is not finite at index 1 \(nan; 1 of 3 values\)"):
+        Normalizer("quantile", state=Stats(**q), actions=Stats(q01=np.zeros(3), q99=np.ones(3)))
+    with pytest.raises(ValueError, match=r"actions statistics must be vectors of one length, got shapes"):
+        Normalizer("mean_std", state=Stats(mean=np.zeros(3), std=np.ones(3)), actions=Stats(np.zeros(3), np.ones(4)))
+    path = tmp_path / "norm_stats.json"
+    path.write_text(json.dumps({"norm_stats": {"state": {"mean": [0, 1], "std": [1, float("inf")]}, "actions": {}}}))
+    with pytest.raises(ValueError, match=rf"{path}: state statistic 'std' is not finite at index 1"):
+        Normalizer.load(path, "mean_std")
+    path.write_text('{"norm_stats": {"state": ')
+    with pytest.raises(ValueError, match=rf"{path} is not valid JSON: Expecting value"):
+        Normalizer.find(tmp_path)
+
+
 def test_resize_with_pad_keeps_aspect_and_centres():
     img = torch.rand(1, 3, 48, 64)
     out = resize_with_pad(img, 32)
@@ -154,5 +173,10 @@ def test_policy_end_to_end_with_normaliser(tokenizer_file):
     np.testing.assert_array_equal(policy.infer(obs, noise=noise), actions)
     with pytest.raises(ValueError, match="non-finite"):
         policy.infer(Observation(obs.images, np.array([np.nan] * dof), "x"))
+    narrow = Normalizer("quantile", state=Stats(q01=np.zeros(dof), q99=np.full(dof, 1e-3)), actions=stats)
+    policy.normalizer = narrow  # a finite state far outside a narrow range overflows float32
+    huge = np.array([0.0, 3e38, 0, 0, 0, 0])
+    with pytest.raises(ValueError, match=r"normalised state is not finite at index 1 \(raw value 3e\+38\)"):
+        policy.infer(Observation(obs.images, huge, "x"))
     with pytest.raises(ValueError, match="expected 2 camera views, got 1"):
         policy.infer(Observation(obs.images[:1], obs.state, "x"))

@@ -25,6 +25,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .config import GEMMA_2B, GEMMA_300M, PolicyConfig
+from .normalize import read_json
 from .pi0 import Pi0Model, param_dtype
 
 log = logging.getLogger(__name__)
@@ -104,10 +105,10 @@ def read_config(folder: Path, layout: str, fallback: PolicyConfig | None = None)
     folder = Path(folder)
     ours = folder / FLASHRT_CONFIG_FILE
     if ours.is_file():
-        return PolicyConfig.from_dict(json.loads(ours.read_text()))
+        return PolicyConfig.from_dict(read_json(ours))
     theirs = folder / CONFIG_FILE
     if layout == "lerobot" and theirs.is_file():
-        return config_from_lerobot(json.loads(theirs.read_text()))
+        return config_from_lerobot(read_json(theirs))
     if fallback is None:
         raise CheckpointError(
             f"{folder} has no {FLASHRT_CONFIG_FILE} or LeRobot {CONFIG_FILE}: pass a config "
@@ -196,9 +197,19 @@ def load_model(
         plan = _plan(f, layout, cfg, expected)
         total = sum(_nbytes(f, key) for key in plan.values())
         dtype = getattr(torch, cfg.dtype)
+        not_finite = []
         for ours, theirs in _progress(plan.items(), total, progress, weights.name):
             tensor = f.get_tensor(theirs).to(device=device, dtype=param_dtype(ours, dtype))
+            if not bool(torch.isfinite(tensor).all()):  # a NaN weight would make every action NaN
+                not_finite.append(f"{theirs} ({int((~torch.isfinite(tensor)).sum())} of {tensor.numel()} values)")
             _assign(model, ours, tensor)
+    if not_finite:
+        raise CheckpointError(
+            f"{weights}: {len(not_finite)} tensors hold NaN or inf values: "
+            + "; ".join(not_finite[:5])
+            + (f"; and {len(not_finite) - 5} more" if len(not_finite) > 5 else "")
+            + "; expected finite weights (a corrupted or diverged checkpoint?)"
+        )
     model.eval()
     info = CheckpointInfo(folder, layout, cfg, len(plan), total, time.perf_counter() - start)
     log.info(

@@ -53,10 +53,23 @@ class Normalizer:
             self._check(name, getattr(self, name))
 
     def _check(self, name: str, s: Stats) -> None:
+        """The statistics the mode uses: present, 1-D, of one length, finite (a NaN bound would
+        turn every normalised state into NaN, which pi0.5's state tokens silently bin)."""
         need = {"mean_std": ("mean", "std"), "quantile": ("q01", "q99")}.get(self.mode, ())
         missing = [k for k in need if getattr(s, k) is None]
         if missing:
             raise ValueError(f"{self.mode} normalisation needs {name} statistics {missing}")
+        arrays = {k: getattr(s, k) for k in need}
+        shapes = {k: a.shape for k, a in arrays.items()}
+        if any(len(shape) != 1 for shape in shapes.values()) or len(set(shapes.values())) > 1:
+            raise ValueError(f"{name} statistics must be vectors of one length, got shapes {shapes}")
+        for k, a in arrays.items():
+            bad = np.flatnonzero(~np.isfinite(a))
+            if bad.size:
+                raise ValueError(
+                    f"{name} statistic {k!r} is not finite at index {int(bad[0])} ({a[bad[0]]}; "
+                    f"{bad.size} of {a.size} values); expected finite numbers"
+                )
 
     def dims(self) -> tuple[int | None, int | None]:
         """How many state and action dims the statistics cover (None: identity, any number)."""
@@ -101,12 +114,16 @@ class Normalizer:
 
     @classmethod
     def load(cls, path: str | Path, mode: str | None = None) -> Normalizer:
-        data = json.loads(Path(path).read_text())
-        stats = data.get("norm_stats", data)
-        if "state" not in stats or "actions" not in stats:
-            raise ValueError(f"{path}: expected norm_stats with 'state' and 'actions', got {sorted(stats)}")
+        data = read_json(path)
+        stats = data.get("norm_stats", data) if isinstance(data, dict) else None
+        if not isinstance(stats, dict) or "state" not in stats or "actions" not in stats:
+            got = sorted(stats) if isinstance(stats, dict) else type(data).__name__
+            raise ValueError(f"{path}: expected norm_stats with 'state' and 'actions', got {got}")
         mode = mode or data.get("mode", "quantile")
-        return cls(mode, Stats.from_dict(stats["state"]), Stats.from_dict(stats["actions"]))
+        try:
+            return cls(mode, Stats.from_dict(stats["state"]), Stats.from_dict(stats["actions"]))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{path}: {exc}") from exc
 
     @classmethod
     def from_lerobot(cls, folder: str | Path) -> Normalizer | None:
@@ -115,7 +132,7 @@ class Normalizer:
         pipeline = folder / "policy_preprocessor.json"
         if not pipeline.is_file():
             return None
-        steps = json.loads(pipeline.read_text()).get("steps", [])
+        steps = read_json(pipeline).get("steps", [])
         step = next((s for s in steps if s.get("registry_name") == "normalizer_processor"), None)
         if step is None or "state_file" not in step:
             return None
@@ -137,7 +154,10 @@ class Normalizer:
         def stats(prefix: str) -> Stats:
             return Stats.from_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
 
-        return cls(modes[state_mode], stats("observation.state."), stats("action."), convention="lerobot")
+        try:
+            return cls(modes[state_mode], stats("observation.state."), stats("action."), convention="lerobot")
+        except ValueError as exc:
+            raise ValueError(f"{stats_file}: {exc}") from exc
 
     @classmethod
     def find(cls, folder: str | Path, mode: str | None = None) -> Normalizer | None:
@@ -148,3 +168,14 @@ class Normalizer:
             if p.is_file():
                 return cls.load(p, mode)
         return cls.from_lerobot(folder)
+
+
+def read_json(path: str | Path) -> dict:
+    """A JSON object from a checkpoint folder; a malformed file's error names it."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data

@@ -87,7 +87,13 @@ class Policy:
             raise ValueError(f"state must be a vector of at most {cfg.state_dim} values, got shape {state.shape}")
         if not np.isfinite(state).all():
             raise ValueError("state has non-finite values")
-        norm_state = self.normalizer.normalize_state(state)
+        with np.errstate(over="ignore"):  # checked just below
+            norm_state = self.normalizer.normalize_state(state)
+        if not np.isfinite(norm_state).all():  # finite statistics, but e.g. a state at 1e38
+            i = int(np.flatnonzero(~np.isfinite(norm_state))[0])
+            raise ValueError(
+                f"normalised state is not finite at index {i} (raw value {state[i]:.6g}); no action computed"
+            )
         tokens: Tokens = self.tokenizer.tokenize(cfg.kind, obs.prompt, norm_state if cfg.kind == "pi05" else None)
         if tokens.truncated:
             raise PromptTooLong(
