@@ -257,3 +257,74 @@ def test_checkpoint_that_does_not_fit_the_parameters_exits_with_the_reasons(ros_
         "action_joint_names (or joint_names) has 4 joints",
     ):
         assert reason in output, f"missing reason {reason!r} in:\n{output}"
+
+
+def test_sim_time_without_clock_is_reported_and_the_node_still_stops(ros_env, rclpy_context, tmp_path):
+    """use_sim_time with nothing on /clock: decisions (ROS time) wait, but ~/status and
+    /diagnostics keep coming (steady clock) and say why, the stall is counted once, SIGINT stops
+    the node cleanly - and once /clock runs, chunks follow."""
+    import time
+
+    from builtin_interfaces.msg import Time
+    from node_harness import Peer
+    from rosgraph_msgs.msg import Clock
+
+    node = NodeProcess(ros_env, tmp_path, new_namespace(), {**TEST_PARAMS, "use_sim_time": True})
+    peer = Peer(rclpy_context, node.namespace)
+    try:
+        assert peer.pump(30.0, until=lambda: peer.latest_counter("", "clock_stalled") > 0), node.tail()
+        node.wait_for_line("ROS time (use_sim_time) has not advanced for")
+        assert "is anything publishing /clock?" in node.wait_for_line("has not advanced")
+        assert not peer.chunks
+        peer.pump(1.0)
+        messages = [s.message for d in peer.diagnostics for s in d.status]
+        assert any("no decision for" in m and "is anything publishing /clock?" in m for m in messages), messages
+        assert peer.latest_counter("", "clock_stalled") == 1  # once per stall, not per status
+        clock_pub = peer.node.create_publisher(Clock, "/clock", 10)
+
+        def tick() -> None:
+            ns = peer.now().nanoseconds  # the peer's wall time as simulated time: its stamps stay fresh
+            clock_pub.publish(Clock(clock=Time(sec=ns // 10**9, nanosec=ns % 10**9)))
+
+        assert peer.pump(10.0, until=lambda: bool(peer.chunks), extra=tick), node.tail()
+        peer.assert_chunks_from_good_data()
+        peer.pump(0.5, publish=False)  # ROS time stops again
+        start = time.monotonic()
+    finally:
+        peer.close()
+        code = node.stop()
+    assert code == 0 and time.monotonic() - start < 5.0, node.tail()
+    node.wait_for_line("shutting down; stats:")
+
+
+def test_camera_that_changes_size_or_sends_a_sliver(ros_env, rclpy_context, tmp_path):
+    """No image size configured (the shipped default): each camera keeps the size it started
+    with - a change mid-run is refused until ~/reset - and a frame too thin to resize into the
+    model's input is refused rather than failing inside the policy."""
+    from node_harness import running_node_and_peer
+    from std_srvs.srv import Trigger
+
+    with running_node_and_peer(ros_env, tmp_path, rclpy_context, image_height=0, image_width=0) as running:
+        node, peer = running
+        h, w = HW[0] * 2, HW[1] * 2
+        refused(
+            running,
+            CAMERAS[1],
+            lambda: peer.publish_camera(1, peer.image(hw=(h, w)), good=False),
+            "bad_size",
+            f"image is {h}x{w} (HxW); this topic's frames were {HW[0]}x{HW[1]} until now; expected the same size",
+        )
+        refused(
+            running,
+            CAMERAS[0],
+            lambda: peer.publish_camera(0, peer.image(hw=(1, 120)), good=False),
+            "bad_size",
+            "image is 1x120 (HxW): resized into the model's",
+        )
+        assert peer.call(Trigger, f"{node.namespace}/flashrt_node/reset", Trigger.Request()).success
+        since = peer.now().nanoseconds
+        new_size = lambda: peer.publish_camera(1, peer.image(hw=(h, w)))  # noqa: E731
+        topic = peer.topic(CAMERAS[1])
+        fresh = lambda: bool(peer.chunks) and peer.chunk_sources(peer.chunks[-1])[topic] > since  # noqa: E731
+        assert peer.pump(10.0, until=fresh, skip={CAMERAS[1]}, extra=new_size), node.tail()
+        peer.assert_chunks_from_good_data()

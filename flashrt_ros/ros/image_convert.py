@@ -51,6 +51,7 @@ __all__ = [
     "SUPPORTED_COMPRESSED_FORMATS",
     "image_to_rgb",
     "compressed_to_rgb",
+    "check_frame_size",
 ]
 
 
@@ -214,6 +215,28 @@ def _check_expected(got_hw: tuple[int, int], expected_hw: tuple[int, int] | None
             BAD_SIZE,
             source,
             f"image is {got_hw[0]}x{got_hw[1]} (HxW); expected {expected_hw[0]}x{expected_hw[1]} from config",
+        )
+
+
+def check_frame_size(got_hw: tuple[int, int], held_hw: tuple[int, int] | None, model_size: int, source: str) -> None:
+    """A converted frame a decision can use: the size this topic has sent so far (when no size
+    is configured, a camera that changes resolution mid-run is a fault, not a new normal), and
+    not so thin that resizing it into the model's square input keeps no row or column."""
+    h, w = got_hw
+    ratio = max(h, w) / model_size
+    if int(min(h, w) / ratio) < 1:
+        raise InputError(
+            BAD_SIZE,
+            source,
+            f"image is {h}x{w} (HxW): resized into the model's {model_size}x{model_size} input it keeps no "
+            f"{'row' if h < w else 'column'}; expected a camera frame",
+        )
+    if held_hw is not None and got_hw != held_hw:
+        raise InputError(
+            BAD_SIZE,
+            source,
+            f"image is {h}x{w} (HxW); this topic's frames were {held_hw[0]}x{held_hw[1]} until now; expected "
+            "the same size (image_height / image_width fix one; ~/reset accepts a new one)",
         )
 
 

@@ -34,9 +34,10 @@ class InputSlot:
     latest: Sample | None = None
     used: bool = True  # latest was fed to a decision (replacing an unused one counts as dropped)
     rejected_since_good: Counter = field(default_factory=Counter)
+    frame_hw: tuple[int, int] | None = None  # cameras: the size of the first accepted frame
 
     def clear(self) -> None:
-        self.latest, self.used = None, True
+        self.latest, self.used, self.frame_hw = None, True, None
         self.rejected_since_good.clear()
 
 

@@ -31,6 +31,7 @@ from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.clock import Clock, ClockType
 from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.logging import get_logger
@@ -45,7 +46,8 @@ from flashrt_ros.engine.stats import PipelineStats
 from flashrt_ros.msg import ActionChunk, PipelineStatus
 from flashrt_ros.policies.prompt import PromptTooLong
 from flashrt_ros.ros import messages
-from flashrt_ros.ros.image_convert import compressed_to_rgb, image_to_rgb
+from flashrt_ros.ros.clock_watch import CLOCK_STALLED, ClockWatch
+from flashrt_ros.ros.image_convert import check_frame_size, compressed_to_rgb, image_to_rgb
 from flashrt_ros.ros.input_error import InputError
 from flashrt_ros.ros.inputs import InputSlot, Sample, ThrottledLog
 from flashrt_ros.ros.joint_convert import check_fresh, joint_state_to_vector, stamp_to_ns
@@ -94,6 +96,7 @@ class FlashRTNode(Node):
         unknown = self._warn_unknown_parameters()
         self.stats_window = stats_window
         self.state, self.description = build_pipeline_state(self.cfg)
+        self._model_image_size = self.state.pipeline.policy.cfg.vision.image_size
         self._lock = threading.Lock()  # counters and conversion stats (sensor threads)
         self._throttle = ThrottledLog(self.cfg.log_throttle_s)
         self._reset_counters()
@@ -131,6 +134,7 @@ class FlashRTNode(Node):
         self._last_decision_at = time.monotonic()
         self._last_invalid: dict[tuple[str, str], int] = {}
         self._last_stats_log = time.monotonic()
+        self._clock_watch = ClockWatch()
 
     def _create_inputs(self) -> None:
         cfg = self.cfg
@@ -169,7 +173,14 @@ class FlashRTNode(Node):
     def _create_timers(self) -> None:
         group = self._decision_group
         self._decision_timer = self.create_timer(1.0 / self.cfg.rate_hz, self._on_decision, callback_group=group)
-        self._status_timer = self.create_timer(1.0 / self.cfg.status_rate_hz, self._on_status, callback_group=group)
+        # status on the steady clock: it keeps reporting (and the executor keeps waking, so
+        # SIGINT is handled) when ROS time stops, e.g. use_sim_time with no /clock
+        self._status_timer = self.create_timer(
+            1.0 / self.cfg.status_rate_hz,
+            self._on_status,
+            callback_group=group,
+            clock=Clock(clock_type=ClockType.STEADY_TIME),
+        )
 
     def _create_services(self) -> None:
         group = self._decision_group
@@ -211,9 +222,12 @@ class FlashRTNode(Node):
         try:
             check_fresh(msg.header.stamp, self.get_clock().now().nanoseconds, cfg.max_age_s, slot.topic)
             rgb = convert(msg, expected_hw=cfg.expected_hw, source=slot.topic)
+            check_frame_size(rgb.shape[:2], slot.frame_hw, self._model_image_size, slot.topic)
         except InputError as err:
             self._reject(slot, err)
             return
+        if slot.frame_hw is None:
+            slot.frame_hw = rgb.shape[:2]
         self._accept(slot, Sample(rgb, msg.header.stamp, arrived, time.perf_counter_ns()))
 
     def _on_joint_state(self, slot: InputSlot, msg: JointState) -> None:
@@ -401,6 +415,7 @@ class FlashRTNode(Node):
             )
 
     def _on_status(self) -> None:
+        self._watch_ros_time()
         snap = self.snapshot()
         self._status_pub.publish(messages.pipeline_status(snap))
         level, text = self._health(snap)
@@ -408,6 +423,14 @@ class FlashRTNode(Node):
         extra = {"backend": self.description["backend"], "prompt": self.cfg.prompt}
         self._diag_pub.publish(messages.diagnostics(snap, name=name, level=level, message=text, extra=extra))
         self._maybe_log_stats(snap)
+
+    def _watch_ros_time(self) -> None:
+        clock = self.get_clock()
+        if not clock.ros_time_is_active:  # wall time: it always moves
+            return
+        if self._clock_watch.update(clock.now().nanoseconds, time.monotonic()):
+            self._count_node_wide(CLOCK_STALLED)
+            self.get_logger().warning(self._clock_watch.describe(time.monotonic()) + "; decisions wait for it")
 
     def _health(self, snap: messages.StatusSnapshot) -> tuple[bytes, str]:
         """Level and message from what changed since the last status."""
@@ -419,6 +442,8 @@ class FlashRTNode(Node):
         idle_s = time.monotonic() - self._last_decision_at
         if idle_s > max(2.0 / self.cfg.rate_hz, 1.0 / self.cfg.status_rate_hz):
             why = ", ".join(f"{r} {t}" for (t, r) in sorted(new_invalid)) or "no decision ran"
+            if self._clock_watch.stalled:
+                why = self._clock_watch.describe(time.monotonic())
             return DiagnosticStatus.ERROR, f"no decision for {idle_s:.1f} s ({why})"
         invalid = sum(new_invalid.values())
         problems = [
