@@ -325,12 +325,14 @@ def test_compressed_expected_size() -> None:
     assert err.reason == ie.BAD_SIZE and f"{H}x{W}" in str(err) and "480x640" in str(err)
 
 
-# --- real messages (only where sensor_msgs is installed) ------------------------------
+# --- real messages (marked `ros`: CI requires ROS, so these never skip there) ------------
 
 
+@pytest.mark.ros
 @pytest.mark.parametrize("encoding", ["rgb8", "bgr8", "mono16", "32FC1"])
 def test_real_sensor_msgs_image(encoding: str) -> None:
-    msgs = pytest.importorskip("sensor_msgs.msg")
+    from sensor_msgs import msg as msgs
+
     pixels, expected = encoded(encoding)
     fake = make_msg(encoding, pixels, pad=2, bigendian=encoding == "mono16")
     msg = msgs.Image(
@@ -340,8 +342,10 @@ def test_real_sensor_msgs_image(encoding: str) -> None:
     np.testing.assert_array_equal(image_to_rgb(msg), expected)
 
 
+@pytest.mark.ros
 def test_real_sensor_msgs_compressed_image() -> None:
-    msgs = pytest.importorskip("sensor_msgs.msg")
+    from sensor_msgs import msg as msgs
+
     fake = _compressed(Image.fromarray(RGB), "PNG")
     msg = msgs.CompressedImage(format="png", data=fake.data)
     np.testing.assert_array_equal(compressed_to_rgb(msg), RGB)

@@ -89,8 +89,17 @@ def test_fewer_positions_than_names(positions) -> None:
     assert f"{len(positions)} positions for 4 names" in str(err)
 
 
+def test_more_positions_than_names() -> None:
+    """sensor_msgs/JointState: one position per name; extra ones cannot be attributed."""
+    err = _refusal(joint_state(ARM, [0.1, 0.2, 0.3, 0.4, math.nan]))
+    assert err.reason == ie.BAD_SIZE
+    assert "5 positions for 4 names" in str(err) and "expected one position per name" in str(err)
+
+
+@pytest.mark.ros
 def test_real_sensor_msgs_joint_state() -> None:
-    msgs = pytest.importorskip("sensor_msgs.msg")
+    from sensor_msgs import msg as msgs
+
     msg = msgs.JointState(name=["gripper", "elbow", "extra", "shoulder", "wrist"], position=[4.0, 2.0, 0, 1.0, 3.0])
     np.testing.assert_array_equal(joint_state_to_vector(msg, ARM), np.float32([1, 2, 3, 4]))
 
@@ -117,6 +126,15 @@ def test_unstamped() -> None:
     with pytest.raises(InputError) as err:
         check_fresh(stamp(0, 0), 10**18, 0.5, "/cam/wrist")
     assert err.value.reason == ie.UNSTAMPED and err.value.source == "/cam/wrist"
+    assert "header stamp is 0; expected the capture time" in str(err.value)
+
+
+def test_stamp_with_nanosec_out_of_range() -> None:
+    now = stamp_to_ns(stamp(100))
+    with pytest.raises(InputError) as err:
+        check_fresh(stamp(99, 1_500_000_000), now, 5.0, "/cam")  # would read as 100.5 s
+    assert err.value.reason == ie.UNSTAMPED
+    assert "header stamp nanosec is 1500000000; expected below 1e9" in str(err.value)
 
 
 def test_stale_says_age_and_limit() -> None:
@@ -130,7 +148,8 @@ def test_stale_says_age_and_limit() -> None:
 def test_future_stamp_means_clocks_disagree() -> None:
     with pytest.raises(InputError) as err:
         check_fresh(stamp(1_700_000_000), stamp_to_ns(stamp(50)), 0.5, "/cam")  # wall stamp, sim clock
-    assert err.value.reason == ie.FUTURE_STAMP and "0.5 s" in str(err.value)
+    assert err.value.reason == ie.FUTURE_STAMP
+    assert "stamp is 1699999950.000 s ahead of the node clock; expected at most 0.5 s" in str(err.value)
 
 
 def test_infinite_max_age_only_requires_a_stamp() -> None:
@@ -138,13 +157,15 @@ def test_infinite_max_age_only_requires_a_stamp() -> None:
 
 
 def test_non_positive_max_age_is_a_config_error() -> None:
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match="max_age_s must be > 0, got 0.0") as err:
         check_fresh(stamp(1), 2 * 10**9, 0.0, "/cam")
     assert not isinstance(err.value, InputError)
 
 
+@pytest.mark.ros
 def test_real_builtin_interfaces_time() -> None:
-    time_msg = pytest.importorskip("builtin_interfaces.msg")
+    from builtin_interfaces import msg as time_msg
+
     assert stamp_to_ns(time_msg.Time(sec=3, nanosec=7)) == 3_000_000_007
 
 

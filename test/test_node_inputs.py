@@ -109,6 +109,30 @@ def test_joint_beyond_float32(running):
     )
 
 
+def test_joint_state_with_more_positions_than_names(running):
+    _, peer = running
+    refused(
+        running,
+        JOINT_TOPIC,
+        lambda: peer.publish_joints(peer.joints(positions=[0.0, 0.1, 0.2, 0.3, float("nan")]), good=False),
+        "bad_size",
+        "5 positions for 4 names ['j0', 'j1', 'j2', 'j3']; expected one position per name",
+    )
+
+
+def test_stamp_with_nanosec_out_of_range(running):
+    from builtin_interfaces.msg import Time
+
+    _, peer = running
+
+    def malformed():
+        now = peer.now().nanoseconds
+        stamp = Time(sec=now // 10**9 - 1, nanosec=now % 10**9 + 1_000_000_000)  # reads as now
+        peer.publish_joints(peer.joints(stamp=stamp), good=False)
+
+    refused(running, JOINT_TOPIC, malformed, "unstamped", "header stamp nanosec is 1")
+
+
 def test_duplicate_joint_names(running):
     _, peer = running
     names, positions = ["j0", "j1", "j2", "j3", "j1"], [0.0, 0.1, 0.2, 0.3, 0.4]
@@ -130,7 +154,11 @@ def test_future_stamp(running):
         stamp = Time(nanoseconds=peer.now().nanoseconds + 3_000_000_000)
         peer.publish_camera(0, peer.image(stamp=stamp.to_msg()), good=False)
 
+    node, _ = running
+    mark = node.mark()
     refused(running, CAMERAS[0], ahead, "future_stamp", "stamp is ", seconds=1.0)
+    pattern = r"stamp is [23]\.\d{3} s ahead of the node clock; expected at most 0\.4 s \(clocks disagree"
+    node.wait_for_line(pattern, since=mark, regex=True)
 
 
 def test_missing_joint_names(running):

@@ -12,8 +12,9 @@ from __future__ import annotations
 BAD_ENCODING = "bad_encoding"
 """Image encoding (or compressed format) this package does not convert."""
 BAD_SIZE = "bad_size"
-"""Zero height/width, ``step`` too small, data longer than ``step*height``, or not the
-configured image size."""
+"""Zero height/width, ``step`` too small, data longer than ``step*height``, not the configured
+size (or the size the camera started with), too thin for the model's input; a JointState with
+more positions than names."""
 TRUNCATED_DATA = "truncated_data"
 """Fewer bytes (or joint positions) than the header/name list promises."""
 DECODE_FAILED = "decode_failed"
@@ -25,7 +26,7 @@ DUPLICATE_JOINT = "duplicate_joint"
 NON_FINITE_JOINT = "non_finite_joint"
 """A configured joint's position is NaN or infinite."""
 UNSTAMPED = "unstamped"
-"""Header stamp is zero: the age of the data cannot be known."""
+"""Header stamp is zero, or its nanosec field is not below 1e9: the time it means is unknown."""
 STALE = "stale"
 """Header stamp is older than the configured maximum age."""
 FUTURE_STAMP = "future_stamp"

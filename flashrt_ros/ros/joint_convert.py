@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from flashrt_ros.ros.input_error import (
+    BAD_SIZE,
     DUPLICATE_JOINT,
     FUTURE_STAMP,
     MISSING_JOINT,
@@ -44,9 +45,9 @@ def joint_state_to_vector(msg: Any, joint_names: Sequence[str], source: str = "j
     """
     names = [str(n) for n in msg.name]
     positions = msg.position
-    if len(positions) < len(names):
+    if len(positions) != len(names):  # sensor_msgs/JointState: one position per name
         raise InputError(
-            TRUNCATED_DATA,
+            TRUNCATED_DATA if len(positions) < len(names) else BAD_SIZE,
             source,
             f"{len(positions)} positions for {len(names)} names {names}; expected one position per name",
         )
@@ -109,6 +110,9 @@ def check_fresh(stamp: Any, now_ns: int, max_age_s: float, source: str) -> float
     """
     if max_age_s <= 0:
         raise ValueError(f"max_age_s must be > 0, got {max_age_s}")
+    nanosec = getattr(stamp, "nanosec", 0)
+    if nanosec >= _NS_PER_S:
+        raise InputError(UNSTAMPED, source, f"header stamp nanosec is {nanosec}; expected below 1e9")
     stamp_ns = stamp_to_ns(stamp)
     if stamp_ns == 0:
         raise InputError(UNSTAMPED, source, "header stamp is 0; expected the capture time")
