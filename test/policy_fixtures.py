@@ -33,3 +33,15 @@ def tiny_inputs(cfg: PolicyConfig, batch: int = 2, seed: int = 1, valid_tokens: 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return torch.nn.functional.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0).item()
+
+
+def assert_parity(out: torch.Tensor, ref: torch.Tensor, *, max_abs: float, cos: float, noise=None) -> None:
+    """A reduced-precision chunk against its fp32 reference: max abs error (which a wrong scale,
+    e.g. a mis-sized Euler step, moves while the cosine barely changes) and cosine; with
+    `noise`, also the cosine of chunk - noise (what the denoise added)."""
+    err = (out.double() - ref.double()).abs().max().item()
+    c = cosine(out, ref)
+    assert err < max_abs and c > cos, f"max abs {err:.3e} (limit {max_abs:g}), cosine {c:.9f} (limit {cos})"
+    if noise is not None:
+        moved = cosine(out - noise, ref - noise)
+        assert moved > cos, f"cosine of chunk - noise {moved:.9f} (limit {cos})"

@@ -62,7 +62,7 @@ def test_snapshot_holds_rng_counter_and_last_chunk(state, store):
     assert capsule.buffers["last_actions"].tobytes() == actions
     assert capsule.buffers["rng"].dtype == np.uint8 and capsule.buffers["rng"].size > 0
     assert capsule.size_bytes == sum(b.nbytes for b in capsule.buffers.values())
-    with pytest.raises(ValueError):  # capsules are immutable
+    with pytest.raises(ValueError, match="read-only"):  # capsules are immutable
         capsule.buffers["last_actions"][0, 0] = 1.0
 
 

@@ -11,7 +11,7 @@ import gc
 import pytest
 import torch
 from kernel_fixtures import DEVICE
-from policy_fixtures import cosine, tiny_inputs, tiny_model
+from policy_fixtures import assert_parity, tiny_inputs, tiny_model
 
 from flashrt_ros.policies.fused import FusedPi0
 from kernels.expert_step import rope_table
@@ -42,8 +42,7 @@ def test_fused_bf16_tracks_fp32_reference(kind):
     x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1).items()}
     ref = model.sample_actions(**x)[0]
     _, out = _run_fused(model, x, torch.bfloat16)
-    assert cosine(out - x["noise"][0], ref - x["noise"][0]) > 0.9999
-    assert cosine(out, ref) > 0.999
+    assert_parity(out, ref, max_abs=5e-3, cos=0.9999, noise=x["noise"][0])  # ~1e-3 measured (CPU)
 
 
 @pytest.mark.parametrize("kind", ["pi05", "pi0"])
@@ -66,8 +65,7 @@ def test_fused_fp8_prefix_mlp_tracks_fp32_reference(kind, monkeypatch):
     assert first.gate_up.dtype == E4M3 and first.gate_up_scale is not None and last.gate_up_scale is None
     _, bf16 = _run_fused(model, x, torch.bfloat16)
     assert not torch.equal(out, bf16)
-    assert cosine(out - x["noise"][0], ref - x["noise"][0]) > 0.999
-    assert cosine(out, ref) > 0.999
+    assert_parity(out, ref, max_abs=5e-3, cos=0.9999, noise=x["noise"][0])
 
 
 def test_fused_fp8_prefix_down_tracks_fp32_reference(monkeypatch):
@@ -86,7 +84,7 @@ def test_fused_fp8_prefix_down_tracks_fp32_reference(monkeypatch):
     fused, out = _run_fused(model, x, torch.bfloat16, prefix_mlp_fp8=True)
     assert fused.prefix_layers[0].down.dtype == E4M3 and fused.prefix_layers[0].down_scale is not None
     assert not torch.equal(out, gate_up_only)
-    assert cosine(out, ref) > 0.999
+    assert_parity(out, ref, max_abs=5e-3, cos=0.9999, noise=x["noise"][0])
 
 
 def test_fused_fp8_prefix_mlp_keeps_the_first_layers_bf16(caplog):

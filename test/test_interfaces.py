@@ -99,9 +99,9 @@ def test_action_chunk_holds_a_row_major_float32_matrix():
     msg.actions = array.array("f", actions.tobytes())
     np.testing.assert_array_equal(np.frombuffer(msg.actions, dtype=np.float32), actions.ravel())
     # With field checks on (ROS_PYTHON_CHECK_FIELDS=1 or check_fields=True), setters validate.
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="'horizon' field must be an unsigned integer"):
         ActionChunk(check_fields=True, horizon=-1)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="'joint_names' field must be"):
         ActionChunk(check_fields=True, joint_names="abc")
 
 

@@ -39,16 +39,18 @@ def test_step_kernel_builds_for_hopper_and_thor() -> None:
     results = {r["arch"]: r for r in _compile_check("90", "110")}
     assert set(results) == {90, 110}
     assert "unsupported_by_ptxas" not in results[90]
-    if "unsupported_by_ptxas" in results[110]:  # Triton 3.6's ptxas predates sm_110 (seen on the H200 box)
-        pytest.skip(f"this Triton's ptxas cannot build sm_110: {results[110]['unsupported_by_ptxas']}")
-    for r in results.values():
-        assert r["target"] and r["cooperative"]
-        assert 0 < r["shared_bytes"] <= 227 * 1024  # fits Hopper's and Thor's shared memory
-        assert r["registers"] is None or 0 < r["registers"] <= 255  # None: this cuobjdump cannot read it
     # specialised like the JIT's build: the four GEMM K loops and the attention loop are
     # software-pipelined (an unspecialised build pipelines the attention loop alone)
     assert results[90]["pipelined_loops"] == 5
     assert results[90]["prefetches"] > 0  # the weight prefetches at the barriers
+    for r in results.values():
+        if "unsupported_by_ptxas" in r:
+            continue  # checked below, after sm_90's build was
+        assert r["target"] and r["cooperative"]
+        assert 0 < r["shared_bytes"] <= 227 * 1024  # fits Hopper's and Thor's shared memory
+        assert r["registers"] is None or 0 < r["registers"] <= 255  # None: this cuobjdump cannot read it
+    if "unsupported_by_ptxas" in results[110]:  # Triton 3.6's ptxas predates sm_110 (seen on the H200 box)
+        pytest.skip(f"sm_90 checked; this Triton's ptxas cannot build sm_110: {results[110]['unsupported_by_ptxas']}")
 
 
 def test_pre_hopper_target_builds_without_tma() -> None:

@@ -31,7 +31,9 @@ def test_float32_chunk_matches_lerobot(policy):
 @pytest.mark.parametrize("policy", ["pi05", "pi0"])
 def test_bfloat16_chunk_matches_lerobot_bfloat16(policy):
     r = run_parity(DATA / policy / "io_bfloat16.safetensors", DATA / policy / "checkpoint", "bfloat16")
-    assert r["chunk"]["cosine"] >= 0.999 and r["chunk_minus_noise"]["cosine"] >= 0.999
+    # measured: max abs 5.3e-5 (pi0.5) / 2.0e-4 (pi0), cosine 0.99999999
+    assert r["chunk"]["cosine"] >= 0.99999 and r["chunk_minus_noise"]["cosine"] >= 0.99999
+    assert r["chunk"]["max_abs"] < 1e-3
 
 
 @pytest.mark.parametrize("policy", ["pi05", "pi0"])

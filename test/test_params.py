@@ -78,6 +78,8 @@ def test_invalid_values_have_precise_reasons(values, reason):
 def test_all_problems_reported_at_once():
     found = problems(rate_hz="x", seed=-2, prompt="")
     assert len(found) == 3, found
+    for reason in ("rate_hz must be a number", "seed must be >= 0", "prompt is empty"):
+        assert any(reason in p for p in found), (reason, found)
 
 
 def test_integers_are_accepted_for_numbers_and_empty_yaml_lists_as_empty():

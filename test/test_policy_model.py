@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from policy_fixtures import cosine, tiny_inputs, tiny_model
+from policy_fixtures import assert_parity, tiny_inputs, tiny_model
 
 from flashrt_ros.policies.config import PolicyConfig
 from flashrt_ros.policies.pi0 import (
@@ -135,7 +135,7 @@ def test_bf16_mixed_precision_tracks_fp32(kind):
     assert model.prefix_lm.layers[0].input_layernorm.weight.dtype == torch.float32
     assert model.vision.encoder.layers[0].mlp.fc1.weight.dtype == torch.float32
     out = model.sample_actions(**x)
-    assert cosine(ref, out) > 0.999
+    assert_parity(out, ref, max_abs=5e-3, cos=0.9999, noise=x["noise"])  # ~1e-3 measured
 
 
 def test_full_size_parameter_counts_on_meta_device():
