@@ -122,6 +122,17 @@ def test_invalid_runtime_parameters_are_refused_with_reasons(running):
     node.wait_for_line("parameter change refused: rate_hz must be > 0 and <= 1000, got -1.0", since=mark)
     assert peer.get_parameters("rate_hz", "policy", "prompt") == [10.0, "pi05_tiny", prompt]
     assert peer.wait_for_counter("", "invalid_parameter", above=before + 3) == before + 4
+    # a value of the wrong type, and a name the node does not have (a typo): refused, counted
+    wrong_type = peer.set_parameters(rate_hz="fast")[0]
+    assert not wrong_type.successful and wrong_type.reason.startswith("rate_hz must be a number"), wrong_type.reason
+    unknown_before = peer.latest_counter("", "unknown_parameter")
+    typo = peer.set_parameters(rate_h=5.0)[0]
+    assert not typo.successful and typo.reason.startswith("unknown parameter(s) ['rate_h']: not set; known: "), (
+        typo.reason
+    )
+    assert "rate_hz" in typo.reason
+    assert peer.wait_for_counter("", "unknown_parameter", above=unknown_before) == unknown_before + 1
+    assert peer.get_parameters("rate_hz") == [10.0]
     start = len(peer.chunks)
     assert peer.pump(3.0, until=lambda: len(peer.chunks) > start + 2), "node stopped deciding"
 
@@ -146,8 +157,17 @@ def test_capsule_services(running):
     assert fork.success, fork.message
     exists = peer.call(ForkCapsule, f"{base}/fork", ForkCapsule.Request(source="warm", target="copy"))
     assert not exists.success and "already exists" in exists.message
+    peer.wait_for_counter(f"{base}/fork", "invalid_request", above=0)
+    missing = peer.call(ForkCapsule, f"{base}/fork", ForkCapsule.Request(source="nope", target="x"))
+    assert not missing.success and missing.message == "no capsule named 'nope' (have: 'copy', 'warm')"
+    peer.wait_for_counter(f"{base}/fork", "unknown_capsule", above=0)
+    unnamed = peer.call(SnapshotCapsule, f"{base}/snapshot", SnapshotCapsule.Request(name=""))
+    assert not unnamed.success
+    assert unnamed.message == "capsule name must be a non-empty string of at most 256 characters, got ''"
+    peer.wait_for_counter(f"{base}/snapshot", "invalid_request", above=0)
     assert peer.call(DropCapsule, f"{base}/drop", DropCapsule.Request(name="warm")).success
     assert not peer.call(DropCapsule, f"{base}/drop", DropCapsule.Request(name="warm")).success
+    peer.wait_for_counter(f"{base}/drop", "unknown_capsule", above=0)
     assert list(peer.call(ListCapsules, f"{base}/list", ListCapsules.Request()).names) == ["copy"]
 
     assert peer.pump(3.0, until=lambda: peer.chunks[-1].chunk_id > next_id + 2)  # move on

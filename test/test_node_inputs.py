@@ -356,3 +356,48 @@ def test_camera_that_changes_size_or_sends_a_sliver(ros_env, rclpy_context, tmp_
         fresh = lambda: bool(peer.chunks) and peer.chunk_sources(peer.chunks[-1])[topic] > since  # noqa: E731
         assert peer.pump(10.0, until=fresh, skip={CAMERAS[1]}, extra=new_size), node.tail()
         peer.assert_chunks_from_good_data()
+
+
+def _checkpoint_with_stats(folder, stats: dict):
+    """A tiny pi0.5 checkpoint (2 views) with `stats` written as its norm_stats.json as given
+    (the Normalizer would refuse to save bad ones)."""
+    import json
+
+    from policy_fixtures import tiny_model
+
+    from flashrt_ros.policies.checkpoint import save_model
+
+    folder = save_model(tiny_model("pi05", num_views=len(CAMERAS)), folder, layout="openpi")
+    (folder / "norm_stats.json").write_text(json.dumps({"norm_stats": stats, "mode": "quantile"}))
+    return folder
+
+
+def test_checkpoint_with_nan_statistics_exits_naming_them(ros_env, tmp_path):
+    """A NaN bound would turn every state into NaN, which pi0.5 bins silently into its prompt."""
+    bad = {"q01": [-1.0] * 4, "q99": [1.0, float("nan"), 1.0, 1.0]}
+    good = {"q01": [-1.0] * 4, "q99": [1.0] * 4}
+    folder = _checkpoint_with_stats(tmp_path / "ckpt", {"state": bad, "actions": good})
+    params = {**TEST_PARAMS, "checkpoint": str(folder)}
+    code, output = exit_output(NodeProcess(ros_env, tmp_path, new_namespace(), params))
+    assert code == 1, output
+    assert "not starting: could not build policy" in output
+    assert f"{folder / 'norm_stats.json'}: state statistic 'q99' is not finite at index 1" in output, output
+
+
+def test_state_beyond_its_statistics_is_a_counted_policy_error(ros_env, rclpy_context, tmp_path):
+    """A finite joint value that the checkpoint's (narrow) statistics normalise to inf: no chunk
+    from it, the policy_error counter and a precise log line, and the node decides again once
+    the joints are back in range."""
+    from node_harness import running_node_and_peer
+
+    stats = {"q01": [0.0] * 4, "q99": [1e-3] * 4}
+    folder = _checkpoint_with_stats(tmp_path / "ckpt", {"state": stats, "actions": stats})
+    with running_node_and_peer(ros_env, tmp_path, rclpy_context, checkpoint=str(folder)) as (node, peer):
+        mark, before = node.mark(), peer.latest_counter("", "policy_error")
+        huge = lambda: peer.publish_joints(peer.joints(positions=[0.0, 3e38, 0.0, 0.0]), good=False)  # noqa: E731
+        peer.wait_for_counter("", "policy_error", above=before, skip={JOINT_TOPIC}, extra=huge)
+        node.wait_for_line(
+            "policy failed, no chunk published: ValueError('normalised state is not finite at index 1", since=mark
+        )
+        peer.assert_chunks_from_good_data()
+        recovered(peer, peer.topic(JOINT_TOPIC))

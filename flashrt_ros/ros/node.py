@@ -87,6 +87,9 @@ class FlashRTNode(Node):
     benchmark makes it large to keep every decision)."""
 
     def __init__(self, *, stats_window: int = 200, **node_kwargs: Any):
+        # undeclared names reach _on_set_parameters, which refuses them with the known names and
+        # a counter (rclpy's own refusal says only "Invalid access to undeclared parameter(s)")
+        node_kwargs.setdefault("allow_undeclared_parameters", True)
         super().__init__(NODE_NAME, **node_kwargs)
         declare_parameters(self)
         self.cfg = NodeConfig.from_parameters(self)
@@ -478,6 +481,12 @@ class FlashRTNode(Node):
     # ---- parameters ------------------------------------------------------------------------
     def _on_set_parameters(self, params: list) -> SetParametersResult:
         changes = {p.name: p.value for p in params}
+        unknown = unknown_names(set(changes))
+        if unknown:
+            reason = f"unknown parameter(s) {unknown}: not set; known: {', '.join(PARAMETERS)}"
+            self._count_node_wide(UNKNOWN_PARAMETER)
+            self.get_logger().warning(f"parameter change refused: {reason}")
+            return SetParametersResult(successful=False, reason=reason)
         reason = check_update(self.cfg, changes)
         if reason is None and isinstance(changes.get("prompt"), str):
             reason = self.state.pipeline.policy.prompt_problem(changes["prompt"], len(self.cfg.joint_names))
