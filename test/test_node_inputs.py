@@ -390,9 +390,10 @@ def test_state_beyond_its_statistics_is_a_counted_policy_error(ros_env, rclpy_co
     the joints are back in range."""
     from node_harness import running_node_and_peer
 
-    stats = {"q01": [0.0] * 4, "q99": [1e-3] * 4}
+    stats = {"q01": [0.0] * 5, "q99": [1e-3] * 5}  # 5 dims for 4 joints: a warning at start
     folder = _checkpoint_with_stats(tmp_path / "ckpt", {"state": stats, "actions": stats})
     with running_node_and_peer(ros_env, tmp_path, rclpy_context, checkpoint=str(folder)) as (node, peer):
+        node.wait_for_line("joint_names has 4 joints, the checkpoint's normalisation statistics cover 5: only the")
         mark, before = node.mark(), peer.latest_counter("", "policy_error")
         huge = lambda: peer.publish_joints(peer.joints(positions=[0.0, 3e38, 0.0, 0.0]), good=False)  # noqa: E731
         peer.wait_for_counter("", "policy_error", above=before, skip={JOINT_TOPIC}, extra=huge)

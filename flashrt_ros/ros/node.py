@@ -217,6 +217,22 @@ class FlashRTNode(Node):
             f"{self._status_pub.topic_name} at {cfg.status_rate_hz:g} Hz, /diagnostics"
         )
         log.info(f"deciding at {cfg.rate_hz:g} Hz on inputs at most {cfg.max_age_s:g} s old; prompt {cfg.prompt!r}")
+        self._warn_fewer_joints_than_statistics()
+
+    def _warn_fewer_joints_than_statistics(self) -> None:
+        """Fewer joints than the checkpoint's statistics cover runs (a robot that is a subset of
+        the one trained on), but is more often the wrong checkpoint: say so once, at start."""
+        state_dims, action_dims = self.state.pipeline.policy.normalizer.dims()
+        for what, joints, dims in (
+            ("joint_names", self.cfg.joint_names, state_dims),
+            ("action_joint_names (or joint_names)", self.cfg.output_joint_names, action_dims),
+        ):
+            if dims is not None and len(joints) < dims:
+                self.get_logger().warning(
+                    f"{what} has {len(joints)} joints, the checkpoint's normalisation statistics cover {dims}: "
+                    f"only the first {len(joints)} dims are used (right only if this robot's joints are the "
+                    "first ones the policy was trained on)"
+                )
 
     # ---- sensor callbacks ------------------------------------------------------------------
     def _on_image(self, convert: Callable, slot: InputSlot, msg: Image | CompressedImage) -> None:
