@@ -162,14 +162,27 @@ class Peer:
     def now(self) -> Any:
         return self.node.get_clock().now()
 
-    def image(self, stamp: Any = None, hw: tuple[int, int] = HW, encoding: str = "rgb8", data: bytes | None = None):
+    def image(
+        self,
+        stamp: Any = None,
+        hw: tuple[int, int] = HW,
+        encoding: str = "rgb8",
+        data: bytes | None = None,
+        pad: int = 0,
+        step: int | None = None,
+    ):
+        """An rgb8 frame; `pad` bytes of row padding (step = 3 w + pad, as some drivers send),
+        or an explicit `step` (with `data`)."""
         from sensor_msgs.msg import Image
 
         h, w = hw
         self._frame += 1
         if data is None:
-            data = np.full((h, w, 3), self._frame % 256, dtype=np.uint8).tobytes()
-        msg = Image(height=h, width=w, encoding=encoding, step=w * 3, data=array.array("B", data))
+            rows = np.full((h, w * 3 + pad), 255, dtype=np.uint8)  # padding bytes 255, pixels not
+            rows[:, : w * 3] = self._frame % 255
+            data = rows.tobytes()
+        step = w * 3 + pad if step is None else step
+        msg = Image(height=h, width=w, encoding=encoding, step=step, data=array.array("B", data))
         msg.header.stamp = self._stamp_msg(stamp)
         return msg
 

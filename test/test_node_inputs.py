@@ -72,6 +72,28 @@ def test_wrong_size(running):
     )
 
 
+def test_step_too_small(running):
+    _, peer = running
+    refused(
+        running,
+        CAMERAS[0],
+        lambda: peer.publish_camera(0, peer.image(step=HW[1] * 3 - 3), good=False),
+        "bad_size",
+        f"step {HW[1] * 3 - 3} is smaller than width*bytes_per_pixel = {HW[1]}*3 = {HW[1] * 3} for rgb8",
+    )
+
+
+def test_padded_rows_are_good_data(running):
+    """step > 3 w (row padding, as some camera drivers send) crosses DDS and is used."""
+    _, peer = running
+    topic = peer.topic(CAMERAS[1])
+    since = peer.now().nanoseconds
+    padded = lambda: peer.publish_camera(1, peer.image(pad=16))  # noqa: E731
+    fresh = lambda: bool(peer.chunks) and peer.chunk_sources(peer.chunks[-1])[topic] > since  # noqa: E731
+    assert peer.pump(5.0, until=fresh, skip={CAMERAS[1]}, extra=padded), "no chunk from padded frames"
+    peer.assert_chunks_from_good_data()
+
+
 def test_truncated_data(running):
     _, peer = running
     short = bytes(HW[0] * HW[1] * 3 - 100)
