@@ -123,20 +123,27 @@ class NodeProcess:
 class Peer:
     """The robot side in the test process: publishes inputs, records the node's outputs."""
 
-    def __init__(self, context: Any, namespace: str, inputs: bool = True):
-        """``inputs=False``: no camera/joint publishers (another process publishes them)."""
+    def __init__(self, context: Any, namespace: str, inputs: bool = True, transports: list[str] | None = None):
+        """``inputs=False``: no camera/joint publishers (another process publishes them);
+        ``transports``: per camera, ``raw`` (sensor_msgs/Image) or ``compressed`` (PNG)."""
         import rclpy
         from diagnostic_msgs.msg import DiagnosticArray
         from flashrt_ros.msg import ActionChunk, PipelineStatus
         from rclpy.executors import SingleThreadedExecutor
-        from sensor_msgs.msg import Image, JointState
+        from sensor_msgs.msg import CompressedImage, Image, JointState
         from trajectory_msgs.msg import JointTrajectory
 
         self.namespace = namespace
         self.node = rclpy.create_node(f"test_peer_{uuid.uuid4().hex[:6]}", namespace=namespace, context=context)
         self.executor = SingleThreadedExecutor(context=context)
         self.executor.add_node(self.node)
-        self.camera_pubs = [self.node.create_publisher(Image, topic, 10) for topic in CAMERAS] if inputs else []
+        self.transports = list(transports or ["raw"] * len(CAMERAS))
+        types = [CompressedImage if t == "compressed" else Image for t in self.transports]
+        self.camera_pubs = (
+            [self.node.create_publisher(t, topic, 10) for t, topic in zip(types, CAMERAS, strict=True)]
+            if inputs
+            else []
+        )
         self.joint_pub = self.node.create_publisher(JointState, JOINT_TOPIC, 10) if inputs else None
         self.chunks: list = []
         self.trajectories: list = []
@@ -186,6 +193,22 @@ class Peer:
         msg.header.stamp = self._stamp_msg(stamp)
         return msg
 
+    def compressed(self, stamp: Any = None, data: bytes | None = None, fmt: str = "png"):
+        """A PNG frame of HW as a sensor_msgs/CompressedImage (or `data` as given)."""
+        import io
+
+        from PIL import Image as PILImage
+        from sensor_msgs.msg import CompressedImage
+
+        if data is None:
+            self._frame += 1
+            buf = io.BytesIO()
+            PILImage.fromarray(np.full((*HW, 3), self._frame % 256, dtype=np.uint8)).save(buf, format="PNG")
+            data = buf.getvalue()
+        msg = CompressedImage(format=fmt, data=array.array("B", data))
+        msg.header.stamp = self._stamp_msg(stamp)
+        return msg
+
     def joints(self, stamp: Any = None, positions: list[float] | None = None, names: list[str] | None = None):
         from sensor_msgs.msg import JointState
 
@@ -219,7 +242,7 @@ class Peer:
         """One good message on every input topic except those in ``skip`` (relative names)."""
         for i, topic in enumerate(CAMERAS):
             if topic not in skip:
-                self.publish_camera(i, self.image())
+                self.publish_camera(i, self.compressed() if self.transports[i] == "compressed" else self.image())
         if JOINT_TOPIC not in skip:
             self.publish_joints(self.joints())
 
@@ -320,7 +343,7 @@ def start_node_and_peer(env: dict[str, str], tmp: Path, context: Any, **override
     node = NodeProcess(env, tmp, namespace, {**TEST_PARAMS, **overrides})
     peer = None
     try:
-        peer = Peer(context, namespace)
+        peer = Peer(context, namespace, transports=overrides.get("camera_transports"))
         if not peer.pump(60.0, until=lambda: bool(peer.chunks) or node.proc.poll() is not None):
             raise AssertionError(f"no chunk from the node within 60 s\n{node.tail()}")
         if node.proc.poll() is not None:

@@ -424,3 +424,28 @@ def test_state_beyond_its_statistics_is_a_counted_policy_error(ros_env, rclpy_co
         )
         peer.assert_chunks_from_good_data()
         recovered(peer, peer.topic(JOINT_TOPIC))
+
+
+def test_compressed_camera_refusals(ros_env, rclpy_context, tmp_path):
+    """camera_transports compressed (sensor_msgs/CompressedImage over DDS): data the decoder
+    rejects and a codec the node does not decode are refused by name; PNG frames are used."""
+    from node_harness import running_node_and_peer
+
+    transports = ["compressed", "raw"]
+    with running_node_and_peer(ros_env, tmp_path, rclpy_context, camera_transports=transports) as running:
+        node, peer = running
+        assert node.wait_for_line(f"{peer.topic(CAMERAS[0])} (compressed)")
+        refused(
+            running,
+            CAMERAS[0],
+            lambda: peer.publish_camera(0, peer.compressed(data=b"not an image at all"), good=False),
+            "decode_failed",
+            "could not decode 19 bytes labelled format='png' as JPEG or PNG: ",
+        )
+        refused(
+            running,
+            CAMERAS[0],
+            lambda: peer.publish_camera(0, peer.compressed(fmt="tiff"), good=False),
+            "bad_encoding",
+            "compressed format 'tiff' is not supported; expected one naming jpeg or png",
+        )
