@@ -20,8 +20,18 @@ pytestmark = pytest.mark.ros
 
 @pytest.fixture(scope="module")
 def running(ros_env, ros_module_context, tmp_path_factory):
-    with running_node_and_peer(ros_env, tmp_path_factory.mktemp("node"), ros_module_context) as node_and_peer:
+    # rate_h: a typo in the params file, which the node must name and count, then ignore
+    tmp = tmp_path_factory.mktemp("node")
+    with running_node_and_peer(ros_env, tmp, ros_module_context, rate_h=5.0) as node_and_peer:
         yield node_and_peer
+
+
+def test_unknown_parameter_at_start_is_named_counted_and_ignored(running):
+    node, peer = running
+    line = node.wait_for_line("ignoring unknown parameters ['rate_h'] (typo in the params file?); known: ")
+    assert "rate_hz" in line
+    assert peer.pump(3.0, until=lambda: bool(peer.statuses))
+    assert peer.latest_counter("", "unknown_parameter") == 1
 
 
 def chunk_rate(peer, seconds: float) -> float:
