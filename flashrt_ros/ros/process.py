@@ -34,13 +34,16 @@ def spin_until_signal(executor: Any) -> None:
 
 
 def stop_executor(executor: Any) -> None:
-    """Stop spinning and wait for callbacks still running (a decision in flight), so that the
-    node is never destroyed under them. rclpy 7.1.6's ``shutdown()`` does not wait (it tests
-    the flag it has just set), so the thread pool is joined here."""
-    executor.shutdown()
+    """After spinning stopped: let the callbacks already handed to the thread pool (a decision
+    in flight, queued sensor messages) finish, then shut the executor down, so that the node is
+    never destroyed under them. rclpy 7.1.6's ``shutdown()`` does not wait (it tests the flag
+    it has just set) and destroys the guard condition that a queued callback triggers when it
+    starts: shut down first, such a callback raised InvalidHandle ("The following exception was
+    never retrieved: cannot use Destroyable ..." at exit). So the pool is joined first."""
     pool = getattr(executor, "_executor", None)  # MultiThreadedExecutor's ThreadPoolExecutor
     if pool is not None:
         pool.shutdown(wait=True)
+    executor.shutdown()
 
 
 def run_until_signal(node: Any, executor: Any, on_stop: Callable[[], None] | None = None) -> int:
