@@ -31,7 +31,8 @@ def test_unknown_parameter_at_start_is_named_counted_and_ignored(running):
     line = node.wait_for_line("ignoring unknown parameters ['rate_h'] (typo in the params file?); known: ")
     assert "rate_hz" in line
     assert peer.pump(3.0, until=lambda: bool(peer.statuses))
-    assert peer.latest_counter("", "unknown_parameter") == 1
+    # 1 from the start (later tests add a refused run-time one, and ~/reset clears counters)
+    assert peer.latest_counter("", "unknown_parameter") >= 1
 
 
 def chunk_rate(peer, seconds: float) -> float:

@@ -312,7 +312,8 @@ def test_checkpoint_that_does_not_fit_the_parameters_exits_with_the_reasons(ros_
 def test_sim_time_without_clock_is_reported_and_the_node_still_stops(ros_env, rclpy_context, tmp_path):
     """use_sim_time with nothing on /clock: decisions (ROS time) wait, but ~/status and
     /diagnostics keep coming (steady clock) and say why, the stall is counted once, SIGINT stops
-    the node cleanly - and once /clock runs, chunks follow."""
+    the node cleanly - and once /clock runs, chunks follow; with sim time off again, the clock is
+    no longer blamed."""
     import time
 
     from builtin_interfaces.msg import Time
@@ -338,7 +339,15 @@ def test_sim_time_without_clock_is_reported_and_the_node_still_stops(ros_env, rc
 
         assert peer.pump(10.0, until=lambda: bool(peer.chunks), extra=tick), node.tail()
         peer.assert_chunks_from_good_data()
-        peer.pump(0.5, publish=False)  # ROS time stops again
+        # /clock stops (a paused simulator): a second stall, then sim time off: not blamed any more
+        assert peer.pump(10.0, until=lambda: peer.latest_counter("", "clock_stalled") == 2), node.tail()
+        node.wait_for_line("s: simulator paused or /clock stopped?; decisions wait for it")
+        assert peer.set_parameters(use_sim_time=False)[0].successful
+        peer.pump(0.5, publish=False)
+        seen = len(peer.diagnostics)
+        assert peer.pump(3.0, publish=False, until=lambda: len(peer.diagnostics) > seen + 2)
+        latest = peer.diagnostics[-1].status[0].message
+        assert "no decision for" in latest and "ROS time" not in latest, latest
         start = time.monotonic()
     finally:
         peer.close()
@@ -348,9 +357,10 @@ def test_sim_time_without_clock_is_reported_and_the_node_still_stops(ros_env, rc
 
 
 def test_camera_that_changes_size_or_sends_a_sliver(ros_env, rclpy_context, tmp_path):
-    """No image size configured (the shipped default): each camera keeps the size it started
-    with - a change mid-run is refused until ~/reset - and a frame too thin to resize into the
-    model's input is refused rather than failing inside the policy."""
+    """No image size configured (the shipped default): each camera keeps the size it has been
+    sending - a change mid-stream is refused; after a gap longer than max_age_s (a camera
+    restart) or a ~/reset a new size is taken - and a frame too thin to resize into the model's
+    input is refused rather than failing inside the policy."""
     from node_harness import running_node_and_peer
     from std_srvs.srv import Trigger
 
@@ -371,13 +381,22 @@ def test_camera_that_changes_size_or_sends_a_sliver(ros_env, rclpy_context, tmp_
             "bad_size",
             "image is 1x120 (HxW): resized into the model's",
         )
-        assert peer.call(Trigger, f"{node.namespace}/flashrt_node/reset", Trigger.Request()).success
-        since = peer.now().nanoseconds
-        new_size = lambda: peer.publish_camera(1, peer.image(hw=(h, w)))  # noqa: E731
         topic = peer.topic(CAMERAS[1])
-        fresh = lambda: bool(peer.chunks) and peer.chunk_sources(peer.chunks[-1])[topic] > since  # noqa: E731
-        assert peer.pump(10.0, until=fresh, skip={CAMERAS[1]}, extra=new_size), node.tail()
-        peer.assert_chunks_from_good_data()
+
+        def used_from_now_on(hw: tuple[int, int]) -> None:
+            since = peer.now().nanoseconds
+            frames = lambda: peer.publish_camera(1, peer.image(hw=hw))  # noqa: E731
+            fresh = lambda: bool(peer.chunks) and peer.chunk_sources(peer.chunks[-1])[topic] > since  # noqa: E731
+            assert peer.pump(10.0, until=fresh, skip={CAMERAS[1]}, extra=frames), node.tail()
+            peer.assert_chunks_from_good_data()
+
+        mark = node.mark()
+        peer.pump(1.0, skip={CAMERAS[1]})  # the camera restarts: 1 s without frames (max_age_s 0.4)
+        used_from_now_on((h, w))
+        line = node.wait_for_line(f"{topic}: frames are now {h}x{w} (were {HW[0]}x{HW[1]}) after 1.", since=mark)
+        assert line.endswith("s without frames: taken as a camera restart"), line
+        assert peer.call(Trigger, f"{node.namespace}/flashrt_node/reset", Trigger.Request()).success
+        used_from_now_on(HW)  # no gap, but the reset let the size go
 
 
 def _checkpoint_with_stats(folder, stats: dict):

@@ -236,7 +236,8 @@ def check_frame_size(got_hw: tuple[int, int], held_hw: tuple[int, int] | None, m
             BAD_SIZE,
             source,
             f"image is {h}x{w} (HxW); this topic's frames were {held_hw[0]}x{held_hw[1]} until now; expected "
-            "the same size (image_height / image_width fix one; ~/reset accepts a new one)",
+            "the same size (a new one is taken after a gap longer than max_age_s, a camera restart, or a "
+            "~/reset; image_height / image_width fix one)",
         )
 
 

@@ -34,10 +34,11 @@ class InputSlot:
     latest: Sample | None = None
     used: bool = True  # latest was fed to a decision (replacing an unused one counts as dropped)
     rejected_since_good: Counter = field(default_factory=Counter)
-    frame_hw: tuple[int, int] | None = None  # cameras: the size of the first accepted frame
+    frame_hw: tuple[int, int] | None = None  # cameras: the size frames have had since the first
+    last_arrival_ns: int = 0  # perf_counter_ns of the last message, good or not (restart gaps)
 
     def clear(self) -> None:
-        self.latest, self.used, self.frame_hw = None, True, None
+        self.latest, self.used, self.frame_hw, self.last_arrival_ns = None, True, None, 0
         self.rejected_since_good.clear()
 
 

@@ -75,6 +75,10 @@ UNKNOWN_PARAMETER = "unknown_parameter"
 """A parameter given at start that the node does not know (a typo in the params file?)."""
 
 
+WAKE_PERIOD_S = 0.25
+"""Longest wait of the executor between two wake-ups (bounds how late SIGINT is handled)."""
+
+
 class StartupError(RuntimeError):
     """The policy could not be built (checkpoint, tokenizer, device): exit with the reason."""
 
@@ -176,13 +180,16 @@ class FlashRTNode(Node):
     def _create_timers(self) -> None:
         group = self._decision_group
         self._decision_timer = self.create_timer(1.0 / self.cfg.rate_hz, self._on_decision, callback_group=group)
-        # status on the steady clock: it keeps reporting (and the executor keeps waking, so
-        # SIGINT is handled) when ROS time stops, e.g. use_sim_time with no /clock
+        # status on the steady clock: it keeps reporting when ROS time stops (use_sim_time with
+        # no /clock, a paused simulator)
+        steady = Clock(clock_type=ClockType.STEADY_TIME)
         self._status_timer = self.create_timer(
-            1.0 / self.cfg.status_rate_hz,
-            self._on_status,
-            callback_group=group,
-            clock=Clock(clock_type=ClockType.STEADY_TIME),
+            1.0 / self.cfg.status_rate_hz, self._on_status, callback_group=group, clock=steady
+        )
+        # and the executor's wait returns at least every WAKE_PERIOD_S whatever the status rate,
+        # so that SIGINT (handled between waits) stops the node promptly then too
+        self._wake_timer = self.create_timer(
+            WAKE_PERIOD_S, lambda: None, callback_group=MutuallyExclusiveCallbackGroup(), clock=steady
         )
 
     def _create_services(self) -> None:
@@ -238,16 +245,30 @@ class FlashRTNode(Node):
     def _on_image(self, convert: Callable, slot: InputSlot, msg: Image | CompressedImage) -> None:
         arrived = time.perf_counter_ns()
         cfg = self.cfg
+        gap_s = (arrived - slot.last_arrival_ns) / 1e9 if slot.last_arrival_ns else float("inf")
+        slot.last_arrival_ns = arrived  # one callback at a time per topic (its own group)
         try:
             check_fresh(msg.header.stamp, self.get_clock().now().nanoseconds, cfg.max_age_s, slot.topic)
             rgb = convert(msg, expected_hw=cfg.expected_hw, source=slot.topic)
-            check_frame_size(rgb.shape[:2], slot.frame_hw, self._model_image_size, slot.topic)
+            self._hold_frame_size(slot, rgb.shape[:2], gap_s)
         except InputError as err:
             self._reject(slot, err)
             return
-        if slot.frame_hw is None:
-            slot.frame_hw = rgb.shape[:2]
         self._accept(slot, Sample(rgb, msg.header.stamp, arrived, time.perf_counter_ns()))
+
+    def _hold_frame_size(self, slot: InputSlot, hw: tuple[int, int], gap_s: float) -> None:
+        """A camera keeps the size it has been sending: a change mid-stream is refused (a fault),
+        one after a gap longer than max_age_s is a restart (e.g. a new driver profile) and is
+        taken, and logged. Checked and set under the lock, against `~/reset` clearing it."""
+        restarted = gap_s > self.cfg.max_age_s
+        with self._lock:
+            check_frame_size(hw, None if restarted else slot.frame_hw, self._model_image_size, slot.topic)
+            previous, slot.frame_hw = slot.frame_hw, hw
+        if previous not in (None, hw):
+            self.get_logger().info(
+                f"{slot.topic}: frames are now {hw[0]}x{hw[1]} (were {previous[0]}x{previous[1]}) after "
+                f"{gap_s:.1f} s without frames: taken as a camera restart"
+            )
 
     def _on_joint_state(self, slot: InputSlot, msg: JointState) -> None:
         arrived = time.perf_counter_ns()
@@ -445,7 +466,9 @@ class FlashRTNode(Node):
 
     def _watch_ros_time(self) -> None:
         clock = self.get_clock()
-        if not clock.ros_time_is_active:  # wall time: it always moves
+        if not clock.ros_time_is_active:  # wall time: it always moves (use_sim_time may be off again)
+            if self._clock_watch.stalled:
+                self._clock_watch = ClockWatch()
             return
         if self._clock_watch.update(clock.now().nanoseconds, time.monotonic()):
             self._count_node_wide(CLOCK_STALLED)
@@ -535,7 +558,8 @@ class FlashRTNode(Node):
         self._throttle.clear()
         response.success = True
         response.message = (
-            f"cleared held inputs, counters and statistics; noise generator reseeded ({self.state.seed}), "
+            f"cleared held inputs (and the camera sizes they fixed), counters and statistics; noise generator "
+            f"reseeded ({self.state.seed}), "
             "chunk ids restart at 1; capsules kept"
         )
         self.get_logger().info(f"reset: {response.message}")
