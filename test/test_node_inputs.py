@@ -468,3 +468,18 @@ def test_compressed_camera_refusals(ros_env, rclpy_context, tmp_path):
             "bad_encoding",
             "compressed format 'tiff' is not supported; expected one naming jpeg or png",
         )
+
+
+def test_sigint_is_handled_promptly_with_ros_time_stopped_and_a_slow_status(ros_env, tmp_path):
+    """Nothing wakes the executor when ROS time stops (use_sim_time, no /clock), no input arrives
+    and the status runs at 0.1 Hz - but its steady wake timer: SIGINT still stops it at once."""
+    import time
+
+    params = {**TEST_PARAMS, "use_sim_time": True, "status_rate_hz": 0.1}
+    node = NodeProcess(ros_env, tmp_path, new_namespace(), params)
+    node.wait_for_line("deciding at 10 Hz", timeout=30.0)
+    time.sleep(1.0)  # the executor is waiting now
+    start = time.monotonic()
+    code = node.stop()
+    assert code == 0 and time.monotonic() - start < 3.0, (time.monotonic() - start, node.tail())
+    node.wait_for_line("shutting down; stats:")
