@@ -82,6 +82,17 @@ def test_policy_refuses_a_prompt_it_would_cut(tokenizer_file):
     assert policy.infer(Observation(obs.images, obs.state, short)).shape == (cfg.horizon, 6)
 
 
+def test_policy_names_frames_too_thin_for_its_input(tokenizer_file):
+    from flashrt_ros.policies.policy import build_policy
+
+    cfg = PolicyConfig.tiny("pi05")
+    policy = build_policy(cfg, tokenizer_file, seed=0, action_dof=6)
+    size = cfg.vision.image_size
+    assert policy.frame_problem(480, 640) is None and policy.frame_problem(1, size) is None
+    assert policy.frame_problem(1, 120) == f"resized into the model's {size}x{size} input it keeps no row"
+    assert policy.frame_problem(120, 1) == f"resized into the model's {size}x{size} input it keeps no column"
+
+
 def test_missing_tokenizer_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="tokenizer model not found"):
         PromptTokenizer(tmp_path / "nope.model", 8)

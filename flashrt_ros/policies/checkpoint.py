@@ -200,8 +200,9 @@ def load_model(
         not_finite = []
         for ours, theirs in _progress(plan.items(), total, progress, weights.name):
             tensor = f.get_tensor(theirs).to(device=device, dtype=param_dtype(ours, dtype))
-            if not bool(torch.isfinite(tensor).all()):  # a NaN weight would make every action NaN
-                not_finite.append(f"{theirs} ({int((~torch.isfinite(tensor)).sum())} of {tensor.numel()} values)")
+            bad = int((~torch.isfinite(tensor)).sum())  # a NaN weight would make every action NaN
+            if bad:
+                not_finite.append(f"{theirs} ({bad} of {tensor.numel()} values)")
             _assign(model, ours, tensor)
     if not_finite:
         raise CheckpointError(

@@ -114,10 +114,10 @@ class Normalizer:
 
     @classmethod
     def load(cls, path: str | Path, mode: str | None = None) -> Normalizer:
-        data = read_json(path)
-        stats = data.get("norm_stats", data) if isinstance(data, dict) else None
+        data = read_json(path)  # a dict
+        stats = data.get("norm_stats", data)
         if not isinstance(stats, dict) or "state" not in stats or "actions" not in stats:
-            got = sorted(stats) if isinstance(stats, dict) else type(data).__name__
+            got = sorted(stats) if isinstance(stats, dict) else type(stats).__name__
             raise ValueError(f"{path}: expected norm_stats with 'state' and 'actions', got {got}")
         mode = mode or data.get("mode", "quantile")
         try:

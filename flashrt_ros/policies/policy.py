@@ -19,7 +19,7 @@ from .checkpoint import detect_layout, load_model, read_config
 from .config import PolicyConfig
 from .normalize import Normalizer
 from .pi0 import Pi0Model, count_parameters
-from .preprocess import images_to_pixels
+from .preprocess import images_to_pixels, resized_hw
 from .prompt import PromptTokenizer, PromptTooLong, Tokens, worst_case_state
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,14 @@ class Policy:
             f"prompt {prompt!r} takes up to {n} tokens{with_state}, more than the policy's prompt "
             f"length {self.cfg.prompt_len}; expected a shorter instruction"
         )
+
+    def frame_problem(self, height: int, width: int) -> str | None:
+        """Why a height x width camera frame cannot be used, or None: resized into the model's
+        square input (aspect kept), it must keep at least one row and one column."""
+        size = self.cfg.vision.image_size
+        if min(resized_hw(height, width, size)) >= 1:
+            return None
+        return f"resized into the model's {size}x{size} input it keeps no {'row' if height < width else 'column'}"
 
     def prepare(self, obs: Observation) -> ModelInputs:
         tokens, mask, state = self.prepare_prompt_state(obs)

@@ -13,13 +13,18 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
+def resized_hw(h: int, w: int, size: int) -> tuple[int, int]:
+    """The size an h x w frame takes inside the size x size input, aspect kept (openpi's rounding)."""
+    ratio = max(w / size, h / size)
+    return int(h / ratio), int(w / ratio)
+
+
 def resize_with_pad(img: Tensor, size: int) -> Tensor:
     """img [B, C, H, W] float in [0, 1] -> [B, C, size, size], aspect kept, padding centred."""
     h, w = img.shape[-2:]
     if (h, w) == (size, size):
         return img
-    ratio = max(w / size, h / size)
-    rh, rw = int(h / ratio), int(w / ratio)
+    rh, rw = resized_hw(h, w, size)
     out = F.interpolate(img, size=(rh, rw), mode="bilinear", align_corners=False).clamp(0.0, 1.0)
     top, left = (size - rh) // 2, (size - rw) // 2
     return F.pad(out, (left, size - rw - left, top, size - rh - top), value=0.0)

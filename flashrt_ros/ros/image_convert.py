@@ -218,19 +218,15 @@ def _check_expected(got_hw: tuple[int, int], expected_hw: tuple[int, int] | None
         )
 
 
-def check_frame_size(got_hw: tuple[int, int], held_hw: tuple[int, int] | None, model_size: int, source: str) -> None:
-    """A converted frame a decision can use: the size this topic has sent so far (when no size
-    is configured, a camera that changes resolution mid-run is a fault, not a new normal), and
-    not so thin that resizing it into the model's square input keeps no row or column."""
+def check_frame_size(
+    got_hw: tuple[int, int], held_hw: tuple[int, int] | None, problem: str | None, source: str
+) -> None:
+    """A converted frame a decision can use: no `problem` for the policy (`Policy.frame_problem`,
+    e.g. too thin to resize into its input), and the size this topic has sent so far (when no
+    size is configured, a camera that changes resolution mid-run is a fault, not a new normal)."""
     h, w = got_hw
-    ratio = max(h, w) / model_size
-    if int(min(h, w) / ratio) < 1:
-        raise InputError(
-            BAD_SIZE,
-            source,
-            f"image is {h}x{w} (HxW): resized into the model's {model_size}x{model_size} input it keeps no "
-            f"{'row' if h < w else 'column'}; expected a camera frame",
-        )
+    if problem is not None:
+        raise InputError(BAD_SIZE, source, f"image is {h}x{w} (HxW): {problem}; expected a camera frame")
     if held_hw is not None and got_hw != held_hw:
         raise InputError(
             BAD_SIZE,

@@ -103,7 +103,6 @@ class FlashRTNode(Node):
         unknown = self._warn_unknown_parameters()
         self.stats_window = stats_window
         self.state, self.description = build_pipeline_state(self.cfg)
-        self._model_image_size = self.state.pipeline.policy.cfg.vision.image_size
         self._lock = threading.Lock()  # counters and conversion stats (sensor threads)
         self._throttle = ThrottledLog(self.cfg.log_throttle_s)
         self._reset_counters()
@@ -229,15 +228,11 @@ class FlashRTNode(Node):
     def _warn_fewer_joints_than_statistics(self) -> None:
         """Fewer joints than the checkpoint's statistics cover runs (a robot that is a subset of
         the one trained on), but is more often the wrong checkpoint: say so once, at start."""
-        state_dims, action_dims = self.state.pipeline.policy.normalizer.dims()
-        for what, joints, dims in (
-            ("joint_names", self.cfg.joint_names, state_dims),
-            ("action_joint_names (or joint_names)", self.cfg.output_joint_names, action_dims),
-        ):
-            if dims is not None and len(joints) < dims:
+        for what, joints, dims in joint_coverage(self.state.pipeline.policy, self.cfg):
+            if dims is not None and joints < dims:
                 self.get_logger().warning(
-                    f"{what} has {len(joints)} joints, the checkpoint's normalisation statistics cover {dims}: "
-                    f"only the first {len(joints)} dims are used (right only if this robot's joints are the "
+                    f"{what} has {joints} joints, the checkpoint's normalisation statistics cover {dims}: "
+                    f"only the first {joints} dims are used (right only if this robot's joints are the "
                     "first ones the policy was trained on)"
                 )
 
@@ -261,8 +256,9 @@ class FlashRTNode(Node):
         one after a gap longer than max_age_s is a restart (e.g. a new driver profile) and is
         taken, and logged. Checked and set under the lock, against `~/reset` clearing it."""
         restarted = gap_s > self.cfg.max_age_s
+        problem = self.state.pipeline.policy.frame_problem(*hw)
         with self._lock:
-            check_frame_size(hw, None if restarted else slot.frame_hw, self._model_image_size, slot.topic)
+            check_frame_size(hw, None if restarted else slot.frame_hw, problem, slot.topic)
             previous, slot.frame_hw = slot.frame_hw, hw
         if previous not in (None, hw):
             self.get_logger().info(
@@ -672,18 +668,24 @@ def policy_problems(policy: Any, kind: str, cfg: NodeConfig) -> list[str]:
     views = policy.cfg.num_views
     if views != len(cfg.camera_topics):
         problems.append(f"the policy takes {views} camera views; camera_topics has {len(cfg.camera_topics)}")
-    state_dims, action_dims = policy.normalizer.dims()
-    for name, joints, dims in [
-        ("joint_names", cfg.joint_names, state_dims),
-        ("action_joint_names (or joint_names)", cfg.output_joint_names, action_dims),
-    ]:
-        if dims is not None and len(joints) > dims:
+    for name, joints, dims in joint_coverage(policy, cfg):
+        if dims is not None and joints > dims:
             problems.append(
-                f"{name} has {len(joints)} joints but the normalisation statistics of {where} cover "
+                f"{name} has {joints} joints but the normalisation statistics of {where} cover "
                 f"{dims}; expected at most {dims} (the checkpoint was trained on another robot?)"
             )
     prompt = policy.prompt_problem(cfg.prompt, len(cfg.joint_names))
     return problems + ([prompt] if prompt else [])
+
+
+def joint_coverage(policy: Any, cfg: NodeConfig) -> list[tuple[str, int, int | None]]:
+    """(parameter, its joint count, the dims the policy's statistics cover; None = any) for the
+    state and the actions: too many joints stop the start, fewer get a warning."""
+    state_dims, action_dims = policy.normalizer.dims()
+    return [
+        ("joint_names", len(cfg.joint_names), state_dims),
+        ("action_joint_names (or joint_names)", len(cfg.output_joint_names), action_dims),
+    ]
 
 
 def _fp8_suffix(pipeline) -> str:
