@@ -206,6 +206,10 @@ def main() -> None:
         # 882406b (7 rounds): default 681.0, the attention phase's tiles through TMA descriptors
         # 671.2 (every round lower; now the default on sm_90+)
         dict(att_tma=False),  # the attention phase's tiles through pointer loads
+        # 6b33f7c + a scratch `fold_combine` (7 rounds, docs/results/expert_step_fold_combine_6b33f7c.log):
+        # each query tile's last key split (an acq_rel counter per tile) merging the splits, no
+        # combine phase or its barrier: 744.9 vs 672.1 us (attention phase 8.3 -> 15.2 us against
+        # the 1.9 + 1.3 saved), as at dd826ad; not kept
         # 741db5d (5 rounds): default 661.3, att_splits=4 674.4, cb_dc=128 671.6, cb_m=32 + cb_dc=32
         # 666.3. Every layer reading layer 0's weights (35 MB, L2-resident; a scratch copy of the
         # kernel): 626.7 vs 666.7, only QKV faster (5.44 -> 3.78 us). dfc25f2 (7 rounds): the QKV
