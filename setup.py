@@ -38,7 +38,9 @@ setup(
         "ros": ["pillow"],
         # Fused GPU kernels (Triton usually comes with a CUDA build of torch already).
         "triton": ["triton"],
-        "test": ["pytest", "pytest-timeout", "pillow"],
+        "test": ["pytest", "pytest-timeout", "pillow", "matplotlib"],
+        # `flashrt bench`'s plot (the table and the JSON need nothing more).
+        "bench": ["matplotlib"],
     },
     entry_points={"console_scripts": ["flashrt = flashrt_ros.cli:main"]},
     zip_safe=False,

@@ -14,6 +14,8 @@ OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 # FLASHRT_COMMIT: pass the commit in the command (the device copy has no .git)
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+[ -n "${FLASHRT_COMMIT:-}" ] || [ -d .git ] \
+  || echo "warning: no .git here and FLASHRT_COMMIT unset: result files will say commit \"unknown\""
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(kernels fused parity latency bench step)
 status=0
@@ -37,8 +39,8 @@ for part in "${parts[@]}"; do
       python3 -m pytest -q -p no:cacheprovider test/test_fused.py test/test_capsule.py 2>&1 | tee "$OUT/fused.log" | tail -15 || status=1
       ;;
     bench)
-      step "flashrt bench: eager, fused, torch.compile (pi0.5 and pi0, bf16, batch 1)"
-      python3 -m flashrt_ros.cli bench --policy pi05,pi0 --views 1,2,3 --modes eager,fused,compile --iters 50 \
+      step "flashrt bench: eager, fused (bf16 and FP8 prefix MLP), torch.compile (pi0.5 and pi0, batch 1)"
+      python3 -m flashrt_ros.cli bench --policy pi05,pi0 --views 1,2,3 --modes eager,fused,fused-fp8,compile --iters 50 \
         --warmup 5 --out "$OUT" 2>&1 | tee "$OUT/bench.log" || status=1
       ;;
     headline)
@@ -66,7 +68,7 @@ for part in "${parts[@]}"; do
       ;;
     latency)
       step "Reference eager latency, full size, bf16, batch 1"
-      python3 -m flashrt_ros.cli bench --policy pi05 --views 3 --iters 20 --warmup 3 --out "$OUT" \
+      python3 -m flashrt_ros.cli bench --policy pi05 --views 3 --modes eager --iters 20 --warmup 3 --out "$OUT" \
         2>&1 | grep -v "it/s" | tee "$OUT/latency.log" || status=1
       ;;
     step)

@@ -19,10 +19,17 @@ def test_tiny_eager_bench_writes_latency_and_parity(tmp_path, capsys) -> None:
     assert "fused / compile modes need a CUDA GPU; running eager only" in out
     (path,) = tmp_path.glob("bench_*.json")
     (run,) = json.loads(path.read_text())["runs"]
-    assert (run["policy"], run["views"], run["mode"]) == ("pi05", 1, "eager")
-    assert run["full"]["median_ms"] > 0 and run["full"]["p99_ms"] >= run["full"]["median_ms"]
+    assert (run["policy"], run["views"], run["mode"], run["precision"]) == ("pi05", 1, "eager", "float32")
+    full = run["full"]
+    assert full["n"] == 2 and full["min_ms"] <= full["median_ms"] <= full["p99_ms"] <= full["max_ms"]
+    # the prefix and denoise rows were split inside each timed decision: they add up to it
+    assert run["prefix"]["n"] == run["denoise_in_decision"]["n"] == run["denoise"]["n"] == 2
+    assert run["prefix"]["mean_ms"] + run["denoise_in_decision"]["mean_ms"] <= full["mean_ms"] * 1.01
+    assert run["prefix"]["mean_ms"] + run["denoise_in_decision"]["mean_ms"] >= full["mean_ms"] * 0.9
     # fp32 eager against the fp32 reference: the same maths, so the same bits (a determinism check)
-    assert run["parity"]["chunk"]["max_abs"] == 0.0 and run["parity"]["chunk"]["cosine"] > 0.999999
+    for key in ("chunk", "chunk_minus_noise"):
+        assert run["parity"][key]["max_abs"] == 0.0 and run["parity"][key]["cosine"] > 0.999999
+    assert (tmp_path / path.name.replace(".json", ".png")).stat().st_size > 1000  # the plot
 
 
 def test_bf16_eager_bench_parity_compares_two_precisions(tmp_path, capsys) -> None:
@@ -36,22 +43,45 @@ def test_bf16_eager_bench_parity_compares_two_precisions(tmp_path, capsys) -> No
     (run,) = json.loads(next(tmp_path.glob("bench_*.json")).read_text())["runs"]
     chunk = run["parity"]["chunk"]
     assert 0 < chunk["max_abs"] < 5e-3 and chunk["cosine"] > 0.9999, chunk
-    assert f"parity vs fp32 reference: cosine {chunk['cosine']:.6f}, max abs {chunk['max_abs']:.3e}" in (
-        capsys.readouterr().out
+    assert (
+        f"parity vs fp32 reference (bfloat16): cosine {chunk['cosine']:.6f}, max abs {chunk['max_abs']:.3e}"
+        in capsys.readouterr().out
     )
 
 
-def test_speed_up_ratios_have_two_decimals(capsys) -> None:
+def test_speed_up_ratios_have_two_decimals_and_go_to_the_json(capsys) -> None:
+    times = (("eager", 370.485, 300.0), ("fused", 16.015, 6.0), ("compile", 47.45, 24.0), ("fused-fp8", 15.0, 6.25))
     runs = [
-        {"policy": "pi05", "views": 3, "mode": mode, "full": {"median_ms": ms}}
-        for mode, ms in (("eager", 370.485), ("fused", 16.015), ("compile", 47.45), ("fused-fp8", 15.0))
+        {"policy": "pi05", "views": 3, "mode": mode, "full": {"median_ms": ms}, "denoise": {"median_ms": dn}}
+        for mode, ms, dn in times
     ]
-    _print_ratios({"runs": runs}, "pi05")
-    _print_ratios({"runs": runs[:1]}, "pi05")  # no fused run: nothing to compare, no line
+    ratios = _print_ratios({"runs": runs}, "pi05")
+    assert _print_ratios({"runs": runs[:1]}, "pi05") == []  # no fused run: nothing to compare, no line
     assert capsys.readouterr().out.splitlines() == [
         "pi05 3v speed-up of fused (median full decision): eager/fused = 23.13x, compile/fused = 2.96x",
+        "pi05 3v speed-up of fused (median denoise only): eager/fused = 50.00x, compile/fused = 4.00x",
         "pi05 3v speed-up of fused-fp8 (median full decision): eager/fused-fp8 = 24.70x, compile/fused-fp8 = 3.16x",
+        "pi05 3v speed-up of fused-fp8 (median denoise only): eager/fused-fp8 = 48.00x, compile/fused-fp8 = 3.84x",
     ]
+    assert len(ratios) == 8 and ratios[1] == dict(
+        policy="pi05", views=3, stage="full", fast="fused", base="compile", ratio=47.45 / 16.015
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--iters", "0"], "--iters must be >= 1 and --warmup >= 0, got 0 and 5"),
+        (["--compile-mode", "fast"], "--compile-mode 'fast': expected one of default, reduce-overhead, max-autotune"),
+        (["--device", "tpu9"], "--device 'tpu9': "),
+        (["--device", "cuda:7"], "--device 'cuda:7': this machine has "),
+    ],
+)
+def test_bad_numbers_are_refused_before_any_model_is_built(argv, message, capsys) -> None:
+    if argv[-1] == "cuda:7" and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has a cuda:7")
+    assert main(["bench", "--policy", "pi05", "--tiny", "--modes", "eager", *argv]) == 2
+    assert message in capsys.readouterr().out
 
 
 def test_unknown_mode_is_refused(capsys) -> None:

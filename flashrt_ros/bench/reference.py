@@ -16,7 +16,7 @@ import torch
 from ..policies.config import PolicyConfig
 from ..policies.pi0 import Pi0Model
 from ..policies.policy import random_init
-from .timing import Latency, time_call
+from .timing import Latency, time_call, time_parts
 
 log = logging.getLogger(__name__)
 
@@ -67,18 +67,29 @@ def build_random(cfg: PolicyConfig, device: torch.device, seed: int = 0) -> Pi0M
 
 
 def measure_reference(model: Pi0Model, case: Case, iters: int, warmup: int, label: str) -> dict[str, Latency]:
-    """Full decision and denoise-only latency of the eager reference."""
+    """The eager reference: full decision split into its prefix and denoise where they run
+    inside it, and denoise only (the cached prefix)."""
     device = case.noise.device
+    held: dict = {}
+
+    def prefix() -> None:
+        held["prefix"] = model.prefill(*model.embed_prefix(*case.args()[:4]))
+
+    parts = [("prefix", prefix), ("denoise", lambda: model.denoise(held["prefix"], case.noise, case.state))]
     with torch.no_grad():
-        full = time_call(
-            lambda: model.sample_actions(*case.args(), noise=case.noise), iters, warmup, device, f"{label} full"
-        )
-        emb, valid = model.embed_prefix(*case.args()[:4])
-        prefix = model.prefill(emb, valid)
-        denoise = time_call(
-            lambda: model.denoise(prefix, case.noise, case.state), iters, warmup, device, f"{label} denoise"
-        )
+        split = time_parts(parts, iters, warmup, device, f"{label} full")
+        prefix()
+        cached = held["prefix"]
+        denoise = time_call(lambda: model.denoise(cached, case.noise, case.state), iters, warmup, device, label)
+    return decision_rows(label, split, denoise)
+
+
+def decision_rows(label: str, split: dict[str, list[float]], denoise_only: list[float]) -> dict[str, Latency]:
+    """The rows every mode reports: the full decision, its prefix and denoise as they ran
+    inside it (they add up to it), and the denoise alone over a cached prefix."""
     return {
-        "full": Latency.from_samples(f"{label} full decision", full),
-        "denoise": Latency.from_samples(f"{label} denoise only", denoise),
+        "full": Latency.from_samples(f"{label} full decision", split["total"]),
+        "prefix": Latency.from_samples(f"{label} prefix in decision", split["prefix"]),
+        "denoise_in_decision": Latency.from_samples(f"{label} denoise in decision", split["denoise"]),
+        "denoise": Latency.from_samples(f"{label} denoise only", denoise_only),
     }

@@ -16,8 +16,8 @@ from ..policies.config import PolicyConfig
 from ..policies.fused import FusedPi0
 from ..policies.pi0 import Pi0Model
 from .parity import compare
-from .reference import Case, build_random
-from .timing import Latency, time_call
+from .reference import Case, build_random, decision_rows
+from .timing import Latency, time_call, time_parts
 
 log = logging.getLogger(__name__)
 
@@ -62,33 +62,22 @@ def measure_fused(
     capture_s = time.perf_counter() - t0
     vision_graph = cuda_graphs.capture(fused.vision, dev)
     frames = [torch.randint(0, 256, (480, 640, 3), dtype=torch.uint8, device=dev) for _ in range(case.views)]
-    rows = {
-        "full": time_call(fused.sample_actions, iters, warmup, dev, f"{label} full"),
-        "prefix": time_call(lambda: fused.run("prefix"), iters, warmup, dev, f"{label} prefix"),
-        "denoise": time_call(lambda: fused.run("denoise"), iters, warmup, dev, f"{label} denoise"),
-        "vision": time_call(vision_graph.replay, iters, warmup, dev, f"{label} vision"),
-        "preprocess": time_call(
+    parts = [("prefix", lambda: fused.run("prefix")), ("denoise", lambda: fused.run("denoise"))]
+    split = time_parts(parts, iters, warmup, dev, f"{label} full")
+    lat = decision_rows(label, split, time_call(lambda: fused.run("denoise"), iters, warmup, dev, label))
+    alone = {
+        "prefix_alone": ("prefix alone", lambda: fused.run("prefix")),
+        "vision": ("vision alone", vision_graph.replay),
+        "preprocess": (
+            f"preprocess {case.views}x480x640",
             lambda: fused.set_images(frames + [None] * (fused.cfg.num_views - case.views)),
-            iters,
-            warmup,
-            dev,
-            f"{label} preprocess",
         ),
     }
+    for key, (name, fn) in alone.items():
+        lat[key] = Latency.from_samples(f"{label} {name}", time_call(fn, iters, warmup, dev, f"{label} {name}"))
     load_case(fused, case)  # preprocess wrote camera frames into pixels: restore the case's
     chunk = fused.sample_actions().clone()
-    parity = {
-        "chunk": compare(chunk, ref_chunk[0]),
-        "chunk_minus_noise": compare(chunk - case.noise[0], ref_chunk[0] - case.noise[0]),
-    }
-    names = {
-        "full": "full decision",
-        "prefix": "prefix stage (vision+LM)",
-        "denoise": "denoise only",
-        "vision": "vision stage",
-        "preprocess": f"preprocess {case.views}x480x640",
-    }
-    lat = {k: Latency.from_samples(f"{label} {names[k]}", v) for k, v in rows.items()}
+    parity = chunk_parity(chunk, ref_chunk[0], case.noise[0])
     return lat, parity, capture_s
 
 
@@ -102,8 +91,7 @@ def measure_compiled(
     step_fn = torch.compile(model.velocity, mode=mode, dynamic=False)
     cfg = model.cfg
 
-    def decide():
-        prefix = prefix_fn(*case.args()[:4])
+    def denoise(prefix):
         x = case.noise.float()
         dt = -1.0 / cfg.num_steps
         for step in range(cfg.num_steps):
@@ -112,12 +100,29 @@ def measure_compiled(
             x = x + dt * step_fn(prefix, x, t, case.state)
         return x
 
+    def decide():
+        return denoise(prefix_fn(*case.args()[:4]))
+
     t0 = time.perf_counter()
     with torch.no_grad():
         chunk = decide()
         torch.cuda.synchronize(dev)
         compile_s = time.perf_counter() - t0
-        full = time_call(decide, iters, warmup, dev, f"{label} full")
+        held: dict = {}
+
+        def prefix() -> None:
+            held["prefix"] = prefix_fn(*case.args()[:4])
+
+        parts = [("prefix", prefix), ("denoise", lambda: denoise(held["prefix"]))]
+        split = time_parts(parts, iters, warmup, dev, f"{label} full")
+        prefix()
+        cached = held["prefix"]
+        lat = decision_rows(label, split, time_call(lambda: denoise(cached), iters, warmup, dev, label))
         chunk = decide().clone()
-    parity = {"chunk": compare(chunk[0], ref_chunk[0])}
-    return {"full": Latency.from_samples(f"{label} full decision", full)}, parity, compile_s
+    return lat, chunk_parity(chunk[0], ref_chunk[0], case.noise[0]), compile_s
+
+
+def chunk_parity(chunk: torch.Tensor, ref: torch.Tensor, noise: torch.Tensor) -> dict:
+    """The chunk against the fp32 reference's (same inputs and noise), and the same for chunk
+    minus noise: the noise both start from already gives the chunks a high cosine."""
+    return {"chunk": compare(chunk, ref), "chunk_minus_noise": compare(chunk - noise, ref - noise)}

@@ -27,12 +27,13 @@ class Latency:
     p99_ms: float
     mean_ms: float
     min_ms: float
+    max_ms: float
 
     @classmethod
     def from_samples(cls, name: str, samples_ms: list[float]) -> Latency:
         a = np.asarray(samples_ms, dtype=float)
-        p50, p90, p99 = np.percentile(a, [50, 90, 99])
-        return cls(name, len(a), float(p50), float(p90), float(p99), float(a.mean()), float(a.min()))
+        p50, p90, p99 = np.percentile(a, [50, 90, 99])  # linear interpolation between samples
+        return cls(name, len(a), float(p50), float(p90), float(p99), float(a.mean()), float(a.min()), float(a.max()))
 
     def row(self) -> str:
         return f"{self.name:<34} {self.median_ms:9.3f} {self.p90_ms:9.3f} {self.p99_ms:9.3f} {self.n:5d}"
@@ -71,6 +72,48 @@ def time_call(
     return out
 
 
+def time_parts(
+    parts: list[tuple[str, Callable[[], object]]], iters: int, warmup: int, device: torch.device, progress: str = ""
+) -> dict[str, list[float]]:
+    """Milliseconds of each part of one call made of `parts` run in order, plus "total": the
+    parts of a decision split where they run inside it (an event between each two on a GPU),
+    so that they add up to the whole; a part timed alone can differ (other cache and clock state)."""
+    from tqdm import tqdm
+
+    def call() -> None:
+        for _, fn in parts:
+            fn()
+
+    for _ in range(warmup):
+        call()
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+    out: dict[str, list[float]] = {name: [] for name, _ in parts} | {"total": []}
+    show = bool(progress) and sys.stderr.isatty()
+    for _ in tqdm(range(iters), desc=progress or "timing", leave=False, disable=not show):
+        if cuda:
+            marks = [torch.cuda.Event(enable_timing=True) for _ in range(len(parts) + 1)]
+            marks[0].record()
+            for (_, fn), mark in zip(parts, marks[1:], strict=True):
+                fn()
+                mark.record()
+            marks[-1].synchronize()
+            laps = [a.elapsed_time(b) for a, b in zip(marks, marks[1:], strict=False)]
+            total = marks[0].elapsed_time(marks[-1])
+        else:
+            stamps = [time.perf_counter()]
+            for _, fn in parts:
+                fn()
+                stamps.append(time.perf_counter())
+            laps = [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:], strict=False)]
+            total = (stamps[-1] - stamps[0]) * 1e3
+        for (name, _), lap in zip(parts, laps, strict=True):
+            out[name].append(lap)
+        out["total"].append(total)
+    return out
+
+
 def graph_ms(fn: Callable[[], object], calls: int = 1, replays: int = 10) -> float:
     """Median milliseconds per call of `fn` replayed from a CUDA graph of `calls` back-to-back
     calls: the kernels' own time, without the Python launch path (which for one small kernel can
@@ -87,7 +130,7 @@ def graph_ms(fn: Callable[[], object], calls: int = 1, replays: int = 10) -> flo
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / calls)
-    return sorted(times)[len(times) // 2]
+    return float(np.median(times))
 
 
 def environment(device: torch.device) -> dict:
