@@ -39,7 +39,8 @@ def _device(name: str | None) -> torch.device:
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if (device.index or 0) >= count:
             raise ValueError(f"--device {name!r}: this machine has {count} CUDA device(s)")
-        torch.cuda.set_device(device)
+        if device.index is not None:  # plain "cuda": the current device
+            torch.cuda.set_device(device.index)
         device = torch.device("cuda", torch.cuda.current_device())
     return device
 
