@@ -278,6 +278,15 @@ def test_invalid_parameter_at_start_exits_with_the_reasons(ros_env, tmp_path):
         assert reason in output, f"missing reason {reason!r} in:\n{output}"
 
 
+def test_params_file_rcl_cannot_parse_exits_2_without_a_traceback(ros_env, tmp_path):
+    """A list mixing strings and numbers: rcl refuses the file inside rclpy.init."""
+    params = {**TEST_PARAMS, "camera_topics": ["cam_a", 1]}
+    code, output = exit_output(NodeProcess(ros_env, tmp_path, new_namespace(), params))
+    assert code == 2, output
+    assert "not starting: the ROS arguments or a params file are invalid" in output
+    assert "Sequence should be of same type" in output and "Traceback" not in output
+
+
 def test_policy_that_cannot_be_built_exits_non_zero(ros_env, tmp_path):
     params = {**TEST_PARAMS, "checkpoint": str(tmp_path)}  # a folder without model.safetensors
     code, output = exit_output(NodeProcess(ros_env, tmp_path, new_namespace(), params))

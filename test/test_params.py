@@ -150,5 +150,9 @@ def test_declared_on_a_real_node_with_overrides(rclpy_context):
         described = node.describe_parameter("rate_hz")
         assert "changeable at runtime" in described.description
         assert "restart" in node.describe_parameter("policy").description
+        # empty lists are string arrays, not the byte arrays rclpy makes of a bare []
+        for name in ("action_joint_names", "camera_transports", "camera_topics"):
+            assert node.get_parameter(name).type_ == Parameter.Type.STRING_ARRAY, name
+        assert cfg.action_joint_names == [] and cfg.camera_transports == []
     finally:
         node.destroy_node()

@@ -30,6 +30,7 @@ import rclpy
 from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from rcl_interfaces.msg import SetParametersResult
+from rclpy._rclpy_pybind11 import RCLError
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.clock import Clock, ClockType
 from rclpy.event_handler import SubscriptionEventCallbacks
@@ -504,13 +505,15 @@ class FlashRTNode(Node):
         """One line for the logs: counts, then p50/p99 per stage and per input conversion."""
         snap = snap or self.snapshot()
         with self._lock:
-            conversions = " ".join(f"{s.name} {s.p50_ms:.2f}" for s in self.conversion_stats.summaries())
+            conversions = " ".join(
+                f"{s.name} {s.p50_ms:.2f} ({s.rate_hz:.1f} Hz)" for s in self.conversion_stats.summaries()
+            )
         rate = next((s.rate_hz for s in snap.stages if s.name == "node_overhead"), 0.0)
         return (
             f"stats: {snap.decisions} decisions ({rate:.1f} Hz), {snap.dropped_decisions} skipped, "
             f"{snap.deadline_misses} deadline misses, {sum(snap.invalid.values())} invalid inputs | "
             + " | ".join(f"{s.name} {s.p50_ms:.2f}/{s.p99_ms:.2f} ms" for s in snap.stages)
-            + f" (p50/p99) | convert ms p50: {conversions or '-'}"
+            + f" (p50/p99) | convert ms p50 (arrival rate): {conversions or '-'}"
         )
 
     # ---- parameters ------------------------------------------------------------------------
@@ -747,7 +750,11 @@ def main(args: list[str] | None = None) -> int:
     """Entry point of ``ros2 run flashrt_ros flashrt_node`` and ``python -m flashrt_ros.ros.node``.
     Exit codes: 0 after a normal shutdown, 2 for invalid parameters, 1 if the policy cannot
     be built."""
-    rclpy.init(args=args if args is not None else sys.argv, signal_handler_options=SignalHandlerOptions.NO)
+    try:
+        rclpy.init(args=args if args is not None else sys.argv, signal_handler_options=SignalHandlerOptions.NO)
+    except RCLError as exc:  # e.g. a params file rcl cannot parse (a list mixing strings and numbers)
+        print(f"[{NODE_NAME}] not starting: the ROS arguments or a params file are invalid: {exc}", file=sys.stderr)
+        return 2
     logger = get_logger(NODE_NAME)
     root = logging.getLogger("flashrt_ros")
     root.setLevel(logging.INFO)

@@ -197,12 +197,16 @@ def declare_parameters(node: Any) -> None:
     """Declare every parameter on ``node`` with its default and a descriptor (``ros2 param
     describe`` shows the description; runtime-changeable ones say so)."""
     from rcl_interfaces.msg import ParameterDescriptor
+    from rclpy.parameter import Parameter
 
     defaults = NodeConfig().as_dict()
     for name, info in PARAMETERS.items():
         when = "changeable at runtime" if info.runtime else "read-only at runtime (restart to change)"
         descriptor = ParameterDescriptor(description=f"{info.description} [{when}]", dynamic_typing=True)
-        node.declare_parameter(name, defaults[name], descriptor)
+        declared = node.declare_parameter(name, defaults[name], descriptor)
+        if isinstance(defaults[name], list) and declared.type_ == Parameter.Type.BYTE_ARRAY:
+            # rclpy types an empty list as a byte array: `ros2 param get` would show bytes
+            node.set_parameters([Parameter(name, Parameter.Type.STRING_ARRAY, [])])
 
 
 def check_update(current: NodeConfig, changes: Mapping[str, Any]) -> str | None:
