@@ -108,6 +108,35 @@ def test_invalid_name_refused(store):
         store.snapshot("  ")
 
 
+def test_capsule_buffers_cannot_be_changed_through_what_the_store_returns(state, store):
+    capsule = store.snapshot("a")
+    rng = capsule.buffers["rng"]
+    with pytest.raises(ValueError, match="read-only"):
+        rng[0] = 1
+    with pytest.raises(ValueError, match="cannot set WRITEABLE flag to True"):
+        rng.flags.writeable = True
+    with pytest.raises(TypeError):
+        capsule.buffers["rng"] = np.zeros(3, np.uint8)  # type: ignore[index]
+    assert store.list()[0].buffers["rng"].tobytes() == state.read()["rng"].tobytes()
+
+
+def test_write_checks_every_buffer_before_changing_any(state):
+    """A malformed state (here a foreign one with no chunk counter value) is refused whole: the
+    generator is not replaced first and left so."""
+    good = state.read()
+    state.decide(observation(0))
+    live = state.read()
+    for broken, reason in [
+        ({**good, "next_chunk_id": np.zeros(0, np.int64)}, r"next_chunk_id must be one integer >= 1, got int64\[0\]"),
+        ({**good, "rng": good["rng"][:-1]}, r"rng must be uint8\[\d+\], got uint8\[\d+\]"),
+        ({**good, "last_actions": np.zeros((2, 5), np.float32)}, r"last_actions must be \[n, 6\], got \[2, 5\]"),
+    ]:
+        with pytest.raises(ValueError, match="pipeline state refused: " + reason):
+            state.write(broken)
+        after = state.read()
+        assert all(after[k].tobytes() == live[k].tobytes() for k in live)
+
+
 def test_reset_returns_to_the_seed(state):
     first = run(state, range(2))
     state.reset()

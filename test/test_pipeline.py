@@ -26,6 +26,21 @@ def test_decisions_are_timed_per_stage_and_numbered() -> None:
     assert [s.count for s in pipeline.stats.summaries()] == [2] * len(STAGES)
 
 
+def test_a_refused_input_gives_its_noise_back() -> None:
+    """A state with NaN is refused before any chunk: the next good decision is the one a run
+    without the refusals would have made (capsules replay it byte for byte)."""
+    policy = default_policy(num_views=2, action_dof=6)
+    clean, refused = Pipeline(policy, seed=5), Pipeline(policy, seed=5)
+    bad = observation()
+    bad.state[2] = np.nan
+    for _ in range(3):
+        with pytest.raises(ValueError, match="state has non-finite values"):
+            refused.decide(bad)
+    got, want = refused.decide(observation()), clean.decide(observation())
+    assert got.chunk_id == want.chunk_id == 1
+    assert got.actions.tobytes() == want.actions.tobytes()
+
+
 def test_nan_actions_are_refused_and_use_no_chunk_id() -> None:
     policy = default_policy(num_views=2, action_dof=6)
     pipeline = Pipeline(policy, seed=0)

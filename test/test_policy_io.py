@@ -143,6 +143,41 @@ def test_normaliser_refuses_statistics_it_cannot_use(tmp_path):
         Normalizer.find(tmp_path)
 
 
+@pytest.mark.parametrize(("kind", "mode"), [("pi0", "mean_std"), ("pi05", "quantile"), (None, "quantile")])
+def test_openpi_stats_without_a_mode_follow_openpi_per_policy(tmp_path, kind, mode):
+    """openpi's norm_stats.json carries mean, std, q01 and q99 and no mode: openpi normalises pi0
+    with mean / std and pi0.5 with quantiles (`use_quantile_norm = model_type != PI0`)."""
+    stats = {"mean": [0.0], "std": [2.0], "q01": [-1.0], "q99": [5.0]}
+    (tmp_path / "norm_stats.json").write_text(json.dumps({"norm_stats": {"state": stats, "actions": stats}}))
+    norm = Normalizer.find(tmp_path, kind=kind)
+    assert norm.mode == mode
+    want = 0.5 if mode == "mean_std" else -1 / 3  # state 1.0: (1 - 0) / 2, or 2 (1 + 1) / 6 - 1
+    np.testing.assert_allclose(norm.normalize_state(np.ones(1, np.float32)), [want], atol=1e-5)
+    (tmp_path / "norm_stats.json").write_text(
+        json.dumps({"norm_stats": {"state": stats, "actions": stats}, "mode": "quantile"})
+    )
+    assert Normalizer.find(tmp_path, kind="pi0").mode == "quantile"  # a file that says wins
+
+
+def test_statistics_of_several_robots_are_not_guessed_between(tmp_path):
+    norm = Normalizer("quantile", Stats(q01=np.zeros(2), q99=np.ones(2)), Stats(q01=np.zeros(2), q99=np.ones(2)))
+    for robot in ("trossen", "aloha"):
+        norm.save(tmp_path / "assets" / robot / "norm_stats.json")
+    with pytest.raises(ValueError, match=r"statistics for 2 asset ids \(aloha, trossen\); copy the one of your robot"):
+        Normalizer.find(tmp_path)
+    norm.save(tmp_path / "norm_stats.json")  # the top-level file decides
+    assert Normalizer.find(tmp_path).mode == "quantile"
+
+
+def test_statistics_that_would_mirror_values_are_refused():
+    with pytest.raises(ValueError, match=r"state statistics at index 1: std -0.5; expected std >= 0"):
+        Normalizer("mean_std", Stats(mean=np.zeros(2), std=np.array([1, -0.5])), Stats(np.zeros(2), np.ones(2)))
+    with pytest.raises(ValueError, match=r"actions statistics at index 0: q01 2.0, q99 1.0; expected q99 >= q01"):
+        Normalizer("quantile", Stats(q01=np.zeros(2), q99=np.ones(2)), Stats(q01=np.array([2.0, 0]), q99=np.ones(2)))
+    flat = Stats(q01=np.zeros(2), q99=np.zeros(2))  # a constant joint: a zero range is fine
+    Normalizer("quantile", flat, Stats(q01=np.zeros(2), q99=np.ones(2)))
+
+
 def test_resize_with_pad_keeps_aspect_and_centres():
     img = torch.rand(1, 3, 48, 64)
     out = resize_with_pad(img, 32)
@@ -191,3 +226,39 @@ def test_policy_end_to_end_with_normaliser(tokenizer_file):
         policy.infer(Observation(obs.images, huge, "x"))
     with pytest.raises(ValueError, match="expected 2 camera views, got 1"):
         policy.infer(Observation(obs.images[:1], obs.state, "x"))
+
+
+def test_a_checkpoint_without_statistics_is_refused_unless_it_asks_for_none(tmp_path, tokenizer_file):
+    """Without statistics the actions would be published in normalised units as if they were
+    radians: refused, naming where statistics are looked for; an explicit identity file opts out."""
+    from policy_fixtures import tiny_model
+
+    from flashrt_ros.policies.checkpoint import save_model
+    from flashrt_ros.policies.policy import build_policy
+
+    folder = save_model(tiny_model("pi0", seed=1), tmp_path / "ckpt", layout="openpi")
+    with pytest.raises(ValueError, match=rf"{folder}: no normalisation statistics \(norm_stats.json, assets/"):
+        build_policy(None, tokenizer_file, checkpoint=folder, action_dof=6)
+    (folder / "norm_stats.json").write_text(
+        json.dumps({"mode": "identity", "norm_stats": {"state": {}, "actions": {}}})
+    )
+    assert build_policy(None, tokenizer_file, checkpoint=folder, action_dof=6).normalizer.mode == "identity"
+
+
+@pytest.mark.parametrize("processor", ["relative_actions_processor", "absolute_actions_processor"])
+def test_lerobot_relative_actions_are_refused(tmp_path, processor):
+    """LeRobot checkpoints trained on actions relative to the state need them added back; this
+    package does not, so such a checkpoint is refused rather than publishing offsets."""
+    import shutil
+    from pathlib import Path
+
+    source = Path(__file__).parent / "data" / "lerobot_tiny" / "pi05" / "checkpoint"
+    folder = Path(shutil.copytree(source, tmp_path / "ckpt"))
+    assert Normalizer.find(folder).convention == "lerobot"  # as shipped: disabled, accepted
+    pipeline = "policy_preprocessor.json" if processor.startswith("relative") else "policy_postprocessor.json"
+    data = json.loads((folder / pipeline).read_text())
+    next(s for s in data["steps"] if s["registry_name"] == processor)["config"]["enabled"] = True
+    (folder / pipeline).write_text(json.dumps(data))
+    refused = rf"processors \['{processor}'\] are enabled \(actions relative to the state\)"
+    with pytest.raises(ValueError, match=refused):
+        Normalizer.find(folder)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Protocol
 
 import numpy as np
@@ -78,9 +79,24 @@ class PipelineState:
         unknown = sorted(set(state) - set(self.NAMES))
         if missing or unknown:
             raise ValueError(f"pipeline state needs buffers {list(self.NAMES)}; missing {missing}, unknown {unknown}")
-        self.pipeline.generator.set_state(torch.from_numpy(np.array(state["rng"], dtype=np.uint8)))
-        self.pipeline.next_chunk_id = int(state["next_chunk_id"][0])
-        self.last_actions = np.array(state["last_actions"], dtype=np.float32, copy=True)
+        rng, ids, actions = (np.asarray(state[n]) for n in self.NAMES)
+        live = self.pipeline.generator.get_state().numpy()
+        problems = [  # all checked before any is applied: a refused state changes nothing
+            f"rng must be {live.dtype}[{live.size}], got {rng.dtype}{list(rng.shape)}"
+            if rng.dtype != live.dtype or rng.shape != live.shape
+            else "",
+            f"next_chunk_id must be one integer >= 1, got {ids.dtype}{list(ids.shape)}"
+            if ids.shape != (1,) or ids.dtype.kind not in "iu" or ids[0] < 1
+            else "",
+            f"last_actions must be [n, {self.pipeline.policy.action_dof}], got {list(actions.shape)}"
+            if actions.ndim != 2 or actions.shape[1] != self.pipeline.policy.action_dof
+            else "",
+        ]
+        if any(problems):
+            raise ValueError("pipeline state refused: " + "; ".join(p for p in problems if p))
+        self.pipeline.generator.set_state(torch.from_numpy(rng.copy()))
+        self.pipeline.next_chunk_id = int(ids[0])
+        self.last_actions = np.array(actions, dtype=np.float32, copy=True)
 
     def reset(self) -> None:
         """Back to the state of a fresh pipeline: generator at its seed, ids from 1, no chunk."""
@@ -177,9 +193,9 @@ def _check_name(name: str) -> None:
 
 
 def _frozen(name: str, buffers: Mapping[str, np.ndarray], created_ns: int) -> Capsule:
+    """Copies over immutable bytes (their writeable flag cannot be set again) in a read-only map."""
     copies = {}
     for key, value in buffers.items():
-        copy = np.array(value, copy=True)
-        copy.flags.writeable = False
-        copies[key] = copy
-    return Capsule(name, copies, created_ns)
+        a = np.asarray(value)
+        copies[key] = np.frombuffer(a.tobytes(), dtype=a.dtype).reshape(a.shape)
+    return Capsule(name, MappingProxyType(copies), created_ns)

@@ -158,11 +158,18 @@ class Pipeline:
         with on_device(policy.device):
             timer = _Timer(policy.device)
             timer.mark("start")
+            rng = None
             if noise is None:
+                rng = self.generator.get_state()  # a refused input gives its noise back
                 noise = policy.model.noise(1, self.generator, policy.device)
             with torch.no_grad():
                 run = self._run_fused if self.fused is not None else self._run_reference
-                chunk = run(obs, noise, timer)
+                try:
+                    chunk = run(obs, noise, timer)
+                except Exception:
+                    if rng is not None:  # no chunk: the next decision draws what this one would have
+                        self.generator.set_state(rng)
+                    raise
             actions = policy.postprocess(chunk)  # the one host sync of the decision
             timer.mark("postprocess")
             timings = timer.resolve()

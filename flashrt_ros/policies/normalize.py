@@ -1,7 +1,9 @@
 """State / action normalisation with statistics shipped beside the checkpoint.
 
-Modes: `mean_std`: (x - mean) / (std + eps); `quantile`: map [q01, q99] to [-1, 1]
-(pi0.5's default); `identity`. Two conventions exist and both are kept exact:
+Modes: `mean_std`: (x - mean) / (std + eps); `quantile`: map [q01, q99] to [-1, 1];
+`identity`. openpi's norm_stats.json does not say which: openpi uses mean/std for pi0 and
+quantiles for pi0.5 (`use_quantile_norm = model_type != PI0`), and so does `default_mode`.
+Two conventions exist and both are kept exact:
 openpi adds eps = 1e-6 to the divisor both ways (`assets/<id>/norm_stats.json`);
 LeRobot uses eps = 1e-8 only where a quantile range is zero and none when un-normalising
 mean/std (`policy_preprocessor_step_*_normalizer_processor.safetensors`).
@@ -19,6 +21,11 @@ import numpy as np
 EPS = 1e-6
 LEROBOT_EPS = 1e-8
 MODES = ("mean_std", "quantile", "identity")
+
+
+def default_mode(kind: str | None) -> str:
+    """openpi's choice for a norm_stats.json without a mode: mean/std for pi0, else quantiles."""
+    return "mean_std" if kind == "pi0" else "quantile"
 
 
 @dataclass
@@ -70,6 +77,18 @@ class Normalizer:
                     f"{name} statistic {k!r} is not finite at index {int(bad[0])} ({a[bad[0]]}; "
                     f"{bad.size} of {a.size} values); expected finite numbers"
                 )
+        # a negative std or q99 < q01 mirrors the values: finite actions, wrong sign
+        if not need:
+            return
+        if self.mode == "mean_std":
+            bad, want = np.flatnonzero(s.std < 0), "std >= 0"
+            got = lambda i: f"std {s.std[i]}"  # noqa: E731
+        else:
+            bad, want = np.flatnonzero(s.q99 < s.q01), "q99 >= q01"
+            got = lambda i: f"q01 {s.q01[i]}, q99 {s.q99[i]}"  # noqa: E731
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"{name} statistics at index {i}: {got(i)}; expected {want} ({bad.size} such indices)")
 
     def dims(self) -> tuple[int | None, int | None]:
         """How many state and action dims the statistics cover (None: identity, any number)."""
@@ -113,13 +132,14 @@ class Normalizer:
         Path(path).write_text(json.dumps(data, indent=2))
 
     @classmethod
-    def load(cls, path: str | Path, mode: str | None = None) -> Normalizer:
+    def load(cls, path: str | Path, mode: str | None = None, kind: str | None = None) -> Normalizer:
+        """openpi's norm_stats.json; the mode: `mode`, else the file's, else `default_mode(kind)`."""
         data = read_json(path)  # a dict
         stats = data.get("norm_stats", data)
         if not isinstance(stats, dict) or "state" not in stats or "actions" not in stats:
             got = sorted(stats) if isinstance(stats, dict) else type(stats).__name__
             raise ValueError(f"{path}: expected norm_stats with 'state' and 'actions', got {got}")
-        mode = mode or data.get("mode", "quantile")
+        mode = mode or data.get("mode") or default_mode(kind)
         try:
             return cls(mode, Stats.from_dict(stats["state"]), Stats.from_dict(stats["actions"]))
         except (ValueError, TypeError) as exc:
@@ -133,6 +153,7 @@ class Normalizer:
         if not pipeline.is_file():
             return None
         steps = read_json(pipeline).get("steps", [])
+        _refuse_relative_actions(folder, steps)
         step = next((s for s in steps if s.get("registry_name") == "normalizer_processor"), None)
         if step is None or "state_file" not in step:
             return None
@@ -160,14 +181,40 @@ class Normalizer:
             raise ValueError(f"{stats_file}: {exc}") from exc
 
     @classmethod
-    def find(cls, folder: str | Path, mode: str | None = None) -> Normalizer | None:
-        """openpi's norm_stats.json (in the folder or under assets/<id>/) or LeRobot's processor files."""
+    def find(cls, folder: str | Path, mode: str | None = None, kind: str | None = None) -> Normalizer | None:
+        """openpi's norm_stats.json (in the folder, else under its one assets/<id>/) or LeRobot's
+        processor files; None when there are none."""
         folder = Path(folder)
-        hits = [folder / "norm_stats.json", *sorted(folder.glob("assets/*/norm_stats.json"))]
-        for p in hits:
-            if p.is_file():
-                return cls.load(p, mode)
+        if (folder / "norm_stats.json").is_file():
+            return cls.load(folder / "norm_stats.json", mode, kind)
+        assets = sorted(p for p in folder.glob("assets/*/norm_stats.json") if p.is_file())
+        if len(assets) > 1:  # statistics of several robots: picking one would be a guess
+            names = ", ".join(p.parent.name for p in assets)
+            raise ValueError(
+                f"{folder}: normalisation statistics for {len(assets)} asset ids ({names}); copy the one "
+                f"of your robot to {folder / 'norm_stats.json'} (it takes precedence)"
+            )
+        if assets:
+            return cls.load(assets[0], mode, kind)
         return cls.from_lerobot(folder)
+
+
+def _refuse_relative_actions(folder: Path, pre_steps: list) -> None:
+    """LeRobot's relative actions (the model predicts actions minus the state) are not converted
+    back here: running such a checkpoint would publish offsets as positions."""
+    post = folder / "policy_postprocessor.json"
+    post_steps = read_json(post).get("steps", []) if post.is_file() else []
+    names = ("relative_actions_processor", "absolute_actions_processor")
+    enabled = [
+        s["registry_name"]
+        for s in [*pre_steps, *post_steps]
+        if s.get("registry_name") in names and s.get("config", {}).get("enabled")
+    ]
+    if enabled:
+        raise ValueError(
+            f"{folder}: the checkpoint's processors {sorted(set(enabled))} are enabled (actions relative to "
+            "the state); flashrt_ros does not convert them back, so its actions would be offsets, not positions"
+        )
 
 
 def read_json(path: str | Path) -> dict:

@@ -194,7 +194,14 @@ def build_policy(
             cfg = cfg.replace(dtype=config.dtype)  # precision is the deployment's choice, not the file's
         model, info = load_model(checkpoint, cfg, device=device)
         config = info.config
-        normalizer = normalizer or Normalizer.find(checkpoint)
+        normalizer = normalizer or Normalizer.find(checkpoint, kind=config.kind)
+        if normalizer is None:
+            raise ValueError(
+                f"{checkpoint}: no normalisation statistics (norm_stats.json, assets/<id>/norm_stats.json, or "
+                "LeRobot's policy_preprocessor.json with a normalizer_processor step): without them the "
+                'actions are not in robot units. To run without, add a norm_stats.json of {"mode": "identity", '
+                '"norm_stats": {"state": {}, "actions": {}}}'
+            )
     else:
         log.warning("no checkpoint given: using RANDOM weights (seed %d) - the actions mean nothing", seed)
         model = random_init(Pi0Model(config), seed).set_precision(getattr(torch, config.dtype)).to(device)

@@ -408,11 +408,13 @@ class FlashRTNode(Node):
         """
         last = max(samples, key=lambda s: s.ready_ns)
         compute_ms = decision.total_ms
-        overhead_ms = ((last.ready_ns - last.arrived_ns) + (end_ns - start_ns)) / 1e6 - compute_ms
+        # an input converted while the callback was starting (ready after start) waited for nothing
+        waited_from = max(start_ns, last.ready_ns)
+        overhead_ms = ((last.ready_ns - last.arrived_ns) + (end_ns - waited_from)) / 1e6 - compute_ms
         self.node_stats.add(
             {
                 "node_overhead": overhead_ms,
-                "input_wait": (start_ns - last.ready_ns) / 1e6,
+                "input_wait": (waited_from - last.ready_ns) / 1e6,
                 "arrival_to_publish": (end_ns - last.arrived_ns) / 1e6 - compute_ms,
             }
         )
