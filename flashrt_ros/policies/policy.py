@@ -82,6 +82,8 @@ class Policy:
         cfg = self.cfg
         if len(obs.images) != cfg.num_views:
             raise ValueError(f"expected {cfg.num_views} camera views, got {len(obs.images)}")
+        if all(img is None for img in obs.images):  # both backends: the fused one would run prompt-only
+            raise ValueError("all camera views are absent: at least one image is needed")
         state = np.asarray(obs.state, dtype=np.float32)
         if state.ndim != 1 or state.shape[0] > cfg.state_dim:
             raise ValueError(f"state must be a vector of at most {cfg.state_dim} values, got shape {state.shape}")
