@@ -73,7 +73,7 @@ def test_gated_residual_alone(dtype: torch.dtype) -> None:
 
 def test_rejects_bad_modulation_shape() -> None:
     x = torch.zeros(4, 48, device=DEVICE)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"must be \[144\] or \[\d+, 144\], got \(96,\)"):
         ada_rms_norm(x, torch.zeros(2 * 48, device=DEVICE))
 
 
