@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from node_harness import CAMERAS, JOINT_TOPIC, JOINTS, NODE, running_node_and_peer, stamp_ns
+from node_harness import CAMERAS, HW, JOINT_TOPIC, JOINTS, NODE, TEST_PARAMS, running_node_and_peer, stamp_ns
 
 pytestmark = pytest.mark.ros
 
@@ -189,12 +189,64 @@ def test_capsule_services(running):
     assert peer.pump(3.0, until=lambda: any(c.chunk_id == next_id for c in peer.chunks[start:]))
 
 
+def test_chunk_is_the_policy_applied_to_the_messages_it_names(running):
+    """The published actions are the policy's output for exactly the frames and joint values the
+    chunk names (cameras in order, joints picked by name from a message that lists them in
+    another order, the prompt set at run time), recomputed here from what this process published
+    with a pipeline built from the same parameters and seed: a node that swapped or blanked a
+    camera, mis-mapped a joint or kept the old prompt publishes other numbers."""
+    from std_srvs.srv import Trigger
+
+    from flashrt_ros.policies.policy import Observation
+    from flashrt_ros.ros.node import build_pipeline_state
+    from flashrt_ros.ros.params import NodeConfig
+
+    node, peer = running
+    (old_prompt,) = peer.get_parameters("prompt")
+    prompt = "stack the blue blocks"
+    assert peer.set_parameters(prompt=prompt)[0].successful
+    rng = np.random.default_rng(7)
+    frames: dict[tuple[str, int], np.ndarray] = {}
+    positions: dict[int, dict[str, float]] = {}
+    names = JOINTS[::-1]
+
+    def publish() -> None:  # distinct random frames per camera, random joints in reversed order
+        for i, topic in enumerate(CAMERAS):
+            rgb = rng.integers(0, 256, (*HW, 3), dtype=np.uint8)
+            frames[(peer.topic(topic), peer.publish_camera(i, peer.image(data=rgb.tobytes())))] = rgb
+        values = (rng.normal(size=len(names)) * 0.3).tolist()
+        stamp = peer.publish_joints(peer.joints(positions=values, names=names))
+        positions[stamp] = dict(zip(names, values, strict=True))
+
+    peer.pump(0.5, publish=False, extra=publish)  # every input held from here on is one of these
+    start = len(peer.chunks)
+    assert peer.call(Trigger, f"{peer.namespace}/{NODE}/reset", Trigger.Request()).success  # seed, ids from 1
+    assert peer.pump(5.0, publish=False, extra=publish, until=lambda: any(c.chunk_id == 1 for c in peer.chunks[start:]))
+    chunk = next(c for c in peer.chunks[start:] if c.chunk_id == 1)
+    sources = peer.chunk_sources(chunk)
+    images = [frames[(peer.topic(t), sources[peer.topic(t)])] for t in CAMERAS]
+    joint_values = positions[sources[peer.topic(JOINT_TOPIC)]]
+    state = np.array([joint_values[n] for n in JOINTS], dtype=np.float32)
+
+    holder, _ = build_pipeline_state(NodeConfig.from_values({**TEST_PARAMS, "prompt": prompt}))
+    want = holder.decide(Observation(images, state, prompt)).actions
+    got = np.frombuffer(chunk.actions, dtype=np.float32).reshape(chunk.horizon, chunk.action_dim)
+    assert peer.set_parameters(prompt=old_prompt)[0].successful
+    # the same bits: the tiny random policy barely looks at its cameras (two frames swapped move
+    # its actions by ~4e-7), so any tolerance would let a swapped camera through
+    np.testing.assert_array_equal(got, want)
+    other = build_pipeline_state(NodeConfig.from_values(TEST_PARAMS))[0].decide(Observation(images, state, old_prompt))
+    assert not np.array_equal(other.actions, want)  # another prompt, other actions
+
+
 def test_reset_service(running):
     from std_srvs.srv import Trigger
 
     node, peer = running
     # counters well above what a fresh start shows, so that seeing them low again means a reset
     assert peer.pump(10.0, until=lambda: bool(peer.statuses) and peer.statuses[-1].decisions >= 6)
+    assert not peer.set_parameters(rate_h=1.0)[0].successful  # a counted refusal for reset to clear
+    peer.wait_for_counter("", "unknown_parameter", above=0)
     response = peer.call(Trigger, f"{peer.namespace}/{NODE}/reset", Trigger.Request())
     assert response.success and "chunk ids restart at 1" in response.message
     t0 = time.monotonic()
@@ -206,4 +258,6 @@ def test_reset_service(running):
     # wait for both: the chunk ids restarting and a status published after the reset
     assert peer.pump(5.0, until=lambda: any(c.chunk_id == 1 for c in peer.chunks[start:]) and bool(fresh()))
     assert time.monotonic() - t0 < 5.0
+    # every counter too (the unknown parameter counted above)
+    assert all(c.count == 0 for c in fresh()[0].invalid_inputs), fresh()[0].invalid_inputs
     peer.assert_chunks_from_good_data()
