@@ -142,7 +142,7 @@ def measure(args: argparse.Namespace) -> dict:
         stats_window=10**7,
         parameter_overrides=[Parameter("rate_hz", value=args.rate), Parameter("stats_log_period_s", value=0.0)],
     )
-    executor = MultiThreadedExecutor(num_threads=len(node.slots) + 2)  # as flashrt_node's main()
+    executor = MultiThreadedExecutor(num_threads=node.callback_threads)  # as flashrt_node's main()
     executor.add_node(node)
     spinner = threading.Thread(target=executor.spin, daemon=True)
     spinner.start()

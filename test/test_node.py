@@ -93,6 +93,45 @@ def test_status_and_diagnostics(running):
     assert {kv.key for kv in diag.values} >= {"policy", "decisions", "dropped decisions", "deadline misses"}
 
 
+def test_diagnostics_levels_and_the_counts_behind_them(running):
+    """OK while running (inputs at 20 Hz for 10 Hz decisions: every other one replaced unused,
+    counted as dropped); WARN naming what happened since the last status (a frame of an encoding
+    the node cannot read; deadline misses at a rate no CPU decision keeps, where the status and the
+    services must still get their turn: they once shared the decision's callback group and
+    starved); ERROR once no decision runs (inputs stopped); OK again when they come back."""
+    from diagnostic_msgs.msg import DiagnosticStatus
+
+    node, peer = running
+
+    def level_since(start: int, level: bytes, text: str = "") -> bool:
+        return any(d.status[0].level == level and text in d.status[0].message for d in peer.diagnostics[start:])
+
+    start = len(peer.diagnostics)
+    assert peer.pump(3.0, until=lambda: level_since(start, DiagnosticStatus.OK, "running at 10 Hz"))
+    assert peer.statuses[-1].dropped_inputs > 0
+
+    start = len(peer.diagnostics)
+    bad_frame = lambda: peer.publish_camera(0, peer.image(encoding="yuv422"), good=False)  # noqa: E731
+    assert peer.pump(3.0, extra=bad_frame, until=lambda: level_since(start, DiagnosticStatus.WARN, "invalid inputs"))
+
+    misses = peer.statuses[-1].deadline_misses
+    assert peer.set_parameters(rate_hz=500.0)[0].successful
+    try:
+        start = len(peer.diagnostics)
+        assert peer.pump(3.0, until=lambda: level_since(start, DiagnosticStatus.WARN, "deadline misses"))
+        assert peer.statuses[-1].deadline_misses > misses
+        from flashrt_ros.srv import ListCapsules  # the services answer too, between two decisions
+
+        peer.call(ListCapsules, f"{peer.namespace}/{NODE}/capsule/list", ListCapsules.Request(), timeout=3.0)
+    finally:
+        assert peer.set_parameters(rate_hz=10.0)[0].successful
+
+    start = len(peer.diagnostics)
+    assert peer.pump(4.0, publish=False, until=lambda: level_since(start, DiagnosticStatus.ERROR, "no decision for"))
+    start = len(peer.diagnostics)
+    assert peer.pump(4.0, until=lambda: level_since(start, DiagnosticStatus.OK))
+
+
 def test_runtime_rate_and_prompt_change(running):
     node, peer = running
     before = chunk_rate(peer, 1.5)

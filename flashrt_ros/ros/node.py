@@ -7,8 +7,10 @@ the held samples, refuses to decide unless every input is present and fresh, run
 policy, and publishes an ``ActionChunk`` and a ``trajectory_msgs/JointTrajectory``. A
 MultiThreadedExecutor keeps the sensor callbacks flowing while the policy runs.
 
-Services that touch the policy's state (reset, capsules) and the status timer share the
-decision's mutually exclusive group, so they always run between two decisions.
+The status timer and the services have callback groups of their own, so that a decision rate
+the policy cannot keep (its timer always due) starves neither; the services that touch the
+policy's state (reset, capsules) take turns with the decision on a lock, so they always run
+between two decisions.
 
 Robots see why nothing moves: every refused message and every skipped decision is
 counted by (topic, reason) in ``~/status`` and ``/diagnostics`` and logged (throttled per
@@ -109,7 +111,10 @@ class FlashRTNode(Node):
         self._reset_counters()
         if unknown:
             self.invalid[("", UNKNOWN_PARAMETER)] += len(unknown)
-        self._decision_group = MutuallyExclusiveCallbackGroup()
+        # decisions, status and services each in their own group, so that a decision rate the
+        # policy cannot keep (its timer always due) starves neither the status nor the services;
+        # the decision and the services that change its state take turns on this lock instead
+        self._state_lock = threading.Lock()
         self._create_inputs()
         self._create_outputs()
         self._create_timers()
@@ -178,13 +183,15 @@ class FlashRTNode(Node):
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
 
     def _create_timers(self) -> None:
-        group = self._decision_group
-        self._decision_timer = self.create_timer(1.0 / self.cfg.rate_hz, self._on_decision, callback_group=group)
+        self._decision_timer = self.create_timer(
+            1.0 / self.cfg.rate_hz, self._on_decision, callback_group=MutuallyExclusiveCallbackGroup()
+        )
         # status on the steady clock: it keeps reporting when ROS time stops (use_sim_time with
         # no /clock, a paused simulator)
         steady = Clock(clock_type=ClockType.STEADY_TIME)
+        status_group = MutuallyExclusiveCallbackGroup()
         self._status_timer = self.create_timer(
-            1.0 / self.cfg.status_rate_hz, self._on_status, callback_group=group, clock=steady
+            1.0 / self.cfg.status_rate_hz, self._on_status, callback_group=status_group, clock=steady
         )
         # and the executor's wait returns at least every WAKE_PERIOD_S whatever the status rate,
         # so that SIGINT (handled between waits) stops the node promptly then too
@@ -193,7 +200,7 @@ class FlashRTNode(Node):
         )
 
     def _create_services(self) -> None:
-        group = self._decision_group
+        group = MutuallyExclusiveCallbackGroup()  # one service at a time; each takes the state lock
         self._own_services = [
             self.create_service(Trigger, "~/reset", self._on_reset, callback_group=group),
             self.create_service(SnapshotCapsule, "~/capsule/snapshot", self._on_snapshot, callback_group=group),
@@ -301,7 +308,17 @@ class FlashRTNode(Node):
         )
 
     # ---- decisions -------------------------------------------------------------------------
+    @property
+    def callback_threads(self) -> int:
+        """Executor threads for every group to run at once: one per input, decisions, status,
+        services, the wake timer."""
+        return len(self.slots) + 4
+
     def _on_decision(self) -> None:
+        with self._state_lock:  # a reset or capsule call waits for this decision, and the other way
+            self._decide()
+
+    def _decide(self) -> None:
         start = time.perf_counter_ns()
         cfg = self.cfg
         samples = self._fresh_samples(self.get_clock().now().nanoseconds, cfg)
@@ -551,8 +568,8 @@ class FlashRTNode(Node):
 
     # ---- services --------------------------------------------------------------------------
     def _on_reset(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
-        self.state.reset()
-        with self._lock:
+        with self._state_lock, self._lock:
+            self.state.reset()
             for slot in self.slots:
                 slot.clear()
             self._reset_counters()
@@ -570,7 +587,8 @@ class FlashRTNode(Node):
         """Run a capsule operation; failures become success=False with the reason, a counter
         (topic = the service, reason = the error kind) and a warning."""
         try:
-            response.message = action()
+            with self._state_lock:  # between decisions
+                response.message = action()
             response.success = True
             self.get_logger().info(f"{service}: {response.message}")
         except (KeyError, ValueError) as exc:
@@ -767,7 +785,7 @@ def main(args: list[str] | None = None) -> int:
         logger.error(f"not starting: {exc}")
         rclpy.try_shutdown()
         return 2 if isinstance(exc, ConfigError) else 1
-    executor = MultiThreadedExecutor(num_threads=len(node.slots) + 2)
+    executor = MultiThreadedExecutor(num_threads=node.callback_threads)
     return run_until_signal(
         node, executor, on_stop=lambda: node.get_logger().info(f"shutting down; {node.stats_line()}")
     )
