@@ -161,8 +161,11 @@ def test_rebuilding_the_fused_path_leaves_no_gpu_memory_behind():
     assert shapes > 1 and grown < 1.0, f"{grown:.1f} MiB left behind by 3 builds of {shapes} captured shapes"
 
 
-def test_pipeline_fused_backend_matches_reference_backend():
-    """The node's decision path: raw uint8 frames + prompt + state through both backends."""
+@pytest.mark.parametrize("present", [[True, False], [False, True], [True, True]])
+def test_pipeline_fused_backend_matches_reference_backend(present):
+    """The node's decision path: raw uint8 frames + prompt + state through both backends. The
+    tiny policy barely reacts to its cameras, so the frames the fused path pre-processed are
+    compared too: each present view's pixels, packed to the front, equal the reference's."""
     import numpy as np
 
     from flashrt_ros.engine.pipeline import Pipeline
@@ -170,14 +173,18 @@ def test_pipeline_fused_backend_matches_reference_backend():
 
     policy = default_policy("pi05", device=DEVICE, num_views=2, action_dof=6)
     rng = np.random.default_rng(0)
-    obs = Observation([rng.integers(0, 256, (48, 64, 3), dtype=np.uint8), None], rng.uniform(-1, 1, 6), "pick up")
+    frames = [rng.integers(0, 256, (48, 64, 3), dtype=np.uint8) if ok else None for ok in present]
+    obs = Observation(frames, rng.uniform(-1, 1, 6), "pick up")
     noise = policy.model.noise(1, torch.Generator(device=DEVICE).manual_seed(3), DEVICE)
     ref = Pipeline(policy, backend="reference").decide(obs, noise)
     fused_pipe = Pipeline(policy, backend="fused")
     assert fused_pipe.backend == "fused"
     out = fused_pipe.decide(obs, noise)
+    want = policy.prepare(obs).pixels[0, torch.tensor(present)]
+    got = fused_pipe.fused.pixels[: sum(present)]
+    torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=1e-5)
     assert out.actions.shape == ref.actions.shape == (policy.cfg.horizon, 6)
-    np.testing.assert_allclose(out.actions, ref.actions, rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(out.actions, ref.actions, rtol=1e-5, atol=1e-5)
     assert set(out.timings_ms) == {"preprocess", "prefix", "denoise", "postprocess"}
 
 

@@ -198,10 +198,14 @@ def _run_and_compare(shape, dtype, gated, tol, sms=None, cache_pad=0, pi0_blocks
 
 
 def _assert_all_close(pairs, tol) -> None:
-    """Each (got, ref): within `tol`, or (tol None: bf16 at real shapes) cosine > 0.999."""
+    """Each (got, ref): within `tol`, or (tol None: bf16) cosine > 0.9999 and max abs error under
+    2% of the reference's largest value (measured on the CPU: at most 1.4% and cosine 0.99996; the
+    expert's activation scaled by 1.04 gives 3-4% and 0.99975 and fails)."""
     for got, ref in pairs:
         if tol is None:
-            assert cosine(got.float(), ref.float()) > 0.999
+            got, ref = got.float(), ref.float()
+            err, scale = (got - ref).abs().max().item(), ref.abs().max().item()
+            assert cosine(got, ref) > 0.9999 and err < 0.02 * scale, (cosine(got, ref), err, scale)
         else:
             torch.testing.assert_close(got.float(), ref.float(), **tol)
 
