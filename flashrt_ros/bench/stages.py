@@ -87,6 +87,9 @@ def measure_compiled(
     """torch.compile of the reference, per stage: (embed_prefix + prefill) in inductor's default
     mode (compute-bound: large GEMMs), one denoise step in `mode` (launch-bound: CUDA graphs)."""
     dev = case.noise.device
+    # each (policy, views) compiles from scratch: dynamo keys its cache by code object, so the
+    # earlier runs' graphs would count against its recompile limit (then it runs eager, silently)
+    torch._dynamo.reset()
     prefix_fn = torch.compile(lambda *a: model.prefill(*model.embed_prefix(*a)), dynamic=False)
     step_fn = torch.compile(model.velocity, mode=mode, dynamic=False)
     cfg = model.cfg
