@@ -779,6 +779,8 @@ def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor, out: torch.Tenso
     ang = positions.float()[:, None] * inv_freq.float()[None, :]
     if out is None:
         out = torch.empty(2, *ang.shape, device=ang.device, dtype=torch.float32)
+    elif tuple(out.shape) != (2, *ang.shape) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous float32 {[2, *ang.shape]}, got {out.dtype} {list(out.shape)}")
     torch.cos(ang, out=out[0])
     torch.sin(ang, out=out[1])
     return out
@@ -1011,6 +1013,25 @@ class ExpertStepPlan:
             raise ValueError(f"the denoise tail holds at most {UPDATE_MAX_ACTIONS} action dims, got {ba}")
         return self.update_ws
 
+    def _check_cache(
+        self, k: torch.Tensor, v: torch.Tensor, key_blocks: torch.Tensor, query_blocks: torch.Tensor, row0: int, L: int
+    ) -> None:
+        """The cache and masks this launch reads and writes fit the plan: the kernel checks no
+        bounds of its own (a short key_blocks or a suffix past the cache would read or write
+        outside the tensors)."""
+        Tk, problems = int(k.shape[1]) if k.dim() == 3 else -1, []
+        if tuple(k.shape) != tuple(v.shape) or k.dim() != 3 or k.shape[0] != L or k.shape[2] != self.D:
+            problems.append(f"k / v must be [{L}, Tk, {self.D}], got {tuple(k.shape)} / {tuple(v.shape)}")
+        if not 0 <= row0 <= Tk - self.M:
+            problems.append(f"the suffix rows {row0}..{row0 + self.M} do not fit a cache of {Tk} keys")
+        if tuple(key_blocks.shape) != (Tk,) or tuple(query_blocks.shape) != (self.M,):
+            problems.append(
+                f"key_blocks / query_blocks must be [{Tk}] / [{self.M}], got "
+                f"{tuple(key_blocks.shape)} / {tuple(query_blocks.shape)}"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+
     def launch_args(
         self,
         h: torch.Tensor,
@@ -1039,6 +1060,7 @@ class ExpertStepPlan:
             raise ValueError(f"h must be contiguous {self.dtype} [{M}, {self.WE}], got {tuple(h.shape)} {h.dtype}")
         if k.stride() != v.stride() or k.stride(-1) != 1:
             raise ValueError("k and v caches must share strides, rows contiguous")
+        self._check_cache(k, v, key_blocks, query_blocks, suffix_row0, L)
         if tuple(rope.shape) != (2, M, D // 2) or rope.dtype != torch.float32 or not rope.is_contiguous():
             raise ValueError(
                 f"rope must be rope_table(...)'s contiguous float32 [2, {M}, {D // 2}], "

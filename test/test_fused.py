@@ -452,3 +452,72 @@ def test_prefix_mlp_setting(monkeypatch):
     monkeypatch.setattr(fused_mod, "PREFIX_MLP", "cutlass")
     with pytest.raises(ValueError, match="PREFIX_MLP 'cutlass': expected 'triton' or 'cublas'"):
         _run_fused(model, x, torch.float32)
+
+
+def test_inputs_of_the_wrong_shape_are_refused_before_the_bucket_changes():
+    """A [A] noise row would broadcast over the whole chunk; refused, naming every wrong input,
+    with the decision's prompt bucket left as it was."""
+    model = tiny_model("pi05", seed=2, num_views=1).to(DEVICE)
+    x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1, valid_tokens=70).items()}
+    fused = FusedPi0(model, torch.float32)
+    fused.set_inputs(x["tokens"][0], x["token_masks"][0], x["state"][0], x["noise"][0])
+    bucket = fused.bucket
+    short = torch.zeros_like(x["token_masks"][0])
+    short[:3] = True
+    refused = r"wrong shape: noise \(32,\) \(expected \(10, 32\)\), state \(1, 32\) \(expected a vector"
+    with pytest.raises(ValueError, match=refused):
+        fused.set_inputs(x["tokens"][0], short, x["state"], x["noise"][0, 0])
+    assert fused.bucket == bucket
+
+
+def test_more_action_dims_than_the_step_kernel_holds_run_as_separate_kernels():
+    """65 action dims: the step kernel's denoise tail holds 64, so the expert runs per op from the
+    start (it used to build, then fail every decision) and still matches the reference."""
+    model = tiny_model("pi05", seed=2, num_views=1, action_dim=65, state_dim=5).to(DEVICE)
+    x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1).items()}
+    fused, out = _run_fused(model, x, torch.float32)
+    assert fused.step_plan is None
+    torch.testing.assert_close(out, model.sample_actions(**x)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_step_kernel_refuses_a_cache_that_does_not_fit():
+    """Its kernel checks no bounds: a suffix past the cache or short masks are refused."""
+    model = tiny_model("pi05", seed=2, num_views=1).to(DEVICE)
+    x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1).items()}
+    fused, _ = _run_fused(model, x, torch.float32)
+    plan, p, s = fused.step_plan, fused.prefix_rows, fused.cfg.suffix_len
+    k, v = fused.prefix_k[:, : p + s], fused.prefix_v[:, : p + s]
+    args = (fused.suffix_in.clone(), fused.expert_weights, 0, k, v)
+    masks = (fused.key_blocks[: p + s], fused.query_blocks, fused.suffix_rope)
+    with pytest.raises(ValueError, match=rf"the suffix rows {p + 3}\.\.{p + 3 + s} do not fit a cache of {p + s} keys"):
+        plan.step(*args, *masks, p + 3, 0, 1e-6)
+    with pytest.raises(ValueError, match=rf"key_blocks / query_blocks must be \[{p + s}\] / \[{s}\], got \({p}"):
+        plan.step(*args, fused.key_blocks[:p], *masks[1:], p, 0, 1e-6)
+    with pytest.raises(ValueError, match=r"out must be contiguous float32 \[2, 10, 8\], got torch.float32 \[2, 9, 8\]"):
+        rope_table(fused.suffix_pos, fused.inv_freq, out=torch.zeros(2, 9, 8, device=DEVICE))
+
+
+def test_pipeline_backends_refuse_the_same_bad_inputs():
+    """A noise chunk of another shape and a 4-channel frame: both backends say no, the same way."""
+    import numpy as np
+
+    from flashrt_ros.engine.pipeline import Pipeline
+    from flashrt_ros.policies.policy import Observation, default_policy
+
+    policy = default_policy("pi05", device=DEVICE, num_views=2, action_dof=6)
+    rng = np.random.default_rng(0)
+    good = rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    rgba = Observation([good, rng.integers(0, 256, (48, 64, 4), dtype=np.uint8)], rng.uniform(-1, 1, 6), "pick up")
+    row = torch.zeros(1, policy.cfg.action_dim, device=DEVICE)  # one row where a chunk belongs
+    four_channels = r"camera view 1: expected an RGB frame \[H, W, 3\], got shape \(48, 64, 4\)"
+    short_noise = {  # torch's own broadcast error in the reference; ours, before any copy, in the fused path
+        "reference": (RuntimeError, r"must match the size of tensor"),
+        "fused": (ValueError, rf"noise must be \[1, {policy.cfg.horizon}, 32\], got \(1, 32\)"),
+    }
+    for backend, (error, message) in short_noise.items():
+        pipe = Pipeline(policy, backend=backend)
+        with pytest.raises(ValueError, match=four_channels):
+            pipe.decide(rgba)
+        with pytest.raises(error, match=message):
+            pipe.decide(Observation([good, good], rng.uniform(-1, 1, 6), "pick up"), row)
+        assert pipe.next_chunk_id == 1

@@ -143,10 +143,24 @@ class Pipeline:
         except Exception as exc:
             if backend == "fused":
                 raise
+            self._check_device_after(exc)
             log.warning("fused path unavailable (%s: %s): running the reference path", type(exc).__name__, exc)
             return None
         log.info("fused path active: %s", fused.describe())
         return fused
+
+    def _check_device_after(self, exc: Exception) -> None:
+        """The reference may take over only on a working device: a kernel fault during the fused
+        path's capture leaves the CUDA context broken, and every later decision would fail."""
+        if self.policy.device.type != "cuda":
+            return
+        try:
+            torch.cuda.synchronize(self.policy.device)
+        except Exception as broken:
+            raise RuntimeError(
+                f"the fused path failed ({type(exc).__name__}: {exc}) and left the GPU unusable "
+                f"({type(broken).__name__}: {broken}): not falling back to the reference"
+            ) from exc
 
     @property
     def stage_names(self) -> tuple[str, ...]:
@@ -198,6 +212,9 @@ class Pipeline:
 
     def _run_fused(self, obs: Observation, noise: torch.Tensor, timer: _Timer) -> torch.Tensor:
         fused, dev = self.fused, self.policy.device
+        cfg = self.policy.cfg
+        if tuple(noise.shape) != (1, cfg.horizon, cfg.action_dim):  # as the reference's sample_actions
+            raise ValueError(f"noise must be [1, {cfg.horizon}, {cfg.action_dim}], got {tuple(noise.shape)}")
         tokens, token_mask, state = self.policy.prepare_prompt_state(obs)
         frames = [
             None if img is None else torch.from_numpy(np.ascontiguousarray(img)).to(dev, non_blocking=True)

@@ -37,7 +37,7 @@ from kernels.ada_rms_norm import ada_rms_norm, gated_residual_ada_rms_norm
 from kernels.attention import attention
 from kernels.denoise_update import DenoiseUpdate
 from kernels.euler import euler_step
-from kernels.expert_step import ExpertStepPlan, ExpertWeights, rope_table, unpair_columns
+from kernels.expert_step import UPDATE_MAX_ACTIONS, ExpertStepPlan, ExpertWeights, rope_table, unpair_columns
 from kernels.fp8 import E4M3, quantize_rows, quantize_rows_kernel
 from kernels.gate_up_geglu import gate_up_geglu, interleave_block, interleave_gate_up
 from kernels.geglu import geglu
@@ -418,6 +418,9 @@ class FusedPi0:
         try:
             if e.num_kv_heads != 1:
                 raise ValueError(f"it needs one KV head, the expert has {e.num_kv_heads}")
+            if cfg.action_dim > UPDATE_MAX_ACTIONS:
+                limit = UPDATE_MAX_ACTIONS
+                raise ValueError(f"its denoise tail holds {limit} action dims, the policy has {cfg.action_dim}")
             self.step_plan = ExpertStepPlan(
                 sl, e.width, e.mlp_dim, e.num_heads, e.head_dim, cfg.num_steps, dev, self.dtype
             )
@@ -477,7 +480,18 @@ class FusedPi0:
             self.views = n
 
     def set_inputs(self, tokens: Tensor, token_valid: Tensor, state: Tensor, noise: Tensor) -> None:
-        """Copy a decision's inputs in and pick its prompt bucket (host tensors: no device sync)."""
+        """Copy a decision's inputs in and pick its prompt bucket (host tensors: no device sync).
+        Shapes are checked first: a copy would broadcast a [A] noise row over the whole chunk."""
+        want = {
+            "tokens": (tuple(tokens.shape), tuple(self.tokens.shape)),
+            "token_valid": (tuple(token_valid.shape), tuple(self.token_valid.shape)),
+            "noise": (tuple(noise.shape), tuple(self.noise.shape)),
+        }
+        wrong = [f"{name} {got} (expected {shape})" for name, (got, shape) in want.items() if got != shape]
+        if state.dim() != 1 or state.shape[0] > self.state.shape[0]:
+            wrong.append(f"state {tuple(state.shape)} (expected a vector of at most {self.state.shape[0]} values)")
+        if wrong:
+            raise ValueError("fused path inputs of the wrong shape: " + ", ".join(wrong))
         used = int(token_valid.nonzero().max()) + 1 if bool(token_valid.any()) else 1
         self.bucket = next(b for b in self.buckets if b >= used)
         self.tokens.copy_(tokens, non_blocking=True)

@@ -84,6 +84,9 @@ class Policy:
             raise ValueError(f"expected {cfg.num_views} camera views, got {len(obs.images)}")
         if all(img is None for img in obs.images):  # both backends: the fused one would run prompt-only
             raise ValueError("all camera views are absent: at least one image is needed")
+        for i, img in enumerate(obs.images):  # the same frames for both backends
+            if img is not None and (img.ndim != 3 or img.shape[-1] != 3):
+                raise ValueError(f"camera view {i}: expected an RGB frame [H, W, 3], got shape {tuple(img.shape)}")
         state = np.asarray(obs.state, dtype=np.float32)
         if state.ndim != 1 or state.shape[0] > cfg.state_dim:
             raise ValueError(f"state must be a vector of at most {cfg.state_dim} values, got shape {state.shape}")
