@@ -17,10 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
-from .bench.timing import HEADER, environment
-
 MODES = ("eager", "compile", "fused", "fused-fp8")
 
 
@@ -29,8 +25,10 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 FUSED_PRECISION = {"fused": "bfloat16", "fused-fp8": "bfloat16, prefix LM MLP in FP8"}
 
 
-def _device(name: str | None) -> torch.device:
+def _device(name: str | None):
     """The device to benchmark on (made current: CUDA events and graphs use the current one)."""
+    import torch
+
     try:
         device = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError as exc:
@@ -58,6 +56,8 @@ def _check_args(args: argparse.Namespace) -> str | None:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from .bench.timing import HEADER, environment
+
     problem = _check_args(args)
     if problem is None:
         try:
@@ -97,8 +97,10 @@ def _bench(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _setup(kind: str, args: argparse.Namespace, device: torch.device):
+def _setup(kind: str, args: argparse.Namespace, device):
     """Random weights, one Case per view count, and the fp32 reference chunks (parity baseline)."""
+    import torch
+
     from .bench.reference import Case, build_random
     from .policies.config import PolicyConfig
 
@@ -117,6 +119,8 @@ def _setup(kind: str, args: argparse.Namespace, device: torch.device):
 
 @contextlib.contextmanager
 def _no_tf32():
+    import torch
+
     flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
@@ -127,8 +131,10 @@ def _no_tf32():
 
 def _bench_one(mode, model, case, ref, args, label, device) -> dict:
     """One (policy, views, mode) run: latency rows, peak memory, parity (or the error)."""
+    import torch
+
+    from .bench.parity import chunk_parity
     from .bench.reference import measure_reference
-    from .bench.stages import chunk_parity, measure_compiled, measure_fused
 
     gc.collect()  # anything the previous run left in reference cycles: not counted as resident
     on_gpu = device.type == "cuda"
@@ -143,10 +149,14 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
             chunk = model.sample_actions(*case.args(), noise=case.noise)
             extra["parity"] = chunk_parity(chunk[0], ref[0], case.noise[0])
         elif mode in ("fused", "fused-fp8"):
+            from .bench.stages import measure_fused  # Triton: imported only when a fused mode runs
+
             lat, extra["parity"], extra["build_capture_s"] = measure_fused(
                 model, case, args.iters, args.warmup, label, ref, prefix_mlp_fp8=mode == "fused-fp8"
             )
         elif mode == "compile":
+            from .bench.stages import measure_compiled
+
             lat, extra["parity"], extra["compile_s"] = measure_compiled(
                 model, case, args.iters, args.warmup, label, args.compile_mode, ref
             )
@@ -265,6 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     b.add_argument("--out", default="bench_results", help="folder for the JSON result and the plot")
     args = parser.parse_args(argv)
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("flashrt needs PyTorch: install the build that fits this machine (on a Jetson, NVIDIA's)")
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "bench":
         return _bench(args)

@@ -55,7 +55,10 @@ def _nodes(context):
     nodes = [
         Node(package=PACKAGE, executable="flashrt_node", name="flashrt_node", parameters=[arg("params_file")], **common)
     ]
-    if arg("use_synthetic").lower() in ("true", "1", "yes"):
+    synthetic = arg("use_synthetic").strip().lower()
+    if synthetic not in ("true", "false", "1", "0", "yes", "no"):
+        raise ValueError(f"use_synthetic must be true or false (any case), got {arg('use_synthetic')!r}")
+    if synthetic in ("true", "1", "yes"):
         nodes.append(
             Node(
                 package=PACKAGE,
@@ -81,8 +84,7 @@ def generate_launch_description():
             DeclareLaunchArgument(
                 "use_synthetic",
                 default_value="false",
-                choices=["true", "false"],
-                description="also start synthetic_sensors",
+                description="also start synthetic_sensors (true / false, any case)",
             ),
             DeclareLaunchArgument(
                 "synthetic_params_file",

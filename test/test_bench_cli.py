@@ -141,3 +141,24 @@ def test_random_fused_gives_a_loaded_fused_path_that_matches_its_model() -> None
     assert got.shape == ref.shape
     parity = compare(got, ref)
     assert parity["max_abs"] < 5e-3 and parity["cosine"] > 0.9999, parity
+
+
+def test_eager_bench_needs_no_triton_and_no_torch_gives_one_line(tmp_path):
+    """A robot's pip install brings neither: `flashrt bench --help` and an eager run must not
+    import the fused path (Triton), and without torch the command says what is missing."""
+    import subprocess
+    import sys
+
+    def run(block: str, *argv: str) -> subprocess.CompletedProcess:
+        code = f"import sys; sys.modules[{block!r}] = None; from flashrt_ros.cli import main; "
+        code += f"sys.exit(main({list(argv)!r}))"
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+
+    eager = ["bench", "--policy", "pi05", "--tiny", "--views", "1", "--modes", "eager", "--iters", "1", "--warmup", "0",
+             "--steps", "2", "--horizon", "4", "--out", str(tmp_path)]  # fmt: skip
+    no_triton = run("triton", *eager)
+    assert no_triton.returncode == 0, no_triton.stdout + no_triton.stderr
+    assert "pi05 1v eager full decision" in no_triton.stdout
+    no_torch = run("torch", *eager)
+    assert no_torch.returncode == 2 and "flashrt needs PyTorch" in no_torch.stdout, no_torch.stdout + no_torch.stderr
+    assert run("torch", "bench", "--help").returncode == 0

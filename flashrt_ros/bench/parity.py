@@ -28,6 +28,12 @@ def compare(ours: torch.Tensor, ref: torch.Tensor) -> dict:
     return {"max_abs": (a - b).abs().max().item(), "cosine": cos, "ref_abs_max": b.abs().max().item()}
 
 
+def chunk_parity(chunk: torch.Tensor, ref: torch.Tensor, noise: torch.Tensor) -> dict:
+    """The chunk against the fp32 reference's (same inputs and noise), and the same for chunk
+    minus noise: the noise both start from already gives the chunks a high cosine."""
+    return {"chunk": compare(chunk, ref), "chunk_minus_noise": compare(chunk - noise, ref - noise)}
+
+
 def reference_config(ref: dict, checkpoint: Path, dtype: str) -> PolicyConfig:
     """Full size: LeRobot's config.json says it all. Tiny: the dims come from io.json."""
     s = ref["settings"]

@@ -15,7 +15,7 @@ from ..policies import cuda_graphs
 from ..policies.config import PolicyConfig
 from ..policies.fused import FusedPi0
 from ..policies.pi0 import Pi0Model
-from .parity import compare
+from .parity import chunk_parity
 from .reference import Case, build_random, decision_rows
 from .timing import Latency, time_call, time_parts
 
@@ -123,9 +123,3 @@ def measure_compiled(
         lat = decision_rows(label, split, time_call(lambda: denoise(cached), iters, warmup, dev, label))
         chunk = decide().clone()
     return lat, chunk_parity(chunk[0], ref_chunk[0], case.noise[0]), compile_s
-
-
-def chunk_parity(chunk: torch.Tensor, ref: torch.Tensor, noise: torch.Tensor) -> dict:
-    """The chunk against the fp32 reference's (same inputs and noise), and the same for chunk
-    minus noise: the noise both start from already gives the chunks a high cosine."""
-    return {"chunk": compare(chunk, ref), "chunk_minus_noise": compare(chunk - noise, ref - noise)}

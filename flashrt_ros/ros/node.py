@@ -635,7 +635,10 @@ class FlashRTNode(Node):
 def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
     """The policy, its pipeline and the capsule-able state, from the parameters; and strings
     describing them for logs and status. Raises StartupError with the reason."""
-    import torch
+    try:
+        import torch
+    except ImportError as exc:  # the platform brings it (a Jetson: NVIDIA's build); say so, no traceback
+        raise StartupError(f"PyTorch is not installed ({exc}): install the build that fits this machine") from exc
 
     from flashrt_ros.engine.capsule import PipelineState
     from flashrt_ros.engine.pipeline import Pipeline
