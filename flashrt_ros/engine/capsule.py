@@ -80,20 +80,17 @@ class PipelineState:
         if missing or unknown:
             raise ValueError(f"pipeline state needs buffers {list(self.NAMES)}; missing {missing}, unknown {unknown}")
         rng, ids, actions = (np.asarray(state[n]) for n in self.NAMES)
-        live = self.pipeline.generator.get_state().numpy()
-        problems = [  # all checked before any is applied: a refused state changes nothing
-            f"rng must be {live.dtype}[{live.size}], got {rng.dtype}{list(rng.shape)}"
-            if rng.dtype != live.dtype or rng.shape != live.shape
-            else "",
-            f"next_chunk_id must be one integer >= 1, got {ids.dtype}{list(ids.shape)}"
-            if ids.shape != (1,) or ids.dtype.kind not in "iu" or ids[0] < 1
-            else "",
-            f"last_actions must be [n, {self.pipeline.policy.action_dof}], got {list(actions.shape)}"
-            if actions.ndim != 2 or actions.shape[1] != self.pipeline.policy.action_dof
-            else "",
-        ]
-        if any(problems):
-            raise ValueError("pipeline state refused: " + "; ".join(p for p in problems if p))
+        # every buffer checked before any is applied: a refused state changes nothing
+        live, dof = self.pipeline.generator.get_state().numpy(), self.pipeline.policy.action_dof
+        problems = []
+        if rng.dtype != live.dtype or rng.shape != live.shape:
+            problems.append(f"rng must be {live.dtype}[{live.size}], got {rng.dtype}{list(rng.shape)}")
+        if ids.shape != (1,) or ids.dtype.kind not in "iu" or ids[0] < 1:
+            problems.append(f"next_chunk_id must be one integer >= 1, got {ids.dtype}{list(ids.shape)}")
+        if actions.ndim != 2 or actions.shape[1] != dof:
+            problems.append(f"last_actions must be [n, {dof}], got {list(actions.shape)}")
+        if problems:
+            raise ValueError("pipeline state refused: " + "; ".join(problems))
         self.pipeline.generator.set_state(torch.from_numpy(rng.copy()))
         self.pipeline.next_chunk_id = int(ids[0])
         self.last_actions = np.array(actions, dtype=np.float32, copy=True)

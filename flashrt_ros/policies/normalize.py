@@ -77,18 +77,19 @@ class Normalizer:
                     f"{name} statistic {k!r} is not finite at index {int(bad[0])} ({a[bad[0]]}; "
                     f"{bad.size} of {a.size} values); expected finite numbers"
                 )
-        # a negative std or q99 < q01 mirrors the values: finite actions, wrong sign
-        if not need:
-            return
+        self._check_order(name, s)
+
+    def _check_order(self, name: str, s: Stats) -> None:
+        """A negative std or q99 < q01 mirrors the values: finite actions of the wrong sign."""
         if self.mode == "mean_std":
-            bad, want = np.flatnonzero(s.std < 0), "std >= 0"
-            got = lambda i: f"std {s.std[i]}"  # noqa: E731
+            bad, want, show = s.std < 0, "std >= 0", lambda i: f"std {s.std[i]}"
+        elif self.mode == "quantile":
+            bad, want, show = s.q99 < s.q01, "q99 >= q01", lambda i: f"q01 {s.q01[i]}, q99 {s.q99[i]}"
         else:
-            bad, want = np.flatnonzero(s.q99 < s.q01), "q99 >= q01"
-            got = lambda i: f"q01 {s.q01[i]}, q99 {s.q99[i]}"  # noqa: E731
-        if bad.size:
-            i = int(bad[0])
-            raise ValueError(f"{name} statistics at index {i}: {got(i)}; expected {want} ({bad.size} such indices)")
+            return
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"{name} statistics at index {i}: {show(i)}; expected {want} ({bad.sum()} such indices)")
 
     def dims(self) -> tuple[int | None, int | None]:
         """How many state and action dims the statistics cover (None: identity, any number)."""
