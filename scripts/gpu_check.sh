@@ -44,8 +44,9 @@ for part in "${parts[@]}"; do
         --warmup 5 --out "$OUT" 2>&1 | tee "$OUT/bench.log" || status=1
       ;;
     headline)
-      step "The issue's headline: pi0.5 and pi0 at 3 views, eager, fused (bf16 and FP8 prefix MLP), torch.compile in one run (~6 min)"
-      python3 -m flashrt_ros.cli bench --policy pi05,pi0 --views 3 --modes eager,fused,fused-fp8,compile --iters 30 \
+      # 100 decisions per row: with 30, p99 is an interpolation between the two slowest samples
+      step "The issue's headline: pi0.5 and pi0 at 3 views, eager, fused (bf16 and FP8 prefix MLP), torch.compile in one run (~7 min)"
+      python3 -m flashrt_ros.cli bench --policy pi05,pi0 --views 3 --modes eager,fused,fused-fp8,compile --iters 100 \
         --warmup 3 --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/headline.log" || status=1
       ;;
     parity)
