@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -67,29 +68,39 @@ def build_random(cfg: PolicyConfig, device: torch.device, seed: int = 0) -> Pi0M
 
 
 def measure_reference(model: Pi0Model, case: Case, iters: int, warmup: int, label: str) -> dict[str, Latency]:
-    """The eager reference: full decision split into its prefix and denoise where they run
-    inside it, and denoise only (the cached prefix)."""
-    device = case.noise.device
+    """The eager reference's decision rows (`time_decision`)."""
+    with torch.no_grad():
+        return time_decision(
+            lambda: model.prefill(*model.embed_prefix(*case.args()[:4])),
+            lambda prefix: model.denoise(prefix, case.noise, case.state),
+            iters, warmup, case.noise.device, label,
+        )  # fmt: skip
+
+
+def time_decision(
+    prefix: Callable[[], object],
+    denoise: Callable[[object], object],
+    iters: int,
+    warmup: int,
+    device: torch.device,
+    label: str,
+) -> dict[str, Latency]:
+    """The rows every mode reports: the full decision (`prefix()`, then `denoise` of what it
+    returned), its prefix and denoise as they ran inside it (they add up to it), and the denoise
+    alone over one cached prefix."""
     held: dict = {}
 
-    def prefix() -> None:
-        held["prefix"] = model.prefill(*model.embed_prefix(*case.args()[:4]))
+    def run_prefix() -> None:
+        held["prefix"] = prefix()
 
-    parts = [("prefix", prefix), ("denoise", lambda: model.denoise(held["prefix"], case.noise, case.state))]
-    with torch.no_grad():
-        split = time_parts(parts, iters, warmup, device, f"{label} full")
-        prefix()
-        cached = held["prefix"]
-        denoise = time_call(lambda: model.denoise(cached, case.noise, case.state), iters, warmup, device, label)
-    return decision_rows(label, split, denoise)
-
-
-def decision_rows(label: str, split: dict[str, list[float]], denoise_only: list[float]) -> dict[str, Latency]:
-    """The rows every mode reports: the full decision, its prefix and denoise as they ran
-    inside it (they add up to it), and the denoise alone over a cached prefix."""
+    split = time_parts(
+        [("prefix", run_prefix), ("denoise", lambda: denoise(held["prefix"]))], iters, warmup, device, f"{label} full"
+    )
+    cached = prefix()
+    alone = time_call(lambda: denoise(cached), iters, warmup, device, label)
     return {
         "full": Latency.from_samples(f"{label} full decision", split["total"]),
         "prefix": Latency.from_samples(f"{label} prefix in decision", split["prefix"]),
         "denoise_in_decision": Latency.from_samples(f"{label} denoise in decision", split["denoise"]),
-        "denoise": Latency.from_samples(f"{label} denoise only", denoise_only),
+        "denoise": Latency.from_samples(f"{label} denoise only", alone),
     }

@@ -16,8 +16,8 @@ from ..policies.config import PolicyConfig
 from ..policies.fused import FusedPi0
 from ..policies.pi0 import Pi0Model
 from .parity import chunk_parity
-from .reference import Case, build_random, decision_rows
-from .timing import Latency, time_call, time_parts
+from .reference import Case, build_random, time_decision
+from .timing import Latency, time_call
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +62,7 @@ def measure_fused(
     capture_s = time.perf_counter() - t0
     vision_graph = cuda_graphs.capture(fused.vision, dev)
     frames = [torch.randint(0, 256, (480, 640, 3), dtype=torch.uint8, device=dev) for _ in range(case.views)]
-    parts = [("prefix", lambda: fused.run("prefix")), ("denoise", lambda: fused.run("denoise"))]
-    split = time_parts(parts, iters, warmup, dev, f"{label} full")
-    lat = decision_rows(label, split, time_call(lambda: fused.run("denoise"), iters, warmup, dev, label))
+    lat = time_decision(lambda: fused.run("prefix"), lambda _: fused.run("denoise"), iters, warmup, dev, label)
     alone = {
         "prefix_alone": ("prefix alone", lambda: fused.run("prefix")),
         "vision": ("vision alone", vision_graph.replay),
@@ -111,15 +109,6 @@ def measure_compiled(
         chunk = decide()
         torch.cuda.synchronize(dev)
         compile_s = time.perf_counter() - t0
-        held: dict = {}
-
-        def prefix() -> None:
-            held["prefix"] = prefix_fn(*case.args()[:4])
-
-        parts = [("prefix", prefix), ("denoise", lambda: denoise(held["prefix"]))]
-        split = time_parts(parts, iters, warmup, dev, f"{label} full")
-        prefix()
-        cached = held["prefix"]
-        lat = decision_rows(label, split, time_call(lambda: denoise(cached), iters, warmup, dev, label))
+        lat = time_decision(lambda: prefix_fn(*case.args()[:4]), denoise, iters, warmup, dev, label)
         chunk = decide().clone()
     return lat, chunk_parity(chunk[0], ref_chunk[0], case.noise[0]), compile_s

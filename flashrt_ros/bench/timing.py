@@ -49,27 +49,7 @@ def time_call(
     fn: Callable[[], object], iters: int, warmup: int, device: torch.device, progress: str = ""
 ) -> list[float]:
     """Milliseconds of `fn()` per call: CUDA events on a GPU (one sync per call), else perf_counter."""
-    from tqdm import tqdm
-
-    for _ in range(warmup):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    out = []
-    show = bool(progress) and sys.stderr.isatty()
-    for _ in tqdm(range(iters), desc=progress or "timing", leave=False, disable=not show):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            out.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - t0) * 1e3)
-    return out
+    return time_parts([("call", fn)], iters, warmup, device, progress)["total"]
 
 
 def time_parts(

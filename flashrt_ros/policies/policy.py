@@ -19,7 +19,7 @@ from .checkpoint import detect_layout, load_model, read_config
 from .config import PolicyConfig
 from .normalize import Normalizer
 from .pi0 import Pi0Model, count_parameters
-from .preprocess import images_to_pixels, resized_hw
+from .preprocess import images_to_pixels, require_a_view, resized_hw
 from .prompt import PromptTokenizer, PromptTooLong, Tokens, worst_case_state
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,7 @@ class Policy:
         cfg = self.cfg
         if len(obs.images) != cfg.num_views:
             raise ValueError(f"expected {cfg.num_views} camera views, got {len(obs.images)}")
-        if all(img is None for img in obs.images):  # both backends: the fused one would run prompt-only
-            raise ValueError("all camera views are absent: at least one image is needed")
+        require_a_view(obs.images)  # both backends: the fused one would run prompt-only
         for i, img in enumerate(obs.images):  # the same frames for both backends
             if img is not None and (img.ndim != 3 or img.shape[-1] != 3):
                 raise ValueError(f"camera view {i}: expected an RGB frame [H, W, 3], got shape {tuple(img.shape)}")

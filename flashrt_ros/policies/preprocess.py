@@ -39,8 +39,15 @@ def to_unit_float(image: np.ndarray | Tensor) -> Tensor:
     return t.permute(2, 0, 1)[None]
 
 
+def require_a_view(images: list) -> None:
+    """At least one camera view present (None = absent): a decision needs an image."""
+    if all(image is None for image in images):
+        raise ValueError("all camera views are absent: at least one image is needed")
+
+
 def images_to_pixels(images: list[np.ndarray | Tensor | None], size: int, device="cpu") -> tuple[Tensor, Tensor]:
     """Views (None = absent) -> pixels [1, V, 3, S, S] in [-1, 1] and masks bool [1, V]."""
+    require_a_view(images)
     pixels, masks = [], []
     for image in images:
         if image is None:
@@ -50,6 +57,4 @@ def images_to_pixels(images: list[np.ndarray | Tensor | None], size: int, device
         unit = resize_with_pad(to_unit_float(image).to(device), size)
         pixels.append(unit * 2.0 - 1.0)
         masks.append(True)
-    if not any(masks):
-        raise ValueError("all camera views are absent: at least one image is needed")
     return torch.cat(pixels)[None], torch.tensor([masks], device=device)
