@@ -24,7 +24,7 @@ setup(
     name="flashrt_ros",
     version=VERSION,
     description="Real-time vision-language-action policies (pi0, pi0.5) with fused GPU kernels, for ROS 2",
-    packages=find_packages(include=["flashrt_ros", "flashrt_ros.*", "kernels", "kernels.*"]),
+    packages=find_packages(include=["flashrt_ros", "flashrt_ros.*"]),
     python_requires=">=3.10",
     install_requires=[
         "numpy",

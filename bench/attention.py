@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashrt_ros.bench.timing import graph_ms, write_result
-from kernels.attention import attention, attention_key_blocks, attention_ref
-from kernels.packed_attention import packed_attention
-from kernels.prefix_attention import prefix_attention
+from flashrt_ros.kernels.attention import attention, attention_key_blocks, attention_ref
+from flashrt_ros.kernels.packed_attention import packed_attention
+from flashrt_ros.kernels.prefix_attention import prefix_attention
 
 H, D = 8, 256
 

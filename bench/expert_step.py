@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 
 from flashrt_ros.bench.timing import environment, graph_ms
-from kernels.denoise_update import DenoiseUpdate, denoise_update
-from kernels.expert_step import ExpertStepPlan, ExpertWeights, rope_table
-from kernels.rope import rope_inv_freq
+from flashrt_ros.kernels.denoise_update import DenoiseUpdate, denoise_update
+from flashrt_ros.kernels.expert_step import ExpertStepPlan, ExpertWeights, rope_table
+from flashrt_ros.kernels.rope import rope_inv_freq
 
 M, W, F_MLP, H, D, LAYERS, PREFIX = 50, 1024, 4096, 8, 256, 18, 968
 

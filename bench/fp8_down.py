@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from flashrt_ros.bench.timing import graph_ms, write_result
-from kernels.fp8 import quantize_rows
+from flashrt_ros.kernels.fp8 import quantize_rows
 
 ROWS, K, N, BLOCK = 968, 16384, 2048, 128
 

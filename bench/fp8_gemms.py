@@ -17,12 +17,17 @@ from pathlib import Path
 
 import torch
 
-import kernels.gate_up_geglu as gu_mod
+import flashrt_ros.kernels.gate_up_geglu as gu_mod
 from flashrt_ros.bench.timing import graph_ms, write_result
-from kernels.fp8 import dequantize_rows, quantize_rows
-from kernels.gate_up_geglu import gate_up_geglu, gate_up_geglu_ref, interleave_gate_up, supports_gate_up_geglu
-from kernels.geglu import geglu
-from kernels.rms_norm import rms_norm
+from flashrt_ros.kernels.fp8 import dequantize_rows, quantize_rows
+from flashrt_ros.kernels.gate_up_geglu import (
+    gate_up_geglu,
+    gate_up_geglu_ref,
+    interleave_gate_up,
+    supports_gate_up_geglu,
+)
+from flashrt_ros.kernels.geglu import geglu
+from flashrt_ros.kernels.rms_norm import rms_norm
 
 ROWS_LM, ROWS_VISION = 968, 768
 # name: (rows, K, N)

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from flashrt_ros.bench.timing import graph_ms, write_result
-from kernels.gate_up_geglu import gate_up_geglu, interleave_gate_up, supports_gate_up_geglu
-from kernels.geglu import geglu
+from flashrt_ros.kernels.gate_up_geglu import gate_up_geglu, interleave_gate_up, supports_gate_up_geglu
+from flashrt_ros.kernels.geglu import geglu
 
 ROWS, K, FF = 968, 2048, 16384
 

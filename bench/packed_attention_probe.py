@@ -20,7 +20,7 @@ DEFAULT = ("64x64,w4,s2", "64x128,w4,s2", "128x64,w8,s2", "128x128,w8,s1", "128x
 
 
 def probe(spec: str) -> str:
-    from kernels.packed_attention import packed_attention, packed_attention_ref
+    from flashrt_ros.kernels.packed_attention import packed_attention, packed_attention_ref
 
     tile, w, s = spec.split(",")
     bm, bn = (int(t) for t in tile.split("x"))

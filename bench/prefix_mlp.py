@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from flashrt_ros.bench.timing import graph_ms, write_result
-from kernels.geglu import geglu
+from flashrt_ros.kernels.geglu import geglu
 
 WIDTH, FF, LAYERS = 2048, 16384, 4
 

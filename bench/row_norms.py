@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from flashrt_ros.bench.timing import graph_ms, write_result
-from kernels.layer_norm import layer_norm
-from kernels.rms_norm import rms_norm
+from flashrt_ros.kernels.layer_norm import layer_norm
+from flashrt_ros.kernels.rms_norm import rms_norm
 
 CASES = {"siglip layer_norm 768x1152": (768, 1152, "ln"), "gemma rms_norm 968x2048": (968, 2048, "rms")}
 

@@ -34,8 +34,8 @@ import time
 import torch
 import triton
 
-from kernels.denoise_update import DenoiseUpdate
-from kernels.expert_step import ExpertStepPlan, ExpertWeights, compile_for
+from flashrt_ros.kernels.denoise_update import DenoiseUpdate
+from flashrt_ros.kernels.expert_step import ExpertStepPlan, ExpertWeights, compile_for
 
 # rows, width, mlp, heads, head dim, layers, prefix tokens
 SHAPES = {

@@ -13,8 +13,8 @@ import torch
 from kernel_fixtures import DEVICE
 from policy_fixtures import assert_parity, tiny_inputs, tiny_model
 
+from flashrt_ros.kernels.expert_step import rope_table
 from flashrt_ros.policies.fused import FusedPi0
-from kernels.expert_step import rope_table
 
 
 def _run_fused(model, x, dtype, **options):
@@ -50,8 +50,8 @@ def test_fused_fp8_prefix_mlp_tracks_fp32_reference(kind, monkeypatch):
     """prefix_mlp_fp8: the prefix LM's gate|up in e4m3 (weights held in FP8, the norm writes
     e4m3 rows): a different chunk from the bf16 run (the FP8 GEMM ran), still at the parity gate.
     The tiny LM has 2 layers, of which only layer 0 runs an MLP: FP8 from layer 0 here."""
+    from flashrt_ros.kernels.fp8 import E4M3
     from flashrt_ros.policies import fused as fused_module
-    from kernels.fp8 import E4M3
 
     monkeypatch.setattr(fused_module, "PREFIX_MLP_FP8_FROM", 0)
     monkeypatch.setattr(fused_module, "PREFIX_DOWN_FP8_FROM", None)  # gate|up only (the down: next test)
@@ -71,8 +71,8 @@ def test_fused_fp8_prefix_mlp_tracks_fp32_reference(kind, monkeypatch):
 def test_fused_fp8_prefix_down_tracks_fp32_reference(monkeypatch):
     """PREFIX_DOWN_FP8_FROM: the down projection in FP8 too (its input quantised per row by
     kernels/fp8.py, then torch._scaled_mm): at the parity gate, and not the gate|up-only chunk."""
+    from flashrt_ros.kernels.fp8 import E4M3
     from flashrt_ros.policies import fused as fused_module
-    from kernels.fp8 import E4M3
 
     monkeypatch.setattr(fused_module, "PREFIX_MLP_FP8_FROM", 0)
     monkeypatch.setattr(fused_module, "PREFIX_DOWN_FP8_FROM", None)
@@ -90,9 +90,9 @@ def test_fused_fp8_prefix_down_tracks_fp32_reference(monkeypatch):
 def test_fused_fp8_prefix_mlp_keeps_the_first_layers_bf16(caplog):
     """The defaults on a 3-layer LM: layer 0's MLP in bf16, layer 1's two GEMMs in FP8, the last
     layer (which never runs its MLP) untouched; a 2-layer LM has no layer to run FP8: a warning."""
+    from flashrt_ros.kernels.fp8 import E4M3
     from flashrt_ros.policies.config import GemmaSpec
     from flashrt_ros.policies.fused import PREFIX_MLP_FP8_FROM
-    from kernels.fp8 import E4M3
 
     spec = lambda w: GemmaSpec(width=w, depth=3, mlp_dim=2 * w, num_heads=4, num_kv_heads=1, head_dim=16)  # noqa: E731
     model = tiny_model("pi05", seed=2, prefix=spec(64), expert=spec(32)).to(DEVICE)
@@ -399,7 +399,7 @@ def test_prefix_attention_setting(monkeypatch):
     and the split kernel (kernels/attention.py) give the same chunk over a prompt with padded
     tokens, the log line says which runs, and an invalid value is refused by name."""
     import flashrt_ros.policies.fused as fused_mod
-    from kernels.prefix_attention import supports_prefix_attention
+    from flashrt_ros.kernels.prefix_attention import supports_prefix_attention
 
     model = tiny_model("pi05", seed=8).to(DEVICE)
     x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1, valid_tokens=20).items()}
@@ -429,7 +429,7 @@ def test_prefix_mlp_setting(monkeypatch):
     (kernels/gate_up_geglu.py) or cuBLAS + geglu run the prefix's MLP to the same chunk, the log
     line says which, and an invalid value is refused by name before anything runs."""
     import flashrt_ros.policies.fused as fused_mod
-    from kernels.gate_up_geglu import supports_gate_up_geglu
+    from flashrt_ros.kernels.gate_up_geglu import supports_gate_up_geglu
 
     model = tiny_model("pi05", seed=6).to(DEVICE)
     x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1, valid_tokens=20).items()}

@@ -1,10 +1,10 @@
-"""kernels.ada_rms_norm (adaRMS, gated residual, fused pair) vs torch references."""
+"""flashrt_ros.kernels.ada_rms_norm (adaRMS, gated residual, fused pair) vs torch references."""
 
 import pytest
 import torch
 from kernel_fixtures import DEVICE, TOL
 
-from kernels.ada_rms_norm import (
+from flashrt_ros.kernels.ada_rms_norm import (
     ada_rms_norm,
     ada_rms_norm_ref,
     gated_residual,

@@ -1,10 +1,10 @@
-"""kernels.attention (multi-query flash attention with pi0/pi0.5 masks) vs an explicit-mask reference."""
+"""flashrt_ros.kernels.attention (multi-query flash attention with pi0/pi0.5 masks) vs an explicit-mask reference."""
 
 import pytest
 import torch
 from kernel_fixtures import DEVICE
 
-from kernels.attention import _launch_settings, _smem_bytes, attention, attention_key_blocks, attention_ref
+from flashrt_ros.kernels.attention import _launch_settings, _smem_bytes, attention, attention_key_blocks, attention_ref
 
 # bf16: P is rounded to bf16 before the PV product (flash-attention practice) and the output is bf16.
 TOL = {torch.float32: dict(atol=2e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}

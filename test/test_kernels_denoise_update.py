@@ -1,10 +1,10 @@
-"""kernels.denoise_update (velocity projection + Euler step + next expert input, one launch) vs torch."""
+"""flashrt_ros.kernels.denoise_update (velocity projection + Euler step + next expert input, one launch) vs torch."""
 
 import pytest
 import torch
 from kernel_fixtures import DEVICE
 
-from kernels.denoise_update import denoise_update, denoise_update_ref
+from flashrt_ros.kernels.denoise_update import denoise_update, denoise_update_ref
 
 
 def _problem(H, A, WE, rows, seed=0):

@@ -1,10 +1,10 @@
-"""kernels.euler (in-place Euler update of the denoise loop) vs torch."""
+"""flashrt_ros.kernels.euler (in-place Euler update of the denoise loop) vs torch."""
 
 import pytest
 import torch
 from kernel_fixtures import DEVICE
 
-from kernels.euler import euler_step, euler_step_ref
+from flashrt_ros.kernels.euler import euler_step, euler_step_ref
 
 
 @pytest.mark.parametrize("v_dtype", [torch.float32, torch.bfloat16])

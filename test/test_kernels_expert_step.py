@@ -1,4 +1,4 @@
-"""kernels.expert_step: the expert's whole denoise-step pass in one persistent launch.
+"""flashrt_ros.kernels.expert_step: the expert's whole denoise-step pass in one persistent launch.
 
 - against `expert_step_ref` (torch, layer by layer): small ragged shapes on the CPU
   (interpreter, one program), the real pi0.5 shapes on a GPU (one program per SM, barriers);
@@ -15,8 +15,8 @@ import torch
 from kernel_fixtures import DEVICE, run_offline
 from policy_fixtures import cosine
 
-from kernels.denoise_update import DenoiseUpdate, denoise_update_ref
-from kernels.expert_step import (
+from flashrt_ros.kernels.denoise_update import DenoiseUpdate, denoise_update_ref
+from flashrt_ros.kernels.expert_step import (
     PHASES,
     ExpertStepPlan,
     ExpertWeights,
@@ -25,7 +25,7 @@ from kernels.expert_step import (
     rope_table,
     unpair_columns,
 )
-from kernels.rope import rope_inv_freq
+from flashrt_ros.kernels.rope import rope_inv_freq
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,10 +1,10 @@
-"""kernels.gate_up_geglu (gate|up GEMM with the GeGLU epilogue) vs the torch reference."""
+"""flashrt_ros.kernels.gate_up_geglu (gate|up GEMM with the GeGLU epilogue) vs the torch reference."""
 
 import pytest
 import torch
 from kernel_fixtures import DEVICE, TOL, offline_builds
 
-from kernels.gate_up_geglu import (
+from flashrt_ros.kernels.gate_up_geglu import (
     gate_up_geglu,
     gate_up_geglu_ref,
     interleave_block,
@@ -52,7 +52,7 @@ def test_gate_up_geglu_writes_the_static_buffer_only_in_its_rows() -> None:
 def test_gate_up_geglu_equals_gemm_then_geglu_kernel() -> None:
     """The same maths as the two-kernel path it replaces (the GEMM, then kernels.geglu), on
     the plain weight and on the interleaved one (what the fused path's cuBLAS variant runs)."""
-    from kernels.geglu import geglu
+    from flashrt_ros.kernels.geglu import geglu
 
     x, w = _operands(33, 64, 80, torch.float32, seed=3)
     wi = interleave_gate_up(w, 16)
@@ -100,7 +100,7 @@ def test_gate_up_geglu_rejects_mixed_dtypes_bad_out_and_blocks() -> None:
 
 
 def test_geglu_interleave_must_divide_the_width() -> None:
-    from kernels.geglu import geglu
+    from flashrt_ros.kernels.geglu import geglu
 
     with pytest.raises(ValueError, match="interleave 32: expected 0 or a block that divides F = 48"):
         geglu(torch.zeros(2, 96, device=DEVICE), interleave=32)
@@ -120,7 +120,7 @@ def test_gate_up_geglu_gpu_real_shape() -> None:
 def test_gpu_launch_builds_for_hopper_and_thor() -> None:
     """The GPU launch (128 x 256 x 64 tiles, 4 stages, 8 warps) built offline with Triton's own
     ptxas: within the 227 KB of shared memory of Hopper and Thor, no spills."""
-    results = offline_builds("kernels.gate_up_geglu")
+    results = offline_builds("flashrt_ros.kernels.gate_up_geglu")
     for r in results.values():
         if "unsupported_by_ptxas" in r:
             continue  # Triton 3.6's ptxas (the H200 box's) predates sm_110
@@ -132,7 +132,7 @@ def test_gpu_launch_builds_for_hopper_and_thor() -> None:
 def _fp8_operands(T: int, K: int, F: int, block: int, seed: int):
     """bf16 x and [gate; up] w, their row-scaled e4m3 forms (w interleaved), and the fp32
     values those stand for (the reference's operands)."""
-    from kernels.fp8 import dequantize_rows, quantize_rows
+    from flashrt_ros.kernels.fp8 import dequantize_rows, quantize_rows
 
     x, w = _operands(T, K, F, torch.bfloat16, seed)
     xq, xs = quantize_rows(x)
@@ -183,7 +183,7 @@ def test_gate_up_geglu_fp8_gpu_real_shape() -> None:
 
 def test_fp8_launch_builds_for_hopper_and_thor() -> None:
     """The FP8 launch (e4m3 wgmma, 128-byte K stages) built offline like the bf16 one."""
-    results = offline_builds("kernels.gate_up_geglu", fp8=True)
+    results = offline_builds("flashrt_ros.kernels.gate_up_geglu", fp8=True)
     for r in results.values():
         if "unsupported_by_ptxas" in r:
             continue

@@ -1,11 +1,11 @@
-"""kernels.geglu (Gemma gate|up GeGLU) vs the torch reference."""
+"""flashrt_ros.kernels.geglu (Gemma gate|up GeGLU) vs the torch reference."""
 
 import pytest
 import torch
 from kernel_fixtures import DEVICE, TOL
 
-from kernels.gate_up_geglu import interleave_block, interleave_gate_up
-from kernels.geglu import geglu, geglu_ref
+from flashrt_ros.kernels.gate_up_geglu import interleave_block, interleave_gate_up
+from flashrt_ros.kernels.geglu import geglu, geglu_ref
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,10 +1,10 @@
-"""kernels.gelu (bias + GELU-tanh epilogue of SigLIP's fc1) vs the torch reference."""
+"""flashrt_ros.kernels.gelu (bias + GELU-tanh epilogue of SigLIP's fc1) vs the torch reference."""
 
 import pytest
 import torch
 from kernel_fixtures import DEVICE, TOL
 
-from kernels.gelu import bias_gelu, bias_gelu_ref
+from flashrt_ros.kernels.gelu import bias_gelu, bias_gelu_ref
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,10 +1,10 @@
-"""kernels.layer_norm (SigLIP LayerNorm, optionally with the residual add) vs torch."""
+"""flashrt_ros.kernels.layer_norm (SigLIP LayerNorm, optionally with the residual add) vs torch."""
 
 import pytest
 import torch
 from kernel_fixtures import DEVICE, TOL
 
-from kernels.layer_norm import layer_norm, layer_norm_ref
+from flashrt_ros.kernels.layer_norm import layer_norm, layer_norm_ref
 
 
 def _inputs(T: int, D: int, dtype: torch.dtype, seed: int):

@@ -1,10 +1,10 @@
-"""kernels.linear_f32 (pi0's fp32 action-time projection, cast into the expert's input rows) vs torch."""
+"""flashrt_ros.kernels.linear_f32 (pi0's fp32 action-time projection, cast into the expert's input rows) vs torch."""
 
 import pytest
 import torch
 from kernel_fixtures import DEVICE
 
-from kernels.linear_f32 import linear_f32, linear_f32_ref
+from flashrt_ros.kernels.linear_f32 import linear_f32, linear_f32_ref
 
 
 def _problem(M, N, K, seed=0):

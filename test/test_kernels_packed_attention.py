@@ -1,4 +1,4 @@
-"""kernels.packed_attention (per-sequence multi-head attention read from a fused QKV output) vs
+"""flashrt_ros.kernels.packed_attention (per-sequence multi-head attention read from a fused QKV output) vs
 torch's own SDPA maths in fp32."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from kernel_fixtures import DEVICE
 
-from kernels.packed_attention import packed_attention, packed_attention_ref
+from flashrt_ros.kernels.packed_attention import packed_attention, packed_attention_ref
 
 # bf16: P is rounded to bf16 before the PV product and the output is bf16
 TOL = {torch.float32: dict(atol=2e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}

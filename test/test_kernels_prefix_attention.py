@@ -1,12 +1,12 @@
-"""kernels.prefix_attention (the prefix LM's attention on TMA descriptors) vs the fp32 reference
+"""flashrt_ros.kernels.prefix_attention (the prefix LM's attention on TMA descriptors) vs the fp32 reference
 and vs kernels.attention, the split kernel it replaces in the fused path."""
 
 import pytest
 import torch
 from kernel_fixtures import DEVICE, TOL, offline_builds
 
-from kernels.attention import attention, attention_key_blocks, attention_ref
-from kernels.prefix_attention import prefix_attention, supports_prefix_attention
+from flashrt_ros.kernels.attention import attention, attention_key_blocks, attention_ref
+from flashrt_ros.kernels.prefix_attention import prefix_attention, supports_prefix_attention
 
 # the tests that launch the kernel (the offline builds and the argument checks run anywhere)
 needs_tma = pytest.mark.skipif(
@@ -107,8 +107,8 @@ def test_prefix_attention_gpu_real_shape() -> None:
 def test_supported_only_where_the_tiles_fit() -> None:
     """The GPU tiles need 164 KB at bf16 and head dim 256, 320 KB at fp32: fp32 there falls back
     to kernels/attention.py (227 KB GPUs); the interpreter runs everything."""
-    from kernels.attention import _smem_bytes
-    from kernels.prefix_attention import GPU_TILES
+    from flashrt_ros.kernels.attention import _smem_bytes
+    from flashrt_ros.kernels.prefix_attention import GPU_TILES
 
     need = lambda elem: _smem_bytes(GPU_TILES["BM"], GPU_TILES["BN"], 256, GPU_TILES["num_stages"], elem)  # noqa: E731
     assert need(2) == 163840 and need(4) > 227 * 1024
@@ -122,7 +122,7 @@ def test_gpu_launch_builds_for_hopper_and_thor() -> None:
     """The GPU launch (64-row tiles, 64-key tiles, 2 stages, 4 warps, head dim 256) built
     offline with Triton's own ptxas: within the 227 KB of shared memory of Hopper and Thor, no
     spills."""
-    for r in offline_builds("kernels.prefix_attention").values():
+    for r in offline_builds("flashrt_ros.kernels.prefix_attention").values():
         if "unsupported_by_ptxas" in r:
             continue  # Triton 3.6's ptxas (the H200 box's) predates sm_110
         assert r["target"] and 0 < r["shared"] <= 227 * 1024

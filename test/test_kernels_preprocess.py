@@ -1,10 +1,10 @@
-"""kernels.preprocess (uint8 HWC -> resize-with-pad -> [-1, 1] CHW) vs openpi's torch path."""
+"""flashrt_ros.kernels.preprocess (uint8 HWC -> resize-with-pad -> [-1, 1] CHW) vs openpi's torch path."""
 
 import pytest
 import torch
 from kernel_fixtures import DEVICE
 
-from kernels.preprocess import preprocess_image, preprocess_image_ref, resize_with_pad_geometry
+from flashrt_ros.kernels.preprocess import preprocess_image, preprocess_image_ref, resize_with_pad_geometry
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=0), torch.bfloat16: dict(atol=8e-3, rtol=0)}
 

@@ -1,10 +1,10 @@
-"""kernels.rms_norm vs its torch reference (CPU: Triton interpreter at small ragged shapes)."""
+"""flashrt_ros.kernels.rms_norm vs its torch reference (CPU: Triton interpreter at small ragged shapes)."""
 
 import pytest
 import torch
 from kernel_fixtures import DEVICE, TOL
 
-from kernels.rms_norm import rms_norm, rms_norm_ref
+from flashrt_ros.kernels.rms_norm import rms_norm, rms_norm_ref
 
 
 def _inputs(T: int, D: int, dtype: torch.dtype, seed: int = 0):
@@ -79,7 +79,7 @@ def test_rms_norm_gpu_real_shapes(T: int, D: int) -> None:
 def test_rms_norm_fp8_out_is_row_scaled_e4m3(T: int, D: int) -> None:
     """An e4m3 `out` with `out_scale`: each row stored as kernels/fp8.quantize_rows stores the
     reference's fp32 row (largest |y| -> 448), the new residual as in bf16."""
-    from kernels.fp8 import E4M3, dequantize_rows, quantize_rows
+    from flashrt_ros.kernels.fp8 import E4M3, dequantize_rows, quantize_rows
 
     x, r, w = _inputs(T, D, torch.bfloat16, seed=4)
     q, scale = torch.empty(T, D, device=DEVICE, dtype=E4M3), torch.empty(T, device=DEVICE)
@@ -100,7 +100,7 @@ def test_rms_norm_fp8_out_is_row_scaled_e4m3(T: int, D: int) -> None:
 
 
 def test_rms_norm_fp8_out_needs_its_scale() -> None:
-    from kernels.fp8 import E4M3
+    from flashrt_ros.kernels.fp8 import E4M3
 
     x, _, w = _inputs(4, 32, torch.bfloat16)
     with pytest.raises(ValueError, match="out_scale goes with an e4m3 out"):
@@ -117,7 +117,7 @@ def test_quantize_rows_kernel_equals_the_torch_rounding(T: int, D: int, dtype: t
     """kernels/fp8.quantize_rows_kernel (the FP8 down projection's input; on the GPU the hardware
     e4m3 conversion) rounds as the torch reference: the same e4m3 values and scales, zero rows
     kept zero. 968 x 16384: the prefix LM's GeGLU output at 3 views."""
-    from kernels.fp8 import quantize_rows, quantize_rows_kernel
+    from flashrt_ros.kernels.fp8 import quantize_rows, quantize_rows_kernel
 
     x, _, _ = _inputs(T, D, dtype, seed=5)
     x[0] = 0

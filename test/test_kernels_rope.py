@@ -1,10 +1,10 @@
-"""kernels.rope (RoPE and the fused QKV epilogue) vs the HF Gemma reference."""
+"""flashrt_ros.kernels.rope (RoPE and the fused QKV epilogue) vs the HF Gemma reference."""
 
 import pytest
 import torch
 from kernel_fixtures import DEVICE
 
-from kernels.rope import qkv_rope, qkv_rope_ref, rope, rope_ref
+from flashrt_ros.kernels.rope import qkv_rope, qkv_rope_ref, rope, rope_ref
 
 # fp32: angles up to ~1000 rad, so allow a few fp32 ulps of the angle through cos/sin.
 TOL = {torch.float32: dict(atol=2e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}

@@ -33,22 +33,28 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm import tqdm
 
-from kernels.ada_rms_norm import ada_rms_norm, gated_residual_ada_rms_norm
-from kernels.attention import attention
-from kernels.denoise_update import DenoiseUpdate
-from kernels.euler import euler_step
-from kernels.expert_step import UPDATE_MAX_ACTIONS, ExpertStepPlan, ExpertWeights, rope_table, unpair_columns
-from kernels.fp8 import E4M3, quantize_rows, quantize_rows_kernel
-from kernels.gate_up_geglu import gate_up_geglu, interleave_block, interleave_gate_up
-from kernels.geglu import geglu
-from kernels.gelu import bias_gelu
-from kernels.layer_norm import layer_norm
-from kernels.linear_f32 import linear_f32
-from kernels.packed_attention import packed_attention
-from kernels.prefix_attention import prefix_attention, supports_prefix_attention
-from kernels.preprocess import preprocess_image
-from kernels.rms_norm import rms_norm
-from kernels.rope import qkv_rope, rope_inv_freq
+from flashrt_ros.kernels.ada_rms_norm import ada_rms_norm, gated_residual_ada_rms_norm
+from flashrt_ros.kernels.attention import attention
+from flashrt_ros.kernels.denoise_update import DenoiseUpdate
+from flashrt_ros.kernels.euler import euler_step
+from flashrt_ros.kernels.expert_step import (
+    UPDATE_MAX_ACTIONS,
+    ExpertStepPlan,
+    ExpertWeights,
+    rope_table,
+    unpair_columns,
+)
+from flashrt_ros.kernels.fp8 import E4M3, quantize_rows, quantize_rows_kernel
+from flashrt_ros.kernels.gate_up_geglu import gate_up_geglu, interleave_block, interleave_gate_up
+from flashrt_ros.kernels.geglu import geglu
+from flashrt_ros.kernels.gelu import bias_gelu
+from flashrt_ros.kernels.layer_norm import layer_norm
+from flashrt_ros.kernels.linear_f32 import linear_f32
+from flashrt_ros.kernels.packed_attention import packed_attention
+from flashrt_ros.kernels.prefix_attention import prefix_attention, supports_prefix_attention
+from flashrt_ros.kernels.preprocess import preprocess_image
+from flashrt_ros.kernels.rms_norm import rms_norm
+from flashrt_ros.kernels.rope import qkv_rope, rope_inv_freq
 
 from . import cuda_graphs
 from .config import PolicyConfig
