@@ -35,8 +35,8 @@ for part in "${parts[@]}"; do
       python3 -m pytest -q -p no:cacheprovider test/test_kernels_*.py 2>&1 | tee "$OUT/kernels_all.log" | tail -25 || status=1
       ;;
     fused)
-      step "Fused path vs reference on the GPU (CUDA graphs captured)"
-      python3 -m pytest -q -p no:cacheprovider test/test_fused.py test/test_capsule.py 2>&1 | tee "$OUT/fused.log" | tail -15 || status=1
+      step "Fused path vs reference on the GPU (CUDA graphs captured), and its fall-back to the reference"
+      python3 -m pytest -q -p no:cacheprovider test/test_fused.py test/test_capsule.py test/test_fallback.py 2>&1 | tee "$OUT/fused.log" | tail -15 || status=1
       ;;
     bench)
       step "flashrt bench: eager, fused (bf16 and FP8 prefix MLP), torch.compile (pi0.5 and pi0, batch 1)"

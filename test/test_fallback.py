@@ -1,0 +1,111 @@
+"""The fused path's fall-back on a CUDA GPU (`backend: auto`, the node's default).
+
+A Triton kernel that cannot be built here (as Triton 3.6's ptxas cannot build sm_110 for Thor)
+leaves the pipeline on the reference, with a warning that says why, and its chunks are the
+reference's. A kernel that faults leaves no working device: then there is no fall-back but one
+clear error at start-up, instead of every later decision failing. Each case runs in a process of
+its own: a faulted CUDA context cannot be used again, and Triton's compiler settings are read
+from the environment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SCRIPT = textwrap.dedent(
+    """
+    import logging, sys
+    import numpy as np, torch
+    import triton, triton.language as tl
+    from flashrt_ros.engine.pipeline import Pipeline
+    from flashrt_ros.policies import fused
+    from flashrt_ros.policies.policy import Observation, default_policy
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stdout)
+    rng = np.random.default_rng(0)
+    obs = Observation([rng.integers(0, 256, (48, 64, 3), dtype=np.uint8) for _ in range(2)],
+                      rng.normal(size=6).astype(np.float32) * 0.3, "pick up the cube")
+    policy = lambda: default_policy(device="cuda", num_views=2, action_dof=6)
+
+    if sys.argv[1] == "fault":
+        @triton.jit
+        def wild_store(p):
+            tl.store(p + (1 << 40), 1.0)  # 4 TB past a 4-byte buffer: an illegal address
+
+        def faulting_capture(self):
+            wild_store[(1,)](torch.zeros(1, device="cuda"))
+            torch.cuda.synchronize()
+
+        fused.FusedPi0.capture = faulting_capture
+        try:
+            Pipeline(policy(), backend="auto")
+        except RuntimeError as exc:
+            print("REFUSED:", exc)
+        sys.exit(0)
+
+    auto = Pipeline(policy(), seed=3, backend="auto")
+    print("BACKEND:", auto.backend)
+    ref = Pipeline(policy(), seed=3, backend="reference")
+    same = all(auto.decide(obs).actions.tobytes() == ref.decide(obs).actions.tobytes() for _ in range(2))
+    print("SAME_AS_REFERENCE:", same)
+    try:
+        Pipeline(policy(), backend="fused")
+        print("FUSED: built")
+    except Exception as exc:
+        print("FUSED: raised", type(exc).__name__)
+    """
+)
+
+
+def run_case(case: str, tmp_path: Path, **env: str) -> str:
+    full_env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_CACHE_DIR=str(tmp_path / "triton"), **env)
+    full_env.pop("TRITON_INTERPRET", None)  # the GPU compiler is what is under test
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, case], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+FAILING_PTXAS = """#!/bin/sh
+case "$*" in *--version*) echo "Cuda compilation tools, release 12.8, V12.8.93"; exit 0;; esac
+echo "ptxas fatal : injected by test_fallback.py" >&2
+exit 1
+"""
+
+
+@pytest.mark.gpu
+def test_a_kernel_that_cannot_be_built_falls_back_to_the_reference(tmp_path):
+    """A ptxas that fails every build stands for any kernel this GPU's toolchain cannot build
+    (given through both of Triton's knobs for it); a fresh Triton cache makes every kernel
+    compile."""
+    ptxas = tmp_path / "ptxas"
+    ptxas.write_text(FAILING_PTXAS)
+    ptxas.chmod(0o755)
+    out = run_case("unbuildable", tmp_path, TRITON_PTXAS_PATH=str(ptxas), PTXAS_OPTIONS="--no-such-ptxas-option")
+    assert "BACKEND: reference" in out, out
+    assert "fused path unavailable (" in out and "running the reference path" in out, out
+    assert "SAME_AS_REFERENCE: True" in out, out
+    assert "FUSED: raised" in out, out  # backend "fused" asked for explicitly: no silent fall-back
+
+
+@pytest.mark.gpu
+def test_a_kernel_fault_is_not_covered_by_a_fall_back(tmp_path):
+    out = run_case("fault", tmp_path)
+    assert "REFUSED: the fused path failed (" in out, out
+    assert "left the GPU unusable" in out and "not falling back to the reference" in out, out
+
+
+@pytest.mark.gpu
+def test_the_fused_path_builds_where_nothing_is_wrong(tmp_path):
+    """The control: with the same script and no injected failure the fused path is active, so
+    the two tests above fail for the reason they inject."""
+    out = run_case("unbuildable", tmp_path)
+    assert "BACKEND: fused" in out and "fused path active" in out and "FUSED: built" in out, out
