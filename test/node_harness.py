@@ -337,15 +337,19 @@ class Peer:
         self.node.destroy_node()
 
 
-def start_node_and_peer(env: dict[str, str], tmp: Path, context: Any, **overrides: Any) -> tuple[NodeProcess, Peer]:
-    """A node with TEST_PARAMS (+ overrides) and a peer; returns once the first chunk arrived."""
+def start_node_and_peer(
+    env: dict[str, str], tmp: Path, context: Any, first: str = "chunk", **overrides: Any
+) -> tuple[NodeProcess, Peer]:
+    """A node with TEST_PARAMS (+ overrides) and a peer; returns once the first chunk arrived
+    (`first="status"`: the first status, for a node that is not to publish chunks)."""
     namespace = new_namespace()
     node = NodeProcess(env, tmp, namespace, {**TEST_PARAMS, **overrides})
     peer = None
     try:
         peer = Peer(context, namespace, transports=overrides.get("camera_transports"))
-        if not peer.pump(60.0, until=lambda: bool(peer.chunks) or node.proc.poll() is not None):
-            raise AssertionError(f"no chunk from the node within 60 s\n{node.tail()}")
+        arrived = {"chunk": lambda: bool(peer.chunks), "status": lambda: bool(peer.statuses)}[first]
+        if not peer.pump(60.0, until=lambda: arrived() or node.proc.poll() is not None):
+            raise AssertionError(f"no {first} from the node within 60 s\n{node.tail()}")
         if node.proc.poll() is not None:
             raise AssertionError(f"node exited with {node.proc.returncode}\n{node.tail()}")
     except BaseException:  # never leave the node process behind
@@ -357,10 +361,10 @@ def start_node_and_peer(env: dict[str, str], tmp: Path, context: Any, **override
 
 
 @contextlib.contextmanager
-def running_node_and_peer(env: dict[str, str], tmp: Path, context: Any, **overrides: Any):
+def running_node_and_peer(env: dict[str, str], tmp: Path, context: Any, first: str = "chunk", **overrides: Any):
     """`start_node_and_peer` for a `with` block (a module fixture's body); on leaving it, the
     peer closes and the node must stop cleanly (exit code 0) and log its final stats line."""
-    node, peer = start_node_and_peer(env, tmp, context, **overrides)
+    node, peer = start_node_and_peer(env, tmp, context, first, **overrides)
     try:
         yield node, peer
     finally:

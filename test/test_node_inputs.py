@@ -454,6 +454,38 @@ def test_state_beyond_its_statistics_is_a_counted_policy_error(ros_env, rclpy_co
         recovered(peer, peer.topic(JOINT_TOPIC))
 
 
+def test_checkpoint_whose_actions_overflow_publishes_nothing_and_keeps_serving(ros_env, rclpy_context, tmp_path):
+    """A diverged checkpoint: finite weights (NaN ones are refused at load), but its action
+    projection is so large that every chunk overflows to inf / NaN. No chunk is ever published;
+    each decision is counted as non_finite_action and logged, and the node keeps serving its
+    status and services, and stops cleanly."""
+    import json
+
+    import torch
+    from policy_fixtures import tiny_model
+    from std_srvs.srv import Trigger
+
+    from flashrt_ros.policies.checkpoint import save_model
+
+    model = tiny_model("pi05", num_views=len(CAMERAS))
+    with torch.no_grad():
+        model.action_out_proj.weight.fill_(1e38)  # finite in fp32; x @ W.T is not
+    folder = save_model(model, tmp_path / "ckpt", layout="openpi")
+    good = {"q01": [-1.0] * 4, "q99": [1.0] * 4}
+    (folder / "norm_stats.json").write_text(json.dumps({"norm_stats": {"state": good, "actions": good}}))
+    run = running_node_and_peer(ros_env, tmp_path, rclpy_context, first="status", checkpoint=str(folder))
+    with run as (node, peer):
+        counted = peer.wait_for_counter("", "non_finite_action", above=1, timeout=15.0)
+        line = node.wait_for_line("no chunk published: [non_finite_action] ")
+        assert "actions are NaN or inf" in line and "expected finite actions" in line, line
+        assert peer.call(Trigger, f"{node.namespace}/flashrt_node/reset", Trigger.Request()).success
+        statuses = len(peer.statuses)
+        peer.pump(1.0)
+        assert len(peer.statuses) > statuses, "the status stopped after the refusals"
+        assert peer.chunks == [] and peer.trajectories == [], f"{len(peer.chunks)} chunks from a diverged policy"
+        assert counted >= 2
+
+
 def test_compressed_camera_refusals(ros_env, rclpy_context, tmp_path):
     """camera_transports compressed (sensor_msgs/CompressedImage over DDS): data the decoder
     rejects and a codec the node does not decode are refused by name; PNG frames are used."""
