@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashrt_ros.engine.pipeline import STAGES, NonFiniteActions, Pipeline
+from flashrt_ros.engine.pipeline import STAGES, NonFiniteActions, Pipeline, one_line
 from flashrt_ros.policies.policy import Observation, default_policy
 
 
@@ -51,3 +51,16 @@ def test_nan_actions_are_refused_and_use_no_chunk_id() -> None:
     with pytest.raises(NonFiniteActions, match=refused):
         pipeline.decide(observation())
     assert pipeline.next_chunk_id == 2 and pipeline.stats.summaries()[0].count == 1
+
+
+def test_a_build_error_is_logged_on_one_line() -> None:
+    """The fall-back warning quotes the error that stopped the fused path; Triton's ptxas error
+    spans several lines (stderr, repro command), and a robot's log wants it on one."""
+    error = RuntimeError("`ptxas` failed with error code 1\n`ptxas` stderr:\nptxas fatal : bad\n\nRepro command: x\n")
+    assert (
+        one_line(error)
+        == "RuntimeError: `ptxas` failed with error code 1 | `ptxas` stderr: | ptxas fatal : bad | Repro command: x"
+    )
+    assert one_line(ValueError()) == "ValueError"
+    long = one_line(OSError("e" * 2000), limit=100)
+    assert len(long) == 100 and long.endswith("...")

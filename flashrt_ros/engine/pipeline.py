@@ -73,6 +73,15 @@ class _Timer:
         return out
 
 
+def one_line(exc: BaseException, limit: int = 600) -> str:
+    """`Type: message` on one line of at most `limit` characters: a compiler's error (Triton's
+    PTXASError carries ptxas's stderr and the repro command over several lines) stays one
+    readable log line on the robot."""
+    text = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def release_weights(policy: Policy) -> float:
     """Move the reference model's weights to the meta device and return the GiB of device memory
     that freed. Once the fused path is built the reference is not run again, and most of its
@@ -144,7 +153,7 @@ class Pipeline:
             if backend == "fused":
                 raise
             self._check_device_after(exc)
-            log.warning("fused path unavailable (%s: %s): running the reference path", type(exc).__name__, exc)
+            log.warning("fused path unavailable (%s): running the reference path", one_line(exc))
             return None
         log.info("fused path active: %s", fused.describe())
         return fused
