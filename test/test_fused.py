@@ -454,6 +454,32 @@ def test_prefix_mlp_setting(monkeypatch):
         _run_fused(model, x, torch.float32)
 
 
+def test_vision_bias_in_norm_setting(monkeypatch):
+    """`VISION_BIAS_IN_NORM` (bench/fused_ab.py's hook): SigLIP's O and fc2 biases added by the
+    LayerNorm after each GEMM or in the GEMM's epilogue give the same chunk, and the norms receive
+    the biases only when set (two per layer: after O and after fc2)."""
+    import flashrt_ros.policies.fused as fused_mod
+
+    model = tiny_model("pi05", seed=9).to(DEVICE)
+    x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1, valid_tokens=20).items()}
+    biases = []
+    real = fused_mod.layer_norm
+    monkeypatch.setattr(fused_mod, "layer_norm", lambda *a, **kw: biases.append(kw.get("x_bias")) or real(*a, **kw))
+    chunks = {}
+    for value in (False, True):
+        biases.clear()
+        monkeypatch.setattr(fused_mod, "VISION_BIAS_IN_NORM", value)
+        fused, chunks[value] = _run_fused(model, x, torch.float32)
+        given = [b for b in biases if b is not None]
+        per_decision = 2 * model.cfg.vision.depth  # on a GPU: per warm-up and capture of each graph
+        if value:
+            assert len(given) == per_decision if DEVICE == "cpu" else len(given) % per_decision == 0 < len(given)
+        else:
+            assert given == []
+        assert ("biases added by the LayerNorm" in fused.describe()) == value
+    torch.testing.assert_close(chunks[True], chunks[False], rtol=1e-5, atol=1e-5)
+
+
 def test_inputs_of_the_wrong_shape_are_refused_before_the_bucket_changes():
     """A [A] noise row would broadcast over the whole chunk; refused, naming every wrong input,
     with the decision's prompt bucket left as it was."""

@@ -32,6 +32,23 @@ def test_layer_norm_fused_residual(dtype: torch.dtype) -> None:
     torch.testing.assert_close(y.float(), y_ref.float(), **TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,D", [(1, 48), (13, 130)])
+def test_layer_norm_adds_the_gemm_bias(T: int, D: int, dtype: torch.dtype) -> None:
+    """`x_bias`: the bias of the GEMM before the norm, added (and rounded) before the residual,
+    bit for bit as the reference; y and s differ from the norm of x alone."""
+    x, r, w, b = _inputs(T, D, dtype, seed=T + 20)
+    xb = (torch.randn(D, generator=torch.Generator().manual_seed(3)) * 2).to(dtype).to(DEVICE)
+    y, s = layer_norm(x, w, b, residual=r, x_bias=xb)
+    y_ref, s_ref = layer_norm_ref(x, w, b, residual=r, x_bias=xb)
+    torch.testing.assert_close(s, s_ref, atol=0, rtol=0)
+    torch.testing.assert_close(y.float(), y_ref.float(), **TOL[dtype])
+    _, s_plain = layer_norm_ref(x, w, b, residual=r)
+    assert not torch.equal(s, s_plain)
+    with pytest.raises(ValueError, match=rf"x_bias must be a contiguous \[{D}\] tensor"):
+        layer_norm(x, w, b, residual=r, x_bias=xb[:-1])
+
+
 def test_layer_norm_no_affine_in_place_residual() -> None:
     x, r, _, _ = _inputs(6, 48, torch.float32, seed=6)
     y_ref, s_ref = layer_norm_ref(x, None, None, residual=r)
@@ -42,9 +59,11 @@ def test_layer_norm_no_affine_in_place_residual() -> None:
 
 
 @pytest.mark.gpu
-def test_layer_norm_gpu_real_shape() -> None:
+@pytest.mark.parametrize("with_x_bias", [False, True])
+def test_layer_norm_gpu_real_shape(with_x_bias: bool) -> None:
     x, r, w, b = _inputs(3 * 256, 1152, torch.bfloat16, seed=7)
-    y, s = layer_norm(x, w, b, residual=r)
-    y_ref, s_ref = layer_norm_ref(x, w, b, residual=r)
+    xb = b.flip(0) if with_x_bias else None
+    y, s = layer_norm(x, w, b, residual=r, x_bias=xb)
+    y_ref, s_ref = layer_norm_ref(x, w, b, residual=r, x_bias=xb)
     torch.testing.assert_close(s, s_ref, atol=0, rtol=0)
     torch.testing.assert_close(y.float(), y_ref.float(), **TOL[torch.bfloat16])

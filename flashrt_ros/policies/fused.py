@@ -78,6 +78,10 @@ VISIBLE, MASKED = -(2**30), 2**30  # key block ids: seen by every query / by non
 # inside the captured stages the vision stage was ~10 us slower with 2 and the prefix's 4 tied
 # (bench/fused_ab.py, docs/results/fused_ab_20261129_222332.json)
 VISION_NORM_WARPS: int | None = None
+# SigLIP's O and fc2 GEMMs without their bias epilogue, the bias added by the LayerNorm after each
+# (kernels/layer_norm.py `x_bias`): a GEMM with a bias goes to cuBLASLt, whose kernel for fc2
+# (768 x 4304 -> 1152) took 20.7 us against 16.1 for cuBLAS's plain GEMM (bench/gemm_shapes.py)
+VISION_BIAS_IN_NORM = True
 PREFIX_NORM_WARPS: int | None = None
 # The prefix LM's attention launch, "BMxBN,wWARPS,sSTAGES,kSPLITS" (e.g. "128x32,w8,s3,k2"), or None
 # for the kernel's heuristic (on the H200 at 3 views: 128 x 64 tiles, 8 warps, 2 stages, 2 key
@@ -195,6 +199,14 @@ def _siglip(layer, dtype) -> SiglipW:
         wb(layer.mlp.fc1),
         wb(layer.mlp.fc2),
     )
+
+
+def _linear_before_norm(x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """x @ weight.T for a LayerNorm to read: with VISION_BIAS_IN_NORM the GEMM runs without its
+    bias, returned for the norm to add; else the bias is in the GEMM's epilogue (None returned)."""
+    if VISION_BIAS_IN_NORM:
+        return x @ weight.t(), bias
+    return F.linear(x, weight, bias), None
 
 
 def _linear_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
@@ -526,12 +538,14 @@ class FusedPi0:
         eps, nw = spec.layer_norm_eps, VISION_NORM_WARPS
         check_settings()
         tiles = _attention_tiles(VISION_ATTENTION_TILES, "VISION_ATTENTION_TILES", splits=False)
+        mlp_bias = None  # the bias of the GEMM before each LayerNorm, where the norm adds it
         for w in self.vision_layers:
-            y, h = layer_norm(mlp_out, *w.ln1, eps=eps, residual=h, num_warps=nw)
+            y, h = layer_norm(mlp_out, *w.ln1, eps=eps, residual=h, num_warps=nw, x_bias=mlp_bias)
             a = self._vision_attention(F.linear(y, *w.qkv), v, n, heads, hd, tiles)
-            y, h = layer_norm(F.linear(a, *w.out), *w.ln2, eps=eps, residual=h, num_warps=nw)
-            mlp_out = F.linear(_linear_gelu_tanh(y, *w.fc1), *w.fc2)
-        y, _ = layer_norm(mlp_out, *self.post_ln, eps=eps, residual=h, num_warps=nw)
+            o, o_bias = _linear_before_norm(a, *w.out)
+            y, h = layer_norm(o, *w.ln2, eps=eps, residual=h, num_warps=nw, x_bias=o_bias)
+            mlp_out, mlp_bias = _linear_before_norm(_linear_gelu_tanh(y, *w.fc1), *w.fc2)
+        y, _ = layer_norm(mlp_out, *self.post_ln, eps=eps, residual=h, num_warps=nw, x_bias=mlp_bias)
         weight, bias = self.proj
         return torch.addmm(bias, y, weight.t(), out=out)
 
@@ -781,6 +795,8 @@ class FusedPi0:
         prefix_attn = "attention (TMA, no key split)" if self._prefix_attention_tma() else "attention"
         if VISION_ATTENTION == "triton" and VISION_ATTENTION_TILES:
             vision_attn += f" at {VISION_ATTENTION_TILES}"
+        if VISION_BIAS_IN_NORM:
+            fc1 += "; O / fc2 biases added by the LayerNorm after them"
         return (
             f"vision: patch-embedding GEMM, {len(self.vision_layers)} SigLIP layers (Triton LayerNorm, {gemm}, "
             f"{vision_attn}, {fc1}); prefix LM: {len(self.prefix_layers)} layers ({gemm} GEMMs, Triton rms_norm / "
