@@ -80,7 +80,9 @@ VISIBLE, MASKED = -(2**30), 2**30  # key block ids: seen by every query / by non
 VISION_NORM_WARPS: int | None = None
 # SigLIP's O and fc2 GEMMs without their bias epilogue, the bias added by the LayerNorm after each
 # (kernels/layer_norm.py `x_bias`): a GEMM with a bias goes to cuBLASLt, whose kernel for fc2
-# (768 x 4304 -> 1152) took 20.7 us against 16.1 for cuBLAS's plain GEMM (bench/gemm_shapes.py)
+# (768 x 4304 -> 1152) took 20.7 us against 16.1 for cuBLAS's plain GEMM (bench/gemm_shapes.py).
+# The captured vision stage (H200, pi0.5, 3 views; bench/fused_ab.py, 7 alternating rounds):
+# 1.882 vs 2.058 ms, lower in every round (docs/results/fused_ab_vision_bias_67eea7e.log)
 VISION_BIAS_IN_NORM = True
 PREFIX_NORM_WARPS: int | None = None
 # The prefix LM's attention launch, "BMxBN,wWARPS,sSTAGES,kSPLITS" (e.g. "128x32,w8,s3,k2"), or None
