@@ -408,16 +408,16 @@ def test_camera_that_changes_size_or_sends_a_sliver(ros_env, rclpy_context, tmp_
         used_from_now_on(HW)  # no gap, but the reset let the size go
 
 
-def _checkpoint_with_stats(folder, stats: dict):
-    """A tiny pi0.5 checkpoint (2 views) with `stats` written as its norm_stats.json as given
-    (the Normalizer would refuse to save bad ones)."""
+def _checkpoint_with_stats(folder, stats: dict, model=None):
+    """A tiny pi0.5 checkpoint (2 views; `model`'s weights if given) with `stats` written as its
+    norm_stats.json as given (the Normalizer would refuse to save bad ones)."""
     import json
 
     from policy_fixtures import tiny_model
 
     from flashrt_ros.policies.checkpoint import save_model
 
-    folder = save_model(tiny_model("pi05", num_views=len(CAMERAS)), folder, layout="openpi")
+    folder = save_model(model or tiny_model("pi05", num_views=len(CAMERAS)), folder, layout="openpi")
     (folder / "norm_stats.json").write_text(json.dumps({"norm_stats": stats, "mode": "quantile"}))
     return folder
 
@@ -459,20 +459,15 @@ def test_checkpoint_whose_actions_overflow_publishes_nothing_and_keeps_serving(r
     projection is so large that every chunk overflows to inf / NaN. No chunk is ever published;
     each decision is counted as non_finite_action and logged, and the node keeps serving its
     status and services, and stops cleanly."""
-    import json
-
     import torch
     from policy_fixtures import tiny_model
     from std_srvs.srv import Trigger
 
-    from flashrt_ros.policies.checkpoint import save_model
-
     model = tiny_model("pi05", num_views=len(CAMERAS))
     with torch.no_grad():
         model.action_out_proj.weight.fill_(1e38)  # finite in fp32; x @ W.T is not
-    folder = save_model(model, tmp_path / "ckpt", layout="openpi")
     good = {"q01": [-1.0] * 4, "q99": [1.0] * 4}
-    (folder / "norm_stats.json").write_text(json.dumps({"norm_stats": {"state": good, "actions": good}}))
+    folder = _checkpoint_with_stats(tmp_path / "ckpt", {"state": good, "actions": good}, model)
     run = running_node_and_peer(ros_env, tmp_path, rclpy_context, first="status", checkpoint=str(folder))
     with run as (node, peer):
         counted = peer.wait_for_counter("", "non_finite_action", above=1, timeout=15.0)

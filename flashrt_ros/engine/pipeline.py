@@ -167,8 +167,8 @@ class Pipeline:
             torch.cuda.synchronize(self.policy.device)
         except Exception as broken:
             raise RuntimeError(
-                f"the fused path failed ({type(exc).__name__}: {exc}) and left the GPU unusable "
-                f"({type(broken).__name__}: {broken}): not falling back to the reference"
+                f"the fused path failed ({one_line(exc)}) and left the GPU unusable ({one_line(broken)}): "
+                "not falling back to the reference"
             ) from exc
 
     @property

@@ -78,13 +78,13 @@ VISIBLE, MASKED = -(2**30), 2**30  # key block ids: seen by every query / by non
 # inside the captured stages the vision stage was ~10 us slower with 2 and the prefix's 4 tied
 # (bench/fused_ab.py, docs/results/fused_ab_20261129_222332.json)
 VISION_NORM_WARPS: int | None = None
+PREFIX_NORM_WARPS: int | None = None
 # SigLIP's O and fc2 GEMMs without their bias epilogue, the bias added by the LayerNorm after each
 # (kernels/layer_norm.py `x_bias`): a GEMM with a bias goes to cuBLASLt, whose kernel for fc2
 # (768 x 4304 -> 1152) took 20.7 us against 16.1 for cuBLAS's plain GEMM (bench/gemm_shapes.py).
 # The captured vision stage (H200, pi0.5, 3 views; bench/fused_ab.py, 7 alternating rounds):
 # 1.882 vs 2.058 ms, lower in every round (docs/results/fused_ab_vision_bias_67eea7e.log)
 VISION_BIAS_IN_NORM = True
-PREFIX_NORM_WARPS: int | None = None
 # The prefix LM's attention launch, "BMxBN,wWARPS,sSTAGES,kSPLITS" (e.g. "128x32,w8,s3,k2"), or None
 # for the kernel's heuristic (on the H200 at 3 views: 128 x 64 tiles, 8 warps, 2 stages, 2 key
 # splits; 92 us per prefix faster in place than 64 x 32 on 4 warps, 3 stages, no split, which is
