@@ -252,6 +252,36 @@ def test_attention_over_several_tiles_and_key_splits(dtype, gated, att_tma) -> N
     _run_and_compare((10, 32, 64, 4, 16, 2, 24), dtype, gated, tol, cache_pad=8, pi0_blocks=not gated, **tiles)
 
 
+@pytest.mark.parametrize("sc", [(64, 16), (16, 32)], ids=["one-row-tile", "three-row-tiles"])
+@pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_two_pass_attention(dtype, gated, sc) -> None:
+    """The two-pass attention (scores per (query tile, key tile), then P @ V per (query tile,
+    column tile) with every key tile's rescale known first): 40 query rows against 34 keys in 3
+    or 2 key tiles (the last reaching past the cache into rows of NaN), 16-column PV tiles (head
+    dim 16 in one, the 32-wide heads in two); pi0's block mask with its plain RMSNorm."""
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else BF16_SMALL
+    tiles = dict(att_two_pass=True, sc_bm=sc[0], sc_bn=sc[1], pv_bm=16, pv_bd=16)
+    _run_and_compare((10, 32, 64, 4, 16, 2, 24), dtype, gated, tol, cache_pad=8, pi0_blocks=not gated, **tiles)
+    _run_and_compare((10, 32, 64, 4, 32, 2, 24), dtype, gated, tol, cache_pad=8, pi0_blocks=not gated, **tiles)
+
+
+def test_two_pass_workspace_grows_outside_capture_and_names_bad_tiles() -> None:
+    """A longer cache than reserved grows the P workspace (outside a CUDA-graph capture); tile
+    settings the kernel cannot use are refused by name."""
+    plan = ExpertStepPlan(10, 32, 64, 4, 16, 1, torch.device("cpu"), torch.float32)
+    plan.set_tiles(att_two_pass=True, sc_bn=16)
+    p, m, l_, cols = plan._scores_ws(34)
+    assert cols == 48 and tuple(p.shape) == (40, 48) and m.numel() == l_.numel() == 3 * 40
+    plan.reserve_keys(20)  # never shrinks
+    assert plan._scores_ws(34)[3] == 48 and plan.att_p.numel() == 40 * 48
+    with pytest.raises(ValueError, match="sc_bn 24: expected a power of two >= 16"):
+        plan.set_tiles(sc_bn=24)
+    plan = ExpertStepPlan(10, 32, 64, 4, 16, 1, torch.device("cpu"), torch.float32)
+    with pytest.raises(ValueError, match="pv_bd 32 does not divide the head dim 16"):
+        plan.set_tiles(pv_bd=32)
+
+
 def test_step_refuses_a_slot_outside_the_plan() -> None:
     M, W, F, H, D, P = 10, 32, 64, 4, 16, 24
     h0, w, inputs = _problem(M, W, F, H, D, 2, P, torch.float32, gated=True)
@@ -291,6 +321,12 @@ def test_step_kernel_matches_reference_gpu_real_shapes(gated) -> None:
 @pytest.mark.gpu
 def test_step_kernel_attention_through_tma_gpu_real_shapes() -> None:
     _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, True, BF16_REAL, att_tma=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
+def test_step_kernel_two_pass_attention_gpu_real_shapes(gated) -> None:
+    _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, gated, BF16_REAL, att_two_pass=True)
 
 
 @pytest.mark.gpu

@@ -420,6 +420,82 @@ def _attn_tile_tma(
 
 
 @triton.jit
+def _attn_scores_tile(
+    pid_m, pid_n, q_ptr, k_ptr, kb_ptr, qb_ptr, p_ptr, sm_ptr, sl_ptr, MH, H, Tk, stride_kt, stride_p, qk_scale,
+    D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, UPCAST: tl.constexpr,
+    PREC: tl.constexpr,
+):  # fmt: skip
+    """First pass of the two-pass attention (`ExpertStepPlan.att_two_pass`): the scores of BM
+    query rows against BN keys as ONE dot over the whole head dim, masked, and stored as
+    P = exp2(s - m_t) relative to this tile's own row max m_t (in the K / V dtype, as flash
+    attention rounds P for its PV MMA), with m_t and l_t = sum(P) per row. No unit walks a chain of
+    key tiles (the split path's online softmax does, 7 dependent tiles per unit)."""
+    rows = pid_m * BM + tl.arange(0, BM)
+    row_ok = rows < MH
+    cols = pid_n * BN + tl.arange(0, BN)
+    col_ok = cols < Tk
+    s = tl.zeros([BM, BN], dtype=tl.float32)
+    for d0 in range(0, D, BD):  # over head-dim slices: a pipelined K loop (whole 256-wide tiles at
+        d = d0 + tl.arange(0, BD)  # once took 264 KB of shared memory at 64 x 64, more than an SM has)
+        q = tl.load(q_ptr + rows[:, None].to(tl.int64) * D + d[None, :], mask=row_ok[:, None], other=0.0,
+                    cache_modifier=".cg")  # fmt: skip
+        k = tl.load(k_ptr + cols[:, None].to(tl.int64) * stride_kt + d[None, :], mask=col_ok[:, None], other=0.0,
+                    cache_modifier=".cg")  # fmt: skip
+        if UPCAST:
+            q, k = q.to(tl.float32), k.to(tl.float32)
+        s += tl.dot(q, tl.trans(k), input_precision=PREC)
+    s = s * qk_scale
+    q_blk = tl.load(qb_ptr + rows // H, mask=row_ok, other=0)
+    k_blk = tl.load(kb_ptr + cols, mask=col_ok, other=2**30)
+    s = tl.where((k_blk[None, :] <= q_blk[:, None]) & col_ok[None, :], s, float("-inf"))
+    m_t = tl.max(s, axis=1)
+    p = tl.math.exp2(s - tl.where(m_t == float("-inf"), 0.0, m_t)[:, None])  # a row without keys: P = 0
+    tl.store(p_ptr + rows[:, None].to(tl.int64) * stride_p + cols[None, :], p.to(p_ptr.dtype.element_ty),
+             mask=row_ok[:, None])  # fmt: skip
+    tl.store(sm_ptr + pid_n * MH + rows, m_t, mask=row_ok)
+    tl.store(sl_ptr + pid_n * MH + rows, tl.sum(p, axis=1), mask=row_ok)
+
+
+@triton.jit
+def _attn_pv_tile(
+    pid_m, pid_d, p_ptr, v_ptr, sm_ptr, sl_ptr, o_ptr, MH, Tk, stride_kt, stride_p,
+    D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
+    UPCAST: tl.constexpr, PREC: tl.constexpr, FIX: tl.constexpr,
+):  # fmt: skip
+    """Second pass: BM rows x BD columns of the attention output, normalised. Every key tile's
+    row max is read first, so each tile's rescale exp2(m_t - m) is known before its PV product:
+    the loop over key tiles only accumulates (its loads pipeline; no serial softmax chain), and
+    the output needs no combine phase after it."""
+    rows = pid_m * BM + tl.arange(0, BM)
+    row_ok = rows < MH
+    n_kt = tl.cdiv(Tk, BN)
+    t = tl.arange(0, BT)
+    st_ok = (t < n_kt)[:, None] & row_ok[None, :]
+    m_t = tl.load(sm_ptr + t[:, None] * MH + rows[None, :], mask=st_ok, other=float("-inf"), cache_modifier=".cg")
+    l_t = tl.load(sl_ptr + t[:, None] * MH + rows[None, :], mask=st_ok, other=0.0, cache_modifier=".cg")
+    m = tl.max(m_t, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)  # no visible key at all
+    l_sum = tl.sum(tl.math.exp2(m_t - m_safe[None, :]) * l_t, axis=0)
+    d = pid_d * BD + tl.arange(0, BD)
+    acc = tl.zeros([BM, BD], dtype=tl.float32)
+    for j in range(0, n_kt):
+        cols = j * BN + tl.arange(0, BN)
+        p = tl.load(p_ptr + rows[:, None].to(tl.int64) * stride_p + cols[None, :], mask=row_ok[:, None], other=0.0,
+                    cache_modifier=".cg")  # fmt: skip
+        v = tl.load(v_ptr + cols[:, None].to(tl.int64) * stride_kt + d[None, :], mask=(cols < Tk)[:, None],
+                    other=0.0, cache_modifier=".cg")  # fmt: skip
+        alpha = tl.math.exp2(tl.load(sm_ptr + j * MH + rows, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+                             - m_safe)  # fmt: skip
+        if UPCAST:
+            p, v = p.to(tl.float32), v.to(tl.float32)
+        acc += tl.dot(p, v, input_precision=PREC) * alpha[:, None]
+    o = acc / tl.where(l_sum > 0.0, l_sum, 1.0)[:, None]
+    if FIX:
+        o = round_bf16_rtne(o)
+    tl.store(o_ptr + rows[:, None].to(tl.int64) * D + d[None, :], o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
 def _proxy_fence(GPU: tl.constexpr):
     """Order this thread's generic-proxy memory accesses with its async-proxy (TMA) ones."""
     if GPU:
@@ -441,6 +517,7 @@ def _expert_step_kernel(
     ws_acc_ptr,  # attention split partials
     ws_m_ptr,
     ws_l_ptr,
+    p_ptr,  # ATT_TWO_PASS: P [M * H, stride_p] (K / V dtype); ws_m / ws_l then hold its per-tile row stats
     k_ptr,  # K cache [L, Tk, D]: each layer's prefix rows, then the suffix's from suffix_row0
     v_ptr,
     kb_ptr,  # [Tk] key block ids
@@ -478,6 +555,7 @@ def _expert_step_kernel(
     keys_per_split,
     stride_kl,
     stride_kt,
+    stride_p,
     qk_scale,
     eps,
     N_LAYERS,
@@ -501,6 +579,13 @@ def _expert_step_kernel(
     ATT_BS: tl.constexpr,
     CB_M: tl.constexpr,
     CB_DC: tl.constexpr,
+    ATT_TWO_PASS: tl.constexpr,
+    SC_BM: tl.constexpr,
+    SC_BN: tl.constexpr,
+    SC_BD: tl.constexpr,
+    PV_BM: tl.constexpr,
+    PV_BD: tl.constexpr,
+    PV_BT: tl.constexpr,
     UPCAST: tl.constexpr,
     PREC: tl.constexpr,
     FIX: tl.constexpr,
@@ -582,8 +667,15 @@ def _expert_step_kernel(
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 1, pid, TRACE, GPU)
         if ATT_TMA:
             _proxy_fence(GPU)
-        # 2: attention partials (query tile, key split)
-        if ATT_TMA:
+        # 2: attention partials (query tile, key split), or the scores (query tile, key tile)
+        if ATT_TWO_PASS:
+            n_sm = tl.cdiv(M * H, SC_BM)
+            for u in range(me, n_sm * tl.cdiv(Tk, SC_BN), G):
+                _attn_scores_tile(
+                    u % n_sm, u // n_sm, q_ptr, lk, kb_ptr, qb_ptr, p_ptr, ws_m_ptr, ws_l_ptr, M * H, H, Tk,
+                    stride_kt, stride_p, qk_scale, D, SC_BM, SC_BN, SC_BD, UPCAST, PREC,
+                )  # fmt: skip
+        elif ATT_TMA:
             for u in range(me, n_mt * ATT_SPLITS, G):
                 _attn_tile_tma(
                     u % n_mt, u // n_mt, q_desc, k_desc, v_desc, zero + layer, kb_ptr, qb_ptr,
@@ -601,12 +693,20 @@ def _expert_step_kernel(
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 2, TRACE, GPU)
         _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 2, pid, TRACE, GPU)
-        # 3: combine the key splits
-        for u in range(me, n_cm * n_cd, G):
-            _attn_combine_tile(
-                u // n_cd, u % n_cd, zero, ws_acc_ptr, ws_m_ptr, ws_l_ptr, attn_ptr, M * H, H,
-                0, H * D, D, D, ATT_SPLITS, FIX, CB_M, CB_DC, ATT_BS, ".cg",
-            )  # fmt: skip
+        # 3: combine the key splits, or P @ V over every key tile
+        if ATT_TWO_PASS:
+            n_pd: tl.constexpr = D // PV_BD
+            for u in range(me, tl.cdiv(M * H, PV_BM) * n_pd, G):
+                _attn_pv_tile(
+                    u // n_pd, u % n_pd, p_ptr, lv, ws_m_ptr, ws_l_ptr, attn_ptr, M * H, Tk, stride_kt, stride_p,
+                    D, PV_BM, SC_BN, PV_BD, PV_BT, UPCAST, PREC, FIX,
+                )  # fmt: skip
+        else:
+            for u in range(me, n_cm * n_cd, G):
+                _attn_combine_tile(
+                    u // n_cd, u % n_cd, zero, ws_acc_ptr, ws_m_ptr, ws_l_ptr, attn_ptr, M * H, H,
+                    0, H * D, D, D, ATT_SPLITS, FIX, CB_M, CB_DC, ATT_BS, ".cg",
+                )  # fmt: skip
         arrivals += G
         _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 3, TRACE, GPU)
         if PREFETCH:
@@ -853,6 +953,18 @@ class ExpertStepPlan:
             self.att_bm, self.att_bn = 16, 32
             self.att_splits = max(1, self.grid // triton.cdiv(rows * num_heads, self.att_bm))
         self.cb_m, self.cb_dc = 16, min(64, head_dim)
+        # the two-pass attention (`_attn_scores_tile`, `_attn_pv_tile`) instead of key splits +
+        # combine: scores of (sc_bm rows x sc_bn keys) units, then P @ V of (pv_bm rows x pv_bd
+        # columns) units; pi0.5 on the H200: 7 x 16 score units, 25 x 4 PV units
+        self.att_two_pass = False
+        if interp:
+            self.sc_bm, self.sc_bn = max(16, triton.next_power_of_2(rows * num_heads)), 16
+        else:
+            self.sc_bm, self.sc_bn = 64, 64
+        self.sc_bd = _pow2_tile(head_dim, 64)  # the scores' head-dim slice (K step)
+        self.pv_bm, self.pv_bd = 16, _pow2_tile(head_dim, 64)
+        self.att_p = torch.zeros(0, device=device, dtype=dtype)  # P and its row stats, sized per cache
+        self.att_stats = torch.zeros(0, device=device, dtype=torch.float32)  # length at the first launch
         self.update_chunks = 0  # denoise tail: K / column chunks per action row (0: fill the grid once)
         self.num_warps, self.num_stages = 4, 4  # H200 (64-column O / down tiles): 845 us; 3 stages 857, 8 warps 884
         act = dict(device=device, dtype=dtype)
@@ -897,6 +1009,13 @@ class ExpertStepPlan:
                 f"bn_qkv {self.bn_qkv}: expected a power of two >= 8 dividing half the head dim ({half}); its "
                 "rotate_half pair makes the tile's 2 x bn_qkv rows, and tl.dot needs at least 16"
             )
+        for name in ("sc_bm", "sc_bn", "sc_bd", "pv_bm", "pv_bd"):
+            t = getattr(self, name)
+            if t < 16 or t & (t - 1):
+                raise ValueError(f"{name} {t}: expected a power of two >= 16 (tl.dot's least tile)")
+        for name in ("sc_bd", "pv_bd"):
+            if self.D % getattr(self, name):
+                raise ValueError(f"{name} {getattr(self, name)} does not divide the head dim {self.D}")
         self._allocate_splits()
 
     def _allocate_splits(self) -> None:
@@ -904,6 +1023,32 @@ class ExpertStepPlan:
         self.part_o = torch.zeros(self.H * self.D // self.ks_o, self.bm, self.WE, **f32)
         self.part_d = torch.zeros(self.FF // self.ks_d, self.bm, self.WE, **f32)
         self.att_ws = torch.zeros(self.att_splits * self.M * self.H * (self.D + 2), **f32)
+
+    def reserve_keys(self, keys: int) -> None:
+        """Size the two-pass attention's P and row-stat workspaces for caches of up to `keys`
+        keys: before any CUDA-graph capture (a launch with a longer cache outside capture grows
+        them; inside a capture it is refused)."""
+        cols = triton.cdiv(keys, self.sc_bn) * self.sc_bn
+        mh = self.M * self.H
+        if self.att_p.numel() < mh * cols:
+            self.att_p = torch.zeros(mh * cols, device=self.device, dtype=self.dtype)
+        if self.att_stats.numel() < 2 * mh * (cols // self.sc_bn):
+            self.att_stats = torch.zeros(2 * mh * (cols // self.sc_bn), device=self.device, dtype=torch.float32)
+
+    def _scores_ws(self, keys: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """(P [M * H, cols], tile maxima, tile sums, cols) of the two-pass attention for `keys` keys."""
+        cols, mh = triton.cdiv(keys, self.sc_bn) * self.sc_bn, self.M * self.H
+        tiles = cols // self.sc_bn
+        if self.att_p.numel() < mh * cols or self.att_stats.numel() < 2 * mh * tiles:
+            capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+            if capturing:
+                raise ValueError(
+                    f"the two-pass attention's workspace holds {self.att_p.numel() // mh} keys, this launch reads "
+                    f"{keys}: call plan.reserve_keys({keys}) before capturing"
+                )
+            self.reserve_keys(keys)
+        n = mh * tiles
+        return self.att_p[: mh * cols].view(mh, cols), self.att_stats[:n], self.att_stats[n : 2 * n], cols
 
     def enable_trace(self, layers: int) -> None:
         """Record phase timestamps in later launches (GPU only; for `phase_times`)."""
@@ -928,10 +1073,15 @@ class ExpertStepPlan:
             f"expert step kernel: {self.grid} resident programs, {PHASES} phases per layer; tiles (paired rows in "
             f"one MMA) qkv {self.bn_qkv}+{self.bn_qkv}, o {self.bn_o}/K{self.ks_o}, gate_up {self.bn_gu}+{self.bn_gu}, "
             f"down {self.bn_d}/K{self.ks_d}, "
-            f"attention {self.att_bm}x{self.att_bn} x {self.att_splits} splits{' (TMA)' if self.att_tma else ''}; "
+            f"attention {self._attention_tiles()}; "
             f"L2 prefetch of the next GEMM's weights {'on' if self.prefetch and self.gpu else 'off'}"
             f"{' (gate|up during QKV)' if self._prefetch_span() else ''}"
         )
+
+    def _attention_tiles(self) -> str:
+        if self.att_two_pass:
+            return f"two-pass: scores {self.sc_bm}x{self.sc_bn}, P @ V {self.pv_bm}x{self.pv_bd}"
+        return f"{self.att_bm}x{self.att_bn} x {self.att_splits} splits{' (TMA)' if self.att_tma else ''}"
 
     def lay_out(self, w: ExpertWeights) -> ExpertWeights:
         """`w` with qkv and gate_up in the layouts this plan's kernel reads (`pair_halves` in
@@ -971,11 +1121,11 @@ class ExpertStepPlan:
         span_bytes = 2 * self.FF * self.WE * self.dtype.itemsize
         return bool(self.prefetch and self.gpu and 4 * free >= qkv_units and span_bytes <= self.l2_bytes)
 
-    def _attention_descriptors(self, k: torch.Tensor, v: torch.Tensor) -> tuple:
+    def _attention_descriptors(self, k: torch.Tensor, v: torch.Tensor, att_tma: bool) -> tuple:
         """(q, k, v) TMA descriptors for `att_tma`: q as [M * H, D] rows, the caches as they are,
         [L, Tk, D] (a bucket's slice of a longer cache too; rows past Tk read as zeros); built per
         launch (a captured graph keeps its launch's copy); Nones without it."""
-        if not self.att_tma:
+        if not att_tma:
             return None, None, None
         from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -1071,6 +1221,14 @@ class ExpertStepPlan:
         splits = triton.cdiv(Tk, kps)
         n = splits * M * H
         ws = self.att_ws
+        two_pass = bool(self.att_two_pass)
+        if two_pass:
+            att_p, ws_m, ws_l, stride_p = self._scores_ws(Tk)
+            att = (ws, ws_m, ws_l, att_p)
+        else:
+            att = (ws[: n * D], ws[n * D : n * (D + 1)], ws[n * (D + 1) : n * (D + 2)], self.att_p)
+            stride_p = 0
+        att_tma = bool(self.att_tma) and not two_pass
         f = w.attn_mult  # any fp32 tensor for pointers a flag leaves unused
         opt = lambda t: t[step] if t is not None else f  # noqa: E731
         extra = {"launch_cooperative_grid": True} if self.gpu else {}  # all programs resident (barrier)
@@ -1089,15 +1247,14 @@ class ExpertStepPlan:
             u_ptrs, u_const, act_row0 = (f, f, f, f, f, f, f, 0.0), (1, False, False, False, 16, 16, 16, 16), M
         args = (
             h, self.x_attn, self.x_mlp, self.q, self.attn, self.act, self.part_o, self.part_d,
-            ws[: n * D], ws[n * D : n * (D + 1)], ws[n * (D + 1) : n * (D + 2)],
-            k, v, key_blocks, query_blocks, rope, *self._attention_descriptors(k, v),
+            *att, k, v, key_blocks, query_blocks, rope, *self._attention_descriptors(k, v, att_tma),
             w.qkv, w.o, w.gate_up, w.down,
             w.attn_mult[step], opt(w.attn_shift), opt(w.attn_gate),
             w.mlp_mult[step], opt(w.mlp_shift), opt(w.mlp_gate),
             w.final_mult[step], opt(w.final_shift),
             self.barriers[slot], self.trace if self.trace is not None else self.barriers,
             *u_ptrs, act_row0,
-            M, Tk, suffix_row0, kps, k.stride(0), k.stride(1), (1.0 / D**0.5) * _LOG2E, eps, L,
+            M, Tk, suffix_row0, kps, k.stride(0), k.stride(1), stride_p, (1.0 / D**0.5) * _LOG2E, eps, L,
         )  # fmt: skip
         interp = is_interpreting() and not self.gpu
         kwargs = dict(
@@ -1106,9 +1263,12 @@ class ExpertStepPlan:
             BN_QKV=self.bn_qkv, BN_O=self.bn_o, KS_O=self.ks_o, BN_GU=self.bn_gu,
             BN_D=self.bn_d, KS_D=self.ks_d, ATT_BM=self.att_bm, ATT_BN=self.att_bn, ATT_SPLITS=splits,
             ATT_BS=triton.next_power_of_2(splits), CB_M=self.cb_m, CB_DC=self.cb_dc,
+            ATT_TWO_PASS=two_pass, SC_BM=self.sc_bm, SC_BN=self.sc_bn, SC_BD=self.sc_bd,
+            PV_BM=self.pv_bm, PV_BD=self.pv_bd,
+            PV_BT=triton.next_power_of_2(triton.cdiv(Tk, self.sc_bn)),
             UPCAST=interp, PREC=dot_precision(self.dtype), FIX=interp and needs_rtne_fix(self.dtype),
             TRACE=self.trace is not None,
-            ATT_TMA=bool(self.att_tma),
+            ATT_TMA=att_tma,
             PREFETCH=self.prefetch and self.gpu,
             PREFETCH_SPAN=self._prefetch_span(),
             GPU=self.gpu,
