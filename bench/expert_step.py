@@ -208,11 +208,11 @@ def main() -> None:
         dict(att_tma=False),  # the attention phase's tiles through pointer loads
         # the two-pass attention (scores per (query tile, key tile), then P @ V with every tile's
         # rescale known first; no combine phase): default tiles, and others
+        dict(kv_rotate=True),
         dict(att_two_pass=True),
-        dict(att_two_pass=True, pv_stages=4),
-        dict(att_two_pass=True, pv_stages=12),
-        dict(att_two_pass=True, sc_bm=128, sc_bn=32, pv_stages=16),
-        dict(att_two_pass=True, pv_bm=32, pv_bd=32),
+        dict(att_two_pass=True, kv_rotate=True),
+        dict(att_two_pass=True, kv_rotate=True, pv_stages=6),
+        dict(att_two_pass=True, kv_rotate=True, sc_bm=128, sc_bn=32),
         # 6b33f7c + a scratch `fold_combine` (7 rounds, docs/results/expert_step_fold_combine_6b33f7c.log):
         # each query tile's last key split (an acq_rel counter per tile) merging the splits, no
         # combine phase or its barrier: 744.9 vs 672.1 us (attention phase 8.3 -> 15.2 us against
