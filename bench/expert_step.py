@@ -208,11 +208,17 @@ def main() -> None:
         dict(att_tma=False),  # the attention phase's tiles through pointer loads
         # the two-pass attention (scores per (query tile, key tile), then P @ V with every tile's
         # rescale known first; no combine phase): default tiles, and others
-        dict(kv_rotate=True),
+        # 341e249 / 79c4c06 / b2b477c / 2ce24e7 (5 rounds each, docs/results/expert_step_two_pass_*.log):
+        # default 662-665 us, two-pass 701-704 (scores 4.9 us, PV 7.3, against attention 8.2-8.4 +
+        # combine 1.8-1.9); PV loop with 8 / 12 stages 782 / 879 (PV 10.2 / 15.4 us, spills);
+        # 128 x 32 score tiles 754 (scores 3.2, PV 10.8 over 32 key tiles); 32 x 32 PV tiles 703-768;
+        # each query tile's units walking their key tiles from another start (kv_rotate: no two
+        # units asking L2 for the same rows at once) 681.8 for the split path (attention 8.2 -> 9.1
+        # us), 725.2 for two-pass (PV 7.3 -> 8.9): the units' common reads help; dropped
         dict(att_two_pass=True),
-        dict(att_two_pass=True, kv_rotate=True),
-        dict(att_two_pass=True, kv_rotate=True, pv_stages=6),
-        dict(att_two_pass=True, kv_rotate=True, sc_bm=128, sc_bn=32),
+        dict(att_two_pass=True, sc_bn=128),
+        dict(att_two_pass=True, sc_bn=128, pv_stages=3),
+        dict(att_two_pass=True, sc_bn=128, pv_bd=128),
         # 6b33f7c + a scratch `fold_combine` (7 rounds, docs/results/expert_step_fold_combine_6b33f7c.log):
         # each query tile's last key split (an acq_rel counter per tile) merging the splits, no
         # combine phase or its barrier: 744.9 vs 672.1 us (attention phase 8.3 -> 15.2 us against

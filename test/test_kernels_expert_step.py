@@ -239,35 +239,29 @@ def test_qkv_pairs_over_several_blocks_per_head(dtype) -> None:
     _run_and_compare((10, 32, 64, 4, 32, 2, 24), dtype, True, tol, bn_qkv=8)
 
 
-@pytest.mark.parametrize("att_tma", [False, True, "rotate"], ids=["pointers", "tma", "tma-rotated"])
+@pytest.mark.parametrize("att_tma", [False, True], ids=["pointers", "tma"])
 @pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_attention_over_several_tiles_and_key_splits(dtype, gated, att_tma) -> None:
     """3 query tiles x 3 key splits, merged by the combine phase; the tiles through pointer
-    loads or TMA descriptors (`att_tma`; "rotate": 2 key splits of 2 and 1 key tiles, each query
-    tile starting at another key tile of its split, `kv_rotate`), over caches that are slices of longer ones (34 keys: the last
-    16-key tile reaches past them, into rows of NaN); pi0's block mask with pi0's plain RMSNorm
-    (the state token must not see the action keys)."""
+    loads or TMA descriptors (`att_tma`), over caches that are slices of longer ones (34 keys:
+    the last 16-key tile reaches past them, into rows of NaN); pi0's block mask with pi0's
+    plain RMSNorm (the state token must not see the action keys)."""
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else BF16_SMALL
-    tiles = dict(att_bm=16, att_bn=16, att_splits=3, att_tma=bool(att_tma), kv_rotate=att_tma == "rotate")
-    if att_tma == "rotate":
-        tiles["att_splits"] = 2
+    tiles = dict(att_bm=16, att_bn=16, att_splits=3, att_tma=att_tma)
     _run_and_compare((10, 32, 64, 4, 16, 2, 24), dtype, gated, tol, cache_pad=8, pi0_blocks=not gated, **tiles)
 
 
-@pytest.mark.parametrize(
-    "sc", [(64, 16, False), (16, 32, False), (64, 16, True)], ids=["one-row-tile", "three-row-tiles", "rotated"]
-)
+@pytest.mark.parametrize("sc", [(64, 16), (16, 32)], ids=["one-row-tile", "three-row-tiles"])
 @pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_two_pass_attention(dtype, gated, sc) -> None:
     """The two-pass attention (scores per (query tile, key tile), then P @ V per (query tile,
     column tile) with every key tile's rescale known first): 40 query rows against 34 keys in 3
     or 2 key tiles (the last reaching past the cache into rows of NaN), 16-column PV tiles (head
-    dim 16 in one, the 32-wide heads in two), the PV units' key tiles in rotated order or not;
-    pi0's block mask with its plain RMSNorm."""
+    dim 16 in one, the 32-wide heads in two); pi0's block mask with its plain RMSNorm."""
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else BF16_SMALL
-    tiles = dict(att_two_pass=True, sc_bm=sc[0], sc_bn=sc[1], pv_bm=16, pv_bd=16, kv_rotate=sc[2])
+    tiles = dict(att_two_pass=True, sc_bm=sc[0], sc_bn=sc[1], pv_bm=16, pv_bd=16)
     _run_and_compare((10, 32, 64, 4, 16, 2, 24), dtype, gated, tol, cache_pad=8, pi0_blocks=not gated, **tiles)
     _run_and_compare((10, 32, 64, 4, 32, 2, 24), dtype, gated, tol, cache_pad=8, pi0_blocks=not gated, **tiles)
 
