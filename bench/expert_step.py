@@ -215,10 +215,12 @@ def main() -> None:
         # each query tile's units walking their key tiles from another start (kv_rotate: no two
         # units asking L2 for the same rows at once) 681.8 for the split path (attention 8.2 -> 9.1
         # us), 725.2 for two-pass (PV 7.3 -> 8.9): the units' common reads help; dropped
-        dict(att_two_pass=True),
-        dict(att_two_pass=True, sc_bn=128),
-        dict(att_two_pass=True, sc_bn=128, pv_stages=3),
-        dict(att_two_pass=True, sc_bn=128, pv_bd=128),
+        # a874103 (5 rounds): default 663.8, two-pass 703.2; 128-key score tiles 748.3, with 3 PV
+        # stages 677.4 (scores 4.5 us, PV 6.7; 4 stages spill there), with 128-column PV tiles 933.8
+        dict(att_two_pass=True, pv_stages=3),
+        dict(att_two_pass=True, pv_stages=2),
+        dict(att_two_pass=True, sc_bn=128, pv_stages=2),
+        dict(att_two_pass=True, sc_bn=128, pv_stages=3, pv_bm=32, pv_bd=32),
         # 6b33f7c + a scratch `fold_combine` (7 rounds, docs/results/expert_step_fold_combine_6b33f7c.log):
         # each query tile's last key split (an acq_rel counter per tile) merging the splits, no
         # combine phase or its barrier: 744.9 vs 672.1 us (attention phase 8.3 -> 15.2 us against
