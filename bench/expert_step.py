@@ -205,7 +205,8 @@ def main() -> None:
         # 4.5 -> 9.1 on 64 whole-K units); 32-column O / down tiles 1129, 128-wide normed K 1225
         # 882406b (7 rounds): default 681.0, the attention phase's tiles through TMA descriptors
         # 671.2 (every round lower; now the default on sm_90+)
-        dict(att_tma=False),  # the attention phase's tiles through pointer loads
+        dict(att_two_pass=False),  # the attention as key splits + combine, tiles through TMA
+        dict(att_two_pass=False, att_tma=False),  # the same through pointer loads
         # the two-pass attention (scores per (query tile, key tile), then P @ V with every tile's
         # rescale known first; no combine phase): default tiles, and others
         # 341e249 / 79c4c06 / b2b477c / 2ce24e7 (5 rounds each, docs/results/expert_step_two_pass_*.log):
@@ -217,10 +218,9 @@ def main() -> None:
         # us), 725.2 for two-pass (PV 7.3 -> 8.9): the units' common reads help; dropped
         # a874103 (5 rounds): default 663.8, two-pass 703.2; 128-key score tiles 748.3, with 3 PV
         # stages 677.4 (scores 4.5 us, PV 6.7; 4 stages spill there), with 128-column PV tiles 933.8
-        dict(att_two_pass=True, pv_stages=3),
-        dict(att_two_pass=True, pv_stages=2),
-        dict(att_two_pass=True, sc_bn=128, pv_stages=2),
-        dict(att_two_pass=True, sc_bn=128, pv_stages=3, pv_bm=32, pv_bd=32),
+        # 81bc84d (5 rounds): default (split) 664.0; two-pass with 64-key score tiles and 16 x 64 PV
+        # tiles in 3 / 2 stages 703.1 / 769.3; 128-key score tiles, 2 stages 691.1; with 32 x 32 PV
+        # tiles in 3 stages 650.5 (every round lower; scores 4.0 us, PV 6.1): now the default
         # 6b33f7c + a scratch `fold_combine` (7 rounds, docs/results/expert_step_fold_combine_6b33f7c.log):
         # each query tile's last key split (an acq_rel counter per tile) merging the splits, no
         # combine phase or its barrier: 744.9 vs 672.1 us (attention phase 8.3 -> 15.2 us against

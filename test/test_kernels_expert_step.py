@@ -39,9 +39,10 @@ def test_step_kernel_builds_for_hopper_and_thor() -> None:
     results = {r["arch"]: r for r in _compile_check("90", "110")}
     assert set(results) == {90, 110}
     assert "unsupported_by_ptxas" not in results[90]
-    # specialised like the JIT's build: the four GEMM K loops and the attention loop are
-    # software-pipelined (an unspecialised build pipelines the attention loop alone)
-    assert results[90]["pipelined_loops"] == 5
+    # specialised like the JIT's build: the four GEMM K loops and the attention's two (the scores'
+    # head-dim loop, the PV key loop) are software-pipelined (an unspecialised build pipelines
+    # none of the GEMM loops)
+    assert results[90]["pipelined_loops"] == 6
     assert results[90]["prefetches"] > 0  # the weight prefetches at the barriers
     for r in results.values():
         if "unsupported_by_ptxas" in r:
@@ -248,7 +249,7 @@ def test_attention_over_several_tiles_and_key_splits(dtype, gated, att_tma) -> N
     the last 16-key tile reaches past them, into rows of NaN); pi0's block mask with pi0's
     plain RMSNorm (the state token must not see the action keys)."""
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else BF16_SMALL
-    tiles = dict(att_bm=16, att_bn=16, att_splits=3, att_tma=att_tma)
+    tiles = dict(att_two_pass=False, att_bm=16, att_bn=16, att_splits=3, att_tma=att_tma)
     _run_and_compare((10, 32, 64, 4, 16, 2, 24), dtype, gated, tol, cache_pad=8, pi0_blocks=not gated, **tiles)
 
 
@@ -306,7 +307,7 @@ def test_tma_attention_refuses_a_cache_it_cannot_describe() -> None:
     M, W, F, H, D, L, P = 10, 32, 64, 4, 16, 2, 24
     h0, w, (k, v, kb, qb, pos, inv, row0) = _problem(M, W, F, H, D, L, P, torch.float32, gated=True)
     plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), torch.float32)
-    plan.set_tiles(att_tma=True)
+    plan.set_tiles(att_two_pass=False, att_tma=True)
     odd_k, odd_v = (torch.zeros(L, P + M, D + 1, device=DEVICE)[..., :D] for _ in "kv")  # 68-byte rows
     with pytest.raises(ValueError, match=r"the k cache must be \[L, Tk, 16\].*got shape \(2, 34, 16\), strides"):
         plan.step(h0.clone(), plan.lay_out(w), 1, odd_k, odd_v, kb, qb, rope_table(pos, inv), row0, 0, 1e-6)
@@ -320,13 +321,16 @@ def test_step_kernel_matches_reference_gpu_real_shapes(gated) -> None:
 
 @pytest.mark.gpu
 def test_step_kernel_attention_through_tma_gpu_real_shapes() -> None:
-    _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, True, BF16_REAL, att_tma=True)
+    _run_and_compare(
+        (50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, True, BF16_REAL, att_two_pass=False, att_tma=True
+    )
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("gated", [True, False], ids=["pi05-adarms", "pi0-rmsnorm"])
-def test_step_kernel_two_pass_attention_gpu_real_shapes(gated) -> None:
-    _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, gated, BF16_REAL, att_two_pass=True)
+def test_step_kernel_split_attention_gpu_real_shapes(gated) -> None:
+    """The attention as key splits + combine (the default before the two-pass one)."""
+    _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, gated, BF16_REAL, att_two_pass=False)
 
 
 @pytest.mark.gpu

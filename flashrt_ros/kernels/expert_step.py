@@ -8,8 +8,8 @@ separated by a grid-wide barrier (an arrival counter in global memory; `_arrive`
 
     0  h += gate * Σ down partials (previous layer) ; x_attn = norm(h)        units: rows
     1  x_attn @ Wqkv.T -> RoPE -> q ; k, v into the cache's suffix rows       units: column-pair tiles
-    2  attention partials over the cached prefix + suffix (split keys)        units: (query tile, split)
-    3  combine the splits -> attn [M, H*D]                                    units: (row tile, d tile)
+    2  attention scores over the cached prefix + suffix -> P, row stats       units: (query tile, key tile)
+    3  P @ V, normalised -> attn [M, H*D]                                     units: (row tile, d tile)
     4  attn @ Wo.T -> split-K partials                                       units: (column tile, split)
     5  h += gate * Σ O partials ; x_mlp = norm(h)                             units: rows
     6  x_mlp @ Wgu.T -> gelu_tanh(g) * u -> act                               units: column-pair tiles
@@ -46,6 +46,12 @@ of a whole layer's weights / cache rows ahead of its phases with ``cp.async.bulk
 its tiles through TMA descriptors on sm_90+ (`_attn_tile_tma`; 671.2 vs 681.0 us per step).
 The denoise update as the launch's tail saves ~6-9 us per step against the same update as its
 own launch after the step (bench/expert_step.py).
+
+Phases 2 and 3 on Hopper are the two-pass attention (`att_two_pass`): the scores as one tile per
+(query tile, key tile), P stored relative to each tile's row max, then P @ V with every tile's
+rescale known before the loop: no unit walks a chain of dependent softmax steps, and the output
+needs no combine. 650.5 vs 664.0 us per step (H200, 5 alternating rounds) against the split path
+(flash-style partials over key splits, then a combine phase), which other archs keep.
 """
 
 from __future__ import annotations
@@ -958,16 +964,20 @@ class ExpertStepPlan:
         self.cb_m, self.cb_dc = 16, min(64, head_dim)
         # the two-pass attention (`_attn_scores_tile`, `_attn_pv_tile`) instead of key splits +
         # combine: scores of (sc_bm rows x sc_bn keys) units, then P @ V of (pv_bm rows x pv_bd
-        # columns) units; pi0.5 on the H200: 7 x 16 score units, 25 x 4 PV units
-        self.att_two_pass = False
+        # columns) units, the PV loop in pv_stages stages. pi0.5 on the H200 (7 x 8 score units,
+        # 13 x 8 PV units of 8 key tiles): 650.5 vs 664.0 us per step for the split path, lower in
+        # each of 5 alternating rounds (bench/expert_step.py has the tiles that lost). Only where
+        # measured: another CUDA arch keeps the split path (on Thor's sm_110 the two-pass build
+        # spills 64 bytes, the split one none; neither was timed there)
+        self.att_two_pass = device.type != "cuda" or torch.cuda.get_device_capability(device)[0] == 9
         if interp:
             self.sc_bm, self.sc_bn = max(16, triton.next_power_of_2(rows * num_heads)), 16
+            self.pv_bm, self.pv_bd = 16, _pow2_tile(head_dim, 64)
         else:
-            self.sc_bm, self.sc_bn = 64, 64
+            self.sc_bm, self.sc_bn = 64, 128
+            self.pv_bm, self.pv_bd = 32, _pow2_tile(head_dim, 32)
         self.sc_bd = _pow2_tile(head_dim, 64)  # the scores' head-dim slice (K step)
-        self.pv_bm, self.pv_bd = 16, _pow2_tile(head_dim, 64)
-        # stages of the PV loop (H200, 16 key tiles of 64: 4 stages 7.3 us, 8 10.2, 12 15.4 (spills))
-        self.pv_stages = 4
+        self.pv_stages = 3  # 4 spill at these tiles (748.3 us per step); 2 wait on L2 (691.1)
         self.att_p = torch.zeros(0, device=device, dtype=dtype)  # P and its row stats, sized per cache
         self.att_stats = torch.zeros(0, device=device, dtype=torch.float32)  # length at the first launch
         self.update_chunks = 0  # denoise tail: K / column chunks per action row (0: fill the grid once)
