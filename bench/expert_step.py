@@ -21,8 +21,8 @@ from flashrt_ros.kernels.rope import rope_inv_freq
 M, W, F_MLP, H, D, LAYERS, PREFIX = 50, 1024, 4096, 8, 256, 18, 968
 
 
-PHASE_NAMES = ["0 residual+norm", "1 qkv+rope", "2 attention", "3 combine", "4 o-proj", "5 residual+norm",
-               "6 gate_up+geglu", "7 down"]  # fmt: skip
+PHASE_NAMES = ["0 residual+norm", "1 qkv+rope", "2 attn scores|split", "3 attn pv|combine", "4 o-proj",
+               "5 residual+norm", "6 gate_up+geglu", "7 down"]  # fmt: skip
 
 
 def phase_table(plan: ExpertStepPlan, step) -> list[dict]:
@@ -208,11 +208,12 @@ def main() -> None:
         dict(att_two_pass=False),  # the attention as key splits + combine, tiles through TMA
         dict(att_two_pass=False, att_tma=False),  # the same through pointer loads
         # the two-pass attention (scores per (query tile, key tile), then P @ V with every tile's
-        # rescale known first; no combine phase): default tiles, and others
+        # rescale known first; no combine phase), now the default on Hopper; its tiles that lost:
         # 341e249 / 79c4c06 / b2b477c / 2ce24e7 (5 rounds each, docs/results/expert_step_two_pass_*.log):
-        # default 662-665 us, two-pass 701-704 (scores 4.9 us, PV 7.3, against attention 8.2-8.4 +
-        # combine 1.8-1.9); PV loop with 8 / 12 stages 782 / 879 (PV 10.2 / 15.4 us, spills);
-        # 128 x 32 score tiles 754 (scores 3.2, PV 10.8 over 32 key tiles); 32 x 32 PV tiles 703-768;
+        # split path 662-665 us, two-pass with 64-key score and 16 x 64 PV tiles 701-704 (scores
+        # 4.9 us, PV 7.3, against attention 8.2-8.4 + combine 1.8-1.9); PV loop with 8 / 12 stages
+        # 782 / 879 (PV 10.2 / 15.4 us, spills); 128 x 32 score tiles 754-852 (scores 3.2, PV
+        # 10.8-18.2 over 32 key tiles); 32 x 32 PV tiles (64-key score tiles) 703-768;
         # each query tile's units walking their key tiles from another start (kv_rotate: no two
         # units asking L2 for the same rows at once) 681.8 for the split path (attention 8.2 -> 9.1
         # us), 725.2 for two-pass (PV 7.3 -> 8.9): the units' common reads help; dropped

@@ -10,6 +10,8 @@ The launch ends with the denoise update (the fused path's); --no-update builds i
 which changes the grid-dependent tiles (attention key splits, the denoise tail's chunks);
 --shape tiny builds PolicyConfig.tiny's expert (what the GPU fused tests build) instead of pi0.5's;
 --set changes a tile setting first (`ExpertStepPlan.set_tiles`, e.g. --set bk=64 --set att_bn=32).
+Each target builds the attention it runs (`two_pass_by_default`: two-pass on sm_90, the split path
+on the others); --set att_two_pass=0 / 1 chooses.
 Each line reports the registers per thread and the spill stack (bytes per thread) that
 Triton's bundled cuobjdump reads from the cubin, and how many of its loops are software-
 pipelined. The build is specialised like the JIT's (16-byte aligned pointers, integers divisible
@@ -35,7 +37,7 @@ import torch
 import triton
 
 from flashrt_ros.kernels.denoise_update import DenoiseUpdate
-from flashrt_ros.kernels.expert_step import ExpertStepPlan, ExpertWeights, compile_for
+from flashrt_ros.kernels.expert_step import ExpertStepPlan, ExpertWeights, compile_for, two_pass_by_default
 
 # rows, width, mlp, heads, head dim, layers, prefix tokens
 SHAPES = {
@@ -97,8 +99,9 @@ def main(
     archs: list[int], trace: bool, tiles: dict[str, int], with_update: bool, sms: int = 132, shape: str = "pi05"
 ) -> None:
     for arch in archs:
-        # TMA (the attention phase's descriptors) is sm_90+: an older target builds the pointer loads
-        arch_tiles = tiles if arch >= 90 else {"att_tma": 0, **tiles}
+        # the attention each arch runs (`two_pass_by_default`: Hopper two-pass, others split); TMA
+        # (the split path's descriptors) is sm_90+: an older target builds the pointer loads
+        arch_tiles = {"att_two_pass": int(two_pass_by_default(arch)), **({} if arch >= 90 else {"att_tma": 0}), **tiles}
         args, kwargs = shape_launch(trace, arch_tiles, with_update, sms, shape)
         t0 = time.perf_counter()
         try:

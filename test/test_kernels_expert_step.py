@@ -54,16 +54,24 @@ def test_step_kernel_builds_for_hopper_and_thor() -> None:
         pytest.skip(f"sm_90 checked; this Triton's ptxas cannot build sm_110: {results[110]['unsupported_by_ptxas']}")
 
 
+def test_split_attention_builds_for_hopper() -> None:
+    """The split attention (key splits + combine, tiles through TMA) on sm_90, which other archs
+    run by default: its attention loop and the four GEMM K loops are pipelined."""
+    (result,) = _compile_check("--set", "att_two_pass=0", "90")
+    assert result["target"] and result["pipelined_loops"] == 5 and result["stack_bytes"] in (0, None)
+
+
 def test_pre_hopper_target_builds_without_tma() -> None:
-    """sm_80 (no TMA): the launch builds with the attention phase's pointer loads."""
+    """sm_80 (no TMA): the launch builds with the split attention's pointer loads."""
     (result,) = _compile_check("80")
     assert result["target"] and result["tiles"] == {}
 
 
 def test_thor_sized_launch_builds() -> None:
-    """--sms 20 (Jetson AGX Thor's SM count): the grid-dependent launch (one key split per query
-    tile, the tail's chunks) builds too, for Hopper here (any Triton's ptxas knows sm_90)."""
-    (result,) = _compile_check("--sms", "20", "90")
+    """--sms 20 (Jetson AGX Thor's SM count) with Thor's split attention: the grid-dependent
+    launch (one key split per query tile, the tail's chunks) builds too, for Hopper here (any
+    Triton's ptxas knows sm_90)."""
+    (result,) = _compile_check("--sms", "20", "--set", "att_two_pass=0", "90")
     assert result["sms"] == 20 and result["target"] and result["cooperative"]
     assert 0 < result["shared_bytes"] <= 227 * 1024
 
@@ -80,8 +88,8 @@ def test_step_kernel_builds_at_the_tiny_shape() -> None:
 def test_traced_variant_with_other_tiles_builds() -> None:
     """The variant bench/expert_step.py traces builds too (phase timestamps), here with other
     tiles set the way the benchmark's variants set them."""
-    (result,) = _compile_check("--trace", "--set", "bk=64", "--set", "att_bn=32", "90")
-    assert result["trace"] and result["target"] and result["tiles"] == {"bk": 64, "att_bn": 32}
+    (result,) = _compile_check("--trace", "--set", "bk=64", "--set", "sc_bn=64", "90")
+    assert result["trace"] and result["target"] and result["tiles"] == {"bk": 64, "sc_bn": 64}
 
 
 def test_plan_refuses_too_many_suffix_tokens() -> None:
@@ -92,11 +100,13 @@ def test_plan_refuses_too_many_suffix_tokens() -> None:
 @pytest.mark.parametrize("rows", [50, 51], ids=["pi05", "pi0"])
 @pytest.mark.parametrize("sms", [132, 20, 170])
 def test_attention_units_fill_the_grid_once(rows: int, sms: int) -> None:
-    """GPU launch (built on meta tensors, not run): 16 query rows per attention unit and as many
-    key splits over the 968 + S keys as fill the grid in one wave (pi0.5 on the H200: 25 tiles
-    x 5 splits); a grid smaller than the query tiles gets no split."""
+    """GPU launch of the split attention (built on meta tensors, not run): 16 query rows per
+    attention unit and as many key splits over the 968 + S keys as fill the grid in one wave
+    (pi0.5 on 132 SMs: 25 tiles x 5 splits); a grid smaller than the query tiles (Thor's 20 SMs)
+    gets no split."""
     meta, bf16, W, F, H, D, L, P = torch.device("meta"), torch.bfloat16, 1024, 4096, 8, 256, 2, 968
     plan = ExpertStepPlan(rows, W, F, H, D, 1, meta, bf16, gpu=True, sm_count=sms)
+    plan.set_tiles(att_two_pass=False)
     e = lambda *shape, dtype=bf16: torch.empty(*shape, dtype=dtype, device=meta)  # noqa: E731
     vec = e(1, L, W, dtype=torch.float32)
     w = ExpertWeights(e(L, (H + 2) * D, W), e(L, W, H * D), e(L, 2 * F, W), e(L, W, F), vec, vec, vec, vec, vec, vec,
@@ -107,7 +117,7 @@ def test_attention_units_fill_the_grid_once(rows: int, sms: int) -> None:
         e(rows, dtype=i32), e(2, rows, D // 2, dtype=torch.float32), P, 0, 1e-6,
     )  # fmt: skip
     tiles = -(-rows * H // kw["ATT_BM"])
-    assert kw["ATT_BM"] == 16 and kw["ATT_SPLITS"] == plan.att_splits
+    assert not kw["ATT_TWO_PASS"] and kw["ATT_BM"] == 16 and kw["ATT_SPLITS"] == plan.att_splits
     if tiles >= sms:
         assert kw["ATT_SPLITS"] == 1
     else:
@@ -268,14 +278,23 @@ def test_two_pass_attention(dtype, gated, sc) -> None:
 
 
 def test_two_pass_workspace_grows_outside_capture_and_names_bad_tiles() -> None:
-    """A longer cache than reserved grows the P workspace (outside a CUDA-graph capture); tile
-    settings the kernel cannot use are refused by name."""
+    """A longer cache than reserved grows the P workspace (outside a CUDA-graph capture), keeping
+    the outgrown buffers alive (a graph captured earlier may still use them), and so do smaller
+    key tiles (more row stats); tile settings the kernel cannot use are refused by name."""
     plan = ExpertStepPlan(10, 32, 64, 4, 16, 1, torch.device("cpu"), torch.float32)
     plan.set_tiles(att_two_pass=True, sc_bn=16)
     p, m, l_, cols = plan._scores_ws(34)
     assert cols == 48 and tuple(p.shape) == (40, 48) and m.numel() == l_.numel() == 3 * 40
     plan.reserve_keys(20)  # never shrinks
     assert plan._scores_ws(34)[3] == 48 and plan.att_p.numel() == 40 * 48
+    first_p = plan.att_p
+    assert plan._scores_ws(100)[3] == 112 and plan.att_p.numel() == 40 * 112
+    assert any(t is first_p for t in plan._retired)
+    plan.set_tiles(sc_bn=128)
+    assert plan._scores_ws(100)[3] == 128  # P grows to 128 columns, the stats (1 tile) fit
+    plan.set_tiles(sc_bn=16)
+    _, m, l_, cols = plan._scores_ws(100)
+    assert cols == 112 and m.numel() == l_.numel() == 7 * 40 and plan.att_stats.numel() >= 2 * 7 * 40
     with pytest.raises(ValueError, match="sc_bn 24: expected a power of two >= 16"):
         plan.set_tiles(sc_bn=24)
     plan = ExpertStepPlan(10, 32, 64, 4, 16, 1, torch.device("cpu"), torch.float32)
@@ -335,9 +354,32 @@ def test_step_kernel_split_attention_gpu_real_shapes(gated) -> None:
 
 @pytest.mark.gpu
 def test_step_kernel_on_a_small_grid_gpu_real_shapes() -> None:
-    """20 programs, Jetson Thor's SM count: each program walks several units of every phase,
-    and no program is free during QKV, so gate|up's weights are prefetched per tile."""
-    _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, True, BF16_REAL, sms=20)
+    """20 programs, Jetson Thor's SM count, with Thor's split attention: each program walks
+    several units of every phase, and no program is free during QKV, so gate|up's weights are
+    prefetched per tile."""
+    _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, True, BF16_REAL, sms=20, att_two_pass=False)
+
+
+@pytest.mark.gpu
+def test_step_kernel_over_a_longer_cache_gpu_real_shapes() -> None:
+    """The default (two-pass on the H200) over caches that are slices of longer ones whose next
+    rows hold NaN: the last 128-key tile reaches 6 rows past the 1018 keys."""
+    _run_and_compare((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, True, BF16_REAL, cache_pad=8)
+
+
+@pytest.mark.gpu
+def test_two_pass_workspace_is_not_grown_inside_a_capture() -> None:
+    """A launch inside a CUDA-graph capture over more keys than the workspace holds is refused
+    with what to call (growing there would leave the graph on a buffer freed later)."""
+    M, W, F, H, D, L, P = 10, 32, 64, 4, 16, 2, 24
+    h0, w, inputs = _problem(M, W, F, H, D, L, P, torch.bfloat16, gated=True)
+    plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device("cuda"), torch.bfloat16)
+    plan.set_tiles(att_two_pass=True, sc_bn=16)
+    plan.reserve_keys(16)  # one key tile; the launch reads 34 keys (3 tiles)
+    graph, h, laid, args = torch.cuda.CUDAGraph(), h0.clone(), plan.lay_out(w), _kernel_inputs(inputs)
+    with pytest.raises(ValueError, match=r"call plan.reserve_keys\(34\) before capturing"):
+        with torch.cuda.graph(graph):
+            plan.step(h, laid, 1, *args, 0, 1e-6)
 
 
 @pytest.mark.gpu

@@ -67,7 +67,7 @@ from .attention import _attn_combine_tile, _attn_fwd_tile, online_softmax
 from .denoise_update import DenoiseUpdate, euler, next_input_part, velocity_part
 from .gate_up_geglu import deinterleave_gate_up, interleave_gate_up
 
-__all__ = ["PHASES", "ExpertStepPlan", "ExpertWeights", "expert_step_ref", "rope_table"]
+__all__ = ["PHASES", "ExpertStepPlan", "ExpertWeights", "expert_step_ref", "rope_table", "two_pass_by_default"]
 
 _LOG2E = 1.4426950408889634
 PHASES = 8  # per layer, each ended by a grid barrier
@@ -901,6 +901,14 @@ def _has_tma(device: torch.device) -> bool:
     return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 9
 
 
+def two_pass_by_default(arch: int | None) -> bool:
+    """Whether a plan for CUDA arch `arch` (90 Hopper, 100 / 110 Blackwell / Thor; None: not a CUDA
+    device, i.e. the interpreter or an offline build standing for the H200) starts with the
+    two-pass attention. Only where it was measured: another arch keeps the split path (Thor's
+    sm_110 two-pass build spills 64 bytes, the split one none; neither was timed there)."""
+    return arch is None or arch // 10 == 9
+
+
 def _pow2_tile(dim: int, want: int, least: int = 16) -> int:
     """Largest power of two <= want that divides dim (at least `least`: 16, as tl.dot needs)."""
     t = want
@@ -966,10 +974,9 @@ class ExpertStepPlan:
         # combine: scores of (sc_bm rows x sc_bn keys) units, then P @ V of (pv_bm rows x pv_bd
         # columns) units, the PV loop in pv_stages stages. pi0.5 on the H200 (7 x 8 score units,
         # 13 x 8 PV units of 8 key tiles): 650.5 vs 664.0 us per step for the split path, lower in
-        # each of 5 alternating rounds (bench/expert_step.py has the tiles that lost). Only where
-        # measured: another CUDA arch keeps the split path (on Thor's sm_110 the two-pass build
-        # spills 64 bytes, the split one none; neither was timed there)
-        self.att_two_pass = device.type != "cuda" or torch.cuda.get_device_capability(device)[0] == 9
+        # each of 5 alternating rounds (bench/expert_step.py has the tiles that lost)
+        cuda = device.type == "cuda"
+        self.att_two_pass = two_pass_by_default(torch.cuda.get_device_capability(device)[0] * 10 if cuda else None)
         if interp:
             self.sc_bm, self.sc_bn = max(16, triton.next_power_of_2(rows * num_heads)), 16
             self.pv_bm, self.pv_bd = 16, _pow2_tile(head_dim, 64)
@@ -977,9 +984,12 @@ class ExpertStepPlan:
             self.sc_bm, self.sc_bn = 64, 128
             self.pv_bm, self.pv_bd = 32, _pow2_tile(head_dim, 32)
         self.sc_bd = _pow2_tile(head_dim, 64)  # the scores' head-dim slice (K step)
-        self.pv_stages = 3  # 4 spill at these tiles (748.3 us per step); 2 wait on L2 (691.1)
+        # PV loop stages: with 16 x 64 PV tiles, 4 stages spilled (748.3 us per step at 128-key
+        # score tiles) and 2 waited on L2 (691.1); at 32 x 32, 3 stages (650.5) was the one timed
+        self.pv_stages = 3
         self.att_p = torch.zeros(0, device=device, dtype=dtype)  # P and its row stats, sized per cache
         self.att_stats = torch.zeros(0, device=device, dtype=torch.float32)  # length at the first launch
+        self._retired: list[torch.Tensor] = []  # outgrown workspaces a captured graph may still use
         self.update_chunks = 0  # denoise tail: K / column chunks per action row (0: fill the grid once)
         self.num_warps, self.num_stages = 4, 4  # H200 (64-column O / down tiles): 845 us; 3 stages 857, 8 warps 884
         act = dict(device=device, dtype=dtype)
@@ -1041,29 +1051,37 @@ class ExpertStepPlan:
 
     def reserve_keys(self, keys: int) -> None:
         """Size the two-pass attention's P and row-stat workspaces for caches of up to `keys`
-        keys: before any CUDA-graph capture (a launch with a longer cache outside capture grows
-        them; inside a capture it is refused)."""
-        cols = triton.cdiv(keys, self.sc_bn) * self.sc_bn
-        mh = self.M * self.H
-        if self.att_p.numel() < mh * cols:
-            self.att_p = torch.zeros(mh * cols, device=self.device, dtype=self.dtype)
-        if self.att_stats.numel() < 2 * mh * (cols // self.sc_bn):
-            self.att_stats = torch.zeros(2 * mh * (cols // self.sc_bn), device=self.device, dtype=torch.float32)
+        keys at the current `sc_bn`: before any CUDA-graph capture. A launch that needs more
+        grows them outside a capture (the old buffers are kept alive, so a graph captured
+        earlier never replays into freed memory) and is refused inside one."""
+        need_p, need_stats = self._scores_need(keys)
+        if self.att_p.numel() < need_p:
+            self._retired.append(self.att_p)
+            self.att_p = torch.zeros(need_p, device=self.device, dtype=self.dtype)
+        if self.att_stats.numel() < need_stats:
+            self._retired.append(self.att_stats)
+            self.att_stats = torch.zeros(need_stats, device=self.device, dtype=torch.float32)
+
+    def _scores_need(self, keys: int) -> tuple[int, int]:
+        """Elements of P ([M * H, keys rounded up to sc_bn]) and of the row stats (max and sum per
+        row and key tile) for `keys` keys."""
+        tiles = triton.cdiv(keys, self.sc_bn)
+        return self.M * self.H * tiles * self.sc_bn, 2 * self.M * self.H * tiles
 
     def _scores_ws(self, keys: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """(P [M * H, cols], tile maxima, tile sums, cols) of the two-pass attention for `keys` keys."""
-        cols, mh = triton.cdiv(keys, self.sc_bn) * self.sc_bn, self.M * self.H
-        tiles = cols // self.sc_bn
-        if self.att_p.numel() < mh * cols or self.att_stats.numel() < 2 * mh * tiles:
-            capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-            if capturing:
+        need_p, need_stats = self._scores_need(keys)
+        if self.att_p.numel() < need_p or self.att_stats.numel() < need_stats:
+            if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 raise ValueError(
-                    f"the two-pass attention's workspace holds {self.att_p.numel() // mh} keys, this launch reads "
-                    f"{keys}: call plan.reserve_keys({keys}) before capturing"
+                    f"the two-pass attention's workspace holds {self.att_p.numel()} / {self.att_stats.numel()} "
+                    f"elements of P / row stats, a launch over {keys} keys in tiles of {self.sc_bn} needs "
+                    f"{need_p} / {need_stats}: call plan.reserve_keys({keys}) before capturing"
                 )
             self.reserve_keys(keys)
-        n = mh * tiles
-        return self.att_p[: mh * cols].view(mh, cols), self.att_stats[:n], self.att_stats[n : 2 * n], cols
+        mh, n = self.M * self.H, need_stats // 2
+        cols = need_p // mh
+        return self.att_p[:need_p].view(mh, cols), self.att_stats[:n], self.att_stats[n : 2 * n], cols
 
     def enable_trace(self, layers: int) -> None:
         """Record phase timestamps in later launches (GPU only; for `phase_times`)."""

@@ -447,7 +447,8 @@ class FusedPi0:
         except ValueError as err:
             log.warning("expert step kernel not used (%s): the expert runs as separate kernels", err)
         if self.step_plan is not None:
-            self.step_plan.reserve_keys(self.prefix_k.shape[1])  # its attention workspace, before any capture
+            if self.step_plan.att_two_pass:  # its attention workspace, before any capture
+                self.step_plan.reserve_keys(self.prefix_k.shape[1])
             self.expert_weights = self._expert_weights()
             log.info("%s", self.step_plan.describe())
 
