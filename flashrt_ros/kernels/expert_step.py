@@ -432,7 +432,7 @@ def _attn_scores_tile(
     PREC: tl.constexpr,
 ):  # fmt: skip
     """First pass of the two-pass attention (`ExpertStepPlan.att_two_pass`): the scores of BM
-    query rows against BN keys as ONE dot over the whole head dim, masked, and stored as
+    query rows against BN keys in one unit (a dot over the head dim in BD slices), masked, stored as
     P = exp2(s - m_t) relative to this tile's own row max m_t (in the K / V dtype, as flash
     attention rounds P for its PV MMA), with m_t and l_t = sum(P) per row. No unit walks a chain of
     key tiles (the split path's online softmax does, 7 dependent tiles per unit)."""
@@ -486,8 +486,9 @@ def _attn_pv_tile(
     d = pid_d * BD + tl.arange(0, BD)
     acc = tl.zeros([BM, BD], dtype=tl.float32)
     for j in tl.range(0, n_kt, num_stages=STAGES):
-        # tile j's rescale picked from registers: a load here is not pipelined (Triton pipelines
-        # the loads that feed a dot), one L2 round trip per tile (PV phase 7.2 us per layer, H200)
+        # tile j's rescale picked from registers rather than loaded here, where Triton would not
+        # pipeline the load (it pipelines those feeding a dot); measured the same (H200, PV phase
+        # 7.30 vs 7.17 us per layer at 16 x 64 tiles): the PV loop waits on its P / V tiles
         alpha = tl.sum(tl.where((t == j)[:, None], alpha_t, 0.0), axis=0)
         cols = j * BN + tl.arange(0, BN)
         p = tl.load(p_ptr + rows[:, None].to(tl.int64) * stride_p + cols[None, :], mask=row_ok[:, None], other=0.0,
@@ -678,10 +679,10 @@ def _expert_step_kernel(
             _proxy_fence(GPU)
         # 2: attention partials (query tile, key split), or the scores (query tile, key tile)
         if ATT_TWO_PASS:
-            n_sm = tl.cdiv(M * H, SC_BM)
-            for u in range(me, n_sm * tl.cdiv(Tk, SC_BN), G):
+            n_srow = tl.cdiv(M * H, SC_BM)  # score row tiles
+            for u in range(me, n_srow * tl.cdiv(Tk, SC_BN), G):
                 _attn_scores_tile(
-                    u % n_sm, u // n_sm, q_ptr, lk, kb_ptr, qb_ptr, p_ptr, ws_m_ptr, ws_l_ptr, M * H, H, Tk,
+                    u % n_srow, u // n_srow, q_ptr, lk, kb_ptr, qb_ptr, p_ptr, ws_m_ptr, ws_l_ptr, M * H, H, Tk,
                     stride_kt, stride_p, qk_scale, D, SC_BM, SC_BN, SC_BD, UPCAST, PREC,
                 )  # fmt: skip
         elif ATT_TMA:
@@ -895,10 +896,17 @@ def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor, out: torch.Tenso
     return out
 
 
+def _cuda_arch(device: torch.device) -> int | None:
+    """The CUDA arch of `device` as 10 x major (90 Hopper, 100 / 110 Blackwell / Thor); None for
+    another device (the interpreter's CPU, or meta for an offline build)."""
+    return torch.cuda.get_device_capability(device)[0] * 10 if device.type == "cuda" else None
+
+
 def _has_tma(device: torch.device) -> bool:
     """TMA descriptors: a CUDA GPU of sm_90+; another device (meta, for an offline build) stands
     for the Hopper / Blackwell / Thor targets the GPU code is built for."""
-    return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 9
+    arch = _cuda_arch(device)
+    return arch is None or arch >= 90
 
 
 def two_pass_by_default(arch: int | None) -> bool:
@@ -975,8 +983,7 @@ class ExpertStepPlan:
         # columns) units, the PV loop in pv_stages stages. pi0.5 on the H200 (7 x 8 score units,
         # 13 x 8 PV units of 8 key tiles): 650.5 vs 664.0 us per step for the split path, lower in
         # each of 5 alternating rounds (bench/expert_step.py has the tiles that lost)
-        cuda = device.type == "cuda"
-        self.att_two_pass = two_pass_by_default(torch.cuda.get_device_capability(device)[0] * 10 if cuda else None)
+        self.att_two_pass = two_pass_by_default(_cuda_arch(device))
         if interp:
             self.sc_bm, self.sc_bn = max(16, triton.next_power_of_2(rows * num_heads)), 16
             self.pv_bm, self.pv_bd = 16, _pow2_tile(head_dim, 64)
