@@ -3,7 +3,9 @@
 flashrt bench [--policy pi05] [--views 1,2,3] [--modes eager,compile,fused,fused-fp8] [--out DIR]
 
 Modes: eager (the reference), compile (the reference's stages under torch.compile), fused (the
-bf16 fused path), fused-fp8 (the same with the prefix LM's MLP GEMMs in FP8).
+bf16 fused path), fused-fp8 (the same with the prefix LM's MLP GEMMs in FP8), realtime-vla
+(Dexmal's realtime-vla v2 pi0.5 Triton backend on the same weights, from a checkout given with
+--realtime-vla PATH; third-party code, not in this repository).
 """
 
 from __future__ import annotations
@@ -17,12 +19,17 @@ import sys
 import time
 from pathlib import Path
 
-MODES = ("eager", "compile", "fused", "fused-fp8")
+MODES = ("eager", "compile", "fused", "fused-fp8", "realtime-vla")
+BASELINES = ("eager", "compile", "realtime-vla")  # what the fused modes' speed-ups are over
 
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # what each mode runs in (the fused path is bf16 whatever --dtype says)
-FUSED_PRECISION = {"fused": "bfloat16", "fused-fp8": "bfloat16, prefix LM MLP in FP8"}
+FUSED_PRECISION = {
+    "fused": "bfloat16",
+    "fused-fp8": "bfloat16, prefix LM MLP in FP8",
+    "realtime-vla": "bfloat16 (realtime-vla's kernels)",
+}
 
 
 def _device(name: str | None):
@@ -52,6 +59,8 @@ def _check_args(args: argparse.Namespace) -> str | None:
     unknown = [m for m in args.modes.split(",") if m not in MODES]
     if unknown:
         return f"unknown mode(s) {', '.join(unknown)}: expected a comma list of {', '.join(MODES)}"
+    if "realtime-vla" in args.modes.split(",") and not args.realtime_vla:
+        return "mode realtime-vla needs --realtime-vla PATH (a checkout of github.com/dexmal/realtime-vla-v2)"
     return None
 
 
@@ -68,8 +77,8 @@ def _bench(args: argparse.Namespace) -> int:
         print(problem)
         return 2
     modes = args.modes.split(",")
-    if device.type != "cuda" and {"fused", "fused-fp8", "compile"} & set(modes):
-        print("fused / compile modes need a CUDA GPU; running eager only")
+    if device.type != "cuda" and {"fused", "fused-fp8", "compile", "realtime-vla"} & set(modes):
+        print("fused / compile / realtime-vla modes need a CUDA GPU; running eager only")
         modes = ["eager"]
     modes = sorted(modes, key=lambda m: m == "compile")  # the slow baseline last: a cut-short run keeps the rest
     results: dict = {"env": environment(device), "settings": vars(args).copy(), "runs": []}
@@ -82,6 +91,9 @@ def _bench(args: argparse.Namespace) -> int:
     print(HEADER)
     for mode in modes:
         for kind, (model, base, cases, refs) in setups.items():
+            if mode == "realtime-vla" and kind != "pi05":
+                print(f"{kind}: no realtime-vla row (its backend here is its pi0.5 one)")
+                continue
             all_views = mode.startswith("fused") or args.baselines_all_views
             views_list = args.views if all_views else [max(args.views)]
             for views in views_list:
@@ -162,6 +174,13 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
             )
             # the prefix (large GEMMs) always in inductor's default mode; the denoise step in the one asked for
             extra["compile_mode"] = {"prefix": "default", "denoise_step": args.compile_mode}
+        elif mode == "realtime-vla":
+            from .bench.realtime_vla import measure_realtime_vla, revision
+
+            extra["realtime_vla_revision"] = revision(Path(args.realtime_vla))
+            lat, extra["parity"], extra["build_capture_s"] = measure_realtime_vla(
+                Path(args.realtime_vla), model, case, args.iters, args.warmup, label, ref
+            )
         else:
             raise ValueError(f"unknown mode {mode!r} ({', '.join(MODES)})")
     except Exception as exc:  # a baseline that fails is reported, not fatal
@@ -188,7 +207,7 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
 
 
 def _print_ratios(results: dict, kind: str) -> list[dict]:
-    """Each fused mode's speed-up over the baselines (eager, compile) of the same run, for the
+    """Each fused mode's speed-up over the baselines (eager, compile, realtime-vla) of the same run, for the
     full decision and the denoise alone (medians); printed, and returned for the JSON."""
     runs = [r for r in results["runs"] if r["policy"] == kind and "full" in r]
     out = []
@@ -197,7 +216,7 @@ def _print_ratios(results: dict, kind: str) -> list[dict]:
         for fast in ("fused", "fused-fp8"):
             for stage, what in (("full", "full decision"), ("denoise", "denoise only")):
                 ms_fast = at[fast][stage]["median_ms"] if fast in at and stage in at[fast] else None
-                base = [m for m in ("eager", "compile") if ms_fast and m in at and stage in at[m]]
+                base = [m for m in BASELINES if ms_fast and m in at and stage in at[m]]
                 ratios = {m: at[m][stage]["median_ms"] / ms_fast for m in base}
                 if not ratios:
                     continue
@@ -272,6 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     b.add_argument(
         "--baselines-all-views", action="store_true", help="eager/compile at every view count, not only the largest"
+    )
+    b.add_argument(
+        "--realtime-vla",
+        default=None,
+        metavar="PATH",
+        help="checkout of github.com/dexmal/realtime-vla-v2 (holding server/pi05_infer.py) for mode realtime-vla",
     )
     b.add_argument("--out", default="bench_results", help="folder for the JSON result and the plot")
     args = parser.parse_args(argv)

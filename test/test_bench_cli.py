@@ -16,7 +16,7 @@ def test_tiny_eager_bench_writes_latency_and_parity(tmp_path, capsys) -> None:
     )  # fmt: skip
     assert rc == 0
     out = capsys.readouterr().out
-    assert "fused / compile modes need a CUDA GPU; running eager only" in out
+    assert "fused / compile / realtime-vla modes need a CUDA GPU; running eager only" in out
     (path,) = tmp_path.glob("bench_*.json")
     (run,) = json.loads(path.read_text())["runs"]
     assert (run["policy"], run["views"], run["mode"], run["precision"]) == ("pi05", 1, "eager", "float32")

@@ -1,0 +1,179 @@
+"""The realtime-vla baseline's weight conversion, on the CPU.
+
+Its kernels need CUDA (and its code is not in this repository), so here the converted weights
+go through a plain-torch transcription of what its kernels compute (`pi05_infer.py`,
+`pi0_infer.py`: RMSNorm without weight then x @ W, interleaved RoPE from its cos / sin table,
+adaRMS from `style = cond @ W + b`, the patch embedding over HWC images) and must give our
+model's q / k / v, MLP inputs, adaRMS outputs and patch embeddings. A wrong fold, pairing or
+transpose fails here; the GPU run of its real code reports its chunk's parity.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from policy_fixtures import tiny_model
+
+from flashrt_ros.bench.realtime_vla import check_shapes, convert, load_backend, rope_pairs, time_embeddings
+from flashrt_ros.cli import main
+from flashrt_ros.policies.config import PolicyConfig
+from flashrt_ros.policies.gemma import rope_cos_sin
+from flashrt_ros.policies.pi0 import Pi0Model
+
+TOL = dict(atol=2e-5, rtol=1e-4)
+
+
+def _their_rope_table(positions: torch.Tensor, head_dim: int, base: float) -> torch.Tensor:
+    """[T, head_dim]: cos and sin of each pair side by side, as `Pi05Inference` builds it."""
+    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    phase = positions.float()[:, None] * inv
+    return torch.stack([phase.cos(), phase.sin()], dim=-1).reshape(len(positions), head_dim)
+
+
+def _their_qkv_rope(xn: torch.Tensor, w: torch.Tensor, table: torch.Tensor, heads: int, hd: int) -> torch.Tensor:
+    """`matmul_rope_qkv`: xn @ W, then each (even, odd) column pair of q and k rotated."""
+    y = xn @ w
+    roped = (heads + 1) * hd
+    cos, sin = table[:, 0::2].repeat(1, heads + 1), table[:, 1::2].repeat(1, heads + 1)
+    x0, x1 = y[:, 0:roped:2], y[:, 1:roped:2]
+    out = y.clone()
+    out[:, 0:roped:2] = x0 * cos - x1 * sin
+    out[:, 1:roped:2] = x1 * cos + x0 * sin
+    return out
+
+
+def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def _interleaved(t: torch.Tensor) -> torch.Tensor:
+    """Ours [1, heads, T, hd] (rotate_half halves) -> [T, heads * hd] with the halves' columns paired."""
+    t = t[0].transpose(0, 1)
+    hd = t.shape[-1]
+    return torch.stack([t[..., : hd // 2], t[..., hd // 2 :]], dim=-1).reshape(t.shape[0], -1)
+
+
+@pytest.fixture(scope="module")
+def model() -> Pi0Model:
+    return tiny_model("pi05", seed=3)
+
+
+@pytest.fixture(scope="module")
+def weights(model: Pi0Model) -> dict[str, torch.Tensor]:
+    embeds = model.prefix_lm.embed(torch.arange(model.cfg.prompt_len)[None] % 7)[0]
+    return convert(model, embeds, torch.float32)
+
+
+def test_rope_pairs_interleaves_each_heads_halves() -> None:
+    w = torch.arange(2 * 8, dtype=torch.float32).reshape(1, 16)  # 2 heads of 8: halves (0..3, 4..7)
+    assert rope_pairs(w, 8).tolist() == [[0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15]]
+
+
+@pytest.mark.parametrize("layer_idx", [0, 1])
+def test_prefix_qkv_and_mlp_inputs_match_ours(model, weights, layer_idx) -> None:
+    """Its prefix layer: RMSNorm without a weight (ours folded into the kernels) -> q, k roped in
+    pairs, v; and the MLP's gate / up inputs from the folded post-attention norm."""
+    cfg, lm = model.cfg, model.prefix_lm
+    layer, hd, heads = lm.layers[layer_idx], lm.spec.head_dim, lm.spec.num_heads
+    t = 9
+    x = torch.randn(1, t, lm.spec.width, generator=torch.Generator().manual_seed(layer_idx))
+    pos = torch.arange(3, 3 + t)
+    cos, sin = rope_cos_sin(pos[None], hd, cfg.rope_base, torch.float32)
+    with torch.no_grad():
+        q, k, v = layer.self_attn.qkv(layer.norm_in(x, None)[0], cos, sin)
+        gate = layer.mlp.gate_proj(layer.post_attention_layernorm(x)[0])[0]
+        up = layer.mlp.up_proj(layer.post_attention_layernorm(x)[0])[0]
+    xn = _rms(x[0], cfg.rms_norm_eps)
+    theirs = _their_qkv_rope(xn, weights["encoder_attn_qkv_w"][layer_idx], _their_rope_table(pos, hd, cfg.rope_base),
+                             heads, hd)  # fmt: skip
+    torch.testing.assert_close(theirs[:, : heads * hd], _interleaved(q), **TOL)
+    torch.testing.assert_close(theirs[:, heads * hd : (heads + 1) * hd], _interleaved(k), **TOL)
+    torch.testing.assert_close(theirs[:, (heads + 1) * hd :], v[0, 0], **TOL)
+    torch.testing.assert_close(xn @ weights["encoder_ffn_gate_w"][layer_idx], gate, **TOL)
+    torch.testing.assert_close(xn @ weights["encoder_ffn_up_w"][layer_idx], up, **TOL)
+
+
+def test_expert_adarms_and_qkv_match_ours(model, weights) -> None:
+    """Its decoder layer: style = cond @ W + b split (scale, shift, gate), x * rms * (1 + scale) +
+    shift, then q / k / v as in the prefix (no fold)."""
+    cfg, ex = model.cfg, model.expert
+    layer, hd, heads = ex.layers[1], ex.spec.head_dim, ex.spec.num_heads
+    t = 6
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, t, ex.spec.width, generator=g)
+    cond = torch.randn(1, ex.spec.width, generator=g)
+    pos = torch.arange(40, 40 + t)
+    cos, sin = rope_cos_sin(pos[None], hd, cfg.rope_base, torch.float32)
+    with torch.no_grad():
+        xn_ours, gate_ours = layer.norm_in(x, cond)
+        q, k, v = layer.self_attn.qkv(xn_ours, cos, sin)
+    style = cond[0] @ weights["decoder_pre_attn_norm_mod_w"][1] + weights["decoder_pre_attn_norm_mod_b"][1]
+    scale, shift, gate = style.chunk(3)
+    xn = _rms(x[0], cfg.rms_norm_eps) * (1 + scale) + shift
+    torch.testing.assert_close(xn, xn_ours[0], **TOL)
+    torch.testing.assert_close(gate.expand(t, -1), gate_ours[0].expand(t, -1), **TOL)
+    theirs = _their_qkv_rope(xn, weights["decoder_attn_qkv_w"][1], _their_rope_table(pos, hd, cfg.rope_base), heads, hd)
+    torch.testing.assert_close(theirs[:, : heads * hd], _interleaved(q), **TOL)
+    torch.testing.assert_close(theirs[:, heads * hd : (heads + 1) * hd], _interleaved(k), **TOL)
+    torch.testing.assert_close(theirs[:, (heads + 1) * hd :], v[0, 0], **TOL)
+
+
+def test_vision_patch_embedding_and_qkv_match_ours(model, weights) -> None:
+    """Its patch embedding reads HWC images against a [p, p, 3, width] kernel; its vision QKV is
+    one x @ W + b over q | k | v."""
+    spec, vis = model.cfg.vision, model.vision
+    s, p = spec.image_size, spec.patch_size
+    grid = s // p
+    pixels = torch.rand(1, 3, s, s, generator=torch.Generator().manual_seed(2)) * 2 - 1
+    with torch.no_grad():
+        ours = vis.embeddings(pixels)[0]
+        attn = vis.encoder.layers[1].self_attn
+        qkv = torch.cat([attn.q_proj(ours), attn.k_proj(ours), attn.v_proj(ours)], dim=-1)
+    hwc = pixels[0].permute(1, 2, 0)
+    patches = hwc.reshape(grid, p, grid, p, 3).permute(0, 2, 1, 3, 4).reshape(grid * grid, p, p, 3)
+    theirs = torch.einsum("nhwi,hwic->nc", patches, weights["vision_patch_embedding_w"])
+    theirs = theirs + weights["vision_patch_embedding_b"] + weights["vision_position_embedding"]
+    torch.testing.assert_close(theirs, ours, **TOL)
+    torch.testing.assert_close(ours @ weights["vision_attn_qkv_w"][1] + weights["vision_attn_qkv_b"][1], qkv, **TOL)
+
+
+def test_time_embeddings_are_its_adarms_condition_inputs(model) -> None:
+    """`prepare_adarms_cond`: t = 1, 1 - 1/N, ...; [sin | cos] over log-spaced periods."""
+    cfg = model.cfg
+    emb = time_embeddings(model)
+    assert emb.shape == (cfg.num_steps, cfg.expert.width)
+    fraction = torch.linspace(0.0, 1.0, cfg.expert.width // 2, dtype=torch.float64)
+    period = cfg.min_period * (cfg.max_period / cfg.min_period) ** fraction
+    for step in range(cfg.num_steps):
+        angle = (1.0 - step / cfg.num_steps) * 2 * math.pi / period
+        torch.testing.assert_close(emb[step].double(), torch.cat([angle.sin(), angle.cos()]), atol=1e-6, rtol=0)
+
+
+def _meta(cfg: PolicyConfig) -> Pi0Model:
+    with torch.device("meta"):  # the shapes only: no memory
+        return Pi0Model(cfg)
+
+
+def test_shapes_it_cannot_run_are_refused_with_reasons() -> None:
+    check_shapes(_meta(PolicyConfig.pi05()), views=3)  # the issue's shape: 3 x 256 + 200 + 50 = 1018 keys
+    with pytest.raises(ValueError, match=r"5 steps \(its build hard-codes 10\)"):
+        check_shapes(_meta(PolicyConfig.pi05(num_steps=5)), views=3)
+    with pytest.raises(ValueError, match=r"policy pi0 "):
+        check_shapes(_meta(PolicyConfig.pi0()), views=3)
+    with pytest.raises(ValueError, match=r"widths / head dim \(64, 32, 16\)"):
+        check_shapes(tiny_model("pi05"), views=2)
+    with pytest.raises(ValueError, match=r"1274 keys"):
+        check_shapes(_meta(PolicyConfig.pi05().replace(prompt_len=456)), views=3)
+
+
+def test_a_missing_checkout_is_named(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"no server/pi05_infer.py and server/pi0_infer.py"):
+        load_backend(tmp_path)
+
+
+def test_the_mode_without_a_checkout_stops_before_building(capsys) -> None:
+    rc = main(["bench", "--tiny", "--modes", "realtime-vla"])
+    assert rc == 2
+    assert "mode realtime-vla needs --realtime-vla PATH" in capsys.readouterr().out
