@@ -185,6 +185,7 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
             raise ValueError(f"unknown mode {mode!r} ({', '.join(MODES)})")
     except Exception as exc:  # a baseline that fails is reported, not fatal
         print(f"{label}: FAILED: {type(exc).__name__}: {exc}")
+        logging.getLogger(__name__).debug("%s failed", label, exc_info=True)  # the traceback, with --verbose
         return {"error": f"{type(exc).__name__}: {exc}"}
     for row in lat.values():
         print(row.row(), flush=True)
@@ -299,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         help="checkout of github.com/dexmal/realtime-vla-v2 (holding server/pi05_infer.py) for mode realtime-vla",
     )
     b.add_argument("--out", default="bench_results", help="folder for the JSON result and the plot")
+    b.add_argument("--verbose", action="store_true", help="debug logs, with the traceback of a mode that fails")
     args = parser.parse_args(argv)
     try:
         import torch  # noqa: F401
@@ -306,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         print("flashrt needs PyTorch: install the build that fits this machine (on a Jetson, NVIDIA's)")
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if getattr(args, "verbose", False):
+        logging.getLogger("flashrt_ros").setLevel(logging.DEBUG)
     if args.command == "bench":
         return _bench(args)
     return 2
