@@ -4,7 +4,7 @@ flashrt bench [--policy pi05] [--views 1,2,3] [--modes eager,compile,fused,fused
 
 Modes: eager (the reference), compile (the reference's stages under torch.compile), fused (the
 bf16 fused path), fused-fp8 (the same with the prefix LM's MLP GEMMs in FP8), realtime-vla
-(Dexmal's realtime-vla v2 pi0.5 Triton backend on the same weights, from a checkout given with
+(Dexmal's realtime-vla v2 pi0 / pi0.5 Triton backends on the same weights, from a checkout given with
 --realtime-vla PATH; third-party code, not in this repository).
 """
 
@@ -91,9 +91,6 @@ def _bench(args: argparse.Namespace) -> int:
     print(HEADER)
     for mode in modes:
         for kind, (model, base, cases, refs) in setups.items():
-            if mode == "realtime-vla" and kind != "pi05":
-                print(f"{kind}: no realtime-vla row (its backend here is its pi0.5 one)")
-                continue
             all_views = mode.startswith("fused") or args.baselines_all_views
             views_list = args.views if all_views else [max(args.views)]
             for views in views_list:

@@ -151,6 +151,59 @@ def test_time_embeddings_are_its_adarms_condition_inputs(model) -> None:
         torch.testing.assert_close(emb[step].double(), torch.cat([angle.sin(), angle.cos()]), atol=1e-6, rtol=0)
 
 
+@pytest.fixture(scope="module")
+def pi0() -> tuple[Pi0Model, dict[str, torch.Tensor]]:
+    model = tiny_model("pi0", seed=4)
+    embeds = model.prefix_lm.embed(torch.arange(model.cfg.prompt_len)[None] % 5)[0]
+    return model, convert(model, embeds, torch.float32)
+
+
+def test_pi0_expert_layer_folds_its_norms(pi0) -> None:
+    """pi0's expert norms are plain RMSNorms: folded like the prefix LM's."""
+    model, weights = pi0
+    cfg, ex = model.cfg, model.expert
+    layer, hd, heads = ex.layers[1], ex.spec.head_dim, ex.spec.num_heads
+    t = 5
+    x = torch.randn(1, t, ex.spec.width, generator=torch.Generator().manual_seed(7))
+    pos = torch.arange(20, 20 + t)
+    cos, sin = rope_cos_sin(pos[None], hd, cfg.rope_base, torch.float32)
+    with torch.no_grad():
+        q, k, v = layer.self_attn.qkv(layer.norm_in(x, None)[0], cos, sin)
+        up = layer.mlp.up_proj(layer.post_attention_layernorm(x)[0])[0]
+    xn = _rms(x[0], cfg.rms_norm_eps)
+    theirs = _their_qkv_rope(xn, weights["decoder_attn_qkv_w"][1], _their_rope_table(pos, hd, cfg.rope_base), heads, hd)
+    torch.testing.assert_close(theirs[:, : heads * hd], _interleaved(q), **TOL)
+    torch.testing.assert_close(theirs[:, heads * hd : (heads + 1) * hd], _interleaved(k), **TOL)
+    torch.testing.assert_close(theirs[:, (heads + 1) * hd :], v[0, 0], **TOL)
+    torch.testing.assert_close(xn @ weights["decoder_ffn_up_w"][1], up, **TOL)
+
+
+@pytest.mark.parametrize("step", [0, 3])
+def test_pi0_suffix_and_action_output_match_ours(pi0, step) -> None:
+    """Its pi0 suffix: the state token from `state_in_proj`, the action tokens from
+    silu(x @ fused_in + time_biases[step]) @ action_mlp; its output rms(h) @ out + b is our
+    dt * action_out_proj(final_norm(h)) (the Euler step's scale folded in)."""
+    model, weights = pi0
+    cfg = model.cfg
+    g = torch.Generator().manual_seed(11)
+    x_t = torch.randn(1, cfg.horizon, cfg.action_dim, generator=g)
+    state = torch.randn(1, cfg.state_dim, generator=g)
+    h = torch.randn(1, cfg.horizon, cfg.expert.width, generator=g)
+    t = torch.tensor([1.0 - step / cfg.num_steps])
+    with torch.no_grad():
+        ours, _ = model.embed_suffix(x_t, t, state)
+        out = model.action_out_proj(model.expert.final_norm(h, None)) * (-1.0 / cfg.num_steps)
+    state_tok = state[0] @ weights["decoder_state_in_proj_w"] + weights["decoder_state_in_proj_b"]
+    hidden = torch.nn.functional.silu(
+        x_t[0] @ weights["decoder_action_fused_in_proj_w"] + weights["decoder_action_fused_time_biases"][step]
+    )
+    actions = hidden @ weights["decoder_action_mlp_w"] + weights["decoder_action_mlp_b"]
+    torch.testing.assert_close(state_tok, ours[0, 0], **TOL)
+    torch.testing.assert_close(actions, ours[0, 1:], **TOL)
+    theirs = _rms(h[0], cfg.rms_norm_eps) @ weights["decoder_action_fused_out_proj_w"]
+    torch.testing.assert_close(theirs + weights["decoder_action_fused_out_proj_b"], out[0], **TOL)
+
+
 def _meta(cfg: PolicyConfig) -> Pi0Model:
     with torch.device("meta"):  # the shapes only: no memory
         return Pi0Model(cfg)
@@ -160,8 +213,7 @@ def test_shapes_it_cannot_run_are_refused_with_reasons() -> None:
     check_shapes(_meta(PolicyConfig.pi05()), views=3)  # the issue's shape: 3 x 256 + 200 + 50 = 1018 keys
     with pytest.raises(ValueError, match=r"5 steps \(its build hard-codes 10\)"):
         check_shapes(_meta(PolicyConfig.pi05(num_steps=5)), views=3)
-    with pytest.raises(ValueError, match=r"policy pi0 "):
-        check_shapes(_meta(PolicyConfig.pi0()), views=3)
+    check_shapes(_meta(PolicyConfig.pi0()), views=3)  # 3 x 256 + 48 + 1 + 50 = 867 keys
     with pytest.raises(ValueError, match=r"widths / head dim \(64, 32, 16\)"):
         check_shapes(tiny_model("pi05"), views=2)
     with pytest.raises(ValueError, match=r"1274 keys"):

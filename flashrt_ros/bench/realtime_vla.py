@@ -1,16 +1,16 @@
-"""Dexmal's realtime-vla (v2) pi0.5 Triton backend as a third-party baseline (`--modes realtime-vla`).
+"""Dexmal's realtime-vla (v2) Triton backends as a third-party baseline (`--modes realtime-vla`).
 
 Its code is not part of this repository (MIT-licensed, github.com/dexmal/realtime-vla-v2): pass
-a checkout with `--realtime-vla PATH` (the folder holding `server/pi05_infer.py`). It is imported
-and run as it is; this module only lays our weights out the way its `convert_from_jax_pi05.py`
-does from openpi's JAX tree (here from our torch names), gives it the same inputs and noise, and
-times its CUDA graph, so that its rows sit next to ours in one `flashrt bench` run.
+a checkout with `--realtime-vla PATH` (the folder holding `server/pi05_infer.py` and
+`server/pi0_infer.py`). They are imported and run as they are; this module only lays our weights
+out the way its converters lay out openpi's (`convert_from_jax_pi05.py`; here from our torch
+names), gives it the same inputs and noise, and times its CUDA graph, so that its rows sit next
+to ours in one `flashrt bench` run.
 
 What it is given: the bench Case's images ([-1, 1], already 224 x 224), the prompt's token
-embeddings (all `prompt_len` rows, the valid count in `valid_encoder_len`, as its tokenised
-path does) and the noise in bf16. Its graph overwrites the prompt rows (residual stream) and
-the noise (Euler state) in place, so a decision re-copies both before the replay, as its
-`forward` does; the images stay (so do ours).
+embeddings, the state (pi0) and the noise, in bf16. Its graph overwrites the noise (the Euler
+state) and, for pi0.5, the prompt rows (residual stream) in place, so a decision re-copies them
+before the replay, as its `forward` does; the images stay (so do ours).
 """
 
 from __future__ import annotations
@@ -35,13 +35,14 @@ from .timing import Latency, time_call
 
 log = logging.getLogger(__name__)
 
-# what its pi0.5 backend is built for (dims are written into its kernels)
+# its backend module per policy, and what they are built for (dims are written into its kernels)
+MODULES = {"pi05": "pi05_infer", "pi0": "pi0_infer"}
 STEPS = 10
 PREFIX_WIDTH, EXPERT_WIDTH, HEAD_DIM = 2048, 1024, 256
 
 
-def load_backend(repo: Path) -> types.ModuleType:
-    """Import `server/pi05_infer.py` from a realtime-vla-v2 checkout.
+def load_backend(repo: Path, module: str = "pi05_infer") -> types.ModuleType:
+    """Import `server/<module>.py` (pi05_infer, pi0_infer) from a realtime-vla-v2 checkout.
 
     It imports `transformers.AutoTokenizer` at module level for its tokenised-prompt path, which
     this benchmark does not take (it passes embeddings): without transformers installed a
@@ -59,7 +60,7 @@ def load_backend(repo: Path) -> types.ModuleType:
         sys.modules["transformers"] = placeholder
     sys.path.insert(0, str(server))
     try:
-        return importlib.import_module("pi05_infer")
+        return importlib.import_module(module)
     finally:
         sys.path.remove(str(server))
 
@@ -81,38 +82,33 @@ def _t(w: Tensor) -> Tensor:
     return w.detach().float().t()
 
 
-@torch.no_grad()
-def convert(model: Pi0Model, prompt_embeds: Tensor, dtype: torch.dtype = torch.bfloat16) -> dict[str, Tensor]:
-    """Our pi0.5 weights in its layout and names (its build takes bf16; the tests check the
-    layout in fp32). Like its converter: the prefix LM's RMSNorm weights (1 + w) folded into the
-    q / k / v and gate / up kernels, q and k columns in interleaved RoPE pairs; `prompt_embeds`
-    [prompt_len, width] become its `language_embeds`."""
-    if model.cfg.kind != "pi05":
-        raise ValueError(f"realtime-vla's backend here is its pi0.5 one; got a {model.cfg.kind} model")
-    v, lm, ex = model.vision, model.prefix_lm, model.expert
-    hd = lm.spec.head_dim
+def _qkv(layer, fold: Tensor | None) -> Tensor:
+    """One layer's q | k | v kernel [in, (H + 2) D]: q and k in RoPE pairs, the norm folded in."""
+    a, hd = layer.self_attn, layer.self_attn.spec.head_dim
+    q, k, v = _t(a.q_proj.weight), _t(a.k_proj.weight), _t(a.v_proj.weight)
+    if fold is not None:
+        q, k, v = q * fold[:, None], k * fold[:, None], v * fold[:, None]
+    return torch.cat([rope_pairs(q, hd), rope_pairs(k, hd), v], dim=1)
+
+
+def _fold(norm) -> Tensor:
+    """A Gemma RMSNorm's (1 + w), which its kernels take folded into the next kernel's rows."""
+    return 1 + norm.weight.detach().float()
+
+
+def _vision(model: Pi0Model) -> dict[str, Tensor]:
+    v = model.vision
     vl = v.encoder.layers
 
-    def qkv(layer, fold: Tensor | None) -> Tensor:
-        a = layer.self_attn
-        q, k, val = _t(a.q_proj.weight), _t(a.k_proj.weight), _t(a.v_proj.weight)
-        if fold is not None:
-            q, k, val = q * fold[:, None], k * fold[:, None], val * fold[:, None]
-        return torch.cat([rope_pairs(q, hd), rope_pairs(k, hd), val], dim=1)
+    def qkv(x) -> Tensor:
+        a = x.self_attn
+        return torch.cat([_t(a.q_proj.weight), _t(a.k_proj.weight), _t(a.v_proj.weight)], dim=1)
 
-    def lm_fold(norm) -> Tensor:
-        return 1 + norm.weight.detach().float()
-
-    w = {
+    return {
         "vision_patch_embedding_w": v.embeddings.patch_embedding.weight.detach().float().permute(2, 3, 1, 0),
         "vision_patch_embedding_b": v.embeddings.patch_embedding.bias,
         "vision_position_embedding": v.embeddings.position_embedding.weight,
-        "vision_attn_qkv_w": _stack(
-            vl,
-            lambda x: torch.cat(
-                [_t(x.self_attn.q_proj.weight), _t(x.self_attn.k_proj.weight), _t(x.self_attn.v_proj.weight)], dim=1
-            ),
-        ),  # fmt: skip
+        "vision_attn_qkv_w": _stack(vl, qkv),
         "vision_attn_qkv_b": _stack(
             vl, lambda x: torch.cat([x.self_attn.q_proj.bias, x.self_attn.k_proj.bias, x.self_attn.v_proj.bias])
         ),
@@ -130,15 +126,30 @@ def convert(model: Pi0Model, prompt_embeds: Tensor, dtype: torch.dtype = torch.b
         "vision_final_norm_b": v.post_layernorm.bias,
         "encoder_multi_modal_projector_w": _t(model.vision_proj.weight),
         "encoder_multi_modal_projector_b": model.vision_proj.bias,
-        "encoder_attn_qkv_w": _stack(lm.layers, lambda x: qkv(x, lm_fold(x.input_layernorm))),
-        "encoder_attn_o_w": _stack(lm.layers, lambda x: _t(x.self_attn.o_proj.weight)),
+    }
+
+
+def _prefix_lm(model: Pi0Model) -> dict[str, Tensor]:
+    """The prefix LM, its RMSNorm weights folded into q / k / v and gate / up (both policies)."""
+    layers = model.prefix_lm.layers
+    return {
+        "encoder_attn_qkv_w": _stack(layers, lambda x: _qkv(x, _fold(x.input_layernorm))),
+        "encoder_attn_o_w": _stack(layers, lambda x: _t(x.self_attn.o_proj.weight)),
         "encoder_ffn_gate_w": _stack(
-            lm.layers, lambda x: _t(x.mlp.gate_proj.weight) * lm_fold(x.post_attention_layernorm)[:, None]
+            layers, lambda x: _t(x.mlp.gate_proj.weight) * _fold(x.post_attention_layernorm)[:, None]
         ),
         "encoder_ffn_up_w": _stack(
-            lm.layers, lambda x: _t(x.mlp.up_proj.weight) * lm_fold(x.post_attention_layernorm)[:, None]
+            layers, lambda x: _t(x.mlp.up_proj.weight) * _fold(x.post_attention_layernorm)[:, None]
         ),
-        "encoder_ffn_down_w": _stack(lm.layers, lambda x: _t(x.mlp.down_proj.weight)),
+        "encoder_ffn_down_w": _stack(layers, lambda x: _t(x.mlp.down_proj.weight)),
+    }
+
+
+def _expert_pi05(model: Pi0Model) -> dict[str, Tensor]:
+    """pi0.5's expert: adaRMS modulation kernels as they are (its build runs the time MLP and
+    the modulations per step, and scales the action output by -1 / steps itself)."""
+    ex = model.expert
+    return {
         "decoder_time_embeds": time_embeddings(model),
         "decoder_time_mlp_in_w": _t(model.time_mlp_in.weight),
         "decoder_time_mlp_in_b": model.time_mlp_in.bias,
@@ -150,7 +161,7 @@ def convert(model: Pi0Model, prompt_embeds: Tensor, dtype: torch.dtype = torch.b
         "decoder_pre_attn_norm_mod_b": _stack(ex.layers, lambda x: x.input_layernorm.dense.bias),
         "decoder_pre_ffn_norm_mod_w": _stack(ex.layers, lambda x: _t(x.post_attention_layernorm.dense.weight)),
         "decoder_pre_ffn_norm_mod_b": _stack(ex.layers, lambda x: x.post_attention_layernorm.dense.bias),
-        "decoder_attn_qkv_w": _stack(ex.layers, lambda x: qkv(x, None)),
+        "decoder_attn_qkv_w": _stack(ex.layers, lambda x: _qkv(x, None)),
         "decoder_attn_o_w": _stack(ex.layers, lambda x: _t(x.self_attn.o_proj.weight)),
         "decoder_ffn_gate_w": _stack(ex.layers, lambda x: _t(x.mlp.gate_proj.weight)),
         "decoder_ffn_up_w": _stack(ex.layers, lambda x: _t(x.mlp.up_proj.weight)),
@@ -159,8 +170,49 @@ def convert(model: Pi0Model, prompt_embeds: Tensor, dtype: torch.dtype = torch.b
         "decoder_action_out_proj_b": model.action_out_proj.bias,
         "decoder_final_norm_mod_w": _t(ex.norm.dense.weight),
         "decoder_final_norm_mod_b": ex.norm.dense.bias,
-        "language_embeds": prompt_embeds,
     }
+
+
+def _expert_pi0(model: Pi0Model) -> dict[str, Tensor]:
+    """pi0's expert as its build takes it: norms folded like the prefix LM's; action_in_proj
+    composed with the action half of action_time_mlp_in, and that layer's time half (with both
+    biases) precomputed per step as `time_biases`; the final norm and the Euler step's
+    dt = -1 / steps folded into the action output."""
+    ex, width = model.expert, model.cfg.expert.width
+    w_in = model.action_time_mlp_in.weight.detach().float()  # [width, 2 width]: (actions | time) in
+    w_act, w_time = w_in[:, :width], w_in[:, width:]
+    a = model.action_in_proj
+    fused_bias = model.action_time_mlp_in.bias.float() + a.bias.float() @ w_act.t()
+    dt = -1.0 / model.cfg.num_steps
+    return {
+        "decoder_state_in_proj_w": _t(model.state_proj.weight),
+        "decoder_state_in_proj_b": model.state_proj.bias,
+        "decoder_action_fused_in_proj_w": (w_act @ a.weight.float()).t(),
+        "decoder_action_fused_time_biases": fused_bias + time_embeddings(model).to(w_time.device) @ w_time.t(),
+        "decoder_action_mlp_w": _t(model.action_time_mlp_out.weight),
+        "decoder_action_mlp_b": model.action_time_mlp_out.bias,
+        "decoder_attn_qkv_w": _stack(ex.layers, lambda x: _qkv(x, _fold(x.input_layernorm))),
+        "decoder_attn_o_w": _stack(ex.layers, lambda x: _t(x.self_attn.o_proj.weight)),
+        "decoder_ffn_gate_w": _stack(
+            ex.layers, lambda x: _t(x.mlp.gate_proj.weight) * _fold(x.post_attention_layernorm)[:, None]
+        ),
+        "decoder_ffn_up_w": _stack(
+            ex.layers, lambda x: _t(x.mlp.up_proj.weight) * _fold(x.post_attention_layernorm)[:, None]
+        ),
+        "decoder_ffn_down_w": _stack(ex.layers, lambda x: _t(x.mlp.down_proj.weight)),
+        "decoder_action_fused_out_proj_w": _t(model.action_out_proj.weight) * _fold(ex.norm)[:, None] * dt,
+        "decoder_action_fused_out_proj_b": model.action_out_proj.bias.float() * dt,
+    }
+
+
+@torch.no_grad()
+def convert(model: Pi0Model, prompt_embeds: Tensor, dtype: torch.dtype = torch.bfloat16) -> dict[str, Tensor]:
+    """Our weights in its layout and names (its build takes bf16; the tests check the layout in
+    fp32), as its converters lay out openpi's: Gemma RMSNorm weights (1 + w) folded into the
+    kernels after them, q and k columns in interleaved RoPE pairs, [in, out] kernels;
+    `prompt_embeds` [tokens, width] become its `language_embeds`."""
+    expert = {"pi05": _expert_pi05, "pi0": _expert_pi0}[model.cfg.kind](model)
+    w = {**_vision(model), **_prefix_lm(model), **expert, "language_embeds": prompt_embeds}
     return {k: t.detach().to(dtype).contiguous() for k, t in w.items()}
 
 
@@ -189,16 +241,16 @@ def check_shapes(model: Pi0Model, views: int) -> None:
     """What its kernels are written for, said before anything is built."""
     cfg = model.cfg
     problems = []
-    if cfg.kind != "pi05":
-        problems.append(f"policy {cfg.kind} (its pi0.5 backend only)")
+    if cfg.kind not in MODULES:
+        problems.append(f"policy {cfg.kind} (its backends: {', '.join(MODULES)})")
     if cfg.num_steps != STEPS:
         problems.append(f"{cfg.num_steps} steps (its build hard-codes {STEPS})")
     dims = (cfg.prefix.width, cfg.expert.width, cfg.prefix.head_dim)
     if dims != (PREFIX_WIDTH, EXPERT_WIDTH, HEAD_DIM):
         problems.append(f"widths / head dim {dims} (its kernels: {(PREFIX_WIDTH, EXPERT_WIDTH, HEAD_DIM)})")
-    if cfg.action_dim != 32:
-        problems.append(f"action dim {cfg.action_dim} (its kernels: 32)")
-    keys = views * cfg.vision.num_tokens + cfg.prompt_len + cfg.horizon
+    if cfg.action_dim != 32 or cfg.state_dim != 32:
+        problems.append(f"action / state dims {cfg.action_dim} / {cfg.state_dim} (its kernels: 32)")
+    keys = views * cfg.vision.num_tokens + cfg.prompt_len + cfg.horizon + (cfg.kind == "pi0")
     if keys > 1024:
         problems.append(f"{keys} keys (its softmax holds a row of at most 1024)")
     if problems:
@@ -206,34 +258,47 @@ def check_shapes(model: Pi0Model, views: int) -> None:
 
 
 class RealtimeVla:
-    """Its `Pi05Inference` on our weights, with the Case's inputs in its buffers."""
+    """Its `Pi05Inference` / `Pi0Inference` on our weights, with the Case's inputs in its buffers.
+
+    pi0.5: its graph runs over every prompt row and masks the padding with `valid_encoder_len`
+    (its tokenised path). pi0: its prefix has no padding mask (every prompt row is attended), so
+    it gets the valid rows only; its prefix is then that many rows shorter than ours (our graph
+    runs the whole prompt bucket), which favours it slightly.
+    """
 
     def __init__(self, backend: types.ModuleType, model: Pi0Model, case: Case):
         check_shapes(model, case.views)
         cfg = model.cfg
-        with torch.no_grad():
-            self.embeds = model.prefix_lm.embed(case.tokens)[0].to(torch.bfloat16)
-        weights = convert(model, self.embeds)
-        self.views = case.views
-        self.noise = case.noise[0].to(torch.bfloat16)
+        self.kind, self.backend = cfg.kind, backend
         self.n_valid = int(case.token_masks[0].sum())
-        self.prompt_len = cfg.prompt_len
+        with torch.no_grad():
+            embeds = model.prefix_lm.embed(case.tokens)[0].to(torch.bfloat16)
+        self.embeds = embeds if cfg.kind == "pi05" else embeds[: self.n_valid]
+        weights = convert(model, self.embeds)
+        self.noise = case.noise[0].to(torch.bfloat16)
         t0 = time.perf_counter()
-        self.inf = backend.Pi05Inference(weights, case.views, cfg.horizon, discrete_state_input=False)
+        if cfg.kind == "pi05":
+            self.inf = backend.Pi05Inference(weights, case.views, cfg.horizon, discrete_state_input=False)
+        else:
+            self.inf = backend.Pi0Inference(weights, case.views, cfg.horizon)
         self.build_s = time.perf_counter() - t0
         del weights
         b = self.inf.buffers
         b["observation_images_normalized"].copy_(case.pixels[0, : case.views].permute(0, 2, 3, 1))
-        start = case.views * cfg.vision.num_tokens
-        b["valid_encoder_len"].fill_(start + self.n_valid)
-        b["decoder_rope_weights"].copy_(self.inf.get_decoder_rope_weights(self.n_valid))
-        self.prompt_rows = b["encoder_x"][start : start + self.prompt_len]
-        self._backend = backend
+        self.prompt_rows = None
+        if cfg.kind == "pi05":
+            start = case.views * cfg.vision.num_tokens
+            b["valid_encoder_len"].fill_(start + self.n_valid)
+            b["decoder_rope_weights"].copy_(self.inf.get_decoder_rope_weights(self.n_valid))
+            self.prompt_rows = b["encoder_x"][start : start + cfg.prompt_len]  # its graph overwrites them
+        else:  # its graph copies the prompt in itself
+            b["observation_state_normalized"].copy_(case.state[0])
         self.denoise_graph = None
 
     def decide(self) -> None:
-        """One decision as its `forward` runs it: the overwritten inputs back in, the graph."""
-        self.prompt_rows.copy_(self.embeds)
+        """One decision as its `forward` runs it: the inputs its graph overwrites back in, the graph."""
+        if self.prompt_rows is not None:
+            self.prompt_rows.copy_(self.embeds)
         self.inf.buffers["diffusion_noise"].copy_(self.noise)
         self.inf.infer_graph.replay()
 
@@ -243,10 +308,12 @@ class RealtimeVla:
     def capture_denoise(self) -> None:
         """Its 10 denoise steps alone (its `transformer_decoder`) as one graph, over the prefix
         K / V the last decision left: its denoise-only row."""
+        inf = self.inf
+        seq = inf.encoder_seq_len if self.kind == "pi05" else inf.buffers["encoder_x"].shape[0]
 
         def run() -> None:
-            self.inf.buffers["diffusion_noise"].copy_(self.noise)
-            self._backend.transformer_decoder(self.inf.weights, self.inf.buffers, self.inf.encoder_seq_len)
+            inf.buffers["diffusion_noise"].copy_(self.noise)
+            self.backend.transformer_decoder(inf.weights, inf.buffers, seq)
 
         self.denoise_graph = cuda_graphs.capture(run, self.noise.device)
 
@@ -256,9 +323,9 @@ def measure_realtime_vla(
 ) -> tuple[dict[str, Latency], dict, float]:
     """Build it on our weights, time its full decision and its denoise alone, check parity."""
     check_shapes(model, case.views)
-    backend = load_backend(repo)
+    backend = load_backend(repo, MODULES[model.cfg.kind])
     rt = RealtimeVla(backend, model, case)
-    log.info("realtime-vla (%s) built and captured in %.1f s", repo, rt.build_s)
+    log.info("realtime-vla %s (%s) built and captured in %.1f s", model.cfg.kind, repo, rt.build_s)
     dev = case.noise.device
     rows = {"full": Latency.from_samples(f"{label} full decision", time_call(rt.decide, iters, warmup, dev, label))}
     rt.decide()
