@@ -45,10 +45,14 @@ for part in "${parts[@]}"; do
       ;;
     headline|headline-pi0)
       # 100 decisions per row (with 30, p99 is an interpolation between the two slowest samples);
-      # one policy per part: each takes 4-5 min on the H200, both together more than one 10-min call
+      # one policy per part: each takes 4-5 min on the H200, both together more than one 10-min call.
+      # With a realtime-vla checkout (scripts/fetch_realtime_vla.sh; carry .ext) its row joins the run.
       pol=pi05; [ "$part" = headline-pi0 ] && pol=pi0
-      step "The issue's headline: $pol at 3 views, eager, fused (bf16 and FP8 prefix MLP), torch.compile in one run (~5 min)"
-      python3 -m flashrt_ros.cli bench --policy "$pol" --views 3 --modes eager,fused,fused-fp8,compile --iters 100 \
+      modes=eager,fused,fused-fp8,compile; extra=()
+      rtvla="${REALTIME_VLA:-.ext/realtime-vla-v2}"
+      if [ -f "$rtvla/server/pi05_infer.py" ]; then modes=eager,fused,fused-fp8,realtime-vla,compile; extra=(--realtime-vla "$rtvla"); fi
+      step "The issue's headline: $pol at 3 views, $modes in one run (~5 min)"
+      python3 -m flashrt_ros.cli bench --policy "$pol" --views 3 --modes "$modes" "${extra[@]}" --iters 100 \
         --warmup 3 --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/$part.log" || status=1
       ;;
     parity)
