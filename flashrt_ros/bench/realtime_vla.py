@@ -16,6 +16,7 @@ before the replay, as its `forward` does; the images stay (so do ours).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import math
 import subprocess
