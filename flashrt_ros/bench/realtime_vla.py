@@ -294,7 +294,6 @@ class RealtimeVla:
             self.prompt_rows = b["encoder_x"][start : start + cfg.prompt_len]  # its graph overwrites them
         else:  # its graph copies the prompt in itself
             b["observation_state_normalized"].copy_(case.state[0])
-        self.denoise_graph = None
 
     def decide(self) -> None:
         """One decision as its `forward` runs it: the inputs its graph overwrites back in, the graph."""
@@ -306,23 +305,34 @@ class RealtimeVla:
     def chunk(self) -> Tensor:
         return self.inf.buffers["diffusion_noise"].float()
 
-    def capture_denoise(self) -> None:
-        """Its 10 denoise steps alone (its `transformer_decoder`) as one graph, over the prefix
-        K / V the last decision left: its denoise-only row."""
-        inf = self.inf
-        seq = inf.encoder_seq_len if self.kind == "pi05" else inf.buffers["encoder_x"].shape[0]
+    def capture_stages(self) -> dict[str, torch.cuda.CUDAGraph]:
+        """Its stages as graphs of its own functions, each replayed alone (its decision graph has
+        no split): vision (`vision_encoder`), the prefix (the prompt rows in, vision,
+        `transformer_encoder`) and the 10 denoise steps (`transformer_decoder`) over the prefix
+        K / V the last decision left."""
+        inf, fns, dev = self.inf, self.backend, self.noise.device
+        b, w, views = inf.buffers, inf.weights, inf.num_views
+        seq = inf.encoder_seq_len if self.kind == "pi05" else b["encoder_x"].shape[0]
+        prompt = self.prompt_rows if self.prompt_rows is not None else b["encoder_x"][views * 256 :]
+        embeds = self.embeds if self.prompt_rows is not None else w["language_embeds"]
 
-        def run() -> None:
-            inf.buffers["diffusion_noise"].copy_(self.noise)
-            self.backend.transformer_decoder(inf.weights, inf.buffers, seq)
+        def prefix() -> None:
+            prompt.copy_(embeds)
+            fns.vision_encoder(w, b, views)
+            fns.transformer_encoder(w, b, seq)
 
-        self.denoise_graph = cuda_graphs.capture(run, self.noise.device)
+        def denoise() -> None:
+            b["diffusion_noise"].copy_(self.noise)
+            fns.transformer_decoder(w, b, seq)
+
+        stages = {"vision": lambda: fns.vision_encoder(w, b, views), "prefix": prefix, "denoise": denoise}
+        return {name: cuda_graphs.capture(fn, dev) for name, fn in stages.items()}
 
 
 def measure_realtime_vla(
     repo: Path, model: Pi0Model, case: Case, iters: int, warmup: int, label: str, ref_chunk: Tensor
 ) -> tuple[dict[str, Latency], dict, float]:
-    """Build it on our weights, time its full decision and its denoise alone, check parity."""
+    """Build it on our weights, time its full decision and its stages alone, check parity."""
     check_shapes(model, case.views)
     backend = load_backend(repo, MODULES[model.cfg.kind])
     rt = RealtimeVla(backend, model, case)
@@ -331,9 +341,17 @@ def measure_realtime_vla(
     rows = {"full": Latency.from_samples(f"{label} full decision", time_call(rt.decide, iters, warmup, dev, label))}
     rt.decide()
     parity = chunk_parity(rt.chunk(), ref_chunk[0], case.noise[0])
-    rt.capture_denoise()
-    alone = time_call(rt.denoise_graph.replay, iters, warmup, dev, label)
-    rows["denoise"] = Latency.from_samples(f"{label} denoise only", alone)
+    names = {"denoise": "denoise only", "prefix_alone": "prefix alone", "vision": "vision alone"}
+    try:  # its stages through its own functions: a failure here keeps the decision row and parity
+        graphs = rt.capture_stages()
+    except Exception as exc:
+        log.warning("realtime-vla's stages could not be captured alone (%s: %s): decision row only",
+                    type(exc).__name__, exc)  # fmt: skip
+        graphs = {}
+    for key, name in names.items():
+        graph = graphs.get(key.removesuffix("_alone"))
+        if graph is not None:
+            rows[key] = Latency.from_samples(f"{label} {name}", time_call(graph.replay, iters, warmup, dev, label))
     if not math.isfinite(parity["chunk"]["cosine"]):
         log.warning("realtime-vla's chunk is not finite: its timing rows stand, its parity does not")
     return rows, parity, rt.build_s
