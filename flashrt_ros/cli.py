@@ -1,6 +1,7 @@
 """`flashrt` command line: benchmarks and quick checks without ROS.
 
-flashrt bench [--policy pi05] [--views 1,2,3] [--modes eager,compile,fused,fused-fp8] [--out DIR]
+flashrt bench [--policy pi05] [--views 1,2,3] [--modes eager,compile,fused,fused-fp8,realtime-vla]
+              [--realtime-vla PATH] [--out DIR]
 
 Modes: eager (the reference), compile (the reference's stages under torch.compile), fused (the
 bf16 fused path), fused-fp8 (the same with the prefix LM's MLP GEMMs in FP8), realtime-vla
@@ -59,8 +60,12 @@ def _check_args(args: argparse.Namespace) -> str | None:
     unknown = [m for m in args.modes.split(",") if m not in MODES]
     if unknown:
         return f"unknown mode(s) {', '.join(unknown)}: expected a comma list of {', '.join(MODES)}"
-    if "realtime-vla" in args.modes.split(",") and not args.realtime_vla:
-        return "mode realtime-vla needs --realtime-vla PATH (a checkout of github.com/dexmal/realtime-vla-v2)"
+    if "realtime-vla" in args.modes.split(","):
+        if not args.realtime_vla:
+            return "mode realtime-vla needs --realtime-vla PATH (a checkout of github.com/dexmal/realtime-vla-v2)"
+        server = Path(args.realtime_vla) / "server"
+        if not (server / "pi05_infer.py").is_file():
+            return f"--realtime-vla {args.realtime_vla}: no server/pi05_infer.py there (scripts/fetch_realtime_vla.sh)"
     return None
 
 
@@ -152,6 +157,10 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
         resident = torch.cuda.memory_allocated(device) / 2**30
     extra: dict = {"precision": FUSED_PRECISION.get(mode, args.dtype)}
+    if mode == "realtime-vla":
+        from .bench.realtime_vla import revision
+
+        extra["realtime_vla_revision"] = revision(Path(args.realtime_vla))
     try:
         if mode == "eager":
             lat = measure_reference(model, case, args.iters, args.warmup, label)
@@ -172,9 +181,8 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
             # the prefix (large GEMMs) always in inductor's default mode; the denoise step in the one asked for
             extra["compile_mode"] = {"prefix": "default", "denoise_step": args.compile_mode}
         elif mode == "realtime-vla":
-            from .bench.realtime_vla import measure_realtime_vla, revision
+            from .bench.realtime_vla import measure_realtime_vla
 
-            extra["realtime_vla_revision"] = revision(Path(args.realtime_vla))
             lat, extra["parity"], extra["build_capture_s"] = measure_realtime_vla(
                 Path(args.realtime_vla), model, case, args.iters, args.warmup, label, ref
             )
@@ -183,7 +191,7 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
     except Exception as exc:  # a baseline that fails is reported, not fatal
         print(f"{label}: FAILED: {type(exc).__name__}: {exc}")
         logging.getLogger(__name__).debug("%s failed", label, exc_info=True)  # the traceback, with --verbose
-        return {"error": f"{type(exc).__name__}: {exc}"}
+        return {"error": f"{type(exc).__name__}: {exc}", **{k: v for k, v in extra.items() if k != "precision"}}
     for row in lat.values():
         print(row.row(), flush=True)
     p, pn = extra["parity"]["chunk"], extra["parity"]["chunk_minus_noise"]

@@ -11,12 +11,14 @@ transpose fails here; the GPU run of its real code reports its chunk's parity.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 from policy_fixtures import tiny_model
 
-from flashrt_ros.bench.realtime_vla import check_shapes, convert, load_backend, rope_pairs, time_embeddings
+from flashrt_ros.bench.realtime_vla import check_shapes, convert, load_backend, revision, rope_pairs, time_embeddings
 from flashrt_ros.cli import main
 from flashrt_ros.policies.config import PolicyConfig
 from flashrt_ros.policies.gemma import rope_cos_sin
@@ -139,6 +141,76 @@ def test_vision_patch_embedding_and_qkv_match_ours(model, weights) -> None:
     torch.testing.assert_close(ours @ weights["vision_attn_qkv_w"][1] + weights["vision_attn_qkv_b"][1], qkv, **TOL)
 
 
+def _linears(model: Pi0Model) -> list[tuple[str, int | None, torch.nn.Linear]]:
+    """Its plain [in, out] kernels (and `<name>_b` biases where it has them) and our Linear each
+    one is: several are square, so a missing transpose would pass every shape check."""
+    vis, lm, ex = model.vision.encoder.layers, model.prefix_lm.layers, model.expert.layers
+    rows = [
+        ("encoder_multi_modal_projector", None, model.vision_proj),
+        ("vision_attn_o", 1, vis[1].self_attn.out_proj),
+        ("vision_ffn_up", 0, vis[0].mlp.fc1),
+        ("vision_ffn_down", 1, vis[1].mlp.fc2),
+        ("encoder_attn_o", 1, lm[1].self_attn.o_proj),
+        ("encoder_ffn_down", 0, lm[0].mlp.down_proj),
+        ("decoder_attn_o", 0, ex[0].self_attn.o_proj),
+        ("decoder_ffn_down", 1, ex[1].mlp.down_proj),
+    ]
+    if model.cfg.kind == "pi05":
+        rows += [
+            ("decoder_time_mlp_in", None, model.time_mlp_in),
+            ("decoder_time_mlp_out", None, model.time_mlp_out),
+            ("decoder_action_in_proj", None, model.action_in_proj),
+            ("decoder_action_out_proj", None, model.action_out_proj),
+            ("decoder_final_norm_mod", None, model.expert.norm.dense),
+            ("decoder_pre_ffn_norm_mod", 1, ex[1].post_attention_layernorm.dense),
+        ]
+    else:
+        rows += [("decoder_action_mlp", None, model.action_time_mlp_out)]
+    return rows
+
+
+@pytest.mark.parametrize("kind", ["pi05", "pi0"])
+def test_every_plain_kernel_is_our_linear_transposed(kind, model, weights, pi0) -> None:
+    m, w = (model, weights) if kind == "pi05" else pi0
+    g = torch.Generator().manual_seed(13)
+    for name, layer, linear in _linears(m):
+        kernel = w[f"{name}_w"]
+        bias = w.get(f"{name}_b")
+        if layer is not None:
+            kernel, bias = kernel[layer], None if bias is None else bias[layer]
+        x = torch.randn(3, linear.in_features, generator=g)
+        with torch.no_grad():
+            ours = linear(x)
+        theirs = x @ kernel + (0 if bias is None else bias)
+        torch.testing.assert_close(theirs, ours, **TOL, msg=lambda e, n=name: f"{n}: {e}")
+    vis = m.vision.encoder.layers
+    torch.testing.assert_close(w["vision_pre_ffn_norm_b"][1], vis[1].layer_norm2.bias.detach())
+    torch.testing.assert_close(w["vision_final_norm_w"], m.vision.post_layernorm.weight.detach())
+
+
+def test_pi05_time_condition_and_action_output_match_ours(model, weights) -> None:
+    """Its pi0.5 build: cond = silu(silu(emb @ W_in + b) @ W_out + b) per step; the output
+    rms(h) * (1 + scale) + shift from the final modulation, @ action_out + b (its build then
+    scales those two by -1 / steps: the Euler step)."""
+    cfg = model.cfg
+    emb = weights["decoder_time_embeds"]
+    silu = torch.nn.functional.silu
+    cond = silu(silu(emb @ weights["decoder_time_mlp_in_w"] + weights["decoder_time_mlp_in_b"])
+                @ weights["decoder_time_mlp_out_w"] + weights["decoder_time_mlp_out_b"])  # fmt: skip
+    t = 1.0 - torch.arange(cfg.num_steps, dtype=torch.float32) / cfg.num_steps
+    with torch.no_grad():
+        ours = model.time_condition(t)
+    torch.testing.assert_close(cond, ours, **TOL)
+    h = torch.randn(1, cfg.horizon, cfg.expert.width, generator=torch.Generator().manual_seed(17))
+    with torch.no_grad():
+        out = model.action_out_proj(model.expert.final_norm(h, ours[2:3]))
+    style = ours[2] @ weights["decoder_final_norm_mod_w"] + weights["decoder_final_norm_mod_b"]
+    scale, shift, _ = style.chunk(3)
+    xn = _rms(h[0], cfg.rms_norm_eps) * (1 + scale) + shift
+    theirs = xn @ weights["decoder_action_out_proj_w"] + weights["decoder_action_out_proj_b"]
+    torch.testing.assert_close(theirs, out[0], **TOL)
+
+
 def test_time_embeddings_are_its_adarms_condition_inputs(model) -> None:
     """`prepare_adarms_cond`: t = 1, 1 - 1/N, ...; [sin | cos] over log-spaced periods."""
     cfg = model.cfg
@@ -220,12 +292,41 @@ def test_shapes_it_cannot_run_are_refused_with_reasons() -> None:
         check_shapes(_meta(PolicyConfig.pi05().replace(prompt_len=456)), views=3)
 
 
+def test_revision_of_an_exported_checkout_inside_another_repo(tmp_path) -> None:
+    """Without its own .git, git would answer with the enclosing repo's HEAD: the REVISION file
+    written at export is what names it."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    inner = tmp_path / ".ext" / "realtime-vla-v2"
+    inner.mkdir(parents=True)
+    assert revision(inner) == "unknown"
+    (inner / "REVISION").write_text("a36d02a7b241de1129af2048e749de58f95ead9c\n")
+    assert revision(inner) == "a36d02a7b241de1129af2048e749de58f95ead9c"
+
+
+def test_its_modules_import_twice_without_transformers(tmp_path, monkeypatch) -> None:
+    """Its modules import transformers for a path this mode does not take: a placeholder stands
+    in while they import (twice: pi0.5 then pi0 in one run) and is gone afterwards."""
+    server = tmp_path / "server"
+    server.mkdir()
+    for name in ("pi05_infer", "pi0_infer"):
+        (server / f"{name}.py").write_text(f"from transformers import AutoTokenizer\nNAME = {name!r}\n")
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.delitem(sys.modules, "transformers", raising=False)
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
+    assert load_backend(tmp_path, "pi05_infer").NAME == "pi05_infer"
+    assert load_backend(tmp_path, "pi0_infer").NAME == "pi0_infer"
+    assert "transformers" not in sys.modules and str(server) not in sys.path
+    for name in ("pi05_infer", "pi0_infer"):
+        monkeypatch.delitem(sys.modules, name)
+
+
 def test_a_missing_checkout_is_named(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match=r"no server/pi05_infer.py and server/pi0_infer.py"):
         load_backend(tmp_path)
 
 
-def test_the_mode_without_a_checkout_stops_before_building(capsys) -> None:
-    rc = main(["bench", "--tiny", "--modes", "realtime-vla"])
-    assert rc == 2
+def test_the_mode_without_a_checkout_stops_before_building(tmp_path, capsys) -> None:
+    assert main(["bench", "--tiny", "--modes", "realtime-vla"]) == 2
     assert "mode realtime-vla needs --realtime-vla PATH" in capsys.readouterr().out
+    assert main(["bench", "--tiny", "--modes", "realtime-vla", "--realtime-vla", str(tmp_path)]) == 2
+    assert f"--realtime-vla {tmp_path}: no server/pi05_infer.py there" in capsys.readouterr().out

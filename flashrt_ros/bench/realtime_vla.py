@@ -55,7 +55,8 @@ def load_backend(repo: Path, module: str = "pi05_infer") -> types.ModuleType:
             f"--realtime-vla {repo}: no server/pi05_infer.py and server/pi0_infer.py there "
             "(expected a checkout of github.com/dexmal/realtime-vla-v2)"
         )
-    if importlib.util.find_spec("transformers") is None and "transformers" not in sys.modules:
+    placeholder = None
+    if "transformers" not in sys.modules and importlib.util.find_spec("transformers") is None:
         placeholder = types.ModuleType("transformers")
         placeholder.AutoTokenizer = None  # only its tokenised-prompt path uses it
         sys.modules["transformers"] = placeholder
@@ -64,6 +65,8 @@ def load_backend(repo: Path, module: str = "pi05_infer") -> types.ModuleType:
         return importlib.import_module(module)
     finally:
         sys.path.remove(str(server))
+        if placeholder is not None:  # its module keeps its own reference; nobody else sees it
+            del sys.modules["transformers"]
 
 
 def rope_pairs(w: Tensor, head_dim: int) -> Tensor:
@@ -74,8 +77,10 @@ def rope_pairs(w: Tensor, head_dim: int) -> Tensor:
     return w.reshape(i, -1, 2, head_dim // 2).transpose(2, 3).reshape(i, -1)
 
 
-def _stack(layers, fn) -> Tensor:
-    return torch.stack([fn(layer) for layer in layers])
+def _stack(layers, fn, dtype: torch.dtype) -> Tensor:
+    """[layers, ...]: fn per layer, each cast as it is made (the fp32 folding of a whole 2B-param
+    stack at once would hold ~8 GB)."""
+    return torch.stack([fn(layer).to(dtype) for layer in layers])
 
 
 def _t(w: Tensor) -> Tensor:
@@ -97,7 +102,24 @@ def _fold(norm) -> Tensor:
     return 1 + norm.weight.detach().float()
 
 
-def _vision(model: Pi0Model) -> dict[str, Tensor]:
+def _gemma_layers(layers, prefix: str, fold: bool, dtype: torch.dtype) -> dict[str, Tensor]:
+    """A Gemma stack's per-layer kernels under its names (`encoder_` / `decoder_`); with `fold`
+    the layer's RMSNorm weights are folded into q / k / v and gate / up (plain RMSNorm layers)."""
+
+    def mlp_in(proj: str):
+        return lambda x: _t(getattr(x.mlp, proj).weight) * (_fold(x.post_attention_layernorm)[:, None] if fold else 1)
+
+    return {
+        f"{prefix}_attn_qkv_w": _stack(layers, lambda x: _qkv(x, _fold(x.input_layernorm) if fold else None), dtype),
+        f"{prefix}_attn_o_w": _stack(layers, lambda x: _t(x.self_attn.o_proj.weight), dtype),
+        f"{prefix}_ffn_gate_w": _stack(layers, mlp_in("gate_proj"), dtype),
+        f"{prefix}_ffn_up_w": _stack(layers, mlp_in("up_proj"), dtype),
+        f"{prefix}_ffn_down_w": _stack(layers, lambda x: _t(x.mlp.down_proj.weight), dtype),
+    }
+
+
+def _vision(model: Pi0Model, dtype: torch.dtype) -> dict[str, Tensor]:
+    """SigLIP and the projector: [in, out] kernels, q | k | v side by side, a HWC patch kernel."""
     v = model.vision
     vl = v.encoder.layers
 
@@ -105,24 +127,29 @@ def _vision(model: Pi0Model) -> dict[str, Tensor]:
         a = x.self_attn
         return torch.cat([_t(a.q_proj.weight), _t(a.k_proj.weight), _t(a.v_proj.weight)], dim=1)
 
+    def qkv_bias(x) -> Tensor:
+        a = x.self_attn
+        return torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
+
+    per_layer = {
+        "attn_qkv_w": qkv,
+        "attn_qkv_b": qkv_bias,
+        "attn_o_w": lambda x: _t(x.self_attn.out_proj.weight),
+        "attn_o_b": lambda x: x.self_attn.out_proj.bias,
+        "ffn_up_w": lambda x: _t(x.mlp.fc1.weight),
+        "ffn_up_b": lambda x: x.mlp.fc1.bias,
+        "ffn_down_w": lambda x: _t(x.mlp.fc2.weight),
+        "ffn_down_b": lambda x: x.mlp.fc2.bias,
+        "pre_attn_norm_w": lambda x: x.layer_norm1.weight,
+        "pre_attn_norm_b": lambda x: x.layer_norm1.bias,
+        "pre_ffn_norm_w": lambda x: x.layer_norm2.weight,
+        "pre_ffn_norm_b": lambda x: x.layer_norm2.bias,
+    }
     return {
         "vision_patch_embedding_w": v.embeddings.patch_embedding.weight.detach().float().permute(2, 3, 1, 0),
         "vision_patch_embedding_b": v.embeddings.patch_embedding.bias,
         "vision_position_embedding": v.embeddings.position_embedding.weight,
-        "vision_attn_qkv_w": _stack(vl, qkv),
-        "vision_attn_qkv_b": _stack(
-            vl, lambda x: torch.cat([x.self_attn.q_proj.bias, x.self_attn.k_proj.bias, x.self_attn.v_proj.bias])
-        ),
-        "vision_attn_o_w": _stack(vl, lambda x: _t(x.self_attn.out_proj.weight)),
-        "vision_attn_o_b": _stack(vl, lambda x: x.self_attn.out_proj.bias),
-        "vision_ffn_up_w": _stack(vl, lambda x: _t(x.mlp.fc1.weight)),
-        "vision_ffn_up_b": _stack(vl, lambda x: x.mlp.fc1.bias),
-        "vision_ffn_down_w": _stack(vl, lambda x: _t(x.mlp.fc2.weight)),
-        "vision_ffn_down_b": _stack(vl, lambda x: x.mlp.fc2.bias),
-        "vision_pre_attn_norm_w": _stack(vl, lambda x: x.layer_norm1.weight),
-        "vision_pre_attn_norm_b": _stack(vl, lambda x: x.layer_norm1.bias),
-        "vision_pre_ffn_norm_w": _stack(vl, lambda x: x.layer_norm2.weight),
-        "vision_pre_ffn_norm_b": _stack(vl, lambda x: x.layer_norm2.bias),
+        **{f"vision_{name}": _stack(vl, fn, dtype) for name, fn in per_layer.items()},
         "vision_final_norm_w": v.post_layernorm.weight,
         "vision_final_norm_b": v.post_layernorm.bias,
         "encoder_multi_modal_projector_w": _t(model.vision_proj.weight),
@@ -130,27 +157,18 @@ def _vision(model: Pi0Model) -> dict[str, Tensor]:
     }
 
 
-def _prefix_lm(model: Pi0Model) -> dict[str, Tensor]:
-    """The prefix LM, its RMSNorm weights folded into q / k / v and gate / up (both policies)."""
-    layers = model.prefix_lm.layers
-    return {
-        "encoder_attn_qkv_w": _stack(layers, lambda x: _qkv(x, _fold(x.input_layernorm))),
-        "encoder_attn_o_w": _stack(layers, lambda x: _t(x.self_attn.o_proj.weight)),
-        "encoder_ffn_gate_w": _stack(
-            layers, lambda x: _t(x.mlp.gate_proj.weight) * _fold(x.post_attention_layernorm)[:, None]
-        ),
-        "encoder_ffn_up_w": _stack(
-            layers, lambda x: _t(x.mlp.up_proj.weight) * _fold(x.post_attention_layernorm)[:, None]
-        ),
-        "encoder_ffn_down_w": _stack(layers, lambda x: _t(x.mlp.down_proj.weight)),
-    }
-
-
-def _expert_pi05(model: Pi0Model) -> dict[str, Tensor]:
+def _expert_pi05(model: Pi0Model, dtype: torch.dtype) -> dict[str, Tensor]:
     """pi0.5's expert: adaRMS modulation kernels as they are (its build runs the time MLP and
     the modulations per step, and scales the action output by -1 / steps itself)."""
     ex = model.expert
     return {
+        **_gemma_layers(ex.layers, "decoder", fold=False, dtype=dtype),
+        "decoder_pre_attn_norm_mod_w": _stack(ex.layers, lambda x: _t(x.input_layernorm.dense.weight), dtype),
+        "decoder_pre_attn_norm_mod_b": _stack(ex.layers, lambda x: x.input_layernorm.dense.bias, dtype),
+        "decoder_pre_ffn_norm_mod_w": _stack(ex.layers, lambda x: _t(x.post_attention_layernorm.dense.weight), dtype),
+        "decoder_pre_ffn_norm_mod_b": _stack(ex.layers, lambda x: x.post_attention_layernorm.dense.bias, dtype),
+        "decoder_final_norm_mod_w": _t(ex.norm.dense.weight),
+        "decoder_final_norm_mod_b": ex.norm.dense.bias,
         "decoder_time_embeds": time_embeddings(model),
         "decoder_time_mlp_in_w": _t(model.time_mlp_in.weight),
         "decoder_time_mlp_in_b": model.time_mlp_in.bias,
@@ -158,23 +176,12 @@ def _expert_pi05(model: Pi0Model) -> dict[str, Tensor]:
         "decoder_time_mlp_out_b": model.time_mlp_out.bias,
         "decoder_action_in_proj_w": _t(model.action_in_proj.weight),
         "decoder_action_in_proj_b": model.action_in_proj.bias,
-        "decoder_pre_attn_norm_mod_w": _stack(ex.layers, lambda x: _t(x.input_layernorm.dense.weight)),
-        "decoder_pre_attn_norm_mod_b": _stack(ex.layers, lambda x: x.input_layernorm.dense.bias),
-        "decoder_pre_ffn_norm_mod_w": _stack(ex.layers, lambda x: _t(x.post_attention_layernorm.dense.weight)),
-        "decoder_pre_ffn_norm_mod_b": _stack(ex.layers, lambda x: x.post_attention_layernorm.dense.bias),
-        "decoder_attn_qkv_w": _stack(ex.layers, lambda x: _qkv(x, None)),
-        "decoder_attn_o_w": _stack(ex.layers, lambda x: _t(x.self_attn.o_proj.weight)),
-        "decoder_ffn_gate_w": _stack(ex.layers, lambda x: _t(x.mlp.gate_proj.weight)),
-        "decoder_ffn_up_w": _stack(ex.layers, lambda x: _t(x.mlp.up_proj.weight)),
-        "decoder_ffn_down_w": _stack(ex.layers, lambda x: _t(x.mlp.down_proj.weight)),
         "decoder_action_out_proj_w": _t(model.action_out_proj.weight),
         "decoder_action_out_proj_b": model.action_out_proj.bias,
-        "decoder_final_norm_mod_w": _t(ex.norm.dense.weight),
-        "decoder_final_norm_mod_b": ex.norm.dense.bias,
     }
 
 
-def _expert_pi0(model: Pi0Model) -> dict[str, Tensor]:
+def _expert_pi0(model: Pi0Model, dtype: torch.dtype) -> dict[str, Tensor]:
     """pi0's expert as its build takes it: norms folded like the prefix LM's; action_in_proj
     composed with the action half of action_time_mlp_in, and that layer's time half (with both
     biases) precomputed per step as `time_biases`; the final norm and the Euler step's
@@ -186,21 +193,13 @@ def _expert_pi0(model: Pi0Model) -> dict[str, Tensor]:
     fused_bias = model.action_time_mlp_in.bias.float() + a.bias.float() @ w_act.t()
     dt = -1.0 / model.cfg.num_steps
     return {
+        **_gemma_layers(ex.layers, "decoder", fold=True, dtype=dtype),
         "decoder_state_in_proj_w": _t(model.state_proj.weight),
         "decoder_state_in_proj_b": model.state_proj.bias,
         "decoder_action_fused_in_proj_w": (w_act @ a.weight.float()).t(),
         "decoder_action_fused_time_biases": fused_bias + time_embeddings(model).to(w_time.device) @ w_time.t(),
         "decoder_action_mlp_w": _t(model.action_time_mlp_out.weight),
         "decoder_action_mlp_b": model.action_time_mlp_out.bias,
-        "decoder_attn_qkv_w": _stack(ex.layers, lambda x: _qkv(x, _fold(x.input_layernorm))),
-        "decoder_attn_o_w": _stack(ex.layers, lambda x: _t(x.self_attn.o_proj.weight)),
-        "decoder_ffn_gate_w": _stack(
-            ex.layers, lambda x: _t(x.mlp.gate_proj.weight) * _fold(x.post_attention_layernorm)[:, None]
-        ),
-        "decoder_ffn_up_w": _stack(
-            ex.layers, lambda x: _t(x.mlp.up_proj.weight) * _fold(x.post_attention_layernorm)[:, None]
-        ),
-        "decoder_ffn_down_w": _stack(ex.layers, lambda x: _t(x.mlp.down_proj.weight)),
         "decoder_action_fused_out_proj_w": _t(model.action_out_proj.weight) * _fold(ex.norm)[:, None] * dt,
         "decoder_action_fused_out_proj_b": model.action_out_proj.bias.float() * dt,
     }
@@ -212,20 +211,29 @@ def convert(model: Pi0Model, prompt_embeds: Tensor, dtype: torch.dtype = torch.b
     fp32), as its converters lay out openpi's: Gemma RMSNorm weights (1 + w) folded into the
     kernels after them, q and k columns in interleaved RoPE pairs, [in, out] kernels;
     `prompt_embeds` [tokens, width] become its `language_embeds`."""
-    expert = {"pi05": _expert_pi05, "pi0": _expert_pi0}[model.cfg.kind](model)
-    w = {**_vision(model), **_prefix_lm(model), **expert, "language_embeds": prompt_embeds}
+    expert = {"pi05": _expert_pi05, "pi0": _expert_pi0}[model.cfg.kind]
+    w = {
+        **_vision(model, dtype),
+        **_gemma_layers(model.prefix_lm.layers, "encoder", fold=True, dtype=dtype),
+        **expert(model, dtype),
+        "language_embeds": prompt_embeds,
+    }
     return {k: t.detach().to(dtype).contiguous() for k, t in w.items()}
 
 
 def revision(repo: Path) -> str:
-    """The checkout's commit (git, or a REVISION file written where it was exported)."""
+    """The checkout's commit: its own git (only where it has a .git: inside another checkout, git
+    would answer with that one's HEAD), else the REVISION file written where it was exported."""
     repo = Path(repo)
-    try:
-        out = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        if out.returncode == 0:
-            return out.stdout.strip()
-    except OSError:
-        pass
+    if (repo / ".git").exists():
+        try:
+            out = subprocess.run(
+                ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+            )
+            if out.returncode == 0:
+                return out.stdout.strip()
+        except OSError:
+            pass
     rev = repo / "REVISION"
     return rev.read_text().strip() if rev.is_file() else "unknown"
 
@@ -271,7 +279,10 @@ class RealtimeVla:
         check_shapes(model, case.views)
         cfg = model.cfg
         self.kind, self.backend = cfg.kind, backend
-        self.n_valid = int(case.token_masks[0].sum())
+        mask = case.token_masks[0].bool()
+        self.n_valid = int(mask.sum())
+        if not mask[: self.n_valid].all():  # its valid length / its prompt rows assume right padding
+            raise ValueError("realtime-vla takes a right-padded prompt: valid tokens first, then padding")
         with torch.no_grad():
             embeds = model.prefix_lm.embed(case.tokens)[0].to(torch.bfloat16)
         self.embeds = embeds if cfg.kind == "pi05" else embeds[: self.n_valid]
@@ -283,6 +294,7 @@ class RealtimeVla:
         else:
             self.inf = backend.Pi0Inference(weights, case.views, cfg.horizon)
         self.build_s = time.perf_counter() - t0
+        self.inf.checkpoint = None  # its pi0.5 build keeps the dict it was given: its weights are copied
         del weights
         b = self.inf.buffers
         b["observation_images_normalized"].copy_(case.pixels[0, : case.views].permute(0, 2, 3, 1))
@@ -303,6 +315,7 @@ class RealtimeVla:
         self.inf.infer_graph.replay()
 
     def chunk(self) -> Tensor:
+        """The last decision's actions [horizon, action dim] (its Euler state, in place of the noise)."""
         return self.inf.buffers["diffusion_noise"].float()
 
     def capture_stages(self) -> dict[str, torch.cuda.CUDAGraph]:
@@ -333,7 +346,6 @@ def measure_realtime_vla(
     repo: Path, model: Pi0Model, case: Case, iters: int, warmup: int, label: str, ref_chunk: Tensor
 ) -> tuple[dict[str, Latency], dict, float]:
     """Build it on our weights, time its full decision and its stages alone, check parity."""
-    check_shapes(model, case.views)
     backend = load_backend(repo, MODULES[model.cfg.kind])
     rt = RealtimeVla(backend, model, case)
     log.info("realtime-vla %s (%s) built and captured in %.1f s", model.cfg.kind, repo, rt.build_s)
