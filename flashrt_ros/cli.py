@@ -63,9 +63,12 @@ def _check_args(args: argparse.Namespace) -> str | None:
     if "realtime-vla" in args.modes.split(","):
         if not args.realtime_vla:
             return "mode realtime-vla needs --realtime-vla PATH (a checkout of github.com/dexmal/realtime-vla-v2)"
-        server = Path(args.realtime_vla) / "server"
-        if not (server / "pi05_infer.py").is_file():
-            return f"--realtime-vla {args.realtime_vla}: no server/pi05_infer.py there (scripts/fetch_realtime_vla.sh)"
+        from .bench.realtime_vla import server_dir
+
+        try:
+            server_dir(Path(args.realtime_vla))
+        except FileNotFoundError as exc:
+            return str(exc)
     return None
 
 

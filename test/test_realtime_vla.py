@@ -329,4 +329,5 @@ def test_the_mode_without_a_checkout_stops_before_building(tmp_path, capsys) -> 
     assert main(["bench", "--tiny", "--modes", "realtime-vla"]) == 2
     assert "mode realtime-vla needs --realtime-vla PATH" in capsys.readouterr().out
     assert main(["bench", "--tiny", "--modes", "realtime-vla", "--realtime-vla", str(tmp_path)]) == 2
-    assert f"--realtime-vla {tmp_path}: no server/pi05_infer.py there" in capsys.readouterr().out
+    expected = f"--realtime-vla {tmp_path}: no server/pi05_infer.py and server/pi0_infer.py there"
+    assert expected in capsys.readouterr().out

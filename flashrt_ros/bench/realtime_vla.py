@@ -42,6 +42,18 @@ STEPS = 10
 PREFIX_WIDTH, EXPERT_WIDTH, HEAD_DIM = 2048, 1024, 256
 
 
+def server_dir(repo: Path) -> Path:
+    """The checkout's `server/` with both backend modules, or a FileNotFoundError that says so
+    (the CLI asks before building anything)."""
+    server = Path(repo).expanduser().resolve() / "server"
+    if not all((server / f"{name}.py").is_file() for name in MODULES.values()):
+        raise FileNotFoundError(
+            f"--realtime-vla {repo}: no server/pi05_infer.py and server/pi0_infer.py there "
+            "(expected a checkout of github.com/dexmal/realtime-vla-v2: scripts/fetch_realtime_vla.sh)"
+        )
+    return server
+
+
 def load_backend(repo: Path, module: str = "pi05_infer") -> types.ModuleType:
     """Import `server/<module>.py` (pi05_infer, pi0_infer) from a realtime-vla-v2 checkout.
 
@@ -49,12 +61,7 @@ def load_backend(repo: Path, module: str = "pi05_infer") -> types.ModuleType:
     this benchmark does not take (it passes embeddings): without transformers installed a
     placeholder module stands in for that import only.
     """
-    server = Path(repo).expanduser().resolve() / "server"
-    if not (server / "pi05_infer.py").is_file() or not (server / "pi0_infer.py").is_file():
-        raise FileNotFoundError(
-            f"--realtime-vla {repo}: no server/pi05_infer.py and server/pi0_infer.py there "
-            "(expected a checkout of github.com/dexmal/realtime-vla-v2)"
-        )
+    server = server_dir(repo)
     placeholder = None
     if "transformers" not in sys.modules and importlib.util.find_spec("transformers") is None:
         placeholder = types.ModuleType("transformers")
@@ -320,17 +327,17 @@ class RealtimeVla:
 
     def capture_stages(self) -> dict[str, torch.cuda.CUDAGraph]:
         """Its stages as graphs of its own functions, each replayed alone (its decision graph has
-        no split): vision (`vision_encoder`), the prefix (the prompt rows in, vision,
-        `transformer_encoder`) and the 10 denoise steps (`transformer_decoder`) over the prefix
-        K / V the last decision left."""
-        inf, fns, dev = self.inf, self.backend, self.noise.device
+        no split), under the bench's row keys: vision (`vision_encoder`), the prefix (the prompt
+        rows in, vision, `transformer_encoder`) and the 10 denoise steps (`transformer_decoder`)
+        over the prefix K / V the last decision left."""
+        inf, fns = self.inf, self.backend
         b, w, views = inf.buffers, inf.weights, inf.num_views
-        seq = inf.encoder_seq_len if self.kind == "pi05" else b["encoder_x"].shape[0]
-        prompt = self.prompt_rows if self.prompt_rows is not None else b["encoder_x"][views * 256 :]
-        embeds = self.embeds if self.prompt_rows is not None else w["language_embeds"]
+        seq = b["encoder_x"].shape[0]  # its prefix rows (encoder_seq_len)
+        start = views * 256  # its image tokens per view
+        prompt = b["encoder_x"][start : start + len(self.embeds)]
 
         def prefix() -> None:
-            prompt.copy_(embeds)
+            prompt.copy_(self.embeds)
             fns.vision_encoder(w, b, views)
             fns.transformer_encoder(w, b, seq)
 
@@ -338,8 +345,8 @@ class RealtimeVla:
             b["diffusion_noise"].copy_(self.noise)
             fns.transformer_decoder(w, b, seq)
 
-        stages = {"vision": lambda: fns.vision_encoder(w, b, views), "prefix": prefix, "denoise": denoise}
-        return {name: cuda_graphs.capture(fn, dev) for name, fn in stages.items()}
+        stages = {"vision": lambda: fns.vision_encoder(w, b, views), "prefix_alone": prefix, "denoise": denoise}
+        return {key: cuda_graphs.capture(fn, self.noise.device) for key, fn in stages.items()}
 
 
 def measure_realtime_vla(
@@ -361,7 +368,7 @@ def measure_realtime_vla(
                     type(exc).__name__, exc)  # fmt: skip
         graphs = {}
     for key, name in names.items():
-        graph = graphs.get(key.removesuffix("_alone"))
+        graph = graphs.get(key)
         if graph is not None:
             rows[key] = Latency.from_samples(f"{label} {name}", time_call(graph.replay, iters, warmup, dev, label))
     if not math.isfinite(parity["chunk"]["cosine"]):
