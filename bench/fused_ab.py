@@ -7,13 +7,16 @@ weights, neighbours): this measures the choice where it runs. GPU only.
                              [--rounds 3] [--out DIR]
 
 Values are separated by `;`, each an integer, `none` or a string; a new choice to measure becomes
-such a module-level setting of fused.py first.
+such a module-level setting of fused.py first. A setting of another module of the package is named
+by its path under `flashrt_ros`, e.g. `kernels._common.PDL=0;1`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -31,11 +34,13 @@ def parse_value(text: str) -> int | str | None:
     return int(text) if text.lstrip("-").isdigit() else text
 
 
-def parse_setting(text: str) -> tuple[str, list[int | str | None]]:
-    name, _, values = text.partition("=")
-    if not hasattr(fused_mod, name) or not values:
-        raise SystemExit(f"{text!r}: expected NAME=v1;v2 with NAME a setting of flashrt_ros/policies/fused.py")
-    return name, [parse_value(v) for v in values.split(";")]
+def parse_setting(text: str) -> tuple[ModuleType, str, list[int | str | None]]:
+    path, _, values = text.partition("=")
+    module_path, _, name = path.rpartition(".")
+    module = importlib.import_module(f"flashrt_ros.{module_path}") if module_path else fused_mod
+    if not hasattr(module, name) or not values:
+        raise SystemExit(f"{text!r}: expected NAME=v1;v2 with NAME a setting of fused.py (or module.NAME)")
+    return module, name, [parse_value(v) for v in values.split(";")]
 
 
 def main() -> None:
@@ -51,16 +56,16 @@ def main() -> None:
     fused = FusedPi0(build_random(cfg, dev), torch.bfloat16)
     load_case(fused, Case.make(cfg, dev, args.views))
     results: dict[str, list[float]] = {}
-    for name, values in settings:
-        default = getattr(fused_mod, name)
+    for module, name, values in settings:
+        default = getattr(module, name)
         for rnd in range(args.rounds):
             for value in values:
-                setattr(fused_mod, name, value)
+                setattr(module, name, value)
                 for stage in ("vision", "prefix"):
                     ms = graph_ms(getattr(fused, stage), replays=20)
                     results.setdefault(f"{stage} {name}={value}", []).append(ms)
                     print(f"round {rnd}: {stage:<7} {name}={value!s:<6} {ms:.4f} ms", flush=True)
-        setattr(fused_mod, name, default)
+        setattr(module, name, default)
     print()
     for key, values in results.items():
         print(f"{key:<36} median of rounds {sorted(values)[len(values) // 2]:.4f} ms")
