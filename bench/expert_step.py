@@ -1,7 +1,9 @@
 """The expert step kernel alone (one denoise step: 18 layers at 50 tokens, 623 MB of weights),
 captured in a CUDA graph, for its default tiles and a few variants. GPU only.
 
-    python bench/expert_step.py [--rounds 5] [--out DIR]
+    python bench/expert_step.py [--rounds 5] [--only bar_split,prefetch] [--out DIR]
+
+--only keeps the variants whose label contains one of the given words (the default is always run).
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ def make_problem(dev: torch.device):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--only", default="", help="comma-separated words: run only the variants naming one")
     ap.add_argument("--out", type=Path, default=Path("out"))
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -198,6 +201,10 @@ def main() -> None:
         # e8ae43a (7 rounds): default 696.2, without the prefetch 717.3; with it, 3 stages 707.9,
         # 5 stages 702.6, bk=64 715.3
         dict(prefetch=False),  # without any of the L2 weight prefetches, for scale
+        # the grid barrier's arrivals and polls spread over 2 / 4 / 8 counters in their own L2 lines
+        dict(bar_split=2),
+        dict(bar_split=4),
+        dict(bar_split=8),
         # 3102f46 (branch exp/fold-norms, 5 rounds): the row norms folded into the QKV / gate|up GEMMs
         # (sum of squares in their K loops, rsqrt in the epilogue, the shift as shift @ W.T) and the
         # residuals closed by whole-K O / down column tiles, 6 phases per layer: 1044.9 vs 663.7 us
@@ -244,6 +251,8 @@ def main() -> None:
     # alternate the variants over rounds (one machine drifts by ~2% between minutes); each variant
     # is its own settings on top of the defaults
     labelled = [("default", {})] + [(",".join(f"{k}={v}" for k, v in t.items()), t) for t in variants]
+    words = [w for w in args.only.split(",") if w]
+    labelled = [(label, t) for label, t in labelled if not t or not words or any(w in label for w in words)]
     times: dict[str, list[float]] = {label: [] for label, _ in labelled}
     failed: set[str] = set()
     for _ in range(args.rounds):
