@@ -1,7 +1,7 @@
 """The expert step kernel alone (one denoise step: 18 layers at 50 tokens, 623 MB of weights),
 captured in a CUDA graph, for its default tiles and a few variants. GPU only.
 
-    python bench/expert_step.py [--rounds 5] [--only bar_split,prefetch] [--out DIR]
+    python bench/expert_step.py [--rounds 5] [--only prefetch,att_two_pass] [--out DIR]
 
 --only keeps the variants whose label contains one of the given words (the default is always run).
 """
@@ -201,10 +201,10 @@ def main() -> None:
         # e8ae43a (7 rounds): default 696.2, without the prefetch 717.3; with it, 3 stages 707.9,
         # 5 stages 702.6, bk=64 715.3
         dict(prefetch=False),  # without any of the L2 weight prefetches, for scale
-        # the grid barrier's arrivals and polls spread over 2 / 4 / 8 counters in their own L2 lines
-        dict(bar_split=2),
-        dict(bar_split=4),
-        dict(bar_split=8),
+        # e62da5e (7 rounds, docs/results/expert_step_bar_split_e62da5e.log): the grid barrier's
+        # arrivals and polls spread over 2 / 4 / 8 counters, each in its own L2 line (threads
+        # 0 .. n-1 polling one each): 651.9 / 651.0 / 651.0 vs 648.4 us per step, the same bits; the
+        # barrier is not contention on its counter's line (reverted)
         # 3102f46 (branch exp/fold-norms, 5 rounds): the row norms folded into the QKV / gate|up GEMMs
         # (sum of squares in their K loops, rsqrt in the epilogue, the shift as shift @ W.T) and the
         # residuals closed by whole-K O / down column tiles, 6 phases per layer: 1044.9 vs 663.7 us

@@ -8,7 +8,8 @@ weights, neighbours): this measures the choice where it runs. GPU only.
 
 Values are separated by `;`, each an integer, `none` or a string; a new choice to measure becomes
 such a module-level setting of fused.py first. A setting of another module of the package is named
-by its path under `flashrt_ros`, e.g. `kernels._common.PDL=0;1`.
+by its path under `flashrt_ros` (`kernels.<module>.NAME`; the programmatic-dependent-launch A/B
+of 2026-12-02 ran `"kernels._common.PDL=1;0"` on the code at ff91910).
 """
 
 from __future__ import annotations

@@ -11,18 +11,10 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
 
 # Largest row the one-row-per-program kernels hold in registers (elements, power of two).
 # Gemma's widest normed row is 2048, SigLIP's 1152; 64K leaves ample headroom.
 MAX_FUSED_ROW = 65536
-
-
-# Programmatic dependent launch (sm_90+): the row, attention and gate|up kernels of the vision and
-# prefix stages are launched so that their programs may start while the kernel before them in the
-# stream finishes; each waits (`wait_for_producer`) before its first load. Module-level so that
-# bench/fused_ab.py can time the stages both ways (`kernels._common.PDL=0;1`).
-PDL = True
 
 
 def is_interpreting() -> bool:
@@ -125,23 +117,3 @@ def round_e4m3_rtne(x):
     normal = (bits & 0xFFF00000).to(tl.float32, bitcast=True)
     tiny = (x + 24576.0) - 24576.0
     return tl.where(tl.abs(x) < 0.015625, tiny, normal)
-
-
-def pdl_options(device: torch.device) -> dict:
-    """Launch options for a kernel that takes a ``PDL`` constexpr: ``PDL=True`` plus Triton's
-    ``launch_pdl`` on a CUDA device of sm_90 or later when `PDL` is on, else ``PDL=False`` (the
-    interpreter, older GPUs: a plain launch, the same code without the wait)."""
-    on = PDL and device.type == "cuda" and not is_interpreting()
-    if on and torch.cuda.get_device_capability(device)[0] >= 9:
-        return {"PDL": True, "launch_pdl": True}
-    return {"PDL": False}
-
-
-@triton.jit
-def wait_for_producer(PDL: tl.constexpr):
-    """Under programmatic dependent launch, wait until the previous kernel in the stream has
-    finished and its writes are visible (``griddepcontrol.wait``); called before a kernel's first
-    load or store, so that neither its reads (RAW) nor its writes (WAR on a reused buffer) can
-    overtake that kernel. Nothing without PDL."""
-    if PDL:
-        gdc_wait()

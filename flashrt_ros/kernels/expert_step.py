@@ -71,67 +71,34 @@ __all__ = ["PHASES", "ExpertStepPlan", "ExpertWeights", "expert_step_ref", "rope
 
 _LOG2E = 1.4426950408889634
 PHASES = 8  # per layer, each ended by a grid barrier
-_BAR_LINE = tl.constexpr(32)  # int32s between split barrier counters (one 128-byte line each)
-BAR_SPLIT_MAX = 8  # counters a launch's barrier row holds
 UPDATE_MAX_ACTIONS = 64  # action dims the denoise tail holds (its workspace is sized for them)
 
 
 @triton.jit
-def _arrive(bar_ptr, GPU: tl.constexpr, SPLIT: tl.constexpr):
+def _arrive(bar_ptr, GPU: tl.constexpr):
     """This program's arrival at a grid barrier (release): once all of its threads are done,
-    thread 0 adds 1 to the launch's counter (with SPLIT > 1: to counter ``pid % SPLIT``, each in
-    its own 128-byte line, so that the arrivals and the polls spread over SPLIT L2 lines). Split
-    from `_wait` so that a program can issue work that needs no one else (the next phase's L2
-    prefetches) while the others finish."""
+    thread 0 adds 1 to the launch's counter. Split from `_wait` so that a program can issue
+    work that needs no one else (the next phase's L2 prefetches) while the others finish."""
     tl.debug_barrier()
     if GPU:
-        slot = bar_ptr + (tl.program_id(0) % SPLIT) * _BAR_LINE
         tl.inline_asm_elementwise(
             "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
             "@p red.release.gpu.global.add.u32 [$1], 1; mov.u32 $0, 0; }",
-            "=r,l", [slot], dtype=tl.int32, is_pure=False, pack=1,
+            "=r,l", [bar_ptr], dtype=tl.int32, is_pure=False, pack=1,
         )  # fmt: skip
     else:
         tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
 
 
 @triton.jit
-def _wait(bar_ptr, target, GPU: tl.constexpr, SPLIT: tl.constexpr):
+def _wait(bar_ptr, target, GPU: tl.constexpr):
     """Wait until the counter reaches `target` arrivals (acquire). On the GPU thread 0 alone
     polls with ``ld.acquire`` while the other threads wait at the CTA barrier (cooperative
     groups' grid sync; labels unique per inlined copy through LLVM's ``${:uid}``): 712 against
     732 us per step for every thread polling with plain loads and one acquire read-modify-write
     after. Measured worse: a flag per program polled by every thread (823) or by warp 0 (908),
-    thread 0 polling with relaxed loads and one acquire fence after (744). With SPLIT > 1,
-    threads 0 .. SPLIT - 1 each poll one counter, for its share of the `target` arrivals."""
-    if GPU and SPLIT > 1:
-        tl.inline_asm_elementwise(
-            """{
-            .reg .pred p, q;
-            .reg .u32 t, v, n, k, want;
-            .reg .u64 a;
-            mov.u32 t, %tid.x;
-            setp.ge.u32 p, t, $4;
-            @p bra DONE_${:uid};
-            div.u32 k, $2, $3;
-            sub.u32 n, $3, t;
-            add.u32 n, n, $4;
-            sub.u32 n, n, 1;
-            div.u32 n, n, $4;
-            mul.lo.u32 want, n, k;
-            mul.wide.u32 a, t, 128;
-            add.u64 a, a, $1;
-            POLL_${:uid}:
-            ld.acquire.gpu.global.u32 v, [a];
-            setp.lt.u32 q, v, want;
-            @q bra POLL_${:uid};
-            DONE_${:uid}:
-            mov.u32 $0, 0;
-            }""",
-            "=r,l,r,r,r", [bar_ptr, target, tl.num_programs(0), target * 0 + SPLIT],
-            dtype=tl.int32, is_pure=False, pack=1,
-        )  # fmt: skip
-    elif GPU:
+    thread 0 polling with relaxed loads and one acquire fence after (744)."""
+    if GPU:
         tl.inline_asm_elementwise(
             """{
             .reg .pred p, q;
@@ -241,17 +208,17 @@ def _prefetch_gate_up(wgu, u, WE: tl.constexpr, FF: tl.constexpr, BN: tl.constex
 
 
 @triton.jit
-def _phase_arrive(bar_ptr, trace_ptr, idx, TRACE: tl.constexpr, GPU: tl.constexpr, SPLIT: tl.constexpr):
+def _phase_arrive(bar_ptr, trace_ptr, idx, TRACE: tl.constexpr, GPU: tl.constexpr):
     """End of phase `idx`; with TRACE, the time the last program finished it (atomic max)."""
     if TRACE:
         tl.atomic_max(trace_ptr + 2 * idx, _now())
-    _arrive(bar_ptr, GPU, SPLIT)
+    _arrive(bar_ptr, GPU)
 
 
 @triton.jit
-def _phase_wait(bar_ptr, target, trace_ptr, idx, pid, TRACE: tl.constexpr, GPU: tl.constexpr, SPLIT: tl.constexpr):
+def _phase_wait(bar_ptr, target, trace_ptr, idx, pid, TRACE: tl.constexpr, GPU: tl.constexpr):
     """The barrier after phase `idx`; with TRACE, the time program 0 left it."""
-    _wait(bar_ptr, target, GPU, SPLIT)
+    _wait(bar_ptr, target, GPU)
     if TRACE:
         if pid == 0:
             tl.store(trace_ptr + 2 * idx + 1, _now())
@@ -637,7 +604,6 @@ def _expert_step_kernel(
     PREFETCH: tl.constexpr,
     PREFETCH_SPAN: tl.constexpr,
     GPU: tl.constexpr,
-    BAR_SPLIT: tl.constexpr,
     BLOCK_W: tl.constexpr,
     UPDATE: tl.constexpr,
     U_A: tl.constexpr,
@@ -677,10 +643,10 @@ def _expert_step_kernel(
                 WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
             )  # fmt: skip
         arrivals += G
-        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 0, TRACE, GPU, BAR_SPLIT)
+        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 0, TRACE, GPU)
         if PREFETCH:
             _prefetch_qkv(wqkv, me, WE, H, D, BN_QKV)
-        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 0, pid, TRACE, GPU, BAR_SPLIT)
+        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 0, pid, TRACE, GPU)
         # 1: QKV + RoPE; k / v into this layer's cache rows
         wo = wo_ptr + l64 * (WE * H * D)
         wgu = wgu_ptr + l64 * (2 * FF * WE)
@@ -707,8 +673,8 @@ def _expert_step_kernel(
         arrivals += G
         if ATT_TMA:  # q, k, v stored above are read through TMA (the async proxy) next
             _proxy_fence(GPU)
-        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 1, TRACE, GPU, BAR_SPLIT)
-        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 1, pid, TRACE, GPU, BAR_SPLIT)
+        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 1, TRACE, GPU)
+        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 1, pid, TRACE, GPU)
         if ATT_TMA:
             _proxy_fence(GPU)
         # 2: attention partials (query tile, key split), or the scores (query tile, key tile)
@@ -735,8 +701,8 @@ def _expert_step_kernel(
                     D, True, True, True, UPCAST, PREC, FIX, ATT_BM, ATT_BN, D, ".cg",
                 )  # fmt: skip
         arrivals += G
-        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 2, TRACE, GPU, BAR_SPLIT)
-        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 2, pid, TRACE, GPU, BAR_SPLIT)
+        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 2, TRACE, GPU)
+        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 2, pid, TRACE, GPU)
         # 3: combine the key splits, or P @ V over every key tile
         if ATT_TWO_PASS:
             n_pd: tl.constexpr = D // PV_BD
@@ -752,16 +718,16 @@ def _expert_step_kernel(
                     0, H * D, D, D, ATT_SPLITS, FIX, CB_M, CB_DC, ATT_BS, ".cg",
                 )  # fmt: skip
         arrivals += G
-        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 3, TRACE, GPU, BAR_SPLIT)
+        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 3, TRACE, GPU)
         if PREFETCH:
             _prefetch_split_k(wo, me, WE, H * D, BN_O, KS_O)
-        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 3, pid, TRACE, GPU, BAR_SPLIT)
+        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 3, pid, TRACE, GPU)
         # 4: O projection, split-K partials
         for u in range(me, (WE // BN_O) * (H * D // KS_O), G):
             _split_k_partials(u, attn_ptr, wo, part_o_ptr, M, WE, H * D, KS_O, UPCAST, PREC, BM, BN_O, BK)
         arrivals += G
-        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 4, TRACE, GPU, BAR_SPLIT)
-        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 4, pid, TRACE, GPU, BAR_SPLIT)
+        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 4, TRACE, GPU)
+        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 4, pid, TRACE, GPU)
         # 5: close the attention residual, norm for the MLP
         for row in range(me, M, G):
             _residual_norm_row(
@@ -769,10 +735,10 @@ def _expert_step_kernel(
                 WE, H * D // KS_O, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
             )  # fmt: skip
         arrivals += G
-        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 5, TRACE, GPU, BAR_SPLIT)
+        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 5, TRACE, GPU)
         if PREFETCH and not PREFETCH_SPAN:  # (with the span, fetched during QKV)
             _prefetch_gate_up(wgu, me, WE, FF, BN_GU)
-        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, TRACE, GPU, BAR_SPLIT)
+        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 5, pid, TRACE, GPU)
         # 6: gate|up + GeGLU
         for u in range(me, FF // BN_GU, G):
             cols = u * BN_GU + tl.arange(0, BN_GU)
@@ -787,16 +753,16 @@ def _expert_step_kernel(
             gate, up = tl.split(acc.reshape(BM, 2, BN_GU).permute(0, 2, 1))
             _geglu_store(gate, up, rows, row_ok, cols, col_ok, act_ptr, FF, FIX)
         arrivals += G
-        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 6, TRACE, GPU, BAR_SPLIT)
+        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 6, TRACE, GPU)
         if PREFETCH:
             _prefetch_split_k(wd, me, WE, FF, BN_D, KS_D)
-        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE, GPU, BAR_SPLIT)
+        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 6, pid, TRACE, GPU)
         # 7: down projection, split-K partials (summed by the next phase 0)
         for u in range(me, (WE // BN_D) * (FF // KS_D), G):
             _split_k_partials(u, act_ptr, wd, part_d_ptr, M, WE, FF, KS_D, UPCAST, PREC, BM, BN_D, BK)
         arrivals += G
-        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 7, TRACE, GPU, BAR_SPLIT)
-        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 7, pid, TRACE, GPU, BAR_SPLIT)
+        _phase_arrive(bar_ptr, trace_ptr, layer * 8 + 7, TRACE, GPU)
+        _phase_wait(bar_ptr, arrivals, trace_ptr, layer * 8 + 7, pid, TRACE, GPU)
     # close the last MLP residual; the final norm
     for row in range(pid, M, G):
         _residual_norm_row(
@@ -806,7 +772,7 @@ def _expert_step_kernel(
     if UPDATE:
         _denoise_tail(
             pid, G, bar_ptr, arrivals + G, xa_ptr, ux_ptr, uwo_ptr, ubo_ptr, uwi_ptr, ubi_ptr, uh_ptr, uv_ptr, udt,
-            act_row0, M, WE, U_A, U_HAS_IN, U_SILU, U_FIX, U_BA, U_BW, U_KC, U_NC, GPU, BAR_SPLIT,
+            act_row0, M, WE, U_A, U_HAS_IN, U_SILU, U_FIX, U_BA, U_BW, U_KC, U_NC, GPU,
         )  # fmt: skip
     if TRACE:
         tl.atomic_max(trace_ptr + 2 * (8 * N_LAYERS), _now())
@@ -817,15 +783,14 @@ def _denoise_tail(
     pid, G, bar_ptr, arrivals, y_ptr, x_ptr, wo_ptr, bo_ptr, wi_ptr, bi_ptr, h_ptr, ws_ptr, dt, act_row0, M,
     WE: tl.constexpr, A: tl.constexpr, HAS_IN: tl.constexpr, SILU: tl.constexpr, FIX_H: tl.constexpr,
     BA: tl.constexpr, BW: tl.constexpr, KC: tl.constexpr, NC: tl.constexpr, GPU: tl.constexpr,
-    SPLIT: tl.constexpr,
 ):  # fmt: skip
     """The denoise update of the HA = M - act_row0 action rows (kernels/denoise_update.py) in two
     phases over every program, not one program per row: (row, K chunk) velocity partials, and
     (row, column chunk) of the next input, each summing its row's partials and taking the Euler
     step (the chunk-0 unit stores x). The old x is copied aside in the first phase, so that no
     unit of the second reads a row another one is writing."""
-    _arrive(bar_ptr, GPU, SPLIT)
-    _wait(bar_ptr, arrivals, GPU, SPLIT)  # every normed row stored
+    _arrive(bar_ptr, GPU)
+    _wait(bar_ptr, arrivals, GPU)  # every normed row stored
     HA = M - act_row0
     N_K: tl.constexpr = (WE + KC - 1) // KC
     acols = tl.arange(0, BA)
@@ -838,8 +803,8 @@ def _denoise_tail(
         tl.store(ws_ptr + (kc * HA + r) * BA + acols, v)
         if kc == 0:
             tl.store(old_x + r * BA + acols, tl.load(x_ptr + r * A + acols, mask=a_ok, other=0.0))
-    _arrive(bar_ptr, GPU, SPLIT)
-    _wait(bar_ptr, arrivals + G, GPU, SPLIT)
+    _arrive(bar_ptr, GPU)
+    _wait(bar_ptr, arrivals + G, GPU)
     N_N: tl.constexpr = (WE + NC - 1) // NC
     for u in range(pid, HA * N_N, G):
         r = u // N_N
@@ -1045,7 +1010,6 @@ class ExpertStepPlan:
         # phase and leaving it, gate|up's by the QKV phase's free programs (GPU only; `_prefetch_rows`,
         # `_prefetch_span`)
         self.prefetch = True
-        self.bar_split = 1  # grid-barrier counters (`_arrive`); more spread the arrivals over L2 lines
         # the attention phase's q / K / V tiles through TMA descriptors (sm_90+; `_attn_tile_tma`):
         # 671.2 vs 681.0 us per step on the H200, lower in each of 7 alternating rounds
         self.att_tma = self.gpu and _has_tma(device)
@@ -1055,8 +1019,8 @@ class ExpertStepPlan:
         cuda = device.type == "cuda" and torch.cuda.is_available()
         props = torch.cuda.get_device_properties(device) if cuda else None
         self.l2_bytes = int(getattr(props, "L2_cache_size", h200_l2) or h200_l2)
-        # the arrival counters of each launch: `bar_split` of them, 128 bytes apart
-        self.barriers = torch.zeros(launches, BAR_SPLIT_MAX * _BAR_LINE, dtype=torch.int32, device=device)
+        # one arrival counter per launch, each in its own 16-byte row
+        self.barriers = torch.zeros(launches, 4, dtype=torch.int32, device=device)
         self.trace: torch.Tensor | None = None  # see `enable_trace`
         # the denoise tail's workspace, for any chunking (chunks >= 16 columns) and action dims up to
         # UPDATE_MAX_ACTIONS: allocated here, so that a graph captured later never sees it replaced
@@ -1077,8 +1041,6 @@ class ExpertStepPlan:
                 f"bn_qkv {self.bn_qkv}: expected a power of two >= 8 dividing half the head dim ({half}); its "
                 "rotate_half pair makes the tile's 2 x bn_qkv rows, and tl.dot needs at least 16"
             )
-        if not 1 <= self.bar_split <= BAR_SPLIT_MAX:
-            raise ValueError(f"bar_split {self.bar_split}: expected 1 .. {BAR_SPLIT_MAX} barrier counters")
         for name in ("sc_bm", "sc_bn", "sc_bd", "pv_bm", "pv_bd"):
             t = getattr(self, name)
             if t < 16 or t & (t - 1):
@@ -1350,7 +1312,6 @@ class ExpertStepPlan:
             PREFETCH=self.prefetch and self.gpu,
             PREFETCH_SPAN=self._prefetch_span(),
             GPU=self.gpu,
-            BAR_SPLIT=max(1, min(self.bar_split, self.grid)),
             BLOCK_W=triton.next_power_of_2(self.WE),
             UPDATE=update is not None,
             **dict(zip(("U_A", "U_HAS_IN", "U_SILU", "U_FIX", "U_BA", "U_BW", "U_KC", "U_NC"), u_const, strict=True)),

@@ -14,15 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (
-    check_out,
-    is_interpreting,
-    num_warps_for,
-    pdl_options,
-    round_e4m3_rtne,
-    row_block,
-    wait_for_producer,
-)
+from ._common import check_out, is_interpreting, num_warps_for, round_e4m3_rtne, row_block
 
 __all__ = [
     "E4M3",
@@ -78,11 +70,8 @@ def scale_row_e4m3(y, FIX: tl.constexpr):
 
 
 @triton.jit
-def _quantize_rows_kernel(
-    x_ptr, q_ptr, s_ptr, D, stride_x, stride_q, FIX: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr
-):
+def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, D, stride_x, stride_q, FIX: tl.constexpr, BLOCK_D: tl.constexpr):
     # one program per row, the whole row in registers: amax, scale, e4m3 store
-    wait_for_producer(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     x = tl.load(x_ptr + row * stride_x + cols, mask=cols < D, other=0.0).to(tl.float32)
@@ -109,6 +98,6 @@ def quantize_rows_kernel(
         block = row_block(d)
         _quantize_rows_kernel[(n,)](
             x, out, scale, d, x.stride(0), out.stride(0), FIX=is_interpreting(), BLOCK_D=block,
-            num_warps=num_warps_for(block), **pdl_options(x.device),
+            num_warps=num_warps_for(block),
         )  # fmt: skip
     return out, scale

@@ -22,15 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (
-    check_out,
-    dot_precision,
-    is_interpreting,
-    needs_rtne_fix,
-    pdl_options,
-    round_bf16_rtne,
-    wait_for_producer,
-)
+from ._common import check_out, dot_precision, is_interpreting, needs_rtne_fix, round_bf16_rtne
 from .fp8 import check_scale
 from .geglu import geglu_ref
 from .gelu import gelu_tanh
@@ -75,9 +67,7 @@ def _gate_up_geglu_kernel(
     FIX_Y: tl.constexpr,
     SCALED: tl.constexpr,
     MAX_IMPRECISE: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    wait_for_producer(PDL)
     n_m, n_n = tl.cdiv(M, BM), F // BH
     for t in tl.range(tl.program_id(0), n_m * n_n, NUM_PROGS, flatten=True):
         pm, pn = _tile(t, n_m, n_n, GROUP_M)
@@ -292,7 +282,6 @@ def gate_up_geglu(
         MAX_IMPRECISE=FP8_PROMOTE_K if scaled else None,
         num_stages=s["num_stages"],
         num_warps=s["num_warps"],
-        **pdl_options(x.device),
     )
     return out
 
@@ -317,7 +306,7 @@ def compile_offline(arch: int, block: int = 128, smem: int = 227 * 1024, fp8: bo
     signature = dict(x_desc=desc(op, bm, bk), w_desc=desc(op, 2 * block, bk), y_desc=desc("bf16", bm, block))
     signature.update(xs_ptr="*fp32" if fp8 else "constexpr", ws_ptr="*fp32" if fp8 else "constexpr")
     signature.update(M="i32", F="i32", KD="i32", NUM_PROGS="i32")
-    constexprs = dict(BM=bm, BH=block, BK=bk, GROUP_M=8, UPCAST=False, PREC="tf32", FIX_Y=False, SCALED=fp8, PDL=True)
+    constexprs = dict(BM=bm, BH=block, BK=bk, GROUP_M=8, UPCAST=False, PREC="tf32", FIX_Y=False, SCALED=fp8)
     constexprs.update(MAX_IMPRECISE=FP8_PROMOTE_K if fp8 else None)
     if not fp8:
         constexprs.update(xs_ptr=None, ws_ptr=None)
@@ -325,5 +314,5 @@ def compile_offline(arch: int, block: int = 128, smem: int = 227 * 1024, fp8: bo
     return triton.compile(
         ASTSource(_gate_up_geglu_kernel, signature, constexprs=constexprs),
         target=GPUTarget("cuda", arch, 64),
-        options=dict(num_warps=8, num_stages=stages, launch_pdl=True),
+        options=dict(num_warps=8, num_stages=stages),
     )

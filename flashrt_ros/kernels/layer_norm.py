@@ -20,16 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (
-    check_out,
-    needs_rtne_fix,
-    num_warps_for,
-    pdl_options,
-    round_bf16_rtne,
-    row_block,
-    rows_2d,
-    wait_for_producer,
-)
+from ._common import check_out, needs_rtne_fix, num_warps_for, round_bf16_rtne, row_block, rows_2d
 
 __all__ = ["layer_norm", "layer_norm_ref"]
 
@@ -57,9 +48,7 @@ def _layer_norm_kernel(
     FIX_Y: tl.constexpr,
     FIX_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    wait_for_producer(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     mask = cols < D
@@ -158,7 +147,6 @@ def layer_norm(
             FIX_S=needs_rtne_fix(s2.dtype),
             BLOCK_D=block,
             num_warps=num_warps or num_warps_for(block),
-            **pdl_options(x.device),
         )
     return out if residual is None else (out, residual_out)
 

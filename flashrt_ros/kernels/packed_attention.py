@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import dot_precision, is_interpreting, needs_rtne_fix, pdl_options, wait_for_producer
+from ._common import dot_precision, is_interpreting, needs_rtne_fix
 from .attention import _LOG2E, _attn_fwd_tile, _block_d
 
 __all__ = ["packed_attention", "packed_attention_ref"]
@@ -50,9 +50,7 @@ def _packed_attn_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    wait_for_producer(PDL)
     head = tl.program_id(1)
     q_ptr = qkv_ptr + head * HEAD_DIM
     _attn_fwd_tile(
@@ -117,7 +115,6 @@ def packed_attention(
         UPCAST=interp,  # the interpreter's tl.dot mis-multiplies bf16 (see kernels/attention.py)
         PREC=dot_precision(qkv.dtype), FIX_O=needs_rtne_fix(out.dtype),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=_block_d(D), num_warps=warps, num_stages=stages,
-        **pdl_options(qkv.device),
     )  # fmt: skip
     return out
 

@@ -23,15 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (
-    check_out,
-    dot_precision,
-    is_interpreting,
-    needs_rtne_fix,
-    pdl_options,
-    round_bf16_rtne,
-    wait_for_producer,
-)
+from ._common import check_out, dot_precision, is_interpreting, needs_rtne_fix, round_bf16_rtne
 from .attention import _device_info, _smem_bytes, online_softmax
 from .gate_up_geglu import _check_tma_rows
 
@@ -59,9 +51,7 @@ def _prefix_attn_kernel(
     UPCAST: tl.constexpr,
     PREC: tl.constexpr,
     FIX_O: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    wait_for_producer(PDL)
     row0 = tl.program_id(0) * BM
     q = q_desc.load([row0, 0])
     if UPCAST:  # the interpreter's bf16 dot is wrong (Triton 3.9): fp32 there
@@ -197,7 +187,6 @@ def prefix_attention(
         FIX_O=needs_rtne_fix(out.dtype),
         num_warps=num_warps or s["num_warps"],
         num_stages=num_stages or s["num_stages"],
-        **pdl_options(q.device),
     )
     return out
 
@@ -218,7 +207,7 @@ def compile_offline(
     desc = lambda rows: f"tensordesc<bf16[{rows}, {D}]>"  # noqa: E731
     signature = dict(q_desc=desc(block_m), k_desc=desc(block_n), v_desc=desc(block_n), o_ptr="*bf16", kb_ptr="*i32")
     signature.update(MQ="i32", Tk="i32", qk_scale="fp32")
-    constexprs = dict(D=D, BM=block_m, BN=block_n, UPCAST=False, PREC="tf32", FIX_O=False, PDL=True)
+    constexprs = dict(D=D, BM=block_m, BN=block_n, UPCAST=False, PREC="tf32", FIX_O=False)
     signature.update({name: "constexpr" for name in constexprs})
     return triton.compile(
         ASTSource(
@@ -228,5 +217,5 @@ def compile_offline(
             attrs={(3,): [["tt.divisibility", 16]], (4,): [["tt.divisibility", 16]]},
         ),
         target=GPUTarget("cuda", arch, 64),
-        options=dict(num_warps=num_warps, num_stages=num_stages, launch_pdl=True),
+        options=dict(num_warps=num_warps, num_stages=num_stages),
     )

@@ -24,11 +24,9 @@ from ._common import (
     is_interpreting,
     needs_rtne_fix,
     num_warps_for,
-    pdl_options,
     round_bf16_rtne,
     row_block,
     rows_2d,
-    wait_for_producer,
 )
 from .fp8 import check_scale, scale_row_e4m3
 
@@ -56,10 +54,8 @@ def _rms_norm_kernel(
     FIX_S: tl.constexpr,
     QUANT: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     # One program normalises one row of D elements held entirely in registers.
-    wait_for_producer(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     mask = cols < D
@@ -171,7 +167,6 @@ def rms_norm(
             QUANT=quant,
             BLOCK_D=block,
             num_warps=num_warps or num_warps_for(block),
-            **pdl_options(x.device),
         )
     if residual is None:
         return out

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import needs_rtne_fix, pdl_options, round_bf16_rtne, wait_for_producer
+from ._common import needs_rtne_fix, round_bf16_rtne
 
 __all__ = ["rope", "rope_ref", "qkv_rope", "qkv_rope_ref", "rope_inv_freq"]
 
@@ -114,10 +114,8 @@ def _rope_kernel(
     BLOCK_HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_HK: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     # One program per token: all its q heads, its k head(s) and the v copy share one cos/sin.
-    wait_for_producer(PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_HALF)
     col_mask = cols < HALF
@@ -260,7 +258,6 @@ def _launch(
         BLOCK_H=triton.next_power_of_2(H),
         BLOCK_HK=triton.next_power_of_2(HK),
         num_warps=4 if H * block_half <= 2048 else 8,
-        **pdl_options(positions.device),
     )
 
 
