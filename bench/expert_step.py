@@ -139,21 +139,13 @@ def main() -> None:
         x.copy_(x0)
         plan.step(h, weights(), 0, k, v, kb, qb, rope, PREFIX, 0, 1e-6, update=DenoiseUpdate(x, *upd_w, h_next=h))
 
-    def step_with_rowwise_update():  # the tail row by row, by the programs of the final norm
-        plan.update_rowwise = True
-        try:
-            step_with_update()
-        finally:
-            plan.update_rowwise = False
-
-    # the four alternating over rounds (a machine drifts by ~2% between minutes), each with the
+    # the three alternating over rounds (a machine drifts by ~2% between minutes), each with the
     # same set-up copies; the tail's extra code may change how the layers themselves compile, so
     # both builds get a phase table
     arrangements = {
         "step only (no update)": step_only,
         "step, then denoise_update (2 launches)": step_then_update,
         "step ending with the update (1 launch)": step_with_update,
-        "step ending with the row-wise update (1 launch)": step_with_rowwise_update,
     }
     laps: dict[str, list[float]] = {label: [] for label in arrangements}
     for _ in range(args.rounds):
@@ -169,16 +161,10 @@ def main() -> None:
     diff = [float((a.float() - b.float()).abs().max()) for a, b in zip((h, x), two, strict=True)]
     results["update tail max abs diff (h, x)"] = diff
     print("update tail vs separate launch, max abs diff (h, x):", diff)
-    step_with_rowwise_update()
-    diff = [float((a.float() - b.float()).abs().max()) for a, b in zip((h, x), two, strict=True)]
-    results["row-wise update tail max abs diff (h, x)"] = diff
-    print("row-wise update tail vs separate launch, max abs diff (h, x):", diff)
     print("phases of the step alone:")
     results["phases"] = phase_table(plan, step)
     print("phases of the step ending with the update:")
     results["phases with update tail"] = phase_table(plan, step_with_update)
-    print("phases of the step ending with the row-wise update:")
-    results["phases with row-wise update tail"] = phase_table(plan, step_with_rowwise_update)
     save()
     variants = (
         # measured at bfbed9d / b2a78ff / 8afbc3d / a72e069 / de65c20 (docs/results/expert_step_*.log):

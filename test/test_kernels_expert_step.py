@@ -456,17 +456,8 @@ def test_denoise_tail_in_chunks(pi05) -> None:
     )
 
 
-@pytest.mark.parametrize("pi05", [True, False], ids=["pi05-next-input-into-h", "pi0-silu-hidden"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_denoise_tail_row_by_row(dtype, pi05) -> None:
-    """`update_rowwise`: each action row's update done by the program that normed it, right after
-    its final norm (pi0: the state row normed, not updated); the same results as the reference."""
-    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else BF16_SMALL
-    _run_with_update((10, 32, 64, 4, 16, 2, 24), dtype, pi05, A=6, tol=tol, update_rowwise=True)
-
-
-@pytest.mark.parametrize("tiles", [dict(update_chunks=1), dict(update_chunks=2), dict(update_rowwise=True)])
-def test_denoise_tail_of_the_last_step(tiles) -> None:
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_denoise_tail_of_the_last_step(chunks) -> None:
     """No next input (the last step): only the Euler step of x, the rest of the output as the
     reference's; h keeps the step's residual stream."""
     M, W, F, H, D, L, P = 6, 512, 64, 2, 16, 1, 8
@@ -476,7 +467,7 @@ def test_denoise_tail_of_the_last_step(tiles) -> None:
     h_ref, y_ref, _, _ = expert_step_ref(h0, w, 1, k, v, kb, qb, pos, inv, row0, 1e-6)
     x_ref, _ = denoise_update_ref(y_ref, x0, w_out, b_out, -0.1)
     plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), torch.float32)
-    plan.set_tiles(**tiles)
+    plan.set_tiles(update_chunks=chunks)
     h, x = h0.clone(), x0.clone()
     laid, update = plan.lay_out(w), DenoiseUpdate(x, w_out, b_out, -0.1)
     y = plan.step(h, laid, 1, k, v, kb, qb, rope_table(pos, inv), row0, 0, 1e-6, update=update)
@@ -529,13 +520,10 @@ def test_step_kernel_refuses_an_update_with_more_rows() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rowwise", [False, True], ids=["two-phase-tail", "row-by-row-tail"])
 @pytest.mark.parametrize("pi05", [True, False], ids=["pi05-next-input-into-h", "pi0-silu-hidden"])
-def test_step_kernel_with_denoise_update_gpu_real_shapes(pi05, rowwise) -> None:
+def test_step_kernel_with_denoise_update_gpu_real_shapes(pi05) -> None:
     M = 50 if pi05 else 51
-    _run_with_update(
-        (M, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, pi05, A=32, tol=BF16_REAL, update_rowwise=rowwise
-    )
+    _run_with_update((M, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, pi05, A=32, tol=BF16_REAL)
 
 
 def test_weights_must_be_laid_out_for_the_plan() -> None:

@@ -87,22 +87,6 @@ def euler(x_row_ptr, v, bo_ptr, dt, A: tl.constexpr, BA: tl.constexpr):
 
 
 @triton.jit
-def update_row(
-    r, y_row_ptr, x_ptr, wo_ptr, bo_ptr, wi_ptr, bi_ptr, h_ptr, dt,
-    A: tl.constexpr, WE: tl.constexpr, HAS_IN: tl.constexpr, SILU: tl.constexpr, FIX_H: tl.constexpr,
-    BA: tl.constexpr, BW: tl.constexpr,
-):  # fmt: skip
-    """Action row `r` end to end by one program: its velocity from the expert's output row, the
-    Euler step of x in place, and the next input's row (no other program touches them)."""
-    WHOLE: tl.constexpr = (WE + BW - 1) // BW * BW
-    v = velocity_part(y_row_ptr, wo_ptr, 0, A, WE, WHOLE, BA, BW)
-    x = euler(x_ptr + r * A, v, bo_ptr, dt, A, BA)
-    tl.store(x_ptr + r * A + tl.arange(0, BA), x, mask=tl.arange(0, BA) < A)
-    if HAS_IN:
-        next_input_part(r, x, wi_ptr, bi_ptr, h_ptr, 0, A, WE, WHOLE, SILU, FIX_H, BA, BW)
-
-
-@triton.jit
 def _denoise_update_kernel(
     y_ptr,  # [H, WE] rows (stride_y)
     x_ptr,  # [H, A] fp32, updated in place
@@ -124,8 +108,12 @@ def _denoise_update_kernel(
     """One program per action row, end to end (the step kernel's tail splits the same work
     over more programs, see kernels/expert_step.py)."""
     row = tl.program_id(0).to(tl.int64)
-    update_row(row, y_ptr + row * stride_y, x_ptr, wo_ptr, bo_ptr, wi_ptr, bi_ptr, h_ptr, dt, A, WE, HAS_IN, SILU,
-               FIX_H, BA, BW)  # fmt: skip
+    WHOLE: tl.constexpr = (WE + BW - 1) // BW * BW
+    v = velocity_part(y_ptr + row * stride_y, wo_ptr, 0, A, WE, WHOLE, BA, BW)
+    x = euler(x_ptr + row * A, v, bo_ptr, dt, A, BA)
+    tl.store(x_ptr + row * A + tl.arange(0, BA), x, mask=tl.arange(0, BA) < A)
+    if HAS_IN:
+        next_input_part(row, x, wi_ptr, bi_ptr, h_ptr, 0, A, WE, WHOLE, SILU, FIX_H, BA, BW)
 
 
 class UpdateConsts(NamedTuple):

@@ -64,7 +64,7 @@ import triton.language as tl
 
 from ._common import dot_precision, is_interpreting, needs_rtne_fix, round_bf16_rtne
 from .attention import _attn_combine_tile, _attn_fwd_tile, online_softmax
-from .denoise_update import DenoiseUpdate, euler, next_input_part, update_row, velocity_part
+from .denoise_update import DenoiseUpdate, euler, next_input_part, velocity_part
 from .gate_up_geglu import deinterleave_gate_up, interleave_gate_up
 
 __all__ = ["PHASES", "ExpertStepPlan", "ExpertWeights", "expert_step_ref", "rope_table", "two_pass_by_default"]
@@ -606,7 +606,6 @@ def _expert_step_kernel(
     GPU: tl.constexpr,
     BLOCK_W: tl.constexpr,
     UPDATE: tl.constexpr,
-    U_ROWWISE: tl.constexpr,
     U_A: tl.constexpr,
     U_HAS_IN: tl.constexpr,
     U_SILU: tl.constexpr,
@@ -770,14 +769,7 @@ def _expert_step_kernel(
             row, h_ptr, part_d_ptr, g2_ptr + (N_LAYERS - 1) * WE, mf_ptr, sf_ptr, xa_ptr, eps, N_LAYERS > 0,
             WE, FF // KS_D, BM, GATED, HAS_SHIFT, FIX, BLOCK_W,
         )  # fmt: skip
-        if UPDATE and U_ROWWISE:  # the denoise update of this row by the program that normed it
-            if row >= act_row0:
-                tl.debug_barrier()  # every thread's part of the normed row stored
-                update_row(
-                    (row - act_row0).to(tl.int64), xa_ptr + row * WE, ux_ptr, uwo_ptr, ubo_ptr, uwi_ptr, ubi_ptr,
-                    uh_ptr, udt, U_A, WE, U_HAS_IN, U_SILU, U_FIX, U_BA, U_BW,
-                )  # fmt: skip
-    if UPDATE and not U_ROWWISE:
+    if UPDATE:
         _denoise_tail(
             pid, G, bar_ptr, arrivals + G, xa_ptr, ux_ptr, uwo_ptr, ubo_ptr, uwi_ptr, ubi_ptr, uh_ptr, uv_ptr, udt,
             act_row0, M, WE, U_A, U_HAS_IN, U_SILU, U_FIX, U_BA, U_BW, U_KC, U_NC, GPU,
@@ -1006,9 +998,6 @@ class ExpertStepPlan:
         self.att_stats = torch.zeros(0, device=device, dtype=torch.float32)  # length at the first launch
         self._retired: list[torch.Tensor] = []  # outgrown workspaces a captured graph may still use
         self.update_chunks = 0  # denoise tail: K / column chunks per action row (0: fill the grid once)
-        # denoise tail row by row: each action row's update by the program that normed it, right
-        # after its final norm (no grid-wide phases); off: the two-phase tail over (row, chunk) units
-        self.update_rowwise = False
         self.num_warps, self.num_stages = 4, 4  # H200 (64-column O / down tiles): 845 us; 3 stages 857, 8 warps 884
         act = dict(device=device, dtype=dtype)
         self.x_attn = torch.zeros(rows, width, **act)
@@ -1325,7 +1314,6 @@ class ExpertStepPlan:
             GPU=self.gpu,
             BLOCK_W=triton.next_power_of_2(self.WE),
             UPDATE=update is not None,
-            U_ROWWISE=bool(self.update_rowwise),
             **dict(zip(("U_A", "U_HAS_IN", "U_SILU", "U_FIX", "U_BA", "U_BW", "U_KC", "U_NC"), u_const, strict=True)),
             num_warps=self.num_warps, num_stages=self.num_stages,
             **extra,
