@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashrt_ros.bench.timing import write_result
+from flashrt_ros.bench.timing import time_call, write_result
 from flashrt_ros.kernels.expert_step import _arrive, _wait
 
 LINE = 32  # int32s between the two flags (their own 128-byte lines)
@@ -47,41 +47,31 @@ def _ping_pong(flag_ptr, N, LINE: tl.constexpr):
             _arrive(flag_ptr + LINE, True)
 
 
-def timed_us(launch, counters: torch.Tensor, reps: int = 5) -> float:
-    """Median wall time of `launch` (one kernel) over `reps` runs, in microseconds."""
-    times = []
-    for _ in range(reps):
-        counters.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        launch()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return sorted(times)[len(times) // 2]
+def per_iteration_us(launch, counters: torch.Tensor, iterations: int) -> float:
+    """Median microseconds per loop iteration of `launch` (one kernel of `iterations`) over 5 runs."""
+    laps = time_call(lambda: (counters.zero_(), launch()), 5, 1, counters.device)
+    return sorted(laps)[len(laps) // 2] * 1e3 / iterations
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--iters", type=int, default=20000)
-    ap.add_argument("--out", type=Path, default=Path("out"))
-    args = ap.parse_args()
-    dev = torch.device("cuda")
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    counters = torch.zeros(2 * LINE, dtype=torch.int32, device=dev)
-    n = args.iters
+def measure(iters: int, device: torch.device) -> dict[str, float]:
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    counters = torch.zeros(2 * LINE, dtype=torch.int32, device=device)
     results: dict[str, float] = {}
     for g in sorted({2, 8, 32, 66, sms}):
-        run = lambda g=g: _barriers[(g,)](counters, n, num_warps=4, launch_cooperative_grid=True)  # noqa: E731
-        run()  # build
-        results[f"grid barrier, {g} programs (us)"] = timed_us(run, counters) / n
-    pp = lambda: _ping_pong[(2,)](counters, n, LINE, num_warps=4, launch_cooperative_grid=True)  # noqa: E731
-    pp()
-    results["point to point, one hand-off (us)"] = timed_us(pp, counters) / (2 * n)
-    for key, us in results.items():
-        print(f"{key:<40} {us:7.3f}")
-    write_result(args.out, "sync_latency", dev, iters=n, results=results)
+        run = lambda g=g: _barriers[(g,)](counters, iters, num_warps=4, launch_cooperative_grid=True)  # noqa: E731
+        results[f"grid barrier, {g} programs (us)"] = per_iteration_us(run, counters, iters)
+    pp = lambda: _ping_pong[(2,)](counters, iters, LINE, num_warps=4, launch_cooperative_grid=True)  # noqa: E731
+    results["point to point, one hand-off (us)"] = per_iteration_us(pp, counters, 2 * iters)
+    return results
 
 
 if __name__ == "__main__":
-    main()
+    cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cli.add_argument("--iters", type=int, default=20000)
+    cli.add_argument("--out", type=Path, default=Path("out"))
+    opts = cli.parse_args()
+    dev = torch.device("cuda")
+    found = measure(opts.iters, dev)
+    for key, us in found.items():
+        print(f"{key:<40} {us:7.3f}")
+    write_result(opts.out, "sync_latency", dev, iters=opts.iters, results=found)
