@@ -25,15 +25,20 @@ constexpr uint32_t A_BYTES = BM * BK * 2, W_BYTES = BN * BK * 2;
 struct Smem {
   __nv_bfloat16 a[STAGES][BM * BK];
   __nv_bfloat16 w[STAGES][BN * BK];
+  __nv_bfloat16 w_all[KSTEPS][BN * BK];  // RESIDENT_W: the whole weight tile, loaded once
   uint64_t full_a[STAGES];
   uint64_t full_w[STAGES];
   uint64_t empty[STAGES];
+  uint64_t full_w_all;
 };
 
 // mode bits: the next layer's first STAGES weight tiles issued before the grid barrier; A
 // multicast over a 2-CTA cluster (each CTA loads half its rows for both); the consumer keeps
 // one wgmma group in flight
 constexpr int PREFETCH_W = 1, MULTICAST_A = 2, WGMMA_DEPTH2 = 4;
+// RESIDENT_W: every layer uses layer 0's weight tile, loaded into shared memory once (what a unit
+// costs once its weights are on chip: the activation stream, the MMAs, the epilogue, the barrier);
+constexpr int RESIDENT_W = 8;
 
 __device__ __forceinline__ uint32_t su32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -51,15 +56,14 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(su32(bar)) : "memory");
 }
 
+// the whole spin inside one asm block (as CUTLASS's ClusterBarrier::wait): a C++ loop around
+// try_wait is a data-dependent branch to the compiler, after which ptxas serialises the wgmmas
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(su32(bar)), "r"(parity)
-        : "memory");
-  }
+  asm volatile(
+      "{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra WAIT_%=;\n}" ::"r"(su32(bar)),
+      "r"(parity)
+      : "memory");
 }
 
 __device__ __forceinline__ void tma_load_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int x, int y,
@@ -143,6 +147,8 @@ __global__ void __launch_bounds__(256, 1)
   const int tile = blockIdx.x;
   const bool busy = tile < TILES;
   const bool prew = mode & PREFETCH_W, mcast = mode & MULTICAST_A, deep = mode & WGMMA_DEPTH2;
+  const bool resident = mode & RESIDENT_W;
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // warp-uniform role (CUTLASS's canonical index)
   const uint32_t rank = mcast ? cluster_rank() : 0;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -150,6 +156,7 @@ __global__ void __launch_bounds__(256, 1)
       mbar_init(&sm.full_w[s], 1);
       mbar_init(&sm.empty[s], mcast ? 2 : 1);  // both CTAs' consumers free a multicast slot
     }
+    mbar_init(&sm.full_w_all, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -165,33 +172,46 @@ __global__ void __launch_bounds__(256, 1)
     mbar_arrive(&sm.empty[s]);
     if (mcast) mbar_arrive_cluster(&sm.empty[s], rank ^ 1);
   };
+  if (busy && resident && tid == 0) {
+    mbar_expect_tx(&sm.full_w_all, KSTEPS * W_BYTES);
+    for (int k = 0; k < KSTEPS; ++k) tma_load(sm.w_all[k], &w_map, &sm.full_w_all, k * BK, tile * BN);
+  }
   for (int layer = 0; layer < layers; ++layer) {
     if (busy) {
-      if (tid == 0) {  // producer
+      if (wg == 0) {  // producer warpgroup: thread 0 issues
+        if (tid == 0) {
         const int first = (prew && layer > 0) ? STAGES : 0;  // W tiles issued before the barrier
         for (int k = 0; k < KSTEPS; ++k) {
           const int s = (layer * KSTEPS + k) % STAGES;
-          if (k >= first) load_w(layer, k);
+          if (resident) {  // only A streams; the slot is free once its consumer released it
+            const int it = layer * KSTEPS + k;
+            if (it >= STAGES) mbar_wait(&sm.empty[s], ((it / STAGES) - 1) & 1);
+          } else if (k >= first) {
+            load_w(layer, k);
+          }
           mbar_expect_tx(&sm.full_a[s], A_BYTES);
           if (mcast)
             tma_load_multicast(&sm.a[s][rank * (BM / 2) * BK], &a_map, &sm.full_a[s], k * BK, rank * (BM / 2), 3);
           else
             tma_load(sm.a[s], &a_map, &sm.full_a[s], k * BK, 0);
         }
-        if (prew && layer + 1 < layers)
+        if (prew && !resident && layer + 1 < layers)
           for (int k = 0; k < STAGES; ++k) load_w(layer + 1, k);
-      } else if (tid >= 128) {  // consumer warpgroup
+        }
+      } else {  // consumer warpgroup
         float d[32];
 #pragma unroll
         for (int i = 0; i < 32; ++i) d[i] = 0.f;
+        if (resident && layer == 0) mbar_wait(&sm.full_w_all, 0);
         for (int k = 0; k < KSTEPS; ++k) {
           const int it = layer * KSTEPS + k, s = it % STAGES;
-          mbar_wait(&sm.full_w[s], (it / STAGES) & 1);
+          if (!resident) mbar_wait(&sm.full_w[s], (it / STAGES) & 1);
           mbar_wait(&sm.full_a[s], (it / STAGES) & 1);
+          const __nv_bfloat16* wt = resident ? sm.w_all[k] : sm.w[s];
           asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
           for (int kk = 0; kk < BK / 16; ++kk)
-            wgmma_m64n64k16(d, gmma_desc(&sm.a[s][kk * 16]), gmma_desc(&sm.w[s][kk * 16]));
+            wgmma_m64n64k16(d, gmma_desc(&sm.a[s][kk * 16]), gmma_desc(&wt[kk * 16]));
           asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
           if (deep) {
             asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");

@@ -11,7 +11,7 @@ serialises wgmma in the divergent consumer branch), A multicast over 2-CTA clust
 The Triton step kernel's gate|up phase + its barrier: 6.6-8.3 us. So this first CUDA version
 does not beat Triton; its multicast, as built (a cluster-wide release of every ring slot), loses.
 
-    python bench/cuda/gate_up_ws.py [--out DIR]
+    python bench/cuda/gate_up_ws.py [--modes 0 8 1 4] [--out DIR]
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ def reference(x: torch.Tensor, w_layer: torch.Tensor) -> torch.Tensor:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--modes", type=int, nargs="+", default=[0, 4, 1, 5, 2, 6, 7])
     args = ap.parse_args()
     dev = torch.device("cuda")
     lib = build()
@@ -71,16 +72,19 @@ def main() -> None:
             raise RuntimeError(f"launch failed: cudaError {rc}")
 
     want = reference(x, w[(LAYERS - 1) * 2 * FF :])
+    want_resident = reference(x, w[: 2 * FF])  # RESIDENT_W (8): every layer on layer 0's tile
     results = {}
     # mode bits (gate_up_ws.cu): 1 next layer's weight tiles before the grid barrier, 2 A multicast
-    # over 2-CTA clusters, 4 two wgmma groups in flight; the multicast ones last (the riskiest)
-    for mode in (0, 4, 1, 5, 2, 6, 7):
+    # over 2-CTA clusters, 4 two wgmma groups in flight, 8 the weight tile resident in shared
+    # memory (layer 0's for every layer)
+    for mode in args.modes:
         act.zero_()
         launch(mode)
         torch.cuda.synchronize()
         got = act[:ROWS].float()
-        err = float((got - want).abs().max())
-        cos = float(F.cosine_similarity(got.flatten(), want.flatten(), dim=0))
+        ref = want_resident if mode & 8 else want
+        err = float((got - ref).abs().max())
+        cos = float(F.cosine_similarity(got.flatten(), ref.flatten(), dim=0))
         full = graph_ms(lambda m=mode: launch(m)) * 1e3
         results[mode] = dict(us_18_layers=full, us_per_layer=full / LAYERS, max_abs=err, cosine=cos)
         print(
