@@ -15,17 +15,20 @@ namespace proto {
 constexpr int BM = 64;       // activation rows (tokens, padded)
 constexpr int BN = 64;       // weight rows per CTA: 32 gate + 32 up
 constexpr int BK = 64;       // K per stage: 128 bytes, one 128B-swizzle row
-constexpr int STAGES = 4;
+constexpr int STAGES_DEFAULT = 4;  // ring slots; DEEP8 / DEEP12 launch the 8- and 12-slot builds
 constexpr int KDIM = 1024;
 constexpr int KSTEPS = KDIM / BK;
 constexpr int FF = 4096;     // GeGLU output columns
 constexpr int TILES = 2 * FF / BN;
 constexpr uint32_t A_BYTES = BM * BK * 2, W_BYTES = BN * BK * 2;
 
+template <int STAGES>
 struct Smem {
   __nv_bfloat16 a[STAGES][BM * BK];
-  __nv_bfloat16 w[STAGES][BN * BK];
-  __nv_bfloat16 w_all[KSTEPS][BN * BK];  // RESIDENT_W: the whole weight tile, loaded once
+  union {  // the weight ring, or (RESIDENT_W) the whole weight tile loaded once
+    __nv_bfloat16 w[STAGES][BN * BK];
+    __nv_bfloat16 w_all[KSTEPS][BN * BK];
+  };
   uint64_t full_a[STAGES];
   uint64_t full_w[STAGES];
   uint64_t empty[STAGES];
@@ -38,7 +41,7 @@ struct Smem {
 constexpr int PREFETCH_W = 1, MULTICAST_A = 2, WGMMA_DEPTH2 = 4;
 // RESIDENT_W: every layer uses layer 0's weight tile, loaded into shared memory once (what a unit
 // costs once its weights are on chip: the activation stream, the MMAs, the epilogue, the barrier);
-constexpr int RESIDENT_W = 8;
+constexpr int RESIDENT_W = 8, DEEP8 = 32, DEEP12 = 64;
 
 __device__ __forceinline__ uint32_t su32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -138,11 +141,12 @@ __device__ __forceinline__ float gelu_tanh(float g) {
   return 0.5f * g * (1.0f + tanhf(inner));
 }
 
+template <int STAGES>
 __global__ void __launch_bounds__(256, 1)
     gate_up_ws_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap w_map,
                       __nv_bfloat16* act, unsigned int* counter, int layers, int rows, int mode) {
   extern __shared__ uint8_t smem_raw[];
-  Smem& sm = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  Smem<STAGES>& sm = *reinterpret_cast<Smem<STAGES>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const int tid = threadIdx.x;
   const int tile = blockIdx.x;
   const bool busy = tile < TILES;
@@ -276,8 +280,10 @@ extern "C" int gate_up_ws_launch(const void* x, const void* w, void* act, unsign
   const bool mcast = mode & MULTICAST_A;
   CUtensorMap a_map = tile_map(x, BM, KDIM, mcast ? BM / 2 : BM, BK);
   CUtensorMap w_map = tile_map(w, (uint64_t)layers * 2 * FF, KDIM, BN, BK);
-  const int smem = sizeof(Smem) + 1024;
-  cudaFuncSetAttribute(gate_up_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  const int stages = (mode & DEEP12) ? 12 : (mode & DEEP8) ? 8 : STAGES_DEFAULT;
+  auto kernel = stages == 12 ? gate_up_ws_kernel<12> : stages == 8 ? gate_up_ws_kernel<8> : gate_up_ws_kernel<STAGES_DEFAULT>;
+  const int smem = (stages == 12 ? sizeof(Smem<12>) : stages == 8 ? sizeof(Smem<8>) : sizeof(Smem<STAGES_DEFAULT>)) + 1024;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(256);
@@ -290,7 +296,6 @@ extern "C" int gate_up_ws_launch(const void* x, const void* w, void* act, unsign
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  cudaLaunchKernelEx(&cfg, gate_up_ws_kernel, a_map, w_map, static_cast<__nv_bfloat16*>(act), counter, layers, rows,
-                     mode);
+  cudaLaunchKernelEx(&cfg, kernel, a_map, w_map, static_cast<__nv_bfloat16*>(act), counter, layers, rows, mode);
   return static_cast<int>(cudaGetLastError());
 }
