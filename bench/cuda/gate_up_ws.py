@@ -10,6 +10,10 @@ layer's weight tiles issued before the grid barrier 7.94, two wgmma groups in fl
 serialises wgmma in the divergent consumer branch), A multicast over 2-CTA clusters 16.7-17.5.
 The Triton step kernel's gate|up phase + its barrier: 6.6-8.3 us. So this first CUDA version
 does not beat Triton; its multicast, as built (a cluster-wide release of every ring slot), loses.
+Since 76e05aa / ae9e117 (2026-12-02, docs/results/gate_up_ws_76e05aa.log, gate_up_ws_ae9e117.log):
+the wgmmas are no longer serialised by ptxas (7.85-7.94 us); with the weight tile resident in
+shared memory (mode 8) 6.04-6.26 us, with 8 / 12 ring slots 6.08 / 6.31, with the 2-CTA multicast
+on top 10.55-10.87: feeding the shared activation tile to 128 CTAs is the phase's cost.
 
     python bench/cuda/gate_up_ws.py [--modes 0 8 1 4] [--out DIR]
 """
