@@ -184,23 +184,23 @@ __global__ void __launch_bounds__(256, 1)
     if (busy) {
       if (wg == 0) {  // producer warpgroup: thread 0 issues
         if (tid == 0) {
-        const int first = (prew && layer > 0) ? STAGES : 0;  // W tiles issued before the barrier
-        for (int k = 0; k < KSTEPS; ++k) {
-          const int s = (layer * KSTEPS + k) % STAGES;
-          if (resident) {  // only A streams; the slot is free once its consumer released it
-            const int it = layer * KSTEPS + k;
-            if (it >= STAGES) mbar_wait(&sm.empty[s], ((it / STAGES) - 1) & 1);
-          } else if (k >= first) {
-            load_w(layer, k);
+          const int first = (prew && layer > 0) ? STAGES : 0;  // W tiles issued before the barrier
+          for (int k = 0; k < KSTEPS; ++k) {
+            const int s = (layer * KSTEPS + k) % STAGES;
+            if (resident) {  // only A streams; the slot is free once its consumer released it
+              const int it = layer * KSTEPS + k;
+              if (it >= STAGES) mbar_wait(&sm.empty[s], ((it / STAGES) - 1) & 1);
+            } else if (k >= first) {
+              load_w(layer, k);
+            }
+            mbar_expect_tx(&sm.full_a[s], A_BYTES);
+            if (mcast)
+              tma_load_multicast(&sm.a[s][rank * (BM / 2) * BK], &a_map, &sm.full_a[s], k * BK, rank * (BM / 2), 3);
+            else
+              tma_load(sm.a[s], &a_map, &sm.full_a[s], k * BK, 0);
           }
-          mbar_expect_tx(&sm.full_a[s], A_BYTES);
-          if (mcast)
-            tma_load_multicast(&sm.a[s][rank * (BM / 2) * BK], &a_map, &sm.full_a[s], k * BK, rank * (BM / 2), 3);
-          else
-            tma_load(sm.a[s], &a_map, &sm.full_a[s], k * BK, 0);
-        }
-        if (prew && !resident && layer + 1 < layers)
-          for (int k = 0; k < STAGES; ++k) load_w(layer + 1, k);
+          if (prew && !resident && layer + 1 < layers)
+            for (int k = 0; k < STAGES; ++k) load_w(layer + 1, k);
         }
       } else {  // consumer warpgroup
         float d[32];
@@ -272,6 +272,28 @@ static CUtensorMap tile_map(const void* base, uint64_t rows, uint64_t cols, uint
   return map;
 }
 
+template <int STAGES>
+static void launch(const CUtensorMap& a_map, const CUtensorMap& w_map, void* act, unsigned int* counter, int layers,
+                   int rows, int grid, int mode, cudaStream_t stream) {
+  using namespace proto;
+  const int smem = sizeof(Smem<STAGES>) + 1024;
+  cudaFuncSetAttribute(gate_up_ws_kernel<STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(256);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (mode & MULTICAST_A) ? 2 : 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cudaLaunchKernelEx(&cfg, gate_up_ws_kernel<STAGES>, a_map, w_map, static_cast<__nv_bfloat16*>(act), counter, layers,
+                     rows, mode);
+}
+
 // x [64, 1024] bf16 (rows past `rows` zero), w [layers * 8192, 1024] bf16 (gate|up interleaved in
 // blocks of 32), act [64, 4096] bf16, counter: one zeroed uint32 per launch
 extern "C" int gate_up_ws_launch(const void* x, const void* w, void* act, unsigned int* counter, int layers,
@@ -280,22 +302,11 @@ extern "C" int gate_up_ws_launch(const void* x, const void* w, void* act, unsign
   const bool mcast = mode & MULTICAST_A;
   CUtensorMap a_map = tile_map(x, BM, KDIM, mcast ? BM / 2 : BM, BK);
   CUtensorMap w_map = tile_map(w, (uint64_t)layers * 2 * FF, KDIM, BN, BK);
-  const int stages = (mode & DEEP12) ? 12 : (mode & DEEP8) ? 8 : STAGES_DEFAULT;
-  auto kernel = stages == 12 ? gate_up_ws_kernel<12> : stages == 8 ? gate_up_ws_kernel<8> : gate_up_ws_kernel<STAGES_DEFAULT>;
-  const int smem = (stages == 12 ? sizeof(Smem<12>) : stages == 8 ? sizeof(Smem<8>) : sizeof(Smem<STAGES_DEFAULT>)) + 1024;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(256);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = mcast ? 2 : 1;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  cudaLaunchKernelEx(&cfg, kernel, a_map, w_map, static_cast<__nv_bfloat16*>(act), counter, layers, rows, mode);
+  if (mode & DEEP12)
+    launch<12>(a_map, w_map, act, counter, layers, rows, grid, mode, stream);
+  else if (mode & DEEP8)
+    launch<8>(a_map, w_map, act, counter, layers, rows, grid, mode, stream);
+  else
+    launch<STAGES_DEFAULT>(a_map, w_map, act, counter, layers, rows, grid, mode, stream);
   return static_cast<int>(cudaGetLastError());
 }

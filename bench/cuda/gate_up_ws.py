@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from flashrt_ros.bench.timing import graph_ms, write_result
 
 LAYERS, ROWS, WIDTH, FF, TILE = 18, 50, 1024, 4096, 64
+RESIDENT_W = 8  # the mode bit of gate_up_ws.cu: every layer on layer 0's weight tile, kept in shared memory
 
 
 def build() -> ctypes.CDLL:
@@ -76,7 +77,7 @@ def main() -> None:
             raise RuntimeError(f"launch failed: cudaError {rc}")
 
     want = reference(x, w[(LAYERS - 1) * 2 * FF :])
-    want_resident = reference(x, w[: 2 * FF])  # RESIDENT_W (8): every layer on layer 0's tile
+    want_resident = reference(x, w[: 2 * FF])
     results = {}
     # mode bits (gate_up_ws.cu): 1 next layer's weight tiles before the grid barrier, 2 A multicast
     # over 2-CTA clusters, 4 two wgmma groups in flight, 8 the weight tile resident in shared
@@ -86,7 +87,7 @@ def main() -> None:
         launch(mode)
         torch.cuda.synchronize()
         got = act[:ROWS].float()
-        ref = want_resident if mode & 8 else want
+        ref = want_resident if mode & RESIDENT_W else want
         err = float((got - ref).abs().max())
         cos = float(F.cosine_similarity(got.flatten(), ref.flatten(), dim=0))
         full = graph_ms(lambda m=mode: launch(m)) * 1e3
