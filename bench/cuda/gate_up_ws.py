@@ -22,28 +22,16 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from nvcc_build import build
 
 from flashrt_ros.bench.timing import graph_ms, write_result
 
 LAYERS, ROWS, WIDTH, FF, TILE = 18, 50, 1024, 4096, 64
 RESIDENT_W = 8  # the mode bit of gate_up_ws.cu: every layer on layer 0's weight tile, kept in shared memory
-
-
-def build() -> ctypes.CDLL:
-    so = Path(tempfile.mkdtemp()) / "gate_up_ws.so"
-    src = Path(__file__).with_name("gate_up_ws.cu")
-    cmd = ["nvcc", "-gencode", "arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC"]
-    subprocess.run([*cmd, "-cudart", "shared", "-o", str(so), str(src)], check=True)
-    lib = ctypes.CDLL(str(so))
-    lib.gate_up_ws_launch.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4 + [ctypes.c_void_p]
-    lib.gate_up_ws_launch.restype = ctypes.c_int
-    return lib
 
 
 def reference(x: torch.Tensor, w_layer: torch.Tensor) -> torch.Tensor:
@@ -60,7 +48,7 @@ def main() -> None:
     ap.add_argument("--modes", type=int, nargs="+", default=[0, 4, 1, 5, 2, 6, 7])
     args = ap.parse_args()
     dev = torch.device("cuda")
-    lib = build()
+    lib = build("gate_up_ws", "gate_up_ws_launch", [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4 + [ctypes.c_void_p])
     g = torch.Generator(device=dev).manual_seed(0)
     x = torch.zeros(64, WIDTH, device=dev, dtype=torch.bfloat16)
     x[:ROWS] = torch.randn(ROWS, WIDTH, device=dev, generator=g).to(torch.bfloat16)
