@@ -24,14 +24,14 @@ constexpr int FF = 4096;     // GeGLU output columns
 constexpr int TILES = 2 * FF / BN;
 constexpr uint32_t A_BYTES = BM * BK * 2, W_BYTES = BN * BK * 2;
 
+// Shared memory: STAGES + KSTEPS tiles of [64 x 64] bf16 (8 KB, one 128B-swizzle atom column
+// each). The ring modes use tiles 0..STAGES-1 for A and the rest for the W ring (or, RESIDENT_W,
+// the whole weight tile); A_BURST uses tiles 0..KSTEPS-1 for the whole A tile and the rest for
+// the W ring.
 template <int STAGES>
 struct Smem {
-  __nv_bfloat16 a[STAGES][BM * BK];
-  union {  // the weight ring, or (RESIDENT_W) the whole weight tile loaded once
-    __nv_bfloat16 w[STAGES][BN * BK];
-    __nv_bfloat16 w_all[KSTEPS][BN * BK];
-  };
-  uint64_t full_a[STAGES];
+  __nv_bfloat16 tile[STAGES + KSTEPS][BM * BK];
+  uint64_t full_a[KSTEPS];  // per ring slot, or (A_BURST) per K box
   uint64_t full_w[STAGES];
   uint64_t empty[STAGES];
   uint64_t full_w_all;
@@ -44,6 +44,11 @@ constexpr int PREFETCH_W = 1, MULTICAST_A = 2, WGMMA_DEPTH2 = 4;
 // RESIDENT_W: every layer uses layer 0's weight tile, loaded into shared memory once (what a unit
 // costs once its weights are on chip: the activation stream, the MMAs, the epilogue, the barrier);
 constexpr int RESIDENT_W = 8, DEEP8 = 32, DEEP12 = 64;
+// A_BURST: the whole A tile issued at once after the grid barrier (16 boxes, one mbarrier each:
+// no ring, no releases), the weights through the ring; W_FROM_L2: every layer streams layer 0's
+// weights (L2-resident after the first); NO_MMA: the consumer only waits and releases (the
+// data movement alone; its output is not checked)
+constexpr int A_BURST = 128, W_FROM_L2 = 256, NO_MMA = 512;
 
 // K-major tile of 64-element (128-byte) rows, 128B swizzle: 8-row atoms 1024 bytes apart
 __device__ __forceinline__ uint64_t gmma_desc(const void* p) {
@@ -83,12 +88,18 @@ __global__ void __launch_bounds__(256, 1)
   const int tile = blockIdx.x;
   const bool busy = tile < TILES;
   const bool prew = mode & PREFETCH_W, mcast = mode & MULTICAST_A, deep = mode & WGMMA_DEPTH2;
-  const bool resident = mode & RESIDENT_W;
+  const bool resident = mode & RESIDENT_W, burst = mode & A_BURST, mma = !(mode & NO_MMA);
+  const int w_layer0 = (mode & W_FROM_L2) ? 0 : 1;  // 0: every layer's weight rows are layer 0's
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // warp-uniform role (CUTLASS's canonical index)
   const uint32_t rank = mcast ? cluster_rank() : 0;
+  // the tiles: A's ring slot s (or, A_BURST, its K box k) is tile s (k); the W ring's slot s and
+  // the resident weight tile's box k follow A's tiles
+  const int w_base = burst ? KSTEPS : STAGES;
+  auto a_tile = [&](int i) { return sm.tile[i]; };
+  auto w_tile = [&](int i) { return sm.tile[w_base + i]; };
   if (tid == 0) {
+    for (int i = 0; i < KSTEPS; ++i) mbar_init(&sm.full_a[i], 1);
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(&sm.full_a[s], 1);
       mbar_init(&sm.full_w[s], 1);
       mbar_init(&sm.empty[s], mcast ? 2 : 1);  // both CTAs' consumers free a multicast slot
     }
@@ -101,7 +112,7 @@ __global__ void __launch_bounds__(256, 1)
     const int it = layer * KSTEPS + k, s = it % STAGES;
     if (it >= STAGES) mbar_wait(&sm.empty[s], ((it / STAGES) - 1) & 1);
     mbar_expect_tx(&sm.full_w[s], W_BYTES);
-    tma_load(sm.w[s], &w_map, &sm.full_w[s], k * BK, layer * 2 * FF + tile * BN);
+    tma_load(w_tile(s), &w_map, &sm.full_w[s], k * BK, w_layer0 * layer * 2 * FF + tile * BN);
   };
   auto release = [&](int s) {
     if (tid != 128) return;
@@ -110,14 +121,21 @@ __global__ void __launch_bounds__(256, 1)
   };
   if (busy && resident && tid == 0) {
     mbar_expect_tx(&sm.full_w_all, KSTEPS * W_BYTES);
-    for (int k = 0; k < KSTEPS; ++k) tma_load(sm.w_all[k], &w_map, &sm.full_w_all, k * BK, tile * BN);
+    for (int k = 0; k < KSTEPS; ++k) tma_load(w_tile(k), &w_map, &sm.full_w_all, k * BK, tile * BN);
   }
   for (int layer = 0; layer < layers; ++layer) {
     if (busy) {
       if (wg == 0) {  // producer warpgroup: thread 0 issues
         if (tid == 0) {
           const int first = (prew && layer > 0) ? STAGES : 0;  // W tiles issued before the barrier
-          for (int k = 0; k < KSTEPS; ++k) {
+          if (burst) {  // every consumer finished the last layer's A before the grid barrier
+            for (int k = 0; k < KSTEPS; ++k) {
+              mbar_expect_tx(&sm.full_a[k], A_BYTES);
+              tma_load(a_tile(k), &a_map, &sm.full_a[k], k * BK, 0);
+            }
+            for (int k = first; k < KSTEPS; ++k) load_w(layer, k);
+          }
+          for (int k = 0; k < KSTEPS && !burst; ++k) {
             const int s = (layer * KSTEPS + k) % STAGES;
             if (resident) {  // only A streams; the slot is free once its consumer released it
               const int it = layer * KSTEPS + k;
@@ -127,9 +145,9 @@ __global__ void __launch_bounds__(256, 1)
             }
             mbar_expect_tx(&sm.full_a[s], A_BYTES);
             if (mcast)
-              tma_load_multicast(&sm.a[s][rank * (BM / 2) * BK], &a_map, &sm.full_a[s], k * BK, rank * (BM / 2), 3);
+              tma_load_multicast(&a_tile(s)[rank * (BM / 2) * BK], &a_map, &sm.full_a[s], k * BK, rank * (BM / 2), 3);
             else
-              tma_load(sm.a[s], &a_map, &sm.full_a[s], k * BK, 0);
+              tma_load(a_tile(s), &a_map, &sm.full_a[s], k * BK, 0);
           }
           if (prew && !resident && layer + 1 < layers)
             for (int k = 0; k < STAGES; ++k) load_w(layer + 1, k);
@@ -142,13 +160,18 @@ __global__ void __launch_bounds__(256, 1)
         for (int k = 0; k < KSTEPS; ++k) {
           const int it = layer * KSTEPS + k, s = it % STAGES;
           if (!resident) mbar_wait(&sm.full_w[s], (it / STAGES) & 1);
-          mbar_wait(&sm.full_a[s], (it / STAGES) & 1);
-          const __nv_bfloat16* wt = resident ? sm.w_all[k] : sm.w[s];
-          asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+          if (burst)
+            mbar_wait(&sm.full_a[k], layer & 1);
+          else
+            mbar_wait(&sm.full_a[s], (it / STAGES) & 1);
+          const __nv_bfloat16* at = a_tile(burst ? k : s);
+          const __nv_bfloat16* wt = w_tile(resident ? k : s);
+          if (mma) {
+            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-          for (int kk = 0; kk < BK / 16; ++kk)
-            wgmma_m64n64k16(d, gmma_desc(&sm.a[s][kk * 16]), gmma_desc(&wt[kk * 16]));
-          asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+            for (int kk = 0; kk < BK / 16; ++kk) wgmma_m64n64k16(d, gmma_desc(&at[kk * 16]), gmma_desc(&wt[kk * 16]));
+            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+          }
           if (deep) {
             asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
             if (k > 0) release((it - 1) % STAGES);
