@@ -51,12 +51,6 @@ constexpr int RESIDENT_W = 8, DEEP8 = 32, DEEP12 = 64;
 constexpr int A_BURST = 128, W_FROM_L2 = 256, NO_MMA = 512;
 constexpr int TRACE_EVENTS = 5;
 
-// K-major tile of 64-element (128-byte) rows, 128B swizzle: 8-row atoms 1024 bytes apart
-__device__ __forceinline__ uint64_t gmma_desc(const void* p) {
-  uint64_t a = su32(p);
-  return ((a & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
-}
-
 __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t da, uint64_t db) {
   asm volatile(
       "{\n"

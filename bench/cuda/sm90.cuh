@@ -79,6 +79,12 @@ __device__ __forceinline__ void grid_barrier(unsigned int* counter, unsigned int
   } while (seen < target);
 }
 
+// K-major tile of 64-element (128-byte) rows, 128B swizzle: 8-row atoms 1024 bytes apart
+__device__ __forceinline__ uint64_t gmma_desc(const void* p) {
+  uint64_t a = su32(p);
+  return ((a & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+
 }  // namespace proto
 
 // ---- host: a 2-D bf16 tensor map over a row-major [rows, cols] tensor, 128-byte swizzle ----------

@@ -1,0 +1,167 @@
+// Prototype (bench only): the step kernel's gate|up phase with the weights as wgmma's *register*
+// operand. Why: in gate_up_ws.cu both operands pass through shared memory; its MMA loop costs about
+// 2.1 us per layer (docs/results/gate_up_ws_cce2c28.log), about what it takes to push 128 KB of
+// activations and 128 KB of weights through shared memory twice (TMA write, wgmma read) at
+// 128 B/clock. Here each thread holds its slice of the CTA's weight tile in registers, loaded
+// from global memory in wgmma's fragment order (laid out once on the host) *before* the grid
+// barrier opens: the weights do not depend on the activations. Only the activations pass
+// through shared memory, as the B operand (N = 56 tokens: 50 real, padded to a multiple of 8),
+// loaded in one TMA burst after the barrier. NWG warpgroups split K; warpgroup 0 sums their
+// accumulators and runs the GeGLU epilogue. 18 layers with a grid barrier after each.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+#include <stdint.h>
+
+#include "sm90.cuh"
+
+namespace proto {
+
+constexpr int NTOK = 56;                       // wgmma N: tokens, padded to a multiple of 8
+constexpr int KDIM = 1024, BOXES = KDIM / 64;  // K in 64-column (128-byte) boxes
+constexpr int FF = 4096, FEAT = 32;            // GeGLU features; per CTA
+constexpr int TILES = FF / FEAT;
+constexpr uint32_t BOX_BYTES = NTOK * 128;  // 7 KB: whole 1 KB swizzle atoms
+constexpr int ACC = NTOK / 2;               // f32 accumulators per thread of m64n56
+constexpr int TRACE_EVENTS = 4;             // layer start, first box in, MMA done, arrive
+constexpr int W_FROM_L2 = 1;                // mode bit: every layer on layer 0's weights (L2-resident)
+
+template <int NWG>
+struct RsSmem {
+  __nv_bfloat16 a[BOXES][NTOK * 64];
+  float red[NWG - 1][ACC][128];  // the other warpgroups' partial accumulators, thread-minor
+  uint64_t full[BOXES];
+};
+
+// d[64 x 56] += a[64 x 16] (registers, mma.m16n8k16's A layout per warp) @ b[56 x 16]^T (shared)
+__device__ __forceinline__ void wgmma_m64n56k16_rs(float (&d)[ACC], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n"
+      "wgmma.mma_async.sync.aligned.m64n56k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27}, "
+      "{%28, %29, %30, %31}, %32, 1, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+__device__ __forceinline__ float gelu_tanh(float g) {
+  float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+  return 0.5f * g * (1.0f + tanhf(inner));
+}
+
+// wfrag: [layers][TILES][NWG][K steps of 16 per warpgroup][128 threads] uint4 (8 bf16 each);
+// rows of the CTA's 64-row tile: in each warp's 16, 8 gate features then the same 8's up rows
+template <int NWG>
+__global__ void __launch_bounds__(NWG * 128, 1)
+    gate_up_rs_kernel(const __grid_constant__ CUtensorMap a_map, const uint4* __restrict__ wfrag,
+                      __nv_bfloat16* act, unsigned int* counter, long long* trace, int layers, int rows, int mode) {
+  constexpr int JJ = KDIM / 16 / NWG, BPW = BOXES / NWG;  // K steps and A boxes per warpgroup
+  extern __shared__ uint8_t smem_raw[];
+  RsSmem<NWG>& sm = *reinterpret_cast<RsSmem<NWG>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const int tid = threadIdx.x, t = tid % 128;
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // warp-uniform
+  const int tile = blockIdx.x;
+  const bool busy = tile < TILES;
+  const int w_layer = (mode & W_FROM_L2) ? 0 : 1;
+  auto mark = [&](int layer, int event) {
+    if (trace && tid == 0) trace[(layer * gridDim.x + blockIdx.x) * TRACE_EVENTS + event] = clock64();
+  };
+  if (tid == 0) {
+    for (int k = 0; k < BOXES; ++k) mbar_init(&sm.full[k], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  uint32_t w[JJ][4];
+  auto load_w = [&](int layer) {
+    const uint4* src = wfrag + ((static_cast<size_t>(layer) * TILES + tile) * NWG + wg) * JJ * 128 + t;
+#pragma unroll
+    for (int j = 0; j < JJ; ++j) {
+      const uint4 v = __ldg(src + j * 128);
+      w[j][0] = v.x, w[j][1] = v.y, w[j][2] = v.z, w[j][3] = v.w;
+    }
+  };
+  if (busy) load_w(0);
+  for (int layer = 0; layer < layers; ++layer) {
+    if (busy) {
+      mark(layer, 0);
+      if (tid == 0) {  // the activations in one burst; every warpgroup's first box first
+        for (int i = 0; i < BOXES; ++i) {
+          const int k = (i % NWG) * BPW + i / NWG;
+          mbar_expect_tx(&sm.full[k], BOX_BYTES);
+          tma_load(sm.a[k], &a_map, &sm.full[k], k * 64, 0);
+        }
+      }
+      float d[ACC];
+#pragma unroll
+      for (int i = 0; i < ACC; ++i) d[i] = 0.f;
+#pragma unroll
+      for (int b = 0; b < BPW; ++b) {
+        mbar_wait(&sm.full[wg * BPW + b], layer & 1);
+        if (b == 0) mark(layer, 1);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) wgmma_m64n56k16_rs(d, w[b * 4 + kk], gmma_desc(&sm.a[wg * BPW + b][kk * 16]));
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+      mark(layer, 2);
+      if (layer + 1 < layers) load_w(w_layer * (layer + 1));  // in flight through the epilogue and the barrier
+      if (wg > 0) {
+#pragma unroll
+        for (int i = 0; i < ACC; ++i) sm.red[wg - 1][i][t] = d[i];
+      }
+      asm volatile("bar.sync 1, %0;" ::"r"(NWG * 128) : "memory");
+      if (wg == 0) {
+#pragma unroll
+        for (int i = 0; i < ACC; ++i)
+          for (int g = 0; g < NWG - 1; ++g) d[i] += sm.red[g][i][t];
+        // m64nN accumulator: row = 16 * warp + lane / 4 + 8 * ((i / 2) % 2), col = 8 * (i / 4) +
+        // 2 * (lane % 4) + i % 2; rows r and r + 8 are one feature's gate and up
+        const int warp = t / 32, lane = t % 32, feature = tile * FEAT + 8 * warp + lane / 4;
+#pragma unroll
+        for (int i = 0; i < ACC; ++i) {
+          if (i % 4 >= 2) continue;
+          const int token = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+          if (token < rows) act[token * FF + feature] = __float2bfloat16(gelu_tanh(d[i]) * d[i + 2]);
+        }
+      }
+    }
+    __syncthreads();
+    if (busy) mark(layer, 3);
+    if (tid == 0) grid_barrier(counter, (layer + 1) * gridDim.x);
+    __syncthreads();
+  }
+}
+
+template <int NWG>
+static int launch(const CUtensorMap& a_map, const void* wfrag, void* act, unsigned int* counter, long long* trace,
+                  int layers, int rows, int grid, int mode, cudaStream_t stream) {
+  const int smem = sizeof(RsSmem<NWG>) + 1024;
+  cudaFuncSetAttribute(gate_up_rs_kernel<NWG>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  gate_up_rs_kernel<NWG><<<grid, NWG * 128, smem, stream>>>(a_map, static_cast<const uint4*>(wfrag),
+                                                             static_cast<__nv_bfloat16*>(act), counter, trace, layers,
+                                                             rows, mode);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace proto
+
+// x [64, 1024] bf16 (rows past `rows` zero); wfrag: the weights in fragment order for `nwg`
+// (gate_up_rs.py's `fragments`); act [64, 4096] bf16; counter: one zeroed uint32 per launch;
+// trace: null or [layers, grid, TRACE_EVENTS] int64. Returns 0, a cudaError, or -3 (no such nwg).
+extern "C" int gate_up_rs_launch(const void* x, const void* wfrag, void* act, unsigned int* counter, long long* trace,
+                                 int layers, int rows, int grid, int nwg, int mode, cudaStream_t stream) {
+  using namespace proto;
+  CUtensorMap a_map = tile_map(x, 64, KDIM, NTOK, 64);
+  switch (nwg) {
+    case 2: return launch<2>(a_map, wfrag, act, counter, trace, layers, rows, grid, mode, stream);
+    case 4: return launch<4>(a_map, wfrag, act, counter, trace, layers, rows, grid, mode, stream);
+    default: return -3;
+  }
+}
