@@ -34,27 +34,6 @@ struct RsSmem {
   uint64_t full[BOXES];
 };
 
-// d[64 x 56] += a[64 x 16] (registers, mma.m16n8k16's A layout per warp) @ b[56 x 16]^T (shared)
-__device__ __forceinline__ void wgmma_m64n56k16_rs(float (&d)[ACC], const uint32_t (&a)[4], uint64_t db) {
-  asm volatile(
-      "{\n"
-      "wgmma.mma_async.sync.aligned.m64n56k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27}, "
-      "{%28, %29, %30, %31}, %32, 1, 1, 1, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
-
-__device__ __forceinline__ float gelu_tanh(float g) {
-  float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-  return 0.5f * g * (1.0f + tanhf(inner));
-}
-
 // wfrag: [layers][TILES][NWG][K steps of 16 per warpgroup][128 threads] uint4 (8 bf16 each);
 // rows of the CTA's 64-row tile: in each warp's 16, 8 gate features then the same 8's up rows
 template <int NWG>

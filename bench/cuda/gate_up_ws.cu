@@ -68,11 +68,6 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t da, uin
       : "l"(da), "l"(db), "r"(1));
 }
 
-__device__ __forceinline__ float gelu_tanh(float g) {
-  float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-  return 0.5f * g * (1.0f + tanhf(inner));
-}
-
 template <int STAGES>
 __global__ void __launch_bounds__(256, 1)
     gate_up_ws_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap w_map,

@@ -1,0 +1,221 @@
+// Prototype (bench only): step 1 of docs/step_megakernel.md, the expert's MLP half for 18 layers in
+// one persistent launch, three phases per layer with a grid barrier after each, as the Triton
+// step kernel's phases 5-7:
+//   norm   close the last layer's gated residual (h += gate * sum of the down's K-split partials),
+//          then adaRMS: xn = bf16(h * rsqrt(mean(h^2) + eps) * scale + shift), one row per CTA;
+//   gate|up + GeGLU, 128 CTAs of 32 features (gate_up_rs.cu's phase);
+//   down   16 tiles of 64 features x 8 K-slices of 512, fp32 partials.
+// Both GEMMs hold their weights in registers as wgmma's A operand, loaded from global memory in
+// fragment order while the phase before runs; the activations come through shared memory as the
+// B operand (N = 56 tokens) in one TMA burst after the barrier.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+#include <stdint.h>
+
+#include "sm90.cuh"
+
+namespace proto {
+
+constexpr int NTOK = 56, WIDTH = 1024, FF = 4096, NWG = 2, ACC = 28;
+constexpr int GU_TILES = FF / 32, GU_BOXES = WIDTH / 64, GU_JJ = WIDTH / 16 / NWG;
+constexpr int DN_TILES = WIDTH / 64, DN_SPLITS = 8, DN_BOXES = FF / DN_SPLITS / 64, DN_JJ = FF / DN_SPLITS / 16 / NWG;
+constexpr uint32_t BOX_BYTES = NTOK * 128;
+constexpr int TRACE_EVENTS = 6;  // norm start, gate|up start, gate|up MMA done, down start, down MMA done, arrive
+
+struct MlpSmem {
+  __nv_bfloat16 a[GU_BOXES][NTOK * 64];  // gate|up's activations; the down's use the first DN_BOXES
+  float red[ACC][128];                   // warpgroup 1's partial accumulators
+  uint64_t full_gu[GU_BOXES];
+  uint64_t full_dn[DN_BOXES];
+};
+
+struct MlpArgs {
+  const uint4* w_gu;  // [layers][GU_TILES][NWG][GU_JJ][128] fragments
+  const uint4* w_dn;  // [layers][DN_TILES][DN_SPLITS][NWG][DN_JJ][128]
+  float* h;           // [rows, WIDTH] residual stream
+  float* part;        // [DN_SPLITS][rows][WIDTH] the down's partials
+  __nv_bfloat16* xn;  // [64, WIDTH] normed (rows >= `rows` stay zero)
+  __nv_bfloat16* act; // [64, FF] GeGLU output (rows >= `rows` stay zero)
+  const float* scale; // [layers][WIDTH] 1 + adaRMS scale
+  const float* shift; // [layers][WIDTH]
+  const float* gate;  // [layers][WIDTH] gated residual
+  unsigned int* counter;
+  long long* trace;   // null or [layers][grid][TRACE_EVENTS]
+  int layers, rows;
+  float eps;
+};
+
+template <int J>
+__device__ __forceinline__ void load_fragments(uint32_t (&w)[J][4], const uint4* src) {
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const uint4 v = __ldg(src + j * 128);
+    w[j][0] = v.x, w[j][1] = v.y, w[j][2] = v.z, w[j][3] = v.w;
+  }
+}
+
+// d = w (this warpgroup's K steps, registers) @ the boxes [first, first + BPW) of shared memory
+template <int BPW>
+__device__ __forceinline__ void mma_boxes(float (&d)[ACC], const uint32_t (&w)[BPW * 4][4], MlpSmem& sm,
+                                          uint64_t* full, int first, uint32_t parity) {
+#pragma unroll
+  for (int i = 0; i < ACC; ++i) d[i] = 0.f;
+#pragma unroll
+  for (int b = 0; b < BPW; ++b) {
+    mbar_wait(&full[first + b], parity);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_m64n56k16_rs(d, w[b * 4 + kk], gmma_desc(&sm.a[first + b][kk * 16]));
+  }
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+
+// warpgroup 1's accumulators added into warpgroup 0's (which then holds the CTA's sum)
+__device__ __forceinline__ void sum_warpgroups(float (&d)[ACC], MlpSmem& sm, int wg, int t) {
+  if (wg == 1) {
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) sm.red[i][t] = d[i];
+  }
+  asm volatile("bar.sync 1, 256;" ::: "memory");
+  if (wg == 0) {
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) d[i] += sm.red[i][t];
+  }
+}
+
+// one row: close the last layer's gated residual, then adaRMS into xn (256 threads x 4 columns)
+__device__ void norm_row(const MlpArgs& p, int row, int layer, float* warp_sums) {
+  const int c = threadIdx.x * 4;
+  float4 h = *reinterpret_cast<float4*>(&p.h[row * WIDTH + c]);
+  if (layer > 0) {
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = 0; k < DN_SPLITS; ++k) {
+      const float4 v = *reinterpret_cast<const float4*>(&p.part[(k * p.rows + row) * WIDTH + c]);
+      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+    }
+    const float4 g = *reinterpret_cast<const float4*>(&p.gate[(layer - 1) * WIDTH + c]);
+    h.x += g.x * s.x, h.y += g.y * s.y, h.z += g.z * s.z, h.w += g.w * s.w;
+    *reinterpret_cast<float4*>(&p.h[row * WIDTH + c]) = h;
+  }
+  if (layer == p.layers) return;  // after the last layer: only the residual
+  float ss = h.x * h.x + h.y * h.y + h.z * h.z + h.w * h.w;
+  for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float total = 0.f;
+  for (int w = 0; w < 8; ++w) total += warp_sums[w];
+  __syncthreads();  // warp_sums free for the next row
+  const float r = rsqrtf(total / WIDTH + p.eps);
+  const float4 sc = *reinterpret_cast<const float4*>(&p.scale[layer * WIDTH + c]);
+  const float4 sh = *reinterpret_cast<const float4*>(&p.shift[layer * WIDTH + c]);
+  __nv_bfloat16* out = &p.xn[row * WIDTH + c];
+  out[0] = __float2bfloat16(h.x * r * sc.x + sh.x);
+  out[1] = __float2bfloat16(h.y * r * sc.y + sh.y);
+  out[2] = __float2bfloat16(h.z * r * sc.z + sh.z);
+  out[3] = __float2bfloat16(h.w * r * sc.w + sh.w);
+}
+
+__global__ void __launch_bounds__(256, 1)
+    mlp_rs_kernel(const __grid_constant__ CUtensorMap xn_map, const __grid_constant__ CUtensorMap act_map,
+                  const MlpArgs p) {
+  extern __shared__ uint8_t smem_raw[];
+  MlpSmem& sm = *reinterpret_cast<MlpSmem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  __shared__ float warp_sums[8];
+  const int tid = threadIdx.x, t = tid % 128, cta = blockIdx.x, grid = gridDim.x;
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
+  const bool gu_busy = cta < GU_TILES, dn_busy = cta < DN_TILES * DN_SPLITS;
+  const int ft = cta % DN_TILES, ks = cta / DN_TILES;  // the down's feature tile and K slice
+  unsigned int target = 0;
+  auto barrier = [&]() {
+    asm volatile("fence.proxy.async.global;" ::: "memory");  // this thread's stores, before TMA reads them
+    __syncthreads();
+    target += grid;
+    if (tid == 0) grid_barrier(p.counter, target);
+    __syncthreads();
+  };
+  auto mark = [&](int layer, int event) {
+    if (p.trace && tid == 0) p.trace[(layer * grid + cta) * TRACE_EVENTS + event] = clock64();
+  };
+  if (tid == 0) {
+    for (int k = 0; k < GU_BOXES; ++k) mbar_init(&sm.full_gu[k], 1);
+    for (int k = 0; k < DN_BOXES; ++k) mbar_init(&sm.full_dn[k], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  uint32_t w_gu[GU_JJ][4], w_dn[DN_JJ][4];
+  auto gu_src = [&](int layer) { return p.w_gu + ((static_cast<size_t>(layer) * GU_TILES + cta) * NWG + wg) * GU_JJ * 128 + t; };
+  auto dn_src = [&](int layer) {
+    return p.w_dn + (((static_cast<size_t>(layer) * DN_TILES + ft) * DN_SPLITS + ks) * NWG + wg) * DN_JJ * 128 + t;
+  };
+  if (gu_busy) load_fragments(w_gu, gu_src(0));
+  float d[ACC];
+  for (int layer = 0; layer < p.layers; ++layer) {
+    mark(layer, 0);
+    for (int row = cta; row < p.rows; row += grid) norm_row(p, row, layer, warp_sums);
+    barrier();
+    mark(layer, 1);
+    if (gu_busy) {  // gate|up + GeGLU: features 32 * cta ..
+      if (tid == 0)
+        for (int i = 0; i < GU_BOXES; ++i) {
+          const int k = (i % NWG) * (GU_BOXES / NWG) + i / NWG;  // each warpgroup's first box first
+          mbar_expect_tx(&sm.full_gu[k], BOX_BYTES);
+          tma_load(sm.a[k], &xn_map, &sm.full_gu[k], k * 64, 0);
+        }
+      mma_boxes<GU_BOXES / NWG>(d, w_gu, sm, sm.full_gu, wg * (GU_BOXES / NWG), layer & 1);
+      mark(layer, 2);
+      if (dn_busy) load_fragments(w_dn, dn_src(layer));  // in flight through the epilogue and the barrier
+      sum_warpgroups(d, sm, wg, t);
+      if (wg == 0) {  // rows r, r + 8 of each warp's 16 are one feature's gate and up
+        const int warp = t / 32, lane = t % 32, feature = cta * 32 + 8 * warp + lane / 4;
+#pragma unroll
+        for (int i = 0; i < ACC; ++i) {
+          const int token = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+          if (i % 4 < 2 && token < p.rows) p.act[token * FF + feature] = __float2bfloat16(gelu_tanh(d[i]) * d[i + 2]);
+        }
+      }
+    }
+    barrier();
+    mark(layer, 3);
+    if (dn_busy) {  // down: features 64 * ft .., K slice ks
+      if (tid == 0)
+        for (int i = 0; i < DN_BOXES; ++i) {
+          const int k = (i % NWG) * (DN_BOXES / NWG) + i / NWG;
+          mbar_expect_tx(&sm.full_dn[k], BOX_BYTES);
+          tma_load(sm.a[k], &act_map, &sm.full_dn[k], (ks * DN_BOXES + k) * 64, 0);
+        }
+      mma_boxes<DN_BOXES / NWG>(d, w_dn, sm, sm.full_dn, wg * (DN_BOXES / NWG), layer & 1);
+      mark(layer, 4);
+      if (gu_busy && layer + 1 < p.layers) load_fragments(w_gu, gu_src(layer + 1));
+      sum_warpgroups(d, sm, wg, t);
+      if (wg == 0) {
+        const int warp = t / 32, lane = t % 32;
+#pragma unroll
+        for (int i = 0; i < ACC; ++i) {
+          const int feature = ft * 64 + 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
+          const int token = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+          if (token < p.rows) p.part[(ks * p.rows + token) * WIDTH + feature] = d[i];
+        }
+      }
+    }
+    if (p.trace && tid == 0) mark(layer, 5);
+    barrier();
+  }
+  for (int row = cta; row < p.rows; row += grid) norm_row(p, row, p.layers, warp_sums);
+}
+
+}  // namespace proto
+
+// xn [64, 1024] and act [64, 4096] bf16 (rows past `rows` zero); the rest as MlpArgs. Returns 0 or
+// a cudaError.
+extern "C" int mlp_rs_launch(const proto::MlpArgs* args, int grid, cudaStream_t stream) {
+  using namespace proto;
+  const CUtensorMap xn_map = tile_map(args->xn, 64, WIDTH, NTOK, 64);
+  const CUtensorMap act_map = tile_map(args->act, 64, FF, NTOK, 64);
+  const int smem = sizeof(MlpSmem) + 1024;
+  cudaFuncSetAttribute(mlp_rs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  mlp_rs_kernel<<<grid, 256, smem, stream>>>(xn_map, act_map, *args);
+  return static_cast<int>(cudaGetLastError());
+}

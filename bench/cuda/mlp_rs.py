@@ -1,0 +1,124 @@
+"""Prototype (bench only): the expert's MLP half (adaRMS norm -> gate|up + GeGLU -> down, gated
+residual) for 18 layers at pi0.5's shape in one persistent CUDA launch (`mlp_rs.cu`), both GEMMs
+with their weights in registers. Step 1 of docs/step_megakernel.md: compare its time per layer
+with the Triton step kernel's phases 5-7 and their barriers (about 14 us per layer, traced).
+Prints the time per layer, the error of the final residual stream against torch (fp32 with the
+kernel's bf16 roundings) and, with --trace, a per-layer timeline. GPU only (sm_90a).
+
+    python bench/cuda/mlp_rs.py [--trace] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from gate_up_rs import fragments
+from nvcc_build import build
+
+from flashrt_ros.bench.timing import graph_ms, write_result
+
+LAYERS, ROWS, WIDTH, FF, GRID, NWG, SPLITS, EPS = 18, 50, 1024, 4096, 132, 2, 8, 1e-6
+TRACE = ("norm start", "gate|up start", "gate|up MMA done", "down start", "down MMA done", "arrive")
+
+
+class MlpArgs(ctypes.Structure):
+    """mlp_rs.cu's MlpArgs."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in
+                ("w_gu", "w_dn", "h", "part", "xn", "act", "scale", "shift", "gate", "counter", "trace")] + [
+        ("layers", ctypes.c_int), ("rows", ctypes.c_int), ("eps", ctypes.c_float)]  # fmt: skip
+
+
+def down_fragments(down: torch.Tensor) -> torch.Tensor:
+    """[WIDTH, FF] down weight of one layer -> [16 feature tiles, SPLITS, NWG, K steps per warpgroup,
+    128 threads, 8] bf16: warp w holds rows 16w..16w+15 of the tile (mma.m16n8k16's A layout)."""
+    ksteps = FF // 16
+    v = down.view(WIDTH // 64, 4, 2, 8, ksteps, 2, 4, 2)  # tile, warp, row half, row, k step, col half, q, pair
+    v = v.permute(0, 4, 1, 3, 6, 5, 2, 7)  # tile, k step, warp, row, q, col half, row half, pair
+    return v.reshape(WIDTH // 64, SPLITS, NWG, ksteps // SPLITS // NWG, 128, 8).contiguous()
+
+
+def reference(h, gate_w, up_w, down_w, scale, shift, gate):
+    """The MLP stack in fp32 with the kernel's bf16 roundings (normed rows, GeGLU output)."""
+    h = h.clone()
+    for i in range(LAYERS):
+        xn = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS) * scale[i] + shift[i]).bfloat16().float()
+        a = (F.gelu(xn @ gate_w[i].float().T, approximate="tanh") * (xn @ up_w[i].float().T)).bfloat16().float()
+        h = h + gate[i] * (a @ down_w[i].float().T)
+    return h
+
+
+def timeline(trace: torch.Tensor) -> dict[str, float]:
+    """Median over the 128 busy CTAs and inner layers of each interval, in us at 1.98 GHz."""
+    t = trace[:, :128].double().cpu()
+    e = [t[:, :, i] for i in range(len(TRACE))]
+    spans = {
+        "norm + barrier": e[1] - e[0],
+        "gate|up: barrier open -> MMA done": e[2] - e[1],
+        "gate|up epilogue + barrier": e[3] - e[2],
+        "down: barrier open -> MMA done": e[4] - e[3],
+        "down epilogue": e[5] - e[4],
+        "barrier after down": e[0][1:] - e[5][:-1],
+    }
+    out = {name: float(v[1:-1].flatten().median()) / 1980.0 for name, v in spans.items()}
+    for name, us in out.items():
+        print(f"    {name:<36} {us:6.2f} us")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", action="store_true")
+    ap.add_argument("--out", type=Path, default=Path("out"))
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    lib = build("mlp_rs", "mlp_rs_launch", [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p])
+    g = torch.Generator(device=dev).manual_seed(0)
+    rnd = lambda *shape, s=1.0: torch.randn(*shape, device=dev, generator=g) * s  # noqa: E731
+    gate_w, up_w = rnd(LAYERS, FF, WIDTH, s=1 / 32).bfloat16(), rnd(LAYERS, FF, WIDTH, s=1 / 32).bfloat16()
+    down_w = rnd(LAYERS, WIDTH, FF, s=1 / 64).bfloat16()
+    scale, shift, gate = 1 + 0.1 * rnd(LAYERS, WIDTH), 0.1 * rnd(LAYERS, WIDTH), 0.2 * rnd(LAYERS, WIDTH)
+    h0 = rnd(ROWS, WIDTH)
+    w_gu = torch.stack([fragments(gate_w[i], up_w[i], NWG) for i in range(LAYERS)])
+    w_dn = torch.stack([down_fragments(down_w[i]) for i in range(LAYERS)])
+    h = h0.clone()
+    part = torch.zeros(SPLITS, ROWS, WIDTH, device=dev)
+    xn = torch.zeros(64, WIDTH, device=dev, dtype=torch.bfloat16)
+    act = torch.zeros(64, FF, device=dev, dtype=torch.bfloat16)
+    counter = torch.zeros(4, device=dev, dtype=torch.int32)
+    tensors = dict(w_gu=w_gu, w_dn=w_dn, h=h, part=part, xn=xn, act=act, scale=scale, shift=shift, gate=gate)
+
+    def launch(trace: torch.Tensor | None = None) -> None:
+        h.copy_(h0)
+        counter.zero_()
+        ptrs = {k: v.data_ptr() for k, v in tensors.items()}
+        marks = trace.data_ptr() if trace is not None else None
+        margs = MlpArgs(**ptrs, counter=counter.data_ptr(), trace=marks, layers=LAYERS, rows=ROWS, eps=EPS)
+        rc = lib.mlp_rs_launch(ctypes.byref(margs), GRID, torch.cuda.current_stream().cuda_stream)
+        if rc:
+            raise RuntimeError(f"launch failed: cudaError {rc}")
+
+    launch()
+    torch.cuda.synchronize()
+    want = reference(h0, gate_w, up_w, down_w, scale, shift, gate)
+    err = float((h - want).abs().max())
+    cos = float(F.cosine_similarity(h.flatten(), want.flatten(), dim=0))
+    full = graph_ms(launch) * 1e3  # includes the h reset copy and the counter zeroing (~2-3 us)
+    result = dict(
+        us_18_layers=full, us_per_layer=full / LAYERS, max_abs=err, cosine=cos, ref_abs_max=float(want.abs().max())
+    )
+    print(f"MLP x {LAYERS} layers: {full:7.1f} us -> {full / LAYERS:5.2f} us per layer (3 phases + 3 grid barriers); "
+          f"final h vs torch max abs {err:.2e} (|h| max {result['ref_abs_max']:.1f}), cosine {cos:.6f}")  # fmt: skip
+    if args.trace:
+        trace = torch.zeros(LAYERS, GRID, len(TRACE), device=dev, dtype=torch.int64)
+        launch(trace)
+        result["timeline_us"] = timeline(trace)
+    write_result(args.out, "mlp_rs", dev, results=result)
+
+
+if __name__ == "__main__":
+    main()
