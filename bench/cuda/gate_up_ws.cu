@@ -49,7 +49,6 @@ constexpr int RESIDENT_W = 8, DEEP8 = 32, DEEP12 = 64;
 // weights (L2-resident after the first); NO_MMA: the consumer only waits and releases (the
 // data movement alone; its output is not checked)
 constexpr int A_BURST = 128, W_FROM_L2 = 256, NO_MMA = 512;
-constexpr int TRACE_EVENTS = 5;
 
 __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t da, uint64_t db) {
   asm volatile(
@@ -71,7 +70,7 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t da, uin
 template <int STAGES>
 __global__ void __launch_bounds__(256, 1)
     gate_up_ws_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap w_map,
-                      __nv_bfloat16* act, unsigned int* counter, long long* trace, int layers, int rows, int mode) {
+                      __nv_bfloat16* act, unsigned int* counter, int layers, int rows, int mode) {
   extern __shared__ uint8_t smem_raw[];
   Smem<STAGES>& sm = *reinterpret_cast<Smem<STAGES>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const int tid = threadIdx.x;
@@ -113,15 +112,10 @@ __global__ void __launch_bounds__(256, 1)
     mbar_expect_tx(&sm.full_w_all, KSTEPS * W_BYTES);
     for (int k = 0; k < KSTEPS; ++k) tma_load(w_tile(k), &w_map, &sm.full_w_all, k * BK, tile * BN);
   }
-  // trace (optional): per layer and CTA, SM clock at TRACE_EVENTS points (see the host's names)
-  auto mark = [&](int layer, int event) {
-    if (trace) trace[(layer * gridDim.x + blockIdx.x) * TRACE_EVENTS + event] = clock64();
-  };
   for (int layer = 0; layer < layers; ++layer) {
     if (busy) {
       if (wg == 0) {  // producer warpgroup: thread 0 issues
         if (tid == 0) {
-          mark(layer, 0);
           const int first = (prew && layer > 0) ? STAGES : 0;  // W tiles issued before the barrier
           if (burst) {  // every consumer finished the last layer's A before the grid barrier
             for (int k = 0; k < KSTEPS; ++k) {
@@ -146,7 +140,6 @@ __global__ void __launch_bounds__(256, 1)
           }
           if (prew && !resident && layer + 1 < layers)
             for (int k = 0; k < STAGES; ++k) load_w(layer + 1, k);
-          mark(layer, 1);
         }
       } else {  // consumer warpgroup
         float d[32];
@@ -160,7 +153,6 @@ __global__ void __launch_bounds__(256, 1)
             mbar_wait(&sm.full_a[k], layer & 1);
           else
             mbar_wait(&sm.full_a[s], (it / STAGES) & 1);
-          if (k == 0 && tid == 128) mark(layer, 2);
           const __nv_bfloat16* at = a_tile(burst ? k : s);
           const __nv_bfloat16* wt = w_tile(resident ? k : s);
           if (mma) {
@@ -183,7 +175,6 @@ __global__ void __launch_bounds__(256, 1)
         }
         // accumulator layout of m64n64: row = 16 * warp + lane / 4 + 8 * ((i / 2) % 2),
         // col = 8 * (i / 4) + 2 * (lane % 4) + i % 2; up (cols 32..63) of col c is d[i + 16]
-        if (tid == 128) mark(layer, 3);
         const int t = tid - 128, warp = t / 32, lane = t % 32;
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
@@ -194,7 +185,6 @@ __global__ void __launch_bounds__(256, 1)
       }
     }
     __syncthreads();
-    if (tid == 0 && busy) mark(layer, 4);
     if (tid == 0) grid_barrier(counter, (layer + 1) * gridDim.x);
     __syncthreads();
   }
@@ -206,8 +196,8 @@ __global__ void __launch_bounds__(256, 1)
 // ---- host -------------------------------------------------------------------------------------
 
 template <int STAGES>
-static void launch(const CUtensorMap& a_map, const CUtensorMap& w_map, void* act, unsigned int* counter,
-                   long long* trace, int layers, int rows, int grid, int mode, cudaStream_t stream) {
+static void launch(const CUtensorMap& a_map, const CUtensorMap& w_map, void* act, unsigned int* counter, int layers,
+                   int rows, int grid, int mode, cudaStream_t stream) {
   using namespace proto;
   const int smem = sizeof(Smem<STAGES>) + 1024;
   cudaFuncSetAttribute(gate_up_ws_kernel<STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -223,24 +213,23 @@ static void launch(const CUtensorMap& a_map, const CUtensorMap& w_map, void* act
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  cudaLaunchKernelEx(&cfg, gate_up_ws_kernel<STAGES>, a_map, w_map, static_cast<__nv_bfloat16*>(act), counter, trace, layers,
+  cudaLaunchKernelEx(&cfg, gate_up_ws_kernel<STAGES>, a_map, w_map, static_cast<__nv_bfloat16*>(act), counter, layers,
                      rows, mode);
 }
 
 // x [64, 1024] bf16 (rows past `rows` zero), w [layers * 8192, 1024] bf16 (gate|up interleaved in
-// blocks of 32), act [64, 4096] bf16, counter: one zeroed uint32 per launch, trace: null or
-// [layers, grid, TRACE_EVENTS] int64
-extern "C" int gate_up_ws_launch(const void* x, const void* w, void* act, unsigned int* counter, long long* trace,
-                                 int layers, int rows, int grid, int mode, cudaStream_t stream) {
+// blocks of 32), act [64, 4096] bf16, counter: one zeroed uint32 per launch
+extern "C" int gate_up_ws_launch(const void* x, const void* w, void* act, unsigned int* counter, int layers,
+                                 int rows, int grid, int mode, cudaStream_t stream) {
   using namespace proto;
   const bool mcast = mode & MULTICAST_A;
   CUtensorMap a_map = tile_map(x, BM, KDIM, mcast ? BM / 2 : BM, BK);
   CUtensorMap w_map = tile_map(w, (uint64_t)layers * 2 * FF, KDIM, BN, BK);
   if (mode & DEEP12)
-    launch<12>(a_map, w_map, act, counter, trace, layers, rows, grid, mode, stream);
+    launch<12>(a_map, w_map, act, counter, layers, rows, grid, mode, stream);
   else if (mode & DEEP8)
-    launch<8>(a_map, w_map, act, counter, trace, layers, rows, grid, mode, stream);
+    launch<8>(a_map, w_map, act, counter, layers, rows, grid, mode, stream);
   else
-    launch<STAGES_DEFAULT>(a_map, w_map, act, counter, trace, layers, rows, grid, mode, stream);
+    launch<STAGES_DEFAULT>(a_map, w_map, act, counter, layers, rows, grid, mode, stream);
   return static_cast<int>(cudaGetLastError());
 }

@@ -30,9 +30,7 @@ from nvcc_build import build
 
 from flashrt_ros.bench.timing import graph_ms, write_result
 
-LAYERS, ROWS, WIDTH, FF, TILE, GRID = 18, 50, 1024, 4096, 64, 132
-TILES = 2 * FF // TILE  # the CTAs with a weight tile
-TRACE_EVENTS = ("layer start", "producer issued", "first tiles in", "MMA done", "arrive")  # gate_up_ws.cu's marks
+LAYERS, ROWS, WIDTH, FF, TILE = 18, 50, 1024, 4096, 64
 RESIDENT_W, W_FROM_L2, NO_MMA = 8, 256, 512  # gate_up_ws.cu's mode bits that change the expected output
 
 
@@ -44,31 +42,13 @@ def reference(x: torch.Tensor, w_layer: torch.Tensor) -> torch.Tensor:
     return F.gelu(xf @ gate.T, approximate="tanh") * (xf @ up.T)
 
 
-def timeline(trace: torch.Tensor) -> dict[str, float]:
-    """Median over the busy CTAs and the inner layers of each interval of a layer, in us at the
-    H200's 1.98 GHz SM clock (each interval is read on one SM's clock)."""
-    t = trace[:, :TILES].double().cpu()
-    start, issued, first, mma_done, arrive = (t[:, :, i] for i in range(len(TRACE_EVENTS)))
-    spans = {
-        "producer issue (incl. slot waits)": issued - start,
-        "barrier open -> first A and W tile in": first - start,
-        "MMA k-loop": mma_done - first,
-        "epilogue + CTA sync": arrive - mma_done,
-        "grid barrier (arrive -> open)": start[1:] - arrive[:-1],
-    }
-    out = {name: float(v[1:-1].flatten().median()) / 1980.0 for name, v in spans.items()}
-    print("    " + ", ".join(f"{name} {us:.2f}" for name, us in out.items()))
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("out"))
     ap.add_argument("--modes", type=int, nargs="+", default=[0, 4, 1, 5, 2, 6, 7])
-    ap.add_argument("--trace", action="store_true", help="also one traced launch per mode: its per-layer timeline")
     args = ap.parse_args()
     dev = torch.device("cuda")
-    lib = build("gate_up_ws", "gate_up_ws_launch", [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4 + [ctypes.c_void_p])
+    lib = build("gate_up_ws", "gate_up_ws_launch", [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4 + [ctypes.c_void_p])
     g = torch.Generator(device=dev).manual_seed(0)
     x = torch.zeros(64, WIDTH, device=dev, dtype=torch.bfloat16)
     x[:ROWS] = torch.randn(ROWS, WIDTH, device=dev, generator=g).to(torch.bfloat16)
@@ -76,12 +56,11 @@ def main() -> None:
     act = torch.zeros(64, FF, device=dev, dtype=torch.bfloat16)
     counter = torch.zeros(4, device=dev, dtype=torch.int32)
 
-    def launch(mode: int, trace: torch.Tensor | None = None) -> None:
+    def launch(mode: int, layers: int = LAYERS) -> None:
         counter.zero_()
         stream = torch.cuda.current_stream().cuda_stream
-        marks = trace.data_ptr() if trace is not None else None
-        ptrs = (x.data_ptr(), w.data_ptr(), act.data_ptr(), counter.data_ptr(), marks)
-        rc = lib.gate_up_ws_launch(*ptrs, LAYERS, ROWS, GRID, mode, stream)
+        ptrs = (x.data_ptr(), w.data_ptr(), act.data_ptr(), counter.data_ptr())
+        rc = lib.gate_up_ws_launch(*ptrs, layers, ROWS, 132, mode, stream)
         if rc:
             raise RuntimeError(f"launch failed: cudaError {rc}")
 
@@ -108,10 +87,6 @@ def main() -> None:
             f"barrier); vs torch max abs {err:.2e}, cosine {cos:.6f}",
             flush=True,
         )
-        if args.trace:
-            trace = torch.zeros(LAYERS, GRID, len(TRACE_EVENTS), device=dev, dtype=torch.int64)
-            launch(mode, trace)
-            results[mode]["timeline_us"] = timeline(trace)
         write_result(args.out, "gate_up_ws", dev, results=results)  # after each mode: kept if a later one hangs
 
 
