@@ -25,13 +25,21 @@ constexpr int TILES = FF / FEAT;
 constexpr uint32_t BOX_BYTES = NTOK * 128;  // 7 KB: whole 1 KB swizzle atoms
 constexpr int ACC = NTOK / 2;               // f32 accumulators per thread of m64n56
 constexpr int TRACE_EVENTS = 4;             // layer start, first box in, MMA done, arrive
-constexpr int W_FROM_L2 = 1;                // mode bit: every layer on layer 0's weights (L2-resident)
+// mode bits: every layer on layer 0's weights (L2-resident); the next layer's weights copied by
+// the TMA engine into shared memory (where the activations were) after the MMAs, and from there
+// into registers between arriving at the grid barrier and waiting on it (no thread stalls on
+// loads from global memory; the plain path's __ldg loads hold each thread until they land)
+constexpr int W_FROM_L2 = 1, W_STAGED = 2;
 
 template <int NWG>
 struct RsSmem {
-  __nv_bfloat16 a[BOXES][NTOK * 64];
+  union {
+    __nv_bfloat16 a[BOXES][NTOK * 64];
+    uint4 w[NWG * (KDIM / 16 / NWG) * 128];  // W_STAGED: the next layer's fragments, CTA order
+  };
   float red[NWG - 1][ACC][128];  // the other warpgroups' partial accumulators, thread-minor
   uint64_t full[BOXES];
+  uint64_t w_full;
 };
 
 // wfrag: [layers][TILES][NWG][K steps of 16 per warpgroup][128 threads] uint4 (8 bf16 each);
@@ -53,6 +61,7 @@ __global__ void __launch_bounds__(NWG * 128, 1)
   };
   if (tid == 0) {
     for (int k = 0; k < BOXES; ++k) mbar_init(&sm.full[k], 1);
+    mbar_init(&sm.w_full, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -65,7 +74,29 @@ __global__ void __launch_bounds__(NWG * 128, 1)
       w[j][0] = v.x, w[j][1] = v.y, w[j][2] = v.z, w[j][3] = v.w;
     }
   };
-  if (busy) load_w(0);
+  const bool staged = mode & W_STAGED;
+  constexpr uint32_t W_BYTES = sizeof(RsSmem<NWG>::w);
+  auto stage_w = [&](int layer) {  // thread 0: the CTA's fragments of `layer` into shared memory
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // after the generic reads of the region
+    mbar_expect_tx(&sm.w_full, W_BYTES);
+    bulk_load(sm.w, wfrag + (static_cast<size_t>(layer) * TILES + tile) * NWG * JJ * 128, W_BYTES, &sm.w_full);
+  };
+  auto unstage_w = [&](int phase) {  // every thread: its fragments from shared memory
+    mbar_wait(&sm.w_full, phase & 1);
+#pragma unroll
+    for (int j = 0; j < JJ; ++j) {
+      const uint4 v = sm.w[(wg * JJ + j) * 128 + t];
+      w[j][0] = v.x, w[j][1] = v.y, w[j][2] = v.z, w[j][3] = v.w;
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // before the next TMA writes the region
+  };
+  if (busy && staged) {
+    if (tid == 0) stage_w(0);
+    unstage_w(0);
+    __syncthreads();
+  } else if (busy) {
+    load_w(0);
+  }
   for (int layer = 0; layer < layers; ++layer) {
     if (busy) {
       mark(layer, 0);
@@ -90,7 +121,12 @@ __global__ void __launch_bounds__(NWG * 128, 1)
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
       mark(layer, 2);
-      if (layer + 1 < layers) load_w(w_layer * (layer + 1));  // in flight through the epilogue and the barrier
+      if (staged) {
+        asm volatile("bar.sync 2, %0;" ::"r"(NWG * 128) : "memory");  // every warpgroup's MMAs done with the region
+        if (tid == 0 && layer + 1 < layers) stage_w(w_layer * (layer + 1));
+      } else if (layer + 1 < layers) {
+        load_w(w_layer * (layer + 1));  // in flight through the epilogue and the barrier
+      }
       if (wg > 0) {
 #pragma unroll
         for (int i = 0; i < ACC; ++i) sm.red[wg - 1][i][t] = d[i];
@@ -113,7 +149,10 @@ __global__ void __launch_bounds__(NWG * 128, 1)
     }
     __syncthreads();
     if (busy) mark(layer, 3);
-    if (tid == 0) grid_barrier(counter, (layer + 1) * gridDim.x);
+    if (tid == 0) grid_arrive(counter);
+    if (busy && staged && layer + 1 < layers) unstage_w(layer + 1);  // while the other CTAs arrive
+    __syncthreads();
+    if (tid == 0) grid_wait(counter, (layer + 1) * gridDim.x);
     __syncthreads();
   }
 }

@@ -1,10 +1,13 @@
 """Prototype (bench only): the step kernel's gate|up phase with the weights in registers as wgmma's
 A operand and only the activations through shared memory (`gate_up_rs.cu`), 18 layers with a
 grid barrier after each. Prints the time per layer (phase + barrier), the error against torch and,
-with --trace, a per-layer timeline. Compare with `gate_up_ws.py` (both operands through shared
-memory) and the Triton step kernel's gate|up phase + barrier (6.6-8.3 us). GPU only (sm_90a).
+with --trace, a per-layer timeline. The weights reach the registers either by each thread's loads
+from global memory or (mode 2) by a TMA copy into shared memory after the MMAs and from there
+between arriving at the grid barrier and waiting on it. Compare with `gate_up_ws.py` (both
+operands through shared memory) and the Triton step kernel's gate|up phase + barrier (6.6-8.3
+us). GPU only (sm_90a).
 
-    python bench/cuda/gate_up_rs.py [--nwg 2 4] [--trace] [--out DIR]
+    python bench/cuda/gate_up_rs.py [--nwg 2 4] [--modes 0 1 2 3] [--trace] [--out DIR]
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from flashrt_ros.bench.timing import graph_ms, write_result
 
 LAYERS, ROWS, WIDTH, FF, GRID = 18, 50, 1024, 4096, 132
 FEAT = 32  # features per CTA: 128 tiles
-W_FROM_L2 = 1  # gate_up_rs.cu's mode bit
+W_FROM_L2, W_STAGED = 1, 2  # gate_up_rs.cu's mode bits
 TRACE = ("layer start", "first box in", "MMA done", "arrive")  # gate_up_rs.cu's marks
 ARGS = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 5 + [ctypes.c_void_p]
 
@@ -56,7 +59,7 @@ def timeline(trace: torch.Tensor) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nwg", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--modes", type=int, nargs="+", default=[0, W_FROM_L2])
+    ap.add_argument("--modes", type=int, nargs="+", default=[0, W_FROM_L2, W_STAGED, W_STAGED | W_FROM_L2])
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("out"))
     args = ap.parse_args()
@@ -90,11 +93,12 @@ def main() -> None:
             act.zero_()
             launch(mode)
             torch.cuda.synchronize()
-            got, ref = act[:ROWS].float(), want[mode]
+            got, ref = act[:ROWS].float(), want[mode & W_FROM_L2]
             err = float((got - ref).abs().max())
             cos = float(F.cosine_similarity(got.flatten(), ref.flatten(), dim=0))
             full = graph_ms(lambda m=mode: launch(m)) * 1e3
-            label = f"nwg {nwg}, {'W from L2' if mode & W_FROM_L2 else 'W per layer (HBM)'}"
+            path = "TMA -> shared -> registers" if mode & W_STAGED else "__ldg -> registers"
+            label = f"nwg {nwg}, {'W from L2' if mode & W_FROM_L2 else 'W per layer (HBM)'}, {path}"
             results[label] = dict(us_per_layer=full / LAYERS, max_abs=err, cosine=cos)
             print(f"{label}: {full / LAYERS:5.2f} us per layer (phase + grid barrier); vs torch max abs {err:.2e}, "
                   f"cosine {cos:.6f}", flush=True)  # fmt: skip

@@ -71,12 +71,29 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint
       : "memory");
 }
 
-__device__ __forceinline__ void grid_barrier(unsigned int* counter, unsigned int target) {
+// a grid barrier in two halves, so that work can run between arriving and waiting
+__device__ __forceinline__ void grid_arrive(unsigned int* counter) {
   asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+}
+
+__device__ __forceinline__ void grid_wait(unsigned int* counter, unsigned int target) {
   unsigned int seen = 0;
   do {
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
   } while (seen < target);
+}
+
+__device__ __forceinline__ void grid_barrier(unsigned int* counter, unsigned int target) {
+  grid_arrive(counter);
+  grid_wait(counter, target);
+}
+
+// a contiguous global -> shared copy by the TMA engine (bytes: a multiple of 16), completing on bar
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   su32(dst)),
+               "l"(src), "r"(bytes), "r"(su32(bar))
+               : "memory");
 }
 
 // K-major tile of 64-element (128-byte) rows, 128B swizzle: 8-row atoms 1024 bytes apart
