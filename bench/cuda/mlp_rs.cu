@@ -25,10 +25,14 @@ constexpr uint32_t BOX_BYTES = NTOK * 128;
 constexpr int TRACE_EVENTS = 6;  // norm start, gate|up start, gate|up MMA done, down start, down MMA done, arrive
 
 struct MlpSmem {
-  __nv_bfloat16 a[GU_BOXES][NTOK * 64];  // gate|up's activations; the down's use the first DN_BOXES
+  union {
+    __nv_bfloat16 a[GU_BOXES][NTOK * 64];  // gate|up's activations; the down's use the first DN_BOXES
+    uint4 w[NWG * GU_JJ * 128];            // (staged) the next GEMM's weight fragments, CTA order
+  };
   float red[ACC][128];                   // warpgroup 1's partial accumulators
   uint64_t full_gu[GU_BOXES];
   uint64_t full_dn[DN_BOXES];
+  uint64_t w_full;
 };
 
 struct MlpArgs {
@@ -45,6 +49,8 @@ struct MlpArgs {
   long long* trace;   // null or [layers][grid][TRACE_EVENTS]
   int layers, rows;
   float eps;
+  int staged;  // weights by one TMA copy into shared memory after the MMAs, into registers between
+               // arriving at the grid barrier and waiting on it (else: each thread's __ldg loads)
 };
 
 template <int J>
@@ -142,6 +148,7 @@ __global__ void __launch_bounds__(256, 1)
   if (tid == 0) {
     for (int k = 0; k < GU_BOXES; ++k) mbar_init(&sm.full_gu[k], 1);
     for (int k = 0; k < DN_BOXES; ++k) mbar_init(&sm.full_dn[k], 1);
+    mbar_init(&sm.w_full, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -150,7 +157,44 @@ __global__ void __launch_bounds__(256, 1)
   auto dn_src = [&](int layer) {
     return p.w_dn + (((static_cast<size_t>(layer) * DN_TILES + ft) * DN_SPLITS + ks) * NWG + wg) * DN_JJ * 128 + t;
   };
-  if (gu_busy) load_fragments(w_gu, gu_src(0));
+  // staged: thread 0 copies a CTA's fragment block into the shared region once its MMAs are done
+  // with it; every thread takes its fragments out while the other CTAs arrive at the barrier
+  int stages = 0;
+  auto stage = [&](const uint4* block, uint32_t bytes) {
+    asm volatile("bar.sync 2, 256;" ::: "memory");  // both warpgroups' MMAs done with the region
+    if (tid != 0) return;
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    mbar_expect_tx(&sm.w_full, bytes);
+    bulk_load(sm.w, block, bytes, &sm.w_full);
+  };
+  auto unstage = [&](auto& w) {
+    constexpr int J = sizeof(w) / sizeof(w[0]);
+    mbar_wait(&sm.w_full, stages++ & 1);
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const uint4 v = sm.w[(wg * J + j) * 128 + t];
+      w[j][0] = v.x, w[j][1] = v.y, w[j][2] = v.z, w[j][3] = v.w;
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // before the next TMA writes the region
+  };
+  // a grid barrier with `work` between arriving and waiting
+  auto barrier_with = [&](auto work) {
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+    __syncthreads();
+    target += grid;
+    if (tid == 0) grid_arrive(p.counter);
+    work();
+    __syncthreads();
+    if (tid == 0) grid_wait(p.counter, target);
+    __syncthreads();
+  };
+  const size_t gu_block = NWG * GU_JJ * 128, dn_block = NWG * DN_JJ * 128;  // uint4 per CTA
+  if (gu_busy && p.staged) {
+    stage(p.w_gu + cta * gu_block, gu_block * 16);
+    unstage(w_gu);
+  } else if (gu_busy) {
+    load_fragments(w_gu, gu_src(0));
+  }
   float d[ACC];
   for (int layer = 0; layer < p.layers; ++layer) {
     mark(layer, 0);
@@ -166,7 +210,10 @@ __global__ void __launch_bounds__(256, 1)
         }
       mma_boxes<GU_BOXES / NWG>(d, w_gu, sm, sm.full_gu, wg * (GU_BOXES / NWG), layer & 1);
       mark(layer, 2);
-      if (dn_busy) load_fragments(w_dn, dn_src(layer));  // in flight through the epilogue and the barrier
+      if (dn_busy && p.staged)
+        stage(p.w_dn + ((static_cast<size_t>(layer) * DN_TILES + ft) * DN_SPLITS + ks) * dn_block, dn_block * 16);
+      else if (dn_busy)
+        load_fragments(w_dn, dn_src(layer));  // in flight through the epilogue and the barrier
       sum_warpgroups(d, sm, wg, t);
       if (wg == 0) {  // rows r, r + 8 of each warp's 16 are one feature's gate and up
         const int warp = t / 32, lane = t % 32, feature = cta * 32 + 8 * warp + lane / 4;
@@ -177,7 +224,9 @@ __global__ void __launch_bounds__(256, 1)
         }
       }
     }
-    barrier();
+    barrier_with([&] {
+      if (dn_busy && p.staged) unstage(w_dn);
+    });
     mark(layer, 3);
     if (dn_busy) {  // down: features 64 * ft .., K slice ks
       if (tid == 0)
@@ -188,7 +237,10 @@ __global__ void __launch_bounds__(256, 1)
         }
       mma_boxes<DN_BOXES / NWG>(d, w_dn, sm, sm.full_dn, wg * (DN_BOXES / NWG), layer & 1);
       mark(layer, 4);
-      if (gu_busy && layer + 1 < p.layers) load_fragments(w_gu, gu_src(layer + 1));
+      if (gu_busy && layer + 1 < p.layers && p.staged)
+        stage(p.w_gu + (static_cast<size_t>(layer + 1) * GU_TILES + cta) * gu_block, gu_block * 16);
+      else if (gu_busy && layer + 1 < p.layers)
+        load_fragments(w_gu, gu_src(layer + 1));
       sum_warpgroups(d, sm, wg, t);
       if (wg == 0) {
         const int warp = t / 32, lane = t % 32;
@@ -200,8 +252,10 @@ __global__ void __launch_bounds__(256, 1)
         }
       }
     }
-    if (p.trace && tid == 0) mark(layer, 5);
-    barrier();
+    mark(layer, 5);
+    barrier_with([&] {
+      if (gu_busy && p.staged && layer + 1 < p.layers) unstage(w_gu);
+    });
   }
   for (int row = cta; row < p.rows; row += grid) norm_row(p, row, p.layers, warp_sums);
 }

@@ -2,7 +2,9 @@
 residual) for 18 layers at pi0.5's shape in one persistent CUDA launch (`mlp_rs.cu`), both GEMMs
 with their weights in registers. Step 1 of docs/step_megakernel.md: compare its time per layer
 with the Triton step kernel's phases 5-7 and their barriers (about 14 us per layer, traced).
-Prints the time per layer, the error of the final residual stream against torch (fp32 with the
+Both ways for the weights to reach the registers (each thread's loads from global memory, or one
+TMA copy into shared memory and from there while waiting at the barrier). Prints the time per
+layer, the error of the final residual stream against torch (fp32 with the
 kernel's bf16 roundings) and, with --trace, a per-layer timeline. GPU only (sm_90a).
 
     python bench/cuda/mlp_rs.py [--trace] [--out DIR]
@@ -30,7 +32,8 @@ class MlpArgs(ctypes.Structure):
 
     _fields_ = [(name, ctypes.c_void_p) for name in
                 ("w_gu", "w_dn", "h", "part", "xn", "act", "scale", "shift", "gate", "counter", "trace")] + [
-        ("layers", ctypes.c_int), ("rows", ctypes.c_int), ("eps", ctypes.c_float)]  # fmt: skip
+        ("layers", ctypes.c_int), ("rows", ctypes.c_int), ("eps", ctypes.c_float),
+        ("staged", ctypes.c_int)]  # fmt: skip
 
 
 def down_fragments(down: torch.Tensor) -> torch.Tensor:
@@ -59,10 +62,10 @@ def timeline(trace: torch.Tensor) -> dict[str, float]:
     spans = {
         "norm + barrier": e[1] - e[0],
         "gate|up: barrier open -> MMA done": e[2] - e[1],
-        "gate|up epilogue + barrier": e[3] - e[2],
+        "gate|up epilogue + barrier (+ unstage)": e[3] - e[2],
         "down: barrier open -> MMA done": e[4] - e[3],
         "down epilogue": e[5] - e[4],
-        "barrier after down": e[0][1:] - e[5][:-1],
+        "barrier after down (+ unstage)": e[0][1:] - e[5][:-1],
     }
     out = {name: float(v[1:-1].flatten().median()) / 1980.0 for name, v in spans.items()}
     for name, us in out.items():
@@ -92,32 +95,36 @@ def main() -> None:
     counter = torch.zeros(4, device=dev, dtype=torch.int32)
     tensors = dict(w_gu=w_gu, w_dn=w_dn, h=h, part=part, xn=xn, act=act, scale=scale, shift=shift, gate=gate)
 
-    def launch(trace: torch.Tensor | None = None) -> None:
+    def launch(staged: int, trace: torch.Tensor | None = None) -> None:
         h.copy_(h0)
         counter.zero_()
         ptrs = {k: v.data_ptr() for k, v in tensors.items()}
         marks = trace.data_ptr() if trace is not None else None
-        margs = MlpArgs(**ptrs, counter=counter.data_ptr(), trace=marks, layers=LAYERS, rows=ROWS, eps=EPS)
+        margs = MlpArgs(
+            **ptrs, counter=counter.data_ptr(), trace=marks, layers=LAYERS, rows=ROWS, eps=EPS, staged=staged
+        )
         rc = lib.mlp_rs_launch(ctypes.byref(margs), GRID, torch.cuda.current_stream().cuda_stream)
         if rc:
             raise RuntimeError(f"launch failed: cudaError {rc}")
 
-    launch()
-    torch.cuda.synchronize()
     want = reference(h0, gate_w, up_w, down_w, scale, shift, gate)
-    err = float((h - want).abs().max())
-    cos = float(F.cosine_similarity(h.flatten(), want.flatten(), dim=0))
-    full = graph_ms(launch) * 1e3  # includes the h reset copy and the counter zeroing (~2-3 us)
-    result = dict(
-        us_18_layers=full, us_per_layer=full / LAYERS, max_abs=err, cosine=cos, ref_abs_max=float(want.abs().max())
-    )
-    print(f"MLP x {LAYERS} layers: {full:7.1f} us -> {full / LAYERS:5.2f} us per layer (3 phases + 3 grid barriers); "
-          f"final h vs torch max abs {err:.2e} (|h| max {result['ref_abs_max']:.1f}), cosine {cos:.6f}")  # fmt: skip
-    if args.trace:
-        trace = torch.zeros(LAYERS, GRID, len(TRACE), device=dev, dtype=torch.int64)
-        launch(trace)
-        result["timeline_us"] = timeline(trace)
-    write_result(args.out, "mlp_rs", dev, results=result)
+    results = {}
+    for staged in (0, 1):
+        launch(staged)
+        torch.cuda.synchronize()
+        err = float((h - want).abs().max())
+        cos = float(F.cosine_similarity(h.flatten(), want.flatten(), dim=0))
+        full = graph_ms(lambda s=staged: launch(s)) * 1e3  # with the h reset copy and the counter zeroing
+        label = "weights by TMA -> shared -> registers" if staged else "weights by __ldg -> registers"
+        results[label] = dict(us_per_layer=full / LAYERS, max_abs=err, cosine=cos, ref_abs_max=float(want.abs().max()))
+        print(f"MLP x {LAYERS} layers, {label}: {full / LAYERS:5.2f} us per layer (3 phases + 3 grid barriers); "
+              f"final h vs torch max abs {err:.2e} (|h| max {results[label]['ref_abs_max']:.1f}), "
+              f"cosine {cos:.6f}")  # fmt: skip
+        if args.trace:
+            trace = torch.zeros(LAYERS, GRID, len(TRACE), device=dev, dtype=torch.int64)
+            launch(staged, trace)
+            results[label]["timeline_us"] = timeline(trace)
+    write_result(args.out, "mlp_rs", dev, results=results)
 
 
 if __name__ == "__main__":
