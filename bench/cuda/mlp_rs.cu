@@ -49,8 +49,9 @@ struct MlpArgs {
   long long* trace;   // null or [layers][grid][TRACE_EVENTS]
   int layers, rows;
   float eps;
-  int staged;  // weights by one TMA copy into shared memory after the MMAs, into registers between
-               // arriving at the grid barrier and waiting on it (else: each thread's __ldg loads)
+  int staged;     // weights by one TMA copy into shared memory after the MMAs, into registers between
+                  // arriving at the grid barrier and waiting on it (else: each thread's __ldg loads)
+  int one_layer;  // every layer on layer 0's weights (24 MB, L2-resident): the bound with no HBM wait
 };
 
 template <int J>
@@ -153,9 +154,10 @@ __global__ void __launch_bounds__(256, 1)
   }
   __syncthreads();
   uint32_t w_gu[GU_JJ][4], w_dn[DN_JJ][4];
-  auto gu_src = [&](int layer) { return p.w_gu + ((static_cast<size_t>(layer) * GU_TILES + cta) * NWG + wg) * GU_JJ * 128 + t; };
+  auto wl = [&](int layer) { return p.one_layer ? 0 : layer; };  // whose weights layer `layer` runs on
+  auto gu_src = [&](int layer) { return p.w_gu + ((static_cast<size_t>(wl(layer)) * GU_TILES + cta) * NWG + wg) * GU_JJ * 128 + t; };
   auto dn_src = [&](int layer) {
-    return p.w_dn + (((static_cast<size_t>(layer) * DN_TILES + ft) * DN_SPLITS + ks) * NWG + wg) * DN_JJ * 128 + t;
+    return p.w_dn + (((static_cast<size_t>(wl(layer)) * DN_TILES + ft) * DN_SPLITS + ks) * NWG + wg) * DN_JJ * 128 + t;
   };
   // staged: thread 0 copies a CTA's fragment block into the shared region once its MMAs are done
   // with it; every thread takes its fragments out while the other CTAs arrive at the barrier
@@ -211,7 +213,7 @@ __global__ void __launch_bounds__(256, 1)
       mma_boxes<GU_BOXES / NWG>(d, w_gu, sm, sm.full_gu, wg * (GU_BOXES / NWG), layer & 1);
       mark(layer, 2);
       if (dn_busy && p.staged)
-        stage(p.w_dn + ((static_cast<size_t>(layer) * DN_TILES + ft) * DN_SPLITS + ks) * dn_block, dn_block * 16);
+        stage(p.w_dn + ((static_cast<size_t>(wl(layer)) * DN_TILES + ft) * DN_SPLITS + ks) * dn_block, dn_block * 16);
       else if (dn_busy)
         load_fragments(w_dn, dn_src(layer));  // in flight through the epilogue and the barrier
       sum_warpgroups(d, sm, wg, t);
@@ -238,7 +240,7 @@ __global__ void __launch_bounds__(256, 1)
       mma_boxes<DN_BOXES / NWG>(d, w_dn, sm, sm.full_dn, wg * (DN_BOXES / NWG), layer & 1);
       mark(layer, 4);
       if (gu_busy && layer + 1 < p.layers && p.staged)
-        stage(p.w_gu + (static_cast<size_t>(layer + 1) * GU_TILES + cta) * gu_block, gu_block * 16);
+        stage(p.w_gu + (static_cast<size_t>(wl(layer + 1)) * GU_TILES + cta) * gu_block, gu_block * 16);
       else if (gu_busy && layer + 1 < p.layers)
         load_fragments(w_gu, gu_src(layer + 1));
       sum_warpgroups(d, sm, wg, t);
