@@ -52,6 +52,7 @@ struct MlpArgs {
   int staged;     // weights by one TMA copy into shared memory after the MMAs, into registers between
                   // arriving at the grid barrier and waiting on it (else: each thread's __ldg loads)
   int one_layer;  // every layer on layer 0's weights (24 MB, L2-resident): the bound with no HBM wait
+  int prefetch;   // each CTA asks L2 for its next layer's weight blocks when a layer starts
 };
 
 template <int J>
@@ -200,6 +201,15 @@ __global__ void __launch_bounds__(256, 1)
   float d[ACC];
   for (int layer = 0; layer < p.layers; ++layer) {
     mark(layer, 0);
+    if (p.prefetch && tid == 0) {  // a layer (~11 us) ahead of their staging copies
+      const int next = wl(layer + 1);
+      if (layer == 0 && dn_busy)
+        prefetch_l2(p.w_dn + ((static_cast<size_t>(wl(0)) * DN_TILES + ft) * DN_SPLITS + ks) * dn_block, dn_block * 16);
+      if (layer + 1 < p.layers && gu_busy)
+        prefetch_l2(p.w_gu + (static_cast<size_t>(next) * GU_TILES + cta) * gu_block, gu_block * 16);
+      if (layer + 1 < p.layers && dn_busy)
+        prefetch_l2(p.w_dn + ((static_cast<size_t>(next) * DN_TILES + ft) * DN_SPLITS + ks) * dn_block, dn_block * 16);
+    }
     for (int row = cta; row < p.rows; row += grid) norm_row(p, row, layer, warp_sums);
     barrier();
     mark(layer, 1);

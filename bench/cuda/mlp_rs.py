@@ -4,7 +4,8 @@ with their weights in registers. Step 1 of docs/step_megakernel.md: compare its 
 with the Triton step kernel's phases 5-7 and their barriers (about 14 us per layer, traced).
 Both ways for the weights to reach the registers (each thread's loads from global memory, or one
 TMA copy into shared memory and from there while waiting at the barrier). Prints the time per
-layer (also with every layer on layer 0's weights: L2-resident, the bound without HBM waits),
+layer (also with the next layer's weights prefetched into L2, and with every layer on layer 0's
+weights: L2-resident, the bound without HBM waits),
 the error of the final residual stream against torch (fp32 with the
 kernel's bf16 roundings) and, with --trace, a per-layer timeline. GPU only (sm_90a).
 
@@ -34,7 +35,7 @@ class MlpArgs(ctypes.Structure):
     _fields_ = [(name, ctypes.c_void_p) for name in
                 ("w_gu", "w_dn", "h", "part", "xn", "act", "scale", "shift", "gate", "counter", "trace")] + [
         ("layers", ctypes.c_int), ("rows", ctypes.c_int), ("eps", ctypes.c_float),
-        ("staged", ctypes.c_int), ("one_layer", ctypes.c_int)]  # fmt: skip
+        ("staged", ctypes.c_int), ("one_layer", ctypes.c_int), ("prefetch", ctypes.c_int)]  # fmt: skip
 
 
 def down_fragments(down: torch.Tensor) -> torch.Tensor:
@@ -96,7 +97,7 @@ def main() -> None:
     counter = torch.zeros(4, device=dev, dtype=torch.int32)
     tensors = dict(w_gu=w_gu, w_dn=w_dn, h=h, part=part, xn=xn, act=act, scale=scale, shift=shift, gate=gate)
 
-    def launch(staged: int, one_layer: int, trace: torch.Tensor | None = None) -> None:
+    def launch(staged: int, one_layer: int, prefetch: int, trace: torch.Tensor | None = None) -> None:
         h.copy_(h0)
         counter.zero_()
         ptrs = {k: v.data_ptr() for k, v in tensors.items()}
@@ -110,6 +111,7 @@ def main() -> None:
             eps=EPS,
             staged=staged,
             one_layer=one_layer,
+            prefetch=prefetch,
         )
         rc = lib.mlp_rs_launch(ctypes.byref(margs), GRID, torch.cuda.current_stream().cuda_stream)
         if rc:
@@ -119,22 +121,25 @@ def main() -> None:
     first = [w[:1].expand(LAYERS, -1, -1) for w in (gate_w, up_w, down_w)]
     want_first = reference(h0, *first, scale, shift, gate)
     results = {}
-    for staged, one_layer in ((0, 0), (1, 0), (0, 1), (1, 1)):
+    for staged, one_layer, prefetch in ((0, 0, 0), (1, 0, 0), (1, 0, 1), (0, 1, 0), (1, 1, 0)):
         want = want_first if one_layer else want_all
-        launch(staged, one_layer)
+        launch(staged, one_layer, prefetch)
         torch.cuda.synchronize()
         err = float((h - want).abs().max())
         cos = float(F.cosine_similarity(h.flatten(), want.flatten(), dim=0))
-        full = graph_ms(lambda s=staged, o=one_layer: launch(s, o)) * 1e3  # with the h reset and counter zeroing
+        full = (
+            graph_ms(lambda s=staged, o=one_layer, f=prefetch: launch(s, o, f)) * 1e3
+        )  # with the h reset and counter zeroing
         label = "weights by TMA -> shared -> registers" if staged else "weights by __ldg -> registers"
         label += ", layer 0's weights for all (L2)" if one_layer else ""
+        label += ", next layer's weights prefetched into L2" if prefetch else ""
         results[label] = dict(us_per_layer=full / LAYERS, max_abs=err, cosine=cos, ref_abs_max=float(want.abs().max()))
         print(f"MLP x {LAYERS} layers, {label}: {full / LAYERS:5.2f} us per layer (3 phases + 3 grid barriers); "
               f"final h vs torch max abs {err:.2e} (|h| max {results[label]['ref_abs_max']:.1f}), "
               f"cosine {cos:.6f}")  # fmt: skip
         if args.trace:
             trace = torch.zeros(LAYERS, GRID, len(TRACE), device=dev, dtype=torch.int64)
-            launch(staged, one_layer, trace)
+            launch(staged, one_layer, prefetch, trace)
             results[label]["timeline_us"] = timeline(trace)
     write_result(args.out, "mlp_rs", dev, results=results)
 

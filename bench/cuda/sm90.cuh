@@ -96,6 +96,15 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
                : "memory");
 }
 
+// ask L2 to fetch [src, src + bytes) from global memory (bytes: a multiple of 16); nothing waits
+__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
+  for (uint32_t off = 0; off < bytes; off += 32768) {
+    const uint32_t n = bytes - off < 32768 ? bytes - off : 32768;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(src) + off), "r"(n)
+                 : "memory");
+  }
+}
+
 // K-major tile of 64-element (128-byte) rows, 128B swizzle: 8-row atoms 1024 bytes apart
 __device__ __forceinline__ uint64_t gmma_desc(const void* p) {
   uint64_t a = su32(p);
