@@ -13,7 +13,9 @@ does not beat Triton; its multicast, as built (a cluster-wide release of every r
 Since 76e05aa / ae9e117 (2026-12-02, docs/results/gate_up_ws_76e05aa.log, gate_up_ws_ae9e117.log):
 the wgmmas are no longer serialised by ptxas (7.85-7.94 us); with the weight tile resident in
 shared memory (mode 8) 6.04-6.26 us, with 8 / 12 ring slots 6.08 / 6.31, with the 2-CTA multicast
-on top 10.55-10.87: feeding the shared activation tile to 128 CTAs is the phase's cost.
+on top 10.55-10.87. Not the broadcast itself (1.1 us in one burst, `broadcast.py`): at cce2c28
+(docs/results/gate_up_ws_cce2c28.log) the ring without MMAs took 4.67 us and the MMAs, with both
+operands in shared memory, add 2.1-2.3 us. `gate_up_rs.py` keeps the weights in registers.
 
     python bench/cuda/gate_up_ws.py [--modes 0 8 1 4] [--out DIR]
 """
