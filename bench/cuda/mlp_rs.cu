@@ -52,8 +52,7 @@ struct MlpArgs {
   int staged;     // weights by one TMA copy into shared memory after the MMAs, into registers between
                   // arriving at the grid barrier and waiting on it (else: each thread's __ldg loads)
   int one_layer;  // every layer on layer 0's weights (24 MB, L2-resident): the bound with no HBM wait
-  int prefetch;   // each CTA asks L2 for its next layer's weight blocks: 1 by thread 0 when a layer
-                  // starts, 2 by thread 32 after the gate|up MMAs (off the norm phase's path)
+  int prefetch;   // each CTA asks L2 for its next layer's weight blocks when a layer starts
 };
 
 template <int J>
@@ -193,15 +192,6 @@ __global__ void __launch_bounds__(256, 1)
     __syncthreads();
   };
   const size_t gu_block = NWG * GU_JJ * 128, dn_block = NWG * DN_JJ * 128;  // uint4 per CTA
-  auto prefetch_next = [&](int layer) {  // this CTA's weight blocks of layer + 1 (and the first down)
-    const int next = wl(layer + 1);
-    if (layer == 0 && dn_busy)
-      prefetch_l2(p.w_dn + ((static_cast<size_t>(wl(0)) * DN_TILES + ft) * DN_SPLITS + ks) * dn_block, dn_block * 16);
-    if (layer + 1 < p.layers && gu_busy)
-      prefetch_l2(p.w_gu + (static_cast<size_t>(next) * GU_TILES + cta) * gu_block, gu_block * 16);
-    if (layer + 1 < p.layers && dn_busy)
-      prefetch_l2(p.w_dn + ((static_cast<size_t>(next) * DN_TILES + ft) * DN_SPLITS + ks) * dn_block, dn_block * 16);
-  };
   if (gu_busy && p.staged) {
     stage(p.w_gu + cta * gu_block, gu_block * 16);
     unstage(w_gu);
@@ -211,7 +201,15 @@ __global__ void __launch_bounds__(256, 1)
   float d[ACC];
   for (int layer = 0; layer < p.layers; ++layer) {
     mark(layer, 0);
-    if (p.prefetch == 1 && tid == 0) prefetch_next(layer);  // a layer (~11 us) ahead of their staging copies
+    if (p.prefetch && tid == 0) {  // a layer (~11 us) ahead of their staging copies
+      const int next = wl(layer + 1);
+      if (layer == 0 && dn_busy)
+        prefetch_l2(p.w_dn + ((static_cast<size_t>(wl(0)) * DN_TILES + ft) * DN_SPLITS + ks) * dn_block, dn_block * 16);
+      if (layer + 1 < p.layers && gu_busy)
+        prefetch_l2(p.w_gu + (static_cast<size_t>(next) * GU_TILES + cta) * gu_block, gu_block * 16);
+      if (layer + 1 < p.layers && dn_busy)
+        prefetch_l2(p.w_dn + ((static_cast<size_t>(next) * DN_TILES + ft) * DN_SPLITS + ks) * dn_block, dn_block * 16);
+    }
     for (int row = cta; row < p.rows; row += grid) norm_row(p, row, layer, warp_sums);
     barrier();
     mark(layer, 1);
@@ -224,7 +222,6 @@ __global__ void __launch_bounds__(256, 1)
         }
       mma_boxes<GU_BOXES / NWG>(d, w_gu, sm, sm.full_gu, wg * (GU_BOXES / NWG), layer & 1);
       mark(layer, 2);
-      if (p.prefetch == 2 && tid == 32) prefetch_next(layer);
       if (dn_busy && p.staged)
         stage(p.w_dn + ((static_cast<size_t>(wl(layer)) * DN_TILES + ft) * DN_SPLITS + ks) * dn_block, dn_block * 16);
       else if (dn_busy)
