@@ -81,22 +81,11 @@ static int launch(const CUtensorMap& a_map, unsigned int* counter, float* sums, 
   const int smem = sizeof(BroadcastSmem) + 1024;
   cudaFuncSetAttribute(broadcast_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (C > 8) cudaFuncSetAttribute(broadcast_kernel<C>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(128);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = C;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  ClusterLaunch config(grid, 128, smem, C, stream);
   int clusters = 0;  // a grid barrier over CTAs that cannot all be resident would never open
-  if (cudaOccupancyMaxActiveClusters(&clusters, broadcast_kernel<C>, &cfg) != cudaSuccess) return -1;
+  if (cudaOccupancyMaxActiveClusters(&clusters, broadcast_kernel<C>, &config.cfg) != cudaSuccess) return -1;
   if (clusters * C < grid) return -2;
-  cudaLaunchKernelEx(&cfg, broadcast_kernel<C>, a_map, counter, sums, reps, rows, mode);
+  cudaLaunchKernelEx(&config.cfg, broadcast_kernel<C>, a_map, counter, sums, reps, rows, mode);
   return static_cast<int>(cudaGetLastError());
 }
 

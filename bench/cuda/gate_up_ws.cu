@@ -201,19 +201,8 @@ static void launch(const CUtensorMap& a_map, const CUtensorMap& w_map, void* act
   using namespace proto;
   const int smem = sizeof(Smem<STAGES>) + 1024;
   cudaFuncSetAttribute(gate_up_ws_kernel<STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(256);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = (mode & MULTICAST_A) ? 2 : 1;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  cudaLaunchKernelEx(&cfg, gate_up_ws_kernel<STAGES>, a_map, w_map, static_cast<__nv_bfloat16*>(act), counter, layers,
+  ClusterLaunch config(grid, 256, smem, (mode & MULTICAST_A) ? 2 : 1, stream);
+  cudaLaunchKernelEx(&config.cfg, gate_up_ws_kernel<STAGES>, a_map, w_map, static_cast<__nv_bfloat16*>(act), counter, layers,
                      rows, mode);
 }
 

@@ -160,3 +160,23 @@ static CUtensorMap tile_map(const void* base, uint64_t rows, uint64_t cols, uint
   return map;
 }
 
+// a launch of `grid` CTAs of `block` threads with `smem` bytes of dynamic shared memory, in
+// clusters of `cluster` CTAs along x (for cudaLaunchKernelEx and cudaOccupancyMaxActiveClusters)
+struct ClusterLaunch {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1] = {};
+  ClusterLaunch(int grid, int block, int smem, int cluster, cudaStream_t stream) {
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(block);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;  // cfg.attrs points into this object
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
