@@ -52,9 +52,7 @@ struct MlpArgs {
   int staged;     // weights by one TMA copy into shared memory after the MMAs, into registers between
                   // arriving at the grid barrier and waiting on it (else: each thread's __ldg loads)
   int one_layer;  // every layer on layer 0's weights (24 MB, L2-resident): the bound with no HBM wait
-  int prefetch;   // 1: each CTA asks L2 for its next layer's weight blocks when a layer starts;
-                  // 2: the CTAs without a GEMM tile (grid - 128) ask for layer + 1's down and layer
-                  // + 2's gate|up weights, each warp a slice, after arriving at the gate|up barrier
+  int prefetch;   // each CTA asks L2 for its next layer's weight blocks when a layer starts
 };
 
 template <int J>
@@ -194,17 +192,6 @@ __global__ void __launch_bounds__(256, 1)
     __syncthreads();
   };
   const size_t gu_block = NWG * GU_JJ * 128, dn_block = NWG * DN_JJ * 128;  // uint4 per CTA
-  // prefetch 2: warp w of idle CTA i takes slice (i * 8 + w) of the layers' contiguous weights
-  auto prefetch_by_idle = [&](int layer) {
-    const int slices = (grid - GU_TILES) * 8, slice = (cta - GU_TILES) * 8 + tid / 32;
-    auto span = [&](const uint4* base, size_t uint4s) {
-      const size_t per = (uint4s + slices - 1) / slices, lo = slice * per, hi = lo + per < uint4s ? lo + per : uint4s;
-      if (lo < hi) prefetch_l2(base + lo, static_cast<uint32_t>((hi - lo) * 16), 1u << 20);  // one request
-    };
-    if (layer + 1 < p.layers) span(p.w_dn + static_cast<size_t>(wl(layer + 1)) * DN_TILES * DN_SPLITS * dn_block,
-                                   DN_TILES * DN_SPLITS * dn_block);
-    if (layer + 2 < p.layers) span(p.w_gu + static_cast<size_t>(wl(layer + 2)) * GU_TILES * gu_block, GU_TILES * gu_block);
-  };
   if (gu_busy && p.staged) {
     stage(p.w_gu + cta * gu_block, gu_block * 16);
     unstage(w_gu);
@@ -214,7 +201,7 @@ __global__ void __launch_bounds__(256, 1)
   float d[ACC];
   for (int layer = 0; layer < p.layers; ++layer) {
     mark(layer, 0);
-    if (p.prefetch == 1 && tid == 0) {  // a layer (~11 us) ahead of their staging copies
+    if (p.prefetch && tid == 0) {  // a layer (~11 us) ahead of their staging copies
       const int next = wl(layer + 1);
       if (layer == 0 && dn_busy)
         prefetch_l2(p.w_dn + ((static_cast<size_t>(wl(0)) * DN_TILES + ft) * DN_SPLITS + ks) * dn_block, dn_block * 16);
@@ -251,7 +238,6 @@ __global__ void __launch_bounds__(256, 1)
     }
     barrier_with([&] {
       if (dn_busy && p.staged) unstage(w_dn);
-      if (p.prefetch == 2 && !gu_busy && tid % 32 == 0) prefetch_by_idle(layer);
     });
     mark(layer, 3);
     if (dn_busy) {  // down: features 64 * ft .., K slice ks

@@ -97,9 +97,9 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
 }
 
 // ask L2 to fetch [src, src + bytes) from global memory (bytes: a multiple of 16); nothing waits
-__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes, uint32_t request = 32768) {
-  for (uint32_t off = 0; off < bytes; off += request) {
-    const uint32_t n = bytes - off < request ? bytes - off : request;
+__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
+  for (uint32_t off = 0; off < bytes; off += 32768) {
+    const uint32_t n = bytes - off < 32768 ? bytes - off : 32768;
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(src) + off), "r"(n)
                  : "memory");
   }
