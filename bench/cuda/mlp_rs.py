@@ -9,10 +9,10 @@ with the next layer's weights prefetched into L2; and both with every layer on l
 residual stream against torch (fp32 with the kernel's bf16 roundings) and, with --trace, a
 per-layer timeline. GPU only (sm_90a).
 
-Measured (H200, docs/results/mlp_rs_{4df363d,82b82fb,8936ecf}.log): 13.9-14.1 us per layer
-staged, 14.3-15.0 by __ldg, 10.8-11.0 on L2-resident weights, 16.7-16.8 with the L2 prefetch
-(17.5 issued after the gate|up MMAs instead, 8936ecf, reverted); against ~14 for the Triton step
-kernel's phases 5-7 (final residual vs torch: cosine 0.999999).
+Measured (H200, docs/results/mlp_rs_{4df363d,82b82fb,8936ecf,652f1af}.log): 13.9-14.1 us per layer
+staged, 14.3-15.0 by __ldg, 10.8-11.0 on L2-resident weights, 16.5-16.8 with the L2 prefetch
+(17.5 issued after the gate|up MMAs, 8936ecf; 21.6 by the idle CTAs, 652f1af; both reverted);
+against ~14 for the Triton step kernel's phases 5-7 (final residual vs torch: cosine 0.999999).
 
     python bench/cuda/mlp_rs.py [--trace] [--out DIR]
 """
