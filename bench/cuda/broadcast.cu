@@ -33,14 +33,14 @@ __global__ void __launch_bounds__(128, 1)
     broadcast_kernel(const __grid_constant__ CUtensorMap a_map, unsigned int* counter, float* sums, int reps,
                      int rows, int mode) {
   extern __shared__ uint8_t smem_raw[];
-  BroadcastSmem& sm = *reinterpret_cast<BroadcastSmem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  BroadcastSmem& sm = aligned_smem<BroadcastSmem>(smem_raw);
   const int tid = threadIdx.x;
   const uint32_t rank = C > 1 ? cluster_rank() : 0;
   const uint32_t box_bytes = rows * 128;
   const int start = (mode & ROTATE) ? (blockIdx.x / C) % BOXES : 0;
   if (tid == 0) {
     for (int k = 0; k < BOXES; ++k) mbar_init(&sm.full[k], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
   if (C > 1) cluster_sync();

@@ -14,17 +14,14 @@
 #include <cudaTypedefs.h>
 #include <stdint.h>
 
-#include "sm90.cuh"
+#include "rs_gemm.cuh"
 
 namespace proto {
 
-constexpr int NTOK = 56;                       // wgmma N: tokens, padded to a multiple of 8
 constexpr int KDIM = 1024, BOXES = KDIM / 64;  // K in 64-column (128-byte) boxes
 constexpr int FF = 4096, FEAT = 32;            // GeGLU features; per CTA
 constexpr int TILES = FF / FEAT;
-constexpr uint32_t BOX_BYTES = NTOK * 128;  // 7 KB: whole 1 KB swizzle atoms
-constexpr int ACC = NTOK / 2;               // f32 accumulators per thread of m64n56
-constexpr int TRACE_EVENTS = 4;             // layer start, first box in, MMA done, arrive
+constexpr int TRACE_EVENTS = 4;  // layer start, first box in, MMA done, arrive
 // mode bits: every layer on layer 0's weights (L2-resident); the next layer's weights copied by
 // the TMA engine into shared memory (where the activations were) after the MMAs, and from there
 // into registers between arriving at the grid barrier and waiting on it (no thread stalls on
@@ -34,7 +31,7 @@ constexpr int W_FROM_L2 = 1, W_STAGED = 2;
 template <int NWG>
 struct RsSmem {
   union {
-    __nv_bfloat16 a[BOXES][NTOK * 64];
+    Box a[BOXES];
     uint4 w[NWG * (KDIM / 16 / NWG) * 128];  // W_STAGED: the next layer's fragments, CTA order
   };
   float red[NWG - 1][ACC][128];  // the other warpgroups' partial accumulators, thread-minor
@@ -50,7 +47,7 @@ __global__ void __launch_bounds__(NWG * 128, 1)
                       __nv_bfloat16* act, unsigned int* counter, long long* trace, int layers, int rows, int mode) {
   constexpr int JJ = KDIM / 16 / NWG, BPW = BOXES / NWG;  // K steps and A boxes per warpgroup
   extern __shared__ uint8_t smem_raw[];
-  RsSmem<NWG>& sm = *reinterpret_cast<RsSmem<NWG>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  RsSmem<NWG>& sm = aligned_smem<RsSmem<NWG>>(smem_raw);
   const int tid = threadIdx.x, t = tid % 128;
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // warp-uniform
   const int tile = blockIdx.x;
@@ -62,34 +59,18 @@ __global__ void __launch_bounds__(NWG * 128, 1)
   if (tid == 0) {
     for (int k = 0; k < BOXES; ++k) mbar_init(&sm.full[k], 1);
     mbar_init(&sm.w_full, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
   uint32_t w[JJ][4];
+  auto block = [&](int layer) { return wfrag + (static_cast<size_t>(layer) * TILES + tile) * NWG * JJ * 128; };
   auto load_w = [&](int layer) {
-    const uint4* src = wfrag + ((static_cast<size_t>(layer) * TILES + tile) * NWG + wg) * JJ * 128 + t;
-#pragma unroll
-    for (int j = 0; j < JJ; ++j) {
-      const uint4 v = __ldg(src + j * 128);
-      w[j][0] = v.x, w[j][1] = v.y, w[j][2] = v.z, w[j][3] = v.w;
-    }
+    fragments_from_global(w, wfrag + ((static_cast<size_t>(layer) * TILES + tile) * NWG + wg) * JJ * 128 + t);
   };
   const bool staged = mode & W_STAGED;
   constexpr uint32_t W_BYTES = sizeof(RsSmem<NWG>::w);
-  auto stage_w = [&](int layer) {  // thread 0: the CTA's fragments of `layer` into shared memory
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // after the generic reads of the region
-    mbar_expect_tx(&sm.w_full, W_BYTES);
-    bulk_load(sm.w, wfrag + (static_cast<size_t>(layer) * TILES + tile) * NWG * JJ * 128, W_BYTES, &sm.w_full);
-  };
-  auto unstage_w = [&](int phase) {  // every thread: its fragments from shared memory
-    mbar_wait(&sm.w_full, phase & 1);
-#pragma unroll
-    for (int j = 0; j < JJ; ++j) {
-      const uint4 v = sm.w[(wg * JJ + j) * 128 + t];
-      w[j][0] = v.x, w[j][1] = v.y, w[j][2] = v.z, w[j][3] = v.w;
-    }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // before the next TMA writes the region
-  };
+  auto stage_w = [&](int layer) { stage_fragments(sm.w, block(layer), W_BYTES, &sm.w_full); };  // thread 0
+  auto unstage_w = [&](int phase) { unstage_fragments(w, sm.w, &sm.w_full, phase & 1, wg, t); };
   if (busy && staged) {
     if (tid == 0) stage_w(0);
     unstage_w(0);
@@ -100,26 +81,9 @@ __global__ void __launch_bounds__(NWG * 128, 1)
   for (int layer = 0; layer < layers; ++layer) {
     if (busy) {
       mark(layer, 0);
-      if (tid == 0) {  // the activations in one burst; every warpgroup's first box first
-        for (int i = 0; i < BOXES; ++i) {
-          const int k = (i % NWG) * BPW + i / NWG;
-          mbar_expect_tx(&sm.full[k], BOX_BYTES);
-          tma_load(sm.a[k], &a_map, &sm.full[k], k * 64, 0);
-        }
-      }
+      if (tid == 0) burst_load(sm.a, &a_map, sm.full, BOXES, NWG, 0);
       float d[ACC];
-#pragma unroll
-      for (int i = 0; i < ACC; ++i) d[i] = 0.f;
-#pragma unroll
-      for (int b = 0; b < BPW; ++b) {
-        mbar_wait(&sm.full[wg * BPW + b], layer & 1);
-        if (b == 0) mark(layer, 1);
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wgmma_m64n56k16_rs(d, w[b * 4 + kk], gmma_desc(&sm.a[wg * BPW + b][kk * 16]));
-      }
-      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+      mma_boxes<BPW>(d, w, sm.a, sm.full, wg * BPW, layer & 1, [&] { mark(layer, 1); });
       mark(layer, 2);
       if (staged) {
         asm volatile("bar.sync 2, %0;" ::"r"(NWG * 128) : "memory");  // every warpgroup's MMAs done with the region
@@ -127,15 +91,8 @@ __global__ void __launch_bounds__(NWG * 128, 1)
       } else if (layer + 1 < layers) {
         load_w(w_layer * (layer + 1));  // in flight through the epilogue and the barrier
       }
-      if (wg > 0) {
-#pragma unroll
-        for (int i = 0; i < ACC; ++i) sm.red[wg - 1][i][t] = d[i];
-      }
-      asm volatile("bar.sync 1, %0;" ::"r"(NWG * 128) : "memory");
+      sum_warpgroups<NWG>(d, sm.red, wg, t);
       if (wg == 0) {
-#pragma unroll
-        for (int i = 0; i < ACC; ++i)
-          for (int g = 0; g < NWG - 1; ++g) d[i] += sm.red[g][i][t];
         // m64nN accumulator: row = 16 * warp + lane / 4 + 8 * ((i / 2) % 2), col = 8 * (i / 4) +
         // 2 * (lane % 4) + i % 2; rows r and r + 8 are one feature's gate and up
         const int warp = t / 32, lane = t % 32, feature = tile * FEAT + 8 * warp + lane / 4;

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from clock_trace import span_medians
 from nvcc_build import build
 
 from flashrt_ros.bench.timing import graph_ms, write_result
@@ -54,7 +55,7 @@ def timeline(trace: torch.Tensor) -> dict[str, float]:
         "epilogue + next W issue + CTA sync": arrive - mma,
         "grid barrier (arrive -> open)": start[1:] - arrive[:-1],
     }
-    out = {name: float(v[1:-1].flatten().median()) / 1980.0 for name, v in spans.items()}
+    out = span_medians(spans)
     print("    " + ", ".join(f"{name} {us:.2f}" for name, us in out.items()))
     return out
 

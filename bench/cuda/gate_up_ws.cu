@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(256, 1)
     gate_up_ws_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap w_map,
                       __nv_bfloat16* act, unsigned int* counter, int layers, int rows, int mode) {
   extern __shared__ uint8_t smem_raw[];
-  Smem<STAGES>& sm = *reinterpret_cast<Smem<STAGES>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  Smem<STAGES>& sm = aligned_smem<Smem<STAGES>>(smem_raw);
   const int tid = threadIdx.x;
   const int tile = blockIdx.x;
   const bool busy = tile < TILES;
@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(256, 1)
       mbar_init(&sm.empty[s], mcast ? 2 : 1);  // both CTAs' consumers free a multicast slot
     }
     mbar_init(&sm.full_w_all, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
   if (mcast) cluster_sync();

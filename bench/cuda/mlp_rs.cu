@@ -14,22 +14,21 @@
 #include <cudaTypedefs.h>
 #include <stdint.h>
 
-#include "sm90.cuh"
+#include "rs_gemm.cuh"
 
 namespace proto {
 
-constexpr int NTOK = 56, WIDTH = 1024, FF = 4096, NWG = 2, ACC = 28;
+constexpr int WIDTH = 1024, FF = 4096, NWG = 2;
 constexpr int GU_TILES = FF / 32, GU_BOXES = WIDTH / 64, GU_JJ = WIDTH / 16 / NWG;
 constexpr int DN_TILES = WIDTH / 64, DN_SPLITS = 8, DN_BOXES = FF / DN_SPLITS / 64, DN_JJ = FF / DN_SPLITS / 16 / NWG;
-constexpr uint32_t BOX_BYTES = NTOK * 128;
 constexpr int TRACE_EVENTS = 6;  // norm start, gate|up start, gate|up MMA done, down start, down MMA done, arrive
 
 struct MlpSmem {
   union {
-    __nv_bfloat16 a[GU_BOXES][NTOK * 64];  // gate|up's activations; the down's use the first DN_BOXES
-    uint4 w[NWG * GU_JJ * 128];            // (staged) the next GEMM's weight fragments, CTA order
+    Box a[GU_BOXES];             // gate|up's activations; the down's use the first DN_BOXES
+    uint4 w[NWG * GU_JJ * 128];  // (staged) the next GEMM's weight fragments, CTA order
   };
-  float red[ACC][128];                   // warpgroup 1's partial accumulators
+  float red[NWG - 1][ACC][128];  // warpgroup 1's partial accumulators
   uint64_t full_gu[GU_BOXES];
   uint64_t full_dn[DN_BOXES];
   uint64_t w_full;
@@ -54,45 +53,6 @@ struct MlpArgs {
   int one_layer;  // every layer on layer 0's weights (24 MB, L2-resident): the bound with no HBM wait
   int prefetch;   // each CTA asks L2 for its next layer's weight blocks when a layer starts
 };
-
-template <int J>
-__device__ __forceinline__ void load_fragments(uint32_t (&w)[J][4], const uint4* src) {
-#pragma unroll
-  for (int j = 0; j < J; ++j) {
-    const uint4 v = __ldg(src + j * 128);
-    w[j][0] = v.x, w[j][1] = v.y, w[j][2] = v.z, w[j][3] = v.w;
-  }
-}
-
-// d = w (this warpgroup's K steps, registers) @ the boxes [first, first + BPW) of shared memory
-template <int BPW>
-__device__ __forceinline__ void mma_boxes(float (&d)[ACC], const uint32_t (&w)[BPW * 4][4], MlpSmem& sm,
-                                          uint64_t* full, int first, uint32_t parity) {
-#pragma unroll
-  for (int i = 0; i < ACC; ++i) d[i] = 0.f;
-#pragma unroll
-  for (int b = 0; b < BPW; ++b) {
-    mbar_wait(&full[first + b], parity);
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_m64n56k16_rs(d, w[b * 4 + kk], gmma_desc(&sm.a[first + b][kk * 16]));
-  }
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-}
-
-// warpgroup 1's accumulators added into warpgroup 0's (which then holds the CTA's sum)
-__device__ __forceinline__ void sum_warpgroups(float (&d)[ACC], MlpSmem& sm, int wg, int t) {
-  if (wg == 1) {
-#pragma unroll
-    for (int i = 0; i < ACC; ++i) sm.red[i][t] = d[i];
-  }
-  asm volatile("bar.sync 1, 256;" ::: "memory");
-  if (wg == 0) {
-#pragma unroll
-    for (int i = 0; i < ACC; ++i) d[i] += sm.red[i][t];
-  }
-}
 
 // one row: close the last layer's gated residual, then adaRMS into xn (256 threads x 4 columns)
 __device__ void norm_row(const MlpArgs& p, int row, int layer, float* warp_sums) {
@@ -130,7 +90,7 @@ __global__ void __launch_bounds__(256, 1)
     mlp_rs_kernel(const __grid_constant__ CUtensorMap xn_map, const __grid_constant__ CUtensorMap act_map,
                   const MlpArgs p) {
   extern __shared__ uint8_t smem_raw[];
-  MlpSmem& sm = *reinterpret_cast<MlpSmem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  MlpSmem& sm = aligned_smem<MlpSmem>(smem_raw);
   __shared__ float warp_sums[8];
   const int tid = threadIdx.x, t = tid % 128, cta = blockIdx.x, grid = gridDim.x;
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
@@ -151,35 +111,24 @@ __global__ void __launch_bounds__(256, 1)
     for (int k = 0; k < GU_BOXES; ++k) mbar_init(&sm.full_gu[k], 1);
     for (int k = 0; k < DN_BOXES; ++k) mbar_init(&sm.full_dn[k], 1);
     mbar_init(&sm.w_full, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
   uint32_t w_gu[GU_JJ][4], w_dn[DN_JJ][4];
   auto wl = [&](int layer) { return p.one_layer ? 0 : layer; };  // whose weights layer `layer` runs on
-  auto gu_src = [&](int layer) { return p.w_gu + ((static_cast<size_t>(wl(layer)) * GU_TILES + cta) * NWG + wg) * GU_JJ * 128 + t; };
-  auto dn_src = [&](int layer) {
-    return p.w_dn + (((static_cast<size_t>(wl(layer)) * DN_TILES + ft) * DN_SPLITS + ks) * NWG + wg) * DN_JJ * 128 + t;
+  const size_t gu_block = NWG * GU_JJ * 128, dn_block = NWG * DN_JJ * 128;  // uint4 per CTA
+  auto gu_of = [&](int layer) { return p.w_gu + (static_cast<size_t>(wl(layer)) * GU_TILES + cta) * gu_block; };
+  auto dn_of = [&](int layer) {
+    return p.w_dn + ((static_cast<size_t>(wl(layer)) * DN_TILES + ft) * DN_SPLITS + ks) * dn_block;
   };
   // staged: thread 0 copies a CTA's fragment block into the shared region once its MMAs are done
   // with it; every thread takes its fragments out while the other CTAs arrive at the barrier
   int stages = 0;
   auto stage = [&](const uint4* block, uint32_t bytes) {
     asm volatile("bar.sync 2, 256;" ::: "memory");  // both warpgroups' MMAs done with the region
-    if (tid != 0) return;
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    mbar_expect_tx(&sm.w_full, bytes);
-    bulk_load(sm.w, block, bytes, &sm.w_full);
+    if (tid == 0) stage_fragments(sm.w, block, bytes, &sm.w_full);
   };
-  auto unstage = [&](auto& w) {
-    constexpr int J = sizeof(w) / sizeof(w[0]);
-    mbar_wait(&sm.w_full, stages++ & 1);
-#pragma unroll
-    for (int j = 0; j < J; ++j) {
-      const uint4 v = sm.w[(wg * J + j) * 128 + t];
-      w[j][0] = v.x, w[j][1] = v.y, w[j][2] = v.z, w[j][3] = v.w;
-    }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // before the next TMA writes the region
-  };
+  auto unstage = [&](auto& w) { unstage_fragments(w, sm.w, &sm.w_full, stages++ & 1, wg, t); };
   // a grid barrier with `work` between arriving and waiting
   auto barrier_with = [&](auto work) {
     asm volatile("fence.proxy.async.global;" ::: "memory");
@@ -191,42 +140,32 @@ __global__ void __launch_bounds__(256, 1)
     if (tid == 0) grid_wait(p.counter, target);
     __syncthreads();
   };
-  const size_t gu_block = NWG * GU_JJ * 128, dn_block = NWG * DN_JJ * 128;  // uint4 per CTA
   if (gu_busy && p.staged) {
-    stage(p.w_gu + cta * gu_block, gu_block * 16);
+    stage(gu_of(0), gu_block * 16);
     unstage(w_gu);
   } else if (gu_busy) {
-    load_fragments(w_gu, gu_src(0));
+    fragments_from_global(w_gu, gu_of(0) + wg * GU_JJ * 128 + t);
   }
   float d[ACC];
   for (int layer = 0; layer < p.layers; ++layer) {
     mark(layer, 0);
     if (p.prefetch && tid == 0) {  // a layer (~11 us) ahead of their staging copies
-      const int next = wl(layer + 1);
-      if (layer == 0 && dn_busy)
-        prefetch_l2(p.w_dn + ((static_cast<size_t>(wl(0)) * DN_TILES + ft) * DN_SPLITS + ks) * dn_block, dn_block * 16);
-      if (layer + 1 < p.layers && gu_busy)
-        prefetch_l2(p.w_gu + (static_cast<size_t>(next) * GU_TILES + cta) * gu_block, gu_block * 16);
-      if (layer + 1 < p.layers && dn_busy)
-        prefetch_l2(p.w_dn + ((static_cast<size_t>(next) * DN_TILES + ft) * DN_SPLITS + ks) * dn_block, dn_block * 16);
+      if (layer == 0 && dn_busy) prefetch_l2(dn_of(0), dn_block * 16);
+      if (layer + 1 < p.layers && gu_busy) prefetch_l2(gu_of(layer + 1), gu_block * 16);
+      if (layer + 1 < p.layers && dn_busy) prefetch_l2(dn_of(layer + 1), dn_block * 16);
     }
     for (int row = cta; row < p.rows; row += grid) norm_row(p, row, layer, warp_sums);
     barrier();
     mark(layer, 1);
     if (gu_busy) {  // gate|up + GeGLU: features 32 * cta ..
-      if (tid == 0)
-        for (int i = 0; i < GU_BOXES; ++i) {
-          const int k = (i % NWG) * (GU_BOXES / NWG) + i / NWG;  // each warpgroup's first box first
-          mbar_expect_tx(&sm.full_gu[k], BOX_BYTES);
-          tma_load(sm.a[k], &xn_map, &sm.full_gu[k], k * 64, 0);
-        }
-      mma_boxes<GU_BOXES / NWG>(d, w_gu, sm, sm.full_gu, wg * (GU_BOXES / NWG), layer & 1);
+      if (tid == 0) burst_load(sm.a, &xn_map, sm.full_gu, GU_BOXES, NWG, 0);
+      mma_boxes<GU_BOXES / NWG>(d, w_gu, sm.a, sm.full_gu, wg * (GU_BOXES / NWG), layer & 1, [] {});
       mark(layer, 2);
       if (dn_busy && p.staged)
-        stage(p.w_dn + ((static_cast<size_t>(wl(layer)) * DN_TILES + ft) * DN_SPLITS + ks) * dn_block, dn_block * 16);
+        stage(dn_of(layer), dn_block * 16);
       else if (dn_busy)
-        load_fragments(w_dn, dn_src(layer));  // in flight through the epilogue and the barrier
-      sum_warpgroups(d, sm, wg, t);
+        fragments_from_global(w_dn, dn_of(layer) + wg * DN_JJ * 128 + t);  // in flight through the epilogue
+      sum_warpgroups<NWG>(d, sm.red, wg, t);
       if (wg == 0) {  // rows r, r + 8 of each warp's 16 are one feature's gate and up
         const int warp = t / 32, lane = t % 32, feature = cta * 32 + 8 * warp + lane / 4;
 #pragma unroll
@@ -241,19 +180,14 @@ __global__ void __launch_bounds__(256, 1)
     });
     mark(layer, 3);
     if (dn_busy) {  // down: features 64 * ft .., K slice ks
-      if (tid == 0)
-        for (int i = 0; i < DN_BOXES; ++i) {
-          const int k = (i % NWG) * (DN_BOXES / NWG) + i / NWG;
-          mbar_expect_tx(&sm.full_dn[k], BOX_BYTES);
-          tma_load(sm.a[k], &act_map, &sm.full_dn[k], (ks * DN_BOXES + k) * 64, 0);
-        }
-      mma_boxes<DN_BOXES / NWG>(d, w_dn, sm, sm.full_dn, wg * (DN_BOXES / NWG), layer & 1);
+      if (tid == 0) burst_load(sm.a, &act_map, sm.full_dn, DN_BOXES, NWG, ks * DN_BOXES);
+      mma_boxes<DN_BOXES / NWG>(d, w_dn, sm.a, sm.full_dn, wg * (DN_BOXES / NWG), layer & 1, [] {});
       mark(layer, 4);
       if (gu_busy && layer + 1 < p.layers && p.staged)
-        stage(p.w_gu + (static_cast<size_t>(wl(layer + 1)) * GU_TILES + cta) * gu_block, gu_block * 16);
+        stage(gu_of(layer + 1), gu_block * 16);
       else if (gu_busy && layer + 1 < p.layers)
-        load_fragments(w_gu, gu_src(layer + 1));
-      sum_warpgroups(d, sm, wg, t);
+        fragments_from_global(w_gu, gu_of(layer + 1) + wg * GU_JJ * 128 + t);
+      sum_warpgroups<NWG>(d, sm.red, wg, t);
       if (wg == 0) {
         const int warp = t / 32, lane = t % 32;
 #pragma unroll

@@ -1,6 +1,8 @@
 // Hopper (sm_90a) building blocks shared by the bench prototypes in this folder: mbarriers, TMA
-// loads (plain and cluster multicast), cluster rank and barrier, a grid barrier over co-resident
-// CTAs. Each is one PTX instruction or a short fixed sequence, as CUTLASS's cute/arch wrappers.
+// loads (tensor, plain and cluster multicast; bulk; L2 prefetch), cluster rank and barrier, a grid
+// barrier over co-resident CTAs, wgmma descriptors and the m64n56 register-operand MMA; on the
+// host, tensor maps and a cluster launch configuration. Each device piece is one PTX instruction
+// or a short fixed sequence, as CUTLASS's cute/arch wrappers.
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -13,8 +15,19 @@ __device__ __forceinline__ uint32_t su32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// the dynamic shared memory, aligned to 1 KB (the 128-byte swizzle's atom), as a T
+template <class T>
+__device__ __forceinline__ T& aligned_smem(uint8_t* raw) {
+  return *reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+}
+
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(su32(bar)), "r"(count) : "memory");
+}
+
+// after a thread's mbar_init calls: visible to the cluster and to the async proxy
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 
 __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
