@@ -6,8 +6,9 @@
 //   gate|up + GeGLU, 128 CTAs of 32 features (gate_up_rs.cu's phase);
 //   down   16 tiles of 64 features x 8 K-slices of 512, fp32 partials.
 // Both GEMMs hold their weights in registers as wgmma's A operand, loaded from global memory in
-// fragment order while the phase before runs; the activations come through shared memory as the
-// B operand (N = 56 tokens) in one TMA burst after the barrier.
+// fragment order while the phase before runs (or, `staged` = 2, staged in shared memory a whole layer
+// ahead); the activations come through shared memory as the B operand (N = 56 tokens) in one TMA
+// burst after the barrier.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -26,12 +27,17 @@ constexpr int TRACE_EVENTS = 6;  // norm start, gate|up start, gate|up MMA done,
 struct MlpSmem {
   union {
     Box a[GU_BOXES];             // gate|up's activations; the down's use the first DN_BOXES
-    uint4 w[NWG * GU_JJ * 128];  // (staged) the next GEMM's weight fragments, CTA order
+    uint4 w[NWG * GU_JJ * 128];  // (staged) the next GEMM's weight fragments, CTA order; (ahead) gate|up's
   };
+  union {                        // (ahead) the down's weight fragments, then its activations
+    Box a[DN_BOXES];
+    uint4 w[NWG * DN_JJ * 128];
+  } dn;
   float red[NWG - 1][ACC][128];  // warpgroup 1's partial accumulators
   uint64_t full_gu[GU_BOXES];
   uint64_t full_dn[DN_BOXES];
   uint64_t w_full;
+  uint64_t dn_full;
 };
 
 struct MlpArgs {
@@ -48,8 +54,11 @@ struct MlpArgs {
   long long* trace;   // null or [layers][grid][TRACE_EVENTS]
   int layers, rows;
   float eps;
-  int staged;     // weights by one TMA copy into shared memory after the MMAs, into registers between
-                  // arriving at the grid barrier and waiting on it (else: each thread's __ldg loads)
+  int staged;     // 1: weights by one TMA copy into shared memory after the MMAs, into registers between
+                  // arriving at the grid barrier and waiting on it; 2 (ahead): the same, but each GEMM's
+                  // copy issued once the same GEMM of the layer before is done with its region (gate|up's
+                  // and the down's in regions of their own), so each has a whole layer's other phases to
+                  // land; 0: each thread's __ldg loads
   int one_layer;  // every layer on layer 0's weights (24 MB, L2-resident): the bound with no HBM wait
   int prefetch;   // each CTA asks L2 for its next layer's weight blocks when a layer starts
 };
@@ -86,6 +95,7 @@ __device__ void norm_row(const MlpArgs& p, int row, int layer, float* warp_sums)
   out[3] = __float2bfloat16(h.w * r * sc.w + sh.w);
 }
 
+template <int STAGED>  // MlpArgs::staged, one build each: no mode's branches in another's registers
 __global__ void __launch_bounds__(256, 1)
     mlp_rs_kernel(const __grid_constant__ CUtensorMap xn_map, const __grid_constant__ CUtensorMap act_map,
                   const MlpArgs p) {
@@ -111,6 +121,7 @@ __global__ void __launch_bounds__(256, 1)
     for (int k = 0; k < GU_BOXES; ++k) mbar_init(&sm.full_gu[k], 1);
     for (int k = 0; k < DN_BOXES; ++k) mbar_init(&sm.full_dn[k], 1);
     mbar_init(&sm.w_full, 1);
+    mbar_init(&sm.dn_full, 1);
     mbar_init_fence();
   }
   __syncthreads();
@@ -123,12 +134,15 @@ __global__ void __launch_bounds__(256, 1)
   };
   // staged: thread 0 copies a CTA's fragment block into the shared region once its MMAs are done
   // with it; every thread takes its fragments out while the other CTAs arrive at the barrier
-  int stages = 0;
-  auto stage = [&](const uint4* block, uint32_t bytes) {
+  int stages = 0, dn_stages = 0;
+  constexpr bool ahead = STAGED == 2;
+  auto stage_to = [&](uint4* region, uint64_t* full, const uint4* block, uint32_t bytes) {
     asm volatile("bar.sync 2, 256;" ::: "memory");  // both warpgroups' MMAs done with the region
-    if (tid == 0) stage_fragments(sm.w, block, bytes, &sm.w_full);
+    if (tid == 0) stage_fragments(region, block, bytes, full);
   };
+  auto stage = [&](const uint4* block, uint32_t bytes) { stage_to(sm.w, &sm.w_full, block, bytes); };
   auto unstage = [&](auto& w) { unstage_fragments(w, sm.w, &sm.w_full, stages++ & 1, wg, t); };
+  auto unstage_dn = [&](auto& w) { unstage_fragments(w, sm.dn.w, &sm.dn_full, dn_stages++ & 1, wg, t); };
   // a grid barrier with `work` between arriving and waiting
   auto barrier_with = [&](auto work) {
     asm volatile("fence.proxy.async.global;" ::: "memory");
@@ -140,7 +154,10 @@ __global__ void __launch_bounds__(256, 1)
     if (tid == 0) grid_wait(p.counter, target);
     __syncthreads();
   };
-  if (gu_busy && p.staged) {
+  if (ahead) {  // layer 0's weights: gate|up's into registers at the first norm's barrier
+    if (gu_busy) stage(gu_of(0), gu_block * 16);
+    if (dn_busy) stage_to(sm.dn.w, &sm.dn_full, dn_of(0), dn_block * 16);
+  } else if (gu_busy && STAGED) {
     stage(gu_of(0), gu_block * 16);
     unstage(w_gu);
   } else if (gu_busy) {
@@ -155,16 +172,24 @@ __global__ void __launch_bounds__(256, 1)
       if (layer + 1 < p.layers && dn_busy) prefetch_l2(dn_of(layer + 1), dn_block * 16);
     }
     for (int row = cta; row < p.rows; row += grid) norm_row(p, row, layer, warp_sums);
-    barrier();
+    if (ahead)
+      barrier_with([&] {
+        if (gu_busy) unstage(w_gu);
+      });
+    else
+      barrier();
     mark(layer, 1);
     if (gu_busy) {  // gate|up + GeGLU: features 32 * cta ..
       if (tid == 0) burst_load(sm.a, &xn_map, sm.full_gu, GU_BOXES, NWG, 0);
       mma_boxes<GU_BOXES / NWG>(d, w_gu, sm.a, sm.full_gu, wg * (GU_BOXES / NWG), layer & 1, [] {});
       mark(layer, 2);
-      if (dn_busy && p.staged)
+      if (ahead) {  // the region is free: its next layer's weights, a whole layer's phases to land
+        if (layer + 1 < p.layers) stage(gu_of(layer + 1), gu_block * 16);
+      } else if (dn_busy && STAGED) {
         stage(dn_of(layer), dn_block * 16);
-      else if (dn_busy)
+      } else if (dn_busy) {
         fragments_from_global(w_dn, dn_of(layer) + wg * DN_JJ * 128 + t);  // in flight through the epilogue
+      }
       sum_warpgroups<NWG>(d, sm.red, wg, t);
       if (wg == 0) {  // rows r, r + 8 of each warp's 16 are one feature's gate and up
         const int warp = t / 32, lane = t % 32, feature = cta * 32 + 8 * warp + lane / 4;
@@ -176,17 +201,24 @@ __global__ void __launch_bounds__(256, 1)
       }
     }
     barrier_with([&] {
-      if (dn_busy && p.staged) unstage(w_dn);
+      if (dn_busy && ahead)
+        unstage_dn(w_dn);
+      else if (dn_busy && STAGED)
+        unstage(w_dn);
     });
     mark(layer, 3);
     if (dn_busy) {  // down: features 64 * ft .., K slice ks
-      if (tid == 0) burst_load(sm.a, &act_map, sm.full_dn, DN_BOXES, NWG, ks * DN_BOXES);
-      mma_boxes<DN_BOXES / NWG>(d, w_dn, sm.a, sm.full_dn, wg * (DN_BOXES / NWG), layer & 1, [] {});
+      Box* acts = ahead ? sm.dn.a : sm.a;
+      if (tid == 0) burst_load(acts, &act_map, sm.full_dn, DN_BOXES, NWG, ks * DN_BOXES);
+      mma_boxes<DN_BOXES / NWG>(d, w_dn, acts, sm.full_dn, wg * (DN_BOXES / NWG), layer & 1, [] {});
       mark(layer, 4);
-      if (gu_busy && layer + 1 < p.layers && p.staged)
+      if (ahead) {
+        if (layer + 1 < p.layers) stage_to(sm.dn.w, &sm.dn_full, dn_of(layer + 1), dn_block * 16);
+      } else if (gu_busy && layer + 1 < p.layers && STAGED) {
         stage(gu_of(layer + 1), gu_block * 16);
-      else if (gu_busy && layer + 1 < p.layers)
+      } else if (gu_busy && layer + 1 < p.layers) {
         fragments_from_global(w_gu, gu_of(layer + 1) + wg * GU_JJ * 128 + t);
+      }
       sum_warpgroups<NWG>(d, sm.red, wg, t);
       if (wg == 0) {
         const int warp = t / 32, lane = t % 32;
@@ -200,7 +232,7 @@ __global__ void __launch_bounds__(256, 1)
     }
     mark(layer, 5);
     barrier_with([&] {
-      if (gu_busy && p.staged && layer + 1 < p.layers) unstage(w_gu);
+      if (gu_busy && STAGED == 1 && layer + 1 < p.layers) unstage(w_gu);
     });
   }
   for (int row = cta; row < p.rows; row += grid) norm_row(p, row, p.layers, warp_sums);
@@ -215,7 +247,8 @@ extern "C" int mlp_rs_launch(const proto::MlpArgs* args, int grid, cudaStream_t 
   const CUtensorMap xn_map = tile_map(args->xn, 64, WIDTH, NTOK, 64);
   const CUtensorMap act_map = tile_map(args->act, 64, FF, NTOK, 64);
   const int smem = sizeof(MlpSmem) + 1024;
-  cudaFuncSetAttribute(mlp_rs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  mlp_rs_kernel<<<grid, 256, smem, stream>>>(xn_map, act_map, *args);
+  auto kernel = args->staged == 2 ? mlp_rs_kernel<2> : args->staged == 1 ? mlp_rs_kernel<1> : mlp_rs_kernel<0>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  kernel<<<grid, 256, smem, stream>>>(xn_map, act_map, *args);
   return static_cast<int>(cudaGetLastError());
 }

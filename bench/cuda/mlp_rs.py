@@ -127,7 +127,7 @@ def main() -> None:
     first = [w[:1].expand(LAYERS, -1, -1) for w in (gate_w, up_w, down_w)]
     want_first = reference(h0, *first, scale, shift, gate)
     results = {}
-    for staged, one_layer, prefetch in ((0, 0, 0), (1, 0, 0), (1, 0, 1), (0, 1, 0), (1, 1, 0)):
+    for staged, one_layer, prefetch in ((0, 0, 0), (1, 0, 0), (2, 0, 0), (1, 0, 1), (0, 1, 0), (1, 1, 0), (2, 1, 0)):
         want = want_first if one_layer else want_all
         launch(staged, one_layer, prefetch)
         torch.cuda.synchronize()
@@ -136,7 +136,8 @@ def main() -> None:
         full = (
             graph_ms(lambda s=staged, o=one_layer, f=prefetch: launch(s, o, f)) * 1e3
         )  # with the h reset and counter zeroing
-        label = "weights by TMA -> shared -> registers" if staged else "weights by __ldg -> registers"
+        label = ("weights by __ldg -> registers", "weights by TMA -> shared -> registers",
+                 "weights by TMA -> shared a layer ahead -> registers")[staged]  # fmt: skip
         label += ", layer 0's weights for all (L2)" if one_layer else ""
         label += ", next layer's weights prefetched into L2" if prefetch else ""
         results[label] = dict(us_per_layer=full / LAYERS, max_abs=err, cosine=cos, ref_abs_max=float(want.abs().max()))
