@@ -58,7 +58,8 @@ struct MlpArgs {
                   // arriving at the grid barrier and waiting on it; 2 (ahead): the same, but each GEMM's
                   // copy issued once the same GEMM of the layer before is done with its region (gate|up's
                   // and the down's in regions of their own), so each has a whole layer's other phases to
-                  // land; 0: each thread's __ldg loads
+                  // land; 3 (late): as 1, but gate|up's weights into registers at the norm's barrier,
+                  // not the down's; 0: each thread's __ldg loads
   int one_layer;  // every layer on layer 0's weights (24 MB, L2-resident): the bound with no HBM wait
   int prefetch;   // each CTA asks L2 for its next layer's weight blocks when a layer starts
 };
@@ -135,7 +136,7 @@ __global__ void __launch_bounds__(256, 1)
   // staged: thread 0 copies a CTA's fragment block into the shared region once its MMAs are done
   // with it; every thread takes its fragments out while the other CTAs arrive at the barrier
   int stages = 0, dn_stages = 0;
-  constexpr bool ahead = STAGED == 2;
+  constexpr bool ahead = STAGED == 2, late = STAGED == 3;
   auto stage_to = [&](uint4* region, uint64_t* full, const uint4* block, uint32_t bytes) {
     asm volatile("bar.sync 2, 256;" ::: "memory");  // both warpgroups' MMAs done with the region
     if (tid == 0) stage_fragments(region, block, bytes, full);
@@ -159,7 +160,7 @@ __global__ void __launch_bounds__(256, 1)
     if (dn_busy) stage_to(sm.dn.w, &sm.dn_full, dn_of(0), dn_block * 16);
   } else if (gu_busy && STAGED) {
     stage(gu_of(0), gu_block * 16);
-    unstage(w_gu);
+    if (!late) unstage(w_gu);
   } else if (gu_busy) {
     fragments_from_global(w_gu, gu_of(0) + wg * GU_JJ * 128 + t);
   }
@@ -172,7 +173,7 @@ __global__ void __launch_bounds__(256, 1)
       if (layer + 1 < p.layers && dn_busy) prefetch_l2(dn_of(layer + 1), dn_block * 16);
     }
     for (int row = cta; row < p.rows; row += grid) norm_row(p, row, layer, warp_sums);
-    if (ahead)
+    if (ahead || late)
       barrier_with([&] {
         if (gu_busy) unstage(w_gu);
       });
@@ -247,7 +248,10 @@ extern "C" int mlp_rs_launch(const proto::MlpArgs* args, int grid, cudaStream_t 
   const CUtensorMap xn_map = tile_map(args->xn, 64, WIDTH, NTOK, 64);
   const CUtensorMap act_map = tile_map(args->act, 64, FF, NTOK, 64);
   const int smem = sizeof(MlpSmem) + 1024;
-  auto kernel = args->staged == 2 ? mlp_rs_kernel<2> : args->staged == 1 ? mlp_rs_kernel<1> : mlp_rs_kernel<0>;
+  auto kernel = args->staged == 3   ? mlp_rs_kernel<3>
+                : args->staged == 2 ? mlp_rs_kernel<2>
+                : args->staged == 1 ? mlp_rs_kernel<1>
+                                    : mlp_rs_kernel<0>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   kernel<<<grid, 256, smem, stream>>>(xn_map, act_map, *args);
   return static_cast<int>(cudaGetLastError());

@@ -14,7 +14,7 @@ staged, 14.3-15.0 by __ldg, 10.8-11.0 on L2-resident weights, 16.5-16.8 with the
 (17.5 issued after the gate|up MMAs, 8936ecf; 21.6 by the idle CTAs, 652f1af; both reverted);
 against ~14 for the Triton step kernel's phases 5-7 (final residual vs torch: cosine 0.999999).
 
-    python bench/cuda/mlp_rs.py [--trace] [--out DIR]
+    python bench/cuda/mlp_rs.py [--trace] [--runs 100 200 ...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from nvcc_build import build
 from flashrt_ros.bench.timing import graph_ms, write_result
 
 LAYERS, ROWS, WIDTH, FF, GRID, NWG, SPLITS, EPS = 18, 50, 1024, 4096, 132, 2, 8, 1e-6
+RUNS = "000 100 200 300 101 010 110 210 310"
 TRACE = ("norm start", "gate|up start", "gate|up MMA done", "down start", "down MMA done", "arrive")
 
 
@@ -85,6 +86,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--runs", nargs="+", default=RUNS.split(),
+                    help=f"STAGED ONE_LAYER PREFETCH digits per run (MlpArgs), default {RUNS}")  # fmt: skip
     args = ap.parse_args()
     dev = torch.device("cuda")
     lib = build("mlp_rs", "mlp_rs_launch", [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p])
@@ -127,7 +130,7 @@ def main() -> None:
     first = [w[:1].expand(LAYERS, -1, -1) for w in (gate_w, up_w, down_w)]
     want_first = reference(h0, *first, scale, shift, gate)
     results = {}
-    for staged, one_layer, prefetch in ((0, 0, 0), (1, 0, 0), (2, 0, 0), (1, 0, 1), (0, 1, 0), (1, 1, 0), (2, 1, 0)):
+    for staged, one_layer, prefetch in (tuple(int(c) for c in run) for run in args.runs):
         want = want_first if one_layer else want_all
         launch(staged, one_layer, prefetch)
         torch.cuda.synchronize()
@@ -137,7 +140,8 @@ def main() -> None:
             graph_ms(lambda s=staged, o=one_layer, f=prefetch: launch(s, o, f)) * 1e3
         )  # with the h reset and counter zeroing
         label = ("weights by __ldg -> registers", "weights by TMA -> shared -> registers",
-                 "weights by TMA -> shared a layer ahead -> registers")[staged]  # fmt: skip
+                 "weights by TMA -> shared a layer ahead -> registers",
+                 "weights by TMA -> shared -> registers at the norm's barrier")[staged]  # fmt: skip
         label += ", layer 0's weights for all (L2)" if one_layer else ""
         label += ", next layer's weights prefetched into L2" if prefetch else ""
         results[label] = dict(us_per_layer=full / LAYERS, max_abs=err, cosine=cos, ref_abs_max=float(want.abs().max()))
