@@ -59,7 +59,10 @@ struct MlpArgs {
                   // copy issued once the same GEMM of the layer before is done with its region (gate|up's
                   // and the down's in regions of their own), so each has a whole layer's other phases to
                   // land; 3 (late): as 1, but gate|up's weights into registers at the norm's barrier,
-                  // not the down's; 0: each thread's __ldg loads
+                  // not the down's; 4 (overlapped): as 2, but each copy issued by warpgroup 1 once the
+                  // warpgroups' sum is done, and only warpgroup 0 (which stores the epilogue) before
+                  // the grid arrival: the issuing thread stalls about as long as its bytes take, now
+                  // beside the epilogue and the barrier and not before them; 0: each thread's __ldg loads
   int one_layer;  // every layer on layer 0's weights (24 MB, L2-resident): the bound with no HBM wait
   int prefetch;   // each CTA asks L2 for its next layer's weight blocks when a layer starts
 };
@@ -136,7 +139,7 @@ __global__ void __launch_bounds__(256, 1)
   // staged: thread 0 copies a CTA's fragment block into the shared region once its MMAs are done
   // with it; every thread takes its fragments out while the other CTAs arrive at the barrier
   int stages = 0, dn_stages = 0;
-  constexpr bool ahead = STAGED == 2, late = STAGED == 3;
+  constexpr bool overlapped = STAGED == 4, ahead = STAGED == 2 || overlapped, late = STAGED == 3;
   auto stage_to = [&](uint4* region, uint64_t* full, const uint4* block, uint32_t bytes) {
     asm volatile("bar.sync 2, 256;" ::: "memory");  // both warpgroups' MMAs done with the region
     if (tid == 0) stage_fragments(region, block, bytes, full);
@@ -145,9 +148,13 @@ __global__ void __launch_bounds__(256, 1)
   auto unstage = [&](auto& w) { unstage_fragments(w, sm.w, &sm.w_full, stages++ & 1, wg, t); };
   auto unstage_dn = [&](auto& w) { unstage_fragments(w, sm.dn.w, &sm.dn_full, dn_stages++ & 1, wg, t); };
   // a grid barrier with `work` between arriving and waiting
-  auto barrier_with = [&](auto work) {
+  // (overlapped, after a GEMM) warpgroup 1 has no stores to wait for and may still be issuing a copy
+  auto barrier_with = [&](auto work, bool wg0_stores = false) {
     asm volatile("fence.proxy.async.global;" ::: "memory");
-    __syncthreads();
+    if (overlapped && wg0_stores && wg == 0)
+      asm volatile("bar.sync 4, 128;" ::: "memory");
+    else if (!(overlapped && wg0_stores))
+      __syncthreads();
     target += grid;
     if (tid == 0) grid_arrive(p.counter);
     work();
@@ -185,13 +192,15 @@ __global__ void __launch_bounds__(256, 1)
       mma_boxes<GU_BOXES / NWG>(d, w_gu, sm.a, sm.full_gu, wg * (GU_BOXES / NWG), layer & 1, [] {});
       mark(layer, 2);
       if (ahead) {  // the region is free: its next layer's weights, a whole layer's phases to land
-        if (layer + 1 < p.layers) stage(gu_of(layer + 1), gu_block * 16);
+        if (!overlapped && layer + 1 < p.layers) stage(gu_of(layer + 1), gu_block * 16);
       } else if (dn_busy && STAGED) {
         stage(dn_of(layer), dn_block * 16);
       } else if (dn_busy) {
         fragments_from_global(w_dn, dn_of(layer) + wg * DN_JJ * 128 + t);  // in flight through the epilogue
       }
-      sum_warpgroups<NWG>(d, sm.red, wg, t);
+      sum_warpgroups<NWG>(d, sm.red, wg, t);  // after it, both warpgroups' MMAs are done
+      if (overlapped && wg == 1 && t == 0 && layer + 1 < p.layers)
+        stage_fragments(sm.w, gu_of(layer + 1), gu_block * 16, &sm.w_full);
       if (wg == 0) {  // rows r, r + 8 of each warp's 16 are one feature's gate and up
         const int warp = t / 32, lane = t % 32, feature = cta * 32 + 8 * warp + lane / 4;
 #pragma unroll
@@ -201,12 +210,14 @@ __global__ void __launch_bounds__(256, 1)
         }
       }
     }
-    barrier_with([&] {
-      if (dn_busy && ahead)
-        unstage_dn(w_dn);
-      else if (dn_busy && STAGED)
-        unstage(w_dn);
-    });
+    barrier_with(
+        [&] {
+          if (dn_busy && ahead)
+            unstage_dn(w_dn);
+          else if (dn_busy && STAGED)
+            unstage(w_dn);
+        },
+        true);
     mark(layer, 3);
     if (dn_busy) {  // down: features 64 * ft .., K slice ks
       Box* acts = ahead ? sm.dn.a : sm.a;
@@ -214,13 +225,15 @@ __global__ void __launch_bounds__(256, 1)
       mma_boxes<DN_BOXES / NWG>(d, w_dn, acts, sm.full_dn, wg * (DN_BOXES / NWG), layer & 1, [] {});
       mark(layer, 4);
       if (ahead) {
-        if (layer + 1 < p.layers) stage_to(sm.dn.w, &sm.dn_full, dn_of(layer + 1), dn_block * 16);
+        if (!overlapped && layer + 1 < p.layers) stage_to(sm.dn.w, &sm.dn_full, dn_of(layer + 1), dn_block * 16);
       } else if (gu_busy && layer + 1 < p.layers && STAGED) {
         stage(gu_of(layer + 1), gu_block * 16);
       } else if (gu_busy && layer + 1 < p.layers) {
         fragments_from_global(w_gu, gu_of(layer + 1) + wg * GU_JJ * 128 + t);
       }
       sum_warpgroups<NWG>(d, sm.red, wg, t);
+      if (overlapped && wg == 1 && t == 0 && layer + 1 < p.layers)
+        stage_fragments(sm.dn.w, dn_of(layer + 1), dn_block * 16, &sm.dn_full);
       if (wg == 0) {
         const int warp = t / 32, lane = t % 32;
 #pragma unroll
@@ -232,9 +245,11 @@ __global__ void __launch_bounds__(256, 1)
       }
     }
     mark(layer, 5);
-    barrier_with([&] {
-      if (gu_busy && STAGED == 1 && layer + 1 < p.layers) unstage(w_gu);
-    });
+    barrier_with(
+        [&] {
+          if (gu_busy && STAGED == 1 && layer + 1 < p.layers) unstage(w_gu);
+        },
+        true);
   }
   for (int row = cta; row < p.rows; row += grid) norm_row(p, row, p.layers, warp_sums);
 }
@@ -248,7 +263,8 @@ extern "C" int mlp_rs_launch(const proto::MlpArgs* args, int grid, cudaStream_t 
   const CUtensorMap xn_map = tile_map(args->xn, 64, WIDTH, NTOK, 64);
   const CUtensorMap act_map = tile_map(args->act, 64, FF, NTOK, 64);
   const int smem = sizeof(MlpSmem) + 1024;
-  auto kernel = args->staged == 3   ? mlp_rs_kernel<3>
+  auto kernel = args->staged == 4   ? mlp_rs_kernel<4>
+                : args->staged == 3 ? mlp_rs_kernel<3>
                 : args->staged == 2 ? mlp_rs_kernel<2>
                 : args->staged == 1 ? mlp_rs_kernel<1>
                                     : mlp_rs_kernel<0>;
