@@ -62,7 +62,11 @@ struct MlpArgs {
                   // not the down's; 4 (overlapped): as 2, but each copy issued by warpgroup 1 once the
                   // warpgroups' sum is done, and only warpgroup 0 (which stores the epilogue) before
                   // the grid arrival: the issuing thread stalls about as long as its bytes take, now
-                  // beside the epilogue and the barrier and not before them; 0: each thread's __ldg loads
+                  // beside the epilogue and the barrier and not before them; 5 (paced): as 4, each copy
+                  // in chunks spread over the layer (gate|up's 48 + 48 + 32 KB after its MMAs, at the
+                  // down's start and after the down's MMAs; the down's 32 KB after its MMAs and 32 KB at
+                  // gate|up's start), so that no burst of all CTAs' copies fills HBM's queues in front of a
+                  // barrier; 0: each thread's __ldg loads
   int one_layer;  // every layer on layer 0's weights (24 MB, L2-resident): the bound with no HBM wait
   int prefetch;   // each CTA asks L2 for its next layer's weight blocks when a layer starts
 };
@@ -139,7 +143,14 @@ __global__ void __launch_bounds__(256, 1)
   // staged: thread 0 copies a CTA's fragment block into the shared region once its MMAs are done
   // with it; every thread takes its fragments out while the other CTAs arrive at the barrier
   int stages = 0, dn_stages = 0;
-  constexpr bool overlapped = STAGED == 4, ahead = STAGED == 2 || overlapped, late = STAGED == 3;
+  constexpr bool paced = STAGED == 5, overlapped = STAGED == 4 || paced, ahead = STAGED == 2 || overlapped;
+  constexpr bool late = STAGED == 3;
+  // (paced) bytes [from, to) of a block, the first chunk announcing the whole block's bytes
+  auto chunk = [&](uint4* region, uint64_t* full, const uint4* block, uint32_t from, uint32_t to, uint32_t all) {
+    if (from == 0) mbar_expect_tx(full, all);
+    bulk_load(region + from / 16, block + from / 16, to - from, full);
+  };
+  constexpr uint32_t GU_BYTES = NWG * GU_JJ * 128 * 16, DN_BYTES = NWG * DN_JJ * 128 * 16;
   auto stage_to = [&](uint4* region, uint64_t* full, const uint4* block, uint32_t bytes) {
     asm volatile("bar.sync 2, 256;" ::: "memory");  // both warpgroups' MMAs done with the region
     if (tid == 0) stage_fragments(region, block, bytes, full);
@@ -189,6 +200,7 @@ __global__ void __launch_bounds__(256, 1)
     mark(layer, 1);
     if (gu_busy) {  // gate|up + GeGLU: features 32 * cta ..
       if (tid == 0) burst_load(sm.a, &xn_map, sm.full_gu, GU_BOXES, NWG, 0);
+      if (paced && layer > 0 && dn_busy && tid == 0) chunk(sm.dn.w, &sm.dn_full, dn_of(layer), DN_BYTES / 2, DN_BYTES, 0);
       mma_boxes<GU_BOXES / NWG>(d, w_gu, sm.a, sm.full_gu, wg * (GU_BOXES / NWG), layer & 1, [] {});
       mark(layer, 2);
       if (ahead) {  // the region is free: its next layer's weights, a whole layer's phases to land
@@ -199,8 +211,12 @@ __global__ void __launch_bounds__(256, 1)
         fragments_from_global(w_dn, dn_of(layer) + wg * DN_JJ * 128 + t);  // in flight through the epilogue
       }
       sum_warpgroups<NWG>(d, sm.red, wg, t);  // after it, both warpgroups' MMAs are done
-      if (overlapped && wg == 1 && t == 0 && layer + 1 < p.layers)
+      if (paced && wg == 1 && t == 0 && layer + 1 < p.layers) {
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        chunk(sm.w, &sm.w_full, gu_of(layer + 1), 0, 48 * 1024, GU_BYTES);
+      } else if (overlapped && wg == 1 && t == 0 && layer + 1 < p.layers) {
         stage_fragments(sm.w, gu_of(layer + 1), gu_block * 16, &sm.w_full);
+      }
       if (wg == 0) {  // rows r, r + 8 of each warp's 16 are one feature's gate and up
         const int warp = t / 32, lane = t % 32, feature = cta * 32 + 8 * warp + lane / 4;
 #pragma unroll
@@ -222,6 +238,8 @@ __global__ void __launch_bounds__(256, 1)
     if (dn_busy) {  // down: features 64 * ft .., K slice ks
       Box* acts = ahead ? sm.dn.a : sm.a;
       if (tid == 0) burst_load(acts, &act_map, sm.full_dn, DN_BOXES, NWG, ks * DN_BOXES);
+      if (paced && gu_busy && tid == 0 && layer + 1 < p.layers)
+        chunk(sm.w, &sm.w_full, gu_of(layer + 1), 48 * 1024, 96 * 1024, 0);
       mma_boxes<DN_BOXES / NWG>(d, w_dn, acts, sm.full_dn, wg * (DN_BOXES / NWG), layer & 1, [] {});
       mark(layer, 4);
       if (ahead) {
@@ -232,7 +250,11 @@ __global__ void __launch_bounds__(256, 1)
         fragments_from_global(w_gu, gu_of(layer + 1) + wg * GU_JJ * 128 + t);
       }
       sum_warpgroups<NWG>(d, sm.red, wg, t);
-      if (overlapped && wg == 1 && t == 0 && layer + 1 < p.layers)
+      if (paced && wg == 1 && t == 0 && layer + 1 < p.layers) {
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        if (gu_busy) chunk(sm.w, &sm.w_full, gu_of(layer + 1), 96 * 1024, GU_BYTES, 0);
+        chunk(sm.dn.w, &sm.dn_full, dn_of(layer + 1), 0, DN_BYTES / 2, DN_BYTES);
+      } else if (overlapped && !paced && wg == 1 && t == 0 && layer + 1 < p.layers)
         stage_fragments(sm.dn.w, dn_of(layer + 1), dn_block * 16, &sm.dn_full);
       if (wg == 0) {
         const int warp = t / 32, lane = t % 32;
@@ -263,7 +285,8 @@ extern "C" int mlp_rs_launch(const proto::MlpArgs* args, int grid, cudaStream_t 
   const CUtensorMap xn_map = tile_map(args->xn, 64, WIDTH, NTOK, 64);
   const CUtensorMap act_map = tile_map(args->act, 64, FF, NTOK, 64);
   const int smem = sizeof(MlpSmem) + 1024;
-  auto kernel = args->staged == 4   ? mlp_rs_kernel<4>
+  auto kernel = args->staged == 5   ? mlp_rs_kernel<5>
+                : args->staged == 4 ? mlp_rs_kernel<4>
                 : args->staged == 3 ? mlp_rs_kernel<3>
                 : args->staged == 2 ? mlp_rs_kernel<2>
                 : args->staged == 1 ? mlp_rs_kernel<1>

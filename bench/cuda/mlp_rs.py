@@ -32,7 +32,7 @@ from nvcc_build import build
 from flashrt_ros.bench.timing import graph_ms, write_result
 
 LAYERS, ROWS, WIDTH, FF, GRID, NWG, SPLITS, EPS = 18, 50, 1024, 4096, 132, 2, 8, 1e-6
-RUNS = "000 100 200 300 400 101 010 110 210 310 410"
+RUNS = "000 100 200 300 400 500 101 010 110 210 310 410 510"
 TRACE = ("norm start", "gate|up start", "gate|up MMA done", "down start", "down MMA done", "arrive")
 
 
@@ -142,7 +142,8 @@ def main() -> None:
         label = ("weights by __ldg -> registers", "weights by TMA -> shared -> registers",
                  "weights by TMA -> shared a layer ahead -> registers",
                  "weights by TMA -> shared -> registers at the norm's barrier",
-                 "weights by TMA -> shared a layer ahead, issued beside the epilogue -> registers")[staged]  # fmt: skip
+                 "weights by TMA -> shared a layer ahead, issued beside the epilogue -> registers",
+                 "weights by TMA -> shared a layer ahead in paced chunks -> registers")[staged]  # fmt: skip
         label += ", layer 0's weights for all (L2)" if one_layer else ""
         label += ", next layer's weights prefetched into L2" if prefetch else ""
         results[label] = dict(us_per_layer=full / LAYERS, max_abs=err, cosine=cos, ref_abs_max=float(want.abs().max()))
