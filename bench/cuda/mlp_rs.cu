@@ -63,12 +63,13 @@ struct MlpArgs {
                   // warpgroups' sum is done, and only warpgroup 0 (which stores the epilogue) before
                   // the grid arrival: the issuing thread stalls about as long as its bytes take, now
                   // beside the epilogue and the barrier and not before them; 5 (paced): as 4, each copy
-                  // in chunks spread over the layer (gate|up's 48 + 48 + 32 KB after its MMAs, at the
-                  // down's start and after the down's MMAs; the down's 32 KB after its MMAs and 32 KB at
-                  // gate|up's start), so that no burst of all CTAs' copies fills HBM's queues in front of a
+                  // in chunks spread over the layer (gu_cut, dn_cut), so that no burst of all CTAs' copies fills HBM's queues in front of a
                   // barrier; 0: each thread's __ldg loads
   int one_layer;  // every layer on layer 0's weights (24 MB, L2-resident): the bound with no HBM wait
   int prefetch;   // each CTA asks L2 for its next layer's weight blocks when a layer starts
+  int gu_cut[2];  // (paced) gate|up's block in KB: [0, cut0) after its MMAs, [cut0, cut1) at the
+                  // down's start, the rest after the down's MMAs
+  int dn_cut;     // (paced) the down's block in KB: [0, cut) after its MMAs, the rest at gate|up's start
 };
 
 // one row: close the last layer's gated residual, then adaRMS into xn (256 threads x 4 columns)
@@ -145,12 +146,13 @@ __global__ void __launch_bounds__(256, 1)
   int stages = 0, dn_stages = 0;
   constexpr bool paced = STAGED == 5, overlapped = STAGED == 4 || paced, ahead = STAGED == 2 || overlapped;
   constexpr bool late = STAGED == 3;
-  // (paced) bytes [from, to) of a block, the first chunk announcing the whole block's bytes
+  // (paced) bytes [from, to) of a block; the first chunk announces the whole block (`all` bytes)
   auto chunk = [&](uint4* region, uint64_t* full, const uint4* block, uint32_t from, uint32_t to, uint32_t all) {
-    if (from == 0) mbar_expect_tx(full, all);
-    bulk_load(region + from / 16, block + from / 16, to - from, full);
+    if (all) mbar_expect_tx(full, all);
+    if (to > from) bulk_load(region + from / 16, block + from / 16, to - from, full);
   };
   constexpr uint32_t GU_BYTES = NWG * GU_JJ * 128 * 16, DN_BYTES = NWG * DN_JJ * 128 * 16;
+  const uint32_t gu_cut0 = p.gu_cut[0] * 1024u, gu_cut1 = p.gu_cut[1] * 1024u, dn_cut = p.dn_cut * 1024u;
   auto stage_to = [&](uint4* region, uint64_t* full, const uint4* block, uint32_t bytes) {
     asm volatile("bar.sync 2, 256;" ::: "memory");  // both warpgroups' MMAs done with the region
     if (tid == 0) stage_fragments(region, block, bytes, full);
@@ -200,7 +202,7 @@ __global__ void __launch_bounds__(256, 1)
     mark(layer, 1);
     if (gu_busy) {  // gate|up + GeGLU: features 32 * cta ..
       if (tid == 0) burst_load(sm.a, &xn_map, sm.full_gu, GU_BOXES, NWG, 0);
-      if (paced && layer > 0 && dn_busy && tid == 0) chunk(sm.dn.w, &sm.dn_full, dn_of(layer), DN_BYTES / 2, DN_BYTES, 0);
+      if (paced && layer > 0 && dn_busy && tid == 0) chunk(sm.dn.w, &sm.dn_full, dn_of(layer), dn_cut, DN_BYTES, 0);
       mma_boxes<GU_BOXES / NWG>(d, w_gu, sm.a, sm.full_gu, wg * (GU_BOXES / NWG), layer & 1, [] {});
       mark(layer, 2);
       if (ahead) {  // the region is free: its next layer's weights, a whole layer's phases to land
@@ -213,7 +215,7 @@ __global__ void __launch_bounds__(256, 1)
       sum_warpgroups<NWG>(d, sm.red, wg, t);  // after it, both warpgroups' MMAs are done
       if (paced && wg == 1 && t == 0 && layer + 1 < p.layers) {
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        chunk(sm.w, &sm.w_full, gu_of(layer + 1), 0, 48 * 1024, GU_BYTES);
+        chunk(sm.w, &sm.w_full, gu_of(layer + 1), 0, gu_cut0, GU_BYTES);
       } else if (overlapped && wg == 1 && t == 0 && layer + 1 < p.layers) {
         stage_fragments(sm.w, gu_of(layer + 1), gu_block * 16, &sm.w_full);
       }
@@ -239,7 +241,7 @@ __global__ void __launch_bounds__(256, 1)
       Box* acts = ahead ? sm.dn.a : sm.a;
       if (tid == 0) burst_load(acts, &act_map, sm.full_dn, DN_BOXES, NWG, ks * DN_BOXES);
       if (paced && gu_busy && tid == 0 && layer + 1 < p.layers)
-        chunk(sm.w, &sm.w_full, gu_of(layer + 1), 48 * 1024, 96 * 1024, 0);
+        chunk(sm.w, &sm.w_full, gu_of(layer + 1), gu_cut0, gu_cut1, 0);
       mma_boxes<DN_BOXES / NWG>(d, w_dn, acts, sm.full_dn, wg * (DN_BOXES / NWG), layer & 1, [] {});
       mark(layer, 4);
       if (ahead) {
@@ -252,8 +254,8 @@ __global__ void __launch_bounds__(256, 1)
       sum_warpgroups<NWG>(d, sm.red, wg, t);
       if (paced && wg == 1 && t == 0 && layer + 1 < p.layers) {
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        if (gu_busy) chunk(sm.w, &sm.w_full, gu_of(layer + 1), 96 * 1024, GU_BYTES, 0);
-        chunk(sm.dn.w, &sm.dn_full, dn_of(layer + 1), 0, DN_BYTES / 2, DN_BYTES);
+        if (gu_busy) chunk(sm.w, &sm.w_full, gu_of(layer + 1), gu_cut1, GU_BYTES, 0);
+        chunk(sm.dn.w, &sm.dn_full, dn_of(layer + 1), 0, dn_cut, DN_BYTES);
       } else if (overlapped && !paced && wg == 1 && t == 0 && layer + 1 < p.layers)
         stage_fragments(sm.dn.w, dn_of(layer + 1), dn_block * 16, &sm.dn_full);
       if (wg == 0) {

@@ -42,7 +42,8 @@ class MlpArgs(ctypes.Structure):
     _fields_ = [(name, ctypes.c_void_p) for name in
                 ("w_gu", "w_dn", "h", "part", "xn", "act", "scale", "shift", "gate", "counter", "trace")] + [
         ("layers", ctypes.c_int), ("rows", ctypes.c_int), ("eps", ctypes.c_float),
-        ("staged", ctypes.c_int), ("one_layer", ctypes.c_int), ("prefetch", ctypes.c_int)]  # fmt: skip
+        ("staged", ctypes.c_int), ("one_layer", ctypes.c_int), ("prefetch", ctypes.c_int),
+        ("gu_cut", ctypes.c_int * 2), ("dn_cut", ctypes.c_int)]  # fmt: skip
 
 
 def down_fragments(down: torch.Tensor) -> torch.Tensor:
@@ -86,8 +87,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("out"))
-    ap.add_argument("--runs", nargs="+", default=RUNS.split(),
-                    help=f"STAGED ONE_LAYER PREFETCH digits per run (MlpArgs), default {RUNS}")  # fmt: skip
+    ap.add_argument(
+        "--runs",
+        nargs="+",
+        default=RUNS.split(),
+        help=f"STAGED ONE_LAYER PREFETCH digits per run (MlpArgs), default {RUNS}",
+    )
+    ap.add_argument("--pace", default="48,96,32",
+                    help="staged=5: gate|up's cuts and the down's cut in KB (MlpArgs gu_cut, dn_cut); "
+                         "a run may carry its own after a colon, 510:64,128,32")  # fmt: skip
     args = ap.parse_args()
     dev = torch.device("cuda")
     lib = build("mlp_rs", "mlp_rs_launch", [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p])
@@ -106,7 +114,9 @@ def main() -> None:
     counter = torch.zeros(4, device=dev, dtype=torch.int32)
     tensors = dict(w_gu=w_gu, w_dn=w_dn, h=h, part=part, xn=xn, act=act, scale=scale, shift=shift, gate=gate)
 
-    def launch(staged: int, one_layer: int, prefetch: int, trace: torch.Tensor | None = None) -> None:
+    def launch(
+        staged: int, one_layer: int, prefetch: int, pace: tuple[int, ...], trace: torch.Tensor | None = None
+    ) -> None:
         h.copy_(h0)
         counter.zero_()
         ptrs = {k: v.data_ptr() for k, v in tensors.items()}
@@ -121,6 +131,8 @@ def main() -> None:
             staged=staged,
             one_layer=one_layer,
             prefetch=prefetch,
+            gu_cut=(ctypes.c_int * 2)(*pace[:2]),
+            dn_cut=pace[2],
         )
         rc = lib.mlp_rs_launch(ctypes.byref(margs), GRID, torch.cuda.current_stream().cuda_stream)
         if rc:
@@ -130,14 +142,16 @@ def main() -> None:
     first = [w[:1].expand(LAYERS, -1, -1) for w in (gate_w, up_w, down_w)]
     want_first = reference(h0, *first, scale, shift, gate)
     results = {}
-    for staged, one_layer, prefetch in (tuple(int(c) for c in run) for run in args.runs):
+    for run in args.runs:
+        staged, one_layer, prefetch = (int(c) for c in run.split(":")[0])
+        pace = tuple(int(c) for c in (run.split(":") + [args.pace])[1].split(","))
         want = want_first if one_layer else want_all
-        launch(staged, one_layer, prefetch)
+        launch(staged, one_layer, prefetch, pace)
         torch.cuda.synchronize()
         err = float((h - want).abs().max())
         cos = float(F.cosine_similarity(h.flatten(), want.flatten(), dim=0))
         full = (
-            graph_ms(lambda s=staged, o=one_layer, f=prefetch: launch(s, o, f)) * 1e3
+            graph_ms(lambda s=staged, o=one_layer, f=prefetch, c=pace: launch(s, o, f, c)) * 1e3
         )  # with the h reset and counter zeroing
         label = ("weights by __ldg -> registers", "weights by TMA -> shared -> registers",
                  "weights by TMA -> shared a layer ahead -> registers",
@@ -146,13 +160,14 @@ def main() -> None:
                  "weights by TMA -> shared a layer ahead in paced chunks -> registers")[staged]  # fmt: skip
         label += ", layer 0's weights for all (L2)" if one_layer else ""
         label += ", next layer's weights prefetched into L2" if prefetch else ""
+        label += f", chunks at {pace} KB" if staged == 5 else ""
         results[label] = dict(us_per_layer=full / LAYERS, max_abs=err, cosine=cos, ref_abs_max=float(want.abs().max()))
         print(f"MLP x {LAYERS} layers, {label}: {full / LAYERS:5.2f} us per layer (3 phases + 3 grid barriers); "
               f"final h vs torch max abs {err:.2e} (|h| max {results[label]['ref_abs_max']:.1f}), "
               f"cosine {cos:.6f}")  # fmt: skip
         if args.trace:
             trace = torch.zeros(LAYERS, GRID, len(TRACE), device=dev, dtype=torch.int64)
-            launch(staged, one_layer, prefetch, trace)
+            launch(staged, one_layer, prefetch, pace, trace)
             results[label]["timeline_us"] = timeline(trace)
     write_result(args.out, "mlp_rs", dev, results=results)
 
