@@ -2,19 +2,23 @@
 residual) for 18 layers at pi0.5's shape in one persistent CUDA launch (`mlp_rs.cu`), both GEMMs
 with their weights in registers. Step 1 of docs/step_megakernel.md: compare its time per layer
 with the Triton step kernel's phases 5-7 and their barriers (about 14 us per layer, traced).
-It runs five ways: the weights reaching the registers by each thread's loads from global memory
-or by one TMA copy into shared memory (taken out while waiting at the barrier); the latter also
-with the next layer's weights prefetched into L2; and both with every layer on layer 0's weights
-(L2-resident: the bound without HBM waits). Prints the time per layer, the error of the final
-residual stream against torch (fp32 with the kernel's bf16 roundings) and, with --trace, a
-per-layer timeline. GPU only (sm_90a).
+How the weights reach the registers is the run's STAGED digit (MlpArgs.staged): 0 each thread's
+loads from global memory; 1 one TMA copy into shared memory, taken out while waiting at the next
+barrier; 2 (ahead) each GEMM's copy into a region of its own a whole layer ahead; 3 (late) as 1,
+gate|up's taken out at the norm's barrier; 4 (overlapped) as 2, issued by warpgroup 1 beside the
+epilogue; 5 (paced) as 4, in chunks spread over the layer (--pace). The other digits: every layer
+on layer 0's weights (L2-resident: the bound without HBM waits), the L2 prefetch, and (paced only)
+fold: no norm phase, the norm folded into the down's last K-slice and gate|up's epilogue. Prints
+the time per layer, the error of the final residual stream against torch (fp32 with the kernel's
+bf16 roundings) and, with --trace, a per-layer timeline. GPU only (sm_90a).
 
-Measured (H200, docs/results/mlp_rs_{4df363d,82b82fb,8936ecf,652f1af}.log): 13.9-14.1 us per layer
-staged, 14.3-15.0 by __ldg, 10.8-11.0 on L2-resident weights, 16.5-16.8 with the L2 prefetch
-(17.5 issued after the gate|up MMAs, 8936ecf; 21.6 by the idle CTAs, 652f1af; both reverted);
-against ~14 for the Triton step kernel's phases 5-7 (final residual vs torch: cosine 0.999999).
+Measured (H200, docs/results/README.md, twenty-second and twenty-third sessions): staged
+13.7-14.1 us per layer, __ldg 14.3-15.8, L2-resident 10.8-11.2; the L2 prefetch 16.5-21.6 (three
+placements, two reverted); ahead 14.0-14.1, late 13.8, overlapped 14.2-14.4; **paced 12.03-12.20**
+with the down's weights at gate|up's start (9.47 L2-resident); against ~14 for the Triton step
+kernel's phases 5-7 (final residual vs torch: cosine 0.999999).
 
-    python bench/cuda/mlp_rs.py [--trace] [--runs 100 200 ...] [--out DIR]
+    python bench/cuda/mlp_rs.py [--trace] [--runs 100 500:64,128,0 5001:64,128,0 ...] [--out DIR]
 """
 
 from __future__ import annotations
