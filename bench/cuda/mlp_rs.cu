@@ -70,15 +70,6 @@ struct MlpArgs {
   int gu_cut[2];  // (paced) gate|up's block in KB: [0, cut0) after its MMAs, [cut0, cut1) at the
                   // down's start, the rest after the down's MMAs
   int dn_cut;     // (paced) the down's block in KB: [0, cut) after its MMAs, the rest at gate|up's start
-  // fold (paced only): no norm phase. The last of a feature tile's K-slices to finish closes the
-  // tile's residual (sums the partials), writes bf16(h) as gate|up's input and adds its rows' sums
-  // of squares into ss; gate|up runs on weights with the adaRMS scale folded in (W * scale, per
-  // input column) and applies rsqrt(ss / WIDTH + eps) per token and the shift's bias (shift @ W.T)
-  // in its epilogue.
-  int fold;
-  float* ss;                 // [2][64] sums of squares, by the layer that reads them (even / odd)
-  const float* bias_gu;      // [layers][2][FF] shift @ W_gate.T, shift @ W_up.T
-  unsigned int* tile_count;  // [DN_TILES] K-slices done, over all layers
 };
 
 // one row: close the last layer's gated residual, then adaRMS into xn (256 threads x 4 columns)
@@ -113,53 +104,7 @@ __device__ void norm_row(const MlpArgs& p, int row, int layer, float* warp_sums)
   out[3] = __float2bfloat16(h.w * r * sc.w + sh.w);
 }
 
-// (fold) layer 0's input: bf16(h) and each row's sum of squares
-__device__ void fold_row(const MlpArgs& p, int row, float* warp_sums) {
-  const int c = threadIdx.x * 4;
-  const float4 h = *reinterpret_cast<const float4*>(&p.h[row * WIDTH + c]);
-  float ss = h.x * h.x + h.y * h.y + h.z * h.z + h.w * h.w;
-  for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = ss;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0.f;
-    for (int w = 0; w < 8; ++w) total += warp_sums[w];
-    p.ss[row] = total;
-  }
-  __syncthreads();
-  __nv_bfloat16* out = &p.xn[row * WIDTH + c];
-  out[0] = __float2bfloat16(h.x), out[1] = __float2bfloat16(h.y);
-  out[2] = __float2bfloat16(h.z), out[3] = __float2bfloat16(h.w);
-}
-
-// (fold) the last K-slice of feature tile ft: h += gate * (sum of the partials) over the tile's 64
-// columns; unless it is the last layer, bf16(h) into xn and the rows' sums of squares into ss
-__device__ void close_tile(const MlpArgs& p, int ft, int layer) {
-  const int lane = threadIdx.x % 32;
-  const bool next = layer + 1 < p.layers;
-  for (int i = threadIdx.x; i < p.rows * 16; i += blockDim.x) {  // rows * 16 float4s, whole warps
-    const int token = i / 16, c = ft * 64 + (i % 16) * 4;
-    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int k = 0; k < DN_SPLITS; ++k) {
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(&p.part[(k * p.rows + token) * WIDTH + c]));
-      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
-    }
-    const float4 g = *reinterpret_cast<const float4*>(&p.gate[layer * WIDTH + c]);
-    float4 h = __ldcg(reinterpret_cast<const float4*>(&p.h[token * WIDTH + c]));  // last closed elsewhere
-    h.x += g.x * s.x, h.y += g.y * s.y, h.z += g.z * s.z, h.w += g.w * s.w;
-    *reinterpret_cast<float4*>(&p.h[token * WIDTH + c]) = h;
-    if (!next) continue;
-    __nv_bfloat16* out = &p.xn[token * WIDTH + c];
-    out[0] = __float2bfloat16(h.x), out[1] = __float2bfloat16(h.y);
-    out[2] = __float2bfloat16(h.z), out[3] = __float2bfloat16(h.w);
-    float sq = h.x * h.x + h.y * h.y + h.z * h.z + h.w * h.w;
-    for (int o = 8; o > 0; o /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, o);  // the token's 16 lanes
-    if (lane % 16 == 0) atomicAdd(&p.ss[((layer + 1) % 2) * 64 + token], sq);
-  }
-}
-
-template <int STAGED, bool FOLD>  // MlpArgs::staged and fold, one build each: no mode's branches in another's registers
+template <int STAGED>  // MlpArgs::staged, one build each: no mode's branches in another's registers
 __global__ void __launch_bounds__(256, 1)
     mlp_rs_kernel(const __grid_constant__ CUtensorMap xn_map, const __grid_constant__ CUtensorMap act_map,
                   const MlpArgs p) {
@@ -240,13 +185,6 @@ __global__ void __launch_bounds__(256, 1)
     fragments_from_global(w_gu, gu_of(0) + wg * GU_JJ * 128 + t);
   }
   float d[ACC];
-  if (FOLD) {  // layer 0's input, then gate|up's weights into registers at the barrier
-    for (int row = cta; row < p.rows; row += grid) fold_row(p, row, warp_sums);
-    barrier_with([&] {
-      if (gu_busy) unstage(w_gu);
-    });
-  }
-  __shared__ bool last_slice;
   for (int layer = 0; layer < p.layers; ++layer) {
     mark(layer, 0);
     if (p.prefetch && tid == 0) {  // a layer (~11 us) ahead of their staging copies
@@ -254,10 +192,8 @@ __global__ void __launch_bounds__(256, 1)
       if (layer + 1 < p.layers && gu_busy) prefetch_l2(gu_of(layer + 1), gu_block * 16);
       if (layer + 1 < p.layers && dn_busy) prefetch_l2(dn_of(layer + 1), dn_block * 16);
     }
-    for (int row = cta; !FOLD && row < p.rows; row += grid) norm_row(p, row, layer, warp_sums);
-    if (FOLD)
-      ;
-    else if (ahead || late)
+    for (int row = cta; row < p.rows; row += grid) norm_row(p, row, layer, warp_sums);
+    if (ahead || late)
       barrier_with([&] {
         if (gu_busy) unstage(w_gu);
       });
@@ -288,18 +224,9 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll
         for (int i = 0; i < ACC; ++i) {
           const int token = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
-          if (i % 4 >= 2 || token >= p.rows) continue;
-          float g = d[i], u = d[i + 2];
-          if (FOLD) {
-            const float r = rsqrtf(__ldcg(&p.ss[(layer % 2) * 64 + token]) / WIDTH + p.eps);
-            g = r * g + p.bias_gu[(layer * 2) * FF + feature];
-            u = r * u + p.bias_gu[(layer * 2 + 1) * FF + feature];
-          }
-          p.act[token * FF + feature] = __float2bfloat16(gelu_tanh(g) * u);
+          if (i % 4 < 2 && token < p.rows) p.act[token * FF + feature] = __float2bfloat16(gelu_tanh(d[i]) * d[i + 2]);
         }
       }
-    } else if (FOLD && cta == grid - 1 && tid < 64) {
-      p.ss[((layer + 1) % 2) * 64 + tid] = 0.f;  // the down's sums for the next layer (read two layers ago)
     }
     barrier_with(
         [&] {
@@ -340,25 +267,15 @@ __global__ void __launch_bounds__(256, 1)
           if (token < p.rows) p.part[(ks * p.rows + token) * WIDTH + feature] = d[i];
         }
       }
-      if (FOLD) {  // the tile's last K-slice closes it
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) last_slice = atomicAdd(&p.tile_count[ft], 1u) % DN_SPLITS == DN_SPLITS - 1;
-        __syncthreads();
-        if (last_slice) {
-          __threadfence();
-          close_tile(p, ft, layer);
-        }
-      }
     }
     mark(layer, 5);
     barrier_with(
         [&] {
-          if (gu_busy && (STAGED == 1 || FOLD) && layer + 1 < p.layers) unstage(w_gu);
+          if (gu_busy && STAGED == 1 && layer + 1 < p.layers) unstage(w_gu);
         },
-        !FOLD);
+        true);
   }
-  for (int row = cta; !FOLD && row < p.rows; row += grid) norm_row(p, row, p.layers, warp_sums);
+  for (int row = cta; row < p.rows; row += grid) norm_row(p, row, p.layers, warp_sums);
 }
 
 }  // namespace proto
@@ -370,14 +287,12 @@ extern "C" int mlp_rs_launch(const proto::MlpArgs* args, int grid, cudaStream_t 
   const CUtensorMap xn_map = tile_map(args->xn, 64, WIDTH, NTOK, 64);
   const CUtensorMap act_map = tile_map(args->act, 64, FF, NTOK, 64);
   const int smem = sizeof(MlpSmem) + 1024;
-  if (args->fold && args->staged != 5) return static_cast<int>(cudaErrorInvalidValue);
-  auto kernel = args->fold            ? mlp_rs_kernel<5, true>
-                : args->staged == 5 ? mlp_rs_kernel<5, false>
-                : args->staged == 4 ? mlp_rs_kernel<4, false>
-                : args->staged == 3 ? mlp_rs_kernel<3, false>
-                : args->staged == 2 ? mlp_rs_kernel<2, false>
-                : args->staged == 1 ? mlp_rs_kernel<1, false>
-                                    : mlp_rs_kernel<0, false>;
+  auto kernel = args->staged == 5   ? mlp_rs_kernel<5>
+                : args->staged == 4 ? mlp_rs_kernel<4>
+                : args->staged == 3 ? mlp_rs_kernel<3>
+                : args->staged == 2 ? mlp_rs_kernel<2>
+                : args->staged == 1 ? mlp_rs_kernel<1>
+                                    : mlp_rs_kernel<0>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   kernel<<<grid, 256, smem, stream>>>(xn_map, act_map, *args);
   return static_cast<int>(cudaGetLastError());

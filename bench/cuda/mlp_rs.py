@@ -47,8 +47,7 @@ class MlpArgs(ctypes.Structure):
                 ("w_gu", "w_dn", "h", "part", "xn", "act", "scale", "shift", "gate", "counter", "trace")] + [
         ("layers", ctypes.c_int), ("rows", ctypes.c_int), ("eps", ctypes.c_float),
         ("staged", ctypes.c_int), ("one_layer", ctypes.c_int), ("prefetch", ctypes.c_int),
-        ("gu_cut", ctypes.c_int * 2), ("dn_cut", ctypes.c_int), ("fold", ctypes.c_int),
-        ("ss", ctypes.c_void_p), ("bias_gu", ctypes.c_void_p), ("tile_count", ctypes.c_void_p)]  # fmt: skip
+        ("gu_cut", ctypes.c_int * 2), ("dn_cut", ctypes.c_int)]  # fmt: skip
 
 
 def down_fragments(down: torch.Tensor) -> torch.Tensor:
@@ -66,20 +65,6 @@ def reference(h, gate_w, up_w, down_w, scale, shift, gate):
     for i in range(LAYERS):
         xn = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS) * scale[i] + shift[i]).bfloat16().float()
         a = (F.gelu(xn @ gate_w[i].float().T, approximate="tanh") * (xn @ up_w[i].float().T)).bfloat16().float()
-        h = h + gate[i] * (a @ down_w[i].float().T)
-    return h
-
-
-def reference_folded(h, gate_w, up_w, down_w, scale, shift, gate):
-    """The same stack as the fold path computes it: gate|up on bf16(h) with the adaRMS scale folded
-    into bf16 weights, then rsqrt(mean(h^2) + eps) per token and the shift's bias."""
-    h = h.clone()
-    for i in range(LAYERS):
-        hb, r = h.bfloat16().float(), torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
-        wg, wu = ((w[i].float() * scale[i]).bfloat16().float() for w in (gate_w, up_w))
-        g = r * (hb @ wg.T) + shift[i] @ gate_w[i].float().T
-        u = r * (hb @ wu.T) + shift[i] @ up_w[i].float().T
-        a = (F.gelu(g, approximate="tanh") * u).bfloat16().float()
         h = h + gate[i] * (a @ down_w[i].float().T)
     return h
 
@@ -110,7 +95,7 @@ def main() -> None:
         "--runs",
         nargs="+",
         default=RUNS.split(),
-        help=f"STAGED ONE_LAYER PREFETCH [FOLD] digits per run (MlpArgs), default {RUNS}",
+        help=f"STAGED ONE_LAYER PREFETCH digits per run (MlpArgs), default {RUNS}",
     )
     ap.add_argument("--pace", default="48,96,32",
                     help="staged=5: gate|up's cuts and the down's cut in KB (MlpArgs gu_cut, dn_cut); "
@@ -126,12 +111,6 @@ def main() -> None:
     h0 = rnd(ROWS, WIDTH)
     w_gu = torch.stack([fragments(gate_w[i], up_w[i], NWG) for i in range(LAYERS)])
     w_dn = torch.stack([down_fragments(down_w[i]) for i in range(LAYERS)])
-    w_gu_fold = torch.stack(
-        [fragments(*((w[i].float() * scale[i]).bfloat16() for w in (gate_w, up_w)), NWG) for i in range(LAYERS)]
-    )
-    bias_gu = torch.stack([torch.stack([shift[i] @ w[i].float().T for w in (gate_w, up_w)]) for i in range(LAYERS)])
-    ss = torch.zeros(2, 64, device=dev)
-    tile_count = torch.zeros(WIDTH // 64, device=dev, dtype=torch.int32)
     h = h0.clone()
     part = torch.zeros(SPLITS, ROWS, WIDTH, device=dev)
     xn = torch.zeros(64, WIDTH, device=dev, dtype=torch.bfloat16)
@@ -140,15 +119,11 @@ def main() -> None:
     tensors = dict(w_gu=w_gu, w_dn=w_dn, h=h, part=part, xn=xn, act=act, scale=scale, shift=shift, gate=gate)
 
     def launch(
-        staged: int, one_layer: int, prefetch: int, pace: tuple[int, ...], fold: int, trace: torch.Tensor | None = None
+        staged: int, one_layer: int, prefetch: int, pace: tuple[int, ...], trace: torch.Tensor | None = None
     ) -> None:
         h.copy_(h0)
         counter.zero_()
-        ss.zero_()
-        tile_count.zero_()
         ptrs = {k: v.data_ptr() for k, v in tensors.items()}
-        if fold:
-            ptrs["w_gu"] = w_gu_fold.data_ptr()
         marks = trace.data_ptr() if trace is not None else None
         margs = MlpArgs(
             **ptrs,
@@ -162,10 +137,6 @@ def main() -> None:
             prefetch=prefetch,
             gu_cut=(ctypes.c_int * 2)(*pace[:2]),
             dn_cut=pace[2],
-            fold=fold,
-            ss=ss.data_ptr(),
-            bias_gu=bias_gu.data_ptr(),
-            tile_count=tile_count.data_ptr(),
         )
         rc = lib.mlp_rs_launch(ctypes.byref(margs), GRID, torch.cuda.current_stream().cuda_stream)
         if rc:
@@ -174,21 +145,17 @@ def main() -> None:
     want_all = reference(h0, gate_w, up_w, down_w, scale, shift, gate)
     first = [w[:1].expand(LAYERS, -1, -1) for w in (gate_w, up_w, down_w)]
     want_first = reference(h0, *first, scale, shift, gate)
-    want_folded = reference_folded(h0, gate_w, up_w, down_w, scale, shift, gate)
     results = {}
     for run in args.runs:
-        staged, one_layer, prefetch, fold = (int(c) for c in (run.split(":")[0] + "0")[:4])
+        staged, one_layer, prefetch = (int(c) for c in run.split(":")[0])
         pace = tuple(int(c) for c in (run.split(":") + [args.pace])[1].split(","))
-        if fold and (one_layer or staged != 5):
-            raise SystemExit(f"run {run}: fold needs staged 5 and every layer's own weights")
-        want = want_first if one_layer else want_folded if fold else want_all
-        launch(staged, one_layer, prefetch, pace, fold)
+        want = want_first if one_layer else want_all
+        launch(staged, one_layer, prefetch, pace)
         torch.cuda.synchronize()
         err = float((h - want).abs().max())
         cos = float(F.cosine_similarity(h.flatten(), want.flatten(), dim=0))
-        cos_unfolded = float(F.cosine_similarity(h.flatten(), want_all.flatten(), dim=0))
         full = (
-            graph_ms(lambda s=staged, o=one_layer, f=prefetch, c=pace, n=fold: launch(s, o, f, c, n)) * 1e3
+            graph_ms(lambda s=staged, o=one_layer, f=prefetch, c=pace: launch(s, o, f, c)) * 1e3
         )  # with the h reset and counter zeroing
         label = ("weights by __ldg -> registers", "weights by TMA -> shared -> registers",
                  "weights by TMA -> shared a layer ahead -> registers",
@@ -198,16 +165,13 @@ def main() -> None:
         label += ", layer 0's weights for all (L2)" if one_layer else ""
         label += ", next layer's weights prefetched into L2" if prefetch else ""
         label += f", chunks at {pace} KB" if staged == 5 else ""
-        label += ", norm folded (no norm phase)" if fold else ""
-        results[label] = dict(us_per_layer=full / LAYERS, max_abs=err, cosine=cos, ref_abs_max=float(want.abs().max()),
-                              cosine_vs_unfolded_reference=cos_unfolded)  # fmt: skip
-        phases = "2 phases + 2 grid barriers" if fold else "3 phases + 3 grid barriers"
-        print(f"MLP x {LAYERS} layers, {label}: {full / LAYERS:5.2f} us per layer ({phases}); "
+        results[label] = dict(us_per_layer=full / LAYERS, max_abs=err, cosine=cos, ref_abs_max=float(want.abs().max()))
+        print(f"MLP x {LAYERS} layers, {label}: {full / LAYERS:5.2f} us per layer (3 phases + 3 grid barriers); "
               f"final h vs torch max abs {err:.2e} (|h| max {results[label]['ref_abs_max']:.1f}), "
-              f"cosine {cos:.6f}" + (f" (vs the unfolded maths {cos_unfolded:.6f})" if fold else ""))  # fmt: skip
+              f"cosine {cos:.6f}")  # fmt: skip
         if args.trace:
             trace = torch.zeros(LAYERS, GRID, len(TRACE), device=dev, dtype=torch.int64)
-            launch(staged, one_layer, prefetch, pace, fold, trace)
+            launch(staged, one_layer, prefetch, pace, trace)
             results[label]["timeline_us"] = timeline(trace)
     write_result(args.out, "mlp_rs", dev, results=results)
 
