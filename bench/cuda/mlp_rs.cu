@@ -70,7 +70,6 @@ struct MlpArgs {
   int gu_cut[2];  // (paced) gate|up's block in KB: [0, cut0) after its MMAs, [cut0, cut1) at the
                   // down's start, the rest after the down's MMAs
   int dn_cut;     // (paced) the down's block in KB: [0, cut) after its MMAs, the rest at gate|up's start
-  int dn_early;   // (paced) the CTAs without a norm row take the rest at the norm's start instead
 };
 
 // one row: close the last layer's gated residual, then adaRMS into xn (256 threads x 4 columns)
@@ -186,13 +185,8 @@ __global__ void __launch_bounds__(256, 1)
     fragments_from_global(w_gu, gu_of(0) + wg * GU_JJ * 128 + t);
   }
   float d[ACC];
-  const bool dn_early = paced && p.dn_early && cta >= p.rows;  // thread 0 has no norm row to hold up
   for (int layer = 0; layer < p.layers; ++layer) {
     mark(layer, 0);
-    if (dn_early && layer > 0 && dn_busy && tid == 0) {
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      chunk(sm.dn.w, &sm.dn_full, dn_of(layer), dn_cut, DN_BYTES, 0);
-    }
     if (p.prefetch && tid == 0) {  // a layer (~11 us) ahead of their staging copies
       if (layer == 0 && dn_busy) prefetch_l2(dn_of(0), dn_block * 16);
       if (layer + 1 < p.layers && gu_busy) prefetch_l2(gu_of(layer + 1), gu_block * 16);
@@ -208,7 +202,7 @@ __global__ void __launch_bounds__(256, 1)
     mark(layer, 1);
     if (gu_busy) {  // gate|up + GeGLU: features 32 * cta ..
       if (tid == 0) burst_load(sm.a, &xn_map, sm.full_gu, GU_BOXES, NWG, 0);
-      if (paced && !dn_early && layer > 0 && dn_busy && tid == 0) chunk(sm.dn.w, &sm.dn_full, dn_of(layer), dn_cut, DN_BYTES, 0);
+      if (paced && layer > 0 && dn_busy && tid == 0) chunk(sm.dn.w, &sm.dn_full, dn_of(layer), dn_cut, DN_BYTES, 0);
       mma_boxes<GU_BOXES / NWG>(d, w_gu, sm.a, sm.full_gu, wg * (GU_BOXES / NWG), layer & 1, [] {});
       mark(layer, 2);
       if (ahead) {  // the region is free: its next layer's weights, a whole layer's phases to land

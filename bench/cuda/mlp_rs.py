@@ -47,7 +47,7 @@ class MlpArgs(ctypes.Structure):
                 ("w_gu", "w_dn", "h", "part", "xn", "act", "scale", "shift", "gate", "counter", "trace")] + [
         ("layers", ctypes.c_int), ("rows", ctypes.c_int), ("eps", ctypes.c_float),
         ("staged", ctypes.c_int), ("one_layer", ctypes.c_int), ("prefetch", ctypes.c_int),
-        ("gu_cut", ctypes.c_int * 2), ("dn_cut", ctypes.c_int), ("dn_early", ctypes.c_int)]  # fmt: skip
+        ("gu_cut", ctypes.c_int * 2), ("dn_cut", ctypes.c_int)]  # fmt: skip
 
 
 def down_fragments(down: torch.Tensor) -> torch.Tensor:
@@ -98,8 +98,7 @@ def main() -> None:
         help=f"STAGED ONE_LAYER PREFETCH digits per run (MlpArgs), default {RUNS}",
     )
     ap.add_argument("--pace", default="48,96,32",
-                    help="staged=5: gate|up's cuts and the down's cut in KB (MlpArgs gu_cut, dn_cut), optionally "
-                         "dn_early (1: the CTAs without a norm row take the down's rest at the norm's start); "
+                    help="staged=5: gate|up's cuts and the down's cut in KB (MlpArgs gu_cut, dn_cut); "
                          "a run may carry its own after a colon, 510:64,128,32")  # fmt: skip
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -138,7 +137,6 @@ def main() -> None:
             prefetch=prefetch,
             gu_cut=(ctypes.c_int * 2)(*pace[:2]),
             dn_cut=pace[2],
-            dn_early=pace[3] if len(pace) > 3 else 0,
         )
         rc = lib.mlp_rs_launch(ctypes.byref(margs), GRID, torch.cuda.current_stream().cuda_stream)
         if rc:
