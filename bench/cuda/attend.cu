@@ -27,6 +27,7 @@ struct AttendArgs {
   float* pm;               // [HEADS][CHUNKS][64] chunk row maxima (log2 units)
   float* pl;               // [HEADS][CHUNKS][64] chunk row sums
   unsigned int* counter;
+  long long* trace;  // null or [layers][grid][4]: layer start, attend done, combine start, combine done
   int layers, rows, keys;
 };
 
@@ -75,8 +76,9 @@ __device__ void attend_unit(const AttendArgs& p, int layer, int head, int chunk,
   const size_t kv0 = static_cast<size_t>(layer) * CHUNKS * CHUNK * HD + static_cast<size_t>(chunk) * CHUNK * HD;
   load_tile(qs, p.q + static_cast<size_t>(layer) * QROWS * WIDTH_Q + head * HD, WIDTH_Q);
   load_tile(ks, p.k + kv0, HD);
-  load_tile(vs, p.v + kv0, HD);
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+  asm volatile("cp.async.commit_group;" ::: "memory");
+  load_tile(vs, p.v + kv0, HD);  // lands while the scores are computed
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 1;" ::: "memory");
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, q0 = warp * 16;
   float s[CHUNK / 8][4] = {};
@@ -124,6 +126,8 @@ __device__ void attend_unit(const AttendArgs& p, int layer, int head, int chunk,
     p.pl[unit * QROWS + q0 + lane / 4] = l[0], p.pl[unit * QROWS + q0 + lane / 4 + 8] = l[1];
   }
   float* po = p.po + unit * QROWS * HD;
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  __syncthreads();  // V is in
 #pragma unroll 4
   for (int dc = 0; dc < HD / 8; dc += 2) {  // two 8-dim output tiles per ldmatrix
     float o[2][4] = {};
@@ -137,8 +141,8 @@ __device__ void attend_unit(const AttendArgs& p, int layer, int head, int chunk,
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
       const int col = (dc + t) * 8 + (lane % 4) * 2, row = q0 + lane / 4;
-      *reinterpret_cast<float2*>(&po[row * HD + col]) = make_float2(o[t][0], o[t][1]);
-      *reinterpret_cast<float2*>(&po[(row + 8) * HD + col]) = make_float2(o[t][2], o[t][3]);
+      if (row < p.rows) *reinterpret_cast<float2*>(&po[row * HD + col]) = make_float2(o[t][0], o[t][1]);
+      if (row + 8 < p.rows) *reinterpret_cast<float2*>(&po[(row + 8) * HD + col]) = make_float2(o[t][2], o[t][3]);
     }
   }
   __syncthreads();  // the tiles are free for the next unit
@@ -177,11 +181,18 @@ __global__ void __launch_bounds__(THREADS, 1) attend_kernel(const AttendArgs p) 
     if (threadIdx.x == 0) grid_barrier(p.counter, target);
     __syncthreads();
   };
+  auto mark = [&](int layer, int event) {
+    if (p.trace && threadIdx.x == 0) p.trace[(layer * gridDim.x + blockIdx.x) * 4 + event] = clock64();
+  };
   for (int layer = 0; layer < p.layers; ++layer) {
+    mark(layer, 0);
     for (int u = blockIdx.x; u < HEADS * CHUNKS; u += gridDim.x) attend_unit(p, layer, u / CHUNKS, u % CHUNKS, smem);
     __threadfence();
+    mark(layer, 1);
     barrier();
+    mark(layer, 2);
     combine(p, layer);
+    mark(layer, 3);
     barrier();
   }
 }

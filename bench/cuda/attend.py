@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from clock_trace import span_medians
 from nvcc_build import build
 
 from flashrt_ros.bench.timing import graph_ms, write_result
@@ -28,7 +29,7 @@ KEYS_PAD, QROWS, CHUNKS = 1024, 64, 16
 class AttendArgs(ctypes.Structure):
     """attend.cu's AttendArgs."""
 
-    _fields_ = [(name, ctypes.c_void_p) for name in ("q", "k", "v", "out", "po", "pm", "pl", "counter")] + [
+    _fields_ = [(name, ctypes.c_void_p) for name in ("q", "k", "v", "out", "po", "pm", "pl", "counter", "trace")] + [
         ("layers", ctypes.c_int), ("rows", ctypes.c_int), ("keys", ctypes.c_int)]  # fmt: skip
 
 
@@ -62,7 +63,7 @@ def main() -> None:
     counter = torch.zeros(4, device=dev, dtype=torch.int32)
     flush = torch.empty(256 * 2**20, device=dev, dtype=torch.uint8)  # > the 60 MB L2
     ptrs = {name: t.data_ptr() for name, t in dict(q=q, k=k, v=v, out=out, po=po, pm=pm, pl=pl).items()}
-    a = AttendArgs(**ptrs, counter=counter.data_ptr(), layers=LAYERS, rows=ROWS, keys=KEYS)
+    a = AttendArgs(**ptrs, counter=counter.data_ptr(), trace=None, layers=LAYERS, rows=ROWS, keys=KEYS)
 
     def launch() -> None:
         counter.zero_()
@@ -81,8 +82,16 @@ def main() -> None:
     cold = (graph_ms(lambda: (flush.fill_(1), launch())) * 1e3 - flush_us) / LAYERS
     print(f"attention x {LAYERS} layers (attend + combine, 2 grid barriers): {warm:5.2f} us per layer, "
           f"K / V in L2; {cold:5.2f} after an L2 flush; vs torch max abs {err:.2e}, cosine {cos:.6f}")  # fmt: skip
+    trace = torch.zeros(LAYERS, GRID, 4, device=dev, dtype=torch.int64)
+    a.trace = trace.data_ptr()
+    launch()
+    t = trace[:, : HEADS * CHUNKS].double().cpu()
+    spans = span_medians({"attend (load, MMAs, partials out)": t[:, :, 1] - t[:, :, 0],
+                          "barrier": t[:, :, 2] - t[:, :, 1], "combine": t[:, :, 3] - t[:, :, 2],
+                          "barrier after combine": t[1:, :, 0] - t[:-1, :, 3]})  # fmt: skip
+    print("    " + ", ".join(f"{name} {us:.2f}" for name, us in spans.items()) + " us (traced, K / V in L2)")
     write_result(args.out, "attend", dev, results=dict(us_per_layer_warm=warm, us_per_layer_cold=cold,
-                                                       max_abs=err, cosine=cos))  # fmt: skip
+                                                       max_abs=err, cosine=cos, timeline_us=spans))  # fmt: skip
 
 
 if __name__ == "__main__":
