@@ -16,7 +16,8 @@
 namespace proto {
 
 constexpr int HEADS = 8, HD = 256, QROWS = 64, CHUNK = 64, CHUNKS = 16, WIDTH_Q = HEADS * HD;
-constexpr int ROW_BYTES = HD * 2;
+constexpr int SPLIT = 2;  // warps per 16 queries: each takes 1 / SPLIT of the score's dims and of the output's
+constexpr int ROW_BYTES = HD * 2, THREADS = 128 * SPLIT, XS_BYTES = THREADS * 32 * 4;
 
 struct AttendArgs {
   const __nv_bfloat16* q;  // [layers][64][2048] (rows >= rows zero)
@@ -37,7 +38,7 @@ __device__ __forceinline__ uint32_t tile_off(int r, int j) { return r * ROW_BYTE
 
 // 64 rows x 256 bf16 from global (row stride `stride` elements) into a swizzled tile
 __device__ __forceinline__ void load_tile(uint8_t* tile, const __nv_bfloat16* src, int stride) {
-  for (int i = threadIdx.x; i < 64 * 32; i += blockDim.x) {
+  for (int i = threadIdx.x; i < 64 * 32; i += THREADS) {
     const int r = i / 32, j = i % 32;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(su32(tile + tile_off(r, j))),
                  "l"(src + r * stride + j * 8)
@@ -70,9 +71,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// one (head, chunk) unit: warps w, w + 4, .. take queries 16w .. 16w + 15, each 1 / SPLIT of the
-// score's dims (the partial scores summed through shared memory) and of the output's
-template <int SPLIT>
+// one (head, chunk) unit: warps w and w + 4 take queries 16w .. 16w + 15, each half of the dims
 __device__ void attend_unit(const AttendArgs& p, int layer, int head, int chunk, uint8_t* smem) {
   uint8_t *qs = smem, *ks = smem + QROWS * ROW_BYTES, *vs = ks + CHUNK * ROW_BYTES;
   float* xs = reinterpret_cast<float*>(vs + CHUNK * ROW_BYTES);  // the warps' partial scores
@@ -83,7 +82,7 @@ __device__ void attend_unit(const AttendArgs& p, int layer, int head, int chunk,
   load_tile(vs, p.v + kv0, HD);  // lands while the scores are computed
   asm volatile("cp.async.commit_group;\ncp.async.wait_group 1;" ::: "memory");
   __syncthreads();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, q0 = (warp % 4) * 16, half = warp / 4;  // half: 1 / SPLIT
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, q0 = (warp % 4) * 16, half = warp / 4;
   constexpr int KC = HD / 8 / SPLIT;  // 16-byte dim chunks per warp
   float s[CHUNK / 8][4] = {};
 #pragma unroll
@@ -98,20 +97,17 @@ __device__ void attend_unit(const AttendArgs& p, int layer, int head, int chunk,
       mma16816(s[n + 1], a, b[2], b[3]);
     }
   }
-  if (SPLIT > 1) {  // the other warps' parts of the dims, added in the same order by every warp
+  if (SPLIT > 1) {  // the other warp's half of the dims
 #pragma unroll
     for (int n = 0; n < CHUNK / 8; ++n)
 #pragma unroll
       for (int i = 0; i < 4; ++i) xs[(warp * 32 + n * 4 + i) * 32 + lane] = s[n][i];
     __syncthreads();
+    const int other = warp ^ 4;
 #pragma unroll
     for (int n = 0; n < CHUNK / 8; ++n)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float t = 0.f;
-        for (int w = warp % 4; w < 4 * SPLIT; w += 4) t += xs[(w * 32 + n * 4 + i) * 32 + lane];
-        s[n][i] = t;
-      }
+      for (int i = 0; i < 4; ++i) s[n][i] += xs[(other * 32 + n * 4 + i) * 32 + lane];
   }
   // softmax over the chunk's keys, rows q0 + lane / 4 (i = 0, 1) and + 8 (i = 2, 3), log2 units
   constexpr float SCALE = 0.0625f * 1.44269504f;  // 1 / sqrt(256) * log2(e)
@@ -170,7 +166,7 @@ __device__ void attend_unit(const AttendArgs& p, int layer, int head, int chunk,
 // out rows of every head: the chunks' outputs weighed by e^(m_c - M)
 __device__ void combine(const AttendArgs& p, int layer) {
   const int n = HEADS * p.rows * (HD / 4);
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+  for (int i = blockIdx.x * THREADS + threadIdx.x; i < n; i += gridDim.x * THREADS) {
     const int row = i / (HD / 4), d = (i % (HD / 4)) * 4, head = row / p.rows, q = row % p.rows;
     float mc[CHUNKS], big = -INFINITY;
 #pragma unroll
@@ -191,8 +187,7 @@ __device__ void combine(const AttendArgs& p, int layer) {
   }
 }
 
-template <int SPLIT>
-__global__ void __launch_bounds__(128 * SPLIT, 1) attend_kernel(const AttendArgs p) {
+__global__ void __launch_bounds__(THREADS, 1) attend_kernel(const AttendArgs p) {
   extern __shared__ __align__(1024) uint8_t smem[];
   unsigned int target = 0;
   auto barrier = [&] {
@@ -206,7 +201,7 @@ __global__ void __launch_bounds__(128 * SPLIT, 1) attend_kernel(const AttendArgs
   };
   for (int layer = 0; layer < p.layers; ++layer) {
     mark(layer, 0);
-    for (int u = blockIdx.x; u < HEADS * CHUNKS; u += gridDim.x) attend_unit<SPLIT>(p, layer, u / CHUNKS, u % CHUNKS, smem);
+    for (int u = blockIdx.x; u < HEADS * CHUNKS; u += gridDim.x) attend_unit(p, layer, u / CHUNKS, u % CHUNKS, smem);
     __threadfence();
     mark(layer, 1);
     barrier();
@@ -219,23 +214,11 @@ __global__ void __launch_bounds__(128 * SPLIT, 1) attend_kernel(const AttendArgs
 
 }  // namespace proto
 
-template <int SPLIT>
-static void launch(const proto::AttendArgs* args, int grid, cudaStream_t stream) {
+// Returns 0 or a cudaError.
+extern "C" int attend_launch(const proto::AttendArgs* args, int grid, cudaStream_t stream) {
   using namespace proto;
-  const int smem = (QROWS + 2 * CHUNK) * ROW_BYTES + 128 * SPLIT * 32 * 4;  // the tiles, the partial scores
-  cudaFuncSetAttribute(attend_kernel<SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  attend_kernel<SPLIT><<<grid, 128 * SPLIT, smem, stream>>>(*args);
-}
-
-// split: warps per 16 queries (1, 2, 4). Returns 0 or a cudaError.
-extern "C" int attend_launch(const proto::AttendArgs* args, int grid, int split, cudaStream_t stream) {
-  if (split == 4)
-    launch<4>(args, grid, stream);
-  else if (split == 2)
-    launch<2>(args, grid, stream);
-  else if (split == 1)
-    launch<1>(args, grid, stream);
-  else
-    return static_cast<int>(cudaErrorInvalidValue);
+  const int smem = (QROWS + 2 * CHUNK) * ROW_BYTES + XS_BYTES;
+  cudaFuncSetAttribute(attend_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  attend_kernel<<<grid, THREADS, smem, stream>>>(*args);
   return static_cast<int>(cudaGetLastError());
 }

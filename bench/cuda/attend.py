@@ -6,7 +6,7 @@ Compare its time per layer with the Triton step kernel's attention phases and th
 ~1.4, traced). Prints the time per layer with the K / V caches L2-resident (warm) and after an
 L2 flush (cold: the flush timed alone is subtracted), and the error against torch. GPU only.
 
-    python bench/cuda/attend.py [--split 1 2 4] [--out DIR]
+    python bench/cuda/attend.py [--out DIR]
 """
 
 from __future__ import annotations
@@ -46,11 +46,10 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--split", type=int, nargs="+", default=[1, 2, 4], help="warps per 16 queries")
     ap.add_argument("--out", type=Path, default=Path("out"))
     args = ap.parse_args()
     dev = torch.device("cuda")
-    lib = build("attend", "attend_launch", [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p])
+    lib = build("attend", "attend_launch", [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p])
     g = torch.Generator(device=dev).manual_seed(0)
     q = torch.zeros(LAYERS, QROWS, HEADS * HD, device=dev, dtype=torch.bfloat16)
     q[:, :ROWS] = torch.randn(LAYERS, ROWS, HEADS * HD, device=dev, generator=g).bfloat16()
@@ -66,41 +65,24 @@ def main() -> None:
     ptrs = {name: t.data_ptr() for name, t in dict(q=q, k=k, v=v, out=out, po=po, pm=pm, pl=pl).items()}
     a = AttendArgs(**ptrs, counter=counter.data_ptr(), trace=None, layers=LAYERS, rows=ROWS, keys=KEYS)
 
-    want = reference(q, k, v)
-    results = {f"split {split}": run(lib, a, split, counter, flush, out, want) for split in args.split}
-    write_result(args.out, "attend", dev, results=results)
-
-
-def run(
-    lib: ctypes.CDLL,
-    a: AttendArgs,
-    split: int,
-    counter: torch.Tensor,
-    flush: torch.Tensor,
-    out: torch.Tensor,
-    want: torch.Tensor,
-) -> dict:
-    """Check, time and trace one build (`split` warps per 16 queries)."""
-
     def launch() -> None:
         counter.zero_()
-        rc = lib.attend_launch(ctypes.byref(a), GRID, split, torch.cuda.current_stream().cuda_stream)
+        rc = lib.attend_launch(ctypes.byref(a), GRID, torch.cuda.current_stream().cuda_stream)
         if rc:
             raise RuntimeError(f"launch failed: cudaError {rc}")
 
-    a.trace = None
-    out.zero_()
     launch()
     torch.cuda.synchronize()
+    want = reference(q, k, v)
     got = out[:, :ROWS].float()
     err = float((got - want).abs().max())
     cos = float(F.cosine_similarity(got.flatten(), want.flatten(), dim=0))
     warm = graph_ms(launch) * 1e3 / LAYERS
     flush_us = graph_ms(lambda: flush.fill_(1)) * 1e3
     cold = (graph_ms(lambda: (flush.fill_(1), launch())) * 1e3 - flush_us) / LAYERS
-    print(f"split {split}: attention x {LAYERS} layers (attend + combine, 2 grid barriers): {warm:5.2f} us per layer, "
+    print(f"attention x {LAYERS} layers (attend + combine, 2 grid barriers): {warm:5.2f} us per layer, "
           f"K / V in L2; {cold:5.2f} after an L2 flush; vs torch max abs {err:.2e}, cosine {cos:.6f}")  # fmt: skip
-    trace = torch.zeros(LAYERS, GRID, 4, device=out.device, dtype=torch.int64)
+    trace = torch.zeros(LAYERS, GRID, 4, device=dev, dtype=torch.int64)
     a.trace = trace.data_ptr()
     launch()
     t = trace[:, : HEADS * CHUNKS].double().cpu()
@@ -108,7 +90,8 @@ def run(
                           "barrier": t[:, :, 2] - t[:, :, 1], "combine": t[:, :, 3] - t[:, :, 2],
                           "barrier after combine": t[1:, :, 0] - t[:-1, :, 3]})  # fmt: skip
     print("    " + ", ".join(f"{name} {us:.2f}" for name, us in spans.items()) + " us (traced, K / V in L2)")
-    return dict(us_per_layer_warm=warm, us_per_layer_cold=cold, max_abs=err, cosine=cos, timeline_us=spans)
+    write_result(args.out, "attend", dev, results=dict(us_per_layer_warm=warm, us_per_layer_cold=cold,
+                                                       max_abs=err, cosine=cos, timeline_us=spans))  # fmt: skip
 
 
 if __name__ == "__main__":
