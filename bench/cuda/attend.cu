@@ -16,8 +16,7 @@
 namespace proto {
 
 constexpr int HEADS = 8, HD = 256, QROWS = 64, CHUNK = 64, CHUNKS = 16, WIDTH_Q = HEADS * HD;
-constexpr int SPLIT = 2;  // warps per 16 queries: each takes 1 / SPLIT of the score's dims and of the output's
-constexpr int ROW_BYTES = HD * 2, THREADS = 128 * SPLIT, XS_BYTES = THREADS * 32 * 4;
+constexpr int ROW_BYTES = HD * 2, THREADS = 128;
 
 struct AttendArgs {
   const __nv_bfloat16* q;  // [layers][64][2048] (rows >= rows zero)
@@ -71,10 +70,9 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// one (head, chunk) unit: warps w and w + 4 take queries 16w .. 16w + 15, each half of the dims
+// one (head, chunk) unit: warp w takes queries 16w .. 16w + 15
 __device__ void attend_unit(const AttendArgs& p, int layer, int head, int chunk, uint8_t* smem) {
   uint8_t *qs = smem, *ks = smem + QROWS * ROW_BYTES, *vs = ks + CHUNK * ROW_BYTES;
-  float* xs = reinterpret_cast<float*>(vs + CHUNK * ROW_BYTES);  // the warps' partial scores
   const size_t kv0 = static_cast<size_t>(layer) * CHUNKS * CHUNK * HD + static_cast<size_t>(chunk) * CHUNK * HD;
   load_tile(qs, p.q + static_cast<size_t>(layer) * QROWS * WIDTH_Q + head * HD, WIDTH_Q);
   load_tile(ks, p.k + kv0, HD);
@@ -82,11 +80,10 @@ __device__ void attend_unit(const AttendArgs& p, int layer, int head, int chunk,
   load_tile(vs, p.v + kv0, HD);  // lands while the scores are computed
   asm volatile("cp.async.commit_group;\ncp.async.wait_group 1;" ::: "memory");
   __syncthreads();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, q0 = (warp % 4) * 16, half = warp / 4;
-  constexpr int KC = HD / 8 / SPLIT;  // 16-byte dim chunks per warp
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, q0 = warp * 16;
   float s[CHUNK / 8][4] = {};
 #pragma unroll
-  for (int kc = half * KC; kc < (half + 1) * KC; kc += 2) {  // 16 dims per step: chunks kc, kc + 1
+  for (int kc = 0; kc < HD / 8; kc += 2) {  // 16 dims per step: chunks kc, kc + 1
     uint32_t a[4];
     ldsm_x4(a, qs + tile_off(q0 + lane % 8 + 8 * ((lane / 8) % 2), kc + lane / 16));
 #pragma unroll
@@ -96,18 +93,6 @@ __device__ void attend_unit(const AttendArgs& p, int layer, int head, int chunk,
       mma16816(s[n], a, b[0], b[1]);
       mma16816(s[n + 1], a, b[2], b[3]);
     }
-  }
-  if (SPLIT > 1) {  // the other warp's half of the dims
-#pragma unroll
-    for (int n = 0; n < CHUNK / 8; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) xs[(warp * 32 + n * 4 + i) * 32 + lane] = s[n][i];
-    __syncthreads();
-    const int other = warp ^ 4;
-#pragma unroll
-    for (int n = 0; n < CHUNK / 8; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) s[n][i] += xs[(other * 32 + n * 4 + i) * 32 + lane];
   }
   // softmax over the chunk's keys, rows q0 + lane / 4 (i = 0, 1) and + 8 (i = 2, 3), log2 units
   constexpr float SCALE = 0.0625f * 1.44269504f;  // 1 / sqrt(256) * log2(e)
@@ -136,7 +121,7 @@ __device__ void attend_unit(const AttendArgs& p, int layer, int head, int chunk,
   for (int h = 0; h < 2; ++h)
     for (int o = 1; o < 4; o *= 2) l[h] += __shfl_xor_sync(0xffffffffu, l[h], o);
   const size_t unit = static_cast<size_t>(head) * CHUNKS + chunk;
-  if (half == 0 && lane % 4 == 0) {
+  if (lane % 4 == 0) {
     p.pm[unit * QROWS + q0 + lane / 4] = m[0], p.pm[unit * QROWS + q0 + lane / 4 + 8] = m[1];
     p.pl[unit * QROWS + q0 + lane / 4] = l[0], p.pl[unit * QROWS + q0 + lane / 4 + 8] = l[1];
   }
@@ -144,7 +129,7 @@ __device__ void attend_unit(const AttendArgs& p, int layer, int head, int chunk,
   asm volatile("cp.async.wait_group 0;" ::: "memory");
   __syncthreads();  // V is in
 #pragma unroll 4
-  for (int dc = half * KC; dc < (half + 1) * KC; dc += 2) {  // two 8-dim output tiles per ldmatrix
+  for (int dc = 0; dc < HD / 8; dc += 2) {  // two 8-dim output tiles per ldmatrix
     float o[2][4] = {};
 #pragma unroll
     for (int kk = 0; kk < CHUNK / 16; ++kk) {
@@ -217,7 +202,7 @@ __global__ void __launch_bounds__(THREADS, 1) attend_kernel(const AttendArgs p) 
 // Returns 0 or a cudaError.
 extern "C" int attend_launch(const proto::AttendArgs* args, int grid, cudaStream_t stream) {
   using namespace proto;
-  const int smem = (QROWS + 2 * CHUNK) * ROW_BYTES + XS_BYTES;
+  const int smem = (QROWS + 2 * CHUNK) * ROW_BYTES;
   cudaFuncSetAttribute(attend_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   attend_kernel<<<grid, THREADS, smem, stream>>>(*args);
   return static_cast<int>(cudaGetLastError());
