@@ -70,6 +70,9 @@ struct MlpArgs {
   int gu_cut[2];  // (paced) gate|up's block in KB: [0, cut0) after its MMAs, [cut0, cut1) at the
                   // down's start, the rest after the down's MMAs
   int dn_cut;     // (paced) the down's block in KB: [0, cut) after its MMAs, the rest at gate|up's start
+  int slice_sync;               // (paced) no grid barrier between gate|up and the down: each down unit
+                                // waits on a counter of the 16 gate|up units of its K slice
+  unsigned int* slice_counter;  // [DN_SPLITS] gate|up units done, over all layers
 };
 
 // one row: close the last layer's gated residual, then adaRMS into xn (256 threads x 4 columns)
@@ -104,7 +107,8 @@ __device__ void norm_row(const MlpArgs& p, int row, int layer, float* warp_sums)
   out[3] = __float2bfloat16(h.w * r * sc.w + sh.w);
 }
 
-template <int STAGED>  // MlpArgs::staged, one build each: no mode's branches in another's registers
+template <int STAGED, bool SLICE>  // MlpArgs::staged and slice_sync, one build each: no mode's branches
+                                   // in another's registers
 __global__ void __launch_bounds__(256, 1)
     mlp_rs_kernel(const __grid_constant__ CUtensorMap xn_map, const __grid_constant__ CUtensorMap act_map,
                   const MlpArgs p) {
@@ -228,14 +232,25 @@ __global__ void __launch_bounds__(256, 1)
         }
       }
     }
-    barrier_with(
-        [&] {
-          if (dn_busy && ahead)
-            unstage_dn(w_dn);
-          else if (dn_busy && STAGED)
-            unstage(w_dn);
-        },
-        true);
+    if (SLICE) {  // gate|up -> down by K slice: a unit's 32 features lie in slice cta / 16
+      constexpr int GU_PER_SLICE = GU_TILES / DN_SPLITS;
+      asm volatile("fence.proxy.async.global;" ::: "memory");  // the act stores, before TMA reads them
+      if (wg == 0) asm volatile("bar.sync 4, 128;" ::: "memory");
+      if (gu_busy && tid == 0) grid_arrive(&p.slice_counter[cta / GU_PER_SLICE]);
+      if (dn_busy) unstage_dn(w_dn);
+      __syncthreads();
+      if (dn_busy && tid == 0) grid_wait(&p.slice_counter[ks], GU_PER_SLICE * (layer + 1));
+      __syncthreads();
+    } else {
+      barrier_with(
+          [&] {
+            if (dn_busy && ahead)
+              unstage_dn(w_dn);
+            else if (dn_busy && STAGED)
+              unstage(w_dn);
+          },
+          true);
+    }
     mark(layer, 3);
     if (dn_busy) {  // down: features 64 * ft .., K slice ks
       Box* acts = ahead ? sm.dn.a : sm.a;
@@ -287,12 +302,14 @@ extern "C" int mlp_rs_launch(const proto::MlpArgs* args, int grid, cudaStream_t 
   const CUtensorMap xn_map = tile_map(args->xn, 64, WIDTH, NTOK, 64);
   const CUtensorMap act_map = tile_map(args->act, 64, FF, NTOK, 64);
   const int smem = sizeof(MlpSmem) + 1024;
-  auto kernel = args->staged == 5   ? mlp_rs_kernel<5>
-                : args->staged == 4 ? mlp_rs_kernel<4>
-                : args->staged == 3 ? mlp_rs_kernel<3>
-                : args->staged == 2 ? mlp_rs_kernel<2>
-                : args->staged == 1 ? mlp_rs_kernel<1>
-                                    : mlp_rs_kernel<0>;
+  if (args->slice_sync && args->staged != 5) return static_cast<int>(cudaErrorInvalidValue);
+  auto kernel = args->slice_sync       ? mlp_rs_kernel<5, true>
+                : args->staged == 5 ? mlp_rs_kernel<5, false>
+                : args->staged == 4 ? mlp_rs_kernel<4, false>
+                : args->staged == 3 ? mlp_rs_kernel<3, false>
+                : args->staged == 2 ? mlp_rs_kernel<2, false>
+                : args->staged == 1 ? mlp_rs_kernel<1, false>
+                                    : mlp_rs_kernel<0, false>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   kernel<<<grid, 256, smem, stream>>>(xn_map, act_map, *args);
   return static_cast<int>(cudaGetLastError());

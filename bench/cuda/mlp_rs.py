@@ -7,7 +7,9 @@ loads from global memory; 1 one TMA copy into shared memory, taken out while wai
 barrier; 2 (ahead) each GEMM's copy into a region of its own a whole layer ahead; 3 (late) as 1,
 gate|up's taken out at the norm's barrier; 4 (overlapped) as 2, issued by warpgroup 1 beside the
 epilogue; 5 (paced) as 4, in chunks spread over the layer (--pace). The other digits: every layer
-on layer 0's weights (L2-resident: the bound without HBM waits) and the L2 prefetch. Prints
+on layer 0's weights (L2-resident: the bound without HBM waits), the L2 prefetch and (paced only)
+slice_sync: no grid barrier between gate|up and the down, each down unit waiting on a counter of
+the 16 gate|up units of its K slice (built, not yet run on the GPU). Prints
 the time per layer, the error of the final residual stream against torch (fp32 with the kernel's
 bf16 roundings) and, with --trace, a per-layer timeline. GPU only (sm_90a).
 
@@ -18,7 +20,7 @@ with the down's weights at gate|up's start (9.47 L2-resident); the norm folded i
 last K-slice and gate|up's epilogue 18.8 (8b079bb, reverted); against ~14 for the Triton step
 kernel's phases 5-7 (final residual vs torch: cosine 0.999999).
 
-    python bench/cuda/mlp_rs.py [--trace] [--runs 100 500:64,128,0 ...] [--out DIR]
+    python bench/cuda/mlp_rs.py [--trace] [--runs 100 500:64,128,0 5001:64,128,0 ...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ class MlpArgs(ctypes.Structure):
                 ("w_gu", "w_dn", "h", "part", "xn", "act", "scale", "shift", "gate", "counter", "trace")] + [
         ("layers", ctypes.c_int), ("rows", ctypes.c_int), ("eps", ctypes.c_float),
         ("staged", ctypes.c_int), ("one_layer", ctypes.c_int), ("prefetch", ctypes.c_int),
-        ("gu_cut", ctypes.c_int * 2), ("dn_cut", ctypes.c_int)]  # fmt: skip
+        ("gu_cut", ctypes.c_int * 2), ("dn_cut", ctypes.c_int), ("slice_sync", ctypes.c_int),
+        ("slice_counter", ctypes.c_void_p)]  # fmt: skip
 
 
 def down_fragments(down: torch.Tensor) -> torch.Tensor:
@@ -95,7 +98,7 @@ def main() -> None:
         "--runs",
         nargs="+",
         default=RUNS.split(),
-        help=f"STAGED ONE_LAYER PREFETCH digits per run (MlpArgs), default {RUNS}",
+        help=f"STAGED ONE_LAYER PREFETCH [SLICE_SYNC] digits per run (MlpArgs), default {RUNS}",
     )
     ap.add_argument("--pace", default="48,96,32",
                     help="staged=5: gate|up's cuts and the down's cut in KB (MlpArgs gu_cut, dn_cut); "
@@ -116,25 +119,25 @@ def main() -> None:
     xn = torch.zeros(64, WIDTH, device=dev, dtype=torch.bfloat16)
     act = torch.zeros(64, FF, device=dev, dtype=torch.bfloat16)
     counter = torch.zeros(4, device=dev, dtype=torch.int32)
+    slice_counter = torch.zeros(SPLITS, device=dev, dtype=torch.int32)
     tensors = dict(w_gu=w_gu, w_dn=w_dn, h=h, part=part, xn=xn, act=act, scale=scale, shift=shift, gate=gate)
 
-    def launch(
-        staged: int, one_layer: int, prefetch: int, pace: tuple[int, ...], trace: torch.Tensor | None = None
-    ) -> None:
+    def launch(mode: dict[str, int], pace: tuple[int, ...], trace: torch.Tensor | None = None) -> None:
+        """One launch; `mode`: MlpArgs' staged, one_layer, prefetch and slice_sync."""
         h.copy_(h0)
         counter.zero_()
+        slice_counter.zero_()
         ptrs = {k: v.data_ptr() for k, v in tensors.items()}
         marks = trace.data_ptr() if trace is not None else None
         margs = MlpArgs(
             **ptrs,
+            **mode,
             counter=counter.data_ptr(),
+            slice_counter=slice_counter.data_ptr(),
             trace=marks,
             layers=LAYERS,
             rows=ROWS,
             eps=EPS,
-            staged=staged,
-            one_layer=one_layer,
-            prefetch=prefetch,
             gu_cut=(ctypes.c_int * 2)(*pace[:2]),
             dn_cut=pace[2],
         )
@@ -147,16 +150,17 @@ def main() -> None:
     want_first = reference(h0, *first, scale, shift, gate)
     results = {}
     for run in args.runs:
-        staged, one_layer, prefetch = (int(c) for c in run.split(":")[0])
+        staged, one_layer, prefetch, slice_sync = (int(c) for c in (run.split(":")[0] + "0")[:4])
+        mode = dict(staged=staged, one_layer=one_layer, prefetch=prefetch, slice_sync=slice_sync)
         pace = tuple(int(c) for c in (run.split(":") + [args.pace])[1].split(","))
+        if slice_sync and staged != 5:
+            raise SystemExit(f"run {run}: slice_sync needs staged 5")
         want = want_first if one_layer else want_all
-        launch(staged, one_layer, prefetch, pace)
+        launch(mode, pace)
         torch.cuda.synchronize()
         err = float((h - want).abs().max())
         cos = float(F.cosine_similarity(h.flatten(), want.flatten(), dim=0))
-        full = (
-            graph_ms(lambda s=staged, o=one_layer, f=prefetch, c=pace: launch(s, o, f, c)) * 1e3
-        )  # with the h reset and counter zeroing
+        full = graph_ms(lambda m=mode, c=pace: launch(m, c)) * 1e3  # with the h reset and counter zeroing
         label = ("weights by __ldg -> registers", "weights by TMA -> shared -> registers",
                  "weights by TMA -> shared a layer ahead -> registers",
                  "weights by TMA -> shared -> registers at the norm's barrier",
@@ -165,13 +169,14 @@ def main() -> None:
         label += ", layer 0's weights for all (L2)" if one_layer else ""
         label += ", next layer's weights prefetched into L2" if prefetch else ""
         label += f", chunks at {pace} KB" if staged == 5 else ""
+        label += ", gate|up -> down by per-slice counters" if slice_sync else ""
         results[label] = dict(us_per_layer=full / LAYERS, max_abs=err, cosine=cos, ref_abs_max=float(want.abs().max()))
         print(f"MLP x {LAYERS} layers, {label}: {full / LAYERS:5.2f} us per layer (3 phases + 3 grid barriers); "
               f"final h vs torch max abs {err:.2e} (|h| max {results[label]['ref_abs_max']:.1f}), "
               f"cosine {cos:.6f}")  # fmt: skip
         if args.trace:
             trace = torch.zeros(LAYERS, GRID, len(TRACE), device=dev, dtype=torch.int64)
-            launch(staged, one_layer, prefetch, pace, trace)
+            launch(mode, pace, trace)
             results[label]["timeline_us"] = timeline(trace)
     write_result(args.out, "mlp_rs", dev, results=results)
 
