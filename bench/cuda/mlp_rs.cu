@@ -63,8 +63,8 @@ struct MlpArgs {
                   // warpgroups' sum is done, and only warpgroup 0 (which stores the epilogue) before
                   // the grid arrival: the issuing thread stalls about as long as its bytes take, now
                   // beside the epilogue and the barrier and not before them; 5 (paced): as 4, each copy
-                  // in chunks spread over the layer (gu_cut, dn_cut), so that no burst of all CTAs' copies fills HBM's queues in front of a
-                  // barrier; 0: each thread's __ldg loads
+                  // in chunks spread over the layer (gu_cut, dn_cut), so that no burst of all CTAs'
+                  // copies fills the memory system in front of a barrier; 0: each thread's __ldg loads
   int one_layer;  // every layer on layer 0's weights (24 MB, L2-resident): the bound with no HBM wait
   int prefetch;   // each CTA asks L2 for its next layer's weight blocks when a layer starts
   int gu_cut[2];  // (paced) gate|up's block in KB: [0, cut0) after its MMAs, [cut0, cut1) at the

@@ -171,7 +171,8 @@ def main() -> None:
         label += f", chunks at {pace} KB" if staged == 5 else ""
         label += ", gate|up -> down by per-slice counters" if slice_sync else ""
         results[label] = dict(us_per_layer=full / LAYERS, max_abs=err, cosine=cos, ref_abs_max=float(want.abs().max()))
-        print(f"MLP x {LAYERS} layers, {label}: {full / LAYERS:5.2f} us per layer (3 phases + 3 grid barriers); "
+        syncs = "3 grid barriers" if not slice_sync else "2 grid barriers + per-slice counters"
+        print(f"MLP x {LAYERS} layers, {label}: {full / LAYERS:5.2f} us per layer (3 phases, {syncs}); "
               f"final h vs torch max abs {err:.2e} (|h| max {results[label]['ref_abs_max']:.1f}), "
               f"cosine {cos:.6f}")  # fmt: skip
         if args.trace:
