@@ -1,0 +1,463 @@
+// Prototype (bench only): step 2 of docs/step_megakernel.md, the expert's whole layer for 18 layers in
+// one persistent launch, the Triton step kernel's 8 phases with a grid barrier after each:
+//   norm1    close the last layer's MLP residual (h += gate2 * sum of the down's partials), adaRMS -> xn;
+//   QKV      40 units of 64 weight rows (32 q units: a head's 32 RoPE pairs (d, d + 128); 4 k units
+//            likewise; 4 v units of 64 dims), RoPE in the epilogue; q out, k / v into the caches;
+//   attend   128 units (head, 64-key chunk): attend.cu's unit, on warps 0-3;
+//   combine  the 16 chunks of each head -> attn, bf16;
+//   O        16 feature tiles x 8 K-slices (one head each), fp32 partials;
+//   norm2    close the attention residual (h += gate1 * sum of O's partials), adaRMS -> xn;
+//   gate|up + GeGLU, down: mlp_rs.cu's staged phases.
+// Every GEMM holds its weights in registers as wgmma's A operand (one register array, reused), copied
+// by TMA into shared memory after the GEMM before it and taken into registers while waiting at the
+// barrier in front of it (mlp_rs.cu's `staged` = 1); the activations come through shared memory as
+// the B operand (N = 56 tokens) in one TMA burst after the barrier.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+#include <stdint.h>
+
+#include "rs_gemm.cuh"
+
+namespace proto {
+
+constexpr int WIDTH = 1024, FF = 4096, HEADS = 8, HD = 256, WIDTH_Q = HEADS * HD, NWG = 2;
+constexpr int QKV_UNITS = 40, QKV_BOXES = WIDTH / 64, QKV_JJ = WIDTH / 16 / NWG;
+constexpr int O_TILES = WIDTH / 64, O_SPLITS = HEADS, O_BOXES = HD / 64, O_JJ = HD / 16 / NWG;
+constexpr int GU_TILES = FF / 32, GU_BOXES = WIDTH / 64, GU_JJ = WIDTH / 16 / NWG;
+constexpr int DN_TILES = WIDTH / 64, DN_SPLITS = 8, DN_BOXES = FF / DN_SPLITS / 64, DN_JJ = FF / DN_SPLITS / 16 / NWG;
+constexpr int WJ = 32;  // the register array's K steps: the largest GEMM's (QKV, gate|up)
+constexpr int QROWS = 64, CHUNK = 64, CHUNKS = 16, KEYS_PAD = CHUNKS * CHUNK, ROW_BYTES = HD * 2;
+constexpr int EVENTS = 9;  // norm1, QKV, attend, combine, O, norm2, gate|up, down starts; down's arrival
+
+struct LayerSmem {
+  union {
+    Box a[QKV_BOXES];                               // a GEMM's activation boxes
+    uint4 w[NWG * WJ * 128];                        // the next GEMM's weight fragments
+    uint8_t att[(QROWS + 2 * CHUNK) * ROW_BYTES];  // attend's q, K, V tiles
+  };
+  float red[NWG - 1][ACC][128];
+  uint64_t full_qkv[QKV_BOXES], full_o[O_BOXES], full_gu[GU_BOXES], full_dn[DN_BOXES];
+  uint64_t w_full;
+};
+
+struct LayerArgs {
+  const uint4* w_qkv;  // [layers][QKV_UNITS][NWG][QKV_JJ][128] fragments
+  const uint4* w_o;    // [layers][O_TILES][O_SPLITS][NWG][O_JJ][128]
+  const uint4* w_gu;   // [layers][GU_TILES][NWG][GU_JJ][128]
+  const uint4* w_dn;   // [layers][DN_TILES][DN_SPLITS][NWG][DN_JJ][128]
+  float* h;            // [rows, WIDTH] residual stream
+  float* part_o;       // [O_SPLITS][rows][WIDTH]
+  float* part_dn;      // [DN_SPLITS][rows][WIDTH]
+  __nv_bfloat16* xn;   // [64, WIDTH] (rows >= `rows` stay zero, as in every [64, *] buffer)
+  __nv_bfloat16* q;    // [64, WIDTH_Q] after RoPE
+  __nv_bfloat16* k;    // [layers][KEYS_PAD][HD]: the prefix's keys, the suffix's written at `prefix`
+  __nv_bfloat16* v;    // [layers][KEYS_PAD][HD]
+  __nv_bfloat16* attn; // [64, WIDTH_Q]
+  __nv_bfloat16* act;  // [64, FF] GeGLU output
+  float* po;           // [HEADS][CHUNKS][64][HD] attend's unnormalised chunk outputs
+  float* pm;           // [HEADS][CHUNKS][64] chunk row maxima (log2 units)
+  float* pl;           // [HEADS][CHUNKS][64] chunk row sums
+  const float* cos;    // [rows][HD / 2] RoPE at each suffix token's position
+  const float* sin;
+  const float* scale1;  // [layers][WIDTH] 1 + adaRMS scale, before attention
+  const float* shift1;
+  const float* gate1;   // the attention's gated residual
+  const float* scale2;  // before the MLP
+  const float* shift2;
+  const float* gate2;
+  unsigned int* counter;
+  long long* trace;  // null or [layers][grid][EVENTS]
+  int layers, rows, prefix, keys;
+  float eps;
+  int one_layer;  // every layer on layer 0's weights (L2-resident): the bound with no HBM wait
+};
+
+// one row: h += gate * sum of `nparts` partials (gate null: none), then (scale not null) adaRMS into
+// xn; 256 threads x 4 columns, every load issued before the first sum
+__device__ void norm_row(const LayerArgs& p, int row, const float* parts, int nparts, const float* gate,
+                         const float* scale, const float* shift, float* warp_sums) {
+  const int c = threadIdx.x * 4;
+  float4 h = *reinterpret_cast<float4*>(&p.h[row * WIDTH + c]);
+  float4 g = {}, sc = {}, sh = {};
+  if (gate) g = *reinterpret_cast<const float4*>(&gate[c]);
+  if (scale) sc = *reinterpret_cast<const float4*>(&scale[c]), sh = *reinterpret_cast<const float4*>(&shift[c]);
+  if (gate) {
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = 0; k < nparts; ++k) {
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(&parts[(k * p.rows + row) * WIDTH + c]));
+      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+    }
+    h.x += g.x * s.x, h.y += g.y * s.y, h.z += g.z * s.z, h.w += g.w * s.w;
+    *reinterpret_cast<float4*>(&p.h[row * WIDTH + c]) = h;
+  }
+  if (!scale) return;
+  float ss = h.x * h.x + h.y * h.y + h.z * h.z + h.w * h.w;
+  for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float total = 0.f;
+  for (int w = 0; w < 8; ++w) total += warp_sums[w];
+  __syncthreads();  // warp_sums free for the next row
+  const float r = rsqrtf(total / WIDTH + p.eps);
+  __nv_bfloat16* out = &p.xn[row * WIDTH + c];
+  out[0] = __float2bfloat16(h.x * r * sc.x + sh.x);
+  out[1] = __float2bfloat16(h.y * r * sc.y + sh.y);
+  out[2] = __float2bfloat16(h.z * r * sc.z + sh.z);
+  out[3] = __float2bfloat16(h.w * r * sc.w + sh.w);
+}
+
+// ---- attention: attend.cu's unit and combine, on 256 threads (the MMAs on warps 0-3) ------------
+
+__device__ __forceinline__ uint32_t tile_off(int r, int j) { return r * ROW_BYTES + ((j ^ (r & 7)) << 4); }
+
+__device__ __forceinline__ void load_tile(uint8_t* tile, const __nv_bfloat16* src, int stride) {
+  for (int i = threadIdx.x; i < 64 * 32; i += blockDim.x) {
+    const int r = i / 32, j = i % 32;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(su32(tile + tile_off(r, j))),
+                 "l"(src + r * stride + j * 8)
+                 : "memory");
+  }
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(su32(p)));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(su32(p)));
+}
+
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ void attend_unit(const LayerArgs& p, int layer, int head, int chunk, uint8_t* smem) {
+  uint8_t *qs = smem, *ks = smem + QROWS * ROW_BYTES, *vs = ks + CHUNK * ROW_BYTES;
+  const size_t kv0 = (static_cast<size_t>(layer) * KEYS_PAD + static_cast<size_t>(chunk) * CHUNK) * HD;
+  load_tile(qs, p.q + head * HD, WIDTH_Q);
+  load_tile(ks, p.k + kv0, HD);
+  asm volatile("cp.async.commit_group;" ::: "memory");
+  load_tile(vs, p.v + kv0, HD);  // lands while the scores are computed
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 1;" ::: "memory");
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, q0 = warp * 16;
+  uint32_t pa[CHUNK / 16][4];  // P as the A fragments of O = P V, one per 16 keys
+  const size_t unit = static_cast<size_t>(head) * CHUNKS + chunk;
+  if (warp < 4) {
+    float s[CHUNK / 8][4] = {};
+#pragma unroll
+    for (int kc = 0; kc < HD / 8; kc += 2) {
+      uint32_t a[4];
+      ldsm_x4(a, qs + tile_off(q0 + lane % 8 + 8 * ((lane / 8) % 2), kc + lane / 16));
+#pragma unroll
+      for (int n = 0; n < CHUNK / 8; n += 2) {
+        uint32_t b[4];
+        ldsm_x4(b, ks + tile_off(n * 8 + lane % 8 + 8 * (lane / 16), kc + (lane / 8) % 2));
+        mma16816(s[n], a, b[0], b[1]);
+        mma16816(s[n + 1], a, b[2], b[3]);
+      }
+    }
+    constexpr float SCALE = 0.0625f * 1.44269504f;  // 1 / sqrt(256) * log2(e)
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+    for (int n = 0; n < CHUNK / 8; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int key = chunk * CHUNK + n * 8 + (lane % 4) * 2 + i % 2;
+        s[n][i] = key < p.keys ? s[n][i] * SCALE : -INFINITY;
+        m[i / 2] = fmaxf(m[i / 2], s[n][i]);
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      for (int o = 1; o < 4; o *= 2) m[h] = fmaxf(m[h], __shfl_xor_sync(0xffffffffu, m[h], o));
+#pragma unroll
+    for (int n = 0; n < CHUNK / 8; ++n) {
+      float e[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) e[i] = exp2f(s[n][i] - m[i / 2]), l[i / 2] += e[i];
+      pa[n / 2][(n % 2) * 2] = pack_bf16(e[0], e[1]);
+      pa[n / 2][(n % 2) * 2 + 1] = pack_bf16(e[2], e[3]);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      for (int o = 1; o < 4; o *= 2) l[h] += __shfl_xor_sync(0xffffffffu, l[h], o);
+    if (lane % 4 == 0) {
+      p.pm[unit * QROWS + q0 + lane / 4] = m[0], p.pm[unit * QROWS + q0 + lane / 4 + 8] = m[1];
+      p.pl[unit * QROWS + q0 + lane / 4] = l[0], p.pl[unit * QROWS + q0 + lane / 4 + 8] = l[1];
+    }
+  }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  __syncthreads();  // V is in
+  if (warp < 4) {
+    float* po = p.po + unit * QROWS * HD;
+#pragma unroll 4
+    for (int dc = 0; dc < HD / 8; dc += 2) {
+      float o[2][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < CHUNK / 16; ++kk) {
+        uint32_t b[4];
+        ldsm_x4_t(b, vs + tile_off(kk * 16 + lane % 8 + 8 * ((lane / 8) % 2), dc + lane / 16));
+        mma16816(o[0], pa[kk], b[0], b[1]);
+        mma16816(o[1], pa[kk], b[2], b[3]);
+      }
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        const int col = (dc + t) * 8 + (lane % 4) * 2, row = q0 + lane / 4;
+        if (row < p.rows) *reinterpret_cast<float2*>(&po[row * HD + col]) = make_float2(o[t][0], o[t][1]);
+        if (row + 8 < p.rows) *reinterpret_cast<float2*>(&po[(row + 8) * HD + col]) = make_float2(o[t][2], o[t][3]);
+      }
+    }
+  }
+  __syncthreads();  // the tiles are free
+}
+
+__device__ void combine(const LayerArgs& p) {
+  const int n = HEADS * p.rows * (HD / 4);
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const int row = i / (HD / 4), d = (i % (HD / 4)) * 4, head = row / p.rows, q = row % p.rows;
+    float mc[CHUNKS], big = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) mc[c] = __ldcg(&p.pm[(head * CHUNKS + c) * QROWS + q]), big = fmaxf(big, mc[c]);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) {
+      const float w = exp2f(mc[c] - big);
+      const size_t unit = static_cast<size_t>(head) * CHUNKS + c;
+      sum += w * __ldcg(&p.pl[unit * QROWS + q]);
+      const float4 o = __ldcg(reinterpret_cast<const float4*>(&p.po[(unit * QROWS + q) * HD + d]));
+      acc.x += w * o.x, acc.y += w * o.y, acc.z += w * o.z, acc.w += w * o.w;
+    }
+    const float r = 1.f / sum;
+    __nv_bfloat16* dst = &p.attn[q * WIDTH_Q + head * HD + d];
+    *reinterpret_cast<uint2*>(dst) = make_uint2(pack_bf16(acc.x * r, acc.y * r), pack_bf16(acc.z * r, acc.w * r));
+  }
+}
+
+// ---- the register-operand GEMMs on one register array ----------------------------------------
+
+// d = this warpgroup's first BPW * 4 K steps of w @ boxes [first, first + BPW)
+template <int BPW>
+__device__ __forceinline__ void mma_w(float (&d)[ACC], const uint32_t (&w)[WJ][4], Box* tiles, uint64_t* full,
+                                      int first, uint32_t parity) {
+#pragma unroll
+  for (int i = 0; i < ACC; ++i) d[i] = 0.f;
+#pragma unroll
+  for (int b = 0; b < BPW; ++b) {
+    mbar_wait(&full[first + b], parity);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_m64n56k16_rs(d, w[b * 4 + kk], gmma_desc(&tiles[first + b][kk * 16]));
+  }
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+
+// every thread: its J fragments out of the staged block into w[0, J). A CTA without a unit of the
+// next GEMM (`busy` false) reads the stale region without waiting: w is then written on every path,
+// and ptxas does not keep the last GEMM's fragments alive through the phases between (it spilled)
+template <int J>
+__device__ __forceinline__ void unstage_w(uint32_t (&w)[WJ][4], const uint4* block, uint64_t* full, int& stages,
+                                          bool busy, int wg, int t) {
+  if (busy) mbar_wait(full, stages++ & 1);
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const uint4 v = block[(wg * J + j) * 128 + t];
+    w[j][0] = v.x, w[j][1] = v.y, w[j][2] = v.z, w[j][3] = v.w;
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // before the next TMA writes the region
+}
+
+// QKV's epilogue (warpgroup 0, which holds the sum): accumulator i is M-row 16 warp + lane / 4 +
+// 8 ((i / 2) % 2) and token 8 (i / 4) + 2 (lane % 4) + i % 2; a q / k unit's rows r and r + 8 are the
+// RoPE pair (d, d + 128), a v unit's rows are 64 consecutive dims
+__device__ void qkv_epilogue(const LayerArgs& p, const float (&d)[ACC], int unit, int layer, int t) {
+  const int warp = t / 32, lane = t % 32, r = lane / 4;
+  const size_t kv_row0 = (static_cast<size_t>(layer) * KEYS_PAD + p.prefix) * HD;
+#pragma unroll
+  for (int i = 0; i < ACC; ++i) {
+    if (i % 4 >= 2) continue;
+    const int token = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+    if (token >= p.rows) continue;
+    if (unit < 36) {
+      const int dim = 32 * (unit % 4) + 8 * warp + r;
+      const float c = p.cos[token * (HD / 2) + dim], s = p.sin[token * (HD / 2) + dim];
+      const float x1 = d[i], x2 = d[i + 2];
+      const __nv_bfloat16 o1 = __float2bfloat16(x1 * c - x2 * s), o2 = __float2bfloat16(x2 * c + x1 * s);
+      __nv_bfloat16* dst = unit < 32 ? &p.q[token * WIDTH_Q + (unit / 4) * HD + dim] : &p.k[kv_row0 + token * HD + dim];
+      dst[0] = o1, dst[HD / 2] = o2;
+    } else {
+      __nv_bfloat16* dst = &p.v[kv_row0 + token * HD + 64 * (unit - 36) + 16 * warp + r];
+      dst[0] = __float2bfloat16(d[i]), dst[8] = __float2bfloat16(d[i + 2]);
+    }
+  }
+}
+
+// a split-K GEMM's epilogue: fp32 partial of features 64 tile .. for K slice `split`
+__device__ void partial_epilogue(const LayerArgs& p, const float (&d)[ACC], float* part, int tile, int split, int t) {
+  const int warp = t / 32, lane = t % 32;
+#pragma unroll
+  for (int i = 0; i < ACC; ++i) {
+    const int feature = tile * 64 + 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
+    const int token = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+    if (token < p.rows) part[(split * p.rows + token) * WIDTH + feature] = d[i];
+  }
+}
+
+__global__ void __launch_bounds__(256, 1)
+    layer_rs_kernel(const __grid_constant__ CUtensorMap xn_map, const __grid_constant__ CUtensorMap attn_map,
+                    const __grid_constant__ CUtensorMap act_map, const LayerArgs p) {
+  extern __shared__ uint8_t smem_raw[];
+  LayerSmem& sm = aligned_smem<LayerSmem>(smem_raw);
+  __shared__ float warp_sums[8];
+  const int tid = threadIdx.x, t = tid % 128, cta = blockIdx.x, grid = gridDim.x;
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
+  const bool qkv_busy = cta < QKV_UNITS, o_busy = cta < O_TILES * O_SPLITS;
+  const bool gu_busy = cta < GU_TILES, dn_busy = cta < DN_TILES * DN_SPLITS;
+  const int oft = cta % O_TILES, ohs = cta / O_TILES, dft = cta % DN_TILES, dks = cta / DN_TILES;
+  unsigned int target = 0;
+  auto mark = [&](int layer, int event) {
+    if (p.trace && tid == 0) p.trace[(layer * grid + cta) * EVENTS + event] = clock64();
+  };
+  if (tid == 0) {
+    for (int k = 0; k < QKV_BOXES; ++k) mbar_init(&sm.full_qkv[k], 1);
+    for (int k = 0; k < O_BOXES; ++k) mbar_init(&sm.full_o[k], 1);
+    for (int k = 0; k < GU_BOXES; ++k) mbar_init(&sm.full_gu[k], 1);
+    for (int k = 0; k < DN_BOXES; ++k) mbar_init(&sm.full_dn[k], 1);
+    mbar_init(&sm.w_full, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  uint32_t w[WJ][4];
+  int stages = 0;
+  auto wl = [&](int layer) { return static_cast<size_t>(p.one_layer ? 0 : layer); };
+  constexpr size_t QKV_BLOCK = NWG * QKV_JJ * 128, O_BLOCK = NWG * O_JJ * 128;  // uint4 per unit
+  constexpr size_t GU_BLOCK = NWG * GU_JJ * 128, DN_BLOCK = NWG * DN_JJ * 128;
+  auto qkv_of = [&](int layer) { return p.w_qkv + (wl(layer) * QKV_UNITS + cta) * QKV_BLOCK; };
+  auto o_of = [&](int layer) { return p.w_o + ((wl(layer) * O_TILES + oft) * O_SPLITS + ohs) * O_BLOCK; };
+  auto gu_of = [&](int layer) { return p.w_gu + (wl(layer) * GU_TILES + cta) * GU_BLOCK; };
+  auto dn_of = [&](int layer) { return p.w_dn + ((wl(layer) * DN_TILES + dft) * DN_SPLITS + dks) * DN_BLOCK; };
+  // thread 0 copies a fragment block into the shared region once both warpgroups are done with it
+  auto stage = [&](const uint4* block, size_t uint4s) {
+    asm volatile("bar.sync 2, 256;" ::: "memory");
+    if (tid == 0) stage_fragments(sm.w, block, static_cast<uint32_t>(uint4s * 16), &sm.w_full);
+  };
+  auto barrier_with = [&](auto work) {  // a grid barrier with `work` between arriving and waiting
+    asm volatile("fence.proxy.async.global;" ::: "memory");  // this thread's stores, before TMA reads them
+    __syncthreads();
+    target += grid;
+    if (tid == 0) grid_arrive(p.counter);
+    work();
+    __syncthreads();
+    if (tid == 0) grid_wait(p.counter, target);
+    __syncthreads();
+  };
+  auto none = [] {};
+  if (qkv_busy) stage(qkv_of(0), QKV_BLOCK);
+  float d[ACC];
+  for (int layer = 0; layer < p.layers; ++layer) {
+    const size_t lw = static_cast<size_t>(layer) * WIDTH;
+    mark(layer, 0);
+    for (int row = cta; row < p.rows; row += grid)
+      norm_row(p, row, p.part_dn, DN_SPLITS, layer > 0 ? p.gate2 + lw - WIDTH : nullptr, p.scale1 + lw,
+               p.shift1 + lw, warp_sums);
+    barrier_with([&] {
+      unstage_w<QKV_JJ>(w, sm.w, &sm.w_full, stages, qkv_busy, wg, t);
+    });
+    mark(layer, 1);
+    if (qkv_busy) {
+      if (tid == 0) burst_load(sm.a, &xn_map, sm.full_qkv, QKV_BOXES, NWG, 0);
+      mma_w<QKV_BOXES / NWG>(d, w, sm.a, sm.full_qkv, wg * (QKV_BOXES / NWG), layer & 1);
+      sum_warpgroups<NWG>(d, sm.red, wg, t);
+      if (wg == 0) qkv_epilogue(p, d, cta, layer, t);
+    }
+    barrier_with(none);
+    mark(layer, 2);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // TMA wrote the region, cp.async next
+    for (int u = cta; u < HEADS * CHUNKS; u += grid) attend_unit(p, layer, u / CHUNKS, u % CHUNKS, sm.att);
+    barrier_with(none);
+    mark(layer, 3);
+    if (o_busy) stage(o_of(layer), O_BLOCK);  // 32 KB, a combine and a barrier to land
+    combine(p);
+    barrier_with([&] {
+      unstage_w<O_JJ>(w, sm.w, &sm.w_full, stages, o_busy, wg, t);
+    });
+    mark(layer, 4);
+    if (o_busy) {
+      if (tid == 0) burst_load(sm.a, &attn_map, sm.full_o, O_BOXES, NWG, ohs * O_BOXES);
+      mma_w<O_BOXES / NWG>(d, w, sm.a, sm.full_o, wg * (O_BOXES / NWG), layer & 1);
+      if (gu_busy) stage(gu_of(layer), GU_BLOCK);
+      sum_warpgroups<NWG>(d, sm.red, wg, t);
+      if (wg == 0) partial_epilogue(p, d, p.part_o, oft, ohs, t);
+    }
+    barrier_with(none);
+    mark(layer, 5);
+    for (int row = cta; row < p.rows; row += grid)
+      norm_row(p, row, p.part_o, O_SPLITS, p.gate1 + lw, p.scale2 + lw, p.shift2 + lw, warp_sums);
+    barrier_with([&] {
+      unstage_w<GU_JJ>(w, sm.w, &sm.w_full, stages, gu_busy, wg, t);
+    });
+    mark(layer, 6);
+    if (gu_busy) {
+      if (tid == 0) burst_load(sm.a, &xn_map, sm.full_gu, GU_BOXES, NWG, 0);
+      mma_w<GU_BOXES / NWG>(d, w, sm.a, sm.full_gu, wg * (GU_BOXES / NWG), layer & 1);
+      if (dn_busy) stage(dn_of(layer), DN_BLOCK);
+      sum_warpgroups<NWG>(d, sm.red, wg, t);
+      if (wg == 0) {  // rows r, r + 8 of each warp's 16 are one feature's gate and up
+        const int warp = t / 32, lane = t % 32, feature = cta * 32 + 8 * warp + lane / 4;
+#pragma unroll
+        for (int i = 0; i < ACC; ++i) {
+          const int token = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+          if (i % 4 < 2 && token < p.rows) p.act[token * FF + feature] = __float2bfloat16(gelu_tanh(d[i]) * d[i + 2]);
+        }
+      }
+    }
+    barrier_with([&] {
+      unstage_w<DN_JJ>(w, sm.w, &sm.w_full, stages, dn_busy, wg, t);
+    });
+    mark(layer, 7);
+    if (dn_busy) {
+      if (tid == 0) burst_load(sm.a, &act_map, sm.full_dn, DN_BOXES, NWG, dks * DN_BOXES);
+      mma_w<DN_BOXES / NWG>(d, w, sm.a, sm.full_dn, wg * (DN_BOXES / NWG), layer & 1);
+      if (qkv_busy && layer + 1 < p.layers) stage(qkv_of(layer + 1), QKV_BLOCK);
+      sum_warpgroups<NWG>(d, sm.red, wg, t);
+      if (wg == 0) partial_epilogue(p, d, p.part_dn, dft, dks, t);
+    } else if (qkv_busy && layer + 1 < p.layers) {
+      stage(qkv_of(layer + 1), QKV_BLOCK);
+    }
+    mark(layer, 8);
+    barrier_with(none);
+  }
+  for (int row = cta; row < p.rows; row += grid)
+    norm_row(p, row, p.part_dn, DN_SPLITS, p.gate2 + static_cast<size_t>(p.layers - 1) * WIDTH, nullptr, nullptr,
+             warp_sums);
+}
+
+}  // namespace proto
+
+// Returns 0 or a cudaError.
+extern "C" int layer_rs_launch(const proto::LayerArgs* args, int grid, cudaStream_t stream) {
+  using namespace proto;
+  const CUtensorMap xn_map = tile_map(args->xn, 64, WIDTH, NTOK, 64);
+  const CUtensorMap attn_map = tile_map(args->attn, 64, WIDTH_Q, NTOK, 64);
+  const CUtensorMap act_map = tile_map(args->act, 64, FF, NTOK, 64);
+  const int smem = sizeof(LayerSmem) + 1024;
+  cudaFuncSetAttribute(layer_rs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  layer_rs_kernel<<<grid, 256, smem, stream>>>(xn_map, attn_map, act_map, *args);
+  return static_cast<int>(cudaGetLastError());
+}
