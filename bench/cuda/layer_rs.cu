@@ -29,7 +29,9 @@ constexpr int GU_TILES = FF / 32, GU_BOXES = WIDTH / 64, GU_JJ = WIDTH / 16 / NW
 constexpr int DN_TILES = WIDTH / 64, DN_SPLITS = 8, DN_BOXES = FF / DN_SPLITS / 64, DN_JJ = FF / DN_SPLITS / 16 / NWG;
 constexpr int WJ = 32;  // the register array's K steps: the largest GEMM's (QKV, gate|up)
 constexpr int QROWS = 64, CHUNK = 64, CHUNKS = 16, KEYS_PAD = CHUNKS * CHUNK, ROW_BYTES = HD * 2;
-constexpr int EVENTS = 9;  // norm1, QKV, attend, combine, O, norm2, gate|up, down starts; down's arrival
+// norm1 start, its weights unstaged, QKV start, its MMA done, its epilogue done, attend, combine, O
+// starts, O's MMA done, its epilogue done, norm2, gate|up, down starts, down's arrival
+constexpr int EVENTS = 14;
 
 struct LayerSmem {
   union {
@@ -38,6 +40,9 @@ struct LayerSmem {
     uint8_t att[(QROWS + 2 * CHUNK) * ROW_BYTES];  // attend's q, K, V tiles
   };
   float red[NWG - 1][ACC][128];
+#ifdef ROPE_SMEM
+  float2 rope[64][HD / 2];  // (cos, sin) per token and dim, loaded once
+#endif
   uint64_t full_qkv[QKV_BOXES], full_o[O_BOXES], full_gu[GU_BOXES], full_dn[DN_BOXES];
   uint64_t w_full;
 };
@@ -286,7 +291,8 @@ __device__ __forceinline__ void unstage_w(uint32_t (&w)[WJ][4], const uint4* blo
 // QKV's epilogue (warpgroup 0, which holds the sum): accumulator i is M-row 16 warp + lane / 4 +
 // 8 ((i / 2) % 2) and token 8 (i / 4) + 2 (lane % 4) + i % 2; a q / k unit's rows r and r + 8 are the
 // RoPE pair (d, d + 128), a v unit's rows are 64 consecutive dims
-__device__ void qkv_epilogue(const LayerArgs& p, const float (&d)[ACC], int unit, int layer, int t) {
+__device__ void qkv_epilogue(const LayerArgs& p, const float (&d)[ACC], int unit, int layer, int t,
+                             const float2 (*rope)[HD / 2]) {
   const int warp = t / 32, lane = t % 32, r = lane / 4;
   const size_t kv_row0 = (static_cast<size_t>(layer) * KEYS_PAD + p.prefix) * HD;
 #pragma unroll
@@ -296,7 +302,11 @@ __device__ void qkv_epilogue(const LayerArgs& p, const float (&d)[ACC], int unit
     if (token >= p.rows) continue;
     if (unit < 36) {
       const int dim = 32 * (unit % 4) + 8 * warp + r;
+#ifdef ROPE_SMEM
+      const float c = rope[token][dim].x, s = rope[token][dim].y;
+#else
       const float c = p.cos[token * (HD / 2) + dim], s = p.sin[token * (HD / 2) + dim];
+#endif
       const float x1 = d[i], x2 = d[i + 2];
       const __nv_bfloat16 o1 = __float2bfloat16(x1 * c - x2 * s), o2 = __float2bfloat16(x2 * c + x1 * s);
       __nv_bfloat16* dst = unit < 32 ? &p.q[token * WIDTH_Q + (unit / 4) * HD + dim] : &p.k[kv_row0 + token * HD + dim];
@@ -342,6 +352,11 @@ __global__ void __launch_bounds__(256, 1)
     mbar_init(&sm.w_full, 1);
     mbar_init_fence();
   }
+#ifdef ROPE_SMEM
+  if (cta < QKV_UNITS)
+    for (int i = tid; i < p.rows * (HD / 2); i += blockDim.x)
+      sm.rope[i / (HD / 2)][i % (HD / 2)] = make_float2(p.cos[i], p.sin[i]);
+#endif
   __syncthreads();
   uint32_t w[WJ][4];
   int stages = 0;
@@ -378,41 +393,50 @@ __global__ void __launch_bounds__(256, 1)
                p.shift1 + lw, warp_sums);
     barrier_with([&] {
       unstage_w<QKV_JJ>(w, sm.w, &sm.w_full, stages, qkv_busy, wg, t);
+      mark(layer, 1);
     });
-    mark(layer, 1);
+    mark(layer, 2);
     if (qkv_busy) {
       if (tid == 0) burst_load(sm.a, &xn_map, sm.full_qkv, QKV_BOXES, NWG, 0);
       mma_w<QKV_BOXES / NWG>(d, w, sm.a, sm.full_qkv, wg * (QKV_BOXES / NWG), layer & 1);
+      mark(layer, 3);
       sum_warpgroups<NWG>(d, sm.red, wg, t);
-      if (wg == 0) qkv_epilogue(p, d, cta, layer, t);
+#ifdef ROPE_SMEM
+      if (wg == 0) qkv_epilogue(p, d, cta, layer, t, sm.rope);
+#else
+      if (wg == 0) qkv_epilogue(p, d, cta, layer, t, nullptr);
+#endif
+      mark(layer, 4);
     }
     barrier_with(none);
-    mark(layer, 2);
+    mark(layer, 5);
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // TMA wrote the region, cp.async next
     for (int u = cta; u < HEADS * CHUNKS; u += grid) attend_unit(p, layer, u / CHUNKS, u % CHUNKS, sm.att);
     barrier_with(none);
-    mark(layer, 3);
+    mark(layer, 6);
     if (o_busy) stage(o_of(layer), O_BLOCK);  // 32 KB, a combine and a barrier to land
     combine(p);
     barrier_with([&] {
       unstage_w<O_JJ>(w, sm.w, &sm.w_full, stages, o_busy, wg, t);
     });
-    mark(layer, 4);
+    mark(layer, 7);
     if (o_busy) {
       if (tid == 0) burst_load(sm.a, &attn_map, sm.full_o, O_BOXES, NWG, ohs * O_BOXES);
       mma_w<O_BOXES / NWG>(d, w, sm.a, sm.full_o, wg * (O_BOXES / NWG), layer & 1);
+      mark(layer, 8);
       if (gu_busy) stage(gu_of(layer), GU_BLOCK);
       sum_warpgroups<NWG>(d, sm.red, wg, t);
       if (wg == 0) partial_epilogue(p, d, p.part_o, oft, ohs, t);
+      mark(layer, 9);
     }
     barrier_with(none);
-    mark(layer, 5);
+    mark(layer, 10);
     for (int row = cta; row < p.rows; row += grid)
       norm_row(p, row, p.part_o, O_SPLITS, p.gate1 + lw, p.scale2 + lw, p.shift2 + lw, warp_sums);
     barrier_with([&] {
       unstage_w<GU_JJ>(w, sm.w, &sm.w_full, stages, gu_busy, wg, t);
     });
-    mark(layer, 6);
+    mark(layer, 11);
     if (gu_busy) {
       if (tid == 0) burst_load(sm.a, &xn_map, sm.full_gu, GU_BOXES, NWG, 0);
       mma_w<GU_BOXES / NWG>(d, w, sm.a, sm.full_gu, wg * (GU_BOXES / NWG), layer & 1);
@@ -430,7 +454,7 @@ __global__ void __launch_bounds__(256, 1)
     barrier_with([&] {
       unstage_w<DN_JJ>(w, sm.w, &sm.w_full, stages, dn_busy, wg, t);
     });
-    mark(layer, 7);
+    mark(layer, 12);
     if (dn_busy) {
       if (tid == 0) burst_load(sm.a, &act_map, sm.full_dn, DN_BOXES, NWG, dks * DN_BOXES);
       mma_w<DN_BOXES / NWG>(d, w, sm.a, sm.full_dn, wg * (DN_BOXES / NWG), layer & 1);
@@ -440,7 +464,7 @@ __global__ void __launch_bounds__(256, 1)
     } else if (qkv_busy && layer + 1 < p.layers) {
       stage(qkv_of(layer + 1), QKV_BLOCK);
     }
-    mark(layer, 8);
+    mark(layer, 13);
     barrier_with(none);
   }
   for (int row = cta; row < p.rows; row += grid)

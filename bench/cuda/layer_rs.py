@@ -28,7 +28,8 @@ from flashrt_ros.bench.timing import graph_ms, write_result
 
 LAYERS, ROWS, WIDTH, FF, HEADS, HD, GRID, NWG, EPS = 18, 50, 1024, 4096, 8, 256, 132, 2, 1e-6
 PREFIX, KEYS_PAD, QKV_UNITS, DN_SPLITS = 968, 1024, 40, 8
-EVENTS = ("norm1", "QKV", "attend", "combine", "O", "norm2", "gate|up", "down", "down done")
+EVENTS = ("norm1", "norm1 unstaged", "QKV", "QKV MMA done", "QKV epilogue done", "attend", "combine", "O",
+          "O MMA done", "O epilogue done", "norm2", "gate|up", "down", "down done")  # fmt: skip
 
 POINTERS = ("w_qkv", "w_o", "w_gu", "w_dn", "h", "part_o", "part_dn", "xn", "q", "k", "v", "attn", "act",
             "po", "pm", "pl", "cos", "sin", "scale1", "shift1", "gate1", "scale2", "shift2", "gate2",
@@ -117,15 +118,26 @@ def pack(w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def timeline(trace: torch.Tensor) -> dict[str, float]:
-    """Median over the 128 busy CTAs and inner layers of each phase + its barrier, in us."""
-    t = trace[:, :128].double().cpu()
-    e = [t[:, :, i] for i in range(len(EVENTS))]
-    spans = {f"{EVENTS[i]} + barrier": e[i + 1] - e[i] for i in range(7)}
-    spans["down (to its arrival)"] = e[8] - e[7]
-    spans["barrier after down"] = e[0][1:] - e[8][:-1]
+    """Median over the busy CTAs and inner layers of each phase + its barrier (CTAs 0-127), and of
+    the QKV units' (CTAs 0-39) and O units' own steps, in us."""
+    t = trace.double().cpu()
+    e = {name: t[:, :, i] for i, name in enumerate(EVENTS)}
+    busy, qkv = slice(0, 128), slice(0, QKV_UNITS)
+    phases = ("norm1", "QKV", "attend", "combine", "O", "norm2", "gate|up", "down")
+    spans = {f"{a} + barrier": (e[b] - e[a])[:, busy] for a, b in zip(phases[:-1], phases[1:], strict=True)}
+    spans["down (to its arrival)"] = (e["down done"] - e["down"])[:, busy]
+    spans["barrier after down"] = (e["norm1"][1:] - e["down done"][:-1])[:, busy]
+    spans["QKV units: norm1 -> weights unstaged"] = (e["norm1 unstaged"] - e["norm1"])[:, qkv]
+    spans["QKV units: unstaged -> barrier open"] = (e["QKV"] - e["norm1 unstaged"])[:, qkv]
+    spans["QKV units: MMA"] = (e["QKV MMA done"] - e["QKV"])[:, qkv]
+    spans["QKV units: sum + epilogue"] = (e["QKV epilogue done"] - e["QKV MMA done"])[:, qkv]
+    spans["QKV units: epilogue done -> barrier open"] = (e["attend"] - e["QKV epilogue done"])[:, qkv]
+    spans["O units: MMA"] = (e["O MMA done"] - e["O"])[:, busy]
+    spans["O units: stage + sum + epilogue"] = (e["O epilogue done"] - e["O MMA done"])[:, busy]
+    spans["O units: epilogue done -> barrier open"] = (e["norm2"] - e["O epilogue done"])[:, busy]
     out = span_medians(spans)
     for name, us in out.items():
-        print(f"    {name:<24} {us:6.2f} us")
+        print(f"    {name:<42} {us:6.2f} us")
     return out
 
 
@@ -133,9 +145,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--variants", nargs="+", default=[""],
+                    help="builds to run, each a comma-separated list of layer_rs.cu macros ('' = none), "
+                         "e.g. '' ROPE_SMEM")  # fmt: skip
     args = ap.parse_args()
     dev = torch.device("cuda")
-    lib = build("layer_rs", "layer_rs_launch", [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p])
     g = torch.Generator(device=dev).manual_seed(0)
     rnd = lambda *shape, s=1.0: torch.randn(*shape, device=dev, generator=g) * s  # noqa: E731
     w = dict(qkv=rnd(LAYERS, HEADS * HD + 2 * HD, WIDTH, s=1 / 32), o=rnd(LAYERS, WIDTH, HEADS * HD, s=1 / 45),
@@ -165,7 +179,7 @@ def main() -> None:
     )  # fmt: skip
     packed = pack(w)
 
-    def launch(which: str, trace: torch.Tensor | None = None) -> None:
+    def launch(lib: ctypes.CDLL, which: str, trace: torch.Tensor | None = None) -> None:
         bufs["h"].copy_(h0)
         bufs["counter"].zero_()
         ptrs = {name: t.data_ptr() for name, t in {**bufs, **packed}.items()}
@@ -177,17 +191,23 @@ def main() -> None:
             raise RuntimeError(f"launch failed: cudaError {rc}")
 
     results = {}
-    for which, label in (("all", "weights from HBM"), ("first", "layer 0's weights for all (L2)")):
+    runs = [(v, which, label) for v in args.variants
+            for which, label in (("all", "weights from HBM"), ("first", "layer 0's weights for all (L2)"))]  # fmt: skip
+    libs = {v: build("layer_rs", "layer_rs_launch", [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p],
+                     tuple(d for d in v.split(",") if d)) for v in args.variants}  # fmt: skip
+    for variant, which, label in runs:
+        lib = libs[variant]
+        label = f"{label}, {variant}" if variant else label
         wl = w if which == "all" else {name: t[:1].expand(LAYERS, *t.shape[1:]) for name, t in w.items()}
         want_h, want_k, want_v = reference(h0, kc, vc, wl, ada, cos, sin)
-        launch(which)
+        launch(lib, which)
         torch.cuda.synchronize()
         h = bufs["h"]
         err = float((h - want_h).abs().max())
         cos_h = float(F.cosine_similarity(h.flatten(), want_h.flatten(), dim=0))
         k_err = float((kc[:, PREFIX : PREFIX + ROWS].float() - want_k).abs().max())
         v_err = float((vc[:, PREFIX : PREFIX + ROWS].float() - want_v).abs().max())
-        us = graph_ms(lambda c=which: launch(c)) * 1e3 / LAYERS
+        us = graph_ms(lambda b=lib, c=which: launch(b, c)) * 1e3 / LAYERS
         results[label] = dict(us_per_layer=us, max_abs=err, cosine=cos_h, k_max_abs=k_err, v_max_abs=v_err,
                               ref_abs_max=float(want_h.abs().max()))  # fmt: skip
         print(f"layer x {LAYERS}, {label}: {us:5.2f} us per layer (8 phases, 8 grid barriers); final h vs torch "
@@ -195,7 +215,7 @@ def main() -> None:
               f"suffix K / V max abs {k_err:.2e} / {v_err:.2e}")  # fmt: skip
         if args.trace:
             trace = torch.zeros(LAYERS, GRID, len(EVENTS), device=dev, dtype=torch.int64)
-            launch(which, trace)
+            launch(lib, which, trace)
             results[label]["timeline_us"] = timeline(trace)
     write_result(args.out, "layer_rs", dev, results=results)
 
