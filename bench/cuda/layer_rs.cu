@@ -36,15 +36,14 @@ constexpr int EVENTS = 14;
 struct LayerSmem {
   union {
     Box a[QKV_BOXES];                               // a GEMM's activation boxes
-    uint4 w[NWG * WJ * 128];                        // the next GEMM's weight fragments
+    uint4 w[NWG * WJ * 128];                        // QKV's, O's or gate|up's weight fragments
     uint8_t att[(QROWS + 2 * CHUNK) * ROW_BYTES];  // attend's q, K, V tiles
   };
+  uint4 dn[NWG * DN_JJ * 128];  // the down's weight fragments, a region of their own
   float red[NWG - 1][ACC][128];
-#ifdef ROPE_SMEM
-  float2 rope[64][HD / 2];  // (cos, sin) per token and dim, loaded once
-#endif
+  float2 rope[64][32];  // a q / k unit's (cos, sin) per token and its 32 pair dims, loaded once
   uint64_t full_qkv[QKV_BOXES], full_o[O_BOXES], full_gu[GU_BOXES], full_dn[DN_BOXES];
-  uint64_t w_full;
+  uint64_t qkv_w, o_w, gu_w, dn_w;  // each GEMM's weight copy, one phase per layer
 };
 
 struct LayerArgs {
@@ -77,6 +76,13 @@ struct LayerArgs {
   int layers, rows, prefix, keys;
   float eps;
   int one_layer;  // every layer on layer 0's weights (L2-resident): the bound with no HBM wait
+  // when the weight copies are issued (the pacing; each GEMM's block lands on its own mbarrier):
+  int dn_at;      // the down's 64 KB into its own region at the start of 0 attend, 1 combine, 2 O,
+                  // 3 norm2, or 4 after gate|up's MMAs
+  int gu_split;   // gate|up's block (KB): [gu_split, 128) at the combine's start, [0, gu_split)
+                  // after O's MMAs (>= 32: O's weights and boxes hold the first 32 KB until then)
+  int qkv_split;  // the next layer's QKV block (KB): [qkv_split, 128) at the down's start, [0,
+                  // qkv_split) after the down's MMAs (>= 56: the down's boxes)
 };
 
 // one row: h += gate * sum of `nparts` partials (gate null: none), then (scale not null) adaRMS into
@@ -273,13 +279,13 @@ __device__ __forceinline__ void mma_w(float (&d)[ACC], const uint32_t (&w)[WJ][4
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 }
 
-// every thread: its J fragments out of the staged block into w[0, J). A CTA without a unit of the
+// every thread: its J fragments out of a staged block into w[0, J). A CTA without a unit of the
 // next GEMM (`busy` false) reads the stale region without waiting: w is then written on every path,
 // and ptxas does not keep the last GEMM's fragments alive through the phases between (it spilled)
 template <int J>
-__device__ __forceinline__ void unstage_w(uint32_t (&w)[WJ][4], const uint4* block, uint64_t* full, int& stages,
+__device__ __forceinline__ void unstage_w(uint32_t (&w)[WJ][4], const uint4* block, uint64_t* full, uint32_t parity,
                                           bool busy, int wg, int t) {
-  if (busy) mbar_wait(full, stages++ & 1);
+  if (busy) mbar_wait(full, parity);
 #pragma unroll
   for (int j = 0; j < J; ++j) {
     const uint4 v = block[(wg * J + j) * 128 + t];
@@ -288,11 +294,19 @@ __device__ __forceinline__ void unstage_w(uint32_t (&w)[WJ][4], const uint4* blo
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // before the next TMA writes the region
 }
 
+// one thread: bytes [from, to) of a weight block into `region`; with `all`, the first copy of the
+// block also tells the mbarrier how many bytes the whole block brings
+__device__ __forceinline__ void copy_chunk(uint4* region, uint64_t* full, const uint4* block, uint32_t from,
+                                           uint32_t to, uint32_t all) {
+  if (all) mbar_expect_tx(full, all);
+  if (to > from) bulk_load(region + from / 16, block + from / 16, to - from, full);
+}
+
 // QKV's epilogue (warpgroup 0, which holds the sum): accumulator i is M-row 16 warp + lane / 4 +
 // 8 ((i / 2) % 2) and token 8 (i / 4) + 2 (lane % 4) + i % 2; a q / k unit's rows r and r + 8 are the
 // RoPE pair (d, d + 128), a v unit's rows are 64 consecutive dims
 __device__ void qkv_epilogue(const LayerArgs& p, const float (&d)[ACC], int unit, int layer, int t,
-                             const float2 (*rope)[HD / 2]) {
+                             const float2 (*rope)[32]) {
   const int warp = t / 32, lane = t % 32, r = lane / 4;
   const size_t kv_row0 = (static_cast<size_t>(layer) * KEYS_PAD + p.prefix) * HD;
 #pragma unroll
@@ -302,11 +316,8 @@ __device__ void qkv_epilogue(const LayerArgs& p, const float (&d)[ACC], int unit
     if (token >= p.rows) continue;
     if (unit < 36) {
       const int dim = 32 * (unit % 4) + 8 * warp + r;
-#ifdef ROPE_SMEM
-      const float c = rope[token][dim].x, s = rope[token][dim].y;
-#else
-      const float c = p.cos[token * (HD / 2) + dim], s = p.sin[token * (HD / 2) + dim];
-#endif
+      const float c = rope[token][dim % 32].x, s = rope[token][dim % 32].y;  // (loads from global
+                                                                            // memory here: 5 us)
       const float x1 = d[i], x2 = d[i + 2];
       const __nv_bfloat16 o1 = __float2bfloat16(x1 * c - x2 * s), o2 = __float2bfloat16(x2 * c + x1 * s);
       __nv_bfloat16* dst = unit < 32 ? &p.q[token * WIDTH_Q + (unit / 4) * HD + dim] : &p.k[kv_row0 + token * HD + dim];
@@ -349,28 +360,29 @@ __global__ void __launch_bounds__(256, 1)
     for (int k = 0; k < O_BOXES; ++k) mbar_init(&sm.full_o[k], 1);
     for (int k = 0; k < GU_BOXES; ++k) mbar_init(&sm.full_gu[k], 1);
     for (int k = 0; k < DN_BOXES; ++k) mbar_init(&sm.full_dn[k], 1);
-    mbar_init(&sm.w_full, 1);
+    mbar_init(&sm.qkv_w, 1), mbar_init(&sm.o_w, 1), mbar_init(&sm.gu_w, 1), mbar_init(&sm.dn_w, 1);
     mbar_init_fence();
   }
-#ifdef ROPE_SMEM
-  if (cta < QKV_UNITS)
-    for (int i = tid; i < p.rows * (HD / 2); i += blockDim.x)
-      sm.rope[i / (HD / 2)][i % (HD / 2)] = make_float2(p.cos[i], p.sin[i]);
-#endif
+  if (cta < 36)  // a q / k unit's RoPE pairs: dims 32 (cta % 4) ..
+    for (int i = tid; i < p.rows * 32; i += blockDim.x) {
+      const int token = i / 32, dim = 32 * (cta % 4) + i % 32;
+      sm.rope[token][i % 32] = make_float2(p.cos[token * (HD / 2) + dim], p.sin[token * (HD / 2) + dim]);
+    }
   __syncthreads();
   uint32_t w[WJ][4];
-  int stages = 0;
   auto wl = [&](int layer) { return static_cast<size_t>(p.one_layer ? 0 : layer); };
-  constexpr size_t QKV_BLOCK = NWG * QKV_JJ * 128, O_BLOCK = NWG * O_JJ * 128;  // uint4 per unit
-  constexpr size_t GU_BLOCK = NWG * GU_JJ * 128, DN_BLOCK = NWG * DN_JJ * 128;
+  constexpr uint32_t QKV_BLOCK = NWG * QKV_JJ * 128, O_BLOCK = NWG * O_JJ * 128;  // uint4 per unit
+  constexpr uint32_t GU_BLOCK = NWG * GU_JJ * 128, DN_BLOCK = NWG * DN_JJ * 128;
   auto qkv_of = [&](int layer) { return p.w_qkv + (wl(layer) * QKV_UNITS + cta) * QKV_BLOCK; };
   auto o_of = [&](int layer) { return p.w_o + ((wl(layer) * O_TILES + oft) * O_SPLITS + ohs) * O_BLOCK; };
   auto gu_of = [&](int layer) { return p.w_gu + (wl(layer) * GU_TILES + cta) * GU_BLOCK; };
   auto dn_of = [&](int layer) { return p.w_dn + ((wl(layer) * DN_TILES + dft) * DN_SPLITS + dks) * DN_BLOCK; };
-  // thread 0 copies a fragment block into the shared region once both warpgroups are done with it
-  auto stage = [&](const uint4* block, size_t uint4s) {
-    asm volatile("bar.sync 2, 256;" ::: "memory");
-    if (tid == 0) stage_fragments(sm.w, block, static_cast<uint32_t>(uint4s * 16), &sm.w_full);
+  const uint32_t gu_cut = p.gu_split * 1024u, qkv_cut = p.qkv_split * 1024u;
+  // the issuing thread: the region's last generic reads and async-proxy writes are ordered by the
+  // CTA sync before the call; `fence` orders them against this thread's TMA writes
+  auto fence = [] { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); };
+  auto dn_copy = [&](int layer) {
+    if (dn_busy) fence(), copy_chunk(sm.dn, &sm.dn_w, dn_of(layer), 0, DN_BLOCK * 16, DN_BLOCK * 16);
   };
   auto barrier_with = [&](auto work) {  // a grid barrier with `work` between arriving and waiting
     asm volatile("fence.proxy.async.global;" ::: "memory");  // this thread's stores, before TMA reads them
@@ -383,65 +395,70 @@ __global__ void __launch_bounds__(256, 1)
     __syncthreads();
   };
   auto none = [] {};
-  if (qkv_busy) stage(qkv_of(0), QKV_BLOCK);
+  if (qkv_busy && tid == 0) copy_chunk(sm.w, &sm.qkv_w, qkv_of(0), 0, QKV_BLOCK * 16, QKV_BLOCK * 16);
   float d[ACC];
   for (int layer = 0; layer < p.layers; ++layer) {
     const size_t lw = static_cast<size_t>(layer) * WIDTH;
+    const uint32_t par = layer & 1;
+    const bool more = layer + 1 < p.layers;
     mark(layer, 0);
     for (int row = cta; row < p.rows; row += grid)
       norm_row(p, row, p.part_dn, DN_SPLITS, layer > 0 ? p.gate2 + lw - WIDTH : nullptr, p.scale1 + lw,
                p.shift1 + lw, warp_sums);
     barrier_with([&] {
-      unstage_w<QKV_JJ>(w, sm.w, &sm.w_full, stages, qkv_busy, wg, t);
+      unstage_w<QKV_JJ>(w, sm.w, &sm.qkv_w, par, qkv_busy, wg, t);
       mark(layer, 1);
     });
     mark(layer, 2);
     if (qkv_busy) {
       if (tid == 0) burst_load(sm.a, &xn_map, sm.full_qkv, QKV_BOXES, NWG, 0);
-      mma_w<QKV_BOXES / NWG>(d, w, sm.a, sm.full_qkv, wg * (QKV_BOXES / NWG), layer & 1);
+      mma_w<QKV_BOXES / NWG>(d, w, sm.a, sm.full_qkv, wg * (QKV_BOXES / NWG), par);
       mark(layer, 3);
       sum_warpgroups<NWG>(d, sm.red, wg, t);
-#ifdef ROPE_SMEM
       if (wg == 0) qkv_epilogue(p, d, cta, layer, t, sm.rope);
-#else
-      if (wg == 0) qkv_epilogue(p, d, cta, layer, t, nullptr);
-#endif
       mark(layer, 4);
     }
     barrier_with(none);
     mark(layer, 5);
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // TMA wrote the region, cp.async next
+    if (p.dn_at == 0 && tid == 0) dn_copy(layer);
+    fence();  // TMA wrote the region, cp.async next
     for (int u = cta; u < HEADS * CHUNKS; u += grid) attend_unit(p, layer, u / CHUNKS, u % CHUNKS, sm.att);
     barrier_with(none);
     mark(layer, 6);
-    if (o_busy) stage(o_of(layer), O_BLOCK);  // 32 KB, a combine and a barrier to land
+    if (tid == 0) {  // the attend tiles are free (its last CTA sync): O's block, gate|up's late part
+      fence();
+      if (o_busy) copy_chunk(sm.w, &sm.o_w, o_of(layer), 0, O_BLOCK * 16, O_BLOCK * 16);
+      if (gu_busy && gu_cut < GU_BLOCK * 16) copy_chunk(sm.w, &sm.gu_w, gu_of(layer), gu_cut, GU_BLOCK * 16, GU_BLOCK * 16);
+      if (p.dn_at == 1) dn_copy(layer);
+    }
     combine(p);
-    barrier_with([&] {
-      unstage_w<O_JJ>(w, sm.w, &sm.w_full, stages, o_busy, wg, t);
-    });
+    barrier_with([&] { unstage_w<O_JJ>(w, sm.w, &sm.o_w, par, o_busy, wg, t); });
     mark(layer, 7);
+    if (p.dn_at == 2 && tid == 0) dn_copy(layer);
     if (o_busy) {
       if (tid == 0) burst_load(sm.a, &attn_map, sm.full_o, O_BOXES, NWG, ohs * O_BOXES);
-      mma_w<O_BOXES / NWG>(d, w, sm.a, sm.full_o, wg * (O_BOXES / NWG), layer & 1);
+      mma_w<O_BOXES / NWG>(d, w, sm.a, sm.full_o, wg * (O_BOXES / NWG), par);
       mark(layer, 8);
-      if (gu_busy) stage(gu_of(layer), GU_BLOCK);
-      sum_warpgroups<NWG>(d, sm.red, wg, t);
+      sum_warpgroups<NWG>(d, sm.red, wg, t);  // after it, both warpgroups' MMAs are done with the boxes
+      if (tid == 128 && gu_busy) {
+        fence();
+        copy_chunk(sm.w, &sm.gu_w, gu_of(layer), 0, gu_cut, gu_cut < GU_BLOCK * 16 ? 0 : GU_BLOCK * 16);
+      }
       if (wg == 0) partial_epilogue(p, d, p.part_o, oft, ohs, t);
       mark(layer, 9);
     }
     barrier_with(none);
     mark(layer, 10);
+    if (p.dn_at == 3 && tid == 0) dn_copy(layer);
     for (int row = cta; row < p.rows; row += grid)
       norm_row(p, row, p.part_o, O_SPLITS, p.gate1 + lw, p.scale2 + lw, p.shift2 + lw, warp_sums);
-    barrier_with([&] {
-      unstage_w<GU_JJ>(w, sm.w, &sm.w_full, stages, gu_busy, wg, t);
-    });
+    barrier_with([&] { unstage_w<GU_JJ>(w, sm.w, &sm.gu_w, par, gu_busy, wg, t); });
     mark(layer, 11);
     if (gu_busy) {
       if (tid == 0) burst_load(sm.a, &xn_map, sm.full_gu, GU_BOXES, NWG, 0);
-      mma_w<GU_BOXES / NWG>(d, w, sm.a, sm.full_gu, wg * (GU_BOXES / NWG), layer & 1);
-      if (dn_busy) stage(dn_of(layer), DN_BLOCK);
+      mma_w<GU_BOXES / NWG>(d, w, sm.a, sm.full_gu, wg * (GU_BOXES / NWG), par);
       sum_warpgroups<NWG>(d, sm.red, wg, t);
+      if (p.dn_at == 4 && tid == 128) dn_copy(layer);
       if (wg == 0) {  // rows r, r + 8 of each warp's 16 are one feature's gate and up
         const int warp = t / 32, lane = t % 32, feature = cta * 32 + 8 * warp + lane / 4;
 #pragma unroll
@@ -451,18 +468,17 @@ __global__ void __launch_bounds__(256, 1)
         }
       }
     }
-    barrier_with([&] {
-      unstage_w<DN_JJ>(w, sm.w, &sm.w_full, stages, dn_busy, wg, t);
-    });
+    barrier_with([&] { unstage_w<DN_JJ>(w, sm.dn, &sm.dn_w, par, dn_busy, wg, t); });
     mark(layer, 12);
     if (dn_busy) {
       if (tid == 0) burst_load(sm.a, &act_map, sm.full_dn, DN_BOXES, NWG, dks * DN_BOXES);
-      mma_w<DN_BOXES / NWG>(d, w, sm.a, sm.full_dn, wg * (DN_BOXES / NWG), layer & 1);
-      if (qkv_busy && layer + 1 < p.layers) stage(qkv_of(layer + 1), QKV_BLOCK);
+      if (tid == 0 && qkv_busy && more && qkv_cut < QKV_BLOCK * 16)  // past the down's boxes
+        fence(), copy_chunk(sm.w, &sm.qkv_w, qkv_of(layer + 1), qkv_cut, QKV_BLOCK * 16, QKV_BLOCK * 16);
+      mma_w<DN_BOXES / NWG>(d, w, sm.a, sm.full_dn, wg * (DN_BOXES / NWG), par);
       sum_warpgroups<NWG>(d, sm.red, wg, t);
+      if (tid == 128 && qkv_busy && more)
+        fence(), copy_chunk(sm.w, &sm.qkv_w, qkv_of(layer + 1), 0, qkv_cut, qkv_cut < QKV_BLOCK * 16 ? 0 : QKV_BLOCK * 16);
       if (wg == 0) partial_epilogue(p, d, p.part_dn, dft, dks, t);
-    } else if (qkv_busy && layer + 1 < p.layers) {
-      stage(qkv_of(layer + 1), QKV_BLOCK);
     }
     mark(layer, 13);
     barrier_with(none);

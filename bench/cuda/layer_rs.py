@@ -41,7 +41,8 @@ class LayerArgs(ctypes.Structure):
 
     _fields_ = [(name, ctypes.c_void_p) for name in POINTERS] + [
         ("layers", ctypes.c_int), ("rows", ctypes.c_int), ("prefix", ctypes.c_int), ("keys", ctypes.c_int),
-        ("eps", ctypes.c_float), ("one_layer", ctypes.c_int)]  # fmt: skip
+        ("eps", ctypes.c_float), ("one_layer", ctypes.c_int), ("dn_at", ctypes.c_int), ("gu_split", ctypes.c_int),
+        ("qkv_split", ctypes.c_int)]  # fmt: skip
 
 
 def tile_fragments(w: torch.Tensor, splits: int = 1) -> torch.Tensor:
@@ -145,9 +146,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("out"))
-    ap.add_argument("--variants", nargs="+", default=[""],
-                    help="builds to run, each a comma-separated list of layer_rs.cu macros ('' = none), "
-                         "e.g. '' ROPE_SMEM")  # fmt: skip
+    ap.add_argument(
+        "--variants",
+        nargs="+",
+        default=[""],
+        help="builds to run, each a comma-separated list of layer_rs.cu macros ('' = none)",
+    )
+    ap.add_argument("--runs", nargs="+", default=["4:128:128", "0:32:56"],
+                    help="weight-copy pacing per run, DN_AT:GU_SPLIT:QKV_SPLIT (LayerArgs); 4:128:128 issues "
+                         "each GEMM's block after the MMAs of the GEMM before")  # fmt: skip
     args = ap.parse_args()
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
@@ -179,35 +186,39 @@ def main() -> None:
     )  # fmt: skip
     packed = pack(w)
 
-    def launch(lib: ctypes.CDLL, which: str, trace: torch.Tensor | None = None) -> None:
+    def launch(lib: ctypes.CDLL, which: str, pace: tuple[int, ...], trace: torch.Tensor | None = None) -> None:
         bufs["h"].copy_(h0)
         bufs["counter"].zero_()
         ptrs = {name: t.data_ptr() for name, t in {**bufs, **packed}.items()}
         ptrs["trace"] = trace.data_ptr() if trace is not None else None
+        dn_at, gu_split, qkv_split = pace
         largs = LayerArgs(**ptrs, layers=LAYERS, rows=ROWS, prefix=PREFIX, keys=PREFIX + ROWS, eps=EPS,
-                          one_layer=int(which == "first"))  # fmt: skip
+                          one_layer=int(which == "first"), dn_at=dn_at, gu_split=gu_split,
+                          qkv_split=qkv_split)  # fmt: skip
         rc = lib.layer_rs_launch(ctypes.byref(largs), GRID, torch.cuda.current_stream().cuda_stream)
         if rc:
             raise RuntimeError(f"launch failed: cudaError {rc}")
 
     results = {}
-    runs = [(v, which, label) for v in args.variants
+    runs = [(v, r, which, label) for v in args.variants for r in args.runs
             for which, label in (("all", "weights from HBM"), ("first", "layer 0's weights for all (L2)"))]  # fmt: skip
     libs = {v: build("layer_rs", "layer_rs_launch", [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p],
                      tuple(d for d in v.split(",") if d)) for v in args.variants}  # fmt: skip
-    for variant, which, label in runs:
-        lib = libs[variant]
-        label = f"{label}, {variant}" if variant else label
+    for variant, run, which, label in runs:
+        lib, pace = libs[variant], tuple(int(c) for c in run.split(":"))
+        if not (0 <= pace[0] <= 4 and 32 <= pace[1] <= 128 and 56 <= pace[2] <= 128):
+            raise SystemExit(f"run {run}: want DN_AT 0-4, GU_SPLIT 32-128, QKV_SPLIT 56-128 (KB)")
+        label = f"{label}, copies {run}" + (f", {variant}" if variant else "")
         wl = w if which == "all" else {name: t[:1].expand(LAYERS, *t.shape[1:]) for name, t in w.items()}
         want_h, want_k, want_v = reference(h0, kc, vc, wl, ada, cos, sin)
-        launch(lib, which)
+        launch(lib, which, pace)
         torch.cuda.synchronize()
         h = bufs["h"]
         err = float((h - want_h).abs().max())
         cos_h = float(F.cosine_similarity(h.flatten(), want_h.flatten(), dim=0))
         k_err = float((kc[:, PREFIX : PREFIX + ROWS].float() - want_k).abs().max())
         v_err = float((vc[:, PREFIX : PREFIX + ROWS].float() - want_v).abs().max())
-        us = graph_ms(lambda b=lib, c=which: launch(b, c)) * 1e3 / LAYERS
+        us = graph_ms(lambda b=lib, c=which, q=pace: launch(b, c, q)) * 1e3 / LAYERS
         results[label] = dict(us_per_layer=us, max_abs=err, cosine=cos_h, k_max_abs=k_err, v_max_abs=v_err,
                               ref_abs_max=float(want_h.abs().max()))  # fmt: skip
         print(f"layer x {LAYERS}, {label}: {us:5.2f} us per layer (8 phases, 8 grid barriers); final h vs torch "
@@ -215,7 +226,7 @@ def main() -> None:
               f"suffix K / V max abs {k_err:.2e} / {v_err:.2e}")  # fmt: skip
         if args.trace:
             trace = torch.zeros(LAYERS, GRID, len(EVENTS), device=dev, dtype=torch.int64)
-            launch(lib, which, trace)
+            launch(lib, which, pace, trace)
             results[label]["timeline_us"] = timeline(trace)
     write_result(args.out, "layer_rs", dev, results=results)
 
