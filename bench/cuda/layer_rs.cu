@@ -30,8 +30,13 @@ constexpr int DN_TILES = WIDTH / 64, DN_SPLITS = 8, DN_BOXES = FF / DN_SPLITS / 
 constexpr int WJ = 32;  // the register array's K steps: the largest GEMM's (QKV, gate|up)
 constexpr int QROWS = 64, CHUNK = 64, CHUNKS = 16, KEYS_PAD = CHUNKS * CHUNK, ROW_BYTES = HD * 2;
 // norm1 start, its weights unstaged, QKV start, its MMA done, its epilogue done, attend, combine, O
-// starts, O's MMA done, its epilogue done, norm2, gate|up, down starts, down's arrival
-constexpr int EVENTS = 14;
+// starts, O's MMA done, its epilogue done, norm2, gate|up, down starts, down's arrival; the grid
+// arrival done (the `red.release` returned) after attend, O and the down
+constexpr int EVENTS = 17;
+#ifndef ARRIVER
+#define ARRIVER 0  // the thread that arrives at the grid barrier (tid 0 issues the activation bursts,
+                   // tid 128 some weight copies)
+#endif
 
 struct LayerSmem {
   union {
@@ -355,6 +360,9 @@ __global__ void __launch_bounds__(256, 1)
   auto mark = [&](int layer, int event) {
     if (p.trace && tid == 0) p.trace[(layer * grid + cta) * EVENTS + event] = clock64();
   };
+  auto mark_at = [&](int layer, int event) {  // by the arriving thread
+    if (p.trace && tid == ARRIVER) p.trace[(layer * grid + cta) * EVENTS + event] = clock64();
+  };
   if (tid == 0) {
     for (int k = 0; k < QKV_BOXES; ++k) mbar_init(&sm.full_qkv[k], 1);
     for (int k = 0; k < O_BOXES; ++k) mbar_init(&sm.full_o[k], 1);
@@ -388,7 +396,7 @@ __global__ void __launch_bounds__(256, 1)
     asm volatile("fence.proxy.async.global;" ::: "memory");  // this thread's stores, before TMA reads them
     __syncthreads();
     target += grid;
-    if (tid == 0) grid_arrive(p.counter);
+    if (tid == ARRIVER) grid_arrive(p.counter);
     work();
     __syncthreads();
     if (tid == 0) grid_wait(p.counter, target);
@@ -423,7 +431,7 @@ __global__ void __launch_bounds__(256, 1)
     if (p.dn_at == 0 && tid == 0) dn_copy(layer);
     fence();  // TMA wrote the region, cp.async next
     for (int u = cta; u < HEADS * CHUNKS; u += grid) attend_unit(p, layer, u / CHUNKS, u % CHUNKS, sm.att);
-    barrier_with(none);
+    barrier_with([&] { mark_at(layer, 16); });
     mark(layer, 6);
     if (tid == 0) {  // the attend tiles are free (its last CTA sync): O's block, gate|up's late part
       fence();
@@ -447,7 +455,7 @@ __global__ void __launch_bounds__(256, 1)
       if (wg == 0) partial_epilogue(p, d, p.part_o, oft, ohs, t);
       mark(layer, 9);
     }
-    barrier_with(none);
+    barrier_with([&] { mark_at(layer, 14); });
     mark(layer, 10);
     if (p.dn_at == 3 && tid == 0) dn_copy(layer);
     for (int row = cta; row < p.rows; row += grid)
@@ -481,7 +489,7 @@ __global__ void __launch_bounds__(256, 1)
       if (wg == 0) partial_epilogue(p, d, p.part_dn, dft, dks, t);
     }
     mark(layer, 13);
-    barrier_with(none);
+    barrier_with([&] { mark_at(layer, 15); });
   }
   for (int row = cta; row < p.rows; row += grid)
     norm_row(p, row, p.part_dn, DN_SPLITS, p.gate2 + static_cast<size_t>(p.layers - 1) * WIDTH, nullptr, nullptr,

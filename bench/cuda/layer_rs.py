@@ -29,7 +29,8 @@ from flashrt_ros.bench.timing import graph_ms, write_result
 LAYERS, ROWS, WIDTH, FF, HEADS, HD, GRID, NWG, EPS = 18, 50, 1024, 4096, 8, 256, 132, 2, 1e-6
 PREFIX, KEYS_PAD, QKV_UNITS, DN_SPLITS = 968, 1024, 40, 8
 EVENTS = ("norm1", "norm1 unstaged", "QKV", "QKV MMA done", "QKV epilogue done", "attend", "combine", "O",
-          "O MMA done", "O epilogue done", "norm2", "gate|up", "down", "down done")  # fmt: skip
+          "O MMA done", "O epilogue done", "norm2", "gate|up", "down", "down done", "O arrived", "down arrived",
+          "attend arrived")  # fmt: skip
 
 POINTERS = ("w_qkv", "w_o", "w_gu", "w_dn", "h", "part_o", "part_dn", "xn", "q", "k", "v", "attn", "act",
             "po", "pm", "pl", "cos", "sin", "scale1", "shift1", "gate1", "scale2", "shift2", "gate2",
@@ -136,6 +137,9 @@ def timeline(trace: torch.Tensor) -> dict[str, float]:
     spans["O units: MMA"] = (e["O MMA done"] - e["O"])[:, busy]
     spans["O units: stage + sum + epilogue"] = (e["O epilogue done"] - e["O MMA done"])[:, busy]
     spans["O units: epilogue done -> barrier open"] = (e["norm2"] - e["O epilogue done"])[:, busy]
+    spans["O units: epilogue done -> arrived"] = (e["O arrived"] - e["O epilogue done"])[:, busy]
+    spans["down units: done -> arrived"] = (e["down arrived"] - e["down done"])[:, busy]
+    spans["attend: arrived -> barrier open"] = (e["combine"] - e["attend arrived"])[:, busy]
     out = span_medians(spans)
     for name, us in out.items():
         print(f"    {name:<42} {us:6.2f} us")
