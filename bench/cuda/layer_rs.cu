@@ -33,6 +33,10 @@ constexpr int QROWS = 64, CHUNK = 64, CHUNKS = 16, KEYS_PAD = CHUNKS * CHUNK, RO
 // starts, O's MMA done, its epilogue done, norm2, gate|up, down starts, down's arrival; the grid
 // arrival done (the `red.release` returned) after attend, O and the down
 constexpr int EVENTS = 17;
+#ifndef LEAN_FENCE
+#define LEAN_FENCE 0  // 1: the proxy fence only before the barriers whose next phase reads by TMA;
+                      // 2: also not by a warpgroup that stored nothing
+#endif
 #ifndef ARRIVER
 #define ARRIVER 0  // the thread that arrives at the grid barrier (tid 0 issues the activation bursts,
                    // tid 128 some weight copies)
@@ -392,8 +396,12 @@ __global__ void __launch_bounds__(256, 1)
   auto dn_copy = [&](int layer) {
     if (dn_busy) fence(), copy_chunk(sm.dn, &sm.dn_w, dn_of(layer), 0, DN_BLOCK * 16, DN_BLOCK * 16);
   };
-  auto barrier_with = [&](auto work) {  // a grid barrier with `work` between arriving and waiting
-    asm volatile("fence.proxy.async.global;" ::: "memory");  // this thread's stores, before TMA reads them
+  // a grid barrier with `work` between arriving and waiting; `tma_next`: the next phase reads this
+  // phase's stores through TMA (the async proxy), so each thread fences its stores for it first
+  // (`wg1_stored` false: warpgroup 1 stored nothing this phase, and with LEAN_FENCE 2 does not fence)
+  auto barrier_with = [&](auto work, bool tma_next = true, bool wg1_stored = true) {
+    const bool fenced = !LEAN_FENCE || (tma_next && (wg == 0 || wg1_stored || LEAN_FENCE < 2));
+    if (fenced) asm volatile("fence.proxy.async.global;" ::: "memory");
     __syncthreads();
     target += grid;
     if (tid == ARRIVER) grid_arrive(p.counter);
@@ -426,12 +434,12 @@ __global__ void __launch_bounds__(256, 1)
       if (wg == 0) qkv_epilogue(p, d, cta, layer, t, sm.rope);
       mark(layer, 4);
     }
-    barrier_with(none);
+    barrier_with(none, false);
     mark(layer, 5);
     if (p.dn_at == 0 && tid == 0) dn_copy(layer);
     fence();  // TMA wrote the region, cp.async next
     for (int u = cta; u < HEADS * CHUNKS; u += grid) attend_unit(p, layer, u / CHUNKS, u % CHUNKS, sm.att);
-    barrier_with([&] { mark_at(layer, 16); });
+    barrier_with([&] { mark_at(layer, 16); }, false);
     mark(layer, 6);
     if (tid == 0) {  // the attend tiles are free (its last CTA sync): O's block, gate|up's late part
       fence();
@@ -455,7 +463,7 @@ __global__ void __launch_bounds__(256, 1)
       if (wg == 0) partial_epilogue(p, d, p.part_o, oft, ohs, t);
       mark(layer, 9);
     }
-    barrier_with([&] { mark_at(layer, 14); });
+    barrier_with([&] { mark_at(layer, 14); }, false);
     mark(layer, 10);
     if (p.dn_at == 3 && tid == 0) dn_copy(layer);
     for (int row = cta; row < p.rows; row += grid)
@@ -476,7 +484,7 @@ __global__ void __launch_bounds__(256, 1)
         }
       }
     }
-    barrier_with([&] { unstage_w<DN_JJ>(w, sm.dn, &sm.dn_w, par, dn_busy, wg, t); });
+    barrier_with([&] { unstage_w<DN_JJ>(w, sm.dn, &sm.dn_w, par, dn_busy, wg, t); }, true, false);
     mark(layer, 12);
     if (dn_busy) {
       if (tid == 0) burst_load(sm.a, &act_map, sm.full_dn, DN_BOXES, NWG, dks * DN_BOXES);
@@ -489,7 +497,7 @@ __global__ void __launch_bounds__(256, 1)
       if (wg == 0) partial_epilogue(p, d, p.part_dn, dft, dks, t);
     }
     mark(layer, 13);
-    barrier_with([&] { mark_at(layer, 15); });
+    barrier_with([&] { mark_at(layer, 15); }, false);
   }
   for (int row = cta; row < p.rows; row += grid)
     norm_row(p, row, p.part_dn, DN_SPLITS, p.gate2 + static_cast<size_t>(p.layers - 1) * WIDTH, nullptr, nullptr,
