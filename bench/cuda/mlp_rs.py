@@ -9,16 +9,17 @@ gate|up's taken out at the norm's barrier; 4 (overlapped) as 2, issued by warpgr
 epilogue; 5 (paced) as 4, in chunks spread over the layer (--pace). The other digits: every layer
 on layer 0's weights (L2-resident: the bound without HBM waits), the L2 prefetch and (paced only)
 slice_sync: no grid barrier between gate|up and the down, each down unit waiting on a counter of
-the 16 gate|up units of its K slice (built, not yet run on the GPU). Prints
+the 16 gate|up units of its K slice. Prints
 the time per layer, the error of the final residual stream against torch (fp32 with the kernel's
 bf16 roundings) and, with --trace, a per-layer timeline. GPU only (sm_90a).
 
-Measured (H200, docs/results/README.md, twenty-second and twenty-third sessions): staged
+Measured (H200, docs/results/README.md, twenty-second to twenty-fourth sessions): staged
 13.7-14.1 us per layer, __ldg 14.3-15.8, L2-resident 10.8-11.2; the L2 prefetch 16.5-21.6 (three
 placements, two reverted); ahead 14.0-14.1, late 13.8, overlapped 14.2-14.4; **paced 12.03-12.20**
 with the down's weights at gate|up's start (9.47 L2-resident); the norm folded into the down's
 last K-slice and gate|up's epilogue 18.8 (8b079bb, reverted); against ~14 for the Triton step
-kernel's phases 5-7 (final residual vs torch: cosine 0.999999).
+kernel's phases 5-7 (final residual vs torch: cosine 0.999999). slice_sync ties with paced
+(12.54-12.60 vs 12.49-12.70; L2-resident 9.55 vs 9.54).
 
     python bench/cuda/mlp_rs.py [--trace] [--runs 100 500:64,128,0 5001:64,128,0 ...] [--out DIR]
 """
