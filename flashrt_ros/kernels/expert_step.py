@@ -233,26 +233,18 @@ def _round(x, FIX: tl.constexpr, dtype: tl.constexpr):
 
 
 @triton.jit
-def _rope_cs(head, rows, row_ok, cols, col_ok, rope_ptr, M, H: tl.constexpr, D: tl.constexpr):
-    """cos / sin of QKV head `head`'s columns `cols` at each row's position, from `rope_table`'s
-    [2, M, D/2] (1 / 0 for the v head, which is copied)."""
-    cs = rope_ptr + rows[:, None] * (D // 2) + cols[None, :]
-    mask = row_ok[:, None] & col_ok[None, :]
-    rotate = tl.minimum(tl.maximum(H + 1 - head, 0), 1)  # 1 for q and k heads
-    c = tl.load(cs, mask=mask, other=1.0) * rotate + (1.0 - rotate)
-    s = tl.load(cs + M * (D // 2), mask=mask, other=0.0) * rotate
-    return c, s
-
-
-@triton.jit
 def _rope_store(
-    lo, hi, c, s, head, rows, row_ok, cols, col_ok, q_ptr, k_ptr, v_ptr, M, stride_kt,
+    lo, hi, head, rows, row_ok, cols, col_ok, q_ptr, k_ptr, v_ptr, rope_ptr, M, stride_kt,
     H: tl.constexpr, D: tl.constexpr, FIX: tl.constexpr,
 ):  # fmt: skip
     """Columns `cols` (lo) and `cols + D/2` (hi) of QKV head `head` (q heads, then k, then v):
-    q and k rotated by Gemma's rotate_half RoPE (`c`, `s` from `_rope_cs`); q to q [M, H, D],
-    k / v to their cache rows."""
+    q and k rotated by Gemma's rotate_half RoPE at each row's position (cos / sin read from
+    `rope_table`'s [2, M, D/2]); q to q [M, H, D], k / v to their cache rows."""
+    cs = rope_ptr + rows[:, None] * (D // 2) + cols[None, :]
     mask = row_ok[:, None] & col_ok[None, :]
+    rotate = tl.minimum(tl.maximum(H + 1 - head, 0), 1)  # 1 for q and k heads; v is copied
+    c = tl.load(cs, mask=mask, other=1.0) * rotate + (1.0 - rotate)
+    s = tl.load(cs + M * (D // 2), mask=mask, other=0.0) * rotate
     o_lo = lo * c - hi * s
     o_hi = hi * c + lo * s
     if FIX:
@@ -611,7 +603,6 @@ def _expert_step_kernel(
     ATT_TMA: tl.constexpr,
     PREFETCH: tl.constexpr,
     PREFETCH_SPAN: tl.constexpr,
-    ROPE_EARLY: tl.constexpr,
     GPU: tl.constexpr,
     BLOCK_W: tl.constexpr,
     UPDATE: tl.constexpr,
@@ -667,18 +658,14 @@ def _expert_step_kernel(
             # 2 * BN_QKV rows gives columns `cols` and their rotate_half pair `cols + D / 2`
             # (667.9 vs 678.1 us per step for two paired BN_QKV-row MMAs on the plain layout, H200)
             wrows = (u // CH) * D + (u % CH) * 2 * BN_QKV + tl.arange(0, 2 * BN_QKV)
-            if ROPE_EARLY:  # the table's loads in flight during the dot, not after it
-                c, s = _rope_cs(u // CH, rows, row_ok, cols, col_ok, rope_ptr, M, H, D)
             acc = _tile_dot(
                 xa_ptr, WE, rows, row_ok, 0, WE, wqkv, wrows, wrows < (H + 2) * D, WE, UPCAST, PREC, BM, 2 * BN_QKV,
                 BK,
             )  # fmt: skip
-            if not ROPE_EARLY:
-                c, s = _rope_cs(u // CH, rows, row_ok, cols, col_ok, rope_ptr, M, H, D)
             lo, hi = tl.split(acc.reshape(BM, 2, BN_QKV).permute(0, 2, 1))
             _rope_store(
-                lo, hi, c, s, u // CH, rows, row_ok, cols, col_ok, q_ptr, lk + suffix_row0 * stride_kt,
-                lv + suffix_row0 * stride_kt, M, stride_kt, H, D, FIX,
+                lo, hi, u // CH, rows, row_ok, cols, col_ok, q_ptr, lk + suffix_row0 * stride_kt,
+                lv + suffix_row0 * stride_kt, rope_ptr, M, stride_kt, H, D, FIX,
             )  # fmt: skip
         if PREFETCH_SPAN:  # the programs without a QKV unit: the layer's gate|up weights into L2, shared out
             if me >= (H + 2) * CH:
@@ -1023,9 +1010,6 @@ class ExpertStepPlan:
         # phase and leaving it, gate|up's by the QKV phase's free programs (GPU only; `_prefetch_rows`,
         # `_prefetch_span`)
         self.prefetch = True
-        # QKV's RoPE table tiles loaded before its dot, their latency hidden behind it (an A/B in
-        # bench/expert_step.py, twenty-fourth session)
-        self.rope_early = False
         # the attention phase's q / K / V tiles through TMA descriptors (sm_90+; `_attn_tile_tma`):
         # 671.2 vs 681.0 us per step on the H200, lower in each of 7 alternating rounds
         self.att_tma = self.gpu and _has_tma(device)
@@ -1327,7 +1311,6 @@ class ExpertStepPlan:
             ATT_TMA=att_tma,
             PREFETCH=self.prefetch and self.gpu,
             PREFETCH_SPAN=self._prefetch_span(),
-            ROPE_EARLY=self.rope_early,
             GPU=self.gpu,
             BLOCK_W=triton.next_power_of_2(self.WE),
             UPDATE=update is not None,
