@@ -201,6 +201,9 @@ def main() -> None:
         # e8ae43a (7 rounds): default 696.2, without the prefetch 717.3; with it, 3 stages 707.9,
         # 5 stages 702.6, bk=64 715.3
         dict(prefetch=False),  # without any of the L2 weight prefetches, for scale
+        # cab3adc (9 rounds, docs/results/expert_step_rope_early_cab3adc.log): QKV's RoPE cos / sin
+        # tiles loaded before its dot (rope_early) 650.8 vs 650.3 us per step: a tie (QKV 5.31 vs
+        # 5.41 us traced); reverted
         # e62da5e (7 rounds, docs/results/expert_step_bar_split_e62da5e.log): the grid barrier's
         # arrivals and polls spread over 2 / 4 / 8 counters, each in its own L2 line (threads
         # 0 .. n-1 polling one each): 651.9 / 651.0 / 651.0 vs 648.4 us per step, the same bits; the
