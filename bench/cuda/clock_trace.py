@@ -12,3 +12,11 @@ def span_medians(spans: dict[str, torch.Tensor]) -> dict[str, float]:
     """Each [layers, CTAs] span of cycles -> its median in us over the CTAs and the inner layers
     (the first and last layers are dropped: launch and drain)."""
     return {name: float(v[1:-1].flatten().median()) / SM_MHZ for name, v in spans.items()}
+
+
+def show_spans(spans: dict[str, torch.Tensor], width: int = 36) -> dict[str, float]:
+    """`span_medians`, each printed on its own indented line."""
+    out = span_medians(spans)
+    for name, us in out.items():
+        print(f"    {name:<{width}} {us:6.2f} us")
+    return out

@@ -18,17 +18,18 @@
 #include <cudaTypedefs.h>
 #include <stdint.h>
 
+#include "attend.cuh"
+#include "norm_row.cuh"
 #include "rs_gemm.cuh"
 
 namespace proto {
 
-constexpr int WIDTH = 1024, FF = 4096, HEADS = 8, HD = 256, WIDTH_Q = HEADS * HD, NWG = 2;
+constexpr int WIDTH = 1024, FF = 4096, NWG = 2;
 constexpr int QKV_UNITS = 40, QKV_BOXES = WIDTH / 64, QKV_JJ = WIDTH / 16 / NWG;
 constexpr int O_TILES = WIDTH / 64, O_SPLITS = HEADS, O_BOXES = HD / 64, O_JJ = HD / 16 / NWG;
 constexpr int GU_TILES = FF / 32, GU_BOXES = WIDTH / 64, GU_JJ = WIDTH / 16 / NWG;
 constexpr int DN_TILES = WIDTH / 64, DN_SPLITS = 8, DN_BOXES = FF / DN_SPLITS / 64, DN_JJ = FF / DN_SPLITS / 16 / NWG;
 constexpr int WJ = 32;  // the register array's K steps: the largest GEMM's (QKV, gate|up)
-constexpr int QROWS = 64, CHUNK = 64, CHUNKS = 16, KEYS_PAD = CHUNKS * CHUNK, ROW_BYTES = HD * 2;
 // norm1 start, its weights unstaged, QKV start, its MMA done, its epilogue done, attend, combine, O
 // starts, O's MMA done, its epilogue done, norm2, gate|up, down starts, down's arrival; the grid
 // arrival done (the `red.release` returned) after attend, O and the down
@@ -46,7 +47,7 @@ struct LayerSmem {
   union {
     Box a[QKV_BOXES];                               // a GEMM's activation boxes
     uint4 w[NWG * WJ * 128];                        // QKV's, O's or gate|up's weight fragments
-    uint8_t att[(QROWS + 2 * CHUNK) * ROW_BYTES];  // attend's q, K, V tiles
+    uint8_t att[ATTEND_SMEM];                       // attend's q, K, V tiles
   };
   uint4 dn[NWG * DN_JJ * 128];  // the down's weight fragments, a region of their own
   float red[NWG - 1][ACC][128];
@@ -69,9 +70,7 @@ struct LayerArgs {
   __nv_bfloat16* v;    // [layers][KEYS_PAD][HD]
   __nv_bfloat16* attn; // [64, WIDTH_Q]
   __nv_bfloat16* act;  // [64, FF] GeGLU output
-  float* po;           // [HEADS][CHUNKS][64][HD] attend's unnormalised chunk outputs
-  float* pm;           // [HEADS][CHUNKS][64] chunk row maxima (log2 units)
-  float* pl;           // [HEADS][CHUNKS][64] chunk row sums
+  AttendPartials part;  // attend's chunk outputs and row stats
   const float* cos;    // [rows][HD / 2] RoPE at each suffix token's position
   const float* sin;
   const float* scale1;  // [layers][WIDTH] 1 + adaRMS scale, before attention
@@ -93,215 +92,6 @@ struct LayerArgs {
   int qkv_split;  // the next layer's QKV block (KB): [qkv_split, 128) at the down's start, [0,
                   // qkv_split) after the down's MMAs (>= 56: the down's boxes)
 };
-
-// one row: h += gate * sum of `nparts` partials (gate null: none), then (scale not null) adaRMS into
-// xn; 256 threads x 4 columns, every load issued before the first sum
-__device__ void norm_row(const LayerArgs& p, int row, const float* parts, int nparts, const float* gate,
-                         const float* scale, const float* shift, float* warp_sums) {
-  const int c = threadIdx.x * 4;
-  float4 h = *reinterpret_cast<float4*>(&p.h[row * WIDTH + c]);
-  float4 g = {}, sc = {}, sh = {};
-  if (gate) g = *reinterpret_cast<const float4*>(&gate[c]);
-  if (scale) sc = *reinterpret_cast<const float4*>(&scale[c]), sh = *reinterpret_cast<const float4*>(&shift[c]);
-  if (gate) {
-    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int k = 0; k < nparts; ++k) {
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(&parts[(k * p.rows + row) * WIDTH + c]));
-      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
-    }
-    h.x += g.x * s.x, h.y += g.y * s.y, h.z += g.z * s.z, h.w += g.w * s.w;
-    *reinterpret_cast<float4*>(&p.h[row * WIDTH + c]) = h;
-  }
-  if (!scale) return;
-  float ss = h.x * h.x + h.y * h.y + h.z * h.z + h.w * h.w;
-  for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = ss;
-  __syncthreads();
-  float total = 0.f;
-  for (int w = 0; w < 8; ++w) total += warp_sums[w];
-  __syncthreads();  // warp_sums free for the next row
-  const float r = rsqrtf(total / WIDTH + p.eps);
-  __nv_bfloat16* out = &p.xn[row * WIDTH + c];
-  out[0] = __float2bfloat16(h.x * r * sc.x + sh.x);
-  out[1] = __float2bfloat16(h.y * r * sc.y + sh.y);
-  out[2] = __float2bfloat16(h.z * r * sc.z + sh.z);
-  out[3] = __float2bfloat16(h.w * r * sc.w + sh.w);
-}
-
-// ---- attention: attend.cu's unit and combine, on 256 threads (the MMAs on warps 0-3) ------------
-
-__device__ __forceinline__ uint32_t tile_off(int r, int j) { return r * ROW_BYTES + ((j ^ (r & 7)) << 4); }
-
-__device__ __forceinline__ void load_tile(uint8_t* tile, const __nv_bfloat16* src, int stride) {
-  for (int i = threadIdx.x; i < 64 * 32; i += blockDim.x) {
-    const int r = i / 32, j = i % 32;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(su32(tile + tile_off(r, j))),
-                 "l"(src + r * stride + j * 8)
-                 : "memory");
-  }
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(su32(p)));
-}
-
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(su32(p)));
-}
-
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-__device__ void attend_unit(const LayerArgs& p, int layer, int head, int chunk, uint8_t* smem) {
-  uint8_t *qs = smem, *ks = smem + QROWS * ROW_BYTES, *vs = ks + CHUNK * ROW_BYTES;
-  const size_t kv0 = (static_cast<size_t>(layer) * KEYS_PAD + static_cast<size_t>(chunk) * CHUNK) * HD;
-  load_tile(qs, p.q + head * HD, WIDTH_Q);
-  load_tile(ks, p.k + kv0, HD);
-  asm volatile("cp.async.commit_group;" ::: "memory");
-  load_tile(vs, p.v + kv0, HD);  // lands while the scores are computed
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 1;" ::: "memory");
-  __syncthreads();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, q0 = warp * 16;
-  uint32_t pa[CHUNK / 16][4];  // P as the A fragments of O = P V, one per 16 keys
-  const size_t unit = static_cast<size_t>(head) * CHUNKS + chunk;
-  if (warp < 4) {
-    float s[CHUNK / 8][4] = {};
-#pragma unroll
-    for (int kc = 0; kc < HD / 8; kc += 2) {
-      uint32_t a[4];
-      ldsm_x4(a, qs + tile_off(q0 + lane % 8 + 8 * ((lane / 8) % 2), kc + lane / 16));
-#pragma unroll
-      for (int n = 0; n < CHUNK / 8; n += 2) {
-        uint32_t b[4];
-        ldsm_x4(b, ks + tile_off(n * 8 + lane % 8 + 8 * (lane / 16), kc + (lane / 8) % 2));
-        mma16816(s[n], a, b[0], b[1]);
-        mma16816(s[n + 1], a, b[2], b[3]);
-      }
-    }
-    constexpr float SCALE = 0.0625f * 1.44269504f;  // 1 / sqrt(256) * log2(e)
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-#pragma unroll
-    for (int n = 0; n < CHUNK / 8; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int key = chunk * CHUNK + n * 8 + (lane % 4) * 2 + i % 2;
-        s[n][i] = key < p.keys ? s[n][i] * SCALE : -INFINITY;
-        m[i / 2] = fmaxf(m[i / 2], s[n][i]);
-      }
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      for (int o = 1; o < 4; o *= 2) m[h] = fmaxf(m[h], __shfl_xor_sync(0xffffffffu, m[h], o));
-#pragma unroll
-    for (int n = 0; n < CHUNK / 8; ++n) {
-      float e[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) e[i] = exp2f(s[n][i] - m[i / 2]), l[i / 2] += e[i];
-      pa[n / 2][(n % 2) * 2] = pack_bf16(e[0], e[1]);
-      pa[n / 2][(n % 2) * 2 + 1] = pack_bf16(e[2], e[3]);
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      for (int o = 1; o < 4; o *= 2) l[h] += __shfl_xor_sync(0xffffffffu, l[h], o);
-    if (lane % 4 == 0) {
-      p.pm[unit * QROWS + q0 + lane / 4] = m[0], p.pm[unit * QROWS + q0 + lane / 4 + 8] = m[1];
-      p.pl[unit * QROWS + q0 + lane / 4] = l[0], p.pl[unit * QROWS + q0 + lane / 4 + 8] = l[1];
-    }
-  }
-  asm volatile("cp.async.wait_group 0;" ::: "memory");
-  __syncthreads();  // V is in
-  if (warp < 4) {
-    float* po = p.po + unit * QROWS * HD;
-#pragma unroll 4
-    for (int dc = 0; dc < HD / 8; dc += 2) {
-      float o[2][4] = {};
-#pragma unroll
-      for (int kk = 0; kk < CHUNK / 16; ++kk) {
-        uint32_t b[4];
-        ldsm_x4_t(b, vs + tile_off(kk * 16 + lane % 8 + 8 * ((lane / 8) % 2), dc + lane / 16));
-        mma16816(o[0], pa[kk], b[0], b[1]);
-        mma16816(o[1], pa[kk], b[2], b[3]);
-      }
-#pragma unroll
-      for (int t = 0; t < 2; ++t) {
-        const int col = (dc + t) * 8 + (lane % 4) * 2, row = q0 + lane / 4;
-        if (row < p.rows) *reinterpret_cast<float2*>(&po[row * HD + col]) = make_float2(o[t][0], o[t][1]);
-        if (row + 8 < p.rows) *reinterpret_cast<float2*>(&po[(row + 8) * HD + col]) = make_float2(o[t][2], o[t][3]);
-      }
-    }
-  }
-  __syncthreads();  // the tiles are free
-}
-
-__device__ void combine(const LayerArgs& p) {
-  const int n = HEADS * p.rows * (HD / 4);
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    const int row = i / (HD / 4), d = (i % (HD / 4)) * 4, head = row / p.rows, q = row % p.rows;
-    float mc[CHUNKS], big = -INFINITY;
-#pragma unroll
-    for (int c = 0; c < CHUNKS; ++c) mc[c] = __ldcg(&p.pm[(head * CHUNKS + c) * QROWS + q]), big = fmaxf(big, mc[c]);
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    float sum = 0.f;
-#pragma unroll
-    for (int c = 0; c < CHUNKS; ++c) {
-      const float w = exp2f(mc[c] - big);
-      const size_t unit = static_cast<size_t>(head) * CHUNKS + c;
-      sum += w * __ldcg(&p.pl[unit * QROWS + q]);
-      const float4 o = __ldcg(reinterpret_cast<const float4*>(&p.po[(unit * QROWS + q) * HD + d]));
-      acc.x += w * o.x, acc.y += w * o.y, acc.z += w * o.z, acc.w += w * o.w;
-    }
-    const float r = 1.f / sum;
-    __nv_bfloat16* dst = &p.attn[q * WIDTH_Q + head * HD + d];
-    *reinterpret_cast<uint2*>(dst) = make_uint2(pack_bf16(acc.x * r, acc.y * r), pack_bf16(acc.z * r, acc.w * r));
-  }
-}
-
-// ---- the register-operand GEMMs on one register array ----------------------------------------
-
-// d = this warpgroup's first BPW * 4 K steps of w @ boxes [first, first + BPW)
-template <int BPW>
-__device__ __forceinline__ void mma_w(float (&d)[ACC], const uint32_t (&w)[WJ][4], Box* tiles, uint64_t* full,
-                                      int first, uint32_t parity) {
-#pragma unroll
-  for (int i = 0; i < ACC; ++i) d[i] = 0.f;
-#pragma unroll
-  for (int b = 0; b < BPW; ++b) {
-    mbar_wait(&full[first + b], parity);
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_m64n56k16_rs(d, w[b * 4 + kk], gmma_desc(&tiles[first + b][kk * 16]));
-  }
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-}
-
-// every thread: its J fragments out of a staged block into w[0, J). A CTA without a unit of the
-// next GEMM (`busy` false) reads the stale region without waiting: w is then written on every path,
-// and ptxas does not keep the last GEMM's fragments alive through the phases between (it spilled)
-template <int J>
-__device__ __forceinline__ void unstage_w(uint32_t (&w)[WJ][4], const uint4* block, uint64_t* full, uint32_t parity,
-                                          bool busy, int wg, int t) {
-  if (busy) mbar_wait(full, parity);
-#pragma unroll
-  for (int j = 0; j < J; ++j) {
-    const uint4 v = block[(wg * J + j) * 128 + t];
-    w[j][0] = v.x, w[j][1] = v.y, w[j][2] = v.z, w[j][3] = v.w;
-  }
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // before the next TMA writes the region
-}
 
 // one thread: bytes [from, to) of a weight block into `region`; with `all`, the first copy of the
 // block also tells the mbarrier how many bytes the whole block brings
@@ -419,16 +209,16 @@ __global__ void __launch_bounds__(256, 1)
     const bool more = layer + 1 < p.layers;
     mark(layer, 0);
     for (int row = cta; row < p.rows; row += grid)
-      norm_row(p, row, p.part_dn, DN_SPLITS, layer > 0 ? p.gate2 + lw - WIDTH : nullptr, p.scale1 + lw,
-               p.shift1 + lw, warp_sums);
+      norm_row<WIDTH>(p.h, p.xn, p.part_dn, DN_SPLITS, p.rows, layer > 0 ? p.gate2 + lw - WIDTH : nullptr,
+                      p.scale1 + lw, p.shift1 + lw, p.eps, row, warp_sums);
     barrier_with([&] {
-      unstage_w<QKV_JJ>(w, sm.w, &sm.qkv_w, par, qkv_busy, wg, t);
+      unstage_fragments<QKV_JJ>(w, sm.w, &sm.qkv_w, par, wg, t, qkv_busy);
       mark(layer, 1);
     });
     mark(layer, 2);
     if (qkv_busy) {
       if (tid == 0) burst_load(sm.a, &xn_map, sm.full_qkv, QKV_BOXES, NWG, 0);
-      mma_w<QKV_BOXES / NWG>(d, w, sm.a, sm.full_qkv, wg * (QKV_BOXES / NWG), par);
+      mma_boxes<QKV_BOXES / NWG>(d, w, sm.a, sm.full_qkv, wg * (QKV_BOXES / NWG), par, [] {});
       mark(layer, 3);
       sum_warpgroups<NWG>(d, sm.red, wg, t);
       if (wg == 0) qkv_epilogue(p, d, cta, layer, t, sm.rope);
@@ -438,7 +228,10 @@ __global__ void __launch_bounds__(256, 1)
     mark(layer, 5);
     if (p.dn_at == 0 && tid == 0) dn_copy(layer);
     fence();  // TMA wrote the region, cp.async next
-    for (int u = cta; u < HEADS * CHUNKS; u += grid) attend_unit(p, layer, u / CHUNKS, u % CHUNKS, sm.att);
+    for (int u = cta; u < HEADS * CHUNKS; u += grid) {
+      const size_t kv0 = static_cast<size_t>(layer) * KEYS_PAD * HD;
+      attend_unit(p.q, p.k + kv0, p.v + kv0, p.part, p.rows, p.keys, u / CHUNKS, u % CHUNKS, sm.att);
+    }
     barrier_with([&] { mark_at(layer, 16); }, false);
     mark(layer, 6);
     if (tid == 0) {  // the attend tiles are free (its last CTA sync): O's block, gate|up's late part
@@ -447,13 +240,13 @@ __global__ void __launch_bounds__(256, 1)
       if (gu_busy && gu_cut < GU_BLOCK * 16) copy_chunk(sm.w, &sm.gu_w, gu_of(layer), gu_cut, GU_BLOCK * 16, GU_BLOCK * 16);
       if (p.dn_at == 1) dn_copy(layer);
     }
-    combine(p);
-    barrier_with([&] { unstage_w<O_JJ>(w, sm.w, &sm.o_w, par, o_busy, wg, t); });
+    combine(p.part, p.attn, p.rows);
+    barrier_with([&] { unstage_fragments<O_JJ>(w, sm.w, &sm.o_w, par, wg, t, o_busy); });
     mark(layer, 7);
     if (p.dn_at == 2 && tid == 0) dn_copy(layer);
     if (o_busy) {
       if (tid == 0) burst_load(sm.a, &attn_map, sm.full_o, O_BOXES, NWG, ohs * O_BOXES);
-      mma_w<O_BOXES / NWG>(d, w, sm.a, sm.full_o, wg * (O_BOXES / NWG), par);
+      mma_boxes<O_BOXES / NWG>(d, w, sm.a, sm.full_o, wg * (O_BOXES / NWG), par, [] {});
       mark(layer, 8);
       sum_warpgroups<NWG>(d, sm.red, wg, t);  // after it, both warpgroups' MMAs are done with the boxes
       if (tid == 128 && gu_busy) {
@@ -467,12 +260,13 @@ __global__ void __launch_bounds__(256, 1)
     mark(layer, 10);
     if (p.dn_at == 3 && tid == 0) dn_copy(layer);
     for (int row = cta; row < p.rows; row += grid)
-      norm_row(p, row, p.part_o, O_SPLITS, p.gate1 + lw, p.scale2 + lw, p.shift2 + lw, warp_sums);
-    barrier_with([&] { unstage_w<GU_JJ>(w, sm.w, &sm.gu_w, par, gu_busy, wg, t); });
+      norm_row<WIDTH>(p.h, p.xn, p.part_o, O_SPLITS, p.rows, p.gate1 + lw, p.scale2 + lw, p.shift2 + lw, p.eps, row,
+                      warp_sums);
+    barrier_with([&] { unstage_fragments<GU_JJ>(w, sm.w, &sm.gu_w, par, wg, t, gu_busy); });
     mark(layer, 11);
     if (gu_busy) {
       if (tid == 0) burst_load(sm.a, &xn_map, sm.full_gu, GU_BOXES, NWG, 0);
-      mma_w<GU_BOXES / NWG>(d, w, sm.a, sm.full_gu, wg * (GU_BOXES / NWG), par);
+      mma_boxes<GU_BOXES / NWG>(d, w, sm.a, sm.full_gu, wg * (GU_BOXES / NWG), par, [] {});
       sum_warpgroups<NWG>(d, sm.red, wg, t);
       if (p.dn_at == 4 && tid == 128) dn_copy(layer);
       if (wg == 0) {  // rows r, r + 8 of each warp's 16 are one feature's gate and up
@@ -484,13 +278,13 @@ __global__ void __launch_bounds__(256, 1)
         }
       }
     }
-    barrier_with([&] { unstage_w<DN_JJ>(w, sm.dn, &sm.dn_w, par, dn_busy, wg, t); }, true, false);
+    barrier_with([&] { unstage_fragments<DN_JJ>(w, sm.dn, &sm.dn_w, par, wg, t, dn_busy); }, true, false);
     mark(layer, 12);
     if (dn_busy) {
       if (tid == 0) burst_load(sm.a, &act_map, sm.full_dn, DN_BOXES, NWG, dks * DN_BOXES);
       if (tid == 0 && qkv_busy && more && qkv_cut < QKV_BLOCK * 16)  // past the down's boxes
         fence(), copy_chunk(sm.w, &sm.qkv_w, qkv_of(layer + 1), qkv_cut, QKV_BLOCK * 16, QKV_BLOCK * 16);
-      mma_w<DN_BOXES / NWG>(d, w, sm.a, sm.full_dn, wg * (DN_BOXES / NWG), par);
+      mma_boxes<DN_BOXES / NWG>(d, w, sm.a, sm.full_dn, wg * (DN_BOXES / NWG), par, [] {});
       sum_warpgroups<NWG>(d, sm.red, wg, t);
       if (tid == 128 && qkv_busy && more)
         fence(), copy_chunk(sm.w, &sm.qkv_w, qkv_of(layer + 1), 0, qkv_cut, qkv_cut < QKV_BLOCK * 16 ? 0 : QKV_BLOCK * 16);
@@ -500,8 +294,8 @@ __global__ void __launch_bounds__(256, 1)
     barrier_with([&] { mark_at(layer, 15); }, false);
   }
   for (int row = cta; row < p.rows; row += grid)
-    norm_row(p, row, p.part_dn, DN_SPLITS, p.gate2 + static_cast<size_t>(p.layers - 1) * WIDTH, nullptr, nullptr,
-             warp_sums);
+    norm_row<WIDTH>(p.h, p.xn, p.part_dn, DN_SPLITS, p.rows, p.gate2 + static_cast<size_t>(p.layers - 1) * WIDTH,
+                    nullptr, nullptr, p.eps, row, warp_sums);
 }
 
 }  // namespace proto

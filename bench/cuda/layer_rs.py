@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from clock_trace import span_medians
+from clock_trace import show_spans
 from gate_up_rs import fragments
 from nvcc_build import build
 
@@ -146,10 +146,7 @@ def timeline(trace: torch.Tensor) -> dict[str, float]:
     spans["O units: epilogue done -> arrived"] = (e["O arrived"] - e["O epilogue done"])[:, busy]
     spans["down units: done -> arrived"] = (e["down arrived"] - e["down done"])[:, busy]
     spans["attend: arrived -> barrier open"] = (e["combine"] - e["attend arrived"])[:, busy]
-    out = span_medians(spans)
-    for name, us in out.items():
-        print(f"    {name:<42} {us:6.2f} us")
-    return out
+    return show_spans(spans, 42)
 
 
 def main() -> None:

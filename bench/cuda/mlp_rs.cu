@@ -15,6 +15,7 @@
 #include <cudaTypedefs.h>
 #include <stdint.h>
 
+#include "norm_row.cuh"
 #include "rs_gemm.cuh"
 
 namespace proto {
@@ -75,36 +76,12 @@ struct MlpArgs {
   unsigned int* slice_counter;  // [DN_SPLITS] gate|up units done, over all layers
 };
 
-// one row: close the last layer's gated residual, then adaRMS into xn (256 threads x 4 columns)
+// one row: close the last layer's gated residual, then (before the last layer's end) adaRMS into xn
 __device__ void norm_row(const MlpArgs& p, int row, int layer, float* warp_sums) {
-  const int c = threadIdx.x * 4;
-  float4 h = *reinterpret_cast<float4*>(&p.h[row * WIDTH + c]);
-  if (layer > 0) {
-    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int k = 0; k < DN_SPLITS; ++k) {
-      const float4 v = *reinterpret_cast<const float4*>(&p.part[(k * p.rows + row) * WIDTH + c]);
-      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
-    }
-    const float4 g = *reinterpret_cast<const float4*>(&p.gate[(layer - 1) * WIDTH + c]);
-    h.x += g.x * s.x, h.y += g.y * s.y, h.z += g.z * s.z, h.w += g.w * s.w;
-    *reinterpret_cast<float4*>(&p.h[row * WIDTH + c]) = h;
-  }
-  if (layer == p.layers) return;  // after the last layer: only the residual
-  float ss = h.x * h.x + h.y * h.y + h.z * h.z + h.w * h.w;
-  for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = ss;
-  __syncthreads();
-  float total = 0.f;
-  for (int w = 0; w < 8; ++w) total += warp_sums[w];
-  __syncthreads();  // warp_sums free for the next row
-  const float r = rsqrtf(total / WIDTH + p.eps);
-  const float4 sc = *reinterpret_cast<const float4*>(&p.scale[layer * WIDTH + c]);
-  const float4 sh = *reinterpret_cast<const float4*>(&p.shift[layer * WIDTH + c]);
-  __nv_bfloat16* out = &p.xn[row * WIDTH + c];
-  out[0] = __float2bfloat16(h.x * r * sc.x + sh.x);
-  out[1] = __float2bfloat16(h.y * r * sc.y + sh.y);
-  out[2] = __float2bfloat16(h.z * r * sc.z + sh.z);
-  out[3] = __float2bfloat16(h.w * r * sc.w + sh.w);
+  const bool norm = layer < p.layers;
+  norm_row<WIDTH>(p.h, p.xn, p.part, DN_SPLITS, p.rows, layer > 0 ? p.gate + (layer - 1) * WIDTH : nullptr,
+                  norm ? p.scale + layer * WIDTH : nullptr, norm ? p.shift + layer * WIDTH : nullptr, p.eps, row,
+                  warp_sums);
 }
 
 template <int STAGED, bool SLICE>  // MlpArgs::staged and slice_sync, one build each: no mode's branches

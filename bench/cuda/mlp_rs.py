@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from clock_trace import span_medians
+from clock_trace import show_spans
 from gate_up_rs import fragments
 from nvcc_build import build
 
@@ -85,10 +85,7 @@ def timeline(trace: torch.Tensor) -> dict[str, float]:
         "down epilogue": e[5] - e[4],
         "barrier after down (+ unstage)": e[0][1:] - e[5][:-1],
     }
-    out = span_medians(spans)
-    for name, us in out.items():
-        print(f"    {name:<36} {us:6.2f} us")
-    return out
+    return show_spans(spans)
 
 
 def main() -> None:

@@ -34,14 +34,19 @@ __device__ __forceinline__ void stage_fragments(uint4* dst, const uint4* src, ui
   bulk_load(dst, src, bytes, full);
 }
 
-// every thread: its J fragments out of a staged block (warpgroup wg's run starts at wg * J)
-template <int J>
-__device__ __forceinline__ void unstage_fragments(uint32_t (&w)[J][4], const uint4* block, uint64_t* full,
-                                                  uint32_t parity, int wg, int t) {
-  mbar_wait(full, parity);
+// every thread: its first J fragments (all of w by default) out of a staged block (warpgroup wg's
+// run starts at wg * J). With `wait` false (a CTA with no unit in the next GEMM) it reads the stale
+// region without waiting: w is then written on every path, so ptxas does not keep an earlier GEMM's
+// fragments alive until w's next use (it spilled)
+template <int J = 0, int WJ>
+__device__ __forceinline__ void unstage_fragments(uint32_t (&w)[WJ][4], const uint4* block, uint64_t* full,
+                                                  uint32_t parity, int wg, int t, bool wait = true) {
+  constexpr int N = J ? J : WJ;
+  static_assert(N <= WJ, "more fragments than the register array holds");
+  if (wait) mbar_wait(full, parity);
 #pragma unroll
-  for (int j = 0; j < J; ++j) {
-    const uint4 v = block[(wg * J + j) * 128 + t];
+  for (int j = 0; j < N; ++j) {
+    const uint4 v = block[(wg * N + j) * 128 + t];
     w[j][0] = v.x, w[j][1] = v.y, w[j][2] = v.z, w[j][3] = v.w;
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // before the next TMA writes the region
@@ -58,11 +63,12 @@ __device__ __forceinline__ void burst_load(Box* tiles, const CUtensorMap* map, u
   }
 }
 
-// d = w (this warpgroup's K steps, registers) @ the boxes [first, first + BPW); `on_first` runs
-// once the first box is in
-template <int BPW, class OnFirst>
-__device__ __forceinline__ void mma_boxes(float (&d)[ACC], const uint32_t (&w)[BPW * 4][4], Box* tiles, uint64_t* full,
+// d = w (this warpgroup's first BPW * 4 K steps, registers) @ the boxes [first, first + BPW);
+// `on_first` runs once the first box is in
+template <int BPW, int WJ, class OnFirst>
+__device__ __forceinline__ void mma_boxes(float (&d)[ACC], const uint32_t (&w)[WJ][4], Box* tiles, uint64_t* full,
                                           int first, uint32_t parity, OnFirst on_first) {
+  static_assert(BPW * 4 <= WJ, "more K steps than the register array holds");
 #pragma unroll
   for (int i = 0; i < ACC; ++i) d[i] = 0.f;
 #pragma unroll
