@@ -458,7 +458,8 @@ def test_checkpoint_whose_actions_overflow_publishes_nothing_and_keeps_serving(r
     """A diverged checkpoint: finite weights (NaN ones are refused at load), but its action
     projection is so large that every chunk overflows to inf / NaN. No chunk is ever published;
     each decision is counted as non_finite_action and logged, and the node keeps serving its
-    status and services, and stops cleanly."""
+    status and services, and stops cleanly. A refused input is logged (a warning) after those
+    errors: rclpy once raised when the node's throttled lines changed severity, and the node died."""
     import torch
     from policy_fixtures import tiny_model
     from std_srvs.srv import Trigger
@@ -473,6 +474,9 @@ def test_checkpoint_whose_actions_overflow_publishes_nothing_and_keeps_serving(r
         counted = peer.wait_for_counter("", "non_finite_action", above=1, timeout=15.0)
         line = node.wait_for_line("no chunk published: [non_finite_action] ")
         assert "actions are NaN or inf" in line and "expected finite actions" in line, line
+        mark = node.mark()
+        peer.publish_joints(peer.joints(positions=[0.0, float("nan"), 0.2, 0.3]), good=False)
+        node.wait_for_line("input rejected: [non_finite_joint]", since=mark)
         assert peer.call(Trigger, f"{node.namespace}/flashrt_node/reset", Trigger.Request()).success
         statuses = len(peer.statuses)
         peer.pump(1.0)

@@ -45,16 +45,28 @@ class InputSlot:
 class ThrottledLog:
     """At most one line per key every ``period_s``; the next line says how many were held
     back. rclpy's own throttle is per call site, which would let one noisy camera hide
-    another camera's (different) problem."""
+    another camera's (different) problem.
 
-    def __init__(self, period_s: float):
+    Lines go to ``logger`` (the node's rclpy logger, or anything with ``warning`` / ``error``)
+    at the level each call names, and each level is logged from a line of its own below: rclpy
+    keys a logger's state by the calling line and raises ValueError when one line logs at two
+    severities. (One shared ``emit(...)`` line did that: a stale camera's warning followed by a
+    policy error killed the node's decision timer.)"""
+
+    LEVELS = ("warning", "error")
+
+    def __init__(self, period_s: float, logger: Any):
         self.period_s = period_s
+        self.logger = logger
         self._last: dict[tuple, float] = {}
         self._held: Counter = Counter()
         self._lock = threading.Lock()
 
-    def __call__(self, key: tuple, emit: Callable[[str], Any], text: str | Callable[[], str]) -> None:
-        """``text`` may be a function: it is only called for lines that are emitted."""
+    def __call__(self, key: tuple, level: str, text: str | Callable[[], str]) -> None:
+        """``level``: "warning" or "error". ``text`` may be a function: it is only called for
+        lines that are emitted."""
+        if level not in self.LEVELS:
+            raise ValueError(f"log level {level!r} for {key}: expected one of {self.LEVELS}")
         now = time.monotonic()
         with self._lock:
             last = self._last.get(key)
@@ -64,7 +76,11 @@ class ThrottledLog:
             self._last[key] = now
             held = self._held.pop(key, 0)
         text = text() if callable(text) else text
-        emit(text + (f" (+{held} more like this in the last {now - last:.1f} s)" if held else ""))
+        line = text + (f" (+{held} more like this in the last {now - last:.1f} s)" if held else "")
+        if level == "error":
+            self.logger.error(line)
+        else:
+            self.logger.warning(line)
 
     def clear(self) -> None:
         with self._lock:

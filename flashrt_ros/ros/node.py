@@ -107,7 +107,7 @@ class FlashRTNode(Node):
         self.stats_window = stats_window
         self.state, self.description = build_pipeline_state(self.cfg)
         self._lock = threading.Lock()  # counters and conversion stats (sensor threads)
-        self._throttle = ThrottledLog(self.cfg.log_throttle_s)
+        self._throttle = ThrottledLog(self.cfg.log_throttle_s, self.get_logger())
         self._reset_counters()
         if unknown:
             self.invalid[("", UNKNOWN_PARAMETER)] += len(unknown)
@@ -304,7 +304,7 @@ class FlashRTNode(Node):
             else f"keeping the previous good message ({_stamp_str(held.stamp)})"
         )
         self._throttle(
-            ("rejected", slot.topic, err.reason), self.get_logger().warning, f"input rejected: {err}; {keep}"
+            ("rejected", slot.topic, err.reason), "warning", f"input rejected: {err}; {keep}"
         )
 
     # ---- decisions -------------------------------------------------------------------------
@@ -334,11 +334,11 @@ class FlashRTNode(Node):
         except (PromptTooLong, NonFiniteActions) as exc:
             reason = PROMPT_TOO_LONG if isinstance(exc, PromptTooLong) else NON_FINITE_ACTION
             self._count_node_wide(reason)
-            self._throttle((reason,), self.get_logger().error, f"no chunk published: [{reason}] {exc}")
+            self._throttle((reason,), "error", f"no chunk published: [{reason}] {exc}")
             return
         except Exception as exc:  # a policy bug must not kill the node; it is counted and logged
             self._count_node_wide(POLICY_ERROR)
-            self._throttle((POLICY_ERROR,), self.get_logger().error, f"policy failed, no chunk published: {exc!r}")
+            self._throttle((POLICY_ERROR,), "error", f"policy failed, no chunk published: {exc!r}")
             return
         latency_ms = (time.perf_counter_ns() - t0) / 1e6
         self._publish(decision, samples, latency_ms, cfg)
@@ -369,7 +369,7 @@ class FlashRTNode(Node):
         for slot, reason, detail in problems:
             self._throttle(
                 ("skipped", slot.topic, reason),
-                self.get_logger().warning,
+                "warning",
                 lambda r=reason, s=slot, d=detail: f"decision skipped: [{r}] {s.topic}: {d()}",
             )
         return None

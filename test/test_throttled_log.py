@@ -1,0 +1,69 @@
+"""ThrottledLog (ros/inputs.py) with rclpy's real logger: lines at both levels from one node
+logger, the per-key throttle and its held-back count, and an unknown level refused. rclpy keys
+a logger's state by the calling line and raises ValueError when one line logs at two severities;
+the node once died of that (a stale camera's warning, then a policy error)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from flashrt_ros.ros.inputs import ThrottledLog
+
+
+def _logger():
+    from rclpy.logging import get_logger
+
+    return get_logger(f"throttle_test_{uuid.uuid4().hex[:8]}")  # a fresh logger: no call-site state yet
+
+
+def test_warning_then_error_then_warning_through_one_throttle(capfd):
+    throttle = ThrottledLog(0.0, _logger())
+    throttle(("skipped", "/cam0", "stale"), "warning", "decision skipped: [stale] /cam0")
+    throttle(("non_finite_action",), "error", "no chunk published: [non_finite_action]")
+    throttle(("rejected", "/cam1", "bad_size"), "warning", lambda: "input rejected: [bad_size] /cam1")
+    err = capfd.readouterr().err
+    assert "[WARN]" in err and "decision skipped: [stale] /cam0" in err, err
+    assert "[ERROR]" in err and "no chunk published: [non_finite_action]" in err, err
+    assert "input rejected: [bad_size] /cam1" in err, err
+
+
+def test_a_key_is_held_back_within_the_period_and_counted_on_its_next_line(capfd):
+    throttle = ThrottledLog(0.2, _logger())
+    key = ("skipped", "/cam0", "stale")
+    calls = []
+
+    def text(n: int):
+        return lambda: calls.append(n) or f"stale line {n}"
+
+    throttle(key, "warning", text(1))
+    throttle(key, "warning", text(2))  # held: its text is never built
+    throttle(key, "warning", text(3))
+    throttle(("other",), "error", text(4))  # another key is not held by the first
+    time.sleep(0.25)
+    throttle(key, "warning", text(5))
+    err = capfd.readouterr().err
+    assert calls == [1, 4, 5], calls
+    assert "stale line 1" in err and "stale line 4" in err, err
+    assert "stale line 2" not in err and "stale line 3" not in err, err
+    line5 = next(line for line in err.splitlines() if "stale line 5" in line)
+    assert "(+2 more like this in the last" in line5, line5
+
+
+def test_clear_forgets_the_held_keys(capfd):
+    throttle = ThrottledLog(60.0, _logger())
+    throttle(("k",), "warning", "first")
+    throttle(("k",), "warning", "held")
+    throttle.clear()
+    throttle(("k",), "warning", "after clear")
+    err = capfd.readouterr().err
+    assert "first" in err and "after clear" in err and "held" not in err, err
+    assert "more like this" not in err, err
+
+
+def test_an_unknown_level_is_refused_with_what_was_expected():
+    throttle = ThrottledLog(0.0, _logger())
+    with pytest.raises(ValueError, match=r"log level 'info' for \('k',\): expected one of \('warning', 'error'\)"):
+        throttle(("k",), "info", "text")
