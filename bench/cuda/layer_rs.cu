@@ -32,16 +32,9 @@ constexpr int DN_TILES = WIDTH / 64, DN_SPLITS = 8, DN_BOXES = FF / DN_SPLITS / 
 constexpr int WJ = 32;  // the register array's K steps: the largest GEMM's (QKV, gate|up)
 // norm1 start, its weights unstaged, QKV start, its MMA done, its epilogue done, attend, combine, O
 // starts, O's MMA done, its epilogue done, norm2, gate|up, down starts, down's arrival; the grid
-// arrival done (the `red.release` returned) after attend, O and the down
+// arrival done (the `red.release` returned) after attend, O and the down. (Fencing only before the
+// barriers whose next phase reads by TMA, and arriving from warp 7, measured no different at b7af9c7.)
 constexpr int EVENTS = 17;
-#ifndef LEAN_FENCE
-#define LEAN_FENCE 0  // 1: the proxy fence only before the barriers whose next phase reads by TMA;
-                      // 2: also not by a warpgroup that stored nothing
-#endif
-#ifndef ARRIVER
-#define ARRIVER 0  // the thread that arrives at the grid barrier (tid 0 issues the activation bursts,
-                   // tid 128 some weight copies)
-#endif
 
 struct LayerSmem {
   union {
@@ -93,14 +86,6 @@ struct LayerArgs {
                   // qkv_split) after the down's MMAs (>= 56: the down's boxes)
 };
 
-// one thread: bytes [from, to) of a weight block into `region`; with `all`, the first copy of the
-// block also tells the mbarrier how many bytes the whole block brings
-__device__ __forceinline__ void copy_chunk(uint4* region, uint64_t* full, const uint4* block, uint32_t from,
-                                           uint32_t to, uint32_t all) {
-  if (all) mbar_expect_tx(full, all);
-  if (to > from) bulk_load(region + from / 16, block + from / 16, to - from, full);
-}
-
 // QKV's epilogue (warpgroup 0, which holds the sum): accumulator i is M-row 16 warp + lane / 4 +
 // 8 ((i / 2) % 2) and token 8 (i / 4) + 2 (lane % 4) + i % 2; a q / k unit's rows r and r + 8 are the
 // RoPE pair (d, d + 128), a v unit's rows are 64 consecutive dims
@@ -128,17 +113,6 @@ __device__ void qkv_epilogue(const LayerArgs& p, const float (&d)[ACC], int unit
   }
 }
 
-// a split-K GEMM's epilogue: fp32 partial of features 64 tile .. for K slice `split`
-__device__ void partial_epilogue(const LayerArgs& p, const float (&d)[ACC], float* part, int tile, int split, int t) {
-  const int warp = t / 32, lane = t % 32;
-#pragma unroll
-  for (int i = 0; i < ACC; ++i) {
-    const int feature = tile * 64 + 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
-    const int token = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
-    if (token < p.rows) part[(split * p.rows + token) * WIDTH + feature] = d[i];
-  }
-}
-
 __global__ void __launch_bounds__(256, 1)
     layer_rs_kernel(const __grid_constant__ CUtensorMap xn_map, const __grid_constant__ CUtensorMap attn_map,
                     const __grid_constant__ CUtensorMap act_map, const LayerArgs p) {
@@ -153,9 +127,6 @@ __global__ void __launch_bounds__(256, 1)
   unsigned int target = 0;
   auto mark = [&](int layer, int event) {
     if (p.trace && tid == 0) p.trace[(layer * grid + cta) * EVENTS + event] = clock64();
-  };
-  auto mark_at = [&](int layer, int event) {  // by the arriving thread
-    if (p.trace && tid == ARRIVER) p.trace[(layer * grid + cta) * EVENTS + event] = clock64();
   };
   if (tid == 0) {
     for (int k = 0; k < QKV_BOXES; ++k) mbar_init(&sm.full_qkv[k], 1);
@@ -186,15 +157,11 @@ __global__ void __launch_bounds__(256, 1)
   auto dn_copy = [&](int layer) {
     if (dn_busy) fence(), copy_chunk(sm.dn, &sm.dn_w, dn_of(layer), 0, DN_BLOCK * 16, DN_BLOCK * 16);
   };
-  // a grid barrier with `work` between arriving and waiting; `tma_next`: the next phase reads this
-  // phase's stores through TMA (the async proxy), so each thread fences its stores for it first
-  // (`wg1_stored` false: warpgroup 1 stored nothing this phase, and with LEAN_FENCE 2 does not fence)
-  auto barrier_with = [&](auto work, bool tma_next = true, bool wg1_stored = true) {
-    const bool fenced = !LEAN_FENCE || (tma_next && (wg == 0 || wg1_stored || LEAN_FENCE < 2));
-    if (fenced) asm volatile("fence.proxy.async.global;" ::: "memory");
+  auto barrier_with = [&](auto work) {  // a grid barrier with `work` between arriving and waiting
+    asm volatile("fence.proxy.async.global;" ::: "memory");  // this thread's stores, before TMA reads them
     __syncthreads();
     target += grid;
-    if (tid == ARRIVER) grid_arrive(p.counter);
+    if (tid == 0) grid_arrive(p.counter);
     work();
     __syncthreads();
     if (tid == 0) grid_wait(p.counter, target);
@@ -224,7 +191,7 @@ __global__ void __launch_bounds__(256, 1)
       if (wg == 0) qkv_epilogue(p, d, cta, layer, t, sm.rope);
       mark(layer, 4);
     }
-    barrier_with(none, false);
+    barrier_with(none);
     mark(layer, 5);
     if (p.dn_at == 0 && tid == 0) dn_copy(layer);
     fence();  // TMA wrote the region, cp.async next
@@ -232,7 +199,7 @@ __global__ void __launch_bounds__(256, 1)
       const size_t kv0 = static_cast<size_t>(layer) * KEYS_PAD * HD;
       attend_unit(p.q, p.k + kv0, p.v + kv0, p.part, p.rows, p.keys, u / CHUNKS, u % CHUNKS, sm.att);
     }
-    barrier_with([&] { mark_at(layer, 16); }, false);
+    barrier_with([&] { mark(layer, 16); });
     mark(layer, 6);
     if (tid == 0) {  // the attend tiles are free (its last CTA sync): O's block, gate|up's late part
       fence();
@@ -253,10 +220,10 @@ __global__ void __launch_bounds__(256, 1)
         fence();
         copy_chunk(sm.w, &sm.gu_w, gu_of(layer), 0, gu_cut, gu_cut < GU_BLOCK * 16 ? 0 : GU_BLOCK * 16);
       }
-      if (wg == 0) partial_epilogue(p, d, p.part_o, oft, ohs, t);
+      if (wg == 0) partial_epilogue<WIDTH>(d, p.part_o, oft, ohs, p.rows, t);
       mark(layer, 9);
     }
-    barrier_with([&] { mark_at(layer, 14); }, false);
+    barrier_with([&] { mark(layer, 14); });
     mark(layer, 10);
     if (p.dn_at == 3 && tid == 0) dn_copy(layer);
     for (int row = cta; row < p.rows; row += grid)
@@ -269,16 +236,9 @@ __global__ void __launch_bounds__(256, 1)
       mma_boxes<GU_BOXES / NWG>(d, w, sm.a, sm.full_gu, wg * (GU_BOXES / NWG), par, [] {});
       sum_warpgroups<NWG>(d, sm.red, wg, t);
       if (p.dn_at == 4 && tid == 128) dn_copy(layer);
-      if (wg == 0) {  // rows r, r + 8 of each warp's 16 are one feature's gate and up
-        const int warp = t / 32, lane = t % 32, feature = cta * 32 + 8 * warp + lane / 4;
-#pragma unroll
-        for (int i = 0; i < ACC; ++i) {
-          const int token = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
-          if (i % 4 < 2 && token < p.rows) p.act[token * FF + feature] = __float2bfloat16(gelu_tanh(d[i]) * d[i + 2]);
-        }
-      }
+      if (wg == 0) geglu_epilogue<FF>(d, p.act, cta, p.rows, t);
     }
-    barrier_with([&] { unstage_fragments<DN_JJ>(w, sm.dn, &sm.dn_w, par, wg, t, dn_busy); }, true, false);
+    barrier_with([&] { unstage_fragments<DN_JJ>(w, sm.dn, &sm.dn_w, par, wg, t, dn_busy); });
     mark(layer, 12);
     if (dn_busy) {
       if (tid == 0) burst_load(sm.a, &act_map, sm.full_dn, DN_BOXES, NWG, dks * DN_BOXES);
@@ -288,10 +248,10 @@ __global__ void __launch_bounds__(256, 1)
       sum_warpgroups<NWG>(d, sm.red, wg, t);
       if (tid == 128 && qkv_busy && more)
         fence(), copy_chunk(sm.w, &sm.qkv_w, qkv_of(layer + 1), 0, qkv_cut, qkv_cut < QKV_BLOCK * 16 ? 0 : QKV_BLOCK * 16);
-      if (wg == 0) partial_epilogue(p, d, p.part_dn, dft, dks, t);
+      if (wg == 0) partial_epilogue<WIDTH>(d, p.part_dn, dft, dks, p.rows, t);
     }
     mark(layer, 13);
-    barrier_with([&] { mark_at(layer, 15); }, false);
+    barrier_with([&] { mark(layer, 15); });
   }
   for (int row = cta; row < p.rows; row += grid)
     norm_row<WIDTH>(p.h, p.xn, p.part_dn, DN_SPLITS, p.rows, p.gate2 + static_cast<size_t>(p.layers - 1) * WIDTH,

@@ -14,8 +14,7 @@ copies paced 4:32:56 (31.5-32.0 L2-resident), 35.1 with each block issued after 
 against 36.5 for the Triton step kernel in the same call; final h vs torch cosine 1.000000 (max abs
 3.8e-3), suffix K / V max abs 1.6e-2 (one bf16 ulp).
 
-    python bench/cuda/layer_rs.py [--trace] [--runs 4:128:128 4:32:56 ...] [--variants '' LEAN_FENCE=2]
-        [--out DIR]
+    python bench/cuda/layer_rs.py [--trace] [--runs 4:128:128 4:32:56 ...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -153,17 +152,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("out"))
-    ap.add_argument(
-        "--variants",
-        nargs="+",
-        default=[""],
-        help="builds to run, each a comma-separated list of layer_rs.cu macros ('' = none)",
-    )
     ap.add_argument("--runs", nargs="+", default=["4:128:128", "0:32:56"],
                     help="weight-copy pacing per run, DN_AT:GU_SPLIT:QKV_SPLIT (LayerArgs); 4:128:128 issues "
                          "each GEMM's block after the MMAs of the GEMM before")  # fmt: skip
     args = ap.parse_args()
     dev = torch.device("cuda")
+    lib = build("layer_rs", "layer_rs_launch", [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p])
     g = torch.Generator(device=dev).manual_seed(0)
     rnd = lambda *shape, s=1.0: torch.randn(*shape, device=dev, generator=g) * s  # noqa: E731
     w = dict(qkv=rnd(LAYERS, HEADS * HD + 2 * HD, WIDTH, s=1 / 32), o=rnd(LAYERS, WIDTH, HEADS * HD, s=1 / 45),
@@ -193,7 +187,7 @@ def main() -> None:
     )  # fmt: skip
     packed = pack(w)
 
-    def launch(lib: ctypes.CDLL, which: str, pace: tuple[int, ...], trace: torch.Tensor | None = None) -> None:
+    def launch(which: str, pace: tuple[int, ...], trace: torch.Tensor | None = None) -> None:
         bufs["h"].copy_(h0)
         bufs["counter"].zero_()
         ptrs = {name: t.data_ptr() for name, t in {**bufs, **packed}.items()}
@@ -206,26 +200,24 @@ def main() -> None:
         if rc:
             raise RuntimeError(f"launch failed: cudaError {rc}")
 
+    modes = {"all": "weights from HBM", "first": "layer 0's weights for all (L2)"}
+    first = {name: t[:1].expand(LAYERS, *t.shape[1:]) for name, t in w.items()}
+    wants = {which: reference(h0, kc, vc, w if which == "all" else first, ada, cos, sin) for which in modes}
     results = {}
-    runs = [(v, r, which, label) for v in args.variants for r in args.runs
-            for which, label in (("all", "weights from HBM"), ("first", "layer 0's weights for all (L2)"))]  # fmt: skip
-    libs = {v: build("layer_rs", "layer_rs_launch", [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p],
-                     tuple(d for d in v.split(",") if d)) for v in args.variants}  # fmt: skip
-    for variant, run, which, label in runs:
-        lib, pace = libs[variant], tuple(int(c) for c in run.split(":"))
+    for run, (which, label) in ((r, m) for r in args.runs for m in modes.items()):
+        pace = tuple(int(c) for c in run.split(":"))
         if not (0 <= pace[0] <= 4 and 32 <= pace[1] <= 128 and 56 <= pace[2] <= 128):
             raise SystemExit(f"run {run}: want DN_AT 0-4, GU_SPLIT 32-128, QKV_SPLIT 56-128 (KB)")
-        label = f"{label}, copies {run}" + (f", {variant}" if variant else "")
-        wl = w if which == "all" else {name: t[:1].expand(LAYERS, *t.shape[1:]) for name, t in w.items()}
-        want_h, want_k, want_v = reference(h0, kc, vc, wl, ada, cos, sin)
-        launch(lib, which, pace)
+        label = f"{label}, copies {run}"
+        want_h, want_k, want_v = wants[which]
+        launch(which, pace)
         torch.cuda.synchronize()
         h = bufs["h"]
         err = float((h - want_h).abs().max())
         cos_h = float(F.cosine_similarity(h.flatten(), want_h.flatten(), dim=0))
         k_err = float((kc[:, PREFIX : PREFIX + ROWS].float() - want_k).abs().max())
         v_err = float((vc[:, PREFIX : PREFIX + ROWS].float() - want_v).abs().max())
-        us = graph_ms(lambda b=lib, c=which, q=pace: launch(b, c, q)) * 1e3 / LAYERS
+        us = graph_ms(lambda c=which, q=pace: launch(c, q)) * 1e3 / LAYERS
         results[label] = dict(us_per_layer=us, max_abs=err, cosine=cos_h, k_max_abs=k_err, v_max_abs=v_err,
                               ref_abs_max=float(want_h.abs().max()))  # fmt: skip
         print(f"layer x {LAYERS}, {label}: {us:5.2f} us per layer (8 phases, 8 grid barriers); final h vs torch "
@@ -233,7 +225,7 @@ def main() -> None:
               f"suffix K / V max abs {k_err:.2e} / {v_err:.2e}")  # fmt: skip
         if args.trace:
             trace = torch.zeros(LAYERS, GRID, len(EVENTS), device=dev, dtype=torch.int64)
-            launch(lib, which, pace, trace)
+            launch(which, pace, trace)
             results[label]["timeline_us"] = timeline(trace)
     write_result(args.out, "layer_rs", dev, results=results)
 

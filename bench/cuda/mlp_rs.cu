@@ -128,10 +128,7 @@ __global__ void __launch_bounds__(256, 1)
   constexpr bool paced = STAGED == 5, overlapped = STAGED == 4 || paced, ahead = STAGED == 2 || overlapped;
   constexpr bool late = STAGED == 3;
   // (paced) bytes [from, to) of a block; the first chunk announces the whole block (`all` bytes)
-  auto chunk = [&](uint4* region, uint64_t* full, const uint4* block, uint32_t from, uint32_t to, uint32_t all) {
-    if (all) mbar_expect_tx(full, all);
-    if (to > from) bulk_load(region + from / 16, block + from / 16, to - from, full);
-  };
+  auto chunk = copy_chunk;
   constexpr uint32_t GU_BYTES = NWG * GU_JJ * 128 * 16, DN_BYTES = NWG * DN_JJ * 128 * 16;
   const uint32_t gu_cut0 = p.gu_cut[0] * 1024u, gu_cut1 = p.gu_cut[1] * 1024u, dn_cut = p.dn_cut * 1024u;
   auto stage_to = [&](uint4* region, uint64_t* full, const uint4* block, uint32_t bytes) {
@@ -200,14 +197,7 @@ __global__ void __launch_bounds__(256, 1)
       } else if (overlapped && wg == 1 && t == 0 && layer + 1 < p.layers) {
         stage_fragments(sm.w, gu_of(layer + 1), gu_block * 16, &sm.w_full);
       }
-      if (wg == 0) {  // rows r, r + 8 of each warp's 16 are one feature's gate and up
-        const int warp = t / 32, lane = t % 32, feature = cta * 32 + 8 * warp + lane / 4;
-#pragma unroll
-        for (int i = 0; i < ACC; ++i) {
-          const int token = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
-          if (i % 4 < 2 && token < p.rows) p.act[token * FF + feature] = __float2bfloat16(gelu_tanh(d[i]) * d[i + 2]);
-        }
-      }
+      if (wg == 0) geglu_epilogue<FF>(d, p.act, cta, p.rows, t);
     }
     if (SLICE) {  // gate|up -> down by K slice: a unit's 32 features lie in slice cta / 16
       constexpr int GU_PER_SLICE = GU_TILES / DN_SPLITS;
@@ -250,15 +240,7 @@ __global__ void __launch_bounds__(256, 1)
         chunk(sm.dn.w, &sm.dn_full, dn_of(layer + 1), 0, dn_cut, DN_BYTES);
       } else if (overlapped && !paced && wg == 1 && t == 0 && layer + 1 < p.layers)
         stage_fragments(sm.dn.w, dn_of(layer + 1), dn_block * 16, &sm.dn_full);
-      if (wg == 0) {
-        const int warp = t / 32, lane = t % 32;
-#pragma unroll
-        for (int i = 0; i < ACC; ++i) {
-          const int feature = ft * 64 + 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
-          const int token = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
-          if (token < p.rows) p.part[(ks * p.rows + token) * WIDTH + feature] = d[i];
-        }
-      }
+      if (wg == 0) partial_epilogue<WIDTH>(d, p.part, ft, ks, p.rows, t);
     }
     mark(layer, 5);
     barrier_with(

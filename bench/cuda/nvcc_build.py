@@ -11,13 +11,11 @@ from pathlib import Path
 NVCC = ["nvcc", "-gencode", "arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC"]
 
 
-def build(name: str, symbol: str, argtypes: list, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
-    """`<name>.cu` beside this file, with `-D` macros `defines` -> a CDLL whose `symbol` returns a C
-    int error code."""
+def build(name: str, symbol: str, argtypes: list) -> ctypes.CDLL:
+    """`<name>.cu` beside this file -> a CDLL whose `symbol` returns a C int error code."""
     src = Path(__file__).with_name(f"{name}.cu")
     so = Path(tempfile.mkdtemp()) / f"{name}.so"
-    flags = [f"-D{d}" for d in defines]
-    subprocess.run([*NVCC, *flags, "-cudart", "shared", "-o", str(so), str(src)], check=True)
+    subprocess.run([*NVCC, "-cudart", "shared", "-o", str(so), str(src)], check=True)
     lib = ctypes.CDLL(str(so))
     fn = getattr(lib, symbol)
     fn.argtypes = argtypes

@@ -52,6 +52,14 @@ __device__ __forceinline__ void unstage_fragments(uint32_t (&w)[WJ][4], const ui
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // before the next TMA writes the region
 }
 
+// one thread: bytes [from, to) of a fragment block into `region`; with `all`, the first copy of the
+// block also tells the mbarrier how many bytes the whole block brings (a block copied in chunks)
+__device__ __forceinline__ void copy_chunk(uint4* region, uint64_t* full, const uint4* block, uint32_t from,
+                                           uint32_t to, uint32_t all) {
+  if (all) mbar_expect_tx(full, all);
+  if (to > from) bulk_load(region + from / 16, block + from / 16, to - from, full);
+}
+
 // thread 0: `boxes` activation boxes (columns from box x0 on) in one burst, each warpgroup's first
 // box first
 __device__ __forceinline__ void burst_load(Box* tiles, const CUtensorMap* map, uint64_t* full, int boxes, int nwg,
@@ -95,6 +103,35 @@ __device__ __forceinline__ void sum_warpgroups(float (&d)[ACC], float (*red)[ACC
 #pragma unroll
     for (int i = 0; i < ACC; ++i)
       for (int g = 0; g < NWG - 1; ++g) d[i] += red[g][i][t];
+  }
+}
+
+// The epilogues (warpgroup 0, holding the warpgroups' sum): m64n56 accumulator i of thread t is
+// M-row 16 warp + lane / 4 + 8 ((i / 2) % 2) and token 8 (i / 4) + 2 (lane % 4) + i % 2.
+
+// gate|up + GeGLU: rows r and r + 8 of each warp's 16 are one feature's gate and up; features
+// 32 tile .. into act [tokens][FF]
+template <int FF>
+__device__ __forceinline__ void geglu_epilogue(const float (&d)[ACC], __nv_bfloat16* act, int tile, int rows, int t) {
+  const int warp = t / 32, lane = t % 32, feature = tile * 32 + 8 * warp + lane / 4;
+#pragma unroll
+  for (int i = 0; i < ACC; ++i) {
+    const int token = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+    if (i % 4 < 2 && token < rows) act[token * FF + feature] = __float2bfloat16(gelu_tanh(d[i]) * d[i + 2]);
+  }
+}
+
+// a split-K GEMM: the fp32 partial of features 64 tile .. for K slice `split`, into part
+// [splits][rows][WIDTH]
+template <int WIDTH>
+__device__ __forceinline__ void partial_epilogue(const float (&d)[ACC], float* part, int tile, int split, int rows,
+                                                 int t) {
+  const int warp = t / 32, lane = t % 32;
+#pragma unroll
+  for (int i = 0; i < ACC; ++i) {
+    const int feature = tile * 64 + 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
+    const int token = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+    if (token < rows) part[(split * rows + token) * WIDTH + feature] = d[i];
   }
 }
 

@@ -303,9 +303,7 @@ class FlashRTNode(Node):
             if held is None
             else f"keeping the previous good message ({_stamp_str(held.stamp)})"
         )
-        self._throttle(
-            ("rejected", slot.topic, err.reason), "warning", f"input rejected: {err}; {keep}"
-        )
+        self._throttle(("rejected", slot.topic, err.reason), "warning", f"input rejected: {err}; {keep}")
 
     # ---- decisions -------------------------------------------------------------------------
     @property
