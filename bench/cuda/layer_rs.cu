@@ -160,12 +160,7 @@ __global__ void __launch_bounds__(256, 1)
   auto barrier_with = [&](auto work) {  // a grid barrier with `work` between arriving and waiting
     asm volatile("fence.proxy.async.global;" ::: "memory");  // this thread's stores, before TMA reads them
     __syncthreads();
-    target += grid;
-    if (tid == 0) grid_arrive(p.counter);
-    work();
-    __syncthreads();
-    if (tid == 0) grid_wait(p.counter, target);
-    __syncthreads();
+    arrive_work_wait(p.counter, target, grid, work);
   };
   auto none = [] {};
   if (qkv_busy && tid == 0) copy_chunk(sm.w, &sm.qkv_w, qkv_of(0), 0, QKV_BLOCK * 16, QKV_BLOCK * 16);

@@ -146,12 +146,7 @@ __global__ void __launch_bounds__(256, 1)
       asm volatile("bar.sync 4, 128;" ::: "memory");
     else if (!(overlapped && wg0_stores))
       __syncthreads();
-    target += grid;
-    if (tid == 0) grid_arrive(p.counter);
-    work();
-    __syncthreads();
-    if (tid == 0) grid_wait(p.counter, target);
-    __syncthreads();
+    arrive_work_wait(p.counter, target, grid, work);
   };
   if (ahead) {  // layer 0's weights: gate|up's into registers at the first norm's barrier
     if (gu_busy) stage(gu_of(0), gu_block * 16);

@@ -101,6 +101,19 @@ __device__ __forceinline__ void grid_barrier(unsigned int* counter, unsigned int
   grid_wait(counter, target);
 }
 
+// the CTA's half of a grid barrier of `grid` CTAs after its CTA sync: thread 0 arrives, every thread
+// runs `work` (e.g. taking staged weights into registers), then thread 0 waits and the CTA syncs
+template <class Work>
+__device__ __forceinline__ void arrive_work_wait(unsigned int* counter, unsigned int& target, unsigned int grid,
+                                                 Work work) {
+  target += grid;
+  if (threadIdx.x == 0) grid_arrive(counter);
+  work();
+  __syncthreads();
+  if (threadIdx.x == 0) grid_wait(counter, target);
+  __syncthreads();
+}
+
 // a contiguous global -> shared copy by the TMA engine (bytes: a multiple of 16), completing on bar
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
