@@ -78,10 +78,6 @@ UNKNOWN_PARAMETER = "unknown_parameter"
 """A parameter given at start that the node does not know (a typo in the params file?)."""
 
 
-WAKE_PERIOD_S = 0.25
-"""Longest wait of the executor between two wake-ups (bounds how late SIGINT is handled)."""
-
-
 class StartupError(RuntimeError):
     """The policy could not be built (checkpoint, tokenizer, device): exit with the reason."""
 
@@ -192,11 +188,6 @@ class FlashRTNode(Node):
         status_group = MutuallyExclusiveCallbackGroup()
         self._status_timer = self.create_timer(
             1.0 / self.cfg.status_rate_hz, self._on_status, callback_group=status_group, clock=steady
-        )
-        # and the executor's wait returns at least every WAKE_PERIOD_S whatever the status rate,
-        # so that SIGINT (handled between waits) stops the node promptly then too
-        self._wake_timer = self.create_timer(
-            WAKE_PERIOD_S, lambda: None, callback_group=MutuallyExclusiveCallbackGroup(), clock=steady
         )
 
     def _create_services(self) -> None:
@@ -309,7 +300,7 @@ class FlashRTNode(Node):
     @property
     def callback_threads(self) -> int:
         """Executor threads for every group to run at once: one per input, decisions, status,
-        services, the wake timer."""
+        our services, and the node's default group (parameter services, /clock)."""
         return len(self.slots) + 4
 
     def _on_decision(self) -> None:

@@ -7,29 +7,38 @@ way: stop spinning, wait for callbacks in flight, destroy the node, shut rclpy d
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import rclpy
 from rclpy.executors import ExternalShutdownException
 
+POLL_S = 0.1  # longest a signal waits for the executor's wait to return
+
 
 def spin_until_signal(executor: Any) -> None:
     """Spin until SIGINT or SIGTERM (``ros2 launch`` stops nodes with SIGINT, then SIGTERM).
     Call after ``rclpy.init(signal_handler_options=SignalHandlerOptions.NO)``: rclpy's own
     handlers shut the context down first, so nothing - e.g. the final stats line - could be
-    logged to /rosout on the way out."""
+    logged to /rosout on the way out.
 
-    def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+    The handler only sets a flag, checked between short waits: raising KeyboardInterrupt from
+    it (Python's default) lands at any bytecode of the executor's own code, e.g. between taking
+    a lock and the ``try`` that releases it, and can leave the executor unable to stop."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
 
     # Both explicitly: a process started in the background by a script inherits SIGINT as
     # ignored, and Python then leaves it ignored.
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
     try:
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
+        while not stop.is_set() and executor.context.ok():
+            executor.spin_once(timeout_sec=POLL_S)
+    except ExternalShutdownException:
         pass
 
 
