@@ -18,11 +18,12 @@ in alternating rounds:
 from __future__ import annotations
 
 import argparse
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
+from flashrt_ros.bench.parity import compare
 from flashrt_ros.bench.stages import random_fused
 from flashrt_ros.bench.timing import time_call, write_result
 from flashrt_ros.kernels.denoise_update import DenoiseUpdate
@@ -47,52 +48,46 @@ def steps_from(fused: FusedPi0, start: int) -> None:
         fused.expert_pass(step, h, DenoiseUpdate(x, *fused.action_out, dt, *nxt, silu=False))
 
 
+@contextmanager
+def qkv_hook(fused: FusedPi0, rows: slice, before=None, after=None):
+    """Calls `before(layer)` / `after(layer)` around each `_qkv_into_cache` call on `rows`
+    (the prefix's rows or the suffix's), for as long as the block runs."""
+    original = fused._qkv_into_cache
+
+    def qkv(layer, x_n, w, positions, spec, at, **kw):
+        if before is not None and at == rows:
+            before(layer)
+        q = original(layer, x_n, w, positions, spec, at, **kw)
+        if after is not None and at == rows:
+            after(layer)
+        return q
+
+    fused._qkv_into_cache = qkv
+    try:
+        yield
+    finally:
+        del fused._qkv_into_cache
+
+
 def step0_separate(fused: FusedPi0, wait=None) -> None:
     """noise -> actions after step 0, as separate kernels; `wait(i)` before the expert's layer i."""
     x = fused.actions
     x.copy_(fused.noise)
-    original = fused._qkv_into_cache
     own = slice(fused.prefix_rows, fused.prefix_rows + fused.cfg.suffix_len)
-
-    def qkv(layer, x_n, w, positions, spec, rows, **kw):
-        if wait is not None and rows == own:
-            wait(layer)
-        return original(layer, x_n, w, positions, spec, rows, **kw)
-
-    fused._qkv_into_cache = qkv
-    try:
+    with qkv_hook(fused, own, before=wait):
         euler_step(x, fused.velocity(0, x), -1.0 / fused.cfg.num_steps)
-    finally:
-        del fused._qkv_into_cache
 
 
 def overlapped(fused: FusedPi0, side: torch.cuda.Stream) -> None:
     main = torch.cuda.current_stream()
-    n = len(fused.prefix_layers)
-    events = [torch.cuda.Event() for _ in range(n)]
-    original = fused._qkv_into_cache
-    rows_prefix = slice(0, fused.prefix_rows)
-
-    def qkv(layer, x_n, w, positions, spec, rows, **kw):
-        q = original(layer, x_n, w, positions, spec, rows, **kw)
-        if rows == rows_prefix:
-            events[layer].record(main)
-        return q
-
+    events = [torch.cuda.Event() for _ in fused.prefix_layers]
     side.wait_stream(main)
-    fused._qkv_into_cache = qkv
-    try:
+    with qkv_hook(fused, slice(0, fused.prefix_rows), after=lambda i: events[i].record(main)):
         fused.prefix()
-    finally:
-        del fused._qkv_into_cache
     with torch.cuda.stream(side):
         step0_separate(fused, wait=lambda i: side.wait_event(events[i]))
     main.wait_stream(side)
     steps_from(fused, 1)
-
-
-def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    return F.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0).item()
 
 
 def main() -> None:
@@ -118,7 +113,7 @@ def main() -> None:
     for name, g in graphs.items():
         g.replay()
         torch.cuda.synchronize()
-        checks[name] = dict(cosine=cosine(fused.actions, ref), max_abs=(fused.actions - ref).abs().max().item())
+        checks[name] = compare(fused.actions, ref)
     graphs["prefix alone"] = cuda_graphs.capture(fused.prefix, dev)
     graphs["step 0 separate alone"] = cuda_graphs.capture(lambda: step0_separate(fused), dev)
     graphs["steps 1.. alone"] = cuda_graphs.capture(lambda: steps_from(fused, 1), dev)
