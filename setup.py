@@ -34,11 +34,12 @@ setup(
         "tqdm",
     ],
     extras_require={
-        # Decoding sensor_msgs/CompressedImage (JPEG/PNG) in the ROS node.
-        "ros": ["pillow"],
+        # Decoding sensor_msgs/CompressedImage in the ROS node: PNG by Pillow, JPEG by simplejpeg (strict:
+        # corrupt scan data is refused, where Pillow decodes it to garbage).
+        "ros": ["pillow", "simplejpeg"],
         # Fused GPU kernels (Triton usually comes with a CUDA build of torch already).
         "triton": ["triton"],
-        "test": ["pytest", "pytest-timeout", "pillow", "matplotlib"],
+        "test": ["pytest", "pytest-timeout", "pillow", "simplejpeg", "matplotlib"],
         # `flashrt bench`'s plot (the table and the JSON need nothing more).
         "bench": ["matplotlib"],
     },

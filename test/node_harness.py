@@ -55,6 +55,27 @@ def stamp_ns(stamp: Any) -> int:
     return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
 
 
+def corrupt_jpeg_scan(jpeg: bytes) -> bytes:
+    """Every third byte of a JPEG's entropy-coded scan zeroed (0x00 never makes a marker): the
+    file still parses and libjpeg only *warns* about the data, so a lenient decoder (Pillow)
+    returns garbage pixels without an error."""
+    sos = jpeg.index(b"\xff\xda")
+    scan = sos + 2 + int.from_bytes(jpeg[sos + 2 : sos + 4], "big")
+    data = bytearray(jpeg)
+    data[scan + 5 : len(data) - 2 : 3] = bytes(len(range(scan + 5, len(data) - 2, 3)))
+    return bytes(data)
+
+
+def jpeg_of(rgb: np.ndarray, quality: int = 90) -> bytes:
+    import io
+
+    from PIL import Image as PILImage
+
+    buf = io.BytesIO()
+    PILImage.fromarray(rgb).save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
+
+
 class NodeProcess:
     """``flashrt_node`` in a subprocess; its merged stdout/stderr lines are collected."""
 

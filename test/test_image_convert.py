@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from node_harness import corrupt_jpeg_scan
 from PIL import Image
 
 from flashrt_ros.ros import input_error as ie
@@ -305,6 +306,17 @@ def test_truncated_jpeg_fails_to_decode() -> None:
     msg = _compressed(Image.fromarray(_smooth_rgb()), "JPEG")
     msg.data = msg.data[: len(msg.data) // 2]
     assert _compressed_refusal(msg).reason == ie.DECODE_FAILED
+
+
+def test_corrupt_jpeg_data_is_refused_not_decoded_to_garbage() -> None:
+    msg = _compressed(Image.fromarray(_smooth_rgb()), "JPEG", quality=90)
+    msg.data = corrupt_jpeg_scan(msg.data)
+    with Image.open(io.BytesIO(msg.data)) as lenient:  # why a strict decoder: Pillow says nothing
+        assert np.asarray(lenient.convert("RGB")).shape == (48, 64, 3)
+    err = _compressed_refusal(msg)
+    assert err.reason == ie.DECODE_FAILED, err
+    assert f"could not decode {len(msg.data)} bytes labelled format='jpeg' as JPEG or PNG: " in str(err)
+    assert "Corrupt JPEG data" in str(err), str(err)
 
 
 def test_other_codecs_are_not_decoded() -> None:

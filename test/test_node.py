@@ -159,7 +159,7 @@ def test_invalid_runtime_parameters_are_refused_with_reasons(running):
         peer.set_parameters(policy="pi0_tiny")[0],
         peer.set_parameters(prompt=long_prompt)[0],
     )
-    assert not bad_rate.successful and bad_rate.reason == "rate_hz must be > 0 and <= 1000, got -1.0"
+    assert not bad_rate.successful and bad_rate.reason == "rate_hz must be >= 0.01 and <= 1000, got -1.0"
     assert not bad_prompt.successful and bad_prompt.reason.startswith("prompt is empty")
     assert not fixed.successful
     assert fixed.reason.startswith("policy is read-only at runtime: set it in the params file and restart the node")
@@ -169,7 +169,7 @@ def test_invalid_runtime_parameters_are_refused_with_reasons(running):
         r"expected a shorter instruction",
         too_long.reason,
     ), too_long.reason
-    node.wait_for_line("parameter change refused: rate_hz must be > 0 and <= 1000, got -1.0", since=mark)
+    node.wait_for_line("parameter change refused: rate_hz must be >= 0.01 and <= 1000, got -1.0", since=mark)
     assert peer.get_parameters("rate_hz", "policy", "prompt") == [10.0, "pi05_tiny", prompt]
     assert peer.wait_for_counter("", "invalid_parameter", above=before + 3) == before + 4
     # a value of the wrong type, and a name the node does not have (a typo): refused, counted
@@ -185,6 +185,51 @@ def test_invalid_runtime_parameters_are_refused_with_reasons(running):
     assert peer.get_parameters("rate_hz") == [10.0]
     start = len(peer.chunks)
     assert peer.pump(3.0, until=lambda: len(peer.chunks) > start + 2), "node stopped deciding"
+
+
+def test_tiny_rates_and_unused_qos_overrides_are_refused_at_runtime(running):
+    """1e-10 Hz passed validation once and killed the node in the timer update (a 1e19 ns period
+    does not fit rcl's int64); a qos_overrides name the node does not use was accepted and did
+    nothing. Now both are refused with the reason and counted, and the node keeps deciding."""
+    node, peer = running
+    invalid_before = peer.latest_counter("", "invalid_parameter")
+    unknown_before = peer.latest_counter("", "unknown_parameter")
+    rate, status = peer.set_parameters(rate_hz=1e-10)[0], peer.set_parameters(status_rate_hz=1e-10)[0]
+    assert not rate.successful and rate.reason == "rate_hz must be >= 0.01 and <= 1000, got 1e-10"
+    assert not status.successful and status.reason == "status_rate_hz must be >= 0.01 and <= 1000, got 1e-10"
+    qos_name = "qos_overrides./joint_states.subscription.reliability"
+    qos = peer.set_parameters(**{qos_name: "reliable"})[0]
+    assert not qos.successful and qos.reason.startswith(f"unknown parameter(s) ['{qos_name}']: not set"), qos.reason
+    assert peer.wait_for_counter("", "invalid_parameter", above=invalid_before + 1) == invalid_before + 2
+    assert peer.wait_for_counter("", "unknown_parameter", above=unknown_before) == unknown_before + 1
+    assert node.proc.poll() is None, node.tail()
+    assert peer.get_parameters("rate_hz", "status_rate_hz", qos_name)[:2] == [10.0, TEST_PARAMS["status_rate_hz"]]
+    start = len(peer.chunks)
+    assert peer.pump(3.0, until=lambda: len(peer.chunks) > start + 2), "node stopped deciding"
+
+
+def test_a_change_that_cannot_be_applied_leaves_everything_as_it_was(rclpy_context):
+    """The runtime path applies all of a change or none: with validation bypassed (the on-set
+    callback removed), 1e-10 Hz fails in the timer update; the status rate set with it in one
+    atomic call is not applied either, the parameters read back their old values, and the
+    failure is counted as invalid_parameter. The node here runs in this process (real rclpy)."""
+    from rclpy.parameter import Parameter
+
+    from flashrt_ros.ros.node import INVALID_PARAMETER, FlashRTNode
+
+    overrides = [Parameter(name, value=value) for name, value in TEST_PARAMS.items()]
+    node = FlashRTNode(context=rclpy_context, parameter_overrides=overrides)
+    try:
+        cfg = node.cfg
+        periods = (node._decision_timer.timer_period_ns, node._status_timer.timer_period_ns)
+        node.remove_on_set_parameters_callback(node._on_set_parameters)
+        node.set_parameters_atomically([Parameter("status_rate_hz", value=2.0), Parameter("rate_hz", value=1e-10)])
+        assert node.cfg == cfg
+        assert (node._decision_timer.timer_period_ns, node._status_timer.timer_period_ns) == periods
+        assert [node.get_parameter(n).value for n in ("rate_hz", "status_rate_hz")] == [10.0, 5.0]
+        assert node.invalid[("", INVALID_PARAMETER)] == 1
+    finally:
+        node.destroy_node()
 
 
 def test_capsule_services(running):

@@ -271,11 +271,73 @@ def test_invalid_parameter_at_start_exits_with_the_reasons(ros_env, tmp_path):
     assert code == 2, output
     assert "not starting: invalid parameters:" in output
     for reason in (
-        "rate_hz must be > 0 and <= 1000, got -5.0",
+        "rate_hz must be >= 0.01 and <= 1000, got -5.0",
         "camera_transports ['mjpeg'] not understood; expected each to be raw or compressed",
         "joint_names lists ['a'] more than once; expected each joint once",
     ):
         assert reason in output, f"missing reason {reason!r} in:\n{output}"
+
+
+def test_tiny_rates_and_topics_that_resolve_alike_exit_2_with_the_reasons(ros_env, tmp_path):
+    """Rates whose timer period overflows rcl's int64 and a step of 0 ns crashed (or published
+    all trajectory points at time 0); one camera spelled relative and absolute in the node's
+    namespace fed two views; a token starting with a digit crashed in resolve_topic_name."""
+    ns = new_namespace()
+    params = {
+        **TEST_PARAMS,
+        "rate_hz": 1e-10,
+        "status_rate_hz": 1e-10,
+        "step_duration_s": 1e-10,
+        "camera_topics": [CAMERAS[0], f"{ns}/{CAMERAS[0]}"],
+        "joint_state_topic": "robot/1joints",
+    }
+    code, output = exit_output(NodeProcess(ros_env, tmp_path, ns, params))
+    assert code == 2 and "Traceback" not in output, output
+    for reason in (
+        "rate_hz must be >= 0.01 and <= 1000, got 1e-10",
+        "status_rate_hz must be >= 0.01 and <= 1000, got 1e-10",
+        "step_duration_s must be >= 1e-06 and <= 60, got 1e-10",
+        f"camera_topics[0] '{CAMERAS[0]}' and camera_topics[1] '{ns}/{CAMERAS[0]}' both resolve to "
+        f"{ns}/{CAMERAS[0]}; expected each camera on a topic of its own",
+        "joint_state_topic: 'robot/1joints' is not a valid ROS topic name: topic name token must not start with a "
+        "number",
+    ):
+        assert reason in output, f"missing reason {reason!r} in:\n{output}"
+
+
+def test_topics_rcl_refuses_or_of_clashing_types_exit_2_with_the_reasons(ros_env, tmp_path):
+    """A tilde not followed by '/', an unmatched brace, and joint states on a camera's topic
+    (rcl: "invalid allocator", the type clash buried) crashed at start with a raw RCLError."""
+    params = {**TEST_PARAMS, "camera_topics": ["~cam", "cam{", CAMERAS[1]], "joint_state_topic": CAMERAS[1]}
+    ns = new_namespace()
+    code, output = exit_output(NodeProcess(ros_env, tmp_path, ns, params))
+    assert code == 2 and "Traceback" not in output, output
+    for reason in (
+        "camera_topics: '~cam' is not a valid ROS topic name: topic name must not have a tilde '~' that is not "
+        "followed by a forward slash '/'",
+        "camera_topics: 'cam{' is not a valid ROS topic name: topic name must not have unmatched (unbalanced) "
+        "curly braces '{}'",
+        f"camera_topics[2] '{CAMERAS[1]}' and joint_state_topic '{CAMERAS[1]}' both resolve to {ns}/{CAMERAS[1]}, "
+        "which cannot carry sensor_msgs/msg/Image and sensor_msgs/msg/JointState at once; "
+        "expected a topic of its own for each",
+    ):
+        assert reason in output, f"missing reason {reason!r} in:\n{output}"
+
+
+def test_compressed_cameras_without_simplejpeg_exit_1_saying_so(ros_env, tmp_path):
+    """JPEG is decoded strictly by simplejpeg only: a node without it would refuse every JPEG
+    frame, so it says so at start. sitecustomize hides the installed package from the node."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['simplejpeg'] = None\n")
+    env = {**ros_env, "PYTHONPATH": f"{hide}:{ros_env.get('PYTHONPATH', '')}"}
+    params = {**TEST_PARAMS, "camera_transports": ["raw", "compressed"]}
+    code, output = exit_output(NodeProcess(env, tmp_path, new_namespace(), params))
+    assert code == 1 and "Traceback" not in output, output
+    assert (
+        "not starting: camera_transports has compressed cameras, whose JPEG frames need the simplejpeg package "
+        "(strict decoding): pip install simplejpeg" in output
+    ), output
 
 
 def test_params_file_rcl_cannot_parse_exits_2_without_a_traceback(ros_env, tmp_path):
@@ -491,7 +553,8 @@ def test_checkpoint_whose_actions_overflow_publishes_nothing_and_keeps_serving(r
 def test_compressed_camera_refusals(ros_env, rclpy_context, tmp_path):
     """camera_transports compressed (sensor_msgs/CompressedImage over DDS): data the decoder
     rejects and a codec the node does not decode are refused by name; PNG frames are used."""
-    from node_harness import running_node_and_peer
+    import numpy as np
+    from node_harness import corrupt_jpeg_scan, jpeg_of, running_node_and_peer
 
     transports = ["compressed", "raw"]
     with running_node_and_peer(ros_env, tmp_path, rclpy_context, camera_transports=transports) as running:
@@ -503,6 +566,18 @@ def test_compressed_camera_refusals(ros_env, rclpy_context, tmp_path):
             lambda: peer.publish_camera(0, peer.compressed(data=b"not an image at all"), good=False),
             "decode_failed",
             "could not decode 19 bytes labelled format='png' as JPEG or PNG: ",
+        )
+        # libjpeg only warns about corrupt scan data (Pillow decoded it to garbage): refused too
+        yy, xx = np.mgrid[0 : HW[0], 0 : HW[1]]
+        gradient = np.stack([xx * 8, yy * 10, (xx + yy) * 4], -1).clip(0, 255).astype(np.uint8)
+        corrupt = corrupt_jpeg_scan(jpeg_of(gradient))
+        refused(
+            running,
+            CAMERAS[0],
+            lambda: peer.publish_camera(0, peer.compressed(data=corrupt, fmt="jpeg"), good=False),
+            "decode_failed",
+            f"could not decode {len(corrupt)} bytes labelled format='jpeg' as JPEG or PNG: "
+            "ValueError: Corrupt JPEG data",
         )
         refused(
             running,

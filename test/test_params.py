@@ -12,6 +12,7 @@ from flashrt_ros.ros.params import (
     RUNTIME,
     NodeConfig,
     check_update,
+    expand_in_namespace,
     load_yaml_parameters,
     unknown_names,
 )
@@ -35,10 +36,13 @@ def test_defaults_are_the_embedded_demo():
 @pytest.mark.parametrize(
     ("values", "reason"),
     [
-        ({"rate_hz": 0.0}, "rate_hz must be > 0 and <= 1000, got 0.0"),
+        ({"rate_hz": 0.0}, "rate_hz must be >= 0.01 and <= 1000, got 0.0"),
+        # a 1e19 ns timer period does not fit rcl's int64: refused, not a crash of the node
+        ({"rate_hz": 1e-10}, "rate_hz must be >= 0.01 and <= 1000, got 1e-10"),
+        ({"status_rate_hz": 1e-10}, "status_rate_hz must be >= 0.01 and <= 1000, got 1e-10"),
         ({"rate_hz": "fast"}, "rate_hz must be a number, got str 'fast'"),
         ({"max_age_s": -1.0}, "max_age_s must be > 0"),
-        ({"status_rate_hz": float("nan")}, "status_rate_hz must be > 0"),
+        ({"status_rate_hz": float("nan")}, "status_rate_hz must be >= 0.01"),
         ({"prompt": "  "}, "prompt is empty"),
         ({"policy": "pi1"}, "policy must be one of pi05, pi0, pi05_tiny, pi0_tiny, got 'pi1'"),
         ({"policy": "pi05"}, "tokenizer is empty: policy 'pi05' needs PaliGemma's tokenizer.model"),
@@ -57,8 +61,16 @@ def test_defaults_are_the_embedded_demo():
         ({"seed": -1}, "seed must be >= 0"),
         ({"seed": 1.5}, "seed must be an integer, got float 1.5"),
         ({"camera_topics": []}, "camera_topics is empty"),
-        ({"camera_topics": ["a", "a"]}, "camera_topics lists ['a'] more than once"),
-        ({"camera_topics": ["bad topic"]}, "camera_topics: 'bad topic' is not a valid ROS topic name"),
+        (
+            {"camera_topics": ["a", "a"]},
+            "camera_topics[0] 'a' and camera_topics[1] 'a' both resolve to /a; "
+            "expected each camera on a topic of its own",
+        ),
+        (
+            {"camera_topics": ["bad topic"]},
+            "camera_topics: 'bad topic' is not a valid ROS topic name: topic name must not contain characters other "
+            "than alphanumerics",
+        ),
         ({"camera_transports": ["raw"]}, "camera_transports has 1 entries for 3 camera_topics"),
         ({"camera_transports": ["raw", "raw", "theora"]}, "camera_transports ['theora'] not understood"),
         ({"image_height": 480}, "image_height=480, image_width=0: set both"),
@@ -66,13 +78,72 @@ def test_defaults_are_the_embedded_demo():
         ({"joint_names": ["a", "b", "a"]}, "joint_names lists ['a'] more than once"),
         ({"joint_names": [f"j{i}" for i in range(33)]}, "joint_names has 33 joints; pi05_tiny takes at most 32"),
         ({"action_joint_names": ["x", ""]}, "action_joint_names has an empty name"),
-        ({"step_duration_s": 0}, "step_duration_s must be > 0"),
+        ({"step_duration_s": 0}, "step_duration_s must be >= 1e-06 and <= 60, got 0.0"),
+        # all the trajectory's points would be at time_from_start 0
+        ({"step_duration_s": 1e-10}, "step_duration_s must be >= 1e-06 and <= 60, got 1e-10"),
         ({"joint_state_topic": "/joint states"}, "joint_state_topic: '/joint states' is not a valid ROS topic name"),
     ],
 )
 def test_invalid_values_have_precise_reasons(values, reason):
     found = problems(**values)
     assert any(reason in p for p in found), found
+
+
+@pytest.mark.ros  # rcl's rules, through rclpy
+@pytest.mark.parametrize(
+    ("values", "reason"),
+    [
+        (
+            {"camera_topics": ["~cam", "b", "c"]},
+            "camera_topics: '~cam' is not a valid ROS topic name: "
+            "topic name must not have a tilde '~' that is not followed by a forward slash '/'",
+        ),
+        (
+            {"joint_state_topic": "robot/1joints"},
+            "joint_state_topic: 'robot/1joints' is not a valid ROS topic name: "
+            "topic name token must not start with a number",
+        ),
+        (
+            {"camera_topics": ["cam{", "b", "c"]},
+            "camera_topics: 'cam{' is not a valid ROS topic name: "
+            "topic name must not have unmatched (unbalanced) curly braces '{}'",
+        ),
+        (
+            {"joint_state_topic": "a" * 300},
+            f"joint_state_topic: {'a' * 40!r}... (300 characters) is not a valid ROS topic name: "
+            "topic length should not exceed",
+        ),
+        (
+            {"joint_state_topic": "cam_high/image_raw"},
+            "camera_topics[0] 'cam_high/image_raw' and joint_state_topic 'cam_high/image_raw' both resolve to "
+            "/cam_high/image_raw, which cannot carry sensor_msgs/msg/Image and sensor_msgs/msg/JointState at once; "
+            "expected a topic of its own for each",
+        ),
+        (
+            {"camera_topics": ["a", "b", "~/status"], "camera_transports": ["raw", "raw", "compressed"]},
+            "camera_topics[2] '~/status' and the node's output '~/status' both resolve to /flashrt_node/status, "
+            "which cannot carry flashrt_ros/msg/PipelineStatus and sensor_msgs/msg/CompressedImage at once",
+        ),
+    ],
+)
+def test_topic_names_judged_by_rcl_rules(values, reason):
+    found = problems(**values)
+    assert any(reason in p for p in found), found
+
+
+@pytest.mark.ros
+def test_topics_compared_by_resolved_name():
+    """One camera spelled relative and absolute in the node's namespace: one topic, two views."""
+    cfg = NodeConfig.from_values({"camera_topics": ["cam0/image_raw", "/robot1/cam0/image_raw", "cam1"]})
+    assert cfg.validate(check_paths=False) == []  # in the root namespace they differ
+    assert cfg.validate(check_paths=False, resolve=expand_in_namespace("/robot1")) == [
+        "camera_topics[0] 'cam0/image_raw' and camera_topics[1] '/robot1/cam0/image_raw' both resolve to "
+        "/robot1/cam0/image_raw; expected each camera on a topic of its own"
+    ]
+    # a runtime change is judged in the node's namespace too (no false duplicate from the root one)
+    fine_in_ns = NodeConfig.from_values({"camera_topics": ["cam0", "/cam0", "cam1"]})
+    assert check_update(fine_in_ns, {"rate_hz": 5.0}, resolve=expand_in_namespace("/robot1")) is None
+    assert "both resolve to /cam0" in check_update(fine_in_ns, {"rate_hz": 5.0})
 
 
 def test_all_problems_reported_at_once():
@@ -101,7 +172,8 @@ def test_runtime_changes_allowed_and_refused():
     assert RUNTIME == {"rate_hz", "max_age_s", "prompt", "status_rate_hz", "stats_log_period_s", "log_throttle_s"}
     assert check_update(cfg, {"rate_hz": 5, "prompt": "fold the towel"}) is None
     assert check_update(cfg, {"use_sim_time": True}) is None  # not ours: rclpy's business
-    assert "rate_hz must be > 0" in check_update(cfg, {"rate_hz": -1.0})
+    assert "rate_hz must be >= 0.01" in check_update(cfg, {"rate_hz": -1.0})
+    assert check_update(cfg, {"status_rate_hz": 1e-10}) == "status_rate_hz must be >= 0.01 and <= 1000, got 1e-10"
     reason = check_update(cfg, {"policy": "pi0_tiny", "rate_hz": 5.0})
     assert reason.startswith("policy is read-only at runtime: set it in the params file and restart the node")
     reason = check_update(cfg, {"camera_topics": ["a"], "device": "cpu"})
@@ -120,7 +192,10 @@ def test_yaml_sections_wildcard_then_node(tmp_path):
 
 
 def test_unknown_names_spot_typos():
-    assert unknown_names({"rate_h", "rate_hz", "use_sim_time", "qos_overrides./x.reliability"}) == ["rate_h"]
+    names = {"rate_h", "rate_hz", "use_sim_time", "qos_overrides./x.reliability"}
+    assert unknown_names(names) == ["rate_h"]  # at start: a shared /** section may hold others' QoS
+    # at runtime the node has no qos_overrides (its QoS is fixed): a set of one would do nothing
+    assert unknown_names(names, runtime=True) == ["qos_overrides./x.reliability", "rate_h"]
 
 
 def test_every_parameter_documented():

@@ -2,7 +2,7 @@
 
 The policy takes RGB uint8 frames. cv_bridge is not installable next to pip ROS wheels
 (and pulls OpenCV), so the few encodings robot cameras publish are converted here with
-numpy alone (JPEG/PNG with Pillow). The functions only read attributes, so they work on
+numpy alone (JPEG with simplejpeg, PNG with Pillow). The functions only read attributes, so they work on
 real rclpy messages and on plain objects in tests.
 
 Conversion rules (the policy sees what these say, so they are part of the contract):
@@ -151,18 +151,19 @@ def compressed_to_rgb(
     the high byte (as ``mono16``). ``compressedDepth`` and other codecs -> ``bad_encoding``;
     data the decoder rejects -> ``decode_failed``; wrong size -> ``bad_size`` (checked
     from the header, before decoding).
+
+    JPEG is decoded strictly (libjpeg-turbo through simplejpeg): libjpeg *warns* about
+    corrupt entropy-coded data and goes on, and Pillow then returns garbage pixels without
+    an error; here any such warning refuses the frame. PNG (CRC-checked) goes to Pillow.
     """
     _check_compressed_format(str(msg.format), source)
-    from PIL import Image  # local: only nodes with compressed inputs need Pillow
-
     expected = _expected_hw(expected_hw, out)
+    data = _bytes_like(msg.data)
     try:
-        with Image.open(io.BytesIO(_bytes_like(msg.data)), formats=("JPEG", "PNG")) as img:
-            _check_expected((img.height, img.width), expected, source)
-            rgb = _pil_to_rgb(img)
+        rgb = _decode_jpeg(data, expected, source) if _is_jpeg(data) else _decode_png(data, expected, source)
     except InputError:
         raise
-    except Exception as exc:  # Pillow raises OSError, SyntaxError, ValueError, ... per codec
+    except Exception as exc:  # the decoders raise OSError, SyntaxError, ValueError, ... per codec
         raise InputError(
             DECODE_FAILED,
             source,
@@ -170,6 +171,28 @@ def compressed_to_rgb(
             f"as JPEG or PNG: {type(exc).__name__}: {exc}",
         ) from exc
     return _finish(rgb, out)
+
+
+def _is_jpeg(data: Any) -> bool:
+    return bytes(memoryview(data)[:2]) == b"\xff\xd8"  # SOI marker
+
+
+def _decode_jpeg(data: Any, expected: tuple[int, int] | None, source: str) -> np.ndarray:
+    """Size from the header (refused before decoding), then a strict decode: simplejpeg's
+    ``strict=True`` raises on libjpeg's recoverable errors ("Corrupt JPEG data: ...")."""
+    import simplejpeg  # local: only nodes with compressed inputs need it (a dependency of them)
+
+    height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+    _check_expected((height, width), expected, source)
+    return simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True)
+
+
+def _decode_png(data: Any, expected: tuple[int, int] | None, source: str) -> np.ndarray:
+    from PIL import Image  # local: only nodes with compressed inputs need Pillow
+
+    with Image.open(io.BytesIO(data), formats=("PNG",)) as img:
+        _check_expected((img.height, img.width), expected, source)
+        return _pil_to_rgb(img)
 
 
 # --- validation -------------------------------------------------------------------

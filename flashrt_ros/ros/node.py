@@ -19,7 +19,9 @@ topic and reason) with what was wrong and what was expected.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import math
 import sys
 import threading
 import time
@@ -39,6 +41,7 @@ from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.logging import get_logger
 from rclpy.node import Node
+from rclpy.parameter import Parameter
 from rclpy.qos import qos_profile_sensor_data
 from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import CompressedImage, Image, JointState
@@ -61,6 +64,7 @@ from flashrt_ros.ros.params import (
     NodeConfig,
     check_update,
     declare_parameters,
+    rcl_reason,
     unknown_names,
 )
 from flashrt_ros.ros.process import run_until_signal
@@ -96,10 +100,11 @@ class FlashRTNode(Node):
         super().__init__(NODE_NAME, **node_kwargs)
         declare_parameters(self)
         self.cfg = NodeConfig.from_parameters(self)
-        problems = self.cfg.validate()
+        problems = self.cfg.validate(resolve=self._resolve_topic)
         if problems:
             raise ConfigError(problems)
         unknown = self._warn_unknown_parameters()
+        check_decoders(self.cfg)
         self.stats_window = stats_window
         self.state, self.description = build_pipeline_state(self.cfg)
         self._lock = threading.Lock()  # counters and conversion stats (sensor threads)
@@ -127,6 +132,14 @@ class FlashRTNode(Node):
                 f"ignoring unknown parameters {unknown} (typo in the params file?); known: {', '.join(PARAMETERS)}"
             )
         return unknown
+
+    def _resolve_topic(self, topic: str) -> str:
+        """The full name the node will use (namespace and remappings applied), so that validation
+        sees what rcl will: its refusal becomes a ValueError with rcl's reason, not a traceback."""
+        try:
+            return self.resolve_topic_name(topic)
+        except RCLError as exc:
+            raise ValueError(rcl_reason(exc)) from exc
 
     def _reset_counters(self) -> None:
         self.decisions = 0
@@ -527,13 +540,13 @@ class FlashRTNode(Node):
     # ---- parameters ------------------------------------------------------------------------
     def _on_set_parameters(self, params: list) -> SetParametersResult:
         changes = {p.name: p.value for p in params}
-        unknown = unknown_names(set(changes))
+        unknown = unknown_names(set(changes), runtime=True)
         if unknown:
             reason = f"unknown parameter(s) {unknown}: not set; known: {', '.join(PARAMETERS)}"
             self._count_node_wide(UNKNOWN_PARAMETER)
             self.get_logger().warning(f"parameter change refused: {reason}")
             return SetParametersResult(successful=False, reason=reason)
-        reason = check_update(self.cfg, changes)
+        reason = check_update(self.cfg, changes, resolve=self._resolve_topic)
         if reason is None and isinstance(changes.get("prompt"), str):
             reason = self.state.pipeline.policy.prompt_problem(changes["prompt"], len(self.cfg.joint_names))
         if reason is None:
@@ -546,14 +559,47 @@ class FlashRTNode(Node):
         changes = {p.name: p.value for p in params if p.name in PARAMETERS}
         if not changes:
             return
-        old, self.cfg = self.cfg, self.cfg.with_values(changes)
-        if self.cfg.rate_hz != old.rate_hz:
-            _set_period(self._decision_timer, self.cfg.rate_hz)
-        if self.cfg.status_rate_hz != old.status_rate_hz:
-            _set_period(self._status_timer, self.cfg.status_rate_hz)
-        self._throttle.period_s = self.cfg.log_throttle_s
-        diff = ", ".join(f"{n} {getattr(old, n)!r} -> {getattr(self.cfg, n)!r}" for n in changes)
-        self.get_logger().info(f"parameters changed: {diff}")
+        old, new = self.cfg, self.cfg.with_values(changes)
+        try:
+            self._apply_timer_rates(old, new)
+        except Exception as exc:  # validation should prevent it; if not, keep the old values whole
+            self._undo_parameters(old, changes, exc)
+            return
+        self.cfg = new
+        self._throttle.period_s = new.log_throttle_s
+        diff = ", ".join(
+            f"{n} {getattr(old, n)!r} -> {getattr(new, n)!r}" for n in changes if getattr(old, n) != getattr(new, n)
+        )
+        if diff:
+            self.get_logger().info(f"parameters changed: {diff}")
+
+    def _apply_timer_rates(self, old: NodeConfig, new: NodeConfig) -> None:
+        """Both timers to the new rates, or neither: every period is computed (and range-checked)
+        before a timer changes, and a timer already changed is put back if the next one fails."""
+        timers = [
+            (self._decision_timer, old.rate_hz, new.rate_hz),
+            (self._status_timer, old.status_rate_hz, new.status_rate_hz),
+        ]
+        changed = [(timer, _period_ns(before), _period_ns(after)) for timer, before, after in timers if before != after]
+        done: list[tuple[Any, int]] = []
+        try:
+            for timer, before_ns, after_ns in changed:
+                _set_period(timer, after_ns)
+                done.append((timer, before_ns))
+        except Exception:
+            for timer, before_ns in done:
+                _set_period(timer, before_ns)
+            raise
+
+    def _undo_parameters(self, old: NodeConfig, changes: dict[str, Any], exc: Exception) -> None:
+        """A change that passed validation but could not be applied: nothing of it stays in use,
+        the parameters read back their old values, and it is counted and logged as refused."""
+        self._count_node_wide(INVALID_PARAMETER)
+        self.get_logger().error(
+            f"parameter change not applied ({', '.join(sorted(changes))} keep their previous values): "
+            f"{type(exc).__name__}: {exc}"
+        )
+        self.set_parameters([Parameter(name, value=getattr(old, name)) for name in changes])
 
     # ---- services --------------------------------------------------------------------------
     def _on_reset(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
@@ -670,6 +716,16 @@ def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
     return PipelineState(pipeline, cfg.seed), description
 
 
+def check_decoders(cfg: NodeConfig) -> None:
+    """Compressed cameras need simplejpeg (JPEG strictly decoded, see image_convert): say so at
+    start (exit 1, like a missing PyTorch) rather than refusing every frame later."""
+    if "compressed" in cfg.transports and importlib.util.find_spec("simplejpeg") is None:
+        raise StartupError(
+            "camera_transports has compressed cameras, whose JPEG frames need the simplejpeg package "
+            "(strict decoding): pip install simplejpeg"
+        )
+
+
 def policy_problems(policy: Any, kind: str, cfg: NodeConfig) -> list[str]:
     """Where the built policy does not fit the parameters: the checkpoint's kind against the
     `policy` preset, camera views, joints against the checkpoint's statistics, the prompt."""
@@ -718,8 +774,16 @@ def resolve_device(device: str, cuda_available: bool) -> str:
     return device
 
 
-def _set_period(timer: Any, rate_hz: float) -> None:
-    timer.timer_period_ns = round(1e9 / rate_hz)
+def _period_ns(rate_hz: float) -> int:
+    """A timer period in ns; rcl holds it as int64, which a tiny rate would overflow."""
+    period_ns = round(1e9 / rate_hz) if math.isfinite(rate_hz) and rate_hz > 0 else 0
+    if not 0 < period_ns < 2**63:
+        raise ValueError(f"{rate_hz!r} Hz is not a timer period rcl can hold (1 ns to 2^63 ns)")
+    return period_ns
+
+
+def _set_period(timer: Any, period_ns: int) -> None:
+    timer.timer_period_ns = period_ns
     timer.reset()  # restart the period now (rcl keeps the old next-call time otherwise)
 
 

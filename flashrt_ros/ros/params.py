@@ -19,8 +19,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,28 @@ PRECISIONS = ("float32", "bfloat16")
 BACKENDS = ("auto", "fused", "reference")
 TRANSPORTS = ("raw", "compressed")
 MAX_RATE_HZ = 1000.0
+MIN_RATE_HZ = 0.01
+"""Slowest decision and status rate (one per 100 s): no robot needs less, and rcl timers take
+their period as int64 nanoseconds, which a rate like 1e-10 Hz (a 1e19 ns period) overflows."""
+MIN_STEP_DURATION_S = 1e-6
+"""Shortest time between the actions of a chunk: the trajectory's points are then at least 1 us
+apart (its time_from_start is in ns), so controllers see strictly increasing times."""
+
+Resolver = Callable[[str], str]
+"""A topic name as written -> its fully resolved name; raises ValueError with rcl's reason."""
+
+OUTPUTS = {
+    "~/action_chunk": "flashrt_ros/msg/ActionChunk",
+    "~/joint_trajectory": "trajectory_msgs/msg/JointTrajectory",
+    "~/status": "flashrt_ros/msg/PipelineStatus",
+    "/diagnostics": "diagnostic_msgs/msg/DiagnosticArray",
+}
+"""The node's publishers: an input resolving to one of them would clash in type."""
+INPUT_TYPES = {
+    "raw": "sensor_msgs/msg/Image",
+    "compressed": "sensor_msgs/msg/CompressedImage",
+    "joints": "sensor_msgs/msg/JointState",
+}
 
 ALOHA_JOINTS = [
     f"{side}_{joint}"
@@ -130,9 +153,11 @@ class NodeConfig:
         return dataclasses.asdict(self)
 
     # ---- validation ------------------------------------------------------------------------
-    def validate(self, check_paths: bool = True) -> list[str]:
+    def validate(self, check_paths: bool = True, resolve: Resolver | None = None) -> list[str]:
         """Every problem, one sentence each (empty list = valid). ``check_paths=False`` skips
-        the existence of checkpoint/tokenizer files (for example configs checked off-robot)."""
+        the existence of checkpoint/tokenizer files (for example configs checked off-robot).
+        ``resolve`` gives topics their full names as the node will (its namespace and
+        remappings); without one they are expanded by rcl's rules in the root namespace."""
         mistyped = _type_problems(self)
         problems = list(mistyped.values())
         # Judge the other values with the mistyped ones at their defaults, so one run
@@ -140,6 +165,7 @@ class NodeConfig:
         cfg = dataclasses.replace(self, **{name: getattr(NodeConfig(), name) for name in mistyped})
         for check in (_check_policy, _check_cameras, _check_joints, _check_rates, _check_text):
             problems += check(cfg)
+        problems += _check_topics(cfg, resolve or expand_in_namespace())
         if check_paths:
             problems += _check_paths(cfg)
         return problems
@@ -176,12 +202,14 @@ PARAMETERS: dict[str, ParamInfo] = {
     "joint_state_topic": ParamInfo("sensor_msgs/JointState topic"),
     "joint_names": ParamInfo("joints of the state vector, in the policy's order (picked by name)"),
     "action_joint_names": ParamInfo("names of the action dimensions, in output order; [] = joint_names"),
-    "rate_hz": ParamInfo(f"decision rate in Hz, (0, {MAX_RATE_HZ:g}]", runtime=True),
+    "rate_hz": ParamInfo(f"decision rate in Hz, [{MIN_RATE_HZ:g}, {MAX_RATE_HZ:g}]", runtime=True),
     "max_age_s": ParamInfo("inputs older than this (header stamp vs node clock) are not used, s > 0", runtime=True),
     "prompt": ParamInfo("task instruction given to the policy (non-empty)", runtime=True),
-    "step_duration_s": ParamInfo("time between consecutive actions of a chunk, s > 0"),
+    "step_duration_s": ParamInfo(f"time between consecutive actions of a chunk, s >= {MIN_STEP_DURATION_S:g}"),
     "frame_id": ParamInfo("header.frame_id of the published chunks and trajectories"),
-    "status_rate_hz": ParamInfo("PipelineStatus and /diagnostics rate in Hz, > 0", runtime=True),
+    "status_rate_hz": ParamInfo(
+        f"PipelineStatus and /diagnostics rate in Hz, [{MIN_RATE_HZ:g}, {MAX_RATE_HZ:g}]", runtime=True
+    ),
     "stats_log_period_s": ParamInfo("log per-stage timings every this many seconds; 0 = never", runtime=True),
     "log_throttle_s": ParamInfo(
         "repeat a warning about the same topic and reason at most this often, s >= 0", runtime=True
@@ -209,9 +237,10 @@ def declare_parameters(node: Any) -> None:
             node.set_parameters([Parameter(name, Parameter.Type.STRING_ARRAY, [])])
 
 
-def check_update(current: NodeConfig, changes: Mapping[str, Any]) -> str | None:
+def check_update(current: NodeConfig, changes: Mapping[str, Any], resolve: Resolver | None = None) -> str | None:
     """Why a runtime change of our parameters must be refused, or None to accept it.
-    Names that are not ours (use_sim_time, qos overrides) are left to rclpy."""
+    Names that are not ours (use_sim_time) are left to rclpy. ``resolve``: as for validate
+    (the running node's, so that its topics are judged in its namespace)."""
     ours = {name: value for name, value in changes.items() if name in PARAMETERS}
     fixed = sorted(name for name in ours if name not in RUNTIME)
     if fixed:
@@ -220,14 +249,20 @@ def check_update(current: NodeConfig, changes: Mapping[str, Any]) -> str | None:
             "set it in the params file and restart the node "
             f"(changeable at runtime: {', '.join(sorted(RUNTIME))})"
         )
-    problems = current.with_values(ours).validate(check_paths=False)
+    problems = current.with_values(ours).validate(check_paths=False, resolve=resolve)
     return "; ".join(problems) if problems else None
 
 
-def unknown_names(names: list[str] | set[str]) -> list[str]:
-    """Parameter names that are not ours (typos in a params file); rclpy's own are excluded."""
+def unknown_names(names: list[str] | set[str], runtime: bool = False) -> list[str]:
+    """Parameter names that are not ours (typos); rclpy's ``use_sim_time`` is excluded.
+
+    ``qos_overrides.*`` are let through at start, where a shared ``/**`` section may hold them
+    for other nodes; this node enables no QoS overrides (its QoS is fixed), so at runtime
+    (``runtime=True``) such a set would change nothing and is unknown like any other name."""
     return sorted(
-        n for n in names if n not in PARAMETERS and n != "use_sim_time" and not n.startswith("qos_overrides.")
+        n
+        for n in names
+        if n not in PARAMETERS and n != "use_sim_time" and (runtime or not n.startswith("qos_overrides."))
     )
 
 
@@ -329,7 +364,6 @@ def _check_cameras(cfg: NodeConfig) -> list[str]:
     problems = []
     if not cfg.camera_topics:
         problems.append("camera_topics is empty; expected at least one camera topic")
-    problems += _topic_problems("camera_topics", cfg.camera_topics)
     if cfg.camera_transports and len(cfg.camera_transports) != len(cfg.camera_topics):
         problems.append(
             f"camera_transports has {len(cfg.camera_transports)} entries for {len(cfg.camera_topics)} "
@@ -348,7 +382,7 @@ def _check_cameras(cfg: NodeConfig) -> list[str]:
 
 
 def _check_joints(cfg: NodeConfig) -> list[str]:
-    problems = _topic_problems("joint_state_topic", [cfg.joint_state_topic])
+    problems = []
     for name in ("joint_names", "action_joint_names"):
         names = getattr(cfg, name)
         if any(not n.strip() for n in names):
@@ -373,19 +407,21 @@ def _check_joints(cfg: NodeConfig) -> list[str]:
 
 
 def _check_rates(cfg: NodeConfig) -> list[str]:
+    """Ranges of the numbers; a lower bound is inclusive where ``low_ok`` (see MIN_RATE_HZ,
+    MIN_STEP_DURATION_S for why some are above 0)."""
     problems = []
     checks = [
-        ("rate_hz", cfg.rate_hz, 0.0, MAX_RATE_HZ, False),
+        ("rate_hz", cfg.rate_hz, MIN_RATE_HZ, MAX_RATE_HZ, True),
         ("max_age_s", cfg.max_age_s, 0.0, 3600.0, False),
-        ("step_duration_s", cfg.step_duration_s, 0.0, 60.0, False),
-        ("status_rate_hz", cfg.status_rate_hz, 0.0, MAX_RATE_HZ, False),
+        ("step_duration_s", cfg.step_duration_s, MIN_STEP_DURATION_S, 60.0, True),
+        ("status_rate_hz", cfg.status_rate_hz, MIN_RATE_HZ, MAX_RATE_HZ, True),
         ("stats_log_period_s", cfg.stats_log_period_s, 0.0, 86400.0, True),
         ("log_throttle_s", cfg.log_throttle_s, 0.0, 86400.0, True),
     ]
-    for name, value, low, high, zero_ok in checks:
-        lower_ok = value >= low if zero_ok else value > low
+    for name, value, low, high, low_ok in checks:
+        lower_ok = value >= low if low_ok else value > low
         if not (math.isfinite(value) and lower_ok and value <= high):
-            bound = ">=" if zero_ok else ">"
+            bound = ">=" if low_ok else ">"
             problems.append(f"{name} must be {bound} {low:g} and <= {high:g}, got {value!r}")
     return problems
 
@@ -403,12 +439,84 @@ def _check_paths(cfg: NodeConfig) -> list[str]:
     return problems
 
 
-def _topic_problems(name: str, topics: list[str]) -> list[str]:
-    problems = []
-    for topic in topics:
-        if not re.fullmatch(r"~?/?[A-Za-z_{][A-Za-z0-9_/{}]*", topic) or "//" in topic or topic.endswith("/"):
-            problems.append(f"{name}: {topic!r} is not a valid ROS topic name")
-    duplicated = sorted({t for t in topics if topics.count(t) > 1})
-    if duplicated:
-        problems.append(f"{name} lists {duplicated} more than once; expected each topic once")
+def expand_in_namespace(namespace: str = "/", node_name: str = NODE_NAME) -> Resolver:
+    """A resolver by rcl's own rules (rclpy's expansion and validation: tokens, ``~``, ``{}``
+    substitutions, length), for a node ``node_name`` in ``namespace``, without remappings.
+    Without rclpy (a config checked off-robot) names are only expanded, not judged."""
+    try:
+        from rclpy.expand_topic_name import expand_topic_name
+        from rclpy.validate_full_topic_name import validate_full_topic_name
+    except ImportError:
+        return partial(_expand_plainly, namespace=namespace, node_name=node_name)
+
+    def resolve(topic: str) -> str:
+        try:
+            full = expand_topic_name(topic, node_name, namespace)
+            validate_full_topic_name(full)
+        except Exception as exc:  # ValueError / InvalidTopicNameException, rcl's reason inside
+            raise ValueError(rcl_reason(exc)) from exc
+        return full
+
+    return resolve
+
+
+def _expand_plainly(topic: str, namespace: str, node_name: str) -> str:
+    """Without rclpy: a rough check of the characters and an expansion without substitutions."""
+    if not re.fullmatch(r"~?/?[A-Za-z_{][A-Za-z0-9_/{}]*", topic) or "//" in topic or topic.endswith("/"):
+        raise ValueError("expected tokens of letters, digits and '_' separated by '/'")
+    ns = namespace.rstrip("/")
+    if topic.startswith("~"):
+        return f"{ns}/{node_name}{topic[1:]}"
+    return topic if topic.startswith("/") else f"{ns}/{topic}"
+
+
+def rcl_reason(exc: Exception) -> str:
+    """rcl's sentence from an rclpy error, without its C source location, its repetition of
+    the name and the caret drawing under it."""
+    text = str(exc).split("\n")[0]
+    text = re.sub(r", at /\S+:\d+$", "", text)
+    text = re.sub(r"^(failed to resolve name|Invalid topic name|topic name '.*' is invalid): ", "", text)
+    return text.rstrip(":").strip()
+
+
+def _node_topics(cfg: NodeConfig) -> list[tuple[str, str, str]]:
+    """(what, name as written, message type) of every topic the node subscribes or publishes."""
+    transports = cfg.transports
+    cams = [
+        (
+            f"camera_topics[{i}]",
+            topic,
+            INPUT_TYPES.get(transports[i] if i < len(transports) else "raw", INPUT_TYPES["raw"]),
+        )
+        for i, topic in enumerate(cfg.camera_topics)
+    ]
+    joints = [("joint_state_topic", cfg.joint_state_topic, INPUT_TYPES["joints"])]
+    return cams + joints + [("the node's output", name, kind) for name, kind in OUTPUTS.items()]
+
+
+def _check_topics(cfg: NodeConfig, resolve: Resolver) -> list[str]:
+    """Names rcl would refuse (with its reason), and names that resolve to one topic: the same
+    camera twice (one camera feeding two views), or topics whose types cannot share it."""
+    problems, by_name = [], {}
+    for what, topic, kind in _node_topics(cfg):
+        try:
+            by_name.setdefault(resolve(topic), []).append((what, topic, kind))
+        except ValueError as exc:
+            shown = repr(topic) if len(topic) <= 80 else f"{topic[:40]!r}... ({len(topic)} characters)"
+            problems.append(f"{what.split('[')[0]}: {shown} is not a valid ROS topic name: {exc}")
+    for full, users in by_name.items():
+        if len(users) > 1:
+            problems.append(_clash_sentence(full, users))
     return problems
+
+
+def _clash_sentence(full: str, users: list[tuple[str, str, str]]) -> str:
+    named = " and ".join(f"{what} {topic!r}" for what, topic, _ in users)
+    named += " both" if len(users) == 2 else " all"
+    kinds = sorted({kind for _, _, kind in users})
+    if len(kinds) == 1:
+        return f"{named} resolve to {full}; expected each camera on a topic of its own"
+    return (
+        f"{named} resolve to {full}, which cannot carry {' and '.join(kinds)} at once; "
+        "expected a topic of its own for each"
+    )
