@@ -65,9 +65,7 @@ struct MlpArgs {
                   // the grid arrival: the issuing thread stalls about as long as its bytes take, now
                   // beside the epilogue and the barrier and not before them; 5 (paced): as 4, each copy
                   // in chunks spread over the layer (gu_cut, dn_cut), so that no burst of all CTAs'
-                  // copies fills the memory system in front of a barrier; 6 (fold): as 5 with no norm
-                  // phase: the down reduces its partials into h in L2 (red.add), and each gate|up CTA
-                  // takes the adaRMS of all rows from h itself; 0: each thread's __ldg loads
+                  // copies fills the memory system in front of a barrier; 0: each thread's __ldg loads
   int one_layer;  // every layer on layer 0's weights (24 MB, L2-resident): the bound with no HBM wait
   int prefetch;   // each CTA asks L2 for its next layer's weight blocks when a layer starts
   int gu_cut[2];  // (paced) gate|up's block in KB: [0, cut0) after its MMAs, [cut0, cut1) at the
@@ -84,86 +82,6 @@ __device__ void norm_row(const MlpArgs& p, int row, int layer, float* warp_sums)
   norm_row<WIDTH>(p.h, p.xn, p.part, DN_SPLITS, p.rows, layer > 0 ? p.gate + (layer - 1) * WIDTH : nullptr,
                   norm ? p.scale + layer * WIDTH : nullptr, norm ? p.shift + layer * WIDTH : nullptr, p.eps, row,
                   warp_sums);
-}
-
-// (fold) xn = bf16(h * rsqrt(mean(h^2) + eps) * scale + shift) for every token, by each gate|up CTA
-// itself, straight into its activation boxes in the 128-byte swizzle the TMA map writes (16-byte
-// chunk c of token n's 128-byte row at chunk c ^ (n % 8)); tokens >= rows zero. Warp w takes tokens
-// w, w + 8, ..., two per pass (their 16 float4 loads per lane in flight together).
-__device__ void norm_into_boxes(const float* h, const float* scale, const float* shift, int rows, float eps,
-                                Box* boxes) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  uint8_t* base = reinterpret_cast<uint8_t*>(boxes);
-  for (int n0 = warp; n0 < NTOK; n0 += 16) {
-    float4 v[2][8];
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int n = n0 + 8 * u;
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        v[u][i] = n < rows ? __ldcg(reinterpret_cast<const float4*>(h + n * WIDTH + 4 * lane + 128 * i))
-                           : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    float r[2];
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      float ss = 0.f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        ss += v[u][i].x * v[u][i].x + v[u][i].y * v[u][i].y + v[u][i].z * v[u][i].z + v[u][i].w * v[u][i].w;
-      for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      r[u] = rsqrtf(ss / WIDTH + eps);
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {  // each column's scale / shift once for both tokens
-      const int col = 4 * lane + 128 * i;
-      const float4 sc = __ldg(reinterpret_cast<const float4*>(scale + col));
-      const float4 sh = __ldg(reinterpret_cast<const float4*>(shift + col));
-      const int box = col / 64, c = (col % 64) / 8, half = (col % 8) / 4;
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int n = n0 + 8 * u;
-        if (n >= NTOK) break;
-        const bool real = n < rows;
-        const float4 x = v[u][i];
-        const __nv_bfloat162 lo = __floats2bfloat162_rn(real ? x.x * r[u] * sc.x + sh.x : 0.f,
-                                                        real ? x.y * r[u] * sc.y + sh.y : 0.f);
-        const __nv_bfloat162 hi = __floats2bfloat162_rn(real ? x.z * r[u] * sc.z + sh.z : 0.f,
-                                                        real ? x.w * r[u] * sc.w + sh.w : 0.f);
-        uint2 packed;
-        packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-        packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-        *reinterpret_cast<uint2*>(base + box * BOX_BYTES + n * 128 + ((c ^ (n & 7)) * 16) + half * 8) = packed;
-      }
-    }
-  }
-}
-
-// (fold) d = w (registers) @ boxes [first, first + BPW) already in shared memory (no mbarriers)
-template <int BPW, int WJ>
-__device__ __forceinline__ void mma_resident(float (&d)[ACC], const uint32_t (&w)[WJ][4], Box* tiles, int first) {
-#pragma unroll
-  for (int i = 0; i < ACC; ++i) d[i] = 0.f;
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-  for (int b = 0; b < BPW; ++b)
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_m64n56k16_rs(d, w[b * 4 + kk], gmma_desc(&tiles[first + b][kk * 16]));
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-}
-
-// (fold) the down's split-K partial reduced in L2: h += gate * d (red.add, fp32), features 64 tile ..
-__device__ __forceinline__ void red_epilogue(const float (&d)[ACC], float* h, const float* gate, int tile, int rows,
-                                             int t) {
-  const int warp = t / 32, lane = t % 32, f0 = tile * 64 + 16 * warp + lane / 4;
-  const float g0 = gate[f0], g1 = gate[f0 + 8];
-#pragma unroll
-  for (int i = 0; i < ACC; ++i) {
-    const int feature = f0 + 8 * ((i / 2) % 2);
-    const int token = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
-    if (token < rows) atomicAdd(&h[token * WIDTH + feature], ((i / 2) % 2 ? g1 : g0) * d[i]);
-  }
 }
 
 template <int STAGED, bool SLICE>  // MlpArgs::staged and slice_sync, one build each: no mode's branches
@@ -207,9 +125,7 @@ __global__ void __launch_bounds__(256, 1)
   // staged: thread 0 copies a CTA's fragment block into the shared region once its MMAs are done
   // with it; every thread takes its fragments out while the other CTAs arrive at the barrier
   int stages = 0, dn_stages = 0;
-  constexpr bool fold = STAGED == 6;  // paced, with no norm phase: the down reduces into h by red.add, gate|up
-                                     // normalises h itself
-  constexpr bool paced = STAGED == 5 || fold, overlapped = STAGED == 4 || paced, ahead = STAGED == 2 || overlapped;
+  constexpr bool paced = STAGED == 5, overlapped = STAGED == 4 || paced, ahead = STAGED == 2 || overlapped;
   constexpr bool late = STAGED == 3;
   // (paced) bytes [from, to) of a block; the first chunk announces the whole block (`all` bytes)
   auto chunk = copy_chunk;
@@ -249,19 +165,8 @@ __global__ void __launch_bounds__(256, 1)
       if (layer + 1 < p.layers && gu_busy) prefetch_l2(gu_of(layer + 1), gu_block * 16);
       if (layer + 1 < p.layers && dn_busy) prefetch_l2(dn_of(layer + 1), dn_block * 16);
     }
-    if (!fold) for (int row = cta; row < p.rows; row += grid) norm_row(p, row, layer, warp_sums);
-    // (fold) the barrier after the layer before's down, taking gate|up's fragments on every path (a
-    // stale read where nothing waits): defined at the top of each layer, they are not kept alive
-    // across the loop's back edge through the down (ptxas spilled)
-    auto unstage_gu_always = [&] {
-      unstage_fragments(w_gu, sm.w, &sm.w_full, stages & 1, wg, t, gu_busy);
-      stages += gu_busy;
-    };
-    if (fold && layer > 0)
-      barrier_with(unstage_gu_always, true);
-    else if (fold)
-      unstage_gu_always();
-    else if (ahead || late)
+    for (int row = cta; row < p.rows; row += grid) norm_row(p, row, layer, warp_sums);
+    if (ahead || late)
       barrier_with([&] {
         if (gu_busy) unstage(w_gu);
       });
@@ -269,16 +174,9 @@ __global__ void __launch_bounds__(256, 1)
       barrier();
     mark(layer, 1);
     if (gu_busy) {  // gate|up + GeGLU: features 32 * cta ..
-      if (!fold && tid == 0) burst_load(sm.a, &xn_map, sm.full_gu, GU_BOXES, NWG, 0);
+      if (tid == 0) burst_load(sm.a, &xn_map, sm.full_gu, GU_BOXES, NWG, 0);
       if (paced && layer > 0 && dn_busy && tid == 0) chunk(sm.dn.w, &sm.dn_full, dn_of(layer), dn_cut, DN_BYTES, 0);
-      if (fold) {
-        norm_into_boxes(p.h, p.scale + layer * WIDTH, p.shift + layer * WIDTH, p.rows, p.eps, sm.a);
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // generic stores, read by wgmma
-        __syncthreads();
-        mma_resident<GU_BOXES / NWG>(d, w_gu, sm.a, wg * (GU_BOXES / NWG));
-      } else {
-        mma_boxes<GU_BOXES / NWG>(d, w_gu, sm.a, sm.full_gu, wg * (GU_BOXES / NWG), layer & 1, [] {});
-      }
+      mma_boxes<GU_BOXES / NWG>(d, w_gu, sm.a, sm.full_gu, wg * (GU_BOXES / NWG), layer & 1, [] {});
       mark(layer, 2);
       if (ahead) {  // the region is free: its next layer's weights, a whole layer's phases to land
         if (!overlapped && layer + 1 < p.layers) stage(gu_of(layer + 1), gu_block * 16);
@@ -308,10 +206,7 @@ __global__ void __launch_bounds__(256, 1)
     } else {
       barrier_with(
           [&] {
-            if (fold) {  // on every path, as gate|up's at the layer's top
-              unstage_fragments(w_dn, sm.dn.w, &sm.dn_full, dn_stages & 1, wg, t, dn_busy);
-              dn_stages += dn_busy;
-            } else if (dn_busy && ahead)
+            if (dn_busy && ahead)
               unstage_dn(w_dn);
             else if (dn_busy && STAGED)
               unstage(w_dn);
@@ -340,19 +235,16 @@ __global__ void __launch_bounds__(256, 1)
         chunk(sm.dn.w, &sm.dn_full, dn_of(layer + 1), 0, dn_cut, DN_BYTES);
       } else if (overlapped && !paced && wg == 1 && t == 0 && layer + 1 < p.layers)
         stage_fragments(sm.dn.w, dn_of(layer + 1), dn_block * 16, &sm.dn_full);
-      if (wg == 0 && fold) red_epilogue(d, p.h, p.gate + layer * WIDTH, ft, p.rows, t);
-      if (wg == 0 && !fold) partial_epilogue<WIDTH>(d, p.part, ft, ks, p.rows, t);
+      if (wg == 0) partial_epilogue<WIDTH>(d, p.part, ft, ks, p.rows, t);
     }
     mark(layer, 5);
-    if (!fold)
-      barrier_with(
-          [&] {
-            if (gu_busy && STAGED == 1 && layer + 1 < p.layers) unstage(w_gu);
-          },
-          true);
+    barrier_with(
+        [&] {
+          if (gu_busy && STAGED == 1 && layer + 1 < p.layers) unstage(w_gu);
+        },
+        true);
   }
-  if (!fold)
-    for (int row = cta; row < p.rows; row += grid) norm_row(p, row, p.layers, warp_sums);
+  for (int row = cta; row < p.rows; row += grid) norm_row(p, row, p.layers, warp_sums);
 }
 
 }  // namespace proto
@@ -366,7 +258,6 @@ extern "C" int mlp_rs_launch(const proto::MlpArgs* args, int grid, cudaStream_t 
   const int smem = sizeof(MlpSmem) + 1024;
   if (args->slice_sync && args->staged != 5) return static_cast<int>(cudaErrorInvalidValue);
   auto kernel = args->slice_sync       ? mlp_rs_kernel<5, true>
-                : args->staged == 6 ? mlp_rs_kernel<6, false>
                 : args->staged == 5 ? mlp_rs_kernel<5, false>
                 : args->staged == 4 ? mlp_rs_kernel<4, false>
                 : args->staged == 3 ? mlp_rs_kernel<3, false>

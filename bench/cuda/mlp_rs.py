@@ -6,9 +6,7 @@ How the weights reach the registers is the run's STAGED digit (MlpArgs.staged): 
 loads from global memory; 1 one TMA copy into shared memory, taken out while waiting at the next
 barrier; 2 (ahead) each GEMM's copy into a region of its own a whole layer ahead; 3 (late) as 1,
 gate|up's taken out at the norm's barrier; 4 (overlapped) as 2, issued by warpgroup 1 beside the
-epilogue; 5 (paced) as 4, in chunks spread over the layer (--pace); 6 (fold) as 5 with two phases per
-layer: the down adds its partials into h in L2 (red.add) and every gate|up CTA takes the adaRMS of all
-rows from h itself, so the norm phase and its barrier go. The other digits: every layer
+epilogue; 5 (paced) as 4, in chunks spread over the layer (--pace). The other digits: every layer
 on layer 0's weights (L2-resident: the bound without HBM waits), the L2 prefetch and (paced only)
 slice_sync: no grid barrier between gate|up and the down, each down unit waiting on a counter of
 the 16 gate|up units of its K slice. Prints
@@ -19,8 +17,9 @@ Measured (H200, docs/results/README.md, twenty-second to twenty-fourth sessions)
 13.7-14.1 us per layer, __ldg 14.3-15.8, L2-resident 10.8-11.2; the L2 prefetch 16.5-21.6 (three
 placements, two reverted); ahead 14.0-14.1, late 13.8, overlapped 14.2-14.4; **paced 12.03-12.20**
 with the down's weights at gate|up's start (9.47 L2-resident); the norm folded into the down's
-last K-slice and gate|up's epilogue 18.8 (8b079bb, reverted); against ~14 for the Triton step
-kernel's phases 5-7 (final residual vs torch: cosine 0.999999). slice_sync ties with paced
+last K-slice and gate|up's epilogue 18.8 (8b079bb, reverted); the down reduced into h by red.add
+and every gate|up CTA normalising all rows of h itself 21.6-21.7 (80ca4aa, reverted); against ~14
+for the Triton step kernel's phases 5-7 (final residual vs torch: cosine 0.999999). slice_sync ties with paced
 (12.54-12.60 vs 12.49-12.70; L2-resident 9.55 vs 9.54).
 
     python bench/cuda/mlp_rs.py [--trace] [--runs 100 500:64,128,0 5001:64,128,0 ...] [--out DIR]
@@ -165,19 +164,14 @@ def main() -> None:
                  "weights by TMA -> shared a layer ahead -> registers",
                  "weights by TMA -> shared -> registers at the norm's barrier",
                  "weights by TMA -> shared a layer ahead, issued beside the epilogue -> registers",
-                 "weights by TMA -> shared a layer ahead in paced chunks -> registers",
-                 "paced, no norm phase: down red.add into h, gate|up normalises h itself")[staged]  # fmt: skip
+                 "weights by TMA -> shared a layer ahead in paced chunks -> registers")[staged]  # fmt: skip
         label += ", layer 0's weights for all (L2)" if one_layer else ""
         label += ", next layer's weights prefetched into L2" if prefetch else ""
-        label += f", chunks at {pace} KB" if staged >= 5 else ""
+        label += f", chunks at {pace} KB" if staged == 5 else ""
         label += ", gate|up -> down by per-slice counters" if slice_sync else ""
         results[label] = dict(us_per_layer=full / LAYERS, max_abs=err, cosine=cos, ref_abs_max=float(want.abs().max()))
-        syncs = "3 phases, 3 grid barriers"
-        if staged == 6:
-            syncs = "2 phases, 2 grid barriers"
-        elif slice_sync:
-            syncs = "3 phases, 2 grid barriers + per-slice counters"
-        print(f"MLP x {LAYERS} layers, {label}: {full / LAYERS:5.2f} us per layer ({syncs}); "
+        syncs = "3 grid barriers" if not slice_sync else "2 grid barriers + per-slice counters"
+        print(f"MLP x {LAYERS} layers, {label}: {full / LAYERS:5.2f} us per layer (3 phases, {syncs}); "
               f"final h vs torch max abs {err:.2e} (|h| max {results[label]['ref_abs_max']:.1f}), "
               f"cosine {cos:.6f}")  # fmt: skip
         if args.trace:
