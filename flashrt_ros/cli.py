@@ -16,6 +16,7 @@ import contextlib
 import gc
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -41,6 +42,8 @@ def _device(name: str | None):
         device = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError as exc:
         raise ValueError(f"--device {name!r}: {exc}") from None
+    if device.type not in ("cpu", "cuda"):  # the benchmark's models and timers run on these only
+        raise ValueError(f"--device {name!r}: expected cpu, cuda or cuda:N, got device type {device.type}")
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if (device.index or 0) >= count:
@@ -57,6 +60,9 @@ def _check_args(args: argparse.Namespace) -> str | None:
         return f"--iters must be >= 1 and --warmup >= 0, got {args.iters} and {args.warmup}"
     if args.compile_mode not in COMPILE_MODES:
         return f"--compile-mode {args.compile_mode!r}: expected one of {', '.join(COMPILE_MODES)}"
+    out_problem = _out_problem(Path(args.out))
+    if out_problem:
+        return out_problem
     unknown = [m for m in args.modes.split(",") if m not in MODES]
     if unknown:
         return f"unknown mode(s) {', '.join(unknown)}: expected a comma list of {', '.join(MODES)}"
@@ -69,6 +75,19 @@ def _check_args(args: argparse.Namespace) -> str | None:
             server_dir(Path(args.realtime_vla))
         except FileNotFoundError as exc:
             return str(exc)
+    return None
+
+
+def _out_problem(out: Path) -> str | None:
+    """Why the results could not be written to folder `out`, or None: checked up front, since a
+    run that takes minutes would otherwise end in FileExistsError with no JSON written."""
+    if out.exists() and not out.is_dir():
+        return f"--out {str(out)!r} is an existing file; expected a folder (existing or new) for the results"
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        return f"--out {str(out)!r}: {str(existing)!r} is a file, so the folder cannot be made there"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"--out {str(out)!r}: {str(existing)!r} is not writable; expected a folder this user can write"
     return None
 
 

@@ -75,6 +75,9 @@ def test_speed_up_ratios_have_two_decimals_and_go_to_the_json(capsys) -> None:
         (["--compile-mode", "fast"], "--compile-mode 'fast': expected one of default, reduce-overhead, max-autotune"),
         (["--device", "tpu9"], "--device 'tpu9': "),
         (["--device", "cuda:7"], "--device 'cuda:7': this machine has "),
+        (["--device", "meta"], "--device 'meta': expected cpu, cuda or cuda:N, got device type meta"),
+        (["--device", "mps"], "--device 'mps': expected cpu, cuda or cuda:N, got device type mps"),
+        (["--device", "xpu"], "--device 'xpu': expected cpu, cuda or cuda:N, got device type xpu"),
     ],
 )
 def test_bad_numbers_are_refused_before_any_model_is_built(argv, message, capsys) -> None:
@@ -82,6 +85,19 @@ def test_bad_numbers_are_refused_before_any_model_is_built(argv, message, capsys
         pytest.skip("this machine has a cuda:7")
     assert main(["bench", "--policy", "pi05", "--tiny", "--modes", "eager", *argv]) == 2
     assert message in capsys.readouterr().out
+
+
+def test_an_out_that_cannot_be_a_folder_is_refused_before_the_run(tmp_path, capsys) -> None:
+    """Not after minutes of benchmarking, as a FileExistsError with no JSON written: one line, exit 2."""
+    taken = tmp_path / "results.json"
+    taken.write_text("keep me")
+    for out, message in [
+        (taken, f"--out {str(taken)!r} is an existing file; expected a folder (existing or new) for the results"),
+        (taken / "sub", f"--out {str(taken / 'sub')!r}: {str(taken)!r} is a file, so the folder cannot be made there"),
+    ]:
+        assert main(["bench", "--policy", "pi05", "--tiny", "--modes", "eager", "--out", str(out)]) == 2
+        assert capsys.readouterr().out.splitlines() == [message]
+    assert taken.read_text() == "keep me"
 
 
 def test_unknown_mode_is_refused(capsys) -> None:

@@ -144,6 +144,27 @@ def test_write_checks_every_buffer_before_changing_any(state):
         assert all(after[k].tobytes() == live[k].tobytes() for k in live)
 
 
+def test_write_checks_the_last_chunk_dtype_before_applying_anything(state):
+    """last_actions of the right shape but not real numbers (strings, None in an object array)
+    or not finite in float32: refused with rng and the counter of the offered state not applied."""
+    good = state.read()  # another generator state and counter than the live ones below
+    state.decide(observation(0))
+    state.decide(observation(1))
+    live = state.read()
+    with_none = np.array([[1, 2, 3, 4, 5, None]], dtype=object)
+    for actions, reason in [
+        (np.full((2, 6), "x"), r"last_actions must be float32\[n, 6\] \(real numbers\), got dtype <U1"),
+        (with_none, r"last_actions must be float32\[n, 6\] \(real numbers\), got dtype object"),
+        (np.full((1, 6), 1e300), r"last_actions must be finite in float32 .*, got 1e\+300 at \[0, 0\] \(6 such"),
+        (np.full((1, 6), np.nan, np.float32), r"last_actions must be finite in float32 .*, got nan at \[0, 0\]"),
+    ]:
+        broken = {**good, "next_chunk_id": np.array([42]), "last_actions": actions}
+        with pytest.raises(ValueError, match="pipeline state refused: " + reason):
+            state.write(broken)
+        after = state.read()
+        assert all(after[k].tobytes() == live[k].tobytes() for k in live)
+
+
 def test_reset_returns_to_the_seed(state):
     first = run(state, range(2))
     state.reset()

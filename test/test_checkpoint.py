@@ -16,6 +16,7 @@ from flashrt_ros.policies.checkpoint import (
     detect_layout,
     lerobot_config_dict,
     load_model,
+    read_config,
     save_model,
 )
 from flashrt_ros.policies.config import PolicyConfig
@@ -104,6 +105,25 @@ def test_wrong_dtype_is_named(tmp_path):
     assert f"{QPROJ}: dtype I32, expected a float type" in msg
 
 
+def test_two_keys_for_one_parameter_are_refused_naming_both(tmp_path):
+    """The new and old transformers nesting of one tensor, and pi0.5's time_mlp_in beside its
+    action_time_mlp_in alias: neither is picked by key order, both are named."""
+    new = "model.paligemma_with_expert.paligemma.model.vision_tower.vision_model.post_layernorm.weight"
+    old = "model.paligemma_with_expert.paligemma.vision_tower.vision_model.post_layernorm.weight"
+
+    def edit(t):
+        t[old] = torch.full_like(t[new], 7.0)
+        t["model.action_time_mlp_in.bias"] = torch.full_like(t["model.time_mlp_in.bias"], 3.0)
+
+    msg = _corrupt(tmp_path, edit)
+    assert f"2 tensors map to the one parameter {new[len('model.') :]}: {new}, {old}; expected exactly one" in msg
+    assert (
+        "2 tensors map to the one parameter time_mlp_in.bias: model.action_time_mlp_in.bias, model.time_mlp_in.bias"
+        in msg
+    )
+    assert "time_mlp_in.weight:" not in msg  # only the duplicated leaf is named
+
+
 def test_all_problems_reported_at_once(tmp_path):
     def edit(t):
         t.pop("model.action_in_proj.bias")
@@ -133,9 +153,50 @@ def test_malformed_config_json_names_the_file(tmp_path):
     save_model(tiny_model("pi05"), tmp_path, layout="lerobot")
     for name in ("flashrt_config.json", "config.json"):  # ours wins when present, then LeRobot's
         (tmp_path / name).write_text('{"type": "pi05",')
-        with pytest.raises(ValueError, match=rf"{tmp_path / name} is not valid JSON"):
+        with pytest.raises(CheckpointError, match=rf"{tmp_path / name} is not valid JSON"):
             load_model(tmp_path)
         (tmp_path / name).unlink()
+
+
+def _refused_config(folder, name: str, data: object, layout: str) -> str:
+    """Write `data` as the folder's `name` and return read_config's CheckpointError message."""
+    path = folder / name
+    path.write_bytes(data if isinstance(data, bytes) else json.dumps(data).encode())
+    with pytest.raises(CheckpointError) as err:
+        read_config(folder, layout)
+    path.unlink()
+    assert str(err.value).startswith(str(path)), str(err.value)  # the file is named first
+    return str(err.value)
+
+
+def test_malformed_lerobot_config_json_names_the_file_and_field(tmp_path):
+    good = lerobot_config_dict(PolicyConfig.pi05(), ["a", "b", "c"], robot_dof=14)
+    resolution = "field 'image_resolution' must be [size, size] with an integer size >= 1, got "
+    for field, value, expected in [
+        ("chunk_size", "abc", "field 'chunk_size' must be an integer >= 1, got 'abc'"),
+        ("num_inference_steps", None, "field 'num_inference_steps' must be an integer >= 1, got None"),
+        ("input_features", ["observation.images.a"], "field 'input_features' must be an object of feature name"),
+        ("image_resolution", [], resolution + "[]"),
+        ("image_resolution", "224", resolution + "'224'"),
+    ]:
+        assert expected in _refused_config(tmp_path, "config.json", {**good, field: value}, "lerobot")
+    msg = _refused_config(tmp_path, "config.json", b"\xff\xfe{}", "lerobot")
+    assert "config.json is not UTF-8 text" in msg and "expected a UTF-8 JSON file" in msg
+
+
+def test_malformed_flashrt_config_json_names_the_file_and_field(tmp_path):
+    ours = PolicyConfig.tiny().to_dict()
+    for data, expected in [
+        ({**ours, "prompt_len": "96"}, "prompt_len must be an integer >= 1, got '96' (str)"),
+        ({**ours, "vision": {**ours["vision"], "patch_size": 0}}, "vision.patch_size must be >= 1, got 0"),
+        ({**ours, "vision": {**ours["vision"], "bogus": 1}}, "vision: unknown fields ['bogus']; expected the fields"),
+        ({**ours, "expert": {"width": 32}}, "expert: missing fields ['depth', 'head_dim', 'mlp_dim', 'num_heads',"),
+        ({**ours, "rms_norm_eps": None}, "rms_norm_eps must be a finite number > 0, got None (NoneType)"),
+        ({**ours, "max_period": 0.0}, "max_period must be a finite number > 0, got 0.0"),
+        ({**ours, "rope_base": float("nan")}, "rope_base must be a finite number > 0, got nan"),
+        ({**ours, "min_period": 8.0}, "min_period 8.0 must be <= max_period 4.0"),
+    ]:
+        assert expected in _refused_config(tmp_path, "flashrt_config.json", data, "openpi")
 
 
 def test_truncated_file_is_a_clear_error(tmp_path):

@@ -536,14 +536,11 @@ def test_pipeline_backends_refuse_the_same_bad_inputs():
     rgba = Observation([good, rng.integers(0, 256, (48, 64, 4), dtype=np.uint8)], rng.uniform(-1, 1, 6), "pick up")
     row = torch.zeros(1, policy.cfg.action_dim, device=DEVICE)  # one row where a chunk belongs
     four_channels = r"camera view 1: expected an RGB frame \[H, W, 3\], got shape \(48, 64, 4\)"
-    short_noise = {  # torch's own broadcast error in the reference; ours, before any copy, in the fused path
-        "reference": (RuntimeError, r"must match the size of tensor"),
-        "fused": (ValueError, rf"noise must be \[1, {policy.cfg.horizon}, 32\], got \(1, 32\)"),
-    }
-    for backend, (error, message) in short_noise.items():
+    short_noise = rf"noise must be \[1, {policy.cfg.horizon}, 32\], got \(1, 32\)"  # before any copy
+    for backend in ("reference", "fused"):
         pipe = Pipeline(policy, backend=backend)
         with pytest.raises(ValueError, match=four_channels):
             pipe.decide(rgba)
-        with pytest.raises(error, match=message):
+        with pytest.raises(ValueError, match=short_noise):
             pipe.decide(Observation([good, good], rng.uniform(-1, 1, 6), "pick up"), row)
         assert pipe.next_chunk_id == 1

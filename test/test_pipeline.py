@@ -41,6 +41,67 @@ def test_a_refused_input_gives_its_noise_back() -> None:
     assert got.actions.tobytes() == want.actions.tobytes()
 
 
+def test_a_chunk_refused_as_non_finite_gives_its_noise_back() -> None:
+    """The refusal after the model ran (NonFiniteActions) gives the noise back too: once the
+    weight is repaired, the next decision is byte-identical to a run that never refused."""
+    policy = default_policy(num_views=2, action_dof=6)
+    clean, refused = Pipeline(policy, seed=5), Pipeline(policy, seed=5)
+    weight = next(p for n, p in policy.model.named_parameters() if "action_out" in n)
+    good = weight.detach().clone()
+    with torch.no_grad():
+        weight.view(-1)[0] = float("nan")
+    for _ in range(2):
+        with pytest.raises(NonFiniteActions, match="actions are NaN or inf"):
+            refused.decide(observation())
+    with torch.no_grad():
+        weight.copy_(good)
+    got, want = refused.decide(observation()), clean.decide(observation())
+    assert got.chunk_id == want.chunk_id == 1
+    assert got.actions.tobytes() == want.actions.tobytes()
+
+
+def test_a_refused_frame_gives_its_noise_back() -> None:
+    policy = default_policy(num_views=2, action_dof=6)
+    clean, refused = Pipeline(policy, seed=5), Pipeline(policy, seed=5)
+    nan_frames = Observation([np.full((24, 32, 3), np.nan, np.float32)] * 2, observation().state, "pick up the cube")
+    with pytest.raises(ValueError, match=r"camera view 0: expected uint8 pixels \(0\.\.255\), got dtype float32"):
+        refused.decide(nan_frames)
+    assert refused.decide(observation()).actions.tobytes() == clean.decide(observation()).actions.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("noise", "message"),
+    [
+        (torch.zeros(2, 10, 32), r"noise must be \[1, 10, 32\], got \(2, 10, 32\)"),
+        (torch.zeros(1, 32), r"noise must be \[1, 10, 32\], got \(1, 32\)"),
+        (torch.zeros(1, 10, 33), r"noise must be \[1, 10, 32\], got \(1, 10, 33\)"),
+        (torch.zeros(1, 10, 32, dtype=torch.int64), r"float torch.Tensor \[1, 10, 32\], got torch.int64 tensor"),
+        (np.zeros((1, 10, 32), np.float32), r"noise must be a float torch.Tensor \[1, 10, 32\], got ndarray"),
+    ],
+)
+def test_reference_backend_checks_the_noise_like_the_fused_one(noise, message) -> None:
+    """Both backends say the same thing for noise of another shape or type, before any work."""
+    pipeline = Pipeline(default_policy(num_views=2, action_dof=6), backend="reference")
+    with pytest.raises(ValueError, match=message):
+        pipeline.decide(observation(), noise)
+    assert pipeline.next_chunk_id == 1 and pipeline.stats.summaries() == []
+    assert pipeline.decide(observation(), torch.zeros(1, 10, 32)).chunk_id == 1
+
+
+def test_fused_backend_on_a_cpu_without_the_interpreter_is_refused_before_releasing_anything(monkeypatch) -> None:
+    """backend "fused" means "fail if unavailable": on a CPU without TRITON_INTERPRET it must not
+    build, report fused and move the reference weights to meta, then fail every decision."""
+    import flashrt_ros.policies.fused  # noqa: F401  # its kernels bind to the interpreter at import: before the change
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    policy = default_policy(num_views=2, action_dof=6)
+    needs_cuda = r"fused path needs a CUDA device .*TRITON_INTERPRET=1.*; the model is on cpu"
+    with pytest.raises(RuntimeError, match=needs_cuda):
+        Pipeline(policy, backend="fused", release_reference=True)
+    assert next(policy.model.parameters()).device.type == "cpu"  # the reference weights are kept
+    assert Pipeline(policy, backend="auto").decide(observation()).chunk_id == 1
+
+
 def test_nan_actions_are_refused_and_use_no_chunk_id() -> None:
     policy = default_policy(num_views=2, action_dof=6)
     pipeline = Pipeline(policy, seed=0)

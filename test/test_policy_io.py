@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 
 from flashrt_ros.policies.config import PolicyConfig
 from flashrt_ros.policies.normalize import Normalizer, Stats
-from flashrt_ros.policies.preprocess import images_to_pixels, resize_with_pad
+from flashrt_ros.policies.preprocess import images_to_pixels, resize_with_pad, resized_hw
 from flashrt_ros.policies.prompt import PromptTokenizer, clean_task, discretize_state, pi05_prompt
 from flashrt_ros.policies.tiny_tokenizer import train_tiny_tokenizer
 
@@ -91,6 +92,85 @@ def test_policy_names_frames_too_thin_for_its_input(tokenizer_file):
     assert policy.frame_problem(480, 640) is None and policy.frame_problem(1, size) is None
     assert policy.frame_problem(1, 120) == f"resized into the model's {size}x{size} input it keeps no row"
     assert policy.frame_problem(120, 1) == f"resized into the model's {size}x{size} input it keeps no column"
+    assert policy.frame_problem(0, 0) == "a 0x0 frame has no pixels; expected at least one row and one column"
+    assert policy.frame_problem(0, 640) == "a 0x640 frame has no pixels; expected at least one row and one column"
+
+
+def test_an_empty_frame_is_named_not_divided_by(tokenizer_file):
+    from flashrt_ros.policies.policy import Observation, build_policy
+
+    policy = build_policy(PolicyConfig.tiny("pi05"), tokenizer_file, seed=0, action_dof=6)
+    good = np.zeros((24, 32, 3), np.uint8)
+    obs = Observation([good, np.zeros((0, 0, 3), np.uint8)], np.zeros(6), "pick")
+    with pytest.raises(ValueError, match=r"^camera view 1: a 0x0 frame has no pixels; expected at least one row"):
+        policy.prepare(obs)
+    with pytest.raises(ValueError, match=r"a 0x5 frame has no pixels; expected at least 1x1"):
+        resized_hw(0, 5, 56)
+
+
+_U8 = np.random.default_rng(0).integers(0, 256, (24, 32, 3), dtype=np.uint8)
+BAD_FRAMES = {  # frame -> what the refusal must quote (dtype and the values found)
+    "int64": (_U8.astype(np.int64), r"got dtype int64 \(values 0\.\.255\)"),
+    "uint16": (_U8.astype(np.uint16) * 257, r"got dtype uint16 \(values 0\.\.65535\)"),
+    "float 0..255": (_U8.astype(np.float32), r"got dtype float32 \(values 0\.\.255\)"),
+    "float at model size": (np.full((56, 56, 3), 2e6, np.float32), r"got dtype float32 \(values 2e\+06\.\.2e\+06\)"),
+    "NaN": (np.full((24, 32, 3), np.nan, np.float32), r"got dtype float32 \(values all 2304 NaN/inf\)"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_FRAMES)
+def test_policy_frames_must_be_uint8_for_both_backends(tokenizer_file, name):
+    """The host check both backends run: a frame of another dtype is refused naming the view, the
+    dtype and the values found, before any token or pixel is made (never read as [0, 1])."""
+    from flashrt_ros.policies.policy import Observation, build_policy
+
+    policy = build_policy(PolicyConfig.tiny("pi05"), tokenizer_file, seed=0, action_dof=6)
+    frame, found = BAD_FRAMES[name]
+    obs = Observation([_U8, frame], np.zeros(6), "pick")
+    expected = rf"^camera view 1: expected uint8 pixels \(0\.\.255\), {found}; no action computed$"
+    with pytest.raises(ValueError, match=expected):
+        policy.prepare_prompt_state(obs)
+    with pytest.raises(ValueError, match=expected):
+        policy.prepare(obs)
+    assert policy.infer(Observation([_U8, _U8], np.zeros(6), "pick")).shape == (policy.cfg.horizon, 6)
+
+
+@pytest.mark.parametrize(
+    ("frame", "found"),
+    [
+        (_U8.astype(np.int64), r"expected uint8 \(0\.\.255\) or float in \[0, 1\], got dtype int64"),
+        (_U8.astype(np.float32), r"expected float values in \[0, 1\], got 0\.\.255 \(float32\)"),
+        (np.full((16, 16, 3), -11.0, np.float32), r"expected float values in \[0, 1\], got -11\.\.-11"),
+        (np.full((16, 16, 3), np.nan, np.float32), r"expected float values in \[0, 1\], got all 768 NaN/inf"),
+    ],
+)
+def test_images_to_pixels_refuses_values_it_would_clamp(frame, found):
+    """The low-level path keeps floats in [0, 1] (the parity bench's inputs) and refuses the rest."""
+    with pytest.raises(ValueError, match=rf"^camera view 1: {found}"):
+        images_to_pixels([_U8, frame], size=16)
+    unit = images_to_pixels([_U8.astype(np.float32) / 255], size=16)[0]
+    torch.testing.assert_close(unit, images_to_pixels([_U8], size=16)[0])
+
+
+@pytest.mark.parametrize(
+    ("dof", "message"),
+    [
+        (0, r"action_dof must be in 1\.\.32 \(the model's action dims\), got 0"),
+        (-3, r"action_dof must be in 1\.\.32 \(the model's action dims\), got -3"),
+        (33, r"action_dof must be in 1\.\.32 \(the model's action dims\), got 33"),
+        (2.5, r"action_dof must be an integer in 1\.\.32, got 2\.5 \(float\)"),
+        (True, r"action_dof must be an integer in 1\.\.32, got True \(bool\)"),
+    ],
+)
+def test_action_dof_is_checked_when_the_policy_is_built(tokenizer_file, dof, message):
+    """Not at the first decision, and never a silent slice of the padded chunk (0 -> all 32, -3 -> 29)."""
+    from flashrt_ros.policies.policy import build_policy
+
+    cfg = PolicyConfig.tiny("pi05")
+    with pytest.raises(ValueError, match=message):
+        build_policy(cfg, tokenizer_file, seed=0, action_dof=dof)
+    assert build_policy(cfg, tokenizer_file, seed=0, action_dof=np.int64(32)).action_dof == 32
+    assert build_policy(cfg, tokenizer_file, seed=0).action_dof == 32
 
 
 def test_missing_tokenizer_file(tmp_path):
@@ -157,6 +237,63 @@ def test_openpi_stats_without_a_mode_follow_openpi_per_policy(tmp_path, kind, mo
         json.dumps({"norm_stats": {"state": stats, "actions": stats}, "mode": "quantile"})
     )
     assert Normalizer.find(tmp_path, kind="pi0").mode == "quantile"  # a file that says wins
+
+
+def test_malformed_norm_stats_json_names_the_file_and_field(tmp_path):
+    path = tmp_path / "norm_stats.json"
+    actions = {"q01": [0], "q99": [1]}
+    for raw, expected in [
+        ({"norm_stats": {"state": None, "actions": actions}}, "norm_stats.state must be an object of statistics"),
+        ({"norm_stats": {"state": [1, 2], "actions": actions}}, "(mean, std, q01, q99), got list"),
+        ({"norm_stats": {"state": actions, "actions": {"q01": ["a"], "q99": [1]}}}, "could not convert string"),
+    ]:
+        path.write_text(json.dumps(raw))
+        with pytest.raises(ValueError, match=rf"^{path}: .*{re.escape(expected)}"):
+            Normalizer.find(tmp_path)
+    path.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ValueError, match=rf"^{path} is not UTF-8 text .*; expected a UTF-8 JSON file"):
+        Normalizer.find(tmp_path)
+
+
+def _lerobot_normalizer(folder, step_config: dict):
+    """A LeRobot processor pipeline whose normalizer step has quantile statistics for 6 dims."""
+    from safetensors.numpy import save_file as save_numpy
+
+    stats_file = "policy_preprocessor_step_2_normalizer_processor.safetensors"
+    bounds = {"q01": -2.0, "q99": 2.0}
+    q = {f"{k}.{s}": np.full(6, v, np.float32) for k in ("observation.state", "action") for s, v in bounds.items()}
+    save_numpy(q, str(folder / stats_file))
+    step = {"registry_name": "normalizer_processor", "state_file": stats_file, "config": step_config}
+    (folder / "policy_preprocessor.json").write_text(json.dumps({"steps": [step]}))
+    return folder / "policy_preprocessor.json"
+
+
+@pytest.mark.parametrize("config", [{}, {"norm_map": None}, {"norm_map": ["QUANTILES"]}])
+def test_lerobot_statistics_without_a_norm_map_are_refused(tmp_path, config):
+    """Statistics whose mode the file does not say: not read as identity (normalised actions
+    published as robot units)."""
+    pipeline = _lerobot_normalizer(tmp_path, config)
+    with pytest.raises(
+        ValueError,
+        match=rf"^{pipeline}: the normalizer_processor step has statistics \(policy_preprocessor_step_2_normalizer"
+        r"_processor\.safetensors\) but its config\.norm_map is (missing|list); expected an object",
+    ):
+        Normalizer.find(tmp_path)
+    _lerobot_normalizer(tmp_path, {"norm_map": {"STATE": "QUANTILES", "ACTION": "QUANTILES"}})
+    assert Normalizer.find(tmp_path).unnormalize_actions(np.full((1, 6), 0.5)).tolist() == [[1.0] * 6]
+
+
+def test_malformed_policy_preprocessor_json_names_the_file_and_step(tmp_path):
+    pipeline = tmp_path / "policy_preprocessor.json"
+    not_a_step = "steps[0] must be an object with a 'config' object, got "
+    for steps, expected in [
+        (["normalizer_processor"], not_a_step + "'normalizer_processor'"),
+        ([{"registry_name": "normalizer_processor", "config": "x"}], not_a_step + "config 'x'"),
+        ({"normalizer_processor": {}}, "'steps' must be a list of step objects, got dict"),
+    ]:
+        pipeline.write_text(json.dumps({"steps": steps}))
+        with pytest.raises(ValueError, match=rf"^{pipeline}: {re.escape(expected)}"):
+            Normalizer.find(tmp_path)
 
 
 def test_statistics_of_several_robots_are_not_guessed_between(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -157,3 +158,36 @@ def test_invalid_config_lists_every_problem():
         PolicyConfig.tiny("pi05", horizon=0, dtype="float8", num_views=0)
     msg = str(err.value)
     assert "horizon must be >= 1" in msg and "dtype must be" in msg and "num_views must be >= 1" in msg
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("rms_norm_eps", float("nan"), "rms_norm_eps must be a finite number > 0, got nan"),
+        ("rms_norm_eps", -1.0, "rms_norm_eps must be a finite number > 0, got -1.0"),
+        ("min_period", -1.0, "min_period must be a finite number > 0, got -1.0"),
+        ("max_period", 0.0, "max_period must be a finite number > 0, got 0.0"),
+        ("rope_base", float("nan"), "rope_base must be a finite number > 0, got nan"),
+        ("rope_base", "1e4", "rope_base must be a finite number > 0, got '1e4' (str)"),
+        ("min_period", 5.0, "min_period 5.0 must be <= max_period 4.0"),
+        ("prompt_len", "96", "prompt_len must be an integer >= 1, got '96' (str)"),
+        ("horizon", 2.5, "horizon must be an integer >= 1, got 2.5 (float)"),
+    ],
+)
+def test_float_and_int_fields_are_checked_when_the_config_is_made(field, value, message):
+    """Not at the first decision (every action NaN) nor as a TypeError inside a comparison."""
+    with pytest.raises(ValueError, match=r"^invalid PolicyConfig: .*" + re.escape(message)):
+        PolicyConfig.tiny("pi05", **{field: value})
+
+
+def test_spec_fields_are_checked_by_name():
+    from flashrt_ros.policies.config import GemmaSpec, SiglipSpec
+
+    tiny = PolicyConfig.tiny("pi05")
+    vision = SiglipSpec(image_size=56, patch_size=0, width=32, depth=2, num_heads=2, mlp_dim=64, layer_norm_eps=-1.0)
+    with pytest.raises(ValueError) as err:
+        tiny.replace(vision=vision, expert=GemmaSpec(32, 2, 64, 4, 1, head_dim="16"))
+    msg = str(err.value)  # a zero patch size is named, not a ZeroDivisionError in the divisibility check
+    assert "vision.patch_size must be >= 1, got 0" in msg and "vision.layer_norm_eps must be a finite number > 0" in msg
+    assert "expert.head_dim must be an integer >= 1, got '16' (str)" in msg
+    assert PolicyConfig.tiny("pi05", rope_base=10000) == tiny  # an int where a float goes is fine (JSON writes 10000)

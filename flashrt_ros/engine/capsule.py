@@ -87,13 +87,13 @@ class PipelineState:
             problems.append(f"rng must be {live.dtype}[{live.size}], got {rng.dtype}{list(rng.shape)}")
         if ids.shape != (1,) or ids.dtype.kind not in "iu" or ids[0] < 1:
             problems.append(f"next_chunk_id must be one integer >= 1, got {ids.dtype}{list(ids.shape)}")
-        if actions.ndim != 2 or actions.shape[1] != dof:
-            problems.append(f"last_actions must be [n, {dof}], got {list(actions.shape)}")
+        problems += _actions_problems(actions, dof)
         if problems:
             raise ValueError("pipeline state refused: " + "; ".join(problems))
+        last = np.array(actions, dtype=np.float32, copy=True)  # converted before anything is applied
         self.pipeline.generator.set_state(torch.from_numpy(rng.copy()))
         self.pipeline.next_chunk_id = int(ids[0])
-        self.last_actions = np.array(actions, dtype=np.float32, copy=True)
+        self.last_actions = last
 
     def reset(self) -> None:
         """Back to the state of a fresh pipeline: generator at its seed, ids from 1, no chunk."""
@@ -103,6 +103,26 @@ class PipelineState:
 
     def _no_actions(self) -> np.ndarray:
         return np.zeros((0, self.pipeline.policy.action_dof), dtype=np.float32)
+
+
+def _actions_problems(actions: np.ndarray, dof: int) -> list[str]:
+    """What makes `actions` unusable as ``last_actions``: a decision's chunk is a real float32
+    matrix [n, dof] of finite values. Checked on the dtype, not by converting: strings or an
+    object array (None would become NaN) must be refused before any buffer is applied."""
+    if actions.ndim != 2 or actions.shape[1] != dof:
+        return [f"last_actions must be [n, {dof}], got {list(actions.shape)}"]
+    if actions.dtype.kind not in "fiu":
+        return [f"last_actions must be float32[n, {dof}] (real numbers), got dtype {actions.dtype}"]
+    with np.errstate(over="ignore"):  # a float64 beyond float32's range becomes inf: refused below
+        as_f32 = actions.astype(np.float32)
+    bad = np.flatnonzero(~np.isfinite(as_f32))
+    if bad.size:
+        row, col = divmod(int(bad[0]), dof)
+        return [
+            f"last_actions must be finite in float32 (a decision's chunk is), got {actions[row, col]} at "
+            f"[{row}, {col}] ({bad.size} such values)"
+        ]
+    return []
 
 
 @dataclass(frozen=True)

@@ -176,26 +176,36 @@ class Pipeline:
         return STAGES
 
     def decide(self, obs: Observation, noise: torch.Tensor | None = None) -> Decision:
-        """One chunk; raises (and uses no chunk id) for bad inputs or non-finite actions."""
+        """One chunk; raises (and uses no chunk id) for bad inputs or non-finite actions.
+
+        A refusal of any kind gives the drawn noise back (the generator is restored), so the next
+        good decision is the one a run without the refusal makes: capsules replay it exactly."""
         policy = self.policy
-        with on_device(policy.device):
-            timer = _Timer(policy.device)
-            timer.mark("start")
-            rng = None
-            if noise is None:
-                rng = self.generator.get_state()  # a refused input gives its noise back
-                noise = policy.model.noise(1, self.generator, policy.device)
-            with torch.no_grad():
-                run = self._run_fused if self.fused is not None else self._run_reference
-                try:
-                    chunk = run(obs, noise, timer)
-                except Exception:
-                    if rng is not None:  # no chunk: the next decision draws what this one would have
-                        self.generator.set_state(rng)
-                    raise
-            actions = policy.postprocess(chunk)  # the one host sync of the decision
-            timer.mark("postprocess")
-            timings = timer.resolve()
+        rng = self.generator.get_state() if noise is None else None
+        try:
+            with on_device(policy.device):
+                timer = _Timer(policy.device)
+                timer.mark("start")  # drawing the noise is part of the preprocess stage
+                if noise is None:
+                    noise = policy.model.noise(1, self.generator, policy.device)
+                self._check_noise(noise)
+                actions, timings = self._decide(obs, noise.to(policy.device), timer)
+        except Exception:
+            if rng is not None:  # no chunk: the next decision draws what this one would have
+                self.generator.set_state(rng)
+            raise
+        self.stats.add(timings)
+        chunk_id, self.next_chunk_id = self.next_chunk_id, self.next_chunk_id + 1
+        return Decision(chunk_id, actions, timings)
+
+    def _decide(self, obs: Observation, noise: torch.Tensor, timer: _Timer) -> tuple[np.ndarray, dict[str, float]]:
+        """Run one decision: the finite actions and the stage timings, or raise."""
+        with torch.no_grad():
+            run = self._run_fused if self.fused is not None else self._run_reference
+            chunk = run(obs, noise, timer)
+        actions = self.policy.postprocess(chunk)  # the one host sync of the decision
+        timer.mark("postprocess")
+        timings = timer.resolve()
         bad = ~np.isfinite(actions)
         if bad.any():
             rows = sorted(set(np.nonzero(bad)[0].tolist()))
@@ -204,9 +214,17 @@ class Pipeline:
                 f"{'...' if len(rows) > 5 else ''}); expected finite actions: check the checkpoint, "
                 "its normalisation statistics and the precision"
             )
-        self.stats.add(timings)
-        chunk_id, self.next_chunk_id = self.next_chunk_id, self.next_chunk_id + 1
-        return Decision(chunk_id, actions, timings)
+        return actions, timings
+
+    def _check_noise(self, noise: object) -> None:
+        """Both backends take the same noise, a float tensor [1, horizon, action_dim]: the reference
+        would otherwise broadcast a row over the chunk or fail inside torch."""
+        cfg = self.policy.cfg
+        if not isinstance(noise, torch.Tensor) or not noise.is_floating_point():
+            got = f"{noise.dtype} tensor" if isinstance(noise, torch.Tensor) else type(noise).__name__
+            raise ValueError(f"noise must be a float torch.Tensor [1, {cfg.horizon}, {cfg.action_dim}], got {got}")
+        if tuple(noise.shape) != (1, cfg.horizon, cfg.action_dim):
+            raise ValueError(f"noise must be [1, {cfg.horizon}, {cfg.action_dim}], got {tuple(noise.shape)}")
 
     def _run_reference(self, obs: Observation, noise: torch.Tensor, timer: _Timer) -> torch.Tensor:
         model = self.policy.model
@@ -221,9 +239,6 @@ class Pipeline:
 
     def _run_fused(self, obs: Observation, noise: torch.Tensor, timer: _Timer) -> torch.Tensor:
         fused, dev = self.fused, self.policy.device
-        cfg = self.policy.cfg
-        if tuple(noise.shape) != (1, cfg.horizon, cfg.action_dim):  # as the reference's sample_actions
-            raise ValueError(f"noise must be [1, {cfg.horizon}, {cfg.action_dim}], got {tuple(noise.shape)}")
         tokens, token_mask, state = self.policy.prepare_prompt_state(obs)
         frames = [
             None if img is None else torch.from_numpy(np.ascontiguousarray(img)).to(dev, non_blocking=True)

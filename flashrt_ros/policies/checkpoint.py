@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,10 +106,10 @@ def read_config(folder: Path, layout: str, fallback: PolicyConfig | None = None)
     folder = Path(folder)
     ours = folder / FLASHRT_CONFIG_FILE
     if ours.is_file():
-        return PolicyConfig.from_dict(read_json(ours))
+        return _config_from_file(ours, PolicyConfig.from_dict)
     theirs = folder / CONFIG_FILE
     if layout == "lerobot" and theirs.is_file():
-        return config_from_lerobot(read_json(theirs))
+        return _config_from_file(theirs, config_from_lerobot)
     if fallback is None:
         raise CheckpointError(
             f"{folder} has no {FLASHRT_CONFIG_FILE} or LeRobot {CONFIG_FILE}: pass a config "
@@ -117,35 +118,78 @@ def read_config(folder: Path, layout: str, fallback: PolicyConfig | None = None)
     return fallback
 
 
+def _config_from_file(path: Path, parse: Callable[[dict], PolicyConfig]) -> PolicyConfig:
+    """`parse` of the JSON object in `path`; any problem (not UTF-8 / JSON, a field of the wrong
+    type or range) is a CheckpointError naming the file and what it says about the field."""
+    try:
+        return parse(read_json(path))
+    except CheckpointError as exc:
+        raise CheckpointError(f"{path}: {exc}") from exc
+    except (ValueError, TypeError) as exc:
+        message = str(exc)
+        raise CheckpointError(message if message.startswith(str(path)) else f"{path}: {message}") from exc
+
+
 VARIANT_KEYS = {"paligemma_variant": "gemma_2b", "action_expert_variant": "gemma_300m"}
+# config.json field -> PolicyConfig field, for the integer fields LeRobot's config may set
+_LEROBOT_INTS = {
+    "tokenizer_max_length": "prompt_len",
+    "chunk_size": "horizon",
+    "max_action_dim": "action_dim",
+    "max_state_dim": "state_dim",
+    "num_inference_steps": "num_steps",
+}
 
 
 def config_from_lerobot(data: dict) -> PolicyConfig:
+    """PolicyConfig of a LeRobot config.json; a field of the wrong type is named with what it
+    should be (an int() or a [0] on it would fail naming neither)."""
     kind = data.get("type")
     if kind not in ("pi0", "pi05"):
         raise CheckpointError(f"LeRobot config type {kind!r} is not a pi0/pi05 policy")
     variants = {"gemma_2b": GEMMA_2B, "gemma_300m": GEMMA_300M}
-    views = [k for k, v in data.get("input_features", {}).items() if v.get("type") == "VISUAL"]
     base = PolicyConfig.pi05() if kind == "pi05" else PolicyConfig.pi0()
-    res = data.get("image_resolution", [224, 224])
     chosen = {key: data.get(key, default) for key, default in VARIANT_KEYS.items()}
-    unknown = {key: v for key, v in chosen.items() if v not in variants}
+    unknown = {key: v for key, v in chosen.items() if not isinstance(v, str) or v not in variants}
     if unknown:
         raise CheckpointError(
             f"LeRobot config has unknown model variants {unknown}; expected one of {sorted(variants)}"
         )
+    ints = {ours: _lerobot_int(data, key, getattr(base, ours)) for key, ours in _LEROBOT_INTS.items()}
+    views = _lerobot_views(data.get("input_features", {})) + _lerobot_int(data, "empty_cameras", 0, minimum=0)
     return base.replace(
         prefix=variants[chosen["paligemma_variant"]],
         expert=variants[chosen["action_expert_variant"]],
-        vision=base.vision.__class__(image_size=int(res[0])),
-        num_views=max(1, len(views) + int(data.get("empty_cameras", 0))),
-        prompt_len=int(data.get("tokenizer_max_length", base.prompt_len)),
-        horizon=int(data.get("chunk_size", base.horizon)),
-        action_dim=int(data.get("max_action_dim", base.action_dim)),
-        state_dim=int(data.get("max_state_dim", base.state_dim)),
-        num_steps=int(data.get("num_inference_steps", base.num_steps)),
+        vision=base.vision.__class__(image_size=_lerobot_resolution(data)),
+        num_views=max(1, views),
         dtype=data.get("dtype", "float32"),
+        **ints,
     )
+
+
+def _lerobot_int(data: dict, key: str, default: int, minimum: int = 1) -> int:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise CheckpointError(f"field {key!r} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _lerobot_views(features: object) -> int:
+    """How many VISUAL input features (cameras) the config names."""
+    if not isinstance(features, dict) or not all(isinstance(v, dict) for v in features.values()):
+        raise CheckpointError(
+            f"field 'input_features' must be an object of feature name -> {{\"type\": ...}}, got {features!r}"[:300]
+        )
+    return sum(v.get("type") == "VISUAL" for v in features.values())
+
+
+def _lerobot_resolution(data: dict) -> int:
+    """The square input side from image_resolution [height, width]."""
+    res = data.get("image_resolution", [224, 224])
+    ok = isinstance(res, list) and len(res) == 2 and all(type(v) is int and v >= 1 for v in res)
+    if not ok or res[0] != res[1]:
+        raise CheckpointError(f"field 'image_resolution' must be [size, size] with an integer size >= 1, got {res!r}")
+    return res[0]
 
 
 def lerobot_config_dict(cfg: PolicyConfig, camera_names: list[str] | None = None, robot_dof: int | None = None) -> dict:
@@ -230,7 +274,7 @@ def load_model(
 def _plan(f, layout: str, cfg: PolicyConfig, expected: dict[str, tuple]) -> dict[str, str]:
     """Map every expected parameter to a checkpoint key, or raise with all problems."""
     prefix = LEROBOT_PREFIX if layout == "lerobot" else ""
-    available: dict[str, str] = {}
+    sources: dict[str, list[str]] = {}
     unexpected, ignored = [], []
     for key in f.keys():
         theirs = key[len(prefix) :] if prefix and key.startswith(prefix) else key
@@ -238,12 +282,13 @@ def _plan(f, layout: str, cfg: PolicyConfig, expected: dict[str, tuple]) -> dict
             ignored.append(key)
             continue
         ours = from_openpi_key(theirs, cfg.kind)
-        (available.__setitem__(ours, key) if ours in expected else unexpected.append(key))
+        (sources.setdefault(ours, []).append(key) if ours in expected else unexpected.append(key))
+    available = {ours: keys[0] for ours, keys in sources.items()}
     embed = "prefix_lm.embed_tokens.weight"
     if embed not in available and prefix + _TIED_EMBEDDING in ignored:
         available[embed] = prefix + _TIED_EMBEDDING  # tied weights saved under the LM head's name
     missing = sorted(set(expected) - set(available))
-    problems = []
+    problems = _collisions(sources)
     if missing:
         problems.append(f"missing {len(missing)} tensor(s): " + ", ".join(to_openpi_key(m) for m in missing))
     if unexpected:
@@ -261,6 +306,18 @@ def _plan(f, layout: str, cfg: PolicyConfig, expected: dict[str, tuple]) -> dict
     if ignored:
         log.debug("ignored %d unused tensor(s): %s", len(ignored), ", ".join(ignored))
     return {ours: available[ours] for ours in expected}
+
+
+def _collisions(sources: dict[str, list[str]]) -> list[str]:
+    """Parameters that several checkpoint keys map to (the old and new transformers nesting of one
+    tensor, or pi0.5's time_mlp_in and its action_time_mlp_in alias): picking one would depend on
+    key order and silently drop the other, so each is a problem naming every key."""
+    return [
+        f"{len(keys)} tensors map to the one parameter {to_openpi_key(ours)}: {', '.join(sorted(keys))}; "
+        "expected exactly one (remove the duplicates)"
+        for ours, keys in sorted(sources.items())
+        if len(keys) > 1
+    ]
 
 
 def _open(path: Path):

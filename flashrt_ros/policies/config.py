@@ -8,13 +8,40 @@ horizon, steps) is a plain field, so a YAML file can set it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 PolicyKind = Literal["pi0", "pi05"]
 Precision = Literal["float32", "bfloat16"]
 # what the `fp8` setting may put in FP8 (FusedPi0's prefix_mlp_fp8): nothing, or the prefix LM's MLP
 FP8_PARTS = ("none", "prefix_mlp")
+
+
+def _int_problem(name: str, value: Any) -> str | None:
+    """A size or count must be a real int >= 1 (a JSON "96" or 2.5 would fail later, elsewhere)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"{name} must be an integer >= 1, got {value!r} ({type(value).__name__})"
+    return None if value >= 1 else f"{name} must be >= 1, got {value}"
+
+
+def _positive_float_problem(name: str, value: Any) -> str | None:
+    """An epsilon, base or period must be a finite number > 0: NaN or <= 0 passes every shape
+    check and only shows up as NaN actions at the first decision."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"{name} must be a finite number > 0, got {value!r} ({type(value).__name__})"
+    return None if math.isfinite(value) and value > 0 else f"{name} must be a finite number > 0, got {value}"
+
+
+def _spec_problems(spec: Any, cls: type, name: str) -> list[str]:
+    """Every field of a SiglipSpec / GemmaSpec, named `name.field`."""
+    if not isinstance(spec, cls):
+        return [f"{name} must be a {cls.__name__}, got {type(spec).__name__}"]
+    problems = []
+    for f in dataclasses.fields(spec):
+        check = _positive_float_problem if f.name.endswith("_eps") else _int_problem
+        problems.append(check(f"{name}.{f.name}", getattr(spec, f.name)))
+    return [p for p in problems if p]
 
 
 @dataclass(frozen=True)
@@ -96,11 +123,33 @@ class PolicyConfig:
         return self.num_views * self.vision.num_tokens + self.prompt_len
 
     def validate(self) -> None:
+        """Every field's type and range, then how the fields fit together; all problems at once.
+        Runs for presets, YAML settings and a checkpoint's flashrt_config.json alike."""
+        problems = self._field_problems()
+        if not problems:  # the relations divide by and compare the fields checked above
+            problems = self._relation_problems()
+        if problems:
+            raise ValueError("invalid PolicyConfig: " + "; ".join(problems))
+
+    def _field_problems(self) -> list[str]:
         problems = []
         if self.kind not in ("pi0", "pi05"):
             problems.append(f"kind must be 'pi0' or 'pi05', got {self.kind!r}")
         if self.dtype not in ("float32", "bfloat16"):
             problems.append(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        problems += _spec_problems(self.vision, SiglipSpec, "vision")
+        problems += _spec_problems(self.prefix, GemmaSpec, "prefix")
+        problems += _spec_problems(self.expert, GemmaSpec, "expert")
+        for name in ("num_views", "prompt_len", "horizon", "action_dim", "state_dim", "num_steps", "vocab_size"):
+            problems.append(_int_problem(name, getattr(self, name)))
+        for name in ("rms_norm_eps", "rope_base", "min_period", "max_period"):
+            problems.append(_positive_float_problem(name, getattr(self, name)))
+        if not isinstance(self.extra, dict):
+            problems.append(f"extra must be a dict, got {type(self.extra).__name__}")
+        return [p for p in problems if p]
+
+    def _relation_problems(self) -> list[str]:
+        problems = []
         p, e = self.prefix, self.expert
         if p.depth != e.depth:
             problems.append(f"prefix depth {p.depth} != expert depth {e.depth} (they attend jointly per layer)")
@@ -114,11 +163,9 @@ class PolicyConfig:
             problems.append("vision width must be a multiple of vision num_heads")
         if e.width % 2:
             problems.append("expert width must be even (sin/cos time embedding)")
-        for name in ("num_views", "prompt_len", "horizon", "action_dim", "state_dim", "num_steps", "vocab_size"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
-        if problems:
-            raise ValueError("invalid PolicyConfig: " + "; ".join(problems))
+        if self.min_period > self.max_period:
+            problems.append(f"min_period {self.min_period} must be <= max_period {self.max_period}")
+        return problems
 
     def replace(self, **changes) -> PolicyConfig:
         return dataclasses.replace(self, **changes)
@@ -168,13 +215,27 @@ class PolicyConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> PolicyConfig:
+        """A config from `to_dict`'s layout (a flashrt_config.json); unknown or missing keys, at
+        the top or inside `vision` / `prefix` / `expert`, are refused by name."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a PolicyConfig must be a JSON object, got {type(data).__name__}")
         data = dict(data)
-        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown PolicyConfig fields: {sorted(unknown)}")
-        if isinstance(data.get("vision"), dict):
-            data["vision"] = SiglipSpec(**data["vision"])
-        for key in ("prefix", "expert"):
+        _check_keys(data, cls, "PolicyConfig")
+        specs = {"vision": SiglipSpec, "prefix": GemmaSpec, "expert": GemmaSpec}
+        for key, spec in specs.items():
             if isinstance(data.get(key), dict):
-                data[key] = GemmaSpec(**data[key])
+                _check_keys(data[key], spec, key)
+                data[key] = spec(**data[key])
         return cls(**data)
+
+
+def _check_keys(data: dict, cls: type, name: str) -> None:
+    """The keys a dataclass takes: unknown ones would be a TypeError naming neither file nor field."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    no_default = dataclasses.MISSING
+    required = {n for n, f in fields.items() if f.default is no_default and f.default_factory is no_default}
+    missing = sorted(required - set(data))
+    wrong = ([f"unknown fields {unknown}"] if unknown else []) + ([f"missing fields {missing}"] if missing else [])
+    if wrong:
+        raise ValueError(f"{name}: {', '.join(wrong)}; expected the fields {sorted(fields)}")

@@ -33,6 +33,7 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm import tqdm
 
+from flashrt_ros.kernels._common import is_interpreting
 from flashrt_ros.kernels.ada_rms_norm import ada_rms_norm, gated_residual_ada_rms_norm
 from flashrt_ros.kernels.attention import attention
 from flashrt_ros.kernels.denoise_update import DenoiseUpdate
@@ -221,6 +222,18 @@ def _linear_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     return bias_gelu(F.linear(x, weight), bias)
 
 
+def require_kernel_device(device: torch.device) -> None:
+    """The fused path's Triton kernels run on a CUDA device, or on the CPU only under Triton's
+    interpreter. Elsewhere it would build (and a pipeline then release the reference weights)
+    while every launch fails ("0 active drivers"): refuse before anything is built."""
+    if device.type == "cuda" or (device.type == "cpu" and is_interpreting()):
+        return
+    raise RuntimeError(
+        f"the fused path needs a CUDA device (or, on a CPU, the Triton interpreter: TRITON_INTERPRET=1); "
+        f"the model is on {device}: use backend 'reference' (or 'auto') there"
+    )
+
+
 class FusedPi0:
     """A Pi0Model compiled into re-laid-out weights, static buffers and (on CUDA) two graphs."""
 
@@ -237,6 +250,7 @@ class FusedPi0:
         gate|up 107 vs 179 us per layer, down 55 vs 88: a speed / accuracy trade the deployment
         opts into (the chunk's cosine vs the fp32 reference drops from ~0.99999 to ~0.9995;
         docs/results/README.md)."""
+        require_kernel_device(next(model.parameters()).device)
         cfg: PolicyConfig = model.cfg
         self.cfg, self.dtype = cfg, dtype
         # Prompt-length buckets: a decision runs the smallest one that holds its prompt, so a short

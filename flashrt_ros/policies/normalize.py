@@ -140,6 +140,12 @@ class Normalizer:
         if not isinstance(stats, dict) or "state" not in stats or "actions" not in stats:
             got = sorted(stats) if isinstance(stats, dict) else type(stats).__name__
             raise ValueError(f"{path}: expected norm_stats with 'state' and 'actions', got {got}")
+        for name in ("state", "actions"):
+            if not isinstance(stats[name], dict):
+                raise ValueError(
+                    f"{path}: norm_stats.{name} must be an object of statistics (mean, std, q01, q99), "
+                    f"got {type(stats[name]).__name__}"
+                )
         mode = mode or data.get("mode") or default_mode(kind)
         try:
             return cls(mode, Stats.from_dict(stats["state"]), Stats.from_dict(stats["actions"]))
@@ -153,31 +159,27 @@ class Normalizer:
         pipeline = folder / "policy_preprocessor.json"
         if not pipeline.is_file():
             return None
-        steps = read_json(pipeline).get("steps", [])
+        steps = _steps(pipeline)
         _refuse_relative_actions(folder, steps)
         step = next((s for s in steps if s.get("registry_name") == "normalizer_processor"), None)
         if step is None or "state_file" not in step:
             return None
         from safetensors.numpy import load_file
 
-        stats_file = folder / step["state_file"]
+        stats_file = folder / str(step["state_file"])
         try:
             tensors = load_file(str(stats_file))
         except Exception as exc:  # safetensors' errors are not OSErrors: say which file and what
             raise ValueError(
                 f"cannot read normalisation statistics {stats_file}: {exc} (truncated or missing?)"
             ) from exc
-        norm_map = step.get("config", {}).get("norm_map", {})
-        modes = {"QUANTILES": "quantile", "MEAN_STD": "mean_std", "IDENTITY": "identity"}
-        state_mode, action_mode = norm_map.get("STATE", "IDENTITY"), norm_map.get("ACTION", "IDENTITY")
-        if state_mode != action_mode or state_mode not in modes:
-            raise ValueError(f"{pipeline}: unsupported normalisation STATE={state_mode} ACTION={action_mode}")
+        mode = _lerobot_mode(pipeline, step)
 
         def stats(prefix: str) -> Stats:
             return Stats.from_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
 
         try:
-            return cls(modes[state_mode], stats("observation.state."), stats("action."), convention="lerobot")
+            return cls(mode, stats("observation.state."), stats("action."), convention="lerobot")
         except ValueError as exc:
             raise ValueError(f"{stats_file}: {exc}") from exc
 
@@ -200,11 +202,40 @@ class Normalizer:
         return cls.from_lerobot(folder)
 
 
+def _steps(path: Path) -> list[dict]:
+    """A LeRobot processor file's `steps`: a list of objects, else an error naming the file."""
+    steps = read_json(path).get("steps", [])
+    if not isinstance(steps, list):
+        raise ValueError(f"{path}: 'steps' must be a list of step objects, got {type(steps).__name__}")
+    for i, step in enumerate(steps):
+        if not isinstance(step, dict) or not isinstance(step.get("config", {}), dict):
+            got = f"config {step['config']!r}" if isinstance(step, dict) else repr(step)
+            raise ValueError(f"{path}: steps[{i}] must be an object with a 'config' object, got {got}"[:400])
+    return steps
+
+
+def _lerobot_mode(pipeline: Path, step: dict) -> str:
+    """The normalizer step's mode from its config.norm_map. Without a norm_map the statistics'
+    mode is unknown: reading it as identity would publish normalised actions as robot units."""
+    norm_map = step.get("config", {}).get("norm_map")
+    if not isinstance(norm_map, dict):
+        raise ValueError(
+            f"{pipeline}: the normalizer_processor step has statistics ({step['state_file']}) but its "
+            f"config.norm_map is {'missing' if norm_map is None else type(norm_map).__name__}; expected an "
+            'object such as {"STATE": "QUANTILES", "ACTION": "QUANTILES"} saying how they are applied'
+        )
+    modes = {"QUANTILES": "quantile", "MEAN_STD": "mean_std", "IDENTITY": "identity"}
+    state_mode, action_mode = norm_map.get("STATE", "IDENTITY"), norm_map.get("ACTION", "IDENTITY")
+    if state_mode != action_mode or state_mode not in modes:
+        raise ValueError(f"{pipeline}: unsupported normalisation STATE={state_mode} ACTION={action_mode}")
+    return modes[state_mode]
+
+
 def _refuse_relative_actions(folder: Path, pre_steps: list) -> None:
     """LeRobot's relative actions (the model predicts actions minus the state) are not converted
     back here: running such a checkpoint would publish offsets as positions."""
     post = folder / "policy_postprocessor.json"
-    post_steps = read_json(post).get("steps", []) if post.is_file() else []
+    post_steps = _steps(post) if post.is_file() else []
     names = ("relative_actions_processor", "absolute_actions_processor")
     enabled = [
         s["registry_name"]
@@ -221,7 +252,9 @@ def _refuse_relative_actions(folder: Path, pre_steps: list) -> None:
 def read_json(path: str | Path) -> dict:
     """A JSON object from a checkpoint folder; a malformed file's error names it."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not UTF-8 text ({exc}); expected a UTF-8 JSON file") from exc
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path} is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):

@@ -19,7 +19,7 @@ from .checkpoint import detect_layout, load_model, read_config
 from .config import PolicyConfig
 from .normalize import Normalizer
 from .pi0 import Pi0Model, count_parameters
-from .preprocess import images_to_pixels, require_a_view, resized_hw
+from .preprocess import frame_error, images_to_pixels, require_a_view, thin_frame_error
 from .prompt import PromptTokenizer, PromptTooLong, Tokens, worst_case_state
 
 log = logging.getLogger(__name__)
@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Observation:
-    """One robot observation. `images` are HxWx3 RGB uint8, ordered as the model's views;
-    None marks an absent camera."""
+    """One robot observation. `images` are numpy HxWx3 RGB uint8 (anything else is refused),
+    ordered as the model's views; None marks an absent camera."""
 
     images: list[np.ndarray | None]
     state: np.ndarray
@@ -59,12 +59,10 @@ class Policy:
         self.cfg: PolicyConfig = model.cfg
         self.tokenizer = tokenizer
         self.normalizer = normalizer or Normalizer("identity")
-        self.action_dof = action_dof or self.cfg.action_dim
+        self.action_dof = self.cfg.action_dim if action_dof is None else _check_dof(action_dof, self.cfg.action_dim)
         self.device = torch.device(device)
         if tokenizer.vocab_size > self.cfg.vocab_size:
             raise ValueError(f"tokenizer vocab {tokenizer.vocab_size} exceeds the model's {self.cfg.vocab_size}")
-        if self.action_dof > self.cfg.action_dim:
-            raise ValueError(f"robot has {self.action_dof} action dims, the model only {self.cfg.action_dim}")
         log.info(
             "policy %s: %.1fM parameters, %d views, prompt %d, horizon %d, %d steps, %s on %s",
             self.cfg.kind,
@@ -83,9 +81,10 @@ class Policy:
         if len(obs.images) != cfg.num_views:
             raise ValueError(f"expected {cfg.num_views} camera views, got {len(obs.images)}")
         require_a_view(obs.images)  # both backends: the fused one would run prompt-only
-        for i, img in enumerate(obs.images):  # the same frames for both backends
-            if img is not None and (img.ndim != 3 or img.shape[-1] != 3):
-                raise ValueError(f"camera view {i}: expected an RGB frame [H, W, 3], got shape {tuple(img.shape)}")
+        for i, img in enumerate(obs.images):  # the same frames for both backends, checked before any work
+            problem = None if img is None else frame_error(img, cfg.vision.image_size)
+            if problem:
+                raise ValueError(f"camera view {i}: {problem}; no action computed")
         state = np.asarray(obs.state, dtype=np.float32)
         if state.ndim != 1 or state.shape[0] > cfg.state_dim:
             raise ValueError(f"state must be a vector of at most {cfg.state_dim} values, got shape {state.shape}")
@@ -123,11 +122,8 @@ class Policy:
 
     def frame_problem(self, height: int, width: int) -> str | None:
         """Why a height x width camera frame cannot be used, or None: resized into the model's
-        square input (aspect kept), it must keep at least one row and one column."""
-        size = self.cfg.vision.image_size
-        if min(resized_hw(height, width, size)) >= 1:
-            return None
-        return f"resized into the model's {size}x{size} input it keeps no {'row' if height < width else 'column'}"
+        square input (aspect kept), it must have pixels and keep at least one row and one column."""
+        return thin_frame_error(height, width, self.cfg.vision.image_size)
 
     def prepare(self, obs: Observation) -> ModelInputs:
         tokens, mask, state = self.prepare_prompt_state(obs)
@@ -165,6 +161,16 @@ class Policy:
     ) -> np.ndarray:
         """-> actions [horizon, action_dof] float32 in robot units."""
         return self.infer_prepared(self.prepare(obs), noise, generator)
+
+
+def _check_dof(dof: object, action_dim: int) -> int:
+    """The robot's action dims: an int in 1..action_dim. 0 or a negative number would slice the
+    padded chunk silently (all 32 dims, or 32 - n), and a float fails only at the first decision."""
+    if isinstance(dof, bool) or not isinstance(dof, int | np.integer):
+        raise ValueError(f"action_dof must be an integer in 1..{action_dim}, got {dof!r} ({type(dof).__name__})")
+    if not 1 <= dof <= action_dim:
+        raise ValueError(f"action_dof must be in 1..{action_dim} (the model's action dims), got {dof}")
+    return int(dof)
 
 
 def random_init(model: Pi0Model, seed: int) -> Pi0Model:
