@@ -354,3 +354,85 @@ def test_reset_service(running):
     assert all(n <= dropped for (_, reason), n in counts.items() if reason == "absent"), counts
     assert {reason for (_, reason), n in counts.items() if n} <= {"absent", "dropped_decision"}, counts
     peer.assert_chunks_from_good_data()
+
+
+def _in_process_node(context, **params):
+    """A FlashRTNode in this process (real rclpy, nothing spinning): its callbacks are called
+    directly, to reach states a running node shows only by timing."""
+    from rclpy.parameter import Parameter
+
+    from flashrt_ros.ros.node import FlashRTNode
+
+    overrides = [Parameter(name, value=value) for name, value in {**TEST_PARAMS, **params}.items()]
+    return FlashRTNode(context=context, parameter_overrides=overrides)
+
+
+def test_after_the_stop_signal_nothing_is_published_or_changed(rclpy_context):
+    """Once a signal arrived (begin_shutdown), a decision in flight or queued publishes nothing,
+    and reset / capsule calls still waiting are refused without changing anything."""
+    from flashrt_ros.srv import SnapshotCapsule
+    from std_srvs.srv import Trigger
+
+    node = _in_process_node(rclpy_context)
+    try:
+        node.begin_shutdown()
+        before = (node.decisions, node.dropped_decisions)
+        node._on_decision()  # no inputs held: a running decision would count a skipped one
+        assert (node.decisions, node.dropped_decisions) == before
+        reset = node._on_reset(Trigger.Request(), Trigger.Response())
+        assert not reset.success and "shutting down" in reset.message
+        snap = node._on_snapshot(SnapshotCapsule.Request(name="late"), SnapshotCapsule.Response())
+        assert not snap.success and "shutting down" in snap.message
+        assert node.capsules.list() == []
+    finally:
+        node.destroy_node()
+
+
+def test_a_joint_state_older_than_the_one_held_is_refused_as_stale(rclpy_context):
+    """Two publishers on one joint topic: a message stamped before the sample already held does
+    not replace it (the policy would act on older data than it had); it is counted as stale."""
+    from rclpy.time import Time
+    from sensor_msgs.msg import JointState
+
+    node = _in_process_node(rclpy_context)
+    try:
+        slot = node.slots[-1]
+        now = node.get_clock().now().nanoseconds
+
+        def joints(age_s: float) -> JointState:
+            msg = JointState(name=list(JOINTS), position=[0.1] * len(JOINTS))
+            msg.header.stamp = Time(nanoseconds=now - int(age_s * 1e9)).to_msg()
+            return msg
+
+        node._on_joint_state(slot, joints(0.01))
+        held = slot.latest
+        node._on_joint_state(slot, joints(0.3))  # within max_age_s, but older than the held one
+        assert slot.latest is held
+        assert node.invalid[(slot.topic, "stale")] == 1
+        node._on_joint_state(slot, joints(0.0))
+        assert slot.latest is not held and node.invalid[(slot.topic, "stale")] == 1
+    finally:
+        node.destroy_node()
+
+
+def test_under_sim_time_idle_is_measured_on_the_ros_clock(rclpy_context):
+    """A simulator slower than real time spaces decisions far apart in wall time: the health
+    check reads the idle time on the timer's (ROS) clock, so it does not report ERROR."""
+    from diagnostic_msgs.msg import DiagnosticStatus
+    from rclpy.time import Time
+
+    node = _in_process_node(rclpy_context)
+    try:
+        clock = node.get_clock()
+        clock._set_ros_time_is_active(True)
+        clock.set_ros_time_override(Time(seconds=100))
+        node._last_decision_ros_ns = Time(seconds=100).nanoseconds - 50_000_000  # 0.05 s of sim time
+        node._last_decision_at = time.monotonic() - 30.0  # 30 s of wall time
+        assert node._idle_s() == pytest.approx(0.05)
+        level, message = node._health(node.snapshot())
+        assert level != DiagnosticStatus.ERROR, message
+        clock.set_ros_time_override(Time(seconds=103))  # 3 s of sim time with no decision
+        level, message = node._health(node.snapshot())
+        assert level == DiagnosticStatus.ERROR and message.startswith("no decision for 3.0 s"), message
+    finally:
+        node.destroy_node()

@@ -602,3 +602,21 @@ def test_sigint_is_handled_promptly_with_ros_time_stopped_and_a_slow_status(ros_
     code = node.stop()
     assert code == 0 and time.monotonic() - start < 3.0, (time.monotonic() - start, node.tail())
     node.wait_for_line("shutting down; stats:")
+
+
+def test_a_stop_signal_while_the_pipeline_is_built_stops_the_node_cleanly(ros_env, tmp_path):
+    """SIGINT while the pipeline is built (a checkpoint load and graph capture take minutes on a
+    robot): exit 0 without a traceback, also for a node started with SIGINT ignored (a script's
+    background job), which used to drop the signal until it spun."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the node's process
+    try:
+        node = NodeProcess(ros_env, tmp_path, new_namespace(), dict(TEST_PARAMS))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    node.wait_for_line("no checkpoint given", timeout=60)  # logged while the policy is built
+    code = node.stop(timeout=30)
+    output = "\n".join(node.lines)
+    assert code == 0 and "Traceback" not in output, node.tail()
+    assert "stopped by a signal while the pipeline was being built" in output or "shutting down; stats:" in output

@@ -54,7 +54,7 @@ from flashrt_ros.policies.prompt import PromptTooLong
 from flashrt_ros.ros import messages
 from flashrt_ros.ros.clock_watch import CLOCK_STALLED, ClockWatch
 from flashrt_ros.ros.image_convert import check_frame_size, compressed_to_rgb, image_to_rgb
-from flashrt_ros.ros.input_error import InputError
+from flashrt_ros.ros.input_error import STALE, InputError
 from flashrt_ros.ros.inputs import InputSlot, Sample, ThrottledLog
 from flashrt_ros.ros.joint_convert import check_fresh, joint_state_to_vector, stamp_to_ns
 from flashrt_ros.ros.params import (
@@ -67,7 +67,7 @@ from flashrt_ros.ros.params import (
     rcl_reason,
     unknown_names,
 )
-from flashrt_ros.ros.process import run_until_signal
+from flashrt_ros.ros.process import interrupt_on_signals, run_until_signal
 from flashrt_ros.srv import DropCapsule, ForkCapsule, ListCapsules, RestoreCapsule, SnapshotCapsule
 
 ABSENT = "absent"
@@ -116,6 +116,7 @@ class FlashRTNode(Node):
         # policy cannot keep (its timer always due) starves neither the status nor the services;
         # the decision and the services that change its state take turns on this lock instead
         self._state_lock = threading.Lock()
+        self.stopping = threading.Event()  # set by begin_shutdown
         self._create_inputs()
         self._create_outputs()
         self._create_timers()
@@ -156,6 +157,7 @@ class FlashRTNode(Node):
         self._last_invalid: dict[tuple[str, str], int] = {}
         self._last_stats_log = time.monotonic()
         self._clock_watch = ClockWatch()
+        self._last_decision_ros_ns = self.get_clock().now().nanoseconds
 
     def _create_inputs(self) -> None:
         cfg = self.cfg
@@ -290,12 +292,34 @@ class FlashRTNode(Node):
         self._accept(slot, Sample(state, msg.header.stamp, arrived, time.perf_counter_ns()))
 
     def _accept(self, slot: InputSlot, sample: Sample) -> None:
+        older = self._older_than_held(slot, sample)
+        if older is not None:
+            self._reject(slot, older)
+            return
         with self._lock:
             if not slot.used:
                 self.dropped_inputs += 1
             slot.latest, slot.used = sample, False
             slot.rejected_since_good.clear()
             self.conversion_stats.add({slot.topic: (sample.ready_ns - sample.arrived_ns) / 1e6})
+
+    def _older_than_held(self, slot: InputSlot, sample: Sample) -> InputError | None:
+        """A sample stamped before the one already held (two publishers on a topic, or a
+        reordered message): replacing the held one would feed the policy older data than it had.
+        A held stamp ahead of the clock (sim time jumped back, a bag loop) does not count: the
+        new sample is then the one that fits the clock."""
+        held = slot.latest
+        if held is None:
+            return None
+        held_ns, new_ns = stamp_to_ns(held.stamp), stamp_to_ns(sample.stamp)
+        if new_ns >= held_ns or held_ns > self.get_clock().now().nanoseconds:
+            return None
+        return InputError(
+            STALE,
+            slot.topic,
+            f"stamp is {(held_ns - new_ns) / 1e9:.3f} s older than the sample already held; the newer one is "
+            "kept (two publishers on this topic?)",
+        )
 
     def _reject(self, slot: InputSlot, err: InputError) -> None:
         with self._lock:
@@ -316,9 +340,15 @@ class FlashRTNode(Node):
         our services, and the node's default group (parameter services, /clock)."""
         return len(self.slots) + 4
 
+    def begin_shutdown(self) -> None:
+        """A signal arrived: the callbacks still in flight finish without publishing or changing
+        state, so that nothing happens after the node said it is shutting down."""
+        self.stopping.set()
+
     def _on_decision(self) -> None:
         with self._state_lock:  # a reset or capsule call waits for this decision, and the other way
-            self._decide()
+            if not self.stopping.is_set():
+                self._decide()
 
     def _decide(self) -> None:
         start = time.perf_counter_ns()
@@ -343,6 +373,9 @@ class FlashRTNode(Node):
             self._throttle((POLICY_ERROR,), "error", f"policy failed, no chunk published: {exc!r}")
             return
         latency_ms = (time.perf_counter_ns() - t0) / 1e6
+        if self.stopping.is_set():
+            self.get_logger().info(f"stop signal: chunk {decision.chunk_id}, computed meanwhile, not published")
+            return
         self._publish(decision, samples, latency_ms, cfg)
         self._account(samples, decision, start, time.perf_counter_ns(), cfg)
 
@@ -443,6 +476,7 @@ class FlashRTNode(Node):
                     slot.used = True
             self.decisions += 1
             self._last_decision_at = time.monotonic()
+            self._last_decision_ros_ns = self.get_clock().now().nanoseconds
             if end_ns - start_ns > 1e9 / cfg.rate_hz:
                 self.deadline_misses += 1
             streak, self._dropped_streak = self._dropped_streak, 0
@@ -499,11 +533,12 @@ class FlashRTNode(Node):
         new_invalid = {k: n - self._last_invalid.get(k, 0) for k, n in snap.invalid.items()}
         new_invalid = {k: n for k, n in new_invalid.items() if n > 0}
         self._last_health, self._last_invalid = now, dict(snap.invalid)
-        idle_s = time.monotonic() - self._last_decision_at
-        if idle_s > max(2.0 / self.cfg.rate_hz, 1.0 / self.cfg.status_rate_hz):
+        idle_s = self._idle_s()
+        if self._clock_watch.stalled or idle_s > max(2.0 / self.cfg.rate_hz, 1.0 / self.cfg.status_rate_hz):
             why = ", ".join(f"{r} {t}" for (t, r) in sorted(new_invalid)) or "no decision ran"
             if self._clock_watch.stalled:
                 why = self._clock_watch.describe(time.monotonic())
+                idle_s = time.monotonic() - self._last_decision_at
             return DiagnosticStatus.ERROR, f"no decision for {idle_s:.1f} s ({why})"
         invalid = sum(new_invalid.values())
         problems = [
@@ -514,6 +549,15 @@ class FlashRTNode(Node):
         if problems:
             return DiagnosticStatus.WARN, "running, with " + ", ".join(problems) + " since the last status"
         return DiagnosticStatus.OK, f"running at {self.cfg.rate_hz:g} Hz"
+
+    def _idle_s(self) -> float:
+        """Seconds since the last decision on the clock the decision timer runs on: under sim time
+        a simulator slower than real time spaces decisions further apart in wall time, which is
+        not a fault (a stalled clock is reported by the clock watch)."""
+        clock = self.get_clock()
+        if clock.ros_time_is_active:
+            return (clock.now().nanoseconds - self._last_decision_ros_ns) / 1e9
+        return time.monotonic() - self._last_decision_at
 
     def _maybe_log_stats(self, snap: messages.StatusSnapshot) -> None:
         period = self.cfg.stats_log_period_s
@@ -603,6 +647,8 @@ class FlashRTNode(Node):
 
     # ---- services --------------------------------------------------------------------------
     def _on_reset(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        if self._refuse_while_stopping("~/reset", response):
+            return response
         with self._state_lock, self._lock:
             self.state.reset()
             for slot in self.slots:
@@ -621,8 +667,12 @@ class FlashRTNode(Node):
     def _capsule_call(self, service: str, response: Any, action: Callable[[], str]) -> Any:
         """Run a capsule operation; failures become success=False with the reason, a counter
         (topic = the service, reason = the error kind) and a warning."""
+        if self._refuse_while_stopping(service, response):
+            return response
         try:
             with self._state_lock:  # between decisions
+                if self._refuse_while_stopping(service, response):  # began while this call waited
+                    return response
                 response.message = action()
             response.success = True
             self.get_logger().info(f"{service}: {response.message}")
@@ -633,6 +683,13 @@ class FlashRTNode(Node):
             response.success, response.message = False, str(exc)
             self.get_logger().warning(f"{service} refused: {exc}")
         return response
+
+    def _refuse_while_stopping(self, service: str, response: Any) -> bool:
+        if not self.stopping.is_set():
+            return False
+        response.success, response.message = False, "the node is shutting down: nothing was changed"
+        self.get_logger().info(f"{service} refused: the node is shutting down")
+        return True
 
     def _on_snapshot(self, request: Any, response: Any) -> Any:
         return self._capsule_call(
@@ -835,15 +892,23 @@ def main(args: list[str] | None = None) -> int:
     root = logging.getLogger("flashrt_ros")
     root.setLevel(logging.INFO)
     root.addHandler(_ForwardToRos(logger))
+    interrupt_on_signals()  # until spinning starts: building the pipeline can take minutes on a robot
     try:
         node = FlashRTNode()
+        executor = MultiThreadedExecutor(num_threads=node.callback_threads)
     except (ConfigError, StartupError) as exc:
         logger.error(f"not starting: {exc}")
         rclpy.try_shutdown()
         return 2 if isinstance(exc, ConfigError) else 1
-    executor = MultiThreadedExecutor(num_threads=node.callback_threads)
+    except KeyboardInterrupt:
+        logger.info("not starting: stopped by a signal while the pipeline was being built")
+        rclpy.try_shutdown()
+        return 0
     return run_until_signal(
-        node, executor, on_stop=lambda: node.get_logger().info(f"shutting down; {node.stats_line()}")
+        node,
+        executor,
+        on_signal=node.begin_shutdown,
+        on_stop=lambda: node.get_logger().info(f"shutting down; {node.stats_line()}"),
     )
 
 

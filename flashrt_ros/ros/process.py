@@ -42,6 +42,25 @@ def spin_until_signal(executor: Any) -> None:
         pass
 
 
+def interrupt_on_signals() -> None:
+    """Before spinning (while a node is built): SIGINT and SIGTERM raise KeyboardInterrupt, for
+    the caller to stop cleanly. Set explicitly: a process started in the background by a script
+    inherits SIGINT as ignored, and would otherwise drop it until spinning starts."""
+
+    def on_signal(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+
+def drain(executor: Any) -> None:
+    """Wait for the callbacks already handed to the executor's thread pool to finish."""
+    pool = getattr(executor, "_executor", None)  # MultiThreadedExecutor's ThreadPoolExecutor
+    if pool is not None:
+        pool.shutdown(wait=True)
+
+
 def stop_executor(executor: Any) -> None:
     """After spinning stopped: let the callbacks already handed to the thread pool (a decision
     in flight, queued sensor messages) finish, then shut the executor down, so that the node is
@@ -49,17 +68,29 @@ def stop_executor(executor: Any) -> None:
     it has just set) and destroys the guard condition that a queued callback triggers when it
     starts: shut down first, such a callback raised InvalidHandle ("The following exception was
     never retrieved: cannot use Destroyable ..." at exit). So the pool is joined first."""
-    pool = getattr(executor, "_executor", None)  # MultiThreadedExecutor's ThreadPoolExecutor
-    if pool is not None:
-        pool.shutdown(wait=True)
+    drain(executor)
     executor.shutdown()
 
 
-def run_until_signal(node: Any, executor: Any, on_stop: Callable[[], None] | None = None) -> int:
-    """Spin `node` on `executor` until a signal; `on_stop` runs before anything is torn down."""
+def run_until_signal(
+    node: Any,
+    executor: Any,
+    on_stop: Callable[[], None] | None = None,
+    on_signal: Callable[[], None] | None = None,
+) -> int:
+    """Spin `node` on `executor` until a signal. Then `on_signal` runs (e.g. the node stops
+    publishing), the callbacks in flight finish, and `on_stop` runs (so what it reports counts
+    them) before anything is torn down. A signal before spinning starts (KeyboardInterrupt from
+    `interrupt_on_signals`) stops it the same way."""
     executor.add_node(node)
     try:
-        spin_until_signal(executor)
+        try:
+            spin_until_signal(executor)
+        except KeyboardInterrupt:
+            pass
+        if on_signal is not None:
+            on_signal()
+        drain(executor)
         if on_stop is not None:
             on_stop()
     finally:
