@@ -144,7 +144,13 @@ def measure(args: argparse.Namespace) -> dict:
     )
     executor = MultiThreadedExecutor(num_threads=node.callback_threads)  # as flashrt_node's main()
     executor.add_node(node)
-    spinner = threading.Thread(target=executor.spin, daemon=True)
+    stop = threading.Event()
+
+    def spin() -> None:  # short waits, so that it stops before the executor's pool is shut down
+        while not stop.is_set():
+            executor.spin_once(timeout_sec=0.1)
+
+    spinner = threading.Thread(target=spin, daemon=True)
     spinner.start()
     try:
         time.sleep(args.warmup)
@@ -152,6 +158,8 @@ def measure(args: argparse.Namespace) -> dict:
         cpu0, wall0 = _cpu_seconds(), time.monotonic()
         time.sleep(args.duration)
         cpu1, wall1 = _cpu_seconds(), time.monotonic()
+        stop.set()
+        spinner.join()  # (it submitted to a shut-down pool: "cannot schedule new futures after shutdown")
         stop_executor(executor)  # no decision may add to the statistics while they are read
         with node._lock:
             after = (node.decisions, node.deadline_misses, node.dropped_decisions, sum(node.invalid.values()))
@@ -159,6 +167,8 @@ def measure(args: argparse.Namespace) -> dict:
         node_stages = node.node_stats.summaries()
         policy_stages = node.state.pipeline.stats.summaries()
     finally:
+        stop.set()
+        spinner.join()
         stop_executor(executor)
         node.destroy_node()
         rclpy.try_shutdown()
