@@ -429,6 +429,7 @@ def test_under_sim_time_idle_is_measured_on_the_ros_clock(rclpy_context):
         node._last_decision_ros_ns = Time(seconds=100).nanoseconds - 50_000_000  # 0.05 s of sim time
         node._last_decision_at = time.monotonic() - 30.0  # 30 s of wall time
         assert node._idle_s() == pytest.approx(0.05)
+        assert node.state.pipeline.stats.clock() == pytest.approx(100.0)  # stage rates on the ROS clock too
         level, message = node._health(node.snapshot())
         assert level != DiagnosticStatus.ERROR, message
         clock.set_ros_time_override(Time(seconds=103))  # 3 s of sim time with no decision

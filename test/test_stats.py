@@ -33,3 +33,16 @@ def test_window_keeps_the_latest() -> None:
         stats.add({"x": float(i)}, now=float(i))
     (x,) = stats.summaries(now=9.5)
     assert x.count == 10 and x.p50_ms == pytest.approx(7.5) and x.rate_hz == pytest.approx(1.0)
+
+
+def test_rates_are_read_on_the_given_clock():
+    """A node under sim time rates its stages on ROS time: 10 completions 0.1 s apart on the
+    given clock are 10 Hz, however much wall time passed."""
+    now = [100.0]
+    stats = PipelineStats(window=50, clock=lambda: now[0])
+    for _ in range(10):
+        stats.add({"prefix": 1.0})
+        now[0] += 0.1
+    now[0] -= 0.1  # read at the last completion
+    (summary,) = stats.summaries()
+    assert summary.rate_hz == pytest.approx(10.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,18 +21,20 @@ class StageSummary:
 
 
 class StageStats:
-    """Keeps the last `window` latencies and completion times of one stage."""
+    """Keeps the last `window` latencies and completion times of one stage. Times are read from
+    `clock` (seconds), so a ROS node can rate its stages on the clock its timers run on."""
 
-    def __init__(self, name: str, window: int = 200):
+    def __init__(self, name: str, window: int = 200, clock: Callable[[], float] = time.monotonic):
         self.name = name
         self.count = 0
+        self._clock = clock
         self._latency_ms: deque[float] = deque(maxlen=window)
         self._done_at: deque[float] = deque(maxlen=window)
 
     def add(self, latency_ms: float, now: float | None = None) -> None:
         self.count += 1
         self._latency_ms.append(latency_ms)
-        self._done_at.append(time.monotonic() if now is None else now)
+        self._done_at.append(self._clock() if now is None else now)
 
     def summary(self, now: float | None = None) -> StageSummary:
         if not self._latency_ms:
@@ -47,7 +50,7 @@ class StageStats:
         span = self._done_at[-1] - self._done_at[0]
         if n < 1 or span <= 0:
             return 0.0
-        now = time.monotonic() if now is None else now
+        now = self._clock() if now is None else now
         end = max(self._done_at[-1], now - span / n)
         return n / (end - self._done_at[0])
 
@@ -55,13 +58,14 @@ class StageStats:
 class PipelineStats:
     """One StageStats per stage name, created on first use, kept in insertion order."""
 
-    def __init__(self, window: int = 200):
+    def __init__(self, window: int = 200, clock: Callable[[], float] = time.monotonic):
         self.window = window
+        self.clock = clock
         self.stages: dict[str, StageStats] = {}
 
     def add(self, timings_ms: dict[str, float], now: float | None = None) -> None:
         for name, ms in timings_ms.items():
-            self.stages.setdefault(name, StageStats(name, self.window)).add(ms, now)
+            self.stages.setdefault(name, StageStats(name, self.window, self.clock)).add(ms, now)
 
     def summaries(self, now: float | None = None) -> list[StageSummary]:
         return [s.summary(now) for s in self.stages.values()]

@@ -149,9 +149,11 @@ class FlashRTNode(Node):
         self.dropped_inputs = 0
         self.invalid: Counter = Counter()  # (topic, reason) -> count
         self._dropped_streak = 0
-        self.node_stats = PipelineStats(self.stats_window)  # node_overhead, input_wait, arrival_to_publish
+        # decision stages rated on the decision timer's clock (compared with target_rate_hz), the
+        # inputs' conversions on wall time (their publishers' rates)
+        self.node_stats = PipelineStats(self.stats_window, self._timer_seconds)  # node_overhead, input_wait, ...
         self.conversion_stats = PipelineStats(self.stats_window)  # per topic, guarded by _lock
-        self.state.pipeline.stats = PipelineStats(self.stats_window)
+        self.state.pipeline.stats = PipelineStats(self.stats_window, self._timer_seconds)
         self._last_health = (0, 0)
         self._last_decision_at = time.monotonic()
         self._last_invalid: dict[tuple[str, str], int] = {}
@@ -549,6 +551,14 @@ class FlashRTNode(Node):
         if problems:
             return DiagnosticStatus.WARN, "running, with " + ", ".join(problems) + " since the last status"
         return DiagnosticStatus.OK, f"running at {self.cfg.rate_hz:g} Hz"
+
+    def _timer_seconds(self) -> float:
+        """Now on the clock the decision timer runs on: ROS time under sim time (a simulator
+        slower than real time decides less often per wall second, as it should), else monotonic."""
+        clock = self.get_clock()
+        if clock.ros_time_is_active:
+            return clock.now().nanoseconds / 1e9
+        return time.monotonic()
 
     def _idle_s(self) -> float:
         """Seconds since the last decision on the clock the decision timer runs on: under sim time
