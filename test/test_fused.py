@@ -372,35 +372,6 @@ def test_vision_attention_setting(monkeypatch, backend):
                 call()
 
 
-@pytest.mark.parametrize("o_splits,fc2_splits", [(2, 4), (3, 2)])
-def test_vision_split_k_setting(monkeypatch, o_splits, fc2_splits):
-    """`VISION_O_SPLIT_K` / `VISION_FC2_SPLIT_K` (bench/fused_ab.py's hooks): O and fc2 as split-K
-    partials summed by the next LayerNorm give the reference tower's tokens; a split that does not
-    divide K (3 of the tiny O's 32) runs that GEMM whole; invalid values are refused by name."""
-    import flashrt_ros.policies.fused as fused_mod
-
-    model = tiny_model("pi05", seed=4, num_views=2).to(DEVICE)
-    x = tiny_inputs(model.cfg, batch=1)
-    fused = FusedPi0(model, torch.float32)
-    fused.set_pixels(x["pixels"][0].to(DEVICE), [True, True])
-    with torch.no_grad():
-        ref = model.embed_images(x["pixels"][:, :2].to(DEVICE))[0]
-    batched = []
-    real = torch.bmm
-    monkeypatch.setattr(torch, "bmm", lambda a, b: batched.append(a.shape[0]) or real(a, b))
-    monkeypatch.setattr(fused_mod, "VISION_O_SPLIT_K", o_splits)
-    monkeypatch.setattr(fused_mod, "VISION_FC2_SPLIT_K", fc2_splits)
-    torch.testing.assert_close(fused.vision(), ref, rtol=1e-4, atol=1e-4)
-    o_split = model.cfg.vision.width % o_splits == 0  # O's K is the width; fc2's (64) both divide
-    per_layer = ([o_splits] if o_split else []) + [fc2_splits]
-    assert batched == per_layer * model.cfg.vision.depth
-    assert f"fc2 in {fc2_splits} K splits" in fused.describe()
-    monkeypatch.setattr(fused_mod, "VISION_FC2_SPLIT_K", 0)
-    for call in (fused.vision, fused.capture):
-        with pytest.raises(ValueError, match=r"VISION_FC2_SPLIT_K 0: expected an int in 1..8"):
-            call()
-
-
 def test_prefix_attention_tiles_setting(monkeypatch):
     """`PREFIX_ATTENTION_TILES` (the hook bench/fused_ab.py A/Bs on the GPU) runs the prefix
     attention with the given launch, here split over 2 key ranges and combined: same chunk."""

@@ -67,33 +67,3 @@ def test_layer_norm_gpu_real_shape(with_x_bias: bool) -> None:
     y_ref, s_ref = layer_norm_ref(x, w, b, residual=r, x_bias=xb)
     torch.testing.assert_close(s, s_ref, atol=0, rtol=0)
     torch.testing.assert_close(y.float(), y_ref.float(), **TOL[torch.bfloat16])
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("parts,with_bias", [(1, False), (2, True), (3, False), (4, True)])
-def test_layer_norm_sums_split_k_partials(parts: int, with_bias: bool, dtype: torch.dtype) -> None:
-    """`partials`: x is [P, T, D], the split-K products of the GEMM before the norm, summed (with
-    its bias) and rounded once; s bit for bit as the reference, y within tolerance, and both the
-    norm of the summed product (not of the first partial alone)."""
-    T, D = 11, 130
-    g = torch.Generator().manual_seed(parts)
-    x = (torch.randn(parts, T, D, generator=g) + 1).to(dtype).to(DEVICE)
-    _, r, w, b = _inputs(T, D, dtype, seed=parts + 40)
-    xb = (torch.randn(D, generator=g)).to(dtype).to(DEVICE) if with_bias else None
-    y, s = layer_norm(x, w, b, residual=r, x_bias=xb, partials=True)
-    y_ref, s_ref = layer_norm_ref(x, w, b, residual=r, x_bias=xb, partials=True)
-    torch.testing.assert_close(s, s_ref, atol=0, rtol=0)
-    torch.testing.assert_close(y.float(), y_ref.float(), **TOL[dtype])
-    summed = sum((part.float() for part in x[1:]), x[0].float()) + (xb.float() if with_bias else 0)
-    torch.testing.assert_close(s.float(), (summed.to(dtype).float() + r.float()).to(dtype).float(), atol=0, rtol=0)
-    if parts > 1:
-        assert not torch.equal(s, layer_norm_ref(x[0], w, b, residual=r, x_bias=xb)[1])
-
-
-def test_layer_norm_partials_refuses_bad_shapes() -> None:
-    x, r, w, b = _inputs(6, 48, torch.float32, seed=9)
-    with pytest.raises(ValueError, match=r"partials: x must be \[P, rows, D\]"):
-        layer_norm(x, w, b, partials=True)
-    overlapping = x.unsqueeze(0).expand(2, 6, 48)
-    with pytest.raises(ValueError, match="partials: x's 2 slices overlap"):
-        layer_norm(overlapping, w, b, partials=True)

@@ -12,11 +12,6 @@ cancellation); ``s = x + residual`` is rounded to the storage dtype and that sto
 normed, as in the eager model. With `x_bias`, ``x + x_bias`` is rounded to x's dtype first (the
 GEMM's epilogue would have stored it so, from its fp32 accumulator rather than from x: one bf16
 rounding more).
-
-Split-K (`partials=True`): x is ``[P, ..., D]``, the P partial products of a GEMM whose K was
-split so that more tiles run at once (SigLIP's O and fc2 give 54 output tiles of 128 x 128 for
-132 SMs). The partials are summed here in fp32, in order, with `x_bias`, and rounded once to x's
-dtype: the value the unsplit GEMM's epilogue would store, up to the partials' own rounding.
 """
 
 from __future__ import annotations
@@ -41,13 +36,11 @@ def _layer_norm_kernel(
     s_ptr,
     D,
     stride_x,
-    stride_p,
     stride_r,
     stride_y,
     stride_s,
     eps,
     HAS_X_BIAS: tl.constexpr,
-    PARTS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -61,11 +54,8 @@ def _layer_norm_kernel(
     mask = cols < D
 
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    for p in tl.static_range(1, PARTS):  # split-K partials, summed in order
-        x = x + tl.load(x_ptr + p * stride_p + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_X_BIAS:
         x = x + tl.load(xb_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    if HAS_X_BIAS or PARTS > 1:
         if FIX_X:
             x = round_bf16_rtne(x)
         x = x.to(x_ptr.dtype.element_ty).to(tl.float32)
@@ -101,7 +91,6 @@ def layer_norm(
     residual_out: torch.Tensor | None = None,
     num_warps: int | None = None,
     x_bias: torch.Tensor | None = None,
-    partials: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """LayerNorm over the last dim, optionally of ``s = x + residual``.
 
@@ -113,21 +102,9 @@ def layer_norm(
         out / residual_out: optional static buffers; ``residual_out`` may alias x or residual.
         num_warps: launch setting; None: by row width (`num_warps_for`).
         x_bias: optional [D], added to x first (the bias of the GEMM that produced x).
-        partials: x is [P, ..., D], split-K partial products summed into x first; the other
-            tensors and the results have x's shape without the leading P.
     """
     D = x.shape[-1]
-    parts, stride_p = 1, 0
-    if partials:
-        if x.dim() < 3 or x.shape[0] < 1:
-            raise ValueError(f"partials: x must be [P, rows, D] with P >= 1, got {tuple(x.shape)}")
-        parts, stride_p = x.shape[0], x.stride(0)
-        x2 = rows_2d(x[0], "x")
-        if parts > 1 and stride_p < x2.numel():
-            raise ValueError(f"partials: x's {parts} slices overlap (stride {stride_p} for {x2.numel()} elements)")
-        x = x[0]
-    else:
-        x2 = rows_2d(x, "x")
+    x2 = rows_2d(x, "x")
     for name, p in (("weight", weight), ("bias", bias), ("x_bias", x_bias)):
         if p is not None and (p.shape != (D,) or not p.is_contiguous()):
             raise ValueError(f"{name} must be a contiguous [{D}] tensor, got {tuple(p.shape)}")
@@ -157,13 +134,11 @@ def layer_norm(
             s2,
             D,
             x2.stride(0),
-            stride_p,
             r2.stride(0),
             y2.stride(0),
             s2.stride(0),
             float(eps),
             HAS_X_BIAS=x_bias is not None,
-            PARTS=parts,
             HAS_RESIDUAL=residual is not None,
             HAS_WEIGHT=weight is not None,
             HAS_BIAS=bias is not None,
@@ -183,18 +158,9 @@ def layer_norm_ref(
     eps: float = 1e-6,
     residual: torch.Tensor | None = None,
     x_bias: torch.Tensor | None = None,
-    partials: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``torch.nn.functional.layer_norm`` in fp32 (of ``x + residual`` rounded to x's dtype;
-    with `x_bias`, of ``x + x_bias`` rounded to x's dtype, plus the residual; with `partials`,
-    x [P, ..., D] summed over P in fp32 with the bias and rounded once)."""
-    if partials:
-        total = x[0].float()  # [..., D]
-        for part in x[1:]:  # in order, as the kernel adds them
-            total = total + part.float()
-        if x_bias is not None:
-            total = total + x_bias.float()
-        x, x_bias = total.to(x.dtype), None
+    with `x_bias`, of ``x + x_bias`` rounded to x's dtype, plus the residual)."""
     if x_bias is not None:
         x = (x.float() + x_bias.float()).to(x.dtype)  # [..., D]
     s = None

@@ -86,13 +86,6 @@ PREFIX_NORM_WARPS: int | None = None
 # The captured vision stage (H200, pi0.5, 3 views; bench/fused_ab.py, 7 alternating rounds):
 # 1.882 vs 2.058 ms, lower in every round (docs/results/fused_ab_vision_bias_67eea7e.log)
 VISION_BIAS_IN_NORM = True
-# SigLIP's O (768 x 1152 -> 1152) and fc2 (768 x 4304 -> 1152) GEMMs split along K into this many
-# partial products in one strided-batched cuBLAS call, summed by the LayerNorm after each
-# (kernels/layer_norm.py `partials`): at 768 rows cuBLAS's 128 x 128 tiles give 54 output tiles for
-# 132 SMs, and the partials give 2-4 times as many. 1: one GEMM. A split that does not divide K
-# runs that GEMM unsplit.
-VISION_O_SPLIT_K = 1
-VISION_FC2_SPLIT_K = 1
 # The prefix LM's attention launch, "BMxBN,wWARPS,sSTAGES,kSPLITS" (e.g. "128x32,w8,s3,k2"), or None
 # for the kernel's heuristic (on the H200 at 3 views: 128 x 64 tiles, 8 warps, 2 stages, 2 key
 # splits; 92 us per prefix faster in place than 64 x 32 on 4 warps, 3 stages, no split, which is
@@ -156,9 +149,6 @@ def check_settings() -> None:
         raise ValueError(f"PREFIX_MLP {PREFIX_MLP!r}: expected 'triton' or 'cublas'")
     _attention_tiles(VISION_ATTENTION_TILES, "VISION_ATTENTION_TILES", splits=False)
     _attention_tiles(PREFIX_ATTENTION_TILES)
-    for name, value in (("VISION_O_SPLIT_K", VISION_O_SPLIT_K), ("VISION_FC2_SPLIT_K", VISION_FC2_SPLIT_K)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 8:
-            raise ValueError(f"{name} {value!r}: expected an int in 1..8 (the K splits)")
 
 
 @dataclass
@@ -214,30 +204,12 @@ def _siglip(layer, dtype) -> SiglipW:
     )
 
 
-def _linear_before_norm(
-    x: Tensor, weight: Tensor, bias: Tensor | None, splits: int = 1
-) -> tuple[Tensor, Tensor | None, bool]:
-    """x @ weight.T for a LayerNorm to read, as (product, bias for the norm to add, partials).
-    With VISION_BIAS_IN_NORM the GEMM runs without its bias and the norm adds it; else the bias is
-    in the GEMM's epilogue (None returned). With `splits` > 1 dividing K (and the bias in the
-    norm), the product is [splits, rows, N]: split-K partials for the norm to sum."""
-    if not VISION_BIAS_IN_NORM:
-        return F.linear(x, weight, bias), None, False
-    k = x.shape[-1]
-    if splits > 1 and k % splits == 0:
-        return split_k_matmul(x, weight, splits), bias, True
-    return x @ weight.t(), bias, False
-
-
-def split_k_matmul(x: Tensor, weight: Tensor, splits: int) -> Tensor:
-    """x [R, K] @ weight[N, K].T as `splits` partial products [splits, R, N], in one strided-batched
-    GEMM over views of x and weight (no copies: each K slice is a matrix with leading dimension K)."""
-    r, k = x.shape
-    n = weight.shape[0]
-    part = k // splits
-    a = x.view(r, splits, part).transpose(0, 1)  # [S, R, K/S], row stride K
-    b = weight.view(n, splits, part).permute(1, 2, 0)  # [S, K/S, N], transposed, leading dim K
-    return torch.bmm(a, b)
+def _linear_before_norm(x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """x @ weight.T for a LayerNorm to read: with VISION_BIAS_IN_NORM the GEMM runs without its
+    bias, returned for the norm to add; else the bias is in the GEMM's epilogue (None returned)."""
+    if VISION_BIAS_IN_NORM:
+        return x @ weight.t(), bias
+    return F.linear(x, weight, bias), None
 
 
 def _linear_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
@@ -584,17 +556,14 @@ class FusedPi0:
         eps, nw = spec.layer_norm_eps, VISION_NORM_WARPS
         check_settings()
         tiles = _attention_tiles(VISION_ATTENTION_TILES, "VISION_ATTENTION_TILES", splits=False)
-        mlp_bias, mlp_parts = None, False  # the bias of the GEMM before each LayerNorm, where the norm adds it
+        mlp_bias = None  # the bias of the GEMM before each LayerNorm, where the norm adds it
         for w in self.vision_layers:
-            y, h = layer_norm(mlp_out, *w.ln1, eps=eps, residual=h, num_warps=nw, x_bias=mlp_bias, partials=mlp_parts)
+            y, h = layer_norm(mlp_out, *w.ln1, eps=eps, residual=h, num_warps=nw, x_bias=mlp_bias)
             a = self._vision_attention(F.linear(y, *w.qkv), v, n, heads, hd, tiles)
-            o, o_bias, o_parts = _linear_before_norm(a, *w.out, splits=VISION_O_SPLIT_K)
-            y, h = layer_norm(o, *w.ln2, eps=eps, residual=h, num_warps=nw, x_bias=o_bias, partials=o_parts)
-            fc1 = _linear_gelu_tanh(y, *w.fc1)
-            mlp_out, mlp_bias, mlp_parts = _linear_before_norm(fc1, *w.fc2, splits=VISION_FC2_SPLIT_K)
-        y, _ = layer_norm(
-            mlp_out, *self.post_ln, eps=eps, residual=h, num_warps=nw, x_bias=mlp_bias, partials=mlp_parts
-        )
+            o, o_bias = _linear_before_norm(a, *w.out)
+            y, h = layer_norm(o, *w.ln2, eps=eps, residual=h, num_warps=nw, x_bias=o_bias)
+            mlp_out, mlp_bias = _linear_before_norm(_linear_gelu_tanh(y, *w.fc1), *w.fc2)
+        y, _ = layer_norm(mlp_out, *self.post_ln, eps=eps, residual=h, num_warps=nw, x_bias=mlp_bias)
         weight, bias = self.proj
         return torch.addmm(bias, y, weight.t(), out=out)
 
@@ -846,9 +815,6 @@ class FusedPi0:
             vision_attn += f" at {VISION_ATTENTION_TILES}"
         if VISION_BIAS_IN_NORM:
             fc1 += "; O / fc2 biases added by the LayerNorm after them"
-            split_k = (("O", VISION_O_SPLIT_K), ("fc2", VISION_FC2_SPLIT_K))
-            splits = [f"{name} in {k} K splits" for name, k in split_k if k > 1]
-            fc1 += f" ({', '.join(splits)}, summed by the LayerNorm)" if splits else ""
         return (
             f"vision: patch-embedding GEMM, {len(self.vision_layers)} SigLIP layers (Triton LayerNorm, {gemm}, "
             f"{vision_attn}, {fc1}); prefix LM: {len(self.prefix_layers)} layers ({gemm} GEMMs, Triton rms_norm / "
