@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -174,3 +176,24 @@ def test_config_parses_as_a_ros_parameters_file(path, ros_env):
     context = Context()
     context.init(["--ros-args", "--params-file", str(path)])  # raises RCLError on a bad file
     context.try_shutdown()
+
+
+@pytest.mark.parametrize("exe,flag", [("flashrt_node", "--help"), ("synthetic_sensors", "-h")])
+def test_help_prints_the_parameters_and_starts_nothing(ros_env, exe, flag):
+    """`--help` / `-h` (also after `--ros-args ... --`) prints every parameter with its default
+    and exits 0 before rclpy starts: no policy is built, nothing is published (synthetic_sensors
+    would otherwise put fake joint states on the shell's ROS domain)."""
+    from flashrt_ros.ros.params import PARAMETERS
+    from flashrt_ros.ros.synthetic_sensors import PARAMETER_HELP
+
+    for args in ([flag], ["--ros-args", "-p", "rate_hz:=5.0", "--", flag]):
+        done = subprocess.run(
+            [sys.executable, str(REPO / "scripts" / "ros" / exe), *args],
+            env=ros_env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.startswith(f"usage: ros2 run flashrt_ros {exe} "), done.stdout
+        names = PARAMETERS if exe == "flashrt_node" else PARAMETER_HELP
+        for name in names:
+            assert f"\n  {name} " in done.stdout, (name, done.stdout)
+        assert "publishing" not in done.stdout + done.stderr and "[INFO]" not in done.stdout + done.stderr

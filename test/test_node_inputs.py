@@ -347,6 +347,7 @@ def test_params_file_rcl_cannot_parse_exits_2_without_a_traceback(ros_env, tmp_p
     assert code == 2, output
     assert "not starting: the ROS arguments or a params file are invalid" in output
     assert "Sequence should be of same type" in output and "Traceback" not in output
+    assert ".c:" not in output.split("not starting:")[1], output  # rcl's C source locations left out
 
 
 def test_policy_that_cannot_be_built_exits_non_zero(ros_env, tmp_path):

@@ -68,6 +68,7 @@ from flashrt_ros.ros.params import (
     unknown_names,
 )
 from flashrt_ros.ros.process import interrupt_on_signals, run_until_signal
+from flashrt_ros.ros.usage import help_requested, usage
 from flashrt_ros.srv import DropCapsule, ForkCapsule, ListCapsules, RestoreCapsule, SnapshotCapsule
 
 ABSENT = "absent"
@@ -889,14 +890,37 @@ class _ForwardToRos(logging.Handler):
             self.ros_logger.info(text)
 
 
+def node_usage() -> str:
+    """`flashrt_node --help`: every parameter with its default and description."""
+    defaults = NodeConfig().as_dict()
+    params = {
+        name: (defaults[name], info.description + (" [runtime]" if info.runtime else ""))
+        for name, info in PARAMETERS.items()
+    }
+    return usage(
+        NODE_NAME,
+        "Runs a pi0 / pi0.5 policy on camera and joint-state topics and publishes action chunks "
+        "(~/action_chunk, ~/joint_trajectory), ~/status and /diagnostics. Parameters marked [runtime] "
+        "may be changed while it runs; docs/ros.md has the topics, services and input checks.",
+        params,
+        "ros2 run flashrt_ros flashrt_node --ros-args --params-file config/flashrt.yaml -p rate_hz:=5.0",
+    )
+
+
 def main(args: list[str] | None = None) -> int:
     """Entry point of ``ros2 run flashrt_ros flashrt_node`` and ``python -m flashrt_ros.ros.node``.
     Exit codes: 0 after a normal shutdown, 2 for invalid parameters, 1 if the policy cannot
     be built."""
+    argv = args if args is not None else sys.argv
+    if help_requested(argv):
+        print(node_usage())
+        return 0
     try:
-        rclpy.init(args=args if args is not None else sys.argv, signal_handler_options=SignalHandlerOptions.NO)
+        rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
     except RCLError as exc:  # e.g. a params file rcl cannot parse (a list mixing strings and numbers)
-        print(f"[{NODE_NAME}] not starting: the ROS arguments or a params file are invalid: {exc}", file=sys.stderr)
+        # rcl has printed its own "[ERROR] [rcl]: ..." line before this one
+        reason = rcl_reason(exc)
+        print(f"[{NODE_NAME}] not starting: the ROS arguments or a params file are invalid: {reason}", file=sys.stderr)
         return 2
     logger = get_logger(NODE_NAME)
     root = logging.getLogger("flashrt_ros")

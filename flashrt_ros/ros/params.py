@@ -474,7 +474,7 @@ def rcl_reason(exc: Exception) -> str:
     """rcl's sentence from an rclpy error, without its C source location, its repetition of
     the name and the caret drawing under it."""
     text = str(exc).split("\n")[0]
-    text = re.sub(r", at /\S+:\d+$", "", text)
+    text = re.sub(r",? at /\S+:\d+", "", text)  # rcl appends one per layer it passed through
     text = re.sub(r"^(failed to resolve name|Invalid topic name|topic name '.*' is invalid): ", "", text)
     return text.rstrip(":").strip()
 

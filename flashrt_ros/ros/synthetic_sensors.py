@@ -30,6 +30,7 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 
 from flashrt_ros.ros.params import ALOHA_JOINTS, DEFAULT_CAMERAS, ConfigError
 from flashrt_ros.ros.process import run_until_signal
+from flashrt_ros.ros.usage import dataclass_defaults, help_requested, usage
 
 NODE_NAME = "synthetic_sensors"
 ENCODINGS = ("rgb8", "bgr8", "jpeg")
@@ -214,8 +215,38 @@ def _descriptor() -> Any:
     return ParameterDescriptor(dynamic_typing=True)
 
 
+PARAMETER_HELP = {
+    "camera_topics": "sensor_msgs/Image (CompressedImage for jpeg) topics to publish",
+    "encoding": f"one of {', '.join(ENCODINGS)}",
+    "image_width": "pixels",
+    "image_height": "pixels",
+    "camera_rate_hz": "frames per second per camera",
+    "joint_state_topic": "sensor_msgs/JointState topic",
+    "joint_names": "joints published, following slow sinusoids",
+    "joint_rate_hz": "joint states per second",
+    "jpeg_quality": "1..100, for encoding jpeg",
+}
+
+
+def sensors_usage() -> str:
+    """`synthetic_sensors --help`: every parameter with its default."""
+    defaults = dataclass_defaults(SensorConfig)
+    return usage(
+        NODE_NAME,
+        "Publishes synthetic cameras and joint states, stamped with the node clock, so that flashrt_node "
+        "can run with nothing attached. Do not run it beside a robot's own drivers on the same ROS domain: "
+        "it publishes joint states.",
+        {name: (defaults[name], text) for name, text in PARAMETER_HELP.items()},
+        "ros2 run flashrt_ros synthetic_sensors --ros-args -p camera_rate_hz:=15.0 -p encoding:=jpeg",
+    )
+
+
 def main(args: list[str] | None = None) -> int:
-    rclpy.init(args=args if args is not None else sys.argv, signal_handler_options=SignalHandlerOptions.NO)
+    argv = args if args is not None else sys.argv
+    if help_requested(argv):
+        print(sensors_usage())
+        return 0
+    rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
     try:
         node = SyntheticSensors()
     except ConfigError as exc:

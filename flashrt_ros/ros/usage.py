@@ -1,0 +1,54 @@
+"""`-h` / `--help` for the ROS executables: print what the node takes and exit, before rclpy
+starts anything.
+
+Without this, `flashrt_node --help` built the policy and started deciding, and
+`synthetic_sensors --help` started publishing fake joint states on whatever ROS domain the
+shell was in: on a robot, beside the real ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from collections.abc import Mapping
+
+HELP_FLAGS = ("-h", "--help")
+
+
+def help_requested(argv: list[str]) -> bool:
+    """Whether `-h` / `--help` is among the arguments outside `--ros-args ... [--]` (split by
+    hand: rclpy's own parser would already read, and refuse, a broken params file)."""
+    inside, outside = False, []
+    for arg in argv[1:]:
+        if arg == "--ros-args":
+            inside = True
+        elif inside and arg == "--":
+            inside = False
+        elif not inside:
+            outside.append(arg)
+    return any(arg in HELP_FLAGS for arg in outside)
+
+
+def usage(executable: str, summary: str, parameters: Mapping[str, tuple[object, str]], example: str) -> str:
+    """The help text: what the executable does, how to set its ROS parameters, and each parameter
+    with its default and description."""
+    width = max(len(name) for name in parameters)
+    lines = [
+        f"usage: ros2 run flashrt_ros {executable} [--ros-args -p NAME:=VALUE ... | --params-file FILE]",
+        "",
+        textwrap.fill(summary, 100),
+        "",
+        "parameters (default: description):",
+    ]
+    lines += [f"  {name:<{width}}  {default!r}: {text}" for name, (default, text) in parameters.items()]
+    lines += ["", f"example: {example}"]
+    return "\n".join(lines)
+
+
+def dataclass_defaults(config: type) -> dict[str, object]:
+    """Each field of a config dataclass and its default value."""
+    defaults = {}
+    for f in dataclasses.fields(config):
+        has_factory = f.default_factory is not dataclasses.MISSING
+        defaults[f.name] = f.default_factory() if has_factory else f.default
+    return defaults
