@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flashrt_ros.engine.stats import PipelineStats
+from flashrt_ros.engine.stats import RATE_SPAN_S, PipelineStats
 
 
 def test_percentiles_and_steady_rate() -> None:
@@ -46,3 +46,29 @@ def test_rates_are_read_on_the_given_clock():
     now[0] -= 0.1  # read at the last completion
     (summary,) = stats.summaries()
     assert summary.rate_hz == pytest.approx(10.0)
+
+
+def test_a_new_rate_shows_within_the_rate_span() -> None:
+    """10 Hz for 100 s, then 2 Hz: the rate reads 2 Hz once RATE_SPAN_S of the new rate has
+    passed, although the 200-decision window still holds 10 Hz completions (it would take 100 s
+    at 2 Hz to flush them), and the latencies keep their whole window."""
+    stats = PipelineStats(window=200)
+    t = 0.0
+    for _ in range(1000):
+        stats.add({"decision": 1.0}, now=t)
+        t += 0.1
+    for _ in range(int(RATE_SPAN_S * 2) + 1):
+        stats.add({"decision": 3.0}, now=t)
+        t += 0.5
+    (summary,) = stats.summaries(now=t - 0.5)
+    assert summary.rate_hz == pytest.approx(2.0)
+    assert summary.p50_ms == 1.0  # 179 of the 200 latencies are still the 10 Hz ones
+
+
+def test_slow_rates_use_the_last_completions() -> None:
+    """At 0.05 Hz the rate span holds one completion: the last three give the rate."""
+    stats = PipelineStats(window=200)
+    for i in range(5):
+        stats.add({"decision": 1.0}, now=20.0 * i)
+    (summary,) = stats.summaries(now=80.0)
+    assert summary.rate_hz == pytest.approx(0.05)

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+RATE_SPAN_S = 10.0
+"""Rates are measured over the completions of the last this many seconds (of the stats clock)."""
+
 
 @dataclass(frozen=True)
 class StageSummary:
@@ -43,16 +46,23 @@ class StageStats:
         return StageSummary(self.name, self.count, self.rate(now), float(p50), float(p90), float(p99))
 
     def rate(self, now: float | None = None) -> float:
-        """Completions per second over the window. Once the stage stops for longer than its
-        mean interval, the window is taken to reach `now`, so the rate falls towards 0
-        instead of showing the last value for ever."""
-        n = len(self._done_at) - 1
-        span = self._done_at[-1] - self._done_at[0]
-        if n < 1 or span <= 0:
+        """Completions per second over the last RATE_SPAN_S seconds of completions (at least
+        the last 3 of the window), so that a new rate shows within that span and not only
+        after a whole window of decisions (200 at 2 Hz: 100 s). Once the stage stops for
+        longer than its mean interval, the span is taken to reach `now`, so the rate falls
+        towards 0 instead of showing the last value for ever."""
+        if len(self._done_at) < 2:
+            return 0.0
+        last = self._done_at[-1]
+        recent = [t for t in self._done_at if t >= last - RATE_SPAN_S]
+        if len(recent) < 3:
+            recent = list(self._done_at)[-3:]
+        n, span = len(recent) - 1, recent[-1] - recent[0]
+        if span <= 0:
             return 0.0
         now = self._clock() if now is None else now
-        end = max(self._done_at[-1], now - span / n)
-        return n / (end - self._done_at[0])
+        end = max(last, now - span / n)
+        return n / (end - recent[0])
 
 
 class PipelineStats:
