@@ -72,3 +72,22 @@ def test_slow_rates_use_the_last_completions() -> None:
         stats.add({"decision": 1.0}, now=20.0 * i)
     (summary,) = stats.summaries(now=80.0)
     assert summary.rate_hz == pytest.approx(0.05)
+
+
+def test_the_stats_line_tells_rejected_inputs_from_absent_ones_and_node_events() -> None:
+    """Refused parameters and a stalled clock (topic "") are named, not counted as inputs;
+    waits for a topic that has sent nothing are counted apart from rejected messages."""
+    pytest.importorskip("flashrt_ros.msg", reason="needs the built interfaces (scripts/setup_env.sh)")
+    from flashrt_ros.ros.messages import input_counts
+
+    invalid = {
+        ("/cam", "bad_encoding"): 3,
+        ("/joints", "stale"): 2,
+        ("/cam", "absent"): 5,
+        ("/joints", "absent"): 5,
+        ("", "invalid_parameter"): 2,
+        ("", "clock_stalled"): 1,
+    }
+    line = input_counts(invalid, absent="absent")
+    assert line == "5 inputs rejected, 10 waits for absent inputs, node: clock_stalled x1, invalid_parameter x2"
+    assert input_counts({}, absent="absent") == "0 inputs rejected, 0 waits for absent inputs"

@@ -37,6 +37,8 @@ def chunk_line(msg: ActionChunk) -> str:
 def status_line(msg: PipelineStatus) -> str:
     skipped = sum(c.count for c in msg.invalid_inputs if c.reason == "dropped_decision")
     invalid = ", ".join(f"{c.reason} {c.topic}: {c.count}" for c in msg.invalid_inputs if c.topic) or "none"
+    node_wide = [f"{c.reason}: {c.count}" for c in msg.invalid_inputs if not c.topic and c.reason != "dropped_decision"]
+    invalid += f"; node: {', '.join(node_wide)}" if node_wide else ""
     stages = " | ".join(
         f"{s.name} {s.latency_p50_ms:.2f}/{s.latency_p90_ms:.2f}/{s.latency_p99_ms:.2f}" for s in msg.stages
     )

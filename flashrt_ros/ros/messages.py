@@ -117,6 +117,17 @@ def pipeline_status(s: StatusSnapshot) -> PipelineStatus:
     return msg
 
 
+def input_counts(invalid: dict[tuple[str, str], int], absent: str) -> str:
+    """The stats line's counts: inputs rejected on arrival or at a decision, waits for a topic
+    with no good message yet (reason `absent`), and node-wide events (refused parameters, a
+    stalled clock: topic "") by name, so that a refused parameter is not read as a bad input."""
+    rejected = sum(n for (topic, reason), n in invalid.items() if topic and reason != absent)
+    waits = sum(n for (topic, reason), n in invalid.items() if topic and reason == absent)
+    node_wide = ", ".join(f"{reason} x{n}" for (topic, reason), n in sorted(invalid.items()) if not topic)
+    line = f"{rejected} inputs rejected, {waits} waits for absent inputs"
+    return line + (f", node: {node_wide}" if node_wide else "")
+
+
 def diagnostics(
     s: StatusSnapshot, *, name: str, level: bytes, message: str, extra: dict[str, str] | None = None
 ) -> DiagnosticArray:
@@ -133,7 +144,7 @@ def diagnostics(
     for st in s.stages:
         values[f"{st.name} p50/p99 (ms)"] = f"{st.p50_ms:.2f}/{st.p99_ms:.2f}"
     for (topic, reason), count in sorted(s.invalid.items()):
-        values[f"invalid {reason} {topic}"] = str(count)
+        values[f"invalid {reason} {topic}" if topic else f"invalid {reason}"] = str(count)
     values.update(extra or {})
     status = DiagnosticStatus(level=level, name=name, message=message, hardware_id=s.device)
     status.values = [KeyValue(key=k, value=v) for k, v in values.items()]

@@ -543,12 +543,16 @@ class FlashRTNode(Node):
                 why = self._clock_watch.describe(time.monotonic())
                 idle_s = time.monotonic() - self._last_decision_at
             return DiagnosticStatus.ERROR, f"no decision for {idle_s:.1f} s ({why})"
-        invalid = sum(new_invalid.values())
-        problems = [
-            f"{n} {what}"
-            for n, what in ((dropped, "skipped decisions"), (missed, "deadline misses"), (invalid, "invalid inputs"))
-            if n > 0
-        ]
+        invalid = sum(n for (topic, reason), n in new_invalid.items() if topic and reason != ABSENT)
+        absent = sum(n for (topic, reason), n in new_invalid.items() if topic and reason == ABSENT)
+        counts = (
+            (dropped, "skipped decisions"),
+            (missed, "deadline misses"),
+            (invalid, "invalid inputs"),
+            (absent, "waits for absent inputs"),
+            *((n, reason) for (topic, reason), n in sorted(new_invalid.items()) if not topic),
+        )
+        problems = [f"{n} {what}" for n, what in counts if n > 0]
         if problems:
             return DiagnosticStatus.WARN, "running, with " + ", ".join(problems) + " since the last status"
         return DiagnosticStatus.OK, f"running at {self.cfg.rate_hz:g} Hz"
@@ -585,11 +589,12 @@ class FlashRTNode(Node):
                 f"{s.name} {s.p50_ms:.2f} ({s.rate_hz:.1f} Hz)" for s in self.conversion_stats.summaries()
             )
         rate = next((s.rate_hz for s in snap.stages if s.name == "node_overhead"), 0.0)
+        stages = " | ".join(f"{s.name} {s.p50_ms:.2f}/{s.p99_ms:.2f} ms" for s in snap.stages)
         return (
             f"stats: {snap.decisions} decisions ({rate:.1f} Hz), {snap.dropped_decisions} skipped, "
-            f"{snap.deadline_misses} deadline misses, {sum(snap.invalid.values())} invalid inputs | "
-            + " | ".join(f"{s.name} {s.p50_ms:.2f}/{s.p99_ms:.2f} ms" for s in snap.stages)
-            + f" (p50/p99) | convert ms p50 (arrival rate): {conversions or '-'}"
+            f"{snap.deadline_misses} deadline misses, {messages.input_counts(snap.invalid, ABSENT)}"
+            + (f" | {stages} (p50/p99)" if stages else "")
+            + f" | convert ms p50 (arrival rate): {conversions or '-'}"
         )
 
     # ---- parameters ------------------------------------------------------------------------
