@@ -354,6 +354,12 @@ def test_reset_service(running):
     assert all(n <= dropped for (_, reason), n in counts.items() if reason == "absent"), counts
     assert {reason for (_, reason), n in counts.items() if n} <= {"absent", "dropped_decision"}, counts
     peer.assert_chunks_from_good_data()
+    # a skip while the emptied inputs refill is logged as waiting, at INFO: not as a sensor fault
+    mark = node.mark()
+    assert peer.call(Trigger, f"{peer.namespace}/{NODE}/reset", Trigger.Request()).success
+    peer.pump(0.3, publish=False)  # nothing arrives: the next decisions skip
+    line = node.wait_for_line("decision skipped: [absent]", since=mark)
+    assert "[INFO]" in line and "since ~/reset" in line and "waiting for the next one" in line, line
 
 
 def _in_process_node(context, **params):

@@ -24,7 +24,9 @@ def test_warning_then_error_then_warning_through_one_throttle(capfd):
     throttle(("skipped", "/cam0", "stale"), "warning", "decision skipped: [stale] /cam0")
     throttle(("non_finite_action",), "error", "no chunk published: [non_finite_action]")
     throttle(("rejected", "/cam1", "bad_size"), "warning", lambda: "input rejected: [bad_size] /cam1")
+    throttle(("skipped", "/cam2", "absent"), "info", "decision skipped: [absent] /cam2: waiting")
     err = capfd.readouterr().err
+    assert "[INFO]" in err and "decision skipped: [absent] /cam2: waiting" in err, err
     assert "[WARN]" in err and "decision skipped: [stale] /cam0" in err, err
     assert "[ERROR]" in err and "no chunk published: [non_finite_action]" in err, err
     assert "input rejected: [bad_size] /cam1" in err, err
@@ -65,5 +67,6 @@ def test_clear_forgets_the_held_keys(capfd):
 
 def test_an_unknown_level_is_refused_with_what_was_expected():
     throttle = ThrottledLog(0.0, _logger())
-    with pytest.raises(ValueError, match=r"log level 'info' for \('k',\): expected one of \('warning', 'error'\)"):
-        throttle(("k",), "info", "text")
+    expected = r"log level 'debug' for \('k',\): expected one of \('info', 'warning', 'error'\)"
+    with pytest.raises(ValueError, match=expected):
+        throttle(("k",), "debug", "text")

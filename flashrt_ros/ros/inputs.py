@@ -36,10 +36,15 @@ class InputSlot:
     rejected_since_good: Counter = field(default_factory=Counter)
     frame_hw: tuple[int, int] | None = None  # cameras: the size frames have had since the first
     last_arrival_ns: int = 0  # perf_counter_ns of the last message, good or not (restart gaps)
+    cleared_ns: int = 0  # perf_counter_ns of the last ~/reset (0: never)
 
     def clear(self) -> None:
         self.latest, self.used, self.frame_hw, self.last_arrival_ns = None, True, None, 0
         self.rejected_since_good.clear()
+        self.cleared_ns = time.perf_counter_ns()
+
+    def seconds_since_reset(self) -> float | None:
+        return (time.perf_counter_ns() - self.cleared_ns) / 1e9 if self.cleared_ns else None
 
 
 class ThrottledLog:
@@ -53,7 +58,7 @@ class ThrottledLog:
     severities. (One shared ``emit(...)`` line did that: a stale camera's warning followed by a
     policy error killed the node's decision timer.)"""
 
-    LEVELS = ("warning", "error")
+    LEVELS = ("info", "warning", "error")
 
     def __init__(self, period_s: float, logger: Any):
         self.period_s = period_s
@@ -63,7 +68,7 @@ class ThrottledLog:
         self._lock = threading.Lock()
 
     def __call__(self, key: tuple, level: str, text: str | Callable[[], str]) -> None:
-        """``level``: "warning" or "error". ``text`` may be a function: it is only called for
+        """``level``: "info", "warning" or "error". ``text`` may be a function: it is only called for
         lines that are emitted."""
         if level not in self.LEVELS:
             raise ValueError(f"log level {level!r} for {key}: expected one of {self.LEVELS}")
@@ -79,8 +84,10 @@ class ThrottledLog:
         line = text + (f" (+{held} more like this in the last {now - last:.1f} s)" if held else "")
         if level == "error":
             self.logger.error(line)
-        else:
+        elif level == "warning":
             self.logger.warning(line)
+        else:
+            self.logger.info(line)
 
     def clear(self) -> None:
         with self._lock:

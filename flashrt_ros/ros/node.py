@@ -407,17 +407,26 @@ class FlashRTNode(Node):
         for slot, reason, detail in problems:
             self._throttle(
                 ("skipped", slot.topic, reason),
-                "warning",
+                "info" if reason == ABSENT and self._just_reset(slot) else "warning",
                 lambda r=reason, s=slot, d=detail: f"decision skipped: [{r}] {s.topic}: {d()}",
             )
         return None
 
+    def _just_reset(self, slot: InputSlot) -> bool:
+        """A ~/reset emptied the slot less than max_age_s (or two decision periods) ago: waiting
+        for its next message is expected, not a sensor fault."""
+        since = slot.seconds_since_reset()
+        return since is not None and since < max(self.cfg.max_age_s, 2.0 / self.cfg.rate_hz)
+
     def _absent_detail(self, slot: InputSlot) -> str:
         """Why nothing usable arrived, from what was rejected or from the ROS graph (only
         computed for lines that are logged)."""
-        text = "no good message received yet"
+        since = slot.seconds_since_reset()
+        text = "no good message received yet" if since is None else f"no good message since ~/reset {since:.1f} s ago"
         if slot.rejected_since_good:
             return text + _rejected_hint(slot)
+        if self._just_reset(slot):
+            return text + "; waiting for the next one"
         publishers = self.get_publishers_info_by_topic(slot.topic)
         types = sorted({p.topic_type for p in publishers})
         if not publishers:
