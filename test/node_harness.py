@@ -39,7 +39,7 @@ TEST_PARAMS = {
     "image_width": HW[1],
     "rate_hz": 10.0,
     "max_age_s": 0.4,
-    "status_rate_hz": 5.0,
+    "status_rate_hz": 5,  # an int in the params file: accepted, and kept as a double
     "stats_log_period_s": 0.0,
     "log_throttle_s": 0.5,
     "frame_id": "base_link",

@@ -142,7 +142,9 @@ def test_runtime_rate_and_prompt_change(running):
     node.wait_for_line("parameters changed: prompt 'pick up the cube' -> 'fold the towel'", since=mark)
     peer.pump(0.3)  # let chunks of the old period drain
     after = chunk_rate(peer, 2.5)
-    assert peer.get_parameters("rate_hz", "prompt") == [4, "fold the towel"]
+    rate, prompt, status_rate = peer.get_parameters("rate_hz", "prompt", "status_rate_hz")
+    assert (rate, type(rate), prompt) == (4.0, float, "fold the towel")  # stored as the double it is used as
+    assert (status_rate, type(status_rate)) == (5.0, float)  # an int in the params file, too
     assert peer.set_parameters(rate_hz=10.0)[0].successful
     assert 8.0 < before < 12.0, before
     assert 3.2 < after < 4.8, after

@@ -64,6 +64,7 @@ from flashrt_ros.ros.params import (
     NodeConfig,
     check_update,
     declare_parameters,
+    floats_as_doubles,
     rcl_reason,
     unknown_names,
 )
@@ -122,6 +123,7 @@ class FlashRTNode(Node):
         self._create_outputs()
         self._create_timers()
         self._create_services()
+        self.add_pre_set_parameters_callback(floats_as_doubles)
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self.add_post_set_parameters_callback(self._after_set_parameters)
         self._log_startup()

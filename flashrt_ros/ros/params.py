@@ -235,6 +235,24 @@ def declare_parameters(node: Any) -> None:
         if isinstance(defaults[name], list) and declared.type_ == Parameter.Type.BYTE_ARRAY:
             # rclpy types an empty list as a byte array: `ros2 param get` would show bytes
             node.set_parameters([Parameter(name, Parameter.Type.STRING_ARRAY, [])])
+    declared = [node.get_parameter(name) for name in PARAMETERS]
+    changed = [q for p, q in zip(declared, floats_as_doubles(declared), strict=True) if q is not p]
+    if changed:
+        node.set_parameters(changed)
+
+
+def floats_as_doubles(params: list[Any]) -> list[Any]:
+    """The parameters with an integer given for a float field (`rate_hz: 5`, accepted) turned
+    into doubles, so that `ros2 param get` shows the type the node uses. The node runs this
+    before every set (a pre-set callback) and once after declaring (a params file's ints)."""
+    from rclpy.parameter import Parameter
+
+    out = []
+    for p in params:
+        if _FIELD_TYPES.get(p.name) == "float" and p.type_ == Parameter.Type.INTEGER:
+            p = Parameter(p.name, Parameter.Type.DOUBLE, float(p.value))
+        out.append(p)
+    return out
 
 
 def check_update(current: NodeConfig, changes: Mapping[str, Any], resolve: Resolver | None = None) -> str | None:
