@@ -64,7 +64,7 @@ class Policy:
         if tokenizer.vocab_size > self.cfg.vocab_size:
             raise ValueError(f"tokenizer vocab {tokenizer.vocab_size} exceeds the model's {self.cfg.vocab_size}")
         log.info(
-            "policy %s: %.1fM parameters, %d views, prompt %d, horizon %d, %d steps, %s on %s",
+            "%s model: %.1fM parameters, %d views, prompt %d, horizon %d, %d steps, %s on %s",
             self.cfg.kind,
             count_parameters(model) / 1e6,
             self.cfg.num_views,
