@@ -284,6 +284,9 @@ def _plot(results: dict, path: Path) -> None:
         print(f"no plot: matplotlib is not installed (pip install matplotlib); {path.name} not written")
         return
     runs = [r for r in results["runs"] if "full" in r]
+    if not runs:
+        print(f"no plot: no run succeeded; {path.name} not written")
+        return
     labels = [f"{r['policy']} {r['views']}v {r['mode']}" for r in runs]
     fig, ax = plt.subplots(figsize=(8, 0.4 * len(runs) + 1.5))
     medians = [r["full"]["median_ms"] for r in runs]

@@ -183,3 +183,23 @@ def test_eager_bench_needs_no_triton_and_no_torch_gives_one_line(tmp_path):
     no_torch = run("torch", *eager)
     assert no_torch.returncode == 2 and "flashrt needs PyTorch" in no_torch.stdout, no_torch.stdout + no_torch.stderr
     assert run("torch", "bench", "--help").returncode == 0
+
+
+def test_a_bench_whose_every_run_fails_says_so_without_a_traceback(tmp_path, capsys, monkeypatch) -> None:
+    """Each failed run is reported and the JSON keeps its error; with nothing to plot the plot
+    is skipped with a line, and the exit status is 1 after the FAILED summary."""
+    import flashrt_ros.bench.reference as reference
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel image is available")
+
+    monkeypatch.setattr(reference, "measure_reference", broken)
+    rc = main(["bench", "--policy", "pi05", "--tiny", "--views", "1", "--modes", "eager", "--iters", "1",
+               "--warmup", "0", "--steps", "2", "--horizon", "4", "--out", str(tmp_path)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    assert "pi05 1v eager: FAILED: RuntimeError: no kernel image is available" in out
+    assert "no plot: no run succeeded" in out and "1 run(s) FAILED: pi05 1v eager (exit status 1)" in out
+    (path,) = tmp_path.glob("bench_*.json")
+    assert json.loads(path.read_text())["runs"][0]["error"] == "RuntimeError: no kernel image is available"
+    assert not list(tmp_path.glob("*.png"))

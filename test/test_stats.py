@@ -75,7 +75,8 @@ def test_slow_rates_use_the_last_completions() -> None:
 
 
 def test_the_stats_line_tells_rejected_inputs_from_absent_ones_and_node_events() -> None:
-    """Refused parameters and a stalled clock (topic "") are named, not counted as inputs;
+    """Refused parameters, a stalled clock (topic "") and refused capsule calls (their service)
+    are named, not counted as inputs;
     waits for a topic that has sent nothing are counted apart from rejected messages."""
     pytest.importorskip("flashrt_ros.msg", reason="needs the built interfaces (scripts/setup_env.sh)")
     from flashrt_ros.ros.messages import input_counts
@@ -87,7 +88,9 @@ def test_the_stats_line_tells_rejected_inputs_from_absent_ones_and_node_events()
         ("/joints", "absent"): 5,
         ("", "invalid_parameter"): 2,
         ("", "clock_stalled"): 1,
+        ("/flashrt_node/capsule/restore", "unknown_capsule"): 1,
     }
-    line = input_counts(invalid, absent="absent")
-    assert line == "5 inputs rejected, 10 waits for absent inputs, node: clock_stalled x1, invalid_parameter x2"
-    assert input_counts({}, absent="absent") == "0 inputs rejected, 0 waits for absent inputs"
+    line = input_counts(invalid, absent="absent", inputs=frozenset({"/cam", "/joints"}))
+    node_wide = "clock_stalled x1, invalid_parameter x2, unknown_capsule x1"
+    assert line == f"5 inputs rejected, 10 waits for absent inputs, node: {node_wide}"
+    assert input_counts({}, absent="absent", inputs=frozenset()) == "0 inputs rejected, 0 waits for absent inputs"

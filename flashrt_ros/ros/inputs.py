@@ -36,15 +36,12 @@ class InputSlot:
     rejected_since_good: Counter = field(default_factory=Counter)
     frame_hw: tuple[int, int] | None = None  # cameras: the size frames have had since the first
     last_arrival_ns: int = 0  # perf_counter_ns of the last message, good or not (restart gaps)
-    cleared_ns: int = 0  # perf_counter_ns of the last ~/reset (0: never)
+    cleared_at: float | None = None  # when ~/reset emptied it, on the decision timer's clock (s)
 
-    def clear(self) -> None:
+    def clear(self, now_s: float) -> None:
         self.latest, self.used, self.frame_hw, self.last_arrival_ns = None, True, None, 0
         self.rejected_since_good.clear()
-        self.cleared_ns = time.perf_counter_ns()
-
-    def seconds_since_reset(self) -> float | None:
-        return (time.perf_counter_ns() - self.cleared_ns) / 1e9 if self.cleared_ns else None
+        self.cleared_at = now_s
 
 
 class ThrottledLog:

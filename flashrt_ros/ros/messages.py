@@ -117,13 +117,14 @@ def pipeline_status(s: StatusSnapshot) -> PipelineStatus:
     return msg
 
 
-def input_counts(invalid: dict[tuple[str, str], int], absent: str) -> str:
-    """The stats line's counts: inputs rejected on arrival or at a decision, waits for a topic
-    with no good message yet (reason `absent`), and node-wide events (refused parameters, a
-    stalled clock: topic "") by name, so that a refused parameter is not read as a bad input."""
-    rejected = sum(n for (topic, reason), n in invalid.items() if topic and reason != absent)
-    waits = sum(n for (topic, reason), n in invalid.items() if topic and reason == absent)
-    node_wide = ", ".join(f"{reason} x{n}" for (topic, reason), n in sorted(invalid.items()) if not topic)
+def input_counts(invalid: dict[tuple[str, str], int], absent: str, inputs: frozenset[str]) -> str:
+    """The stats line's counts: messages of the `inputs` topics rejected on arrival or at a
+    decision, waits for an input with no good message yet (reason `absent`), and the node's
+    other events by name (refused parameters, a stalled clock: topic ""; refused capsule calls:
+    their service), so that neither is read as a bad input."""
+    rejected = sum(n for (topic, reason), n in invalid.items() if topic in inputs and reason != absent)
+    waits = sum(n for (topic, reason), n in invalid.items() if topic in inputs and reason == absent)
+    node_wide = ", ".join(f"{reason} x{n}" for (topic, reason), n in sorted(invalid.items()) if topic not in inputs)
     line = f"{rejected} inputs rejected, {waits} waits for absent inputs"
     return line + (f", node: {node_wide}" if node_wide else "")
 

@@ -414,16 +414,20 @@ class FlashRTNode(Node):
             )
         return None
 
+    def _since_reset(self, slot: InputSlot) -> float | None:
+        """Seconds since ~/reset emptied the slot, on the decision timer's clock (None: never)."""
+        return None if slot.cleared_at is None else self._timer_seconds() - slot.cleared_at
+
     def _just_reset(self, slot: InputSlot) -> bool:
-        """A ~/reset emptied the slot less than max_age_s (or two decision periods) ago: waiting
-        for its next message is expected, not a sensor fault."""
-        since = slot.seconds_since_reset()
+        """A ~/reset emptied the slot less than max_age_s (or two decision periods) ago, on the
+        clock the decisions run on: waiting for its next message is expected, not a sensor fault."""
+        since = self._since_reset(slot)
         return since is not None and since < max(self.cfg.max_age_s, 2.0 / self.cfg.rate_hz)
 
     def _absent_detail(self, slot: InputSlot) -> str:
         """Why nothing usable arrived, from what was rejected or from the ROS graph (only
         computed for lines that are logged)."""
-        since = slot.seconds_since_reset()
+        since = self._since_reset(slot)
         text = "no good message received yet" if since is None else f"no good message since ~/reset {since:.1f} s ago"
         if slot.rejected_since_good:
             return text + _rejected_hint(slot)
@@ -540,6 +544,12 @@ class FlashRTNode(Node):
             self._count_node_wide(CLOCK_STALLED)
             self.get_logger().warning(self._clock_watch.describe(time.monotonic()) + "; decisions wait for it")
 
+    @property
+    def _input_topics(self) -> frozenset[str]:
+        """The subscribed topics (counters keyed by anything else are node-wide events: refused
+        parameters, a stalled clock, refused capsule calls)."""
+        return frozenset(slot.topic for slot in self.slots)
+
     def _health(self, snap: messages.StatusSnapshot) -> tuple[bytes, str]:
         """Level and message from what changed since the last status."""
         now = (snap.dropped_decisions, snap.deadline_misses)
@@ -554,14 +564,15 @@ class FlashRTNode(Node):
                 why = self._clock_watch.describe(time.monotonic())
                 idle_s = time.monotonic() - self._last_decision_at
             return DiagnosticStatus.ERROR, f"no decision for {idle_s:.1f} s ({why})"
-        invalid = sum(n for (topic, reason), n in new_invalid.items() if topic and reason != ABSENT)
-        absent = sum(n for (topic, reason), n in new_invalid.items() if topic and reason == ABSENT)
+        inputs = self._input_topics
+        invalid = sum(n for (topic, reason), n in new_invalid.items() if topic in inputs and reason != ABSENT)
+        absent = sum(n for (topic, reason), n in new_invalid.items() if topic in inputs and reason == ABSENT)
         counts = (
             (dropped, "skipped decisions"),
             (missed, "deadline misses"),
             (invalid, "invalid inputs"),
             (absent, "waits for absent inputs"),
-            *((n, reason) for (topic, reason), n in sorted(new_invalid.items()) if not topic),
+            *((n, reason) for (topic, reason), n in sorted(new_invalid.items()) if topic not in inputs),
         )
         problems = [f"{n} {what}" for n, what in counts if n > 0]
         if problems:
@@ -603,7 +614,7 @@ class FlashRTNode(Node):
         stages = " | ".join(f"{s.name} {s.p50_ms:.2f}/{s.p99_ms:.2f} ms" for s in snap.stages)
         return (
             f"stats: {snap.decisions} decisions ({rate:.1f} Hz), {snap.dropped_decisions} skipped, "
-            f"{snap.deadline_misses} deadline misses, {messages.input_counts(snap.invalid, ABSENT)}"
+            f"{snap.deadline_misses} deadline misses, {messages.input_counts(snap.invalid, ABSENT, self._input_topics)}"
             + (f" | {stages} (p50/p99)" if stages else "")
             + f" | convert ms p50 (arrival rate): {conversions or '-'}"
         )
@@ -679,7 +690,7 @@ class FlashRTNode(Node):
         with self._state_lock, self._lock:
             self.state.reset()
             for slot in self.slots:
-                slot.clear()
+                slot.clear(self._timer_seconds())
             self._reset_counters()
         self._throttle.clear()
         response.success = True
