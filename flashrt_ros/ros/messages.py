@@ -117,14 +117,23 @@ def pipeline_status(s: StatusSnapshot) -> PipelineStatus:
     return msg
 
 
-def input_counts(invalid: dict[tuple[str, str], int], absent: str, inputs: frozenset[str]) -> str:
-    """The stats line's counts: messages of the `inputs` topics rejected on arrival or at a
-    decision, waits for an input with no good message yet (reason `absent`), and the node's
-    other events by name (refused parameters, a stalled clock: topic ""; refused capsule calls:
-    their service), so that neither is read as a bad input."""
+def split_counts(
+    invalid: dict[tuple[str, str], int], absent: str, inputs: frozenset[str]
+) -> tuple[int, int, list[tuple[str, int]]]:
+    """(topic, reason) counts as (messages of the `inputs` topics rejected on arrival or at a
+    decision, waits for an input with no good message yet (reason `absent`), the node's other
+    events as (reason, count) in key order: refused parameters, a stalled clock (topic ""),
+    refused capsule calls (their service)), so that neither of the last two reads as a bad input."""
     rejected = sum(n for (topic, reason), n in invalid.items() if topic in inputs and reason != absent)
     waits = sum(n for (topic, reason), n in invalid.items() if topic in inputs and reason == absent)
-    node_wide = ", ".join(f"{reason} x{n}" for (topic, reason), n in sorted(invalid.items()) if topic not in inputs)
+    events = [(reason, n) for (topic, reason), n in sorted(invalid.items()) if topic not in inputs]
+    return rejected, waits, events
+
+
+def input_counts(invalid: dict[tuple[str, str], int], absent: str, inputs: frozenset[str]) -> str:
+    """The stats line's counts (`split_counts`)."""
+    rejected, waits, events = split_counts(invalid, absent, inputs)
+    node_wide = ", ".join(f"{reason} x{n}" for reason, n in events)
     line = f"{rejected} inputs rejected, {waits} waits for absent inputs"
     return line + (f", node: {node_wide}" if node_wide else "")
 

@@ -564,15 +564,13 @@ class FlashRTNode(Node):
                 why = self._clock_watch.describe(time.monotonic())
                 idle_s = time.monotonic() - self._last_decision_at
             return DiagnosticStatus.ERROR, f"no decision for {idle_s:.1f} s ({why})"
-        inputs = self._input_topics
-        invalid = sum(n for (topic, reason), n in new_invalid.items() if topic in inputs and reason != ABSENT)
-        absent = sum(n for (topic, reason), n in new_invalid.items() if topic in inputs and reason == ABSENT)
+        invalid, absent, events = messages.split_counts(new_invalid, ABSENT, self._input_topics)
         counts = (
             (dropped, "skipped decisions"),
             (missed, "deadline misses"),
             (invalid, "invalid inputs"),
             (absent, "waits for absent inputs"),
-            *((n, reason) for (topic, reason), n in sorted(new_invalid.items()) if topic not in inputs),
+            *((n, reason) for reason, n in events),
         )
         problems = [f"{n} {what}" for n, what in counts if n > 0]
         if problems:

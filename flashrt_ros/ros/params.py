@@ -235,8 +235,8 @@ def declare_parameters(node: Any) -> None:
         if isinstance(defaults[name], list) and declared.type_ == Parameter.Type.BYTE_ARRAY:
             # rclpy types an empty list as a byte array: `ros2 param get` would show bytes
             node.set_parameters([Parameter(name, Parameter.Type.STRING_ARRAY, [])])
-    declared = [node.get_parameter(name) for name in PARAMETERS]
-    changed = [q for p, q in zip(declared, floats_as_doubles(declared), strict=True) if q is not p]
+    current = [node.get_parameter(name) for name in PARAMETERS]
+    changed = [q for p, q in zip(current, floats_as_doubles(current), strict=True) if q is not p]
     if changed:
         node.set_parameters(changed)
 

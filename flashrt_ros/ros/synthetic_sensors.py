@@ -15,7 +15,7 @@ import array
 import io
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
@@ -30,7 +30,7 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 
 from flashrt_ros.ros.params import ALOHA_JOINTS, DEFAULT_CAMERAS, ConfigError
 from flashrt_ros.ros.process import run_until_signal
-from flashrt_ros.ros.usage import dataclass_defaults, help_requested, usage
+from flashrt_ros.ros.usage import help_requested, usage
 
 NODE_NAME = "synthetic_sensors"
 ENCODINGS = ("rgb8", "bgr8", "jpeg")
@@ -230,7 +230,7 @@ PARAMETER_HELP = {
 
 def sensors_usage() -> str:
     """`synthetic_sensors --help`: every parameter with its default."""
-    defaults = dataclass_defaults(SensorConfig)
+    defaults = asdict(SensorConfig())
     return usage(
         NODE_NAME,
         "Publishes synthetic cameras and joint states, stamped with the node clock, so that flashrt_node "

@@ -8,7 +8,6 @@ shell was in: on a robot, beside the real ones.
 
 from __future__ import annotations
 
-import dataclasses
 import textwrap
 from collections.abc import Mapping
 
@@ -43,12 +42,3 @@ def usage(executable: str, summary: str, parameters: Mapping[str, tuple[object, 
     lines += [f"  {name:<{width}}  {default!r}: {text}" for name, (default, text) in parameters.items()]
     lines += ["", f"example: {example}"]
     return "\n".join(lines)
-
-
-def dataclass_defaults(config: type) -> dict[str, object]:
-    """Each field of a config dataclass and its default value."""
-    defaults = {}
-    for f in dataclasses.fields(config):
-        has_factory = f.default_factory is not dataclasses.MISSING
-        defaults[f.name] = f.default_factory() if has_factory else f.default
-    return defaults
