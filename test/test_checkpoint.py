@@ -14,12 +14,13 @@ from flashrt_ros.policies.checkpoint import (
     CheckpointError,
     config_from_lerobot,
     detect_layout,
+    kind_from_keys,
     lerobot_config_dict,
     load_model,
     read_config,
     save_model,
 )
-from flashrt_ros.policies.config import PolicyConfig
+from flashrt_ros.policies.config import GEMMA_2B, PolicyConfig
 
 LAYOUTS = ["openpi", "lerobot"]
 
@@ -229,6 +230,61 @@ def test_openpi_folder_without_config_needs_one(tmp_path):
     assert model.cfg.kind == "pi05"
 
 
+def test_openpi_folder_of_the_other_kind_is_named_before_loading(tmp_path):
+    """No config file names the kind in an openpi export: the weights' names do, so a `policy` of
+    the other kind is one sentence (not ~800 tensor names) and comes before any weight is read."""
+    save_model(tiny_model("pi05"), tmp_path, layout="openpi")
+    (tmp_path / "flashrt_config.json").unlink()
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
+        keys = list(f.keys())
+    kind, evidence = kind_from_keys(keys)
+    assert kind == "pi05" and ".input_layernorm.dense." in evidence
+    assert kind_from_keys([k for k in keys if "gemma_expert" not in k]) is None
+    assert kind_from_keys(["model.state_proj.weight"]) == ("pi0", "model.state_proj.weight")
+    with pytest.raises(CheckpointError) as err:
+        read_config(tmp_path, "openpi", PolicyConfig.tiny("pi0"))
+    assert str(err.value) == (
+        f"{tmp_path} holds a pi05 policy (it has {evidence}), not the pi0 one asked for; "
+        "expected a matching `policy` parameter"
+    )
+
+
+def test_openpi_converter_config_json_sets_the_chunk_and_variants(tmp_path):
+    """openpi's PyTorch converter writes config.json with the chunk length (pi05_libero: 10), the
+    padded action dims and the variants; its precision is left to the deployment."""
+    save_model(tiny_model("pi05"), tmp_path, layout="openpi")
+    (tmp_path / "flashrt_config.json").unlink()
+    config_json = tmp_path / "config.json"
+    config_json.write_text(json.dumps({"action_dim": 32, "action_horizon": 7, "precision": "bfloat16"}))
+    cfg = read_config(tmp_path, "openpi", PolicyConfig.tiny("pi05"))
+    assert (cfg.horizon, cfg.action_dim, cfg.state_dim, cfg.dtype) == (7, 32, 32, "float32")
+    model, _ = load_model(tmp_path, cfg)
+    assert model.cfg.horizon == 7
+    full = {"action_dim": 32, "action_horizon": 10, "paligemma_variant": "gemma_2b_lora"}
+    config_json.write_text(json.dumps({**full, "action_expert_variant": "gemma_300m"}))
+    cfg = read_config(tmp_path, "openpi")  # no fallback: the weights' kind, at openpi's full size
+    assert cfg.kind == "pi05" and cfg.prefix == GEMMA_2B and cfg.horizon == 10 and cfg.prompt_len == 200
+    for bad, field in (
+        ({"paligemma_variant": "gemma_7b"}, "paligemma_variant"),
+        ({"action_horizon": "10"}, "action_horizon"),
+    ):
+        config_json.write_text(json.dumps({**full, **bad}))
+        with pytest.raises(CheckpointError, match=f"config.json: field '{field}'"):
+            read_config(tmp_path, "openpi", PolicyConfig.tiny("pi05"))
+
+
+def test_a_model_of_another_size_lists_a_bounded_sample_of_tensors(tmp_path):
+    save_model(tiny_model("pi05"), tmp_path, layout="openpi")
+    with pytest.raises(CheckpointError) as err:
+        load_model(tmp_path, config=PolicyConfig.tiny("pi05", vocab_size=640))  # one tensor differs
+    assert "embed_tokens.weight: shape [512, 64], expected [640, 64]" in str(err.value)
+    cfg = PolicyConfig.tiny("pi05", expert=PolicyConfig.tiny().prefix)  # every expert tensor differs
+    with pytest.raises(CheckpointError) as err:
+        load_model(tmp_path, config=cfg)
+    msg = str(err.value)
+    assert msg.count("expected [") == 12 and "more tensors of other shapes" in msg and len(msg) < 4000, msg
+
+
 def test_missing_weights_file(tmp_path):
     with pytest.raises(CheckpointError, match="no model.safetensors"):
         load_model(tmp_path)
@@ -260,6 +316,19 @@ def test_lerobot_config_json_maps_to_full_size_config():
         r"expected one of \['gemma_2b', 'gemma_300m'\]",
     ):
         config_from_lerobot(custom)
+
+
+def test_lerobot_empty_cameras_are_views_without_a_camera():
+    """LeRobot's `empty_cameras` are masked views no camera feeds; LeRobot saves them among the
+    input features too (validate_features), so they are not counted twice."""
+    saved = lerobot_config_dict(PolicyConfig.pi05(num_views=3, empty_cameras=1), ["top", "wrist"])
+    assert "observation.images.empty_camera_0" in saved["input_features"] and saved["empty_cameras"] == 1
+    cfg = config_from_lerobot(saved)
+    assert (cfg.num_views, cfg.empty_cameras, cfg.camera_views) == (3, 1, 2)
+    features = {k: v for k, v in saved["input_features"].items() if "empty_camera" not in k}
+    assert config_from_lerobot({**saved, "input_features": features}) == cfg  # written by hand, without them
+    with pytest.raises(ValueError, match="empty_cameras 1 must leave at least one of the 1 views to a camera"):
+        PolicyConfig.pi05(num_views=1, empty_cameras=1)
 
 
 def test_lerobot_normaliser_files_and_a_truncated_one(tmp_path):

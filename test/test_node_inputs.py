@@ -258,6 +258,20 @@ def test_absent_camera(running):
     recovered(peer, topic)
 
 
+def test_use_sim_time_of_the_wrong_type_is_logged_and_counted(running):
+    """rclpy itself refuses use_sim_time set to a string (its type is fixed), before the node's
+    own check: the node still logs and counts it like any refused set, and keeps serving."""
+    node, peer = running
+    before = peer.latest_counter("", "invalid_parameter")
+    mark = node.mark()
+    (result,) = peer.set_parameters(use_sim_time="yes")
+    assert not result.successful and "Wrong parameter type" in result.reason, result
+    node.wait_for_line("parameter change refused: use_sim_time must be a bool, got string 'yes'", since=mark)
+    assert peer.wait_for_counter("", "invalid_parameter", above=before) == before + 1
+    assert peer.get_parameters("use_sim_time") == [False]
+    recovered(peer, peer.topic(JOINT_TOPIC))
+
+
 def exit_output(node: NodeProcess, timeout: float = 60.0) -> tuple[int, str]:
     """Wait for a node that must exit by itself; its exit code and output (stopped if it hangs)."""
     try:
@@ -454,6 +468,7 @@ def test_camera_that_changes_size_or_sends_a_sliver(ros_env, rclpy_context, tmp_
             "bad_size",
             f"image is {h}x{w} (HxW); this topic's frames were {HW[0]}x{HW[1]} until now; expected the same size",
         )
+        peer.pump(1.0, skip={CAMERAS[0]})  # a pause: any size may come next, but not a sliver
         refused(
             running,
             CAMERAS[0],
@@ -471,12 +486,120 @@ def test_camera_that_changes_size_or_sends_a_sliver(ros_env, rclpy_context, tmp_
             peer.assert_chunks_from_good_data()
 
         mark = node.mark()
-        peer.pump(1.0, skip={CAMERAS[1]})  # the camera restarts: 1 s without frames (max_age_s 0.4)
+        peer.pump(1.0, skip={CAMERAS[1]})  # the camera restarts: stamps 1 s apart (max_age_s 0.4)
         used_from_now_on((h, w))
-        line = node.wait_for_line(f"{topic}: frames are now {h}x{w} (were {HW[0]}x{HW[1]}) after 1.", since=mark)
-        assert line.endswith("s without frames: taken as a camera restart"), line
+        line = node.wait_for_line(f"{topic}: frames are now {h}x{w} (were {HW[0]}x{HW[1]}), stamped 1.", since=mark)
+        assert line.endswith("s after its previous frame: taken as a camera restart"), line
         assert peer.call(Trigger, f"{node.namespace}/flashrt_node/reset", Trigger.Request()).success
         used_from_now_on(HW)  # no gap, but the reset let the size go
+
+
+@pytest.fixture(scope="module")
+def any_size(ros_env, ros_module_context, tmp_path_factory):
+    """A node with no image size configured (the shipped default), cam0 compressed (PNG), cam1 raw:
+    each camera keeps the size it has been sending."""
+    run = running_node_and_peer(
+        ros_env,
+        tmp_path_factory.mktemp("any_size"),
+        ros_module_context,
+        image_height=0,
+        image_width=0,
+        camera_transports=["compressed", "raw"],
+    )
+    with run as node_and_peer:
+        yield node_and_peer
+
+
+def _wrong_size_after_an_arrival_gap(any_size, behind_s: float) -> None:
+    """cam1 (raw): a good frame stamped 0.3 s ahead (within max_age_s 0.4), 0.6 s without cam1
+    frames (longer than max_age_s), then a frame of twice the size stamped `behind_s` before now.
+    By the stamps there was no pause (the frames are at most 0.3 s apart), so this is no camera
+    restart: the frame is refused as bad_size, the size stays, and the camera's frames go on
+    being used."""
+    from rclpy.duration import Duration
+
+    node, peer = any_size
+    topic, (h, w) = peer.topic(CAMERAS[1]), (HW[0] * 2, HW[1] * 2)
+    peer.pump(0.5)
+    peer.publish_camera(1, peer.image(stamp=peer.now() + Duration(seconds=0.3)))
+    peer.pump(0.6, skip={CAMERAS[1]})
+    mark = node.mark()
+    peer.publish_camera(1, peer.image(stamp=peer.now() - Duration(seconds=behind_s), hw=(h, w)), good=False)
+    recovered(peer, topic)
+    line = node.wait_for_line(f"input rejected: [bad_size] {topic}: image is {h}x{w} (HxW); ", since=mark)
+    assert f"this topic's frames were {HW[0]}x{HW[1]} until now" in line, line
+    assert not [ln for ln in node.lines[mark:] if "taken as a camera restart" in ln], node.tail()
+
+
+def test_refused_frame_leaves_the_camera_size_as_it_was(any_size):
+    """A wrong-size frame older than the frame held (it would be refused as such) changed the
+    held size all the same, and every later frame of the camera was refused as bad_size."""
+    _wrong_size_after_an_arrival_gap(any_size, behind_s=0.2)
+
+
+def test_camera_restart_is_judged_by_stamps_not_by_arrival(any_size):
+    """Arrivals paused (as when the node itself is slow, decoding a big frame) while the
+    camera's stamps show none: a wrong-size frame was taken as a camera restart, and the
+    camera's real frames were refused from then on."""
+    _wrong_size_after_an_arrival_gap(any_size, behind_s=0.0)
+
+
+def test_frame_stamped_in_the_past_opens_no_restart_gap(any_size):
+    """The gap is measured from the newest stamp the camera sent: a frame stamped 0.35 s back
+    (refused: older than the one held) and then one of another size stamped 0.1 s ahead are
+    0.45 s apart, but the camera never paused - the wrong size is refused."""
+    from rclpy.duration import Duration
+
+    node, peer = any_size
+    topic, (h, w) = peer.topic(CAMERAS[1]), (HW[0] * 2, HW[1] * 2)
+    peer.pump(0.5)
+    mark = node.mark()
+    peer.publish_camera(1, peer.image(stamp=peer.now() - Duration(seconds=0.35)), good=False)
+    peer.publish_camera(1, peer.image(stamp=peer.now() + Duration(seconds=0.1), hw=(h, w)), good=False)
+    recovered(peer, topic)
+    line = node.wait_for_line(f"input rejected: [bad_size] {topic}: image is {h}x{w} (HxW); ", since=mark)
+    assert f"this topic's frames were {HW[0]}x{HW[1]} until now" in line, line
+
+
+def _png_claiming(h: int, w: int) -> bytes:
+    """A PNG of HW whose IHDR (CRC kept valid) says h x w: undecodable, so any decode attempt
+    would end in decode_failed - after allocating h*w*3 bytes."""
+    import io
+    import zlib
+
+    import numpy as np
+    from PIL import Image as PILImage
+
+    buf = io.BytesIO()
+    PILImage.fromarray(np.zeros((*HW, 3), np.uint8)).save(buf, format="PNG")
+    data = bytearray(buf.getvalue())
+    data[16:24] = w.to_bytes(4, "big") + h.to_bytes(4, "big")
+    data[29:33] = zlib.crc32(data[12:29]).to_bytes(4, "big")
+    return bytes(data)
+
+
+def test_oversized_compressed_frames_are_refused_from_the_header(any_size):
+    """No size configured: a compressed frame of another size than the camera's is refused from
+    its header, not decoded (an 8000x8000 PNG at 10 Hz cut decisions 5x); after a gap in the
+    camera's stamps (a restart, any size taken) the header is still held to 8K's pixels."""
+    _, peer = any_size
+    big = _png_claiming(8000, 8000)
+    bad = lambda: peer.publish_camera(0, peer.compressed(data=big), good=False)  # noqa: E731
+    refused(
+        any_size,
+        CAMERAS[0],
+        bad,
+        "bad_size",
+        f"image is 8000x8000 (HxW); this topic's frames were {HW[0]}x{HW[1]} until now; expected the same size",
+    )
+    peer.pump(1.0, skip={CAMERAS[0]})  # the camera pauses: longer than max_age_s, any size may come
+    refused(
+        any_size,
+        CAMERAS[0],
+        bad,
+        "bad_size",
+        "image is 8000x8000 (HxW), 64.0 Mpx; expected at most 33.2 Mpx (7680x4320, 8K) when image_height",
+    )
 
 
 def _checkpoint_with_stats(folder, stats: dict, model=None):
@@ -626,3 +749,41 @@ def test_a_stop_signal_while_the_pipeline_is_built_stops_the_node_cleanly(ros_en
     output = "\n".join(node.lines)
     assert code == 0 and "Traceback" not in output, node.tail()
     assert "stopped by a signal while the pipeline was being built" in output or "shutting down; stats:" in output
+
+
+def test_checkpoint_with_an_empty_camera_runs_on_the_cameras_it_has(ros_env, rclpy_context, tmp_path):
+    """LeRobot's `empty_cameras`: a view the checkpoint was trained with blank. The node takes one
+    topic per real camera (not one that would never publish) and runs the empty view as absent."""
+    from node_harness import running_node_and_peer
+    from policy_fixtures import tiny_model
+
+    from flashrt_ros.policies.checkpoint import save_model
+    from flashrt_ros.policies.normalize import Normalizer
+
+    model = tiny_model("pi05", num_views=2, empty_cameras=1)
+    folder = save_model(model, tmp_path / "ckpt", layout="lerobot", camera_names=["top"])
+    Normalizer("identity").save(folder / "norm_stats.json")
+    params = {**TEST_PARAMS, "checkpoint": str(folder)}
+    code, output = exit_output(NodeProcess(ros_env, tmp_path, new_namespace(), params))
+    assert code == 1, output
+    assert (
+        "the policy takes 1 camera views (and 1 empty camera view(s) of its own, which no topic feeds); "
+        "camera_topics has 2" in output
+    ), output
+    overrides = {"checkpoint": str(folder), "camera_topics": CAMERAS[:1]}
+    with running_node_and_peer(ros_env, tmp_path, rclpy_context, **overrides) as (node, peer):
+        assert peer.pump(10.0, until=lambda: len(peer.chunks) >= 3), node.tail()
+        peer.assert_chunks_from_good_data()
+        assert all(len(c.source_stamps) == 2 for c in peer.chunks)  # the one camera and the joints
+
+
+def test_configured_frame_size_the_policy_cannot_use_exits_naming_it(ros_env, tmp_path):
+    """A 1 x 1000 frame keeps no row in the model's square input: every frame would be refused,
+    so the node says so at start instead of running without ever deciding."""
+    params = {**TEST_PARAMS, "image_height": 1, "image_width": 1000}
+    code, output = exit_output(NodeProcess(ros_env, tmp_path, new_namespace(), params))
+    assert code == 1 and "Traceback" not in output, output
+    assert (
+        "not starting: image_height x image_width 1x1000: resized into the model's 56x56 input it keeps no row"
+        in output
+    ), output

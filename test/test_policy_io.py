@@ -83,6 +83,62 @@ def test_policy_refuses_a_prompt_it_would_cut(tokenizer_file):
     assert policy.infer(Observation(obs.images, obs.state, short)).shape == (cfg.horizon, 6)
 
 
+def test_pi05_trained_without_the_state_in_its_prompt(tokenizer_file):
+    """openpi's discrete_state_input=False (pi05_libero): pi0's prompt layout, the state unused;
+    with it (the default) the state is in the prompt and moves its tokens."""
+    from flashrt_ros.policies.policy import Observation, build_policy
+
+    images = [np.zeros((48, 64, 3), np.uint8), None]
+    plain = build_policy(PolicyConfig.tiny("pi05", discrete_state_input=False), tokenizer_file, action_dof=6)
+    with_state = build_policy(PolicyConfig.tiny("pi05"), tokenizer_file, action_dof=6)
+    tokens = {}
+    for name, policy in (("plain", plain), ("with_state", with_state)):
+        for state in (np.zeros(6), np.full(6, 0.5)):
+            ids, mask, _ = policy.prepare_prompt_state(Observation(images, state, "pick up the cup"))
+            tokens.setdefault(name, []).append(ids[mask].tolist())
+    assert tokens["plain"][0] == tokens["plain"][1] == plain.tokenizer.token_ids("pi0", "pick up the cup")
+    assert tokens["with_state"][0] != tokens["with_state"][1]
+    long = plain.prompt_problem("word " * 200, 6)
+    assert long and "tokens, more than the policy's prompt length 96" in long  # no state in it
+    with pytest.raises(ValueError, match="discrete_state_input must be false for pi0"):
+        PolicyConfig.tiny("pi0", discrete_state_input=True)
+
+
+def test_a_tokenizer_that_is_not_the_models_is_refused_before_loading(tokenizer_file):
+    """The built-in tiny tokenizer (400 pieces) with a real checkpoint's 257152-row embedding would
+    run, with every prompt turned into other words; refused from the files alone."""
+    from flashrt_ros.policies.policy import read_policy
+
+    with pytest.raises(ValueError) as err:
+        read_policy(PolicyConfig.pi05(), tokenizer_file)  # no model is built: full size costs nothing
+    assert str(err.value) == (
+        f"tokenizer {tokenizer_file} has 400 pieces but the model embeds 257152: it is not this model's "
+        "tokenizer; expected PaliGemma's tokenizer.model (257152 pieces) for a pi0 / pi0.5 checkpoint"
+    )
+    with pytest.raises(ValueError, match="has 400 pieces, more than the model's 300 embedding rows"):
+        read_policy(PolicyConfig.tiny("pi05", vocab_size=300), tokenizer_file)
+    assert read_policy(PolicyConfig.tiny("pi05"), tokenizer_file).cfg.vocab_size == 512
+
+
+def test_policy_files_are_checked_before_the_weights_are_read(tmp_path, tokenizer_file):
+    """read_policy reads the config, statistics and tokenizer only, so a deployment's mistakes are
+    found in a second; the weights (here of the wrong size for the config) fail only at build."""
+    from policy_fixtures import tiny_model
+
+    from flashrt_ros.policies.checkpoint import CheckpointError, save_model
+    from flashrt_ros.policies.policy import read_policy
+
+    folder = save_model(tiny_model("pi05"), tmp_path / "ckpt", layout="openpi")
+    Normalizer("identity").save(folder / "norm_stats.json")
+    wider = PolicyConfig.tiny("pi05", vocab_size=640)
+    (folder / "flashrt_config.json").write_text(json.dumps(wider.to_dict()))
+    source = read_policy(None, tokenizer_file, checkpoint=folder)
+    assert source.cfg == wider and source.normalizer.mode == "identity" and source.checkpoint == folder
+    assert source.prompt_problem("pick up the cup", 6) is None and source.frame_problem(1, 500) is not None
+    with pytest.raises(CheckpointError, match=r"embed_tokens.weight: shape \[512, 64\], expected \[640, 64\]"):
+        source.build(action_dof=6)
+
+
 def test_policy_names_frames_too_thin_for_its_input(tokenizer_file):
     from flashrt_ros.policies.policy import build_policy
 

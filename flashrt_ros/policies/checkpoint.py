@@ -98,11 +98,25 @@ def detect_layout(folder: Path) -> str:
     return "lerobot" if keys and all(k.startswith(LEROBOT_PREFIX) for k in keys) else "openpi"
 
 
+def kind_from_keys(keys: list[str]) -> tuple[str, str] | None:
+    """(pi0 or pi05, the tensor that says so) from the weights' names, for a folder with no config
+    file that names the kind: pi0 has a state projection, pi0.5's expert norms are adaptive."""
+    for key in keys:
+        if key.removeprefix(LEROBOT_PREFIX).startswith("state_proj."):
+            return "pi0", key
+        if ".input_layernorm.dense." in key and "gemma_expert" in key:
+            return "pi05", key
+    return None
+
+
 def read_config(folder: Path, layout: str, fallback: PolicyConfig | None = None) -> PolicyConfig:
-    """Our own config file wins; else LeRobot's config.json; else the caller's fallback.
+    """Our own config file wins; else LeRobot's config.json, or the one openpi's converter writes
+    (chunk length, action dims, variants); else the caller's fallback.
 
     LeRobot's config.json names only the full-size variants (gemma_2b / gemma_300m), so a
-    non-standard model needs our flashrt_config.json or an explicit config."""
+    non-standard model needs our flashrt_config.json or an explicit config. Where no file names
+    the kind (openpi), the weights' names do, and a fallback of the other kind is refused here,
+    before anything is loaded."""
     folder = Path(folder)
     ours = folder / FLASHRT_CONFIG_FILE
     if ours.is_file():
@@ -110,12 +124,45 @@ def read_config(folder: Path, layout: str, fallback: PolicyConfig | None = None)
     theirs = folder / CONFIG_FILE
     if layout == "lerobot" and theirs.is_file():
         return _config_from_file(theirs, config_from_lerobot)
+    with _open(folder / WEIGHTS_FILE) as f:
+        found = kind_from_keys(list(f.keys()))
+    if found and fallback is not None and found[0] != fallback.kind:
+        raise CheckpointError(
+            f"{folder} holds a {found[0]} policy (it has {found[1]}), not the {fallback.kind} one asked for; "
+            "expected a matching `policy` parameter"
+        )
+    if fallback is None and found is not None and theirs.is_file():  # openpi's converter: full size
+        fallback = PolicyConfig.pi05() if found[0] == "pi05" else PolicyConfig.pi0()
     if fallback is None:
         raise CheckpointError(
-            f"{folder} has no {FLASHRT_CONFIG_FILE} or LeRobot {CONFIG_FILE}: pass a config "
+            f"{folder} has no {FLASHRT_CONFIG_FILE} or {CONFIG_FILE}: pass a config "
             "(e.g. PolicyConfig.pi05()) to say what model the weights belong to"
         )
+    if theirs.is_file():
+        return _config_from_file(theirs, lambda data: config_from_openpi(data, fallback))
     return fallback
+
+
+# openpi's converter (examples/convert_jax_model_to_pytorch.py) writes these into config.json
+_OPENPI_INTS = {"action_horizon": "horizon", "action_dim": "action_dim"}
+
+
+def config_from_openpi(data: dict, base: PolicyConfig) -> PolicyConfig:
+    """`base` with what the config.json of openpi's PyTorch converter says: the chunk length, the
+    padded action dims (openpi pads the state to them too) and the Gemma variants (a LoRA variant
+    has its base's shapes). Its precision is not taken: that is the deployment's choice."""
+    variants = {"gemma_2b": GEMMA_2B, "gemma_300m": GEMMA_300M}
+    specs = {}
+    for key, ours in (("paligemma_variant", "prefix"), ("action_expert_variant", "expert")):
+        if key not in data:
+            continue
+        name = data[key]
+        spec = variants.get(name.removesuffix("_lora")) if isinstance(name, str) else None
+        if spec is None:
+            raise CheckpointError(f"field {key!r} is {name!r}; expected one of {sorted(variants)} (or their _lora)")
+        specs[ours] = spec
+    ints = {ours: _lerobot_int(data, key, getattr(base, ours)) for key, ours in _OPENPI_INTS.items()}
+    return base.replace(state_dim=ints["action_dim"], **ints, **specs)
 
 
 def _config_from_file(path: Path, parse: Callable[[dict], PolicyConfig]) -> PolicyConfig:
@@ -130,6 +177,7 @@ def _config_from_file(path: Path, parse: Callable[[dict], PolicyConfig]) -> Poli
         raise CheckpointError(message if message.startswith(str(path)) else f"{path}: {message}") from exc
 
 
+EMPTY_CAMERA_PREFIX = "observation.images.empty_camera_"  # LeRobot's name for its empty_cameras
 VARIANT_KEYS = {"paligemma_variant": "gemma_2b", "action_expert_variant": "gemma_300m"}
 # config.json field -> PolicyConfig field, for the integer fields LeRobot's config may set
 _LEROBOT_INTS = {
@@ -156,12 +204,14 @@ def config_from_lerobot(data: dict) -> PolicyConfig:
             f"LeRobot config has unknown model variants {unknown}; expected one of {sorted(variants)}"
         )
     ints = {ours: _lerobot_int(data, key, getattr(base, ours)) for key, ours in _LEROBOT_INTS.items()}
-    views = _lerobot_views(data.get("input_features", {})) + _lerobot_int(data, "empty_cameras", 0, minimum=0)
+    empty = _lerobot_int(data, "empty_cameras", 0, minimum=0)
+    cameras = _lerobot_cameras(data.get("input_features", {}), empty)
     return base.replace(
         prefix=variants[chosen["paligemma_variant"]],
         expert=variants[chosen["action_expert_variant"]],
         vision=base.vision.__class__(image_size=_lerobot_resolution(data)),
-        num_views=max(1, views),
+        num_views=max(1, cameras) + empty,
+        empty_cameras=empty,
         dtype=data.get("dtype", "float32"),
         **ints,
     )
@@ -174,13 +224,15 @@ def _lerobot_int(data: dict, key: str, default: int, minimum: int = 1) -> int:
     return value
 
 
-def _lerobot_views(features: object) -> int:
-    """How many VISUAL input features (cameras) the config names."""
+def _lerobot_cameras(features: object, empty: int) -> int:
+    """How many cameras the config's VISUAL input features name. LeRobot saves its empty cameras
+    among them too (`observation.images.empty_camera_<i>`, added by validate_features): not cameras."""
     if not isinstance(features, dict) or not all(isinstance(v, dict) for v in features.values()):
         raise CheckpointError(
             f"field 'input_features' must be an object of feature name -> {{\"type\": ...}}, got {features!r}"[:300]
         )
-    return sum(v.get("type") == "VISUAL" for v in features.values())
+    placeholders = {f"{EMPTY_CAMERA_PREFIX}{i}" for i in range(empty)}
+    return sum(v.get("type") == "VISUAL" and name not in placeholders for name, v in features.items())
 
 
 def _lerobot_resolution(data: dict) -> int:
@@ -195,9 +247,10 @@ def _lerobot_resolution(data: dict) -> int:
 def lerobot_config_dict(cfg: PolicyConfig, camera_names: list[str] | None = None, robot_dof: int | None = None) -> dict:
     """A LeRobot-readable config.json for full-size models (ours is written beside it)."""
     names = {GEMMA_2B: "gemma_2b", GEMMA_300M: "gemma_300m"}
-    cams = camera_names or [f"cam{i}" for i in range(cfg.num_views)]
+    cams = camera_names or [f"cam{i}" for i in range(cfg.camera_views)]
     size = cfg.vision.image_size
-    features = {f"observation.images.{c}": {"type": "VISUAL", "shape": [3, size, size]} for c in cams}
+    visual = [f"observation.images.{c}" for c in cams] + [f"{EMPTY_CAMERA_PREFIX}{i}" for i in range(cfg.empty_cameras)]
+    features = {name: {"type": "VISUAL", "shape": [3, size, size]} for name in visual}
     features["observation.state"] = {"type": "STATE", "shape": [robot_dof or cfg.state_dim]}
     return {
         "type": cfg.kind,
@@ -211,6 +264,7 @@ def lerobot_config_dict(cfg: PolicyConfig, camera_names: list[str] | None = None
         "num_inference_steps": cfg.num_steps,
         "tokenizer_max_length": cfg.prompt_len,
         "image_resolution": [size, size],
+        "empty_cameras": cfg.empty_cameras,
         "input_features": features,
         "output_features": {"action": {"type": "ACTION", "shape": [robot_dof or cfg.action_dim]}},
     }
@@ -290,22 +344,35 @@ def _plan(f, layout: str, cfg: PolicyConfig, expected: dict[str, tuple]) -> dict
     missing = sorted(set(expected) - set(available))
     problems = _collisions(sources)
     if missing:
-        problems.append(f"missing {len(missing)} tensor(s): " + ", ".join(to_openpi_key(m) for m in missing))
+        problems.append(f"missing {len(missing)} tensor(s): " + _some([to_openpi_key(m) for m in missing]))
     if unexpected:
-        problems.append(f"unexpected {len(unexpected)} tensor(s): " + ", ".join(sorted(unexpected)))
+        problems.append(f"unexpected {len(unexpected)} tensor(s): " + _some(sorted(unexpected)))
+    mismatched = []
     for ours, key in sorted(available.items()):
         sl = f.get_slice(key)
         shape, dtype = tuple(sl.get_shape()), _torch_dtype(sl.get_dtype())
         if shape != expected[ours]:
-            problems.append(f"{key}: shape {list(shape)}, expected {list(expected[ours])}")
+            mismatched.append(f"{key}: shape {list(shape)}, expected {list(expected[ours])}")
         if dtype not in _ALLOWED_DTYPES:
             problems.append(f"{key}: dtype {sl.get_dtype()}, expected a float type (F32/BF16/F16)")
+    problems += mismatched[:SHOWN]
+    if len(mismatched) > SHOWN:
+        problems.append(f"and {len(mismatched) - SHOWN} more tensors of other shapes")
     if problems:
         header = f"checkpoint does not match a {cfg.kind} model of this config:"
         raise CheckpointError("\n  ".join([header, *problems]))
     if ignored:
         log.debug("ignored %d unused tensor(s): %s", len(ignored), ", ".join(ignored))
     return {ours: available[ours] for ours in expected}
+
+
+SHOWN = 12  # names listed per kind of problem: a model of another size mismatches all ~800 tensors
+
+
+def _some(names: list[str]) -> str:
+    """The first SHOWN names, and how many more: the counts say enough, a wall of names hides them."""
+    more = f", and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+    return ", ".join(names[:SHOWN]) + more
 
 
 def _collisions(sources: dict[str, list[str]]) -> list[str]:

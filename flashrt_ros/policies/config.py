@@ -103,10 +103,30 @@ class PolicyConfig:
     min_period: float = 4e-3
     max_period: float = 4.0
     dtype: Precision = "float32"
+    # pi0.5 writes the discretised state into its prompt unless its openpi config set
+    # discrete_state_input=False (pi05_libero does; the state is then unused). None: the kind's way.
+    discrete_state_input: bool | None = None
+    # views that no camera feeds (LeRobot's `empty_cameras`): run as absent, masked views after
+    # the cameras, as LeRobot runs them; `num_views` counts them
+    empty_cameras: int = 0
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         self.validate()
+
+    @property
+    def state_in_prompt(self) -> bool:
+        return self.kind == "pi05" if self.discrete_state_input is None else self.discrete_state_input
+
+    @property
+    def prompt_format(self) -> PolicyKind:
+        """The prompt layout the tokenizer writes: pi0.5's (task and state) or pi0's (task only)."""
+        return "pi05" if self.state_in_prompt else "pi0"
+
+    @property
+    def camera_views(self) -> int:
+        """Views fed by a camera: the deployment's camera count."""
+        return self.num_views - self.empty_cameras
 
     @property
     def uses_adarms(self) -> bool:
@@ -144,6 +164,10 @@ class PolicyConfig:
             problems.append(_int_problem(name, getattr(self, name)))
         for name in ("rms_norm_eps", "rope_base", "min_period", "max_period"):
             problems.append(_positive_float_problem(name, getattr(self, name)))
+        if self.discrete_state_input not in (None, True, False):
+            problems.append(f"discrete_state_input must be true, false or null, got {self.discrete_state_input!r}")
+        if isinstance(self.empty_cameras, bool) or not isinstance(self.empty_cameras, int) or self.empty_cameras < 0:
+            problems.append(f"empty_cameras must be an integer >= 0, got {self.empty_cameras!r}")
         if not isinstance(self.extra, dict):
             problems.append(f"extra must be a dict, got {type(self.extra).__name__}")
         return [p for p in problems if p]
@@ -163,6 +187,12 @@ class PolicyConfig:
             problems.append("vision width must be a multiple of vision num_heads")
         if e.width % 2:
             problems.append("expert width must be even (sin/cos time embedding)")
+        if self.kind == "pi0" and self.discrete_state_input:
+            problems.append("discrete_state_input must be false for pi0 (its state goes through the state token)")
+        if self.empty_cameras >= self.num_views:
+            problems.append(
+                f"empty_cameras {self.empty_cameras} must leave at least one of the {self.num_views} views to a camera"
+            )
         if self.min_period > self.max_period:
             problems.append(f"min_period {self.min_period} must be <= max_period {self.max_period}")
         return problems

@@ -61,8 +61,9 @@ class Policy:
         self.normalizer = normalizer or Normalizer("identity")
         self.action_dof = self.cfg.action_dim if action_dof is None else _check_dof(action_dof, self.cfg.action_dim)
         self.device = torch.device(device)
-        if tokenizer.vocab_size > self.cfg.vocab_size:
-            raise ValueError(f"tokenizer vocab {tokenizer.vocab_size} exceeds the model's {self.cfg.vocab_size}")
+        problem = vocabulary_problem(tokenizer, self.cfg)
+        if problem:
+            raise ValueError(problem)
         log.info(
             "%s model: %.1fM parameters, %d views, prompt %d, horizon %d, %d steps, %s on %s",
             self.cfg.kind,
@@ -97,10 +98,11 @@ class Policy:
             raise ValueError(
                 f"normalised state is not finite at index {i} (raw value {state[i]:.6g}); no action computed"
             )
-        tokens: Tokens = self.tokenizer.tokenize(cfg.kind, obs.prompt, norm_state if cfg.kind == "pi05" else None)
+        in_prompt = norm_state if cfg.state_in_prompt else None
+        tokens: Tokens = self.tokenizer.tokenize(cfg.prompt_format, obs.prompt, in_prompt)
         if tokens.truncated:
             raise PromptTooLong(
-                f"the prompt{' and state' if cfg.kind == 'pi05' else ''} take more than the policy's "
+                f"the prompt{' and state' if cfg.state_in_prompt else ''} take more than the policy's "
                 f"{cfg.prompt_len} tokens; expected a shorter prompt (got {obs.prompt!r})"
             )
         padded = np.zeros(cfg.state_dim, dtype=np.float32)
@@ -108,22 +110,10 @@ class Policy:
         return torch.from_numpy(tokens.ids), torch.from_numpy(tokens.mask), torch.from_numpy(padded)
 
     def prompt_problem(self, prompt: str, state_dims: int) -> str | None:
-        """Why `prompt` cannot be used with a state of `state_dims` joints, or None: it must fit
-        the policy's prompt length, for pi0.5 with the longest state text (every bin 3 digits)."""
-        state = worst_case_state(state_dims) if self.cfg.kind == "pi05" else None
-        n = len(self.tokenizer.token_ids(self.cfg.kind, prompt, state))
-        if n <= self.cfg.prompt_len:
-            return None
-        with_state = f" with a {state_dims}-joint state" if state is not None else ""
-        return (
-            f"prompt {prompt!r} takes up to {n} tokens{with_state}, more than the policy's prompt "
-            f"length {self.cfg.prompt_len}; expected a shorter instruction"
-        )
+        return prompt_problem(self.cfg, self.tokenizer, prompt, state_dims)
 
     def frame_problem(self, height: int, width: int) -> str | None:
-        """Why a height x width camera frame cannot be used, or None: resized into the model's
-        square input (aspect kept), it must have pixels and keep at least one row and one column."""
-        return thin_frame_error(height, width, self.cfg.vision.image_size)
+        return frame_problem(self.cfg, height, width)
 
     def prepare(self, obs: Observation) -> ModelInputs:
         tokens, mask, state = self.prepare_prompt_state(obs)
@@ -187,8 +177,105 @@ def random_init(model: Pi0Model, seed: int) -> Pi0Model:
     return model
 
 
+def prompt_problem(cfg: PolicyConfig, tokenizer: PromptTokenizer, prompt: str, state_dims: int) -> str | None:
+    """Why `prompt` cannot be used with a state of `state_dims` joints, or None: it must fit the
+    policy's prompt length, with the state in it (pi0.5) as its longest text (every bin 3 digits)."""
+    state = worst_case_state(state_dims) if cfg.state_in_prompt else None
+    n = len(tokenizer.token_ids(cfg.prompt_format, prompt, state))
+    if n <= cfg.prompt_len:
+        return None
+    with_state = f" with a {state_dims}-joint state" if state is not None else ""
+    return (
+        f"prompt {prompt!r} takes up to {n} tokens{with_state}, more than the policy's prompt "
+        f"length {cfg.prompt_len}; expected a shorter instruction"
+    )
+
+
+def frame_problem(cfg: PolicyConfig, height: int, width: int) -> str | None:
+    """Why a height x width camera frame cannot be used, or None: resized into the model's square
+    input (aspect kept), it must have pixels and keep at least one row and one column."""
+    return thin_frame_error(height, width, cfg.vision.image_size)
+
+
+def vocabulary_problem(tokenizer: PromptTokenizer, cfg: PolicyConfig) -> str | None:
+    """A tokenizer that is not the model's: ids past its embedding would fail or wrap, and a much
+    smaller vocabulary (the built-in tiny one with a real checkpoint) gives ids that mean other words
+    to the model, so every action is garbage. Half the model's vocabulary is the line: Gemma's 256000
+    pieces against PaliGemma's 257152 rows is the same text vocabulary; the tiny tokenizer's 400
+    against the tiny model's 512 is by design."""
+    have, rows = tokenizer.vocab_size, cfg.vocab_size
+    if have > rows:
+        return f"tokenizer {tokenizer.path} has {have} pieces, more than the model's {rows} embedding rows"
+    if 2 * have < rows:
+        return (
+            f"tokenizer {tokenizer.path} has {have} pieces but the model embeds {rows}: it is not this model's "
+            f"tokenizer; expected PaliGemma's tokenizer.model (257152 pieces) for a pi0 / pi0.5 checkpoint"
+        )
+    return None
+
+
+@dataclass
+class PolicySource:
+    """A policy as its files describe it, before any weight is read: its config, tokenizer and
+    statistics. A deployment is checked against this (views, joints, prompt) in a second, so a
+    mistake does not cost a full checkpoint load; `build` then loads the weights."""
+
+    cfg: PolicyConfig
+    tokenizer: PromptTokenizer
+    normalizer: Normalizer
+    checkpoint: Path | None = None
+    seed: int = 0
+
+    def prompt_problem(self, prompt: str, state_dims: int) -> str | None:
+        return prompt_problem(self.cfg, self.tokenizer, prompt, state_dims)
+
+    def frame_problem(self, height: int, width: int) -> str | None:
+        return frame_problem(self.cfg, height, width)
+
+    def build(self, device: str | torch.device = "cpu", action_dof: int | None = None) -> Policy:
+        if self.checkpoint is None:
+            log.warning("no checkpoint given: using RANDOM weights (seed %d) - the actions mean nothing", self.seed)
+            model = random_init(Pi0Model(self.cfg), self.seed)
+            model = model.set_precision(getattr(torch, self.cfg.dtype)).to(device)
+        else:
+            model, _ = load_model(self.checkpoint, self.cfg, device=device)
+        return Policy(model.eval(), self.tokenizer, self.normalizer, action_dof, device)
+
+
+def read_policy(
+    config: PolicyConfig | None,
+    tokenizer_file: str | Path,
+    checkpoint: str | Path | None = None,
+    seed: int = 0,
+    normalizer: Normalizer | None = None,
+) -> PolicySource:
+    """What `build_policy` would build, from the checkpoint's config and statistics files and the
+    tokenizer; raises on any of them (or a tokenizer that is not the model's) before a weight is read."""
+    folder = Path(checkpoint) if checkpoint else None
+    cfg = config
+    if folder is not None:
+        cfg = read_config(folder, detect_layout(folder), config)
+        if config is not None:
+            cfg = cfg.replace(dtype=config.dtype)  # precision is the deployment's choice, not the file's
+        normalizer = normalizer or Normalizer.find(folder, kind=cfg.kind)
+        if normalizer is None:
+            raise ValueError(
+                f"{folder}: no normalisation statistics (norm_stats.json, assets/<id>/norm_stats.json, or "
+                "LeRobot's policy_preprocessor.json with a normalizer_processor step): without them the "
+                'actions are not in robot units. To run without, add a norm_stats.json of {"mode": "identity", '
+                '"norm_stats": {"state": {}, "actions": {}}}'
+            )
+    if cfg is None:
+        raise ValueError("no config and no checkpoint: nothing says what model to build")
+    tokenizer = PromptTokenizer(tokenizer_file, cfg.prompt_len)
+    problem = vocabulary_problem(tokenizer, cfg)
+    if problem:
+        raise ValueError(problem)
+    return PolicySource(cfg, tokenizer, normalizer or Normalizer("identity"), folder, seed)
+
+
 def build_policy(
-    config: PolicyConfig,
+    config: PolicyConfig | None,
     tokenizer_file: str | Path,
     checkpoint: str | Path | None = None,
     seed: int = 0,
@@ -197,26 +284,7 @@ def build_policy(
     normalizer: Normalizer | None = None,
 ) -> Policy:
     """From a checkpoint folder, or seeded random weights when none is given."""
-    if checkpoint:
-        layout = detect_layout(Path(checkpoint))
-        cfg = read_config(Path(checkpoint), layout, config)
-        if config is not None:
-            cfg = cfg.replace(dtype=config.dtype)  # precision is the deployment's choice, not the file's
-        model, info = load_model(checkpoint, cfg, device=device)
-        config = info.config
-        normalizer = normalizer or Normalizer.find(checkpoint, kind=config.kind)
-        if normalizer is None:
-            raise ValueError(
-                f"{checkpoint}: no normalisation statistics (norm_stats.json, assets/<id>/norm_stats.json, or "
-                "LeRobot's policy_preprocessor.json with a normalizer_processor step): without them the "
-                'actions are not in robot units. To run without, add a norm_stats.json of {"mode": "identity", '
-                '"norm_stats": {"state": {}, "actions": {}}}'
-            )
-    else:
-        log.warning("no checkpoint given: using RANDOM weights (seed %d) - the actions mean nothing", seed)
-        model = random_init(Pi0Model(config), seed).set_precision(getattr(torch, config.dtype)).to(device)
-    tokenizer = PromptTokenizer(tokenizer_file, config.prompt_len)
-    return Policy(model.eval(), tokenizer, normalizer, action_dof, device)
+    return read_policy(config, tokenizer_file, checkpoint, seed, normalizer).build(device, action_dof)
 
 
 def default_policy(

@@ -60,6 +60,7 @@ class PromptTokenizer:
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer model not found: {path}")
         self.sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        self.path = path
         self.prompt_len = prompt_len
         self._warned_truncation = False
         log.info("tokenizer %s: vocab %d, prompt length %d", path, self.sp.get_piece_size(), prompt_len)
@@ -71,16 +72,18 @@ class PromptTokenizer:
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
         return list(self.sp.encode(text, add_bos=add_bos))
 
-    def token_ids(self, kind: str, task: str, state: np.ndarray | None = None) -> list[int]:
-        """The prompt's tokens before padding (pi0.5: with the discretised state)."""
-        if kind == "pi05":
+    def token_ids(self, layout: str, task: str, state: np.ndarray | None = None) -> list[int]:
+        """The prompt's tokens before padding. `layout` is `PolicyConfig.prompt_format`: "pi05" writes
+        the task and the discretised state, "pi0" the task alone (pi0, and pi0.5 trained without
+        the state in its prompt)."""
+        if layout == "pi05":
             if state is None:
                 raise ValueError("pi0.5 writes the discretised state into the prompt: state is required")
             return self.encode(pi05_prompt(task, state), add_bos=True)
         return self.encode(clean_task(task), add_bos=True) + self.encode("\n")
 
-    def tokenize(self, kind: str, task: str, state: np.ndarray | None = None) -> Tokens:
-        return self.pad(self.token_ids(kind, task, state))
+    def tokenize(self, layout: str, task: str, state: np.ndarray | None = None) -> Tokens:
+        return self.pad(self.token_ids(layout, task, state))
 
     def pad(self, ids: list[int]) -> Tokens:
         """Right-pad to prompt_len; a longer prompt is cut to it (as openpi does) and flagged, so

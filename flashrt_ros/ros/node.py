@@ -66,6 +66,7 @@ from flashrt_ros.ros.params import (
     declare_parameters,
     floats_as_doubles,
     rcl_reason,
+    refused_by_rclpy,
     unknown_names,
 )
 from flashrt_ros.ros.process import interrupt_on_signals, run_until_signal
@@ -123,7 +124,7 @@ class FlashRTNode(Node):
         self._create_outputs()
         self._create_timers()
         self._create_services()
-        self.add_pre_set_parameters_callback(floats_as_doubles)
+        self.add_pre_set_parameters_callback(self._before_set_parameters)
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self.add_post_set_parameters_callback(self._after_set_parameters)
         self._log_startup()
@@ -259,31 +260,38 @@ class FlashRTNode(Node):
     def _on_image(self, convert: Callable, slot: InputSlot, msg: Image | CompressedImage) -> None:
         arrived = time.perf_counter_ns()
         cfg = self.cfg
-        gap_s = (arrived - slot.last_arrival_ns) / 1e9 if slot.last_arrival_ns else float("inf")
-        slot.last_arrival_ns = arrived  # one callback at a time per topic (its own group)
         try:
             check_fresh(msg.header.stamp, self.get_clock().now().nanoseconds, cfg.max_age_s, slot.topic)
-            rgb = convert(msg, expected_hw=cfg.expected_hw, source=slot.topic)
-            self._hold_frame_size(slot, rgb.shape[:2], gap_s)
+            gap_s, held_hw = self._held_frame_size(slot, msg.header.stamp)
+            # the held size goes to the converter so that another size is refused from the header,
+            # before a compressed frame is decoded (8000x8000 PNGs at 10 Hz cut the decisions 5x)
+            rgb = convert(msg, expected_hw=cfg.expected_hw, held_hw=held_hw, source=slot.topic)
+            hw = rgb.shape[:2]
+            check_frame_size(hw, held_hw, self.state.pipeline.policy.frame_problem(*hw), slot.topic)
         except InputError as err:
             self._reject(slot, err)
             return
-        self._accept(slot, Sample(rgb, msg.header.stamp, arrived, time.perf_counter_ns()))
-
-    def _hold_frame_size(self, slot: InputSlot, hw: tuple[int, int], gap_s: float) -> None:
-        """A camera keeps the size it has been sending: a change mid-stream is refused (a fault),
-        one after a gap longer than max_age_s is a restart (e.g. a new driver profile) and is
-        taken, and logged. Checked and set under the lock, against `~/reset` clearing it."""
-        restarted = gap_s > self.cfg.max_age_s
-        problem = self.state.pipeline.policy.frame_problem(*hw)
-        with self._lock:
-            check_frame_size(hw, None if restarted else slot.frame_hw, problem, slot.topic)
-            previous, slot.frame_hw = slot.frame_hw, hw
+        previous = self._accept(slot, Sample(rgb, msg.header.stamp, arrived, time.perf_counter_ns()), frame_hw=hw)
         if previous not in (None, hw):
             self.get_logger().info(
-                f"{slot.topic}: frames are now {hw[0]}x{hw[1]} (were {previous[0]}x{previous[1]}) after "
-                f"{gap_s:.1f} s without frames: taken as a camera restart"
+                f"{slot.topic}: frames are now {hw[0]}x{hw[1]} (were {previous[0]}x{previous[1]}), stamped "
+                f"{gap_s:.1f} s after its previous frame: taken as a camera restart"
             )
+
+    def _held_frame_size(self, slot: InputSlot, stamp: Time) -> tuple[float, tuple[int, int] | None]:
+        """How long after the newest frame the camera sent before this one is stamped, and the
+        size this one must have (None: any). A camera keeps the size it has been sending: a change
+        mid-stream is a fault; a frame stamped more than max_age_s after every earlier one is a
+        restart (e.g. a new driver profile) and may bring a new size. Judged by the publisher's
+        stamps, not by arrival: the node's own slow processing delays arrivals while the camera
+        goes on. Every frame with a usable stamp counts, taken or refused (a camera that goes on
+        sending a wrong size has no gap), and only the newest (a frame stamped in the past opens
+        no gap); unusable stamps were refused by check_fresh before this."""
+        stamp_ns = stamp_to_ns(stamp)
+        newest_ns = slot.last_arrival_ns  # the newest such stamp; 0 since start or ~/reset
+        slot.last_arrival_ns = max(newest_ns, stamp_ns)  # one callback at a time per topic
+        gap_s = (stamp_ns - newest_ns) / 1e9 if newest_ns else math.inf
+        return gap_s, None if gap_s > self.cfg.max_age_s else slot.frame_hw
 
     def _on_joint_state(self, slot: InputSlot, msg: JointState) -> None:
         arrived = time.perf_counter_ns()
@@ -296,17 +304,27 @@ class FlashRTNode(Node):
             return
         self._accept(slot, Sample(state, msg.header.stamp, arrived, time.perf_counter_ns()))
 
-    def _accept(self, slot: InputSlot, sample: Sample) -> None:
+    def _accept(
+        self, slot: InputSlot, sample: Sample, frame_hw: tuple[int, int] | None = None
+    ) -> tuple[int, int] | None:
+        """Store a good sample as its topic's latest, unless it is older than the one held. A
+        camera's frame size (`frame_hw`) is taken with its sample, in one step under the lock, so
+        that a frame refused here changes nothing. Returns the size the camera had before (None
+        when nothing was stored, or no size was held)."""
         older = self._older_than_held(slot, sample)
         if older is not None:
             self._reject(slot, older)
-            return
+            return None
         with self._lock:
             if not slot.used:
                 self.dropped_inputs += 1
             slot.latest, slot.used = sample, False
+            previous = slot.frame_hw
+            if frame_hw is not None:
+                slot.frame_hw = frame_hw
             slot.rejected_since_good.clear()
             self.conversion_stats.add({slot.topic: (sample.ready_ns - sample.arrived_ns) / 1e6})
+        return previous
 
     def _older_than_held(self, slot: InputSlot, sample: Sample) -> InputError | None:
         """A sample stamped before the one already held (two publishers on a topic, or a
@@ -364,7 +382,8 @@ class FlashRTNode(Node):
         from flashrt_ros.engine.pipeline import NonFiniteActions
         from flashrt_ros.policies.policy import Observation
 
-        obs = Observation(images=[s.value for s in samples[:-1]], state=samples[-1].value, prompt=cfg.prompt)
+        empty = [None] * self.state.pipeline.policy.cfg.empty_cameras  # views no camera feeds: absent
+        obs = Observation(images=[s.value for s in samples[:-1]] + empty, state=samples[-1].value, prompt=cfg.prompt)
         t0 = time.perf_counter_ns()
         try:
             decision = self.state.decide(obs)
@@ -618,6 +637,17 @@ class FlashRTNode(Node):
         )
 
     # ---- parameters ------------------------------------------------------------------------
+    def _before_set_parameters(self, params: list) -> list:
+        """Integers for float parameters made doubles; and a set that rclpy itself will refuse (a
+        string for use_sim_time) logged and counted here, as _on_set_parameters does its own
+        refusals: rclpy refuses it before that callback, without a word in the log."""
+        params = floats_as_doubles(params)
+        reason = refused_by_rclpy(self, params)
+        if reason is not None:
+            self._count_node_wide(INVALID_PARAMETER)
+            self.get_logger().warning(f"parameter change refused: {reason}")
+        return params
+
     def _on_set_parameters(self, params: list) -> SetParametersResult:
         changes = {p.name: p.value for p in params}
         unknown = unknown_names(set(changes), runtime=True)
@@ -771,26 +801,24 @@ def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
     from flashrt_ros.engine.capsule import PipelineState
     from flashrt_ros.engine.pipeline import Pipeline
     from flashrt_ros.policies.config import PolicyConfig
-    from flashrt_ros.policies.policy import build_policy
+    from flashrt_ros.policies.policy import read_policy
     from flashrt_ros.policies.tiny_tokenizer import tiny_tokenizer_path
 
     device = resolve_device(cfg.device, torch.cuda.is_available())
     model_cfg = PolicyConfig.preset(cfg.policy, num_views=len(cfg.camera_topics), dtype=cfg.precision)
     tokenizer = cfg.tokenizer or str(tiny_tokenizer_path())
-    try:
-        policy = build_policy(
-            model_cfg,
-            tokenizer,
-            checkpoint=cfg.checkpoint or None,
-            seed=cfg.seed,
-            device=device,
-            action_dof=len(cfg.output_joint_names),
-        )
-    except Exception as exc:  # a bad checkpoint, tokenizer or device: the node says why and exits
-        raise StartupError(f"could not build policy {cfg.policy!r}: {type(exc).__name__}: {exc}") from exc
-    problems = policy_problems(policy, model_cfg.kind, cfg)
+    failed = f"could not build policy {cfg.policy!r}"
+    try:  # the files only: every mismatch below is found before the weights' load (a minute at full size)
+        source = read_policy(model_cfg, tokenizer, checkpoint=cfg.checkpoint or None, seed=cfg.seed)
+    except Exception as exc:  # a bad checkpoint, statistics or tokenizer: the node says why and exits
+        raise StartupError(f"{failed}: {type(exc).__name__}: {exc}") from exc
+    problems = policy_problems(source, model_cfg.kind, cfg)
     if problems:
         raise StartupError("; ".join(problems))
+    try:
+        policy = source.build(device, action_dof=len(cfg.output_joint_names))
+    except Exception as exc:  # bad weights, or a device that cannot hold them
+        raise StartupError(f"{failed}: {type(exc).__name__}: {exc}") from exc
     try:
         pipeline = Pipeline(policy, seed=cfg.seed, backend=cfg.backend, fp8=cfg.fp8, release_reference=True)
     except Exception as exc:  # backend "fused" that cannot be built: say why
@@ -820,8 +848,9 @@ def check_decoders(cfg: NodeConfig) -> None:
 
 
 def policy_problems(policy: Any, kind: str, cfg: NodeConfig) -> list[str]:
-    """Where the built policy does not fit the parameters: the checkpoint's kind against the
-    `policy` preset, camera views, joints against the checkpoint's statistics, the prompt."""
+    """Where the policy (a PolicySource: its files, before its weights are loaded) does not fit the
+    parameters: the checkpoint's kind against the `policy` preset, camera views, the configured
+    frame size, joints against the checkpoint's statistics, the prompt."""
     problems = []
     where = f"checkpoint {cfg.checkpoint}" if cfg.checkpoint else "the policy"
     if policy.cfg.kind != kind:
@@ -829,9 +858,13 @@ def policy_problems(policy: Any, kind: str, cfg: NodeConfig) -> list[str]:
             f"policy {cfg.policy!r} is a {kind} policy but {where} holds a {policy.cfg.kind} one; "
             f"expected a matching `policy` parameter"
         )
-    views = policy.cfg.num_views
+    views, empty = policy.cfg.camera_views, policy.cfg.empty_cameras
     if views != len(cfg.camera_topics):
-        problems.append(f"the policy takes {views} camera views; camera_topics has {len(cfg.camera_topics)}")
+        more = f" (and {empty} empty camera view(s) of its own, which no topic feeds)" if empty else ""
+        problems.append(f"the policy takes {views} camera views{more}; camera_topics has {len(cfg.camera_topics)}")
+    frame = policy.frame_problem(*cfg.expected_hw) if cfg.expected_hw else None
+    if frame:
+        problems.append(f"image_height x image_width {cfg.image_height}x{cfg.image_width}: {frame}")
     for name, joints, dims in joint_coverage(policy, cfg):
         if dims is not None and joints > dims:
             problems.append(
