@@ -337,6 +337,66 @@ def test_compressed_expected_size() -> None:
     assert err.reason == ie.BAD_SIZE and f"{H}x{W}" in str(err) and "480x640" in str(err)
 
 
+def _jpeg_claiming(h: int, w: int) -> SimpleNamespace:
+    """A small JPEG whose frame header (SOF0) is patched to say h x w: the scan data is far too
+    short for that size, so decoding it would fail - but only after allocating h*w*3 bytes."""
+    msg = _compressed(Image.fromarray(_smooth_rgb()), "JPEG")
+    data = bytearray(msg.data)
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5 : sof + 9] = h.to_bytes(2, "big") + w.to_bytes(2, "big")
+    msg.data = bytes(data)
+    return msg
+
+
+def _png_claiming(h: int, w: int) -> SimpleNamespace:
+    """A small PNG whose IHDR is patched (CRC kept valid) to say h x w: its pixel data is far too
+    short for that size."""
+    import zlib
+
+    msg = _compressed(Image.fromarray(RGB), "PNG")
+    data = bytearray(msg.data)
+    data[16:24] = w.to_bytes(4, "big") + h.to_bytes(4, "big")  # IHDR: width, then height
+    data[29:33] = zlib.crc32(data[12:29]).to_bytes(4, "big")
+    msg.data = bytes(data)
+    return msg
+
+
+@pytest.mark.parametrize("claiming", [_jpeg_claiming, _png_claiming])
+@pytest.mark.parametrize("hw", [(4321, 7681), (8000, 8000), (30000, 30000)])
+def test_frame_above_the_pixel_bound_is_refused_from_its_header(claiming, hw) -> None:
+    """No size configured: a header claiming more than 8K's pixels is refused before decoding (a
+    631-byte JPEG claiming 30000x30000 cost 3 s and 2.6 GB to decode)."""
+    err = _compressed_refusal(claiming(*hw))
+    assert err.reason == ie.BAD_SIZE, err
+    assert f"image is {hw[0]}x{hw[1]} (HxW)" in str(err)
+    assert "expected at most 33.2 Mpx (7680x4320, 8K) when image_height / image_width are not set" in str(err)
+
+
+@pytest.mark.parametrize("claiming", [_jpeg_claiming, _png_claiming])
+def test_pixel_bound_lets_8k_and_configured_sizes_through(claiming) -> None:
+    """8K itself is decoded (here: fails to, the data being short), and so is a configured size
+    above the bound: the bound only stands in for a size nobody gave."""
+    assert _compressed_refusal(claiming(4320, 7680)).reason == ie.DECODE_FAILED
+    assert _compressed_refusal(claiming(4321, 7681), expected_hw=(4321, 7681)).reason == ie.DECODE_FAILED
+
+
+@pytest.mark.parametrize("claiming", [_jpeg_claiming, _png_claiming])
+def test_held_size_refuses_other_sizes_from_the_header(claiming) -> None:
+    """The size a camera has been sending (the node's held size) is checked from the header, like
+    a configured one: a frame of another size is bad_size before any decoding (here the data is
+    undecodable, so a decode would have said decode_failed)."""
+    err = _compressed_refusal(claiming(48, 64), held_hw=(24, 32))
+    assert err.reason == ie.BAD_SIZE, err
+    assert "image is 48x64 (HxW); this topic's frames were 24x32 until now; expected the same size" in str(err)
+    assert _compressed_refusal(claiming(24, 32), held_hw=(24, 32)).reason == ie.DECODE_FAILED
+
+
+def test_held_size_for_raw_frames() -> None:
+    err = _refusal(make_msg("rgb8", RGB), held_hw=(H + 1, W))
+    assert err.reason == ie.BAD_SIZE and f"this topic's frames were {H + 1}x{W} until now" in str(err)
+    assert image_to_rgb(make_msg("rgb8", RGB), held_hw=(H, W)).shape == (H, W, 3)
+
+
 # --- real messages (marked `ros`: CI requires ROS, so these never skip there) ------------
 
 

@@ -231,3 +231,35 @@ def test_declared_on_a_real_node_with_overrides(rclpy_context):
         assert cfg.action_joint_names == [] and cfg.camera_transports == []
     finally:
         node.destroy_node()
+
+
+@pytest.mark.ros
+def test_sets_rclpy_refuses_itself_are_named(rclpy_context):
+    """use_sim_time has a fixed type: rclpy refuses a string for it before the node's callback,
+    silently; refused_by_rclpy says so (for the node to log and count it), and only then."""
+    from rclpy.node import Node
+    from rclpy.parameter import Parameter
+
+    from flashrt_ros.ros.params import declare_parameters, refused_by_rclpy
+
+    node = Node("params_test", context=rclpy_context, allow_undeclared_parameters=True)
+    try:
+        declare_parameters(node)
+        T = Parameter.Type
+        wrong = Parameter("use_sim_time", T.STRING, "yes")
+        assert refused_by_rclpy(node, [wrong]) == "use_sim_time must be a bool, got string 'yes'"
+        assert not node.set_parameters([wrong])[0].successful  # rclpy does refuse it
+        unset = Parameter("use_sim_time", T.NOT_SET, None)
+        assert (
+            refused_by_rclpy(node, [unset]) == "use_sim_time cannot be unset: it is declared with a fixed type (bool)"
+        )
+        assert not node.set_parameters([unset])[0].successful
+        fine = [
+            Parameter("use_sim_time", T.BOOL, False),
+            Parameter("rate_hz", T.STRING, "fast"),  # ours: typed freely, judged by the node
+            Parameter("no_such_parameter", T.DOUBLE, 1.0),  # not declared: the node's callback says so
+        ]
+        assert refused_by_rclpy(node, fine) is None
+        assert refused_by_rclpy(node, [*fine, wrong]) == "use_sim_time must be a bool, got string 'yes'"
+    finally:
+        node.destroy_node()

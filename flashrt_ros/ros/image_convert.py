@@ -21,7 +21,9 @@ Conversion rules (the policy sees what these say, so they are part of the contra
 
 Messages are refused, never guessed at, with an :class:`InputError` whose reason is
 ``bad_encoding``, ``bad_size`` (zero size, ``step < width*bytes_per_pixel``, data longer
-than ``step*height``, or not the expected size) or ``truncated_data``.
+than ``step*height``, not the expected size or the size the camera has been sending, or - a
+compressed frame of no expected size - more than :data:`MAX_DECODED_PIXELS`) or
+``truncated_data``. Sizes are checked from the header, before any pixel is read or decoded.
 
 Copies: for ``rgb8`` and ``rgba8`` the result is a *view* of ``msg.data`` (zero copy;
 read-only when the data is ``bytes``, possibly non-contiguous when rows are padded or
@@ -34,6 +36,7 @@ from __future__ import annotations
 import io
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -52,7 +55,13 @@ __all__ = [
     "image_to_rgb",
     "compressed_to_rgb",
     "check_frame_size",
+    "MAX_DECODED_PIXELS",
 ]
+
+MAX_DECODED_PIXELS = 7680 * 4320
+"""The most pixels a compressed frame of no expected size may claim (8K, ~33 Mpx: above any
+robot camera). Its header is read before decoding, and a decode costs memory and CPU in
+proportion to the size it claims: a 631-byte JPEG claiming 30000x30000 took 3 s and 2.6 GB."""
 
 
 def _gray_to_rgb(gray: np.ndarray) -> np.ndarray:
@@ -112,20 +121,24 @@ def image_to_rgb(
     msg: Any,
     *,
     expected_hw: tuple[int, int] | None = None,
+    held_hw: tuple[int, int] | None = None,
     source: str = "image",
     out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Convert a ``sensor_msgs/Image``-like message to an HxWx3 uint8 RGB array.
 
     ``expected_hw`` (from config) refuses frames of another size before touching the
-    data; ``out`` implies it. ``source`` (the topic) goes into error messages. Raises
-    :class:`InputError` for anything that is not a well-formed supported image.
+    data; ``out`` implies it. ``held_hw`` (the size this camera has been sending, see
+    :func:`check_frame_size`) does the same, with that rule's message. ``source`` (the topic)
+    goes into error messages. Raises :class:`InputError` for anything that is not a
+    well-formed supported image.
     """
     encoding = str(msg.encoding)
     layout = _layout(encoding, source)
     height, width, step = int(msg.height), int(msg.width), int(msg.step)
     _check_geometry(height, width, step, layout, encoding, source)
     _check_expected((height, width), _expected_hw(expected_hw, out), source)
+    check_frame_size((height, width), held_hw, None, source)
     buf = _byte_buffer(msg.data)
     _check_length(buf.size, step * height, step, height, source)
     rows = buf[: step * height].reshape(height, step)[:, : width * layout.bytes_per_pixel]
@@ -139,6 +152,7 @@ def compressed_to_rgb(
     msg: Any,
     *,
     expected_hw: tuple[int, int] | None = None,
+    held_hw: tuple[int, int] | None = None,
     source: str = "compressed_image",
     out: np.ndarray | None = None,
 ) -> np.ndarray:
@@ -150,7 +164,8 @@ def compressed_to_rgb(
     swap colours. Grey and palette images become RGB, alpha is dropped, 16-bit PNGs keep
     the high byte (as ``mono16``). ``compressedDepth`` and other codecs -> ``bad_encoding``;
     data the decoder rejects -> ``decode_failed``; wrong size -> ``bad_size`` (checked
-    from the header, before decoding).
+    from the header, before decoding: ``expected_hw`` and ``held_hw`` as for
+    :func:`image_to_rgb`, and with no ``expected_hw``, at most :data:`MAX_DECODED_PIXELS`).
 
     JPEG is decoded strictly (libjpeg-turbo through simplejpeg): libjpeg *warns* about
     corrupt entropy-coded data and goes on, and Pillow then returns garbage pixels without
@@ -159,8 +174,9 @@ def compressed_to_rgb(
     _check_compressed_format(str(msg.format), source)
     expected = _expected_hw(expected_hw, out)
     data = _bytes_like(msg.data)
+    check_size = partial(_check_header_size, expected=expected, held_hw=held_hw, source=source)
     try:
-        rgb = _decode_jpeg(data, expected, source) if _is_jpeg(data) else _decode_png(data, expected, source)
+        rgb = _decode_jpeg(data, check_size) if _is_jpeg(data) else _decode_png(data, check_size)
     except InputError:
         raise
     except Exception as exc:  # the decoders raise OSError, SyntaxError, ValueError, ... per codec
@@ -177,21 +193,29 @@ def _is_jpeg(data: Any) -> bool:
     return bytes(memoryview(data)[:2]) == b"\xff\xd8"  # SOI marker
 
 
-def _decode_jpeg(data: Any, expected: tuple[int, int] | None, source: str) -> np.ndarray:
+def _decode_jpeg(data: Any, check_size: Callable[[tuple[int, int]], None]) -> np.ndarray:
     """Size from the header (refused before decoding), then a strict decode: simplejpeg's
     ``strict=True`` raises on libjpeg's recoverable errors ("Corrupt JPEG data: ...")."""
     import simplejpeg  # local: only nodes with compressed inputs need it (a dependency of them)
 
     height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-    _check_expected((height, width), expected, source)
+    check_size((height, width))
     return simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True)
 
 
-def _decode_png(data: Any, expected: tuple[int, int] | None, source: str) -> np.ndarray:
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _decode_png(data: Any, check_size: Callable[[tuple[int, int]], None]) -> np.ndarray:
+    """Size from the IHDR chunk, read here before Pillow sees the data: Pillow's own guard (a
+    DecompressionBombError only above ~179 Mpx) would otherwise answer first, as decode_failed."""
     from PIL import Image  # local: only nodes with compressed inputs need Pillow
 
+    head = bytes(memoryview(data)[:24])
+    if head[:8] == _PNG_SIGNATURE and head[12:16] == b"IHDR":  # else Pillow says what is wrong
+        check_size((int.from_bytes(head[20:24], "big"), int.from_bytes(head[16:20], "big")))
     with Image.open(io.BytesIO(data), formats=("PNG",)) as img:
-        _check_expected((img.height, img.width), expected, source)
+        check_size((img.height, img.width))
         return _pil_to_rgb(img)
 
 
@@ -232,6 +256,22 @@ def _expected_hw(expected_hw: tuple[int, int] | None, out: np.ndarray | None) ->
     return (out.shape[0], out.shape[1])
 
 
+def _check_header_size(
+    got_hw: tuple[int, int], *, expected: tuple[int, int] | None, held_hw: tuple[int, int] | None, source: str
+) -> None:
+    """A compressed frame's size as its header says, judged before the decoder allocates it."""
+    _check_expected(got_hw, expected, source)
+    check_frame_size(got_hw, held_hw, None, source)
+    h, w = got_hw
+    if expected is None and h * w > MAX_DECODED_PIXELS:
+        raise InputError(
+            BAD_SIZE,
+            source,
+            f"image is {h}x{w} (HxW), {h * w / 1e6:.1f} Mpx; expected at most {MAX_DECODED_PIXELS / 1e6:.1f} Mpx "
+            "(7680x4320, 8K) when image_height / image_width are not set (set them for a larger camera)",
+        )
+
+
 def _check_expected(got_hw: tuple[int, int], expected_hw: tuple[int, int] | None, source: str) -> None:
     if expected_hw is not None and got_hw != expected_hw:
         raise InputError(
@@ -255,8 +295,8 @@ def check_frame_size(
             BAD_SIZE,
             source,
             f"image is {h}x{w} (HxW); this topic's frames were {held_hw[0]}x{held_hw[1]} until now; expected "
-            "the same size (a new one is taken after a gap longer than max_age_s, a camera restart, or a "
-            "~/reset; image_height / image_width fix one)",
+            "the same size (a new one is taken after a gap longer than max_age_s in the frames' stamps, a "
+            "camera restart, or a ~/reset; image_height / image_width fix one)",
         )
 
 

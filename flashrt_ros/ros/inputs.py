@@ -35,11 +35,11 @@ class InputSlot:
     used: bool = True  # latest was fed to a decision (replacing an unused one counts as dropped)
     rejected_since_good: Counter = field(default_factory=Counter)
     frame_hw: tuple[int, int] | None = None  # cameras: the size frames have had since the first
-    last_arrival_ns: int = 0  # perf_counter_ns of the last message, good or not (restart gaps)
+    newest_frame_stamp_ns: int = 0  # newest header stamp of a fresh frame, taken or refused (restart gaps)
     cleared_at: float | None = None  # when ~/reset emptied it, on the decision timer's clock (s)
 
     def clear(self, now_s: float) -> None:
-        self.latest, self.used, self.frame_hw, self.last_arrival_ns = None, True, None, 0
+        self.latest, self.used, self.frame_hw, self.newest_frame_stamp_ns = None, True, None, 0
         self.rejected_since_good.clear()
         self.cleared_at = now_s
 

@@ -288,8 +288,8 @@ class FlashRTNode(Node):
         sending a wrong size has no gap), and only the newest (a frame stamped in the past opens
         no gap); unusable stamps were refused by check_fresh before this."""
         stamp_ns = stamp_to_ns(stamp)
-        newest_ns = slot.last_arrival_ns  # the newest such stamp; 0 since start or ~/reset
-        slot.last_arrival_ns = max(newest_ns, stamp_ns)  # one callback at a time per topic
+        newest_ns = slot.newest_frame_stamp_ns  # the newest such stamp; 0 since start or ~/reset
+        slot.newest_frame_stamp_ns = max(newest_ns, stamp_ns)  # one callback at a time per topic
         gap_s = (stamp_ns - newest_ns) / 1e9 if newest_ns else math.inf
         return gap_s, None if gap_s > self.cfg.max_age_s else slot.frame_hw
 

@@ -255,6 +255,28 @@ def floats_as_doubles(params: list[Any]) -> list[Any]:
     return out
 
 
+def refused_by_rclpy(node: Any, params: list[Any]) -> str | None:
+    """Why rclpy's own descriptor check will refuse this set, or None. It does so before the
+    node's set-parameters callback and says nothing in the log: for a parameter declared with a
+    fixed type (use_sim_time; ours are dynamically typed) given another type, or unset. The
+    node's pre-set callback asks this to log and count such a set like any other it refuses
+    (rclpy still refuses it, and its reason goes back to the caller)."""
+    from rclpy.parameter import Parameter
+
+    for p in params:
+        if not node.has_parameter(p.name):
+            continue
+        descriptor = node.describe_parameter(p.name)
+        if descriptor.dynamic_typing:
+            continue
+        expected = Parameter.Type(descriptor.type).name.lower()
+        if p.type_ == Parameter.Type.NOT_SET:
+            return f"{p.name} cannot be unset: it is declared with a fixed type ({expected})"
+        if p.type_.value != descriptor.type:
+            return f"{p.name} must be a {expected}, got {p.type_.name.lower()} {p.value!r}"
+    return None
+
+
 def check_update(current: NodeConfig, changes: Mapping[str, Any], resolve: Resolver | None = None) -> str | None:
     """Why a runtime change of our parameters must be refused, or None to accept it.
     Names that are not ours (use_sim_time) are left to rclpy. ``resolve``: as for validate
