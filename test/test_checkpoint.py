@@ -273,6 +273,28 @@ def test_openpi_converter_config_json_sets_the_chunk_and_variants(tmp_path):
             read_config(tmp_path, "openpi", PolicyConfig.tiny("pi05"))
 
 
+def test_a_partial_flashrt_config_changes_what_the_other_files_say(tmp_path):
+    """What no export records (openpi's discrete_state_input, LIBERO / DROID's blank third view)
+    goes into a flashrt_config.json of a few fields, on top of the converter's config.json and
+    the fallback; a whole one (as save_model writes) is the config alone."""
+    save_model(tiny_model("pi05"), tmp_path, layout="openpi")
+    whole = json.loads((tmp_path / "flashrt_config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({"action_dim": 32, "action_horizon": 10}))
+    assert read_config(tmp_path, "openpi", PolicyConfig.tiny("pi05", num_views=3)) == PolicyConfig.from_dict(whole)
+    (tmp_path / "flashrt_config.json").write_text(
+        json.dumps({"discrete_state_input": False, "num_views": 3, "empty_cameras": 1})
+    )
+    cfg = read_config(tmp_path, "openpi", PolicyConfig.tiny("pi05"))
+    assert cfg == PolicyConfig.tiny("pi05", horizon=10, num_views=3, empty_cameras=1, discrete_state_input=False)
+    assert (cfg.camera_views, cfg.state_in_prompt, cfg.prompt_format) == (2, False, "pi0")
+    model, _ = load_model(tmp_path, cfg)
+    assert model.cfg.num_views == 3
+    (tmp_path / "flashrt_config.json").write_text(json.dumps({"kind": "pi0"}))  # stated: no refusal here
+    assert read_config(tmp_path, "openpi", PolicyConfig.tiny("pi05")).kind == "pi0"  # the node names it
+    with pytest.raises(ValueError, match="has no LeRobot config .* save it in the openpi layout"):
+        lerobot_config_dict(PolicyConfig.pi05(discrete_state_input=False))
+
+
 def test_a_model_of_another_size_lists_a_bounded_sample_of_tensors(tmp_path):
     save_model(tiny_model("pi05"), tmp_path, layout="openpi")
     with pytest.raises(CheckpointError) as err:
@@ -283,6 +305,15 @@ def test_a_model_of_another_size_lists_a_bounded_sample_of_tensors(tmp_path):
         load_model(tmp_path, config=cfg)
     msg = str(err.value)
     assert msg.count("expected [") == 12 and "more tensors of other shapes" in msg and len(msg) < 4000, msg
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    save_file({k: v.double() for k, v in tensors.items()}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError) as err:
+        load_model(tmp_path, config=PolicyConfig.tiny("pi05"))
+    msg = str(err.value)
+    assert (
+        msg.count("dtype F64, expected a float type") == 12
+        and f"and {len(tensors) - 12} more tensors of other dtypes" in msg
+    )
 
 
 def test_missing_weights_file(tmp_path):

@@ -531,12 +531,6 @@ def _wrong_size_after_an_arrival_gap(any_size, behind_s: float) -> None:
     assert not [ln for ln in node.lines[mark:] if "taken as a camera restart" in ln], node.tail()
 
 
-def test_refused_frame_leaves_the_camera_size_as_it_was(any_size):
-    """A wrong-size frame older than the frame held (it would be refused as such) changed the
-    held size all the same, and every later frame of the camera was refused as bad_size."""
-    _wrong_size_after_an_arrival_gap(any_size, behind_s=0.2)
-
-
 def test_camera_restart_is_judged_by_stamps_not_by_arrival(any_size):
     """Arrivals paused (as when the node itself is slow, decoding a big frame) while the
     camera's stamps show none: a wrong-size frame was taken as a camera restart, and the
@@ -772,9 +766,29 @@ def test_checkpoint_with_an_empty_camera_runs_on_the_cameras_it_has(ros_env, rcl
     ), output
     overrides = {"checkpoint": str(folder), "camera_topics": CAMERAS[:1]}
     with running_node_and_peer(ros_env, tmp_path, rclpy_context, **overrides) as (node, peer):
+        node.wait_for_line(f"loaded pi05 lerobot checkpoint {folder}")  # the line a refusal must come before
         assert peer.pump(10.0, until=lambda: len(peer.chunks) >= 3), node.tail()
         peer.assert_chunks_from_good_data()
         assert all(len(c.source_stamps) == 2 for c in peer.chunks)  # the one camera and the joints
+
+
+def test_more_joints_than_the_model_takes_exits_before_loading_its_weights(ros_env, tmp_path):
+    """Identity statistics cover any joint count, but the model's padded state and action dims do
+    not: named at start, from the files, instead of after the weights' load."""
+    from policy_fixtures import tiny_model
+
+    from flashrt_ros.policies.checkpoint import save_model
+    from flashrt_ros.policies.normalize import Normalizer
+
+    folder = save_model(tiny_model("pi05", num_views=len(CAMERAS), state_dim=3, action_dim=3), tmp_path / "ckpt")
+    Normalizer("identity").save(folder / "norm_stats.json")
+    code, output = exit_output(
+        NodeProcess(ros_env, tmp_path, new_namespace(), {**TEST_PARAMS, "checkpoint": str(folder)})
+    )
+    assert code == 1 and "Traceback" not in output, output
+    for name in ("joint_names", "action_joint_names (or joint_names)"):
+        assert f"{name} has 4 joints but the model takes at most 3; expected at most 3" in output, output
+    assert "loaded pi05" not in output, output  # refused from the files: no weight was read
 
 
 def test_configured_frame_size_the_policy_cannot_use_exits_naming_it(ros_env, tmp_path):

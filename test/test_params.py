@@ -260,6 +260,9 @@ def test_sets_rclpy_refuses_itself_are_named(rclpy_context):
             Parameter("no_such_parameter", T.DOUBLE, 1.0),  # not declared: the node's callback says so
         ]
         assert refused_by_rclpy(node, fine) is None
+        read_only = Parameter("start_type_description_service", T.BOOL, False)  # rclpy's own, read-only
+        assert refused_by_rclpy(node, [read_only]) == "start_type_description_service is read-only"
+        assert not node.set_parameters([read_only])[0].successful
         assert refused_by_rclpy(node, [*fine, wrong]) == "use_sim_time must be a bool, got string 'yes'"
     finally:
         node.destroy_node()

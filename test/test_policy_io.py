@@ -102,6 +102,8 @@ def test_pi05_trained_without_the_state_in_its_prompt(tokenizer_file):
     assert long and "tokens, more than the policy's prompt length 96" in long  # no state in it
     with pytest.raises(ValueError, match="discrete_state_input must be false for pi0"):
         PolicyConfig.tiny("pi0", discrete_state_input=True)
+    with pytest.raises(ValueError, match="discrete_state_input must be true, false or null, got 0"):
+        PolicyConfig.tiny("pi05", discrete_state_input=0)
 
 
 def test_a_tokenizer_that_is_not_the_models_is_refused_before_loading(tokenizer_file):

@@ -13,6 +13,7 @@ meta device, so a full-size checkpoint never exists twice in memory.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -110,34 +111,52 @@ def kind_from_keys(keys: list[str]) -> tuple[str, str] | None:
 
 
 def read_config(folder: Path, layout: str, fallback: PolicyConfig | None = None) -> PolicyConfig:
-    """Our own config file wins; else LeRobot's config.json, or the one openpi's converter writes
-    (chunk length, action dims, variants); else the caller's fallback.
+    """What model the folder's weights are: our own flashrt_config.json, on top of what the other
+    files say (LeRobot's config.json, or the one openpi's converter writes: chunk length, action
+    dims, variants), else the caller's fallback.
 
-    LeRobot's config.json names only the full-size variants (gemma_2b / gemma_300m), so a
-    non-standard model needs our flashrt_config.json or an explicit config. Where no file names
-    the kind (openpi), the weights' names do, and a fallback of the other kind is refused here,
-    before anything is loaded."""
+    A flashrt_config.json with every field (as `save_model` writes) is the config alone; one with
+    some fields (written by hand: what no other file records, e.g. openpi's discrete_state_input)
+    changes those. LeRobot's config.json names only the full-size variants (gemma_2b / gemma_300m),
+    so a non-standard model needs a whole flashrt_config.json or an explicit config. Where no file
+    names the kind (openpi), the weights' names do, and a fallback of the other kind is refused
+    here, before anything is loaded."""
     folder = Path(folder)
     ours = folder / FLASHRT_CONFIG_FILE
-    if ours.is_file():
-        return _config_from_file(ours, PolicyConfig.from_dict)
+    if not ours.is_file():
+        return _base_config(folder, layout, fallback)
+    every = {f.name for f in dataclasses.fields(PolicyConfig)} - {"extra"}
+
+    def parse(data: dict) -> PolicyConfig:
+        if not isinstance(data, dict) or every <= set(data):
+            return PolicyConfig.from_dict(data)
+        base = _base_config(folder, layout, fallback, kind=data.get("kind"))
+        return PolicyConfig.from_dict({**base.to_dict(), **data})
+
+    return _config_from_file(ours, parse)
+
+
+def _base_config(folder: Path, layout: str, fallback: PolicyConfig | None, kind: str | None = None) -> PolicyConfig:
+    """The config from LeRobot's or openpi's config.json, else the fallback; `kind` (stated by a
+    flashrt_config.json) overrides what the weights' names say."""
     theirs = folder / CONFIG_FILE
     if layout == "lerobot" and theirs.is_file():
         return _config_from_file(theirs, config_from_lerobot)
     with _open(folder / WEIGHTS_FILE) as f:
         found = kind_from_keys(list(f.keys()))
-    if found and fallback is not None and found[0] != fallback.kind:
+    if kind is None and found and fallback is not None and found[0] != fallback.kind:
         raise CheckpointError(
             f"{folder} holds a {found[0]} policy (it has {found[1]}), not the {fallback.kind} one asked for; "
             "expected a matching `policy` parameter"
         )
-    if fallback is None and found is not None and theirs.is_file():  # openpi's converter: full size
-        fallback = PolicyConfig.pi05() if found[0] == "pi05" else PolicyConfig.pi0()
-    if fallback is None:
+    kind = kind or (found[0] if found else None)
+    if fallback is None and not (theirs.is_file() or (folder / FLASHRT_CONFIG_FILE).is_file()):
         raise CheckpointError(
             f"{folder} has no {FLASHRT_CONFIG_FILE} or {CONFIG_FILE}: pass a config "
             "(e.g. PolicyConfig.pi05()) to say what model the weights belong to"
         )
+    if fallback is None or (kind is not None and kind != fallback.kind):
+        fallback = PolicyConfig.pi0() if kind == "pi0" else PolicyConfig.pi05()  # openpi exports: full size
     if theirs.is_file():
         return _config_from_file(theirs, lambda data: config_from_openpi(data, fallback))
     return fallback
@@ -245,7 +264,13 @@ def _lerobot_resolution(data: dict) -> int:
 
 
 def lerobot_config_dict(cfg: PolicyConfig, camera_names: list[str] | None = None, robot_dof: int | None = None) -> dict:
-    """A LeRobot-readable config.json for full-size models (ours is written beside it)."""
+    """A LeRobot-readable config.json for full-size models (ours is written beside it). LeRobot's
+    pi0.5 always writes the state into its prompt: a model trained otherwise has no LeRobot config."""
+    if cfg.state_in_prompt != (cfg.kind == "pi05"):
+        raise ValueError(
+            f"a {cfg.kind} model with discrete_state_input={cfg.discrete_state_input} has no LeRobot config "
+            "(LeRobot's pi0.5 puts the state in its prompt, its pi0 never); save it in the openpi layout"
+        )
     names = {GEMMA_2B: "gemma_2b", GEMMA_300M: "gemma_300m"}
     cams = camera_names or [f"cam{i}" for i in range(cfg.camera_views)]
     size = cfg.vision.image_size
@@ -342,22 +367,22 @@ def _plan(f, layout: str, cfg: PolicyConfig, expected: dict[str, tuple]) -> dict
     if embed not in available and prefix + _TIED_EMBEDDING in ignored:
         available[embed] = prefix + _TIED_EMBEDDING  # tied weights saved under the LM head's name
     missing = sorted(set(expected) - set(available))
-    problems = _collisions(sources)
+    collisions = _collisions(sources)
+    problems = collisions[:SHOWN] + ([f"and {len(collisions) - SHOWN} more such"] if len(collisions) > SHOWN else [])
     if missing:
         problems.append(f"missing {len(missing)} tensor(s): " + _some([to_openpi_key(m) for m in missing]))
     if unexpected:
         problems.append(f"unexpected {len(unexpected)} tensor(s): " + _some(sorted(unexpected)))
-    mismatched = []
+    shapes, dtypes = [], []
     for ours, key in sorted(available.items()):
         sl = f.get_slice(key)
         shape, dtype = tuple(sl.get_shape()), _torch_dtype(sl.get_dtype())
         if shape != expected[ours]:
-            mismatched.append(f"{key}: shape {list(shape)}, expected {list(expected[ours])}")
+            shapes.append(f"{key}: shape {list(shape)}, expected {list(expected[ours])}")
         if dtype not in _ALLOWED_DTYPES:
-            problems.append(f"{key}: dtype {sl.get_dtype()}, expected a float type (F32/BF16/F16)")
-    problems += mismatched[:SHOWN]
-    if len(mismatched) > SHOWN:
-        problems.append(f"and {len(mismatched) - SHOWN} more tensors of other shapes")
+            dtypes.append(f"{key}: dtype {sl.get_dtype()}, expected a float type (F32/BF16/F16)")
+    for found, what in ((shapes, "of other shapes"), (dtypes, "of other dtypes")):
+        problems += found[:SHOWN] + ([f"and {len(found) - SHOWN} more tensors {what}"] if len(found) > SHOWN else [])
     if problems:
         header = f"checkpoint does not match a {cfg.kind} model of this config:"
         raise CheckpointError("\n  ".join([header, *problems]))

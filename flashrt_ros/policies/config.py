@@ -164,7 +164,7 @@ class PolicyConfig:
             problems.append(_int_problem(name, getattr(self, name)))
         for name in ("rms_norm_eps", "rope_base", "min_period", "max_period"):
             problems.append(_positive_float_problem(name, getattr(self, name)))
-        if self.discrete_state_input not in (None, True, False):
+        if not (self.discrete_state_input is None or isinstance(self.discrete_state_input, bool)):
             problems.append(f"discrete_state_input must be true, false or null, got {self.discrete_state_input!r}")
         if isinstance(self.empty_cameras, bool) or not isinstance(self.empty_cameras, int) or self.empty_cameras < 0:
             problems.append(f"empty_cameras must be an integer >= 0, got {self.empty_cameras!r}")

@@ -260,9 +260,11 @@ class FlashRTNode(Node):
     def _on_image(self, convert: Callable, slot: InputSlot, msg: Image | CompressedImage) -> None:
         arrived = time.perf_counter_ns()
         cfg = self.cfg
+        generation = slot.generation  # a ~/reset while this frame is converted drops it (_accept)
         try:
-            check_fresh(msg.header.stamp, self.get_clock().now().nanoseconds, cfg.max_age_s, slot.topic)
-            gap_s, held_hw = self._held_frame_size(slot, msg.header.stamp)
+            now_ns = self.get_clock().now().nanoseconds
+            check_fresh(msg.header.stamp, now_ns, cfg.max_age_s, slot.topic)
+            gap_s, held_hw = self._held_frame_size(slot, msg.header.stamp, now_ns)
             # the held size goes to the converter so that another size is refused from the header,
             # before a compressed frame is decoded (8000x8000 PNGs at 10 Hz cut the decisions 5x)
             rgb = convert(msg, expected_hw=cfg.expected_hw, held_hw=held_hw, source=slot.topic)
@@ -271,14 +273,15 @@ class FlashRTNode(Node):
         except InputError as err:
             self._reject(slot, err)
             return
-        previous = self._accept(slot, Sample(rgb, msg.header.stamp, arrived, time.perf_counter_ns()), frame_hw=hw)
+        sample = Sample(rgb, msg.header.stamp, arrived, time.perf_counter_ns())
+        previous = self._accept(slot, sample, frame_hw=hw, generation=generation)
         if previous not in (None, hw):
             self.get_logger().info(
                 f"{slot.topic}: frames are now {hw[0]}x{hw[1]} (were {previous[0]}x{previous[1]}), stamped "
                 f"{gap_s:.1f} s after its previous frame: taken as a camera restart"
             )
 
-    def _held_frame_size(self, slot: InputSlot, stamp: Time) -> tuple[float, tuple[int, int] | None]:
+    def _held_frame_size(self, slot: InputSlot, stamp: Time, now_ns: int) -> tuple[float, tuple[int, int] | None]:
         """How long after the newest frame the camera sent before this one is stamped, and the
         size this one must have (None: any). A camera keeps the size it has been sending: a change
         mid-stream is a fault; a frame stamped more than max_age_s after every earlier one is a
@@ -286,9 +289,12 @@ class FlashRTNode(Node):
         stamps, not by arrival: the node's own slow processing delays arrivals while the camera
         goes on. Every frame with a usable stamp counts, taken or refused (a camera that goes on
         sending a wrong size has no gap), and only the newest (a frame stamped in the past opens
-        no gap); unusable stamps were refused by check_fresh before this."""
+        no gap); unusable stamps were refused by check_fresh before this. A newest stamp ahead of
+        the clock (sim time jumped back: a simulator reset, a bag loop) is no history."""
         stamp_ns = stamp_to_ns(stamp)
         newest_ns = slot.newest_frame_stamp_ns  # the newest such stamp; 0 since start or ~/reset
+        if newest_ns > now_ns:
+            newest_ns = 0
         slot.newest_frame_stamp_ns = max(newest_ns, stamp_ns)  # one callback at a time per topic
         gap_s = (stamp_ns - newest_ns) / 1e9 if newest_ns else math.inf
         return gap_s, None if gap_s > self.cfg.max_age_s else slot.frame_hw
@@ -305,17 +311,24 @@ class FlashRTNode(Node):
         self._accept(slot, Sample(state, msg.header.stamp, arrived, time.perf_counter_ns()))
 
     def _accept(
-        self, slot: InputSlot, sample: Sample, frame_hw: tuple[int, int] | None = None
+        self,
+        slot: InputSlot,
+        sample: Sample,
+        frame_hw: tuple[int, int] | None = None,
+        generation: int | None = None,
     ) -> tuple[int, int] | None:
         """Store a good sample as its topic's latest, unless it is older than the one held. A
         camera's frame size (`frame_hw`) is taken with its sample, in one step under the lock, so
-        that a frame refused here changes nothing. Returns the size the camera had before (None
-        when nothing was stored, or no size was held)."""
+        that a frame refused here changes nothing; a frame whose conversion began before a
+        `~/reset` (`generation`) is dropped, so the reset clears what it says. Returns the size the
+        camera had before (None when nothing was stored, or no size was held)."""
         older = self._older_than_held(slot, sample)
         if older is not None:
             self._reject(slot, older)
             return None
         with self._lock:
+            if generation is not None and generation != slot.generation:
+                return None
             if not slot.used:
                 self.dropped_inputs += 1
             slot.latest, slot.used = sample, False
@@ -866,7 +879,12 @@ def policy_problems(policy: Any, kind: str, cfg: NodeConfig) -> list[str]:
     if frame:
         problems.append(f"image_height x image_width {cfg.image_height}x{cfg.image_width}: {frame}")
     for name, joints, dims in joint_coverage(policy, cfg):
-        if dims is not None and joints > dims:
+        padded = policy.cfg.state_dim if name == "joint_names" else policy.cfg.action_dim
+        if joints > padded:  # statistics of identity cover any count: the model's padding does not
+            problems.append(
+                f"{name} has {joints} joints but the model takes at most {padded}; expected at most {padded}"
+            )
+        elif dims is not None and joints > dims:
             problems.append(
                 f"{name} has {joints} joints but the normalisation statistics of {where} cover "
                 f"{dims}; expected at most {dims} (the checkpoint was trained on another robot?)"

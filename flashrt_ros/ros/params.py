@@ -257,8 +257,9 @@ def floats_as_doubles(params: list[Any]) -> list[Any]:
 
 def refused_by_rclpy(node: Any, params: list[Any]) -> str | None:
     """Why rclpy's own descriptor check will refuse this set, or None. It does so before the
-    node's set-parameters callback and says nothing in the log: for a parameter declared with a
-    fixed type (use_sim_time; ours are dynamically typed) given another type, or unset. The
+    node's set-parameters callback and says nothing in the log: for a read-only parameter (rclpy's
+    own, e.g. start_type_description_service), and for one declared with a fixed type
+    (use_sim_time; ours are dynamically typed) given another type, or unset. The
     node's pre-set callback asks this to log and count such a set like any other it refuses
     (rclpy still refuses it, and its reason goes back to the caller)."""
     from rclpy.parameter import Parameter
@@ -267,6 +268,8 @@ def refused_by_rclpy(node: Any, params: list[Any]) -> str | None:
         if not node.has_parameter(p.name):
             continue
         descriptor = node.describe_parameter(p.name)
+        if descriptor.read_only:
+            return f"{p.name} is read-only"
         if descriptor.dynamic_typing:
             continue
         expected = Parameter.Type(descriptor.type).name.lower()
