@@ -193,3 +193,16 @@ def test_restore_is_byte_exact_on_the_fused_path():
     run(state, range(5, 6))
     store.restore("f")
     assert run(state, range(2, 5)) == original
+
+
+def test_refusals_quote_names_and_lists_bounded(store):
+    """A 100,000-character name, or an unknown one among hundreds of capsules, makes a reply and a
+    log line of bounded length that still say what was wrong."""
+    for i in range(15):
+        store.snapshot(f"c{i:02d}")
+    with pytest.raises(CapsuleNotFound) as err:
+        store.restore("nope")
+    assert str(err.value).endswith("'c08', 'c09', and 5 more)") and len(str(err.value)) < 200, str(err.value)
+    with pytest.raises(ValueError) as err:
+        store.snapshot("x" * 100_000)
+    assert str(err.value).endswith("... (100000 characters)") and len(str(err.value)) < 250, str(err.value)

@@ -445,3 +445,49 @@ def test_under_sim_time_idle_is_measured_on_the_ros_clock(rclpy_context):
         assert level == DiagnosticStatus.ERROR and message.startswith("no decision for 3.0 s"), message
     finally:
         node.destroy_node()
+
+
+def test_a_reset_that_waited_for_a_decision_is_refused_once_the_stop_signal_came(rclpy_context):
+    """A ~/reset waiting for the decision in flight when SIGINT arrives: it must not run after the
+    signal (the final stats line counts everything that ran)."""
+    import threading
+
+    from std_srvs.srv import Trigger
+
+    node = _in_process_node(rclpy_context)
+    try:
+        node.decisions = 42
+        replies = []
+        node._state_lock.acquire()  # a decision in flight
+        waiting = threading.Thread(target=lambda: replies.append(node._on_reset(Trigger.Request(), Trigger.Response())))
+        waiting.start()
+        time.sleep(0.2)  # the reset is past its first check, waiting for the lock
+        node.begin_shutdown()
+        node._state_lock.release()
+        waiting.join(5.0)
+        assert not replies[0].success and "shutting down" in replies[0].message
+        assert node.decisions == 42
+    finally:
+        node.destroy_node()
+
+
+def test_a_policy_slower_than_the_rate_is_no_error_and_an_error_names_its_cause(rclpy_context):
+    """rate_hz 100 with a policy taking 50 ms: between two decisions the node is busy, not stopped
+    (WARN with deadline misses is the docs' word for it). Once decisions do stop, every ERROR names
+    why, counted since the last decision, not only since the last status."""
+    from diagnostic_msgs.msg import DiagnosticStatus
+
+    node = _in_process_node(rclpy_context, rate_hz=100.0, status_rate_hz=50.0)
+    try:
+        node._decision_s.extend([0.05] * 8)
+        node._last_decision_at = time.monotonic() - 0.08  # inside the next 50 ms decision
+        level, message = node._health(node.snapshot())
+        assert level != DiagnosticStatus.ERROR, message
+        topic = node.slots[0].topic
+        node.invalid[(topic, "stale")] += 3
+        node._last_decision_at = time.monotonic() - 0.5  # five decisions' time: stopped
+        for _ in range(2):  # the second status sees no new count since the first: the cause stays
+            level, message = node._health(node.snapshot())
+            assert level == DiagnosticStatus.ERROR and f"(stale {topic})" in message, message
+    finally:
+        node.destroy_node()

@@ -200,13 +200,26 @@ class CapsuleStore:
         try:
             return self._capsules[name]
         except KeyError:
-            have = ", ".join(repr(n) for n in sorted(self._capsules)) or "none"
-            raise CapsuleNotFound(f"no capsule named {name!r} (have: {have})") from None
+            names = sorted(self._capsules)
+            have = ", ".join(_shown(n) for n in names[:SHOWN_NAMES]) or "none"
+            more = f", and {len(names) - SHOWN_NAMES} more" if len(names) > SHOWN_NAMES else ""
+            raise CapsuleNotFound(f"no capsule named {_shown(name)} (have: {have}{more})") from None
+
+
+SHOWN_NAMES = 10  # a refusal names this many of the capsules kept: its reply and log line stay short
+
+
+def _shown(name: object, limit: int = 80) -> str:
+    """A name as a message quotes it: repr, cut past `limit` characters with its length said."""
+    text = repr(name)
+    return (
+        text if len(text) <= limit else f"{text[:limit]}... ({len(name) if isinstance(name, str) else '?'} characters)"
+    )
 
 
 def _check_name(name: str) -> None:
     if not isinstance(name, str) or not name.strip() or len(name) > 256:
-        raise ValueError(f"capsule name must be a non-empty string of at most 256 characters, got {name!r}")
+        raise ValueError(f"capsule name must be a non-empty string of at most 256 characters, got {_shown(name)}")
 
 
 def _frozen(name: str, buffers: Mapping[str, np.ndarray], created_ns: int) -> Capsule:

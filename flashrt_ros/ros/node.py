@@ -25,7 +25,7 @@ import math
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -160,7 +160,9 @@ class FlashRTNode(Node):
         self.state.pipeline.stats = PipelineStats(self.stats_window, self._timer_seconds)
         self._last_health = (0, 0)
         self._last_decision_at = time.monotonic()
+        self._decision_s: deque[float] = deque(maxlen=8)  # how long the last decisions took (wall time)
         self._last_invalid: dict[tuple[str, str], int] = {}
+        self._invalid_at_decision: dict[tuple[str, str], int] = {}  # the counts when the last decision ran
         self._last_stats_log = time.monotonic()
         self._clock_watch = ClockWatch()
         self._last_decision_ros_ns = self.get_clock().now().nanoseconds
@@ -527,6 +529,8 @@ class FlashRTNode(Node):
             self.decisions += 1
             self._last_decision_at = time.monotonic()
             self._last_decision_ros_ns = self.get_clock().now().nanoseconds
+            self._decision_s.append((end_ns - start_ns) / 1e9)
+            self._invalid_at_decision = dict(self.invalid)
             if end_ns - start_ns > 1e9 / cfg.rate_hz:
                 self.deadline_misses += 1
             streak, self._dropped_streak = self._dropped_streak, 0
@@ -590,8 +594,9 @@ class FlashRTNode(Node):
         new_invalid = {k: n for k, n in new_invalid.items() if n > 0}
         self._last_health, self._last_invalid = now, dict(snap.invalid)
         idle_s = self._idle_s()
-        if self._clock_watch.stalled or idle_s > max(2.0 / self.cfg.rate_hz, 1.0 / self.cfg.status_rate_hz):
-            why = ", ".join(f"{r} {t}" for (t, r) in sorted(new_invalid)) or "no decision ran"
+        if self._clock_watch.stalled or idle_s > self._idle_limit_s():
+            since = {k: n - self._invalid_at_decision.get(k, 0) for k, n in snap.invalid.items()}
+            why = ", ".join(f"{r} {t}" for (t, r), n in sorted(since.items()) if n > 0) or "no decision ran"
             if self._clock_watch.stalled:
                 why = self._clock_watch.describe(time.monotonic())
                 idle_s = time.monotonic() - self._last_decision_at
@@ -608,6 +613,13 @@ class FlashRTNode(Node):
         if problems:
             return DiagnosticStatus.WARN, "running, with " + ", ".join(problems) + " since the last status"
         return DiagnosticStatus.OK, f"running at {self.cfg.rate_hz:g} Hz"
+
+    def _idle_limit_s(self) -> float:
+        """How long without a decision is an ERROR: two periods, one status period, or - for a
+        policy slower than rate_hz, which is WARN (deadline misses) - twice its slowest recent
+        decision (of the last 8: one slow one among fast ones does not make an ERROR)."""
+        cfg = self.cfg
+        return max(2.0 / cfg.rate_hz, 1.0 / cfg.status_rate_hz, 2.0 * max(self._decision_s, default=0.0))
 
     def _timer_seconds(self) -> float:
         """Now on the clock the decision timer runs on: ROS time under sim time (a simulator
@@ -728,11 +740,14 @@ class FlashRTNode(Node):
     def _on_reset(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
         if self._refuse_while_stopping("~/reset", response):
             return response
-        with self._state_lock, self._lock:
-            self.state.reset()
-            for slot in self.slots:
-                slot.clear(self._timer_seconds())
-            self._reset_counters()
+        with self._state_lock:  # between decisions
+            if self._refuse_while_stopping("~/reset", response):  # began while this call waited
+                return response
+            with self._lock:
+                self.state.reset()
+                for slot in self.slots:
+                    slot.clear(self._timer_seconds())
+                self._reset_counters()
         self._throttle.clear()
         response.success = True
         response.message = (
