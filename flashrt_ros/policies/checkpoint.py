@@ -367,8 +367,7 @@ def _plan(f, layout: str, cfg: PolicyConfig, expected: dict[str, tuple]) -> dict
     if embed not in available and prefix + _TIED_EMBEDDING in ignored:
         available[embed] = prefix + _TIED_EMBEDDING  # tied weights saved under the LM head's name
     missing = sorted(set(expected) - set(available))
-    collisions = _collisions(sources)
-    problems = collisions[:SHOWN] + ([f"and {len(collisions) - SHOWN} more such"] if len(collisions) > SHOWN else [])
+    problems = _bounded(_collisions(sources), " such")
     if missing:
         problems.append(f"missing {len(missing)} tensor(s): " + _some([to_openpi_key(m) for m in missing]))
     if unexpected:
@@ -381,8 +380,7 @@ def _plan(f, layout: str, cfg: PolicyConfig, expected: dict[str, tuple]) -> dict
             shapes.append(f"{key}: shape {list(shape)}, expected {list(expected[ours])}")
         if dtype not in _ALLOWED_DTYPES:
             dtypes.append(f"{key}: dtype {sl.get_dtype()}, expected a float type (F32/BF16/F16)")
-    for found, what in ((shapes, "of other shapes"), (dtypes, "of other dtypes")):
-        problems += found[:SHOWN] + ([f"and {len(found) - SHOWN} more tensors {what}"] if len(found) > SHOWN else [])
+    problems += _bounded(shapes, " tensors of other shapes") + _bounded(dtypes, " tensors of other dtypes")
     if problems:
         header = f"checkpoint does not match a {cfg.kind} model of this config:"
         raise CheckpointError("\n  ".join([header, *problems]))
@@ -394,10 +392,13 @@ def _plan(f, layout: str, cfg: PolicyConfig, expected: dict[str, tuple]) -> dict
 SHOWN = 12  # names listed per kind of problem: a model of another size mismatches all ~800 tensors
 
 
+def _bounded(items: list[str], what: str = "") -> list[str]:
+    """The first SHOWN items, then "and N more<what>": the counts say enough, a wall of names hides them."""
+    return items[:SHOWN] + ([f"and {len(items) - SHOWN} more{what}"] if len(items) > SHOWN else [])
+
+
 def _some(names: list[str]) -> str:
-    """The first SHOWN names, and how many more: the counts say enough, a wall of names hides them."""
-    more = f", and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
-    return ", ".join(names[:SHOWN]) + more
+    return ", ".join(_bounded(names))
 
 
 def _collisions(sources: dict[str, list[str]]) -> list[str]:

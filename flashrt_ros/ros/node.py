@@ -250,7 +250,7 @@ class FlashRTNode(Node):
     def _warn_fewer_joints_than_statistics(self) -> None:
         """Fewer joints than the checkpoint's statistics cover runs (a robot that is a subset of
         the one trained on), but is more often the wrong checkpoint: say so once, at start."""
-        for what, joints, dims in joint_coverage(self.state.pipeline.policy, self.cfg):
+        for what, joints, dims, _ in joint_coverage(self.state.pipeline.policy, self.cfg):
             if dims is not None and joints < dims:
                 self.get_logger().warning(
                     f"{what} has {joints} joints, the checkpoint's normalisation statistics cover {dims}: "
@@ -590,13 +590,12 @@ class FlashRTNode(Node):
         """Level and message from what changed since the last status."""
         now = (snap.dropped_decisions, snap.deadline_misses)
         dropped, missed = (a - b for a, b in zip(now, self._last_health, strict=True))
-        new_invalid = {k: n - self._last_invalid.get(k, 0) for k, n in snap.invalid.items()}
-        new_invalid = {k: n for k, n in new_invalid.items() if n > 0}
+        new_invalid = counts_since(snap.invalid, self._last_invalid)
         self._last_health, self._last_invalid = now, dict(snap.invalid)
         idle_s = self._idle_s()
         if self._clock_watch.stalled or idle_s > self._idle_limit_s():
-            since = {k: n - self._invalid_at_decision.get(k, 0) for k, n in snap.invalid.items()}
-            why = ", ".join(f"{r} {t}" for (t, r), n in sorted(since.items()) if n > 0) or "no decision ran"
+            since = counts_since(snap.invalid, self._invalid_at_decision)
+            why = ", ".join(f"{r} {t}" for (t, r) in sorted(since)) or "no decision ran"
             if self._clock_watch.stalled:
                 why = self._clock_watch.describe(time.monotonic())
                 idle_s = time.monotonic() - self._last_decision_at
@@ -893,8 +892,7 @@ def policy_problems(policy: Any, kind: str, cfg: NodeConfig) -> list[str]:
     frame = policy.frame_problem(*cfg.expected_hw) if cfg.expected_hw else None
     if frame:
         problems.append(f"image_height x image_width {cfg.image_height}x{cfg.image_width}: {frame}")
-    for name, joints, dims in joint_coverage(policy, cfg):
-        padded = policy.cfg.state_dim if name == "joint_names" else policy.cfg.action_dim
+    for name, joints, dims, padded in joint_coverage(policy, cfg):
         if joints > padded:  # statistics of identity cover any count: the model's padding does not
             problems.append(
                 f"{name} has {joints} joints but the model takes at most {padded}; expected at most {padded}"
@@ -908,14 +906,20 @@ def policy_problems(policy: Any, kind: str, cfg: NodeConfig) -> list[str]:
     return problems + ([prompt] if prompt else [])
 
 
-def joint_coverage(policy: Any, cfg: NodeConfig) -> list[tuple[str, int, int | None]]:
-    """(parameter, its joint count, the dims the policy's statistics cover; None = any) for the
-    state and the actions: too many joints stop the start, fewer get a warning."""
+def joint_coverage(policy: Any, cfg: NodeConfig) -> list[tuple[str, int, int | None, int]]:
+    """(parameter, its joint count, the dims the policy's statistics cover (None = any), the
+    model's padded dims) for the state and the actions: too many joints stop the start, fewer
+    than the statistics cover get a warning."""
     state_dims, action_dims = policy.normalizer.dims()
     return [
-        ("joint_names", len(cfg.joint_names), state_dims),
-        ("action_joint_names (or joint_names)", len(cfg.output_joint_names), action_dims),
+        ("joint_names", len(cfg.joint_names), state_dims, policy.cfg.state_dim),
+        ("action_joint_names (or joint_names)", len(cfg.output_joint_names), action_dims, policy.cfg.action_dim),
     ]
+
+
+def counts_since(now: dict[tuple[str, str], int], before: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+    """The (topic, reason) counts that rose since `before`, by how much."""
+    return {k: n - before.get(k, 0) for k, n in now.items() if n > before.get(k, 0)}
 
 
 def _fp8_suffix(pipeline) -> str:
