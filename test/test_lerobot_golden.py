@@ -8,6 +8,8 @@ on the GPU (scripts/gpu_check.sh).
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +44,21 @@ def test_bfloat16_chunk_matches_lerobot_bfloat16(policy):
     assert r["prefix_embs"]["max_abs"] < 1e-6 and r["velocity_step0"]["max_abs"] < 2e-3
     keys = [k for k in r if k.startswith("prefix_k_layer")]
     assert keys and all(r[k]["max_abs"] < 2e-2 and r[k]["cosine"] > 0.99999 for k in keys)
+
+
+@pytest.mark.parametrize("policy", ["pi05", "pi0"])
+def test_an_empty_camera_runs_as_a_masked_view(policy, tmp_path):
+    """LeRobot's `empty_cameras` add a blank view after the cameras, with its mask off. Masked,
+    its tokens change nothing, so LeRobot's chunk (taken without it) must still match; unmasked,
+    the blank image would be attended to and the chunk would move."""
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(DATA / policy / "checkpoint", checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps({**config, "empty_cameras": 1}))
+    r = run_parity(DATA / policy / "io_float32.safetensors", checkpoint, "float32")
+    assert r["views"] == {"cameras": 2, "empty": 1}
+    assert r["chunk"]["cosine"] >= 0.99999 and r["chunk"]["max_abs"] < 1e-5, r["chunk"]
+    assert r["prefix_embs"]["max_abs"] < 1e-6 and r["velocity_step0"]["max_abs"] < 1e-5
 
 
 @pytest.mark.parametrize("policy", ["pi05", "pi0"])

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from ..policies.checkpoint import load_model, read_config
 from ..policies.config import GemmaSpec, PolicyConfig, SiglipSpec
-from ..policies.preprocess import resize_with_pad
+from ..policies.preprocess import images_to_pixels
 
 GATES = {"float32": 0.99999, "bfloat16": 0.999}
 
@@ -35,11 +35,15 @@ def chunk_parity(chunk: torch.Tensor, ref: torch.Tensor, noise: torch.Tensor) ->
 
 
 def reference_config(ref: dict, checkpoint: Path, dtype: str) -> PolicyConfig:
-    """Full size: LeRobot's config.json says it all. Tiny: the dims come from io.json."""
+    """Full size: LeRobot's config.json says it all. Tiny: the dims come from io.json.
+
+    io.json's `views` counts the cameras that fed LeRobot; a checkpoint's `empty_cameras` add
+    blank, masked views after them, as LeRobot and the node both run them."""
     s = ref["settings"]
-    cfg = read_config(checkpoint, "lerobot").replace(
+    base = read_config(checkpoint, "lerobot")
+    cfg = base.replace(
         dtype=dtype,
-        num_views=s["views"],
+        num_views=s["views"] + base.empty_cameras,
         prompt_len=s["prompt_len"],
         horizon=s["chunk_size"],
         num_steps=s["num_inference_steps"],
@@ -55,13 +59,20 @@ def reference_config(ref: dict, checkpoint: Path, dtype: str) -> PolicyConfig:
     return cfg
 
 
-def _pixels(io: dict, views: int, size: int, device: torch.device) -> torch.Tensor:
-    out = []
-    for i in range(views):
-        img = io[f"in.observation.images.cam{i}"].to(device)  # [1, 3, H, W], uint8 or float in [0, 1]
-        img = img.float() / 255.0 if img.dtype == torch.uint8 else img.float()
-        out.append(resize_with_pad(img, size) * 2 - 1)
-    return torch.stack(out, dim=1)
+def _pixels(io: dict, cfg: PolicyConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cameras in `io` ([1, 3, H, W], uint8 or float in [0, 1]), then the checkpoint's empty
+    cameras as absent views: the same pixels and masks the node feeds the model."""
+    cams = [io[f"in.observation.images.cam{i}"][0].permute(1, 2, 0) for i in range(cfg.camera_views)]
+    return images_to_pixels(cams + [None] * cfg.empty_cameras, cfg.vision.image_size, device)
+
+
+def _camera_tokens(tokens: torch.Tensor, cfg: PolicyConfig, dim: int) -> torch.Tensor:
+    """`tokens` without the empty cameras' image tokens (along `dim`): LeRobot's intermediates
+    in io were taken without them, and masked they change nothing else."""
+    per_view = cfg.vision.num_tokens
+    start, stop = cfg.camera_views * per_view, cfg.num_views * per_view
+    keep = [i for i in range(tokens.shape[dim]) if not start <= i < stop]
+    return tokens.index_select(dim, torch.tensor(keep, device=tokens.device))
 
 
 def run_parity(io_file: Path, checkpoint: Path, dtype: str | None = None, device: str = "cpu") -> dict:
@@ -72,8 +83,7 @@ def run_parity(io_file: Path, checkpoint: Path, dtype: str | None = None, device
     dev = torch.device(device)
     cfg = reference_config(ref, checkpoint, dtype)
     model, info = load_model(checkpoint, cfg, device=dev)
-    pixels = _pixels(io, cfg.num_views, cfg.vision.image_size, dev)
-    masks = torch.ones(1, cfg.num_views, dtype=torch.bool, device=dev)
+    pixels, masks = _pixels(io, cfg, dev)
     tokens = io["in.observation.language.tokens"].to(dev)
     tmask = io["in.observation.language.attention_mask"].to(dev).bool()
     raw_state = io["in.observation.state"].to(dev).float()
@@ -92,16 +102,17 @@ def run_parity(io_file: Path, checkpoint: Path, dtype: str | None = None, device
         "ours_dtype": dtype,
         "lerobot_dtype": ref["dtype"],
         "device": str(dev),
+        "views": {"cameras": cfg.camera_views, "empty": cfg.empty_cameras},
         "load_seconds": info.seconds,
         "chunk": compare(chunk[..., :dof], io["out.chunk"]),
         "chunk_minus_noise": compare(chunk[..., :dof] - noise[..., :dof], io["out.chunk_minus_noise"]),
         "pre_image0": compare(pixels[:, 0], io["mid.pre_image.0"]),
-        "prefix_embs": compare(emb, io["mid.prefix_embs"]),
+        "prefix_embs": compare(_camera_tokens(emb, cfg, 1), io["mid.prefix_embs"]),
         "velocity_step0": compare(v0, io["mid.velocity.step0"]),
     }
     for key in sorted(k for k in io if k.startswith("mid.prefix_k.layer")):
         layer = int(key.removeprefix("mid.prefix_k.layer"))
-        results[f"prefix_k_layer{layer}"] = compare(prefix.keys[layer], io[key])
+        results[f"prefix_k_layer{layer}"] = compare(_camera_tokens(prefix.keys[layer], cfg, 2), io[key])
     gate = GATES[dtype]
     results["gate"] = {"chunk_cosine_min": gate, "passed": results["chunk"]["cosine"] >= gate}
     return results
