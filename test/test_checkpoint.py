@@ -10,6 +10,7 @@ from policy_fixtures import tiny_inputs, tiny_model
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from flashrt_ros.policies import checkpoint
 from flashrt_ros.policies.checkpoint import (
     CheckpointError,
     config_from_lerobot,
@@ -19,6 +20,7 @@ from flashrt_ros.policies.checkpoint import (
     load_model,
     read_config,
     save_model,
+    weight_names,
 )
 from flashrt_ros.policies.config import GEMMA_2B, PolicyConfig
 
@@ -198,6 +200,21 @@ def test_malformed_flashrt_config_json_names_the_file_and_field(tmp_path):
         ({**ours, "min_period": 8.0}, "min_period 8.0 must be <= max_period 4.0"),
     ]:
         assert expected in _refused_config(tmp_path, "flashrt_config.json", data, "openpi")
+
+
+def test_the_header_is_read_once_per_version_of_the_weights(tmp_path, monkeypatch):
+    """Start-up asks for the tensor names several times: one read of the header, and a file
+    rewritten in place (another export over the old one) is read again, not served stale."""
+    save_model(tiny_model("pi05"), tmp_path, layout="openpi")
+    opened = []
+    real_open = checkpoint._open
+    monkeypatch.setattr(checkpoint, "_open", lambda path: opened.append(path) or real_open(path))
+    assert detect_layout(tmp_path) == "openpi"
+    read_config(tmp_path, "openpi")
+    weight_names(tmp_path / "model.safetensors")
+    assert len(opened) == 1
+    save_model(tiny_model("pi05"), tmp_path, layout="lerobot")
+    assert detect_layout(tmp_path) == "lerobot" and len(opened) == 2
 
 
 def test_truncated_file_is_a_clear_error(tmp_path):

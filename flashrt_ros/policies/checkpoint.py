@@ -14,10 +14,11 @@ meta device, so a full-size checkpoint never exists twice in memory.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,12 +95,28 @@ def detect_layout(folder: Path) -> str:
     weights = folder / WEIGHTS_FILE
     if not weights.is_file():
         raise CheckpointError(f"no {WEIGHTS_FILE} in {folder}")
-    with _open(weights) as f:
-        keys = list(f.keys())
+    keys = weight_names(weights)
     return "lerobot" if keys and all(k.startswith(LEROBOT_PREFIX) for k in keys) else "openpi"
 
 
-def kind_from_keys(keys: list[str]) -> tuple[str, str] | None:
+def weight_names(path: Path) -> tuple[str, ...]:
+    """The tensor names in a safetensors file's header. Start-up asks for them several times (the
+    layout, the kind, the parameter checks) before the weights are streamed: the header is read
+    once per version of the file (its inode, size and modification times)."""
+    try:
+        st = Path(path).stat()
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc}") from exc
+    return _weight_names(str(path), (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+
+
+@functools.lru_cache(maxsize=8)
+def _weight_names(path: str, version: tuple[int, ...]) -> tuple[str, ...]:
+    with _open(Path(path)) as f:
+        return tuple(f.keys())
+
+
+def kind_from_keys(keys: Iterable[str]) -> tuple[str, str] | None:
     """(pi0 or pi05, the tensor that says so) from the weights' names, for a folder with no config
     file that names the kind: pi0 has a state projection, pi0.5's expert norms are adaptive."""
     for key in keys:
@@ -142,8 +159,7 @@ def _base_config(folder: Path, layout: str, fallback: PolicyConfig | None, kind:
     theirs = folder / CONFIG_FILE
     if layout == "lerobot" and theirs.is_file():
         return _config_from_file(theirs, config_from_lerobot)
-    with _open(folder / WEIGHTS_FILE) as f:
-        found = kind_from_keys(list(f.keys()))
+    found = kind_from_keys(weight_names(folder / WEIGHTS_FILE))
     if kind is None and found and fallback is not None and found[0] != fallback.kind:
         raise CheckpointError(
             f"{folder} holds a {found[0]} policy (it has {found[1]}), not the {fallback.kind} one asked for; "
