@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flashrt_ros.engine.capsule import CapsuleNotFound, CapsuleStore, PipelineState
+from flashrt_ros.engine.capsule import CapsuleNotFound, CapsuleStore, CapsuleStoreFull, PipelineState
 from flashrt_ros.engine.pipeline import Pipeline
 from flashrt_ros.policies.policy import Observation, default_policy
 
@@ -206,3 +206,19 @@ def test_refusals_quote_names_and_lists_bounded(store):
     with pytest.raises(ValueError) as err:
         store.snapshot("x" * 100_000)
     assert str(err.value).endswith("... (100000 characters)") and len(str(err.value)) < 250, str(err.value)
+
+
+def test_the_store_keeps_at_most_its_limit_of_capsules(state):
+    """A client snapshotting under fresh names cannot grow the node without bound: a new name past
+    the limit is refused, saying why and what to do; replacing a kept one and dropping still work."""
+    store = CapsuleStore(state, limit=3)
+    for name in ("a", "b", "c"):
+        store.snapshot(name)
+    for add in (lambda: store.snapshot("d"), lambda: store.fork("a", "d")):
+        with pytest.raises(CapsuleStoreFull, match=r"cannot add capsule 'd': the store holds its limit of 3 capsules"):
+            add()
+    assert [c.name for c in store.list()] == ["a", "b", "c"]
+    store.snapshot("b")  # a kept name is replaced, not added
+    store.drop("c")
+    store.fork("a", "d")
+    assert [c.name for c in store.list()] == ["a", "b", "d"]

@@ -274,6 +274,14 @@ def test_capsule_services(running):
     # The chunk counter went back: the id the snapshot would have given next comes again.
     assert peer.pump(3.0, until=lambda: any(c.chunk_id == next_id for c in peer.chunks[start:]))
 
+    # The node keeps at most 100 capsules: a new name past them is refused and counted.
+    for i in range(99):
+        assert peer.call(SnapshotCapsule, f"{base}/snapshot", SnapshotCapsule.Request(name=f"n{i:02d}")).success
+    full = peer.call(SnapshotCapsule, f"{base}/snapshot", SnapshotCapsule.Request(name="one_more"))
+    assert not full.success and "the store holds its limit of 100 capsules" in full.message, full.message
+    peer.wait_for_counter(f"{base}/snapshot", "capsule_store_full", above=0)
+    assert peer.call(SnapshotCapsule, f"{base}/snapshot", SnapshotCapsule.Request(name="copy")).success  # replaced
+
 
 def test_chunk_is_the_policy_applied_to_the_messages_it_names(running):
     """The published actions are the policy's output for exactly the frames and joint values the

@@ -153,20 +153,32 @@ class CapsuleNotFound(KeyError):
         return str(self.args[0])
 
 
+class CapsuleStoreFull(ValueError):
+    """The store holds its limit of capsules: a new name needs one dropped first."""
+
+
+MAX_CAPSULES = 100
+"""How many capsules a store keeps: a client snapshotting under fresh names in a loop would
+otherwise grow the node's memory without bound (each holds the last chunk and the noise
+generator, ~10 KB for the default policy)."""
+
+
 class CapsuleStore:
     """Named capsules of one state holder: snapshot, restore, fork, list, drop.
 
     Not thread-safe: call it between decisions (the node serialises it with them).
     """
 
-    def __init__(self, state: StateHolder, clock_ns: Callable[[], int] = time.time_ns):
+    def __init__(self, state: StateHolder, clock_ns: Callable[[], int] = time.time_ns, limit: int = MAX_CAPSULES):
         self.state = state
         self.clock_ns = clock_ns
+        self.limit = limit
         self._capsules: dict[str, Capsule] = {}
 
     def snapshot(self, name: str) -> Capsule:
         """Copy the live state into capsule ``name`` (replacing one of the same name)."""
         _check_name(name)
+        self._check_room(name)
         capsule = _frozen(name, self.state.read(), self.clock_ns())
         self._capsules[name] = capsule
         return capsule
@@ -182,7 +194,8 @@ class CapsuleStore:
         _check_name(target)
         original = self._get(source)
         if target in self._capsules:
-            raise ValueError(f"capsule {target!r} already exists; drop it first or pick another name")
+            raise ValueError(f"capsule {_shown(target)} already exists; drop it first or pick another name")
+        self._check_room(target)
         capsule = _frozen(target, dict(original.buffers), self.clock_ns())
         self._capsules[target] = capsule
         return capsule
@@ -195,6 +208,14 @@ class CapsuleStore:
         capsule = self._get(name)
         del self._capsules[name]
         return capsule
+
+    def _check_room(self, name: str) -> None:
+        """A new name must fit under the limit; replacing a kept capsule always may."""
+        if name not in self._capsules and len(self._capsules) >= self.limit:
+            raise CapsuleStoreFull(
+                f"cannot add capsule {_shown(name)}: the store holds its limit of {self.limit} capsules; "
+                "drop one first (~/capsule/list names them) or reuse a name"
+            )
 
     def _get(self, name: str) -> Capsule:
         try:

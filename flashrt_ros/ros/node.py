@@ -770,7 +770,7 @@ class FlashRTNode(Node):
             response.success = True
             self.get_logger().info(f"{service}: {response.message}")
         except (KeyError, ValueError) as exc:
-            reason = "unknown_capsule" if isinstance(exc, KeyError) else "invalid_request"
+            reason = _capsule_refusal(exc)
             with self._lock:
                 self.invalid[(self.resolve_service_name(service), reason)] += 1
             response.success, response.message = False, str(exc)
@@ -815,6 +815,15 @@ class FlashRTNode(Node):
 
 
 # ---- helpers -------------------------------------------------------------------------------
+
+
+def _capsule_refusal(exc: Exception) -> str:
+    """The status counter's reason for a refused capsule call."""
+    from flashrt_ros.engine.capsule import CapsuleStoreFull
+
+    if isinstance(exc, KeyError):
+        return "unknown_capsule"
+    return "capsule_store_full" if isinstance(exc, CapsuleStoreFull) else "invalid_request"
 
 
 def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
