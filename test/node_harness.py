@@ -325,13 +325,20 @@ class Peer:
 
     # ---- services and parameters -----------------------------------------------------------
     def call(self, srv_type: Any, name: str, request: Any, timeout: float = 10.0) -> Any:
+        return self.call_each(srv_type, name, [request], timeout)[0]
+
+    def call_each(self, srv_type: Any, name: str, requests: list[Any], timeout: float = 10.0) -> list[Any]:
+        """The responses to `requests`, in turn, through one client (discovered once)."""
         client = self.node.create_client(srv_type, name)
         try:
             assert client.wait_for_service(timeout_sec=timeout), f"service {name} not available"
-            future = client.call_async(request)
-            self.executor.spin_until_future_complete(future, timeout_sec=timeout)
-            assert future.done(), f"no response from {name} in {timeout} s"
-            return future.result()
+            responses = []
+            for request in requests:
+                future = client.call_async(request)
+                self.executor.spin_until_future_complete(future, timeout_sec=timeout)
+                assert future.done(), f"no response from {name} in {timeout} s"
+                responses.append(future.result())
+            return responses
         finally:
             self.node.destroy_client(client)
 

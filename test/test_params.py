@@ -266,3 +266,52 @@ def test_sets_rclpy_refuses_itself_are_named(rclpy_context):
         assert refused_by_rclpy(node, [*fine, wrong]) == "use_sim_time must be a bool, got string 'yes'"
     finally:
         node.destroy_node()
+
+
+@pytest.mark.ros
+def test_number_ranges_are_declared_and_judged_as_rclpy_judges_them(rclpy_context):
+    """`ros2 param describe` and rqt_reconfigure show each number's range: rclpy then refuses a set
+    outside it before the node's callback, and refused_by_rclpy names it for the node's log and
+    counter. rclpy's ends are closed and what is within its tolerance of them passes."""
+    from rclpy.node import Node
+    from rclpy.parameter import Parameter
+
+    from flashrt_ros.ros.params import NUMBER_RANGES, declare_parameters, refused_by_rclpy
+
+    node = Node("params_test", context=rclpy_context)
+    try:
+        declare_parameters(node)
+        for name, (low, high, _) in NUMBER_RANGES.items():
+            (declared,) = node.describe_parameter(name).floating_point_range
+            assert (declared.from_value, declared.to_value, declared.step) == (low, high, 0.0), name
+        fast = Parameter("rate_hz", Parameter.Type.DOUBLE, 5000.0)
+        assert refused_by_rclpy(node, [fast]) == "rate_hz must be within its declared range [0.01, 1000], got 5000.0"
+        assert not node.set_parameters([fast])[0].successful
+        edge = [Parameter("rate_hz", Parameter.Type.DOUBLE, 1000.0 * (1 + 1e-12))]
+        assert refused_by_rclpy(node, edge) is None and node.set_parameters(edge)[0].successful
+        assert refused_by_rclpy(node, [Parameter("log_throttle_s", Parameter.Type.DOUBLE, -1.0)]) == (
+            "log_throttle_s must be within its declared range [0, 86400], got -1.0"
+        )
+    finally:
+        node.destroy_node()
+
+
+@pytest.mark.ros
+def test_a_start_value_outside_its_range_gets_the_nodes_sentence(rclpy_context):
+    """rclpy would raise at the declaration with its own words: the parameter is declared without
+    its range instead, and validation names the value and the bounds."""
+    from rclpy.node import Node
+    from rclpy.parameter import Parameter
+
+    from flashrt_ros.ros.params import declare_parameters
+
+    overrides = [Parameter("rate_hz", value=5000.0), Parameter("status_rate_hz", value=2.0)]
+    node = Node("params_test", context=rclpy_context, parameter_overrides=overrides)
+    try:
+        declare_parameters(node)
+        cfg = NodeConfig.from_parameters(node)
+        assert (cfg.rate_hz, cfg.status_rate_hz) == (5000.0, 2.0)
+        assert cfg.validate(check_paths=False) == ["rate_hz must be >= 0.01 and <= 1000, got 5000.0"]
+        assert node.describe_parameter("status_rate_hz").floating_point_range  # the others keep theirs
+    finally:
+        node.destroy_node()

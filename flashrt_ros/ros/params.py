@@ -215,6 +215,17 @@ PARAMETERS: dict[str, ParamInfo] = {
         "repeat a warning about the same topic and reason at most this often, s >= 0", runtime=True
     ),
 }
+NUMBER_RANGES: dict[str, tuple[float, float, bool]] = {
+    "rate_hz": (MIN_RATE_HZ, MAX_RATE_HZ, True),
+    "max_age_s": (0.0, 3600.0, False),
+    "step_duration_s": (MIN_STEP_DURATION_S, 60.0, True),
+    "status_rate_hz": (MIN_RATE_HZ, MAX_RATE_HZ, True),
+    "stats_log_period_s": (0.0, 86400.0, True),
+    "log_throttle_s": (0.0, 86400.0, True),
+}
+"""name -> (low, high, whether low itself is allowed): what validation judges, and the range the
+descriptor declares, which `ros2 param describe` and rqt_reconfigure show (rclpy's ranges are
+closed: max_age_s = 0 passes rclpy and is refused by the node)."""
 RUNTIME: frozenset[str] = frozenset(name for name, info in PARAMETERS.items() if info.runtime)
 
 _FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(NodeConfig)}
@@ -224,14 +235,17 @@ assert set(PARAMETERS) == set(_FIELD_TYPES), "PARAMETERS and NodeConfig must lis
 def declare_parameters(node: Any) -> None:
     """Declare every parameter on ``node`` with its default and a descriptor (``ros2 param
     describe`` shows the description; runtime-changeable ones say so)."""
-    from rcl_interfaces.msg import ParameterDescriptor
+    from rclpy.exceptions import InvalidParameterValueException
     from rclpy.parameter import Parameter
 
     defaults = NodeConfig().as_dict()
-    for name, info in PARAMETERS.items():
-        when = "changeable at runtime" if info.runtime else "read-only at runtime (restart to change)"
-        descriptor = ParameterDescriptor(description=f"{info.description} [{when}]", dynamic_typing=True)
-        declared = node.declare_parameter(name, defaults[name], descriptor)
+    for name in PARAMETERS:
+        try:
+            declared = node.declare_parameter(name, defaults[name], descriptor(name))
+        except InvalidParameterValueException:
+            # a params-file value outside the declared range: declared without it, so that the
+            # node's validation names the value and the range and the start stops there
+            declared = node.declare_parameter(name, defaults[name], descriptor(name, ranged=False))
         if isinstance(defaults[name], list) and declared.type_ == Parameter.Type.BYTE_ARRAY:
             # rclpy types an empty list as a byte array: `ros2 param get` would show bytes
             node.set_parameters([Parameter(name, Parameter.Type.STRING_ARRAY, [])])
@@ -239,6 +253,20 @@ def declare_parameters(node: Any) -> None:
     changed = [q for p, q in zip(current, floats_as_doubles(current), strict=True) if q is not p]
     if changed:
         node.set_parameters(changed)
+
+
+def descriptor(name: str, ranged: bool = True) -> Any:
+    """The ParameterDescriptor of one of our parameters: its description, whether it changes at
+    runtime, and for the numbers their range."""
+    from rcl_interfaces.msg import FloatingPointRange, ParameterDescriptor
+
+    info = PARAMETERS[name]
+    when = "changeable at runtime" if info.runtime else "read-only at runtime (restart to change)"
+    out = ParameterDescriptor(description=f"{info.description} [{when}]", dynamic_typing=True)
+    if ranged and name in NUMBER_RANGES:
+        low, high, _ = NUMBER_RANGES[name]
+        out.floating_point_range = [FloatingPointRange(from_value=low, to_value=high, step=0.0)]
+    return out
 
 
 def floats_as_doubles(params: list[Any]) -> list[Any]:
@@ -258,8 +286,9 @@ def floats_as_doubles(params: list[Any]) -> list[Any]:
 def refused_by_rclpy(node: Any, params: list[Any]) -> str | None:
     """Why rclpy's own descriptor check will refuse this set, or None. It does so before the
     node's set-parameters callback and says nothing in the log: for a read-only parameter (rclpy's
-    own, e.g. start_type_description_service), and for one declared with a fixed type
-    (use_sim_time; ours are dynamically typed) given another type, or unset. The
+    own, e.g. start_type_description_service), for a number outside its declared range, and for
+    one declared with a fixed type (use_sim_time; ours are dynamically typed) given another type,
+    or unset. The
     node's pre-set callback asks this to log and count such a set like any other it refuses
     (rclpy still refuses it, and its reason goes back to the caller)."""
     from rclpy.parameter import Parameter
@@ -267,17 +296,30 @@ def refused_by_rclpy(node: Any, params: list[Any]) -> str | None:
     for p in params:
         if not node.has_parameter(p.name):
             continue
-        descriptor = node.describe_parameter(p.name)
-        if descriptor.read_only:
+        declared = node.describe_parameter(p.name)
+        if declared.read_only:
             return f"{p.name} is read-only"
-        if descriptor.dynamic_typing:
+        if declared.floating_point_range and p.type_ == Parameter.Type.DOUBLE:
+            outside = _outside(p.value, declared.floating_point_range[0], node.PARAM_REL_TOL)
+            if outside:
+                return f"{p.name} {outside}, got {p.value!r}"
+        if declared.dynamic_typing:
             continue
-        expected = Parameter.Type(descriptor.type).name.lower()
+        expected = Parameter.Type(declared.type).name.lower()
         if p.type_ == Parameter.Type.NOT_SET:
             return f"{p.name} cannot be unset: it is declared with a fixed type ({expected})"
-        if p.type_.value != descriptor.type:
+        if p.type_.value != declared.type:
             return f"{p.name} must be a {expected}, got {p.type_.name.lower()} {p.value!r}"
     return None
+
+
+def _outside(value: float, declared: Any, rel_tol: float) -> str | None:
+    """Where `value` falls outside a declared FloatingPointRange, judged as rclpy judges it (the
+    ends and what is close to them are in), or None."""
+    low, high = sorted((declared.from_value, declared.to_value))
+    if math.isclose(value, low, rel_tol=rel_tol) or math.isclose(value, high, rel_tol=rel_tol) or low < value < high:
+        return None
+    return f"must be within its declared range [{low:g}, {high:g}]"
 
 
 def check_update(current: NodeConfig, changes: Mapping[str, Any], resolve: Resolver | None = None) -> str | None:
@@ -453,15 +495,8 @@ def _check_rates(cfg: NodeConfig) -> list[str]:
     """Ranges of the numbers; a lower bound is inclusive where ``low_ok`` (see MIN_RATE_HZ,
     MIN_STEP_DURATION_S for why some are above 0)."""
     problems = []
-    checks = [
-        ("rate_hz", cfg.rate_hz, MIN_RATE_HZ, MAX_RATE_HZ, True),
-        ("max_age_s", cfg.max_age_s, 0.0, 3600.0, False),
-        ("step_duration_s", cfg.step_duration_s, MIN_STEP_DURATION_S, 60.0, True),
-        ("status_rate_hz", cfg.status_rate_hz, MIN_RATE_HZ, MAX_RATE_HZ, True),
-        ("stats_log_period_s", cfg.stats_log_period_s, 0.0, 86400.0, True),
-        ("log_throttle_s", cfg.log_throttle_s, 0.0, 86400.0, True),
-    ]
-    for name, value, low, high, low_ok in checks:
+    for name, (low, high, low_ok) in NUMBER_RANGES.items():
+        value = getattr(cfg, name)
         lower_ok = value >= low if low_ok else value > low
         if not (math.isfinite(value) and lower_ok and value <= high):
             bound = ">=" if low_ok else ">"
