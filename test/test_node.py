@@ -35,6 +35,13 @@ def test_unknown_parameter_at_start_is_named_counted_and_ignored(running):
     assert peer.latest_counter("", "unknown_parameter") >= 1
 
 
+def test_policy_logs_go_out_under_the_nodes_own_name(running):
+    """The policy's log lines (the random-weights warning) carry the node's namespaced logger name:
+    under the bare node name they missed /rosout and any filter on the node in a namespace."""
+    node, peer = running
+    node.wait_for_line(f"[{peer.namespace[1:]}.{NODE}]: [flashrt_ros.policies.policy] no checkpoint given")
+
+
 def chunk_rate(peer, seconds: float) -> float:
     """Decisions per second from the header stamps of the chunks received in ``seconds``."""
     start = len(peer.chunks)

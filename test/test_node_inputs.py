@@ -801,3 +801,24 @@ def test_configured_frame_size_the_policy_cannot_use_exits_naming_it(ros_env, tm
         "not starting: image_height x image_width 1x1000: resized into the model's 56x56 input it keeps no row"
         in output
     ), output
+
+
+def test_a_params_file_with_no_section_for_the_node_stops_the_start(ros_env, tmp_path):
+    """rcl ignores a params file whose sections miss the node (`flashrt_node:` is /flashrt_node,
+    not /robot1/flashrt_node): the node would run its defaults, random weights, on the robot.
+    It stops instead, naming the file, its sections and the key that would reach it; a typo among
+    the parameters is named before the other problems, which it often causes."""
+    stray = tmp_path / "robot.yaml"
+    stray.write_text("flashrt_node:\n  ros__parameters:\n    rate_hz: 5.0\n")
+    ns = new_namespace()
+    params = {**TEST_PARAMS, "rate_hz": -5.0, "rate_h": 5.0}
+    code, output = exit_output(NodeProcess(ros_env, tmp_path, ns, params, extra_args=["--params-file", str(stray)]))
+    assert code == 2, output
+    expected = (
+        f"params file {stray} has no section for this node {ns}/flashrt_node (its sections: 'flashrt_node'), "
+        f"so none of its parameters apply; expected a section keyed '/**/flashrt_node' or '{ns}/flashrt_node'"
+    )
+    assert expected in output, output
+    assert "rate_hz must be >= 0.01 and <= 1000, got -5.0" in output
+    typo, refusal = output.index("ignoring unknown parameters ['rate_h']"), output.index("not starting")
+    assert typo < refusal, output

@@ -315,3 +315,33 @@ def test_a_start_value_outside_its_range_gets_the_nodes_sentence(rclpy_context):
         assert node.describe_parameter("status_rate_hz").floating_point_range  # the others keep theirs
     finally:
         node.destroy_node()
+
+
+@pytest.mark.ros
+def test_params_file_sections_reach_the_nodes_rcl_says_they_do(rclpy_context, tmp_path):
+    """section_applies against rcl itself: each key (wildcards, relative, namespaced) given to a
+    node in each namespace applies exactly where rcl applies it."""
+    import rclpy
+    from rclpy.node import Node
+
+    from flashrt_ros.ros.params import params_files, section_applies
+
+    keys = ["/**", "/**/flashrt_node", "flashrt_node", "/flashrt_node", "/robot1/flashrt_node", "/*/flashrt_node"]
+    keys += ["/robot1/*", "/**/other", "robot1/flashrt_node", "/robot1/**", "/a/**/flashrt_node"]
+    path, applied = tmp_path / "p.yaml", []
+    for key in keys:
+        path.write_text(f"{key}:\n  ros__parameters:\n    prompt: hit\n")
+        argv = ["x", "--ros-args", "--params-file", str(path)]
+        assert params_files(argv) == [str(path)]
+        for ns in ("/", "/robot1", "/a/robot1", "/a/b/robot1"):
+            context = rclpy.Context()
+            rclpy.init(args=argv, context=context)
+            try:
+                node = Node("flashrt_node", namespace=ns, context=context)
+                fqn, by_rcl = node.get_fully_qualified_name(), "prompt" in node._parameter_overrides
+                node.destroy_node()
+            finally:
+                rclpy.shutdown(context=context)
+            assert section_applies(key, fqn) == by_rcl, (key, fqn, by_rcl)
+            applied.append(by_rcl)
+    assert 0 < sum(applied) < len(applied)  # both outcomes were exercised

@@ -65,8 +65,10 @@ from flashrt_ros.ros.params import (
     check_update,
     declare_parameters,
     floats_as_doubles,
+    params_files,
     rcl_reason,
     refused_by_rclpy,
+    unaddressed_params_files,
     unknown_names,
 )
 from flashrt_ros.ros.process import interrupt_on_signals, run_until_signal
@@ -96,17 +98,19 @@ class FlashRTNode(Node):
     """See the module docstring. ``stats_window`` sizes the rolling timing windows (the
     benchmark makes it large to keep every decision)."""
 
-    def __init__(self, *, stats_window: int = 200, **node_kwargs: Any):
+    def __init__(self, *, stats_window: int = 200, params_files: list[str] = (), **node_kwargs: Any):
         # undeclared names reach _on_set_parameters, which refuses them with the known names and
         # a counter (rclpy's own refusal says only "Invalid access to undeclared parameter(s)")
         node_kwargs.setdefault("allow_undeclared_parameters", True)
         super().__init__(NODE_NAME, **node_kwargs)
+        _FORWARD.ros_logger = self.get_logger()  # the policy's logs under this node's name (and /rosout)
         declare_parameters(self)
+        unknown = self._warn_unknown_parameters()  # before the problems: a typo is often their cause
         self.cfg = NodeConfig.from_parameters(self)
-        problems = self.cfg.validate(resolve=self._resolve_topic)
+        problems = unaddressed_params_files(list(params_files), self.get_fully_qualified_name())
+        problems += self.cfg.validate(resolve=self._resolve_topic)
         if problems:
             raise ConfigError(problems)
-        unknown = self._warn_unknown_parameters()
         check_decoders(self.cfg)
         self.stats_window = stats_window
         self.state, self.description = build_pipeline_state(self.cfg)
@@ -994,6 +998,11 @@ class _ForwardToRos(logging.Handler):
             self.ros_logger.info(text)
 
 
+_FORWARD = _ForwardToRos(get_logger(NODE_NAME))
+"""The one forwarder main() installs; the node points it at its own logger once it exists (a
+logger named after the bare node name is not the node's in a namespace, and misses /rosout)."""
+
+
 def node_usage() -> str:
     """`flashrt_node --help`: every parameter with its default and description."""
     defaults = NodeConfig().as_dict()
@@ -1026,20 +1035,20 @@ def main(args: list[str] | None = None) -> int:
         reason = rcl_reason(exc)
         print(f"[{NODE_NAME}] not starting: the ROS arguments or a params file are invalid: {reason}", file=sys.stderr)
         return 2
-    logger = get_logger(NODE_NAME)
+    _FORWARD.ros_logger = get_logger(NODE_NAME)  # until the node exists; then its own logger
     root = logging.getLogger("flashrt_ros")
     root.setLevel(logging.INFO)
-    root.addHandler(_ForwardToRos(logger))
+    root.addHandler(_FORWARD)
     interrupt_on_signals()  # until spinning starts: building the pipeline can take minutes on a robot
     try:
-        node = FlashRTNode()
+        node = FlashRTNode(params_files=params_files(argv))
         executor = MultiThreadedExecutor(num_threads=node.callback_threads)
     except (ConfigError, StartupError) as exc:
-        logger.error(f"not starting: {exc}")
+        _FORWARD.ros_logger.error(f"not starting: {exc}")
         rclpy.try_shutdown()
         return 2 if isinstance(exc, ConfigError) else 1
     except KeyboardInterrupt:
-        logger.info("not starting: stopped by a signal while the pipeline was being built")
+        _FORWARD.ros_logger.info("not starting: stopped by a signal while the pipeline was being built")
         rclpy.try_shutdown()
         return 0
     return run_until_signal(

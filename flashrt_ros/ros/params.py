@@ -351,24 +351,77 @@ def unknown_names(names: list[str] | set[str], runtime: bool = False) -> list[st
     )
 
 
-def load_yaml_parameters(path: str | Path, node_name: str = NODE_NAME) -> dict[str, Any]:
-    """The ``ros__parameters`` a ROS params file gives a node called ``node_name``: the
-    ``/**`` wildcard section first, then sections naming the node (``flashrt_node``,
-    ``/flashrt_node``, ``/any/ns/flashrt_node``)."""
-    import yaml
-
-    data = yaml.safe_load(Path(path).read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of node names to ros__parameters")
+def load_yaml_parameters(path: str | Path, node_name: str = NODE_NAME, namespace: str = "/") -> dict[str, Any]:
+    """The ``ros__parameters`` a ROS params file gives the node ``node_name`` in ``namespace``:
+    the ``/**`` wildcard section first, then the sections that name the node by rcl's rules
+    (``/**/flashrt_node``, ``/robot1/flashrt_node``, ``flashrt_node`` = ``/flashrt_node``)."""
+    data = _yaml_sections(path)
+    fqn = f"{namespace.rstrip('/')}/{node_name}"
     merged: dict[str, Any] = {}
     for key in sorted(data, key=lambda k: k != "/**"):
-        if key == "/**" or str(key).rstrip("/").split("/")[-1] == node_name:
+        if section_applies(str(key), fqn):
             section = data[key] or {}
             params = section.get("ros__parameters") if isinstance(section, dict) else None
             if not isinstance(params, dict):
                 raise ValueError(f"{path}: section {key!r} has no ros__parameters mapping")
             merged.update(_flatten(params))
     return merged
+
+
+def _yaml_sections(path: str | Path) -> dict:
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of node names to ros__parameters")
+    return data
+
+
+def section_applies(key: str, fqn: str) -> bool:
+    """Whether a params file's section ``key`` reaches the node ``fqn`` (/ns/name), as rcl
+    decides: ``/**`` stands for any namespace (none included), ``/*`` for one token, and a key
+    without a leading ``/`` is under the root."""
+    wildcards = {"**": "(/[^/]+)*", "*": "/[^/]+"}
+    parts = [part for part in key.strip("/").split("/") if part]
+    pattern = "".join(wildcards.get(part, "/" + re.escape(part)) for part in parts)
+    return re.fullmatch(pattern or "/", fqn) is not None
+
+
+def params_files(argv: list[str]) -> list[str]:
+    """The ``--params-file`` paths among the ROS arguments of a command line (what ``ros2 run``
+    and ``ros2 launch`` pass), in order."""
+    files, in_ros_args = [], False
+    for i, arg in enumerate(argv):
+        if arg == "--ros-args":
+            in_ros_args = True
+        elif arg == "--":
+            in_ros_args = False
+        elif in_ros_args and arg == "--params-file" and i + 1 < len(argv):
+            files.append(argv[i + 1])
+    return files
+
+
+def unaddressed_params_files(files: list[str], fqn: str) -> list[str]:
+    """One sentence per params file with no section for the node ``fqn``. rcl ignores such a
+    file without a word, and the node would run its defaults (random weights) on the robot: a
+    section keyed ``flashrt_node:`` reaches only ``/flashrt_node``, not ``/robot1/flashrt_node``."""
+    problems = []
+    for path in files:
+        try:
+            keys = [str(key) for key in _yaml_sections(path)]
+        except (OSError, ValueError) as exc:  # rcl has read it already; say so if we cannot
+            problems.append(f"params file {path}: cannot check its sections ({exc})")
+            continue
+        if not any(section_applies(key, fqn) for key in keys):
+            problems.append(
+                f"params file {path} has no section for this node {fqn} (its sections: "
+                f"{', '.join(repr(k) for k in keys[:SHOWN_SECTIONS]) or 'none'}), so none of its "
+                f"parameters apply; expected a section keyed '/**/{fqn.rsplit('/', 1)[-1]}' or '{fqn}'"
+            )
+    return problems
+
+
+SHOWN_SECTIONS = 8
 
 
 def _flatten(params: dict, prefix: str = "") -> dict[str, Any]:
