@@ -153,6 +153,15 @@ def test_all_problems_reported_at_once():
         assert any(reason in p for p in found), (reason, found)
 
 
+def test_a_mistyped_value_is_reported_once_not_again_through_its_stand_in():
+    """image_height 480.0 is judged as its type only: checked as the default 0 that stands in for
+    it, it would also give a false "set both or neither"; a real pairing mistake still shows."""
+    assert problems(image_height=480.0, image_width=640) == ["image_height must be an integer, got float 480.0"]
+    assert problems(image_height=480, image_width=0) == [
+        "image_height=480, image_width=0: set both (> 0) or neither (0 = any size)"
+    ]
+
+
 def test_integers_are_accepted_for_numbers_and_empty_yaml_lists_as_empty():
     cfg = NodeConfig.from_values({"rate_hz": 20, "camera_transports": None, "action_joint_names": None})
     assert cfg.rate_hz == 20.0 and isinstance(cfg.rate_hz, float)

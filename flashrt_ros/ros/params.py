@@ -162,13 +162,14 @@ class NodeConfig:
         problems = list(mistyped.values())
         # Judge the other values with the mistyped ones at their defaults, so one run
         # reports every problem without range-checking a string as a number.
+        # A problem that names a mistyped parameter would be about its stand-in, not the user's value.
         cfg = dataclasses.replace(self, **{name: getattr(NodeConfig(), name) for name in mistyped})
-        for check in (_check_policy, _check_cameras, _check_joints, _check_rates, _check_text):
-            problems += check(cfg)
-        problems += _check_topics(cfg, resolve or expand_in_namespace())
+        judged = [check(cfg) for check in (_check_policy, _check_cameras, _check_joints, _check_rates, _check_text)]
+        judged.append(_check_topics(cfg, resolve or expand_in_namespace()))
         if check_paths:
-            problems += _check_paths(cfg)
-        return problems
+            judged.append(_check_paths(cfg))
+        stand_ins = [re.compile(rf"\b{name}\b") for name in mistyped]
+        return problems + [p for group in judged for p in group if not any(n.search(p) for n in stand_ins)]
 
 
 # ---- the parameter table -------------------------------------------------------------------
