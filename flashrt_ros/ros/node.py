@@ -126,6 +126,7 @@ class FlashRTNode(Node):
         self.stopping = threading.Event()  # set by begin_shutdown
         self._create_inputs()
         self._create_outputs()
+        self._started_at = self._timer_seconds()  # absent inputs are expected for a moment from here
         self._create_timers()
         self._create_services()
         self.add_pre_set_parameters_callback(self._before_set_parameters)
@@ -447,7 +448,7 @@ class FlashRTNode(Node):
         for slot, reason, detail in problems:
             self._throttle(
                 ("skipped", slot.topic, reason),
-                "info" if reason == ABSENT and self._just_reset(slot) else "warning",
+                "info" if reason == ABSENT and self._just_emptied(slot) else "warning",
                 lambda r=reason, s=slot, d=detail: f"decision skipped: [{r}] {s.topic}: {d()}",
             )
         return None
@@ -456,11 +457,14 @@ class FlashRTNode(Node):
         """Seconds since ~/reset emptied the slot, on the decision timer's clock (None: never)."""
         return None if slot.cleared_at is None else self._timer_seconds() - slot.cleared_at
 
-    def _just_reset(self, slot: InputSlot) -> bool:
-        """A ~/reset emptied the slot less than max_age_s (or two decision periods) ago, on the
-        clock the decisions run on: waiting for its next message is expected, not a sensor fault."""
+    def _just_emptied(self, slot: InputSlot) -> bool:
+        """The node started, or a ~/reset emptied the slot, less than max_age_s (or two decision
+        periods) ago, on the clock the decisions run on: waiting for a message is expected then,
+        not a sensor fault."""
         since = self._since_reset(slot)
-        return since is not None and since < max(self.cfg.max_age_s, 2.0 / self.cfg.rate_hz)
+        if since is None:
+            since = self._timer_seconds() - self._started_at
+        return since < max(self.cfg.max_age_s, 2.0 / self.cfg.rate_hz)
 
     def _absent_detail(self, slot: InputSlot) -> str:
         """Why nothing usable arrived, from what was rejected or from the ROS graph (only
@@ -469,8 +473,8 @@ class FlashRTNode(Node):
         text = "no good message received yet" if since is None else f"no good message since ~/reset {since:.1f} s ago"
         if slot.rejected_since_good:
             return text + _rejected_hint(slot)
-        if self._just_reset(slot):
-            return text + "; waiting for the next one"
+        if self._just_emptied(slot):
+            return text + ("; waiting for the first one" if since is None else "; waiting for the next one")
         publishers = self.get_publishers_info_by_topic(slot.topic)
         types = sorted({p.topic_type for p in publishers})
         if not publishers:
