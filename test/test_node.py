@@ -157,6 +157,20 @@ def test_runtime_rate_and_prompt_change(running):
     assert 3.2 < after < 4.8, after
 
 
+def test_a_decision_period_longer_than_a_chunk_is_warned_about(running):
+    """pi05_tiny's chunk lasts 10 x 0.05 s: deciding at 1 Hz leaves the controller without points
+    for half of each second. Allowed, but said with the rate that would cover it; 4 Hz is fine."""
+    node, peer = running
+    mark = node.mark()
+    assert peer.set_parameters(rate_hz=1)[0].successful
+    line = node.wait_for_line("rate_hz 1 decides every 1 s, but a chunk lasts 0.5 s", since=mark)
+    assert "[WARN]" in line and "(10 actions x step_duration_s 0.05)" in line and "rate_hz >= 2" in line, line
+    mark = node.mark()
+    assert peer.set_parameters(rate_hz=4)[0].successful and peer.set_parameters(rate_hz=10.0)[0].successful
+    node.wait_for_line("parameters changed: rate_hz 4.0 -> 10.0", since=mark)
+    assert not any("a chunk lasts" in line for line in node.lines[mark:])
+
+
 def test_invalid_runtime_parameters_are_refused_with_reasons(running):
     node, peer = running
     mark = node.mark()

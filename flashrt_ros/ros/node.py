@@ -251,6 +251,19 @@ class FlashRTNode(Node):
         )
         log.info(f"deciding at {cfg.rate_hz:g} Hz on inputs at most {cfg.max_age_s:g} s old; prompt {cfg.prompt!r}")
         self._warn_fewer_joints_than_statistics()
+        self._warn_chunk_gap(cfg)
+
+    def _warn_chunk_gap(self, cfg: NodeConfig) -> None:
+        """A decision period longer than a chunk lasts leaves the controller without points
+        between chunks (the arm stops, or holds its last point): allowed (a slow demo), but said."""
+        horizon = self.state.pipeline.policy.cfg.horizon
+        lasts = horizon * cfg.step_duration_s
+        if 1.0 / cfg.rate_hz > lasts:
+            self.get_logger().warning(
+                f"rate_hz {cfg.rate_hz:g} decides every {1.0 / cfg.rate_hz:g} s, but a chunk lasts {lasts:g} s "
+                f"({horizon} actions x step_duration_s {cfg.step_duration_s:g}): the controller runs out of "
+                f"points between chunks; expected rate_hz >= {1.0 / lasts:g}"
+            )
 
     def _warn_fewer_joints_than_statistics(self) -> None:
         """Fewer joints than the checkpoint's statistics cover runs (a robot that is a subset of
@@ -714,6 +727,8 @@ class FlashRTNode(Node):
         )
         if diff:
             self.get_logger().info(f"parameters changed: {diff}")
+        if "rate_hz" in changes and new.rate_hz != old.rate_hz:
+            self._warn_chunk_gap(new)
 
     def _apply_timer_rates(self, old: NodeConfig, new: NodeConfig) -> None:
         """Both timers to the new rates, or neither: every period is computed (and range-checked)
