@@ -86,3 +86,46 @@ def _stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_synthetic_sensors_refuse_bad_settings_with_reasons(rclpy_context):
+    """A bare string for a list was split into one topic per character, a topic name rcl refuses
+    raised a traceback, and a runtime change was accepted and did nothing. Now: reasons at start,
+    described parameters, and rclpy refuses every runtime change (the streams are made at start)."""
+    from rclpy.parameter import Parameter
+
+    from flashrt_ros.ros.params import ConfigError
+    from flashrt_ros.ros.synthetic_sensors import SyntheticSensors
+
+    def problems(**values) -> list[str]:
+        overrides = [Parameter(k, value=v) for k, v in values.items()]
+        with pytest.raises(ConfigError) as err:
+            SyntheticSensors(context=rclpy_context, parameter_overrides=overrides).destroy_node()
+        return err.value.problems
+
+    assert problems(camera_topics="cam") == [
+        "camera_topics must be a non-empty list of strings, e.g. [a, b], got 'cam': one camera topic each"
+    ]
+    assert problems(camera_topics=["~cam"], joint_state_topic="robot/1joints") == [
+        "camera_topics[0]: '~cam' is not a valid ROS topic name: "
+        "topic name must not have a tilde '~' that is not followed by a forward slash '/'",
+        "joint_state_topic: 'robot/1joints' is not a valid ROS topic name: "
+        "topic name token must not start with a number",
+    ]
+    sensors = SyntheticSensors(context=rclpy_context, parameter_overrides=[Parameter("camera_rate_hz", value=15.0)])
+    try:
+        assert sensors.describe_parameter("camera_rate_hz").description.startswith("frames per second per camera")
+        result = sensors.set_parameters([Parameter("camera_rate_hz", value=-5.0)])[0]
+        assert not result.successful and "read-only" in result.reason, result.reason
+        assert sensors.get_parameter("camera_rate_hz").value == 15.0
+    finally:
+        sensors.destroy_node()
+
+
+def test_synthetic_sensors_exit_2_on_a_params_file_rcl_cannot_parse(ros_env, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("/**:\n  ros__parameters:\n    joint_names: [a, 1]\n")  # rcl refuses mixed lists
+    cmd = [sys.executable, "-m", "flashrt_ros.ros.synthetic_sensors", "--ros-args", "--params-file", str(bad)]
+    done = subprocess.run(cmd, env=ros_env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "[synthetic_sensors] not starting: the ROS arguments or a params file are invalid" in done.stderr

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import rclpy
+from rclpy._rclpy_pybind11 import RCLError
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.logging import get_logger
 from rclpy.node import Node
@@ -28,7 +29,7 @@ from rclpy.qos import qos_profile_sensor_data
 from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import CompressedImage, Image, JointState
 
-from flashrt_ros.ros.params import ALOHA_JOINTS, DEFAULT_CAMERAS, ConfigError
+from flashrt_ros.ros.params import ALOHA_JOINTS, DEFAULT_CAMERAS, ConfigError, rcl_reason
 from flashrt_ros.ros.process import run_until_signal
 from flashrt_ros.ros.usage import help_requested, usage
 
@@ -58,12 +59,18 @@ class SensorConfig:
             if k in known
         }
         for key in ("camera_topics", "joint_names"):
-            if key in kwargs:
+            if key in kwargs and not isinstance(kwargs[key], str):  # a string stays one, for validate
                 kwargs[key] = list(kwargs[key] or [])
         return cls(**kwargs)
 
     def validate(self) -> list[str]:
         problems = []
+        for name, what in (("camera_topics", "camera topic"), ("joint_names", "joint name")):
+            value = getattr(self, name)
+            if not (isinstance(value, list) and value and all(isinstance(v, str) and v.strip() for v in value)):
+                problems.append(
+                    f"{name} must be a non-empty list of strings, e.g. [a, b], got {value!r}: one {what} each"
+                )
         if self.encoding not in ENCODINGS:
             problems.append(f"encoding must be one of {', '.join(ENCODINGS)}, got {self.encoding!r}")
         if not (
@@ -79,8 +86,6 @@ class SensorConfig:
             value = getattr(self, name)
             if not (isinstance(value, float) and 0 < value <= 1000):
                 problems.append(f"{name} must be a number in (0, 1000], got {value!r}")
-        if not self.joint_names:
-            problems.append("joint_names is empty")
         if not (isinstance(self.jpeg_quality, int) and 1 <= self.jpeg_quality <= 100):
             problems.append(f"jpeg_quality must be an integer in [1, 100], got {self.jpeg_quality!r}")
         return problems
@@ -141,9 +146,11 @@ class SyntheticSensors(Node):
         super().__init__(NODE_NAME, **node_kwargs)
         defaults = SensorConfig()
         for name in SensorConfig.__dataclass_fields__:
-            self.declare_parameter(name, getattr(defaults, name), _descriptor())
+            self.declare_parameter(name, getattr(defaults, name), _descriptor(name))
         self.cfg = SensorConfig.from_values({n: self.get_parameter(n).value for n in SensorConfig.__dataclass_fields__})
         problems = self.cfg.validate()
+        if not problems:
+            problems = self._topic_problems()
         if problems:
             raise ConfigError(problems)
         self._t0 = self.get_clock().now().nanoseconds
@@ -156,6 +163,17 @@ class SyntheticSensors(Node):
             f"{cfg.camera_rate_hz:g} Hz on {cameras} and {len(cfg.joint_names)} joints at "
             f"{cfg.joint_rate_hz:g} Hz on {self.resolve_topic_name(cfg.joint_state_topic)}"
         )
+
+    def _topic_problems(self) -> list[str]:
+        """Topic names rcl refuses, with its reason (a traceback otherwise, from create_publisher)."""
+        problems = []
+        named = [(f"camera_topics[{i}]", t) for i, t in enumerate(self.cfg.camera_topics)]
+        for what, topic in [*named, ("joint_state_topic", self.cfg.joint_state_topic)]:
+            try:
+                self.resolve_topic_name(topic)
+            except Exception as exc:  # rclpy raises several kinds for a bad name
+                problems.append(f"{what}: {topic!r} is not a valid ROS topic name: {rcl_reason(exc)}")
+        return problems
 
     def _create_cameras(self) -> None:
         cfg = self.cfg
@@ -209,14 +227,17 @@ class SyntheticSensors(Node):
         self._joint_pub.publish(msg)
 
 
-def _descriptor() -> Any:
+def _descriptor(name: str) -> Any:
+    """Described, and read-only: the streams are made at start, so a change would do nothing."""
     from rcl_interfaces.msg import ParameterDescriptor
 
-    return ParameterDescriptor(dynamic_typing=True)
+    text = f"{PARAMETER_HELP[name]} [read-only at runtime (restart to change)]"
+    return ParameterDescriptor(description=text, dynamic_typing=True, read_only=True)
 
 
 PARAMETER_HELP = {
-    "camera_topics": "sensor_msgs/Image (CompressedImage for jpeg) topics to publish",
+    "camera_topics": "sensor_msgs/Image topics to publish (CompressedImage for jpeg, on the topics as named: "
+    "add /compressed for image_transport's naming)",
     "encoding": f"one of {', '.join(ENCODINGS)}",
     "image_width": "pixels",
     "image_height": "pixels",
@@ -246,7 +267,14 @@ def main(args: list[str] | None = None) -> int:
     if help_requested(argv):
         print(sensors_usage())
         return 0
-    rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
+    try:
+        rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
+    except RCLError as exc:  # e.g. a params file rcl cannot parse; rcl has printed its own line
+        print(
+            f"[{NODE_NAME}] not starting: the ROS arguments or a params file are invalid: {rcl_reason(exc)}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         node = SyntheticSensors()
     except ConfigError as exc:
