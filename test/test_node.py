@@ -305,7 +305,8 @@ def test_capsule_services(running):
     full = peer.call(SnapshotCapsule, f"{base}/snapshot", SnapshotCapsule.Request(name="one_more"))
     assert not full.success and "the store holds its limit of 100 capsules" in full.message, full.message
     peer.wait_for_counter(f"{base}/snapshot", "capsule_store_full", above=0)
-    assert peer.call(SnapshotCapsule, f"{base}/snapshot", SnapshotCapsule.Request(name="copy")).success  # replaced
+    again = peer.call(SnapshotCapsule, f"{base}/snapshot", SnapshotCapsule.Request(name="copy"))
+    assert again.success and again.message.startswith("replaced capsule 'copy': "), again.message
 
 
 def test_chunk_is_the_policy_applied_to_the_messages_it_names(running):

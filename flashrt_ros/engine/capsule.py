@@ -200,6 +200,9 @@ class CapsuleStore:
         self._capsules[target] = capsule
         return capsule
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._capsules
+
     def list(self) -> list[Capsule]:
         """All capsules, sorted by name."""
         return [self._capsules[name] for name in sorted(self._capsules)]

@@ -808,9 +808,11 @@ class FlashRTNode(Node):
         return True
 
     def _on_snapshot(self, request: Any, response: Any) -> Any:
-        return self._capsule_call(
-            "~/capsule/snapshot", response, lambda: self.capsules.snapshot(request.name).summary()
-        )
+        def snapshot() -> str:
+            replaced = request.name in self.capsules
+            return ("replaced " if replaced else "") + self.capsules.snapshot(request.name).summary()
+
+        return self._capsule_call("~/capsule/snapshot", response, snapshot)
 
     def _on_restore(self, request: Any, response: Any) -> Any:
         return self._capsule_call(
