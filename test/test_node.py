@@ -481,6 +481,30 @@ def test_under_sim_time_idle_is_measured_on_the_ros_clock(rclpy_context):
         node.destroy_node()
 
 
+def test_the_error_names_the_inputs_that_still_stop_decisions(rclpy_context):
+    """Every input is absent on the first tick; then the joints arrive and the cameras do not. The
+    ERROR names the cameras, not the joints that were absent only for a moment."""
+    import numpy as np
+    from diagnostic_msgs.msg import DiagnosticStatus
+
+    from flashrt_ros.ros.inputs import Sample
+
+    node = _in_process_node(rclpy_context)
+    try:
+        now = node.get_clock().now()
+        assert node._fresh_samples(now.nanoseconds, node.cfg) is None  # all absent
+        joints = node.slots[-1]
+        joints.latest = Sample(np.zeros(len(JOINTS), np.float32), now.to_msg(), 0, 0)
+        assert node._fresh_samples(now.nanoseconds, node.cfg) is None  # the cameras still are
+        node._last_decision_at = time.monotonic() - 30.0
+        level, message = node._health(node.snapshot())
+        cameras = ", ".join(f"absent {s.topic}" for s in sorted(node.slots[:-1], key=lambda s: s.topic))
+        assert level == DiagnosticStatus.ERROR and message.endswith(f"({cameras})"), message
+        assert joints.topic not in message
+    finally:
+        node.destroy_node()
+
+
 def test_a_reset_that_waited_for_a_decision_is_refused_once_the_stop_signal_came(rclpy_context):
     """A ~/reset waiting for the decision in flight when SIGINT arrives: it must not run after the
     signal (the final stats line counts everything that ran)."""
@@ -519,6 +543,7 @@ def test_a_policy_slower_than_the_rate_is_no_error_and_an_error_names_its_cause(
         assert level != DiagnosticStatus.ERROR, message
         topic = node.slots[0].topic
         node.invalid[(topic, "stale")] += 3
+        node._blocking = frozenset({topic})  # as the three skipped ticks leave it
         node._last_decision_at = time.monotonic() - 0.5  # five decisions' time: stopped
         for _ in range(2):  # the second status sees no new count since the first: the cause stays
             level, message = node._health(node.snapshot())

@@ -168,6 +168,7 @@ class FlashRTNode(Node):
         self._decision_s: deque[float] = deque(maxlen=8)  # how long the last decisions took (wall time)
         self._last_invalid: dict[tuple[str, str], int] = {}
         self._invalid_at_decision: dict[tuple[str, str], int] = {}  # the counts when the last decision ran
+        self._blocking: frozenset[str] = frozenset()  # the inputs that stopped the last decision tick
         self._last_stats_log = time.monotonic()
         self._clock_watch = ClockWatch()
         self._last_decision_ros_ns = self.get_clock().now().nanoseconds
@@ -456,6 +457,7 @@ class FlashRTNode(Node):
         with self._lock:
             self.dropped_decisions += 1
             self._dropped_streak += 1
+            self._blocking = frozenset(slot.topic for slot, _, _ in problems)
             for slot, reason, _ in problems:
                 self.invalid[(slot.topic, reason)] += 1
         for slot, reason, detail in problems:
@@ -552,6 +554,7 @@ class FlashRTNode(Node):
             self._last_decision_ros_ns = self.get_clock().now().nanoseconds
             self._decision_s.append((end_ns - start_ns) / 1e9)
             self._invalid_at_decision = dict(self.invalid)
+            self._blocking = frozenset()
             if end_ns - start_ns > 1e9 / cfg.rate_hz:
                 self.deadline_misses += 1
             streak, self._dropped_streak = self._dropped_streak, 0
@@ -615,8 +618,12 @@ class FlashRTNode(Node):
         self._last_health, self._last_invalid = now, dict(snap.invalid)
         idle_s = self._idle_s()
         if self._clock_watch.stalled or idle_s > self._idle_limit_s():
+            # what went wrong since the last decision, on the inputs that still stop one (an input
+            # absent just after a reset and arriving since is not named) and node-wide
             since = counts_since(snap.invalid, self._invalid_at_decision)
-            why = ", ".join(f"{r} {t}" for (t, r) in sorted(since)) or "no decision ran"
+            blocking, inputs = self._blocking, self._input_topics
+            why = ", ".join(f"{r} {t}" for (t, r) in sorted(since) if t in blocking or t not in inputs)
+            why = why or "no decision ran"
             if self._clock_watch.stalled:
                 why = self._clock_watch.describe(time.monotonic())
                 idle_s = time.monotonic() - self._last_decision_at
