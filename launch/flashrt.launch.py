@@ -11,7 +11,10 @@ Arguments:
     use_synthetic          true: also start synthetic_sensors (for demos without a robot)
     synthetic_params_file  its parameters (default: config/synthetic_sensors.yaml)
     remappings             "from:=to" pairs separated by ";" (or ","), applied to both nodes
-    log_level              debug | info | warn | error
+    use_sim_time           true / false for both nodes; empty (default): as the params files say
+    fastdds_profile        a Fast DDS XML profile for both nodes (FASTRTPS_DEFAULT_PROFILES_FILE), e.g.
+                           the package's config/fastdds_large_messages.xml for 640x480 cameras at 30 Hz
+    log_level              debug | info | warn | error | fatal (any case)
 """
 
 import os
@@ -40,31 +43,60 @@ def parse_remappings(text):
     return pairs
 
 
+def parse_flag(name, text, empty=None):
+    """'true' / 'false' (also 1 / 0, yes / no, any case) -> bool; '' -> `empty` where allowed."""
+    value = text.strip().lower()
+    if value == "" and empty is not None:
+        return empty
+    if value not in ("true", "false", "1", "0", "yes", "no"):
+        allowed = "true or false (any case)" + (", or empty" if empty is not None else "")
+        raise ValueError(f"{name} must be {allowed}, got {text!r}")
+    return value in ("true", "1", "yes")
+
+
+LOG_LEVELS = ("debug", "info", "warn", "error", "fatal")
+
+
+def parse_log_level(text):
+    level = text.strip().lower()
+    if level not in LOG_LEVELS:
+        raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)} (any case), got {text!r}")
+    return level
+
+
 def _nodes(context):
     def arg(name):
         return LaunchConfiguration(name).perform(context)
 
-    remappings = parse_remappings(arg("remappings"))
+    sim_time = parse_flag("use_sim_time", arg("use_sim_time"), empty="unset")
+    extra = [] if sim_time == "unset" else [{"use_sim_time": sim_time}]  # after the file: it wins
+    profile = arg("fastdds_profile").strip()
+    if profile and not os.path.isfile(profile):
+        raise ValueError(f"fastdds_profile {profile!r} is not a file; expected a Fast DDS XML profile")
     common = dict(
         namespace=arg("namespace"),
-        remappings=remappings,
+        remappings=parse_remappings(arg("remappings")),
         output="screen",
         emulate_tty=True,
-        ros_arguments=["--log-level", arg("log_level")],
+        ros_arguments=["--log-level", parse_log_level(arg("log_level"))],
+        additional_env={"FASTRTPS_DEFAULT_PROFILES_FILE": profile} if profile else None,
     )
     nodes = [
-        Node(package=PACKAGE, executable="flashrt_node", name="flashrt_node", parameters=[arg("params_file")], **common)
+        Node(
+            package=PACKAGE,
+            executable="flashrt_node",
+            name="flashrt_node",
+            parameters=[arg("params_file"), *extra],
+            **common,
+        )
     ]
-    synthetic = arg("use_synthetic").strip().lower()
-    if synthetic not in ("true", "false", "1", "0", "yes", "no"):
-        raise ValueError(f"use_synthetic must be true or false (any case), got {arg('use_synthetic')!r}")
-    if synthetic in ("true", "1", "yes"):
+    if parse_flag("use_synthetic", arg("use_synthetic")):
         nodes.append(
             Node(
                 package=PACKAGE,
                 executable="synthetic_sensors",
                 name="synthetic_sensors",
-                parameters=[arg("synthetic_params_file")],
+                parameters=[arg("synthetic_params_file"), *extra],
                 **common,
             )
         )
@@ -97,10 +129,19 @@ def generate_launch_description():
                 description='topic remappings "from:=to;from2:=to2", applied to both nodes',
             ),
             DeclareLaunchArgument(
+                "use_sim_time",
+                default_value="",
+                description="true / false for both nodes; empty: as the params files say",
+            ),
+            DeclareLaunchArgument(
+                "fastdds_profile",
+                default_value="",
+                description="Fast DDS XML profile for both nodes (e.g. config/fastdds_large_messages.xml)",
+            ),
+            DeclareLaunchArgument(
                 "log_level",
                 default_value="info",
-                choices=["debug", "info", "warn", "error"],
-                description="log level of the nodes",
+                description="log level of the nodes: debug, info, warn, error or fatal (any case)",
             ),
             OpaqueFunction(function=_nodes),
         ]

@@ -75,7 +75,11 @@ def test_launch_file_parses_and_declares_its_arguments():
     functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     assert "generate_launch_description" in functions
     declared = {ast.literal_eval(c.args[0]) for c in calls(tree, "DeclareLaunchArgument")}
-    assert declared >= {"params_file", "namespace", "use_synthetic", "remappings"}, declared
+    expected = {"params_file", "namespace", "use_synthetic", "synthetic_params_file", "remappings"}
+    assert declared == expected | {"use_sim_time", "fastdds_profile", "log_level"}, declared
+    docs = (REPO / "docs" / "ros.md").read_text()
+    for name in declared:  # the launch file's docstring and docs/ros.md's table name each of them
+        assert f"    {name} " in LAUNCH.read_text() and f"| `{name}` |" in docs, name
 
 
 def test_every_executable_exists_and_is_installed():
@@ -108,12 +112,30 @@ def test_every_config_file_it_names_exists_and_is_installed():
     assert {"launch", "config"} <= share, f"CMakeLists.txt installs {share} to share/flashrt_ros"
 
 
-def test_remappings_argument_parser():
+def launch_function(name: str):
+    """One of the launch file's plain functions (and its constants), run without launch itself."""
     tree = launch_tree()
-    source = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "parse_remappings")
+    body = [n for n in tree.body if isinstance(n, ast.Assign) or getattr(n, "name", None) == name]
     namespace: dict = {}
-    exec(compile(ast.Module(body=[source], type_ignores=[]), str(LAUNCH), "exec"), namespace)  # noqa: S102
-    parse = namespace["parse_remappings"]
+    exec(compile(ast.Module(body=body, type_ignores=[]), str(LAUNCH), "exec"), namespace)  # noqa: S102
+    return namespace[name]
+
+
+def test_flag_and_log_level_arguments():
+    flag, level = launch_function("parse_flag"), launch_function("parse_log_level")
+    assert [flag("use_synthetic", t) for t in ("true", "False", " YES ", "0")] == [True, False, True, False]
+    assert flag("use_sim_time", "", empty="unset") == "unset" and flag("use_sim_time", "TRUE", empty="x") is True
+    with pytest.raises(ValueError, match=r"use_synthetic must be true or false \(any case\), got ''"):
+        flag("use_synthetic", "")
+    with pytest.raises(ValueError, match=r"use_sim_time must be true or false \(any case\), or empty, got 'on'"):
+        flag("use_sim_time", "on", empty="unset")
+    assert level("WARN") == "warn" and level("fatal") == "fatal"
+    with pytest.raises(ValueError, match="log_level must be one of debug, info, warn, error, fatal"):
+        level("verbose")
+
+
+def test_remappings_argument_parser():
+    parse = launch_function("parse_remappings")
     assert parse("") == []
     assert parse("cam_high/image_raw:=/camera/color/image_raw; joint_states:=/robot/joint_states") == [
         ("cam_high/image_raw", "/camera/color/image_raw"),
