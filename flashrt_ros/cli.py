@@ -56,10 +56,19 @@ def _device(name: str | None):
     return device
 
 
+MIN_ITERS = 10
+"""Fewer samples than this make no percentiles: one sample printed as p99 is a single run."""
+
+
 def _check_args(args: argparse.Namespace) -> str | None:
     """What is wrong with the run's numbers before any model is built (None: nothing)."""
-    if args.iters < 1 or args.warmup < 0:
-        return f"--iters must be >= 1 and --warmup >= 0, got {args.iters} and {args.warmup}"
+    if args.iters < MIN_ITERS or args.warmup < 1:
+        return (
+            f"--iters must be >= {MIN_ITERS} (percentiles need samples) and --warmup >= 1 (the first call "
+            f"builds and warms caches), got {args.iters} and {args.warmup}"
+        )
+    if not args.views or min(args.views) < 1:
+        return f"--views must list view counts >= 1, got {','.join(map(str, args.views))}"
     if args.compile_mode not in COMPILE_MODES:
         return f"--compile-mode {args.compile_mode!r}: expected one of {', '.join(COMPILE_MODES)}"
     out_problem = _out_problem(Path(args.out))
@@ -100,6 +109,9 @@ def _out_problem(out: Path) -> str | None:
 def _bench(args: argparse.Namespace) -> int:
     from .bench.timing import HEADER, environment
 
+    # a name listed twice would run twice, and the later run would replace the earlier in the ratios
+    args.views = list(dict.fromkeys(args.views))
+    args.policy, args.modes = (",".join(dict.fromkeys(text.split(","))) for text in (args.policy, args.modes))
     problem = _check_args(args)
     if problem is None:
         try:
@@ -110,17 +122,26 @@ def _bench(args: argparse.Namespace) -> int:
         print(problem)
         return 2
     modes = args.modes.split(",")
-    if device.type != "cuda" and {"fused", "fused-fp8", "compile", "realtime-vla"} & set(modes):
-        print("fused / compile / realtime-vla modes need a CUDA GPU; running eager only")
-        modes = ["eager"]
+    skipped = [m for m in modes if m != "eager"] if device.type != "cuda" else []
+    if skipped:  # said and recorded: a run that asked for compile must not pass off eager as it
+        print(f"skipped on {device} (they need a CUDA GPU): {', '.join(skipped)}")
+        modes = [m for m in modes if m not in skipped]
+    if not modes:
+        print("nothing to run: every mode asked for needs a CUDA GPU (add eager, or run on a GPU)")
+        return 2
     modes = sorted(modes, key=lambda m: m == "compile")  # the slow baseline last: a cut-short run keeps the rest
-    results: dict = {"env": environment(device), "settings": vars(args).copy(), "runs": []}
+    settings = vars(args).copy() | {"modes_run": ",".join(modes), "modes_skipped": ",".join(skipped)}
+    results: dict = {"env": environment(device), "settings": settings, "runs": []}
     out = Path(args.out)
     try:
         setups = {kind: _setup(kind, args, device) for kind in args.policy.split(",")}
     except ValueError as exc:  # an unknown policy, a bad size: say so, no traceback
         print(f"cannot set up the benchmark: {exc}")
         return 2
+    except Exception as exc:  # out of memory building a policy or its reference: said, not a traceback
+        print(f"cannot set up the benchmark: {type(exc).__name__}: {exc}")
+        logging.getLogger(__name__).debug("set-up failed", exc_info=True)
+        return 1
     print(HEADER)
     for mode in modes:
         for kind, (model, base, cases, refs) in setups.items():
@@ -177,6 +198,7 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
 
     from .bench.parity import chunk_parity
     from .bench.reference import measure_reference
+    from .bench.timing import LABEL_WIDTH
 
     gc.collect()  # anything the previous run left in reference cycles: not counted as resident
     on_gpu = device.type == "cuda"
@@ -185,10 +207,16 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
         resident = torch.cuda.memory_allocated(device) / 2**30
     extra: dict = {"precision": FUSED_PRECISION.get(mode, args.dtype)}
+    if mode == "compile":  # the prefix (large GEMMs) always in inductor's default mode; the step as asked
+        extra["compile_mode"] = {"prefix": "default", "denoise_step": args.compile_mode}
     if mode == "realtime-vla":
         from .bench.realtime_vla import revision
 
         extra["realtime_vla_revision"] = revision(Path(args.realtime_vla))
+        extra["notes"] = [
+            "vision row: its vision_encoder, without the final LayerNorm and projector that ours includes",
+            "parity: it is fed the noise rounded to bf16; chunk - noise subtracts the fp32 noise",
+        ]
     try:
         if mode == "eager":
             lat = measure_reference(model, case, args.iters, args.warmup, label)
@@ -197,17 +225,17 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
         elif mode in ("fused", "fused-fp8"):
             from .bench.stages import measure_fused  # Triton: imported only when a fused mode runs
 
-            lat, extra["parity"], extra["build_capture_s"] = measure_fused(
+            lat, extra["parity"], extra["build_capture_s"], built = measure_fused(
                 model, case, args.iters, args.warmup, label, ref, prefix_mlp_fp8=mode == "fused-fp8"
             )
+            extra["fused_path"] = built.describe  # what ran: a kernel that fell back shows here
+            extra["precision"] = built.precision
         elif mode == "compile":
             from .bench.stages import measure_compiled
 
             lat, extra["parity"], extra["compile_s"] = measure_compiled(
                 model, case, args.iters, args.warmup, label, args.compile_mode, ref
             )
-            # the prefix (large GEMMs) always in inductor's default mode; the denoise step in the one asked for
-            extra["compile_mode"] = {"prefix": "default", "denoise_step": args.compile_mode}
         elif mode == "realtime-vla":
             from .bench.realtime_vla import measure_realtime_vla
 
@@ -219,23 +247,24 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
     except Exception as exc:  # a baseline that fails is reported, not fatal
         print(f"{label}: FAILED: {type(exc).__name__}: {exc}")
         logging.getLogger(__name__).debug("%s failed", label, exc_info=True)  # the traceback, with --verbose
-        return {"error": f"{type(exc).__name__}: {exc}", **{k: v for k, v in extra.items() if k != "precision"}}
+        return {"error": f"{type(exc).__name__}: {exc}", **extra}
     for row in lat.values():
         print(row.row(), flush=True)
     p, pn = extra["parity"]["chunk"], extra["parity"]["chunk_minus_noise"]
     print(
-        f"{'':<34} parity vs fp32 reference ({extra['precision']}): cosine {p['cosine']:.6f}, "
-        f"max abs {p['max_abs']:.3e}; chunk - noise: cosine {pn['cosine']:.6f}",
+        f"{'':<{LABEL_WIDTH}} parity vs fp32 reference ({extra['precision']}): cosine {p['cosine']:.6f} "
+        f"(1 - cosine {1 - p['cosine']:.1e}), max abs {p['max_abs']:.3e}; chunk - noise: cosine {pn['cosine']:.6f}",
         flush=True,
     )
     if "compile_s" in extra:
         mode_text = ", ".join(f"{k} {v}" for k, v in extra["compile_mode"].items())
-        print(f"{'':<34} compile ({mode_text}): {extra['compile_s']:.1f} s", flush=True)
+        print(f"{'':<{LABEL_WIDTH}} compile ({mode_text}): {extra['compile_s']:.1f} s", flush=True)
     peak = added = None
     if on_gpu:
         peak = torch.cuda.max_memory_allocated(device) / 2**30
         added = peak - resident
-        print(f"{'':<34} peak GPU memory {peak:.1f} GiB: this mode +{added:.1f} over {resident:.1f} GiB resident")
+        what = f"peak GPU memory {peak:.1f} GiB: this mode +{added:.1f} over {resident:.1f} GiB resident"
+        print(f"{'':<{LABEL_WIDTH}} {what}")
     memory = {"peak_gib": peak, "resident_gib": resident, "added_gib": added}  # resident: every policy of the run
     return {**memory, **{k: v.to_dict() for k, v in lat.items()}, **extra}
 

@@ -39,6 +39,8 @@ for part in "${parts[@]}"; do
       python3 -m pytest -q -p no:cacheprovider test/test_fused.py test/test_capsule.py test/test_fallback.py 2>&1 | tee "$OUT/fused.log" | tail -15 || status=1
       ;;
     bench)
+      # more than one 10-minute device call (both policies at three view counts): run it where
+      # the time allows, or the headline parts one policy at a time
       step "flashrt bench: eager, fused (bf16 and FP8 prefix MLP), torch.compile (pi0.5 and pi0, batch 1)"
       python3 -m flashrt_ros.cli bench --policy pi05,pi0 --views 1,2,3 --modes eager,fused,fused-fp8,compile --iters 50 \
         --warmup 5 --out "$OUT" 2>&1 | tee "$OUT/bench.log" || status=1
@@ -63,9 +65,9 @@ for part in "${parts[@]}"; do
       for pol in pi05 pi0; do
         ref=/tmp/lr/$pol
         PYTHONPATH=/tmp/site:$PYTHONPATH python3 scripts/lerobot_reference.py --policy "$pol" --size full \
-          --dtype float32 --device cuda --out "$ref/float32" --checkpoint "$ref/ckpt" 2>&1 | tail -3
+          --dtype float32 --device cuda --out "$ref/float32" --checkpoint "$ref/ckpt" 2>&1 | tail -3 || status=1
         PYTHONPATH=/tmp/site:$PYTHONPATH python3 scripts/lerobot_reference.py --policy "$pol" --size full \
-          --dtype bfloat16 --device cuda --out "$ref/bfloat16" --no-checkpoint 2>&1 | tail -2
+          --dtype bfloat16 --device cuda --out "$ref/bfloat16" --no-checkpoint 2>&1 | tail -2 || status=1
         for dt in float32 bfloat16; do
           python3 scripts/lerobot_parity.py --ref "$ref/$dt" --checkpoint "$ref/ckpt" --dtype "$dt" \
             --json "$OUT/parity_${pol}_$dt.json" || status=1

@@ -11,19 +11,22 @@ from flashrt_ros.cli import _print_ratios, main
 
 def test_tiny_eager_bench_writes_latency_and_parity(tmp_path, capsys) -> None:
     rc = main(
-        ["bench", "--policy", "pi05", "--tiny", "--views", "1", "--modes", "eager,fused", "--iters", "2",
-         "--warmup", "1", "--steps", "2", "--horizon", "4", "--dtype", "float32", "--out", str(tmp_path)]
+        ["bench", "--policy", "pi05", "--tiny", "--views", "1,1", "--modes", "eager,fused,eager", "--iters", "10",
+         "--warmup", "1", "--steps", "2", "--horizon", "4", "--dtype", "float32", "--device", "cpu",
+         "--out", str(tmp_path)]
     )  # fmt: skip
     assert rc == 0
     out = capsys.readouterr().out
-    assert "fused / compile / realtime-vla modes need a CUDA GPU; running eager only" in out
+    assert "skipped on cpu (they need a CUDA GPU): fused" in out  # said, recorded, not replaced by eager
     (path,) = tmp_path.glob("bench_*.json")
-    (run,) = json.loads(path.read_text())["runs"]
+    data = json.loads(path.read_text())
+    assert (data["settings"]["modes_run"], data["settings"]["modes_skipped"]) == ("eager", "fused")
+    (run,) = data["runs"]  # a view count or mode listed twice runs once
     assert (run["policy"], run["views"], run["mode"], run["precision"]) == ("pi05", 1, "eager", "float32")
     full = run["full"]
-    assert full["n"] == 2 and full["min_ms"] <= full["median_ms"] <= full["p99_ms"] <= full["max_ms"]
+    assert full["n"] == 10 and full["min_ms"] <= full["median_ms"] <= full["p99_ms"] <= full["max_ms"]
     # the prefix and denoise rows were split inside each timed decision: they add up to it
-    assert run["prefix"]["n"] == run["denoise_in_decision"]["n"] == run["denoise"]["n"] == 2
+    assert run["prefix"]["n"] == run["denoise_in_decision"]["n"] == run["denoise"]["n"] == 10
     assert run["prefix"]["mean_ms"] + run["denoise_in_decision"]["mean_ms"] <= full["mean_ms"] * 1.01
     assert run["prefix"]["mean_ms"] + run["denoise_in_decision"]["mean_ms"] >= full["mean_ms"] * 0.9
     # fp32 eager against the fp32 reference: the same maths, so the same bits (a determinism check)
@@ -36,16 +39,16 @@ def test_bf16_eager_bench_parity_compares_two_precisions(tmp_path, capsys) -> No
     """--dtype bfloat16: the timed model runs in bf16, the reference stayed fp32, so the parity
     line compares two different paths: a small error, not zero, printed next to the latency."""
     rc = main(
-        ["bench", "--policy", "pi05", "--tiny", "--views", "1", "--modes", "eager", "--iters", "1",
-         "--warmup", "0", "--steps", "2", "--horizon", "4", "--dtype", "bfloat16", "--out", str(tmp_path)]
+        ["bench", "--policy", "pi05", "--tiny", "--views", "1", "--modes", "eager", "--iters", "10",
+         "--warmup", "1", "--steps", "2", "--horizon", "4", "--dtype", "bfloat16", "--out", str(tmp_path)]
     )  # fmt: skip
     assert rc == 0
     (run,) = json.loads(next(tmp_path.glob("bench_*.json")).read_text())["runs"]
     chunk = run["parity"]["chunk"]
     assert 0 < chunk["max_abs"] < 5e-3 and chunk["cosine"] > 0.9999, chunk
     assert (
-        f"parity vs fp32 reference (bfloat16): cosine {chunk['cosine']:.6f}, max abs {chunk['max_abs']:.3e}"
-        in capsys.readouterr().out
+        f"parity vs fp32 reference (bfloat16): cosine {chunk['cosine']:.6f} (1 - cosine {1 - chunk['cosine']:.1e}), "
+        f"max abs {chunk['max_abs']:.3e}" in capsys.readouterr().out
     )
 
 
@@ -71,7 +74,13 @@ def test_speed_up_ratios_have_two_decimals_and_go_to_the_json(capsys) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--iters", "0"], "--iters must be >= 1 and --warmup >= 0, got 0 and 5"),
+        (
+            ["--iters", "1"],
+            "--iters must be >= 10 (percentiles need samples) and --warmup >= 1 (the first call "
+            "builds and warms caches), got 1 and 5",
+        ),
+        (["--warmup", "0"], "--iters must be >= 10 (percentiles need samples) and --warmup >= 1"),
+        (["--views", "2,0"], "--views must list view counts >= 1, got 2,0"),
         (["--compile-mode", "fast"], "--compile-mode 'fast': expected one of default, reduce-overhead, max-autotune"),
         (["--device", "tpu9"], "--device 'tpu9': "),
         (["--device", "cuda:7"], "--device 'cuda:7': this machine has "),
@@ -175,8 +184,8 @@ def test_eager_bench_needs_no_triton_and_no_torch_gives_one_line(tmp_path):
         code += f"sys.exit(main({list(argv)!r}))"
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
 
-    eager = ["bench", "--policy", "pi05", "--tiny", "--views", "1", "--modes", "eager", "--iters", "1", "--warmup", "0",
-             "--steps", "2", "--horizon", "4", "--out", str(tmp_path)]  # fmt: skip
+    eager = ["bench", "--policy", "pi05", "--tiny", "--views", "1", "--modes", "eager", "--iters", "10",
+             "--warmup", "1", "--steps", "2", "--horizon", "4", "--out", str(tmp_path)]  # fmt: skip
     no_triton = run("triton", *eager)
     assert no_triton.returncode == 0, no_triton.stdout + no_triton.stderr
     assert "pi05 1v eager full decision" in no_triton.stdout
@@ -194,8 +203,8 @@ def test_a_bench_whose_every_run_fails_says_so_without_a_traceback(tmp_path, cap
         raise RuntimeError("no kernel image is available")
 
     monkeypatch.setattr(reference, "measure_reference", broken)
-    rc = main(["bench", "--policy", "pi05", "--tiny", "--views", "1", "--modes", "eager", "--iters", "1",
-               "--warmup", "0", "--steps", "2", "--horizon", "4", "--out", str(tmp_path)])  # fmt: skip
+    rc = main(["bench", "--policy", "pi05", "--tiny", "--views", "1", "--modes", "eager", "--iters", "10",
+               "--warmup", "1", "--steps", "2", "--horizon", "4", "--out", str(tmp_path)])  # fmt: skip
     out = capsys.readouterr().out
     assert rc == 1, out
     assert "pi05 1v eager: FAILED: RuntimeError: no kernel image is available" in out
@@ -203,3 +212,61 @@ def test_a_bench_whose_every_run_fails_says_so_without_a_traceback(tmp_path, cap
     (path,) = tmp_path.glob("bench_*.json")
     assert json.loads(path.read_text())["runs"][0]["error"] == "RuntimeError: no kernel image is available"
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_latency_percentiles_on_known_samples() -> None:
+    """1..100 ms: numpy's linear percentiles, and the slowest sample as max beside them."""
+    from flashrt_ros.bench.timing import HEADER, Latency
+
+    lat = Latency.from_samples("x", [float(v) for v in range(100, 0, -1)])
+    assert (lat.n, lat.median_ms, lat.min_ms, lat.max_ms, lat.mean_ms) == (100, 50.5, 1.0, 100.0, 50.5)
+    assert lat.p90_ms == pytest.approx(90.1) and lat.p99_ms == pytest.approx(99.01)
+    assert lat.row().split() == ["x", "50.500", "90.100", "99.010", "100.000", "100"]
+    assert HEADER.split() == ["what", "median", "p90", "p99", "max", "n", "(ms)"]
+
+
+def test_chunk_parity_compares_the_chunk_and_the_chunk_minus_the_noise() -> None:
+    """The noise both chunks start from gives them a high cosine by itself: chunk - noise shows an
+    error that the chunk's cosine hides."""
+    from flashrt_ros.bench.parity import chunk_parity
+
+    noise = torch.randn(50, 32, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 10
+    ref = noise + 0.01 * torch.arange(50 * 32, dtype=torch.float64).reshape(50, 32) / (50 * 32)
+    same = chunk_parity(ref.clone(), ref, noise)
+    assert same["chunk"] == {"max_abs": 0.0, "cosine": pytest.approx(1.0), "ref_abs_max": ref.abs().max().item()}
+    off = chunk_parity(noise, ref, noise)  # the velocity lost entirely
+    assert off["chunk"]["cosine"] > 0.99999 and off["chunk"]["max_abs"] == pytest.approx(0.01, rel=1e-3)
+    assert off["chunk_minus_noise"]["max_abs"] == pytest.approx(0.01, rel=1e-3)
+    assert off["chunk_minus_noise"]["cosine"] == 0.0  # no velocity at all: nothing in common, not a pass
+
+
+def test_only_gpu_modes_on_a_cpu_run_nothing_and_say_so(tmp_path, capsys) -> None:
+    argv = ["bench", "--policy", "pi05", "--tiny", "--modes", "compile,fused", "--device", "cpu"]
+    argv += ["--out", str(tmp_path)]
+    assert main(argv) == 2
+    assert capsys.readouterr().out.splitlines() == [
+        "skipped on cpu (they need a CUDA GPU): compile, fused",
+        "nothing to run: every mode asked for needs a CUDA GPU (add eager, or run on a GPU)",
+    ]
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.gpu
+def test_fused_modes_record_what_they_built_and_their_parity(tmp_path) -> None:
+    """On a GPU: the fused rows (bf16 and FP8) come with their parity against the fp32 reference,
+    the fused path as built, and a precision read from the built weights."""
+    rc = main(
+        ["bench", "--policy", "pi05", "--tiny", "--views", "1,2", "--modes", "fused,fused-fp8", "--iters", "10",
+         "--warmup", "1", "--steps", "2", "--horizon", "4", "--out", str(tmp_path)]
+    )  # fmt: skip
+    runs = json.loads(next(tmp_path.glob("bench_*.json")).read_text())["runs"]
+    bf16 = [r for r in runs if r["mode"] == "fused"]
+    assert rc in (0, 1) and [r["views"] for r in bf16] == [1, 2]
+    for run in bf16:
+        assert "error" not in run, run
+        assert run["precision"] == "bfloat16" and "denoise x2" in run["fused_path"]
+        assert run["parity"]["chunk"]["cosine"] > 0.999 and run["parity"]["chunk"]["max_abs"] < 0.05
+        assert {"full", "prefix", "denoise_in_decision", "denoise", "vision", "preprocess"} <= set(run)
+        assert run["preprocess"]["name"].endswith("preprocess 1x480x640 from host") or run["views"] == 2
+    for run in (r for r in runs if r["mode"] == "fused-fp8"):  # the tiny model may not take FP8: said
+        assert ("error" in run and "FP8" in run["error"]) or run["precision"].startswith("bfloat16, prefix LM")

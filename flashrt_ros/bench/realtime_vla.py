@@ -239,7 +239,7 @@ def revision(repo: Path) -> str:
             )
             if out.returncode == 0:
                 return out.stdout.strip()
-        except OSError:
+        except (OSError, subprocess.TimeoutExpired):
             pass
     rev = repo / "REVISION"
     return rev.read_text().strip() if rev.is_file() else "unknown"
@@ -360,7 +360,8 @@ def measure_realtime_vla(
     rows = {"full": Latency.from_samples(f"{label} full decision", time_call(rt.decide, iters, warmup, dev, label))}
     rt.decide()
     parity = chunk_parity(rt.chunk(), ref_chunk[0], case.noise[0])
-    names = {"denoise": "denoise only", "prefix_alone": "prefix alone", "vision": "vision alone"}
+    # its vision_encoder stops before the final LayerNorm and the projector, which ours includes
+    names = {"denoise": "denoise only", "prefix_alone": "prefix alone", "vision": "vision w/o head"}
     try:  # its stages through its own functions: a failure here keeps the decision row and parity
         graphs = rt.capture_stages()
     except Exception as exc:

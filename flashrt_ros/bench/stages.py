@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..policies import cuda_graphs
@@ -41,6 +43,22 @@ def random_fused(
     return model, case, fused
 
 
+@dataclass(frozen=True)
+class FusedBuild:
+    """What the fused path built, for the result file: a kernel that fell back shows here."""
+
+    describe: str
+    precision: str
+
+    @classmethod
+    def of(cls, fused: FusedPi0) -> FusedBuild:
+        precision = "bfloat16"
+        if fused.prefix_mlp_fp8:
+            down = any(w.down_scale is not None for w in fused.prefix_layers)
+            precision += ", prefix LM MLP in FP8" if down else ", prefix LM gate|up in FP8 (down in bf16)"
+        return cls(fused.describe(), precision)
+
+
 def measure_fused(
     model: Pi0Model,
     case: Case,
@@ -51,7 +69,8 @@ def measure_fused(
     prefix_mlp_fp8: bool = False,
 ):
     """Build + capture the fused path (bf16; the prefix LM's MLP GEMMs in FP8 with
-    `prefix_mlp_fp8`), time full decision / stages, and check parity."""
+    `prefix_mlp_fp8`), time full decision / stages, and check parity. The pre-processing row
+    starts from host frames, as the node's decisions do (the upload is part of it)."""
     dev = case.noise.device
     t0 = time.perf_counter()
     fused = FusedPi0(model, torch.bfloat16, prefix_mlp_fp8=prefix_mlp_fp8)
@@ -61,22 +80,25 @@ def measure_fused(
     fused.capture()
     capture_s = time.perf_counter() - t0
     vision_graph = cuda_graphs.capture(fused.vision, dev)
-    frames = [torch.randint(0, 256, (480, 640, 3), dtype=torch.uint8, device=dev) for _ in range(case.views)]
+    rng = np.random.default_rng(0)
+    frames = [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for _ in range(case.views)]
+    absent = [None] * (fused.cfg.num_views - case.views)
+
+    def preprocess() -> None:  # as engine.pipeline's fused decision does it
+        fused.set_images([torch.from_numpy(f).to(dev, non_blocking=True) for f in frames] + absent)
+
     lat = time_decision(lambda: fused.run("prefix"), lambda _: fused.run("denoise"), iters, warmup, dev, label)
     alone = {
         "prefix_alone": ("prefix alone", lambda: fused.run("prefix")),
         "vision": ("vision alone", vision_graph.replay),
-        "preprocess": (
-            f"preprocess {case.views}x480x640",
-            lambda: fused.set_images(frames + [None] * (fused.cfg.num_views - case.views)),
-        ),
+        "preprocess": (f"preprocess {case.views}x480x640 from host", preprocess),
     }
     for key, (name, fn) in alone.items():
         lat[key] = Latency.from_samples(f"{label} {name}", time_call(fn, iters, warmup, dev, f"{label} {name}"))
     load_case(fused, case)  # preprocess wrote camera frames into pixels: restore the case's
     chunk = fused.sample_actions().clone()
     parity = chunk_parity(chunk, ref_chunk[0], case.noise[0])
-    return lat, parity, capture_s
+    return lat, parity, capture_s, FusedBuild.of(fused)
 
 
 def measure_compiled(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -36,13 +37,17 @@ class Latency:
         return cls(name, len(a), float(p50), float(p90), float(p99), float(a.mean()), float(a.min()), float(a.max()))
 
     def row(self) -> str:
-        return f"{self.name:<34} {self.median_ms:9.3f} {self.p90_ms:9.3f} {self.p99_ms:9.3f} {self.n:5d}"
+        cols = (self.median_ms, self.p90_ms, self.p99_ms, self.max_ms)
+        return f"{self.name:<{LABEL_WIDTH}} " + " ".join(f"{ms:9.3f}" for ms in cols) + f" {self.n:5d}"
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-HEADER = f"{'what':<34} {'median':>9} {'p90':>9} {'p99':>9} {'n':>5}   (ms)"
+LABEL_WIDTH = 40  # "pi05 3v fused-fp8 preprocess 3x480x640" and the like fit
+HEADER = f"{'what':<{LABEL_WIDTH}} {'median':>9} {'p90':>9} {'p99':>9} {'max':>9} {'n':>5}   (ms)"
+"""The table's columns. p90 / p99 interpolate between the two nearest samples (numpy's linear
+method): with n = 100 the p99 lies between the two slowest, so the slowest is printed as max."""
 
 
 def time_call(
@@ -115,20 +120,9 @@ def graph_ms(fn: Callable[[], object], calls: int = 1, replays: int = 10) -> flo
 
 def environment(device: torch.device) -> dict:
     """Commit, GPU, versions: enough to tell two result files apart."""
-    commit = os.environ.get("FLASHRT_COMMIT", "")
-    dirty: bool | None = None  # unknown when the commit is given, not read
-    if not commit:  # the device machine gets a copy of the tree without .git: pass FLASHRT_COMMIT there
-        package_root = Path(__file__).resolve().parents[2]  # this package's checkout, not the caller's cwd
-        git = {"capture_output": True, "text": True, "check": False, "cwd": package_root}
-        try:
-            res = subprocess.run(["git", "rev-parse", "HEAD"], **git)
-            commit = res.stdout.strip() if res.returncode == 0 else ""
-            st = subprocess.run(["git", "status", "--porcelain"], **git)
-            dirty = res.returncode == 0 and bool(st.stdout.strip())
-        except OSError:
-            pass
+    commit, dirty = _commit()
     env = {
-        "commit": commit or "unknown",
+        "commit": commit,
         "dirty": dirty,
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -143,10 +137,47 @@ def environment(device: torch.device) -> dict:
         env["triton"] = None
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
-        env["cuda"] = torch.version.cuda
+        env["cuda"] = torch.version.cuda  # the CUDA torch was built with
+        env["cudnn"] = torch.backends.cudnn.version()
+        env["driver"] = _driver_version()
     else:
         env["cpu"] = platform.processor() or platform.machine()
     return env
+
+
+def _commit() -> tuple[str, bool | None]:
+    """(commit, dirty): FLASHRT_COMMIT where given (the device machine's copy of the tree has no
+    .git; a value that is no commit hash is marked), else this package's own checkout (not one
+    that merely encloses an installed copy); dirty is None where it could not be read."""
+    given = os.environ.get("FLASHRT_COMMIT", "").strip()
+    if given:
+        return (given if re.fullmatch(r"[0-9a-f]{7,40}", given) else f"unverified: {given}"), None
+    root = Path(__file__).resolve().parents[2]
+    git = {"capture_output": True, "text": True, "check": False, "cwd": root, "timeout": 10}
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], **git)
+        lines = top.stdout.split()
+        if top.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != root:
+            return "unknown", None
+        status = subprocess.run(["git", "status", "--porcelain"], **git)
+        return lines[1], (bool(status.stdout.strip()) if status.returncode == 0 else None)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown", None
+
+
+def _driver_version() -> str | None:
+    """The NVIDIA driver's version, from nvidia-smi where it is on the PATH."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else None
 
 
 def write_result(out_dir: Path, stem: str, device: torch.device, **payload) -> Path:
