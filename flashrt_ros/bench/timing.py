@@ -44,7 +44,7 @@ class Latency:
         return asdict(self)
 
 
-LABEL_WIDTH = 40  # "pi05 3v fused-fp8 preprocess 3x480x640" and the like fit
+LABEL_WIDTH = 50  # "pi05 3v fused-fp8 preprocess 3x480x640 from host" and the like fit
 HEADER = f"{'what':<{LABEL_WIDTH}} {'median':>9} {'p90':>9} {'p99':>9} {'max':>9} {'n':>5}   (ms)"
 """The table's columns. p90 / p99 interpolate between the two nearest samples (numpy's linear
 method): with n = 100 the p99 lies between the two slowest, so the slowest is printed as max."""
