@@ -19,6 +19,9 @@ source scripts/env.sh
 export ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST
 export ROS_DOMAIN_ID="${ROS_DOMAIN_ID:-$((20 + $$ % 80))}"   # 20-99: apart from the tests' 100-200
 export RCUTILS_COLORIZED_OUTPUT=0 RCUTILS_LOGGING_BUFFERED_STREAM=0 PYTHONUNBUFFERED=1
+# 640x480 frames at 30 Hz arrive whole over Fast DDS with a larger shared-memory segment (docs/ros.md,
+# "Large images over Fast DDS"); without it some are lost in fragments
+export FASTRTPS_DEFAULT_PROFILES_FILE="${FASTRTPS_DEFAULT_PROFILES_FILE:-$ROOT/config/fastdds_large_messages.xml}"
 
 pids=()
 cleanup() {

@@ -28,9 +28,10 @@ def chunk_line(msg: ActionChunk) -> str:
     newest_input_ns = max((stamp_to_ns(s) for s in msg.source_stamps), default=0)
     age_ms = (stamp_to_ns(msg.header.stamp) - newest_input_ns) / 1e6 if newest_input_ns else float("nan")
     row = " ".join(f"{v:+.3f}" for v in actions[0, :7]) + (" ..." if msg.action_dim > 7 else "")
+    first = "  (the first decision: it warms the caches up)" if msg.chunk_id == 1 else ""
     return (
         f"chunk {msg.chunk_id:5d}  {msg.horizon}x{msg.action_dim}  latency {msg.inference_latency_ms:6.2f} ms  "
-        f"newest input {age_ms:6.1f} ms old  first action [{row}]"
+        f"newest input {age_ms:6.1f} ms old  first action [{row}]{first}"
     )
 
 
@@ -42,6 +43,7 @@ def status_line(msg: PipelineStatus) -> str:
     stages = " | ".join(
         f"{s.name} {s.latency_p50_ms:.2f}/{s.latency_p90_ms:.2f}/{s.latency_p99_ms:.2f}" for s in msg.stages
     )
+    stages = stages or "(no decision yet)"
     rate = msg.stages[0].rate_hz if msg.stages else 0.0
     return (
         f"status  {msg.policy} {msg.device} {msg.precision}: {msg.decisions} decisions ({rate:.1f} Hz), "
