@@ -116,8 +116,9 @@ def stop(procs: list[subprocess.Popen]) -> None:
             proc.wait()
 
 
-def fresh_stats(node) -> None:
-    """Start measuring now: new, unbounded timing windows (the warm-up is dropped)."""
+def fresh_stats(node) -> tuple[int, int, int, int]:
+    """Start measuring now: new, unbounded timing windows (the warm-up is dropped); returns the
+    counts (decisions, deadline misses, dropped decisions, invalid inputs) to subtract later."""
     from flashrt_ros.engine.stats import PipelineStats
 
     big = 10**7

@@ -19,7 +19,7 @@ from flashrt_ros.bench.stages import random_fused
 from flashrt_ros.bench.timing import environment, time_call
 
 
-def kernel_table(fn, steps: int) -> tuple[list[dict], list[dict]]:
+def kernel_table(fn) -> tuple[list[dict], list[dict]]:
     """Per kernel name: calls and device time; and every kernel in launch order (name, us)."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
@@ -46,12 +46,12 @@ def main() -> None:
     _, _, fused = random_fused(args.policy, args.views, dev, model_dtype="bfloat16")
     report = {"env": environment(dev), "policy": args.policy, "views": args.views}
     for stage in ("vision", "prefix", "denoise"):  # vision: part of the prefix graph, here un-graphed
-        graph_ms = sorted(time_call(lambda s=stage: fused.run(s), 30, 5, dev))[15]
-        rows, sequence = kernel_table(getattr(fused, stage), fused.cfg.num_steps)
+        stage_ms = sorted(time_call(lambda s=stage: fused.run(s), 30, 5, dev))[15]
+        rows, sequence = kernel_table(getattr(fused, stage))
         busy_ms = sum(r["total_us"] for r in rows) / 1e3
         launches = sum(r["calls"] for r in rows)
         how = "graph" if (stage, fused.views, fused.bucket) in fused.graphs else "eager"
-        print(f"\n== {stage}: {how} {graph_ms:.3f} ms, kernels busy {busy_ms:.3f} ms, {launches} launches")
+        print(f"\n== {stage}: {how} {stage_ms:.3f} ms, kernels busy {busy_ms:.3f} ms, {launches} launches")
         print(f"{'kernel':<70} {'calls':>6} {'total us':>9} {'us/call':>8}")
         for r in rows[:22]:
             print(f"{r['kernel'][:70]:<70} {r['calls']:6d} {r['total_us']:9.1f} {r['per_call_us']:8.2f}")
@@ -61,7 +61,7 @@ def main() -> None:
             print("one layer in launch order:")
             for r in sequence[marks[4] - 6 : marks[5] - 6]:
                 print(f"    {r['kernel']:<60} {r['us']:8.2f}")
-        report[stage] = dict(graph_ms=graph_ms, busy_ms=busy_ms, launches=launches, kernels=rows, sequence=sequence)
+        report[stage] = dict(ms=stage_ms, run_as=how, busy_ms=busy_ms, launches=launches, kernels=rows, sequence=sequence)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"profile_{args.policy}_{args.views}v_{time.strftime('%Y%m%d_%H%M%S')}.json"
     path.write_text(json.dumps(report, indent=1))
