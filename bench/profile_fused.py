@@ -61,7 +61,8 @@ def main() -> None:
             print("one layer in launch order:")
             for r in sequence[marks[4] - 6 : marks[5] - 6]:
                 print(f"    {r['kernel']:<60} {r['us']:8.2f}")
-        report[stage] = dict(ms=stage_ms, run_as=how, busy_ms=busy_ms, launches=launches, kernels=rows, sequence=sequence)
+        report[stage] = dict(ms=stage_ms, run_as=how, busy_ms=busy_ms, launches=launches)
+        report[stage] |= dict(kernels=rows, sequence=sequence)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"profile_{args.policy}_{args.views}v_{time.strftime('%Y%m%d_%H%M%S')}.json"
     path.write_text(json.dumps(report, indent=1))
