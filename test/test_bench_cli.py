@@ -252,21 +252,27 @@ def test_only_gpu_modes_on_a_cpu_run_nothing_and_say_so(tmp_path, capsys) -> Non
 
 
 @pytest.mark.gpu
-def test_fused_modes_record_what_they_built_and_their_parity(tmp_path) -> None:
+@pytest.mark.parametrize(("down_from", "precision"), [(None, "gate|up in FP8 (down in bf16)"), (0, "MLP in FP8")])
+def test_fused_modes_record_what_they_built_and_their_parity(tmp_path, monkeypatch, down_from, precision) -> None:
     """On a GPU: the fused rows (bf16 and FP8) come with their parity against the fp32 reference,
-    the fused path as built, and a precision read from the built weights."""
+    the fused path as built, and a precision read from the built weights (an FP8 down that fell
+    back to bf16 is said). The tiny LM's only MLP layer is layer 0: FP8 from there."""
+    from flashrt_ros.policies import fused as fused_module
+
+    monkeypatch.setattr(fused_module, "PREFIX_MLP_FP8_FROM", 0)
+    monkeypatch.setattr(fused_module, "PREFIX_DOWN_FP8_FROM", down_from)
     rc = main(
         ["bench", "--policy", "pi05", "--tiny", "--views", "1,2", "--modes", "fused,fused-fp8", "--iters", "10",
          "--warmup", "1", "--steps", "2", "--horizon", "4", "--out", str(tmp_path)]
     )  # fmt: skip
     runs = json.loads(next(tmp_path.glob("bench_*.json")).read_text())["runs"]
-    bf16 = [r for r in runs if r["mode"] == "fused"]
-    assert rc in (0, 1) and [r["views"] for r in bf16] == [1, 2]
-    for run in bf16:
-        assert "error" not in run, run
-        assert run["precision"] == "bfloat16" and "denoise x2" in run["fused_path"]
-        assert run["parity"]["chunk"]["cosine"] > 0.999 and run["parity"]["chunk"]["max_abs"] < 0.05
-        assert {"full", "prefix", "denoise_in_decision", "denoise", "vision", "preprocess"} <= set(run)
-        assert run["preprocess"]["name"].endswith("preprocess 1x480x640 from host") or run["views"] == 2
-    for run in (r for r in runs if r["mode"] == "fused-fp8"):  # the tiny model may not take FP8: said
-        assert ("error" in run and "FP8" in run["error"]) or run["precision"].startswith("bfloat16, prefix LM")
+    assert rc == 0 and [(r["mode"], r["views"]) for r in runs] == [
+        ("fused", 1), ("fused", 2), ("fused-fp8", 1), ("fused-fp8", 2)
+    ], runs  # fmt: skip
+    for run in runs:
+        assert "denoise x2" in run["fused_path"] and {"full", "prefix", "denoise", "vision", "preprocess"} <= set(run)
+        assert run["parity"]["chunk"]["cosine"] > 0.999 and run["parity"]["chunk"]["max_abs"] < 0.05, run["parity"]
+        assert run["preprocess"]["name"].endswith(f"preprocess {run['views']}x480x640 from host")
+        fp8 = run["mode"] == "fused-fp8"
+        assert run["precision"] == (f"bfloat16, prefix LM {precision}" if fp8 else "bfloat16")
+        assert ("FP8 (e4m3, row scales)" in run["fused_path"]) == fp8

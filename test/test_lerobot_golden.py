@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from flashrt_ros.bench.parity import run_parity
@@ -47,7 +48,7 @@ def test_bfloat16_chunk_matches_lerobot_bfloat16(policy):
 
 
 @pytest.mark.parametrize("policy", ["pi05", "pi0"])
-def test_an_empty_camera_runs_as_a_masked_view(policy, tmp_path):
+def test_an_empty_camera_runs_as_a_masked_view(policy, tmp_path, monkeypatch):
     """LeRobot's `empty_cameras` add a blank view after the cameras, with its mask off. Masked,
     its tokens change nothing, so LeRobot's chunk (taken without it) must still match; unmasked,
     the blank image would be attended to and the chunk would move."""
@@ -59,6 +60,13 @@ def test_an_empty_camera_runs_as_a_masked_view(policy, tmp_path):
     assert r["views"] == {"cameras": 2, "empty": 1}
     assert r["chunk"]["cosine"] >= 0.99999 and r["chunk"]["max_abs"] < 1e-5, r["chunk"]
     assert r["prefix_embs"]["max_abs"] < 1e-6 and r["velocity_step0"]["max_abs"] < 1e-5
+    # the control: the same blank view left unmasked is attended to, and the chunk moves (measured 7.9e-4)
+    from flashrt_ros.bench import parity
+
+    masked = parity.images_to_pixels
+    monkeypatch.setattr(parity, "images_to_pixels", lambda *a: (masked(*a)[0], torch.ones_like(masked(*a)[1])))
+    unmasked = run_parity(DATA / policy / "io_float32.safetensors", checkpoint, "float32")
+    assert unmasked["chunk"]["max_abs"] > 1e-4, unmasked["chunk"]
 
 
 @pytest.mark.parametrize("policy", ["pi05", "pi0"])

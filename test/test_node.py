@@ -501,6 +501,13 @@ def test_the_error_names_the_inputs_that_still_stop_decisions(rclpy_context):
         cameras = ", ".join(f"absent {s.topic}" for s in sorted(node.slots[:-1], key=lambda s: s.topic))
         assert level == DiagnosticStatus.ERROR and message.endswith(f"({cameras})"), message
         assert joints.topic not in message
+        # the cameras arrive, and the policy fails on every decision: the inputs are no longer blamed
+        for slot in node.slots[:-1]:
+            slot.latest = Sample(np.zeros((*HW, 3), np.uint8), now.to_msg(), 0, 0)
+        assert node._fresh_samples(now.nanoseconds, node.cfg) is not None
+        node._count_node_wide("non_finite_action")
+        level, message = node._health(node.snapshot())
+        assert level == DiagnosticStatus.ERROR and message.endswith("(non_finite_action)"), message
     finally:
         node.destroy_node()
 

@@ -160,6 +160,13 @@ def test_a_mistyped_value_is_reported_once_not_again_through_its_stand_in():
     assert problems(image_height=480, image_width=0) == [
         "image_height=480, image_width=0: set both (> 0) or neither (0 = any size)"
     ]
+    # a problem that does not depend on the mistyped value stays, even where it names it
+    assert problems(policy=5, joint_names=[]) == [
+        "policy must be a string, got int 5",
+        "joint_names is empty; expected the joints of the policy's state, in order",
+    ]
+    # one that quotes the stand-in (here backend 'auto') would misreport: it waits for the type's fix
+    assert problems(backend=3, fp8="prefix_mlp", precision="float32") == ["backend must be a string, got int 3"]
 
 
 def test_integers_are_accepted_for_numbers_and_empty_yaml_lists_as_empty():
@@ -333,13 +340,18 @@ def test_params_file_sections_reach_the_nodes_rcl_says_they_do(rclpy_context, tm
     import rclpy
     from rclpy.node import Node
 
-    from flashrt_ros.ros.params import params_files, section_applies
+    from flashrt_ros.ros.params import params_files, unaddressed_params_files
 
     keys = ["/**", "/**/flashrt_node", "flashrt_node", "/flashrt_node", "/robot1/flashrt_node", "/*/flashrt_node"]
     keys += ["/robot1/*", "/**/other", "robot1/flashrt_node", "/robot1/**", "/a/**/flashrt_node"]
+    sections = [f"{key}:\n  ros__parameters:\n    prompt: hit\n" for key in keys]
+    # a namespace written as enclosing keys, as rcl allows
+    sections += ["robot1:\n  flashrt_node:\n    ros__parameters:\n      prompt: hit\n"]
+    sections += ["/a:\n  robot1:\n    flashrt_node:\n      ros__parameters:\n        prompt: hit\n"]
+    sections += ["/**:\n  flashrt_node:\n    ros__parameters:\n      prompt: hit\n"]
     path, applied = tmp_path / "p.yaml", []
-    for key in keys:
-        path.write_text(f"{key}:\n  ros__parameters:\n    prompt: hit\n")
+    for text in sections:
+        path.write_text(text)
         argv = ["x", "--ros-args", "--params-file", str(path)]
         assert params_files(argv) == [str(path)]
         for ns in ("/", "/robot1", "/a/robot1", "/a/b/robot1"):
@@ -351,6 +363,7 @@ def test_params_file_sections_reach_the_nodes_rcl_says_they_do(rclpy_context, tm
                 node.destroy_node()
             finally:
                 rclpy.shutdown(context=context)
-            assert section_applies(key, fqn) == by_rcl, (key, fqn, by_rcl)
+            ours = load_yaml_parameters(path, "flashrt_node", ns) == {"prompt": "hit"}
+            assert ours == by_rcl and (unaddressed_params_files([str(path)], fqn) == []) == by_rcl, (text, fqn)
             applied.append(by_rcl)
     assert 0 < sum(applied) < len(applied)  # both outcomes were exercised

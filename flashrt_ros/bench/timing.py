@@ -156,7 +156,7 @@ def _commit() -> tuple[str, bool | None]:
     git = {"capture_output": True, "text": True, "check": False, "cwd": root, "timeout": 10}
     try:
         top = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], **git)
-        lines = top.stdout.split()
+        lines = top.stdout.splitlines()  # a path may hold spaces
         if top.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != root:
             return "unknown", None
         status = subprocess.run(["git", "status", "--porcelain"], **git)

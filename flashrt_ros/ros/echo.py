@@ -23,15 +23,17 @@ from flashrt_ros.msg import ActionChunk, PipelineStatus
 from flashrt_ros.ros.joint_convert import stamp_to_ns
 
 
-def chunk_line(msg: ActionChunk) -> str:
+def chunk_line(msg: ActionChunk, first: bool = False) -> str:
     actions = np.frombuffer(msg.actions, dtype=np.float32).reshape(msg.horizon, msg.action_dim)
     newest_input_ns = max((stamp_to_ns(s) for s in msg.source_stamps), default=0)
     age_ms = (stamp_to_ns(msg.header.stamp) - newest_input_ns) / 1e6 if newest_input_ns else float("nan")
     row = " ".join(f"{v:+.3f}" for v in actions[0, :7]) + (" ..." if msg.action_dim > 7 else "")
-    first = "  (the first decision: it warms the caches up)" if msg.chunk_id == 1 else ""
+    # `first`: the first chunk this console received; from a node just started, its first decision,
+    # which warms the caches up (chunk ids restart at 1 after ~/reset, with the caches warm)
+    note = "  (the first one received: a node's first decision warms its caches up)" if first else ""
     return (
         f"chunk {msg.chunk_id:5d}  {msg.horizon}x{msg.action_dim}  latency {msg.inference_latency_ms:6.2f} ms  "
-        f"newest input {age_ms:6.1f} ms old  first action [{row}]{first}"
+        f"newest input {age_ms:6.1f} ms old  first action [{row}]{note}"
     )
 
 
@@ -65,7 +67,7 @@ class Echo(Node):
         self.first_at = self.first_at or time.monotonic()
         self.chunks.append((msg.chunk_id, msg.inference_latency_ms))
         if not self.quiet and (len(self.chunks) - 1) % self.every == 0:
-            print(chunk_line(msg), flush=True)
+            print(chunk_line(msg, first=len(self.chunks) == 1), flush=True)
 
     def _on_status(self, msg: PipelineStatus) -> None:
         if not self.quiet:

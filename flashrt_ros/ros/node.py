@@ -126,7 +126,7 @@ class FlashRTNode(Node):
         self.stopping = threading.Event()  # set by begin_shutdown
         self._create_inputs()
         self._create_outputs()
-        self._started_at = self._timer_seconds()  # absent inputs are expected for a moment from here
+        self._started_at: float | None = None  # the first decision tick: absent inputs are expected then
         self._create_timers()
         self._create_services()
         self.add_pre_set_parameters_callback(self._before_set_parameters)
@@ -440,6 +440,8 @@ class FlashRTNode(Node):
     def _fresh_samples(self, now_ns: int, cfg: NodeConfig) -> list[Sample] | None:
         """The held samples (cameras in view order, then joints), or None - and counted,
         logged reasons - if any is absent, stale or from the future."""
+        if self._started_at is None:  # the wait for first inputs runs from the first tick, once spinning
+            self._started_at = self._timer_seconds()
         problems: list[tuple[InputSlot, str, Callable[[], str]]] = []
         samples = []
         for slot in self.slots:
@@ -453,6 +455,8 @@ class FlashRTNode(Node):
                 problems.append((slot, err.reason, partial(_stale_detail, err, slot)))
             samples.append(sample)
         if not problems:
+            with self._lock:  # nothing stops this tick: a failure now is the policy's, not an input's
+                self._blocking = frozenset()
             return samples
         with self._lock:
             self.dropped_decisions += 1
@@ -479,7 +483,8 @@ class FlashRTNode(Node):
         since = self._since_reset(slot)
         if since is None:
             since = self._timer_seconds() - self._started_at
-        return since < max(self.cfg.max_age_s, 2.0 / self.cfg.rate_hz)
+        # negative: the clock changed source since (use_sim_time switched); not a fresh start then
+        return 0.0 <= since < max(self.cfg.max_age_s, 2.0 / self.cfg.rate_hz)
 
     def _absent_detail(self, slot: InputSlot) -> str:
         """Why nothing usable arrived, from what was rejected or from the ROS graph (only
@@ -622,7 +627,7 @@ class FlashRTNode(Node):
             # absent just after a reset and arriving since is not named) and node-wide
             since = counts_since(snap.invalid, self._invalid_at_decision)
             blocking, inputs = self._blocking, self._input_topics
-            why = ", ".join(f"{r} {t}" for (t, r) in sorted(since) if t in blocking or t not in inputs)
+            why = ", ".join(f"{r} {t}".strip() for (t, r) in sorted(since) if t in blocking or t not in inputs)
             why = why or "no decision ran"
             if self._clock_watch.stalled:
                 why = self._clock_watch.describe(time.monotonic())

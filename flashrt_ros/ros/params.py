@@ -159,17 +159,27 @@ class NodeConfig:
         ``resolve`` gives topics their full names as the node will (its namespace and
         remappings); without one they are expanded by rcl's rules in the root namespace."""
         mistyped = _type_problems(self)
-        problems = list(mistyped.values())
-        # Judge the other values with the mistyped ones at their defaults, so one run
-        # reports every problem without range-checking a string as a number.
-        # A problem that names a mistyped parameter would be about its stand-in, not the user's value.
-        cfg = dataclasses.replace(self, **{name: getattr(NodeConfig(), name) for name in mistyped})
-        judged = [check(cfg) for check in (_check_policy, _check_cameras, _check_joints, _check_rates, _check_text)]
-        judged.append(_check_topics(cfg, resolve or expand_in_namespace()))
-        if check_paths:
-            judged.append(_check_paths(cfg))
-        stand_ins = [re.compile(rf"\b{name}\b") for name in mistyped]
-        return problems + [p for group in judged for p in group if not any(n.search(p) for n in stand_ins)]
+        resolve = resolve or expand_in_namespace()
+        if not mistyped:
+            return self._value_problems(check_paths, resolve)
+        # The other values are judged with a valid stand-in for each mistyped one (so one run reports
+        # every problem, without range-checking a string as a number), twice with two stand-ins: a
+        # problem that comes out differently depends on the stand-in, not on the user's values.
+        judged = [
+            dataclasses.replace(self, **{name: stand_in(name, which) for name in mistyped})._value_problems(
+                check_paths, resolve
+            )
+            for which in (0, 1)
+        ]
+        return list(mistyped.values()) + [p for p in judged[0] if p in judged[1]]
+
+    def _value_problems(self, check_paths: bool, resolve: Resolver) -> list[str]:
+        """The problems of a config whose values all have their types."""
+        problems = []
+        for check in (_check_policy, _check_cameras, _check_joints, _check_rates, _check_text):
+            problems += check(self)
+        problems += _check_topics(self, resolve)
+        return problems + (_check_paths(self) if check_paths else [])
 
 
 # ---- the parameter table -------------------------------------------------------------------
@@ -355,18 +365,30 @@ def unknown_names(names: list[str] | set[str], runtime: bool = False) -> list[st
 def load_yaml_parameters(path: str | Path, node_name: str = NODE_NAME, namespace: str = "/") -> dict[str, Any]:
     """The ``ros__parameters`` a ROS params file gives the node ``node_name`` in ``namespace``:
     the ``/**`` wildcard section first, then the sections that name the node by rcl's rules
-    (``/**/flashrt_node``, ``/robot1/flashrt_node``, ``flashrt_node`` = ``/flashrt_node``)."""
-    data = _yaml_sections(path)
+    (``/**/flashrt_node``, ``/robot1/flashrt_node``, ``flashrt_node`` = ``/flashrt_node``, and a
+    namespace written as an enclosing key, ``robot1: {flashrt_node: ...}``)."""
     fqn = f"{namespace.rstrip('/')}/{node_name}"
     merged: dict[str, Any] = {}
-    for key in sorted(data, key=lambda k: k != "/**"):
-        if section_applies(str(key), fqn):
-            section = data[key] or {}
-            params = section.get("ros__parameters") if isinstance(section, dict) else None
+    for key, params in sorted(node_sections(_yaml_sections(path)), key=lambda s: s[0] != "/**"):
+        if section_applies(key, fqn):
             if not isinstance(params, dict):
                 raise ValueError(f"{path}: section {key!r} has no ros__parameters mapping")
             merged.update(_flatten(params))
     return merged
+
+
+def node_sections(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    """(node name, its ros__parameters) of each section of a params file. rcl lets a namespace
+    be written as enclosing keys (``robot1: {flashrt_node: {ros__parameters: ...}}``), so the
+    name is the path of keys down to ``ros__parameters``."""
+    out = []
+    for key, value in data.items():
+        name = f"{prefix}/{key}" if prefix else str(key)
+        if isinstance(value, dict) and "ros__parameters" not in value:
+            out += node_sections(value, name)
+        else:
+            out.append((name, value.get("ros__parameters") if isinstance(value, dict) else None))
+    return out
 
 
 def _yaml_sections(path: str | Path) -> dict:
@@ -406,18 +428,21 @@ def unaddressed_params_files(files: list[str], fqn: str) -> list[str]:
     """One sentence per params file with no section for the node ``fqn``. rcl ignores such a
     file without a word, and the node would run its defaults (random weights) on the robot: a
     section keyed ``flashrt_node:`` reaches only ``/flashrt_node``, not ``/robot1/flashrt_node``."""
+    import yaml
+
     problems = []
     for path in files:
         try:
-            keys = [str(key) for key in _yaml_sections(path)]
-        except (OSError, ValueError) as exc:  # rcl has read it already; say so if we cannot
+            keys = [name for name, _ in node_sections(_yaml_sections(path))]
+        except (OSError, ValueError, yaml.YAMLError) as exc:  # rcl has read it already; say if we cannot
             problems.append(f"params file {path}: cannot check its sections ({exc})")
             continue
         if not any(section_applies(key, fqn) for key in keys):
+            shown = ", ".join(repr(k) for k in keys[:SHOWN_SECTIONS]) or "none"
+            more = f", and {len(keys) - SHOWN_SECTIONS} more" if len(keys) > SHOWN_SECTIONS else ""
             problems.append(
-                f"params file {path} has no section for this node {fqn} (its sections: "
-                f"{', '.join(repr(k) for k in keys[:SHOWN_SECTIONS]) or 'none'}), so none of its "
-                f"parameters apply; expected a section keyed '/**/{fqn.rsplit('/', 1)[-1]}' or '{fqn}'"
+                f"params file {path} has no section for this node {fqn} (its sections: {shown}{more}), so none "
+                f"of its parameters apply; expected a section keyed '/**/{fqn.rsplit('/', 1)[-1]}' or '{fqn}'"
             )
     return problems
 
@@ -453,6 +478,27 @@ def _normalise(f: dataclasses.Field, value: Any) -> Any:
 
 def _type_name(value: Any) -> str:
     return type(value).__name__
+
+
+_CHOICES = {"policy": PRESETS, "device": DEVICES, "precision": PRECISIONS, "backend": BACKENDS, "fp8": FP8_PARTS}
+
+
+def stand_in(name: str, which: int) -> Any:
+    """A value of the right type for a mistyped parameter: its default (which = 0), or another
+    valid one (which = 1), to tell the problems that depend on it from those that do not."""
+    default = getattr(NodeConfig(), name)
+    if which == 0:
+        return default
+    if name in _CHOICES:
+        choices = _CHOICES[name]
+        return choices[(choices.index(default) + 1) % len(choices)]
+    if isinstance(default, list):
+        return [*default, "stand_in"]
+    if isinstance(default, str):
+        return default + "_stand_in"
+    if name in NUMBER_RANGES:  # within the range: halfway from the default to the top
+        return (default + NUMBER_RANGES[name][1]) / 2
+    return default + 1
 
 
 def _type_problems(cfg: NodeConfig) -> dict[str, str]:

@@ -149,8 +149,8 @@ class SyntheticSensors(Node):
             self.declare_parameter(name, getattr(defaults, name), _descriptor(name))
         self.cfg = SensorConfig.from_values({n: self.get_parameter(n).value for n in SensorConfig.__dataclass_fields__})
         problems = self.cfg.validate()
-        if not problems:
-            problems = self._topic_problems()
+        if isinstance(self.cfg.camera_topics, list) and isinstance(self.cfg.joint_state_topic, str):
+            problems += self._topic_problems()  # all at once, with the others
         if problems:
             raise ConfigError(problems)
         self._t0 = self.get_clock().now().nanoseconds
@@ -167,7 +167,7 @@ class SyntheticSensors(Node):
     def _topic_problems(self) -> list[str]:
         """Topic names rcl refuses, with its reason (a traceback otherwise, from create_publisher)."""
         problems = []
-        named = [(f"camera_topics[{i}]", t) for i, t in enumerate(self.cfg.camera_topics)]
+        named = [(f"camera_topics[{i}]", t) for i, t in enumerate(self.cfg.camera_topics) if isinstance(t, str)]
         for what, topic in [*named, ("joint_state_topic", self.cfg.joint_state_topic)]:
             try:
                 self.resolve_topic_name(topic)
