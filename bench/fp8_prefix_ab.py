@@ -15,7 +15,7 @@ import torch
 
 import flashrt_ros.policies.fused as fused_mod
 from flashrt_ros.bench.parity import compare
-from flashrt_ros.bench.reference import Case, build_random
+from flashrt_ros.bench.reference import Case, build_random, true_fp32
 from flashrt_ros.bench.stages import load_case
 from flashrt_ros.bench.timing import write_result
 from flashrt_ros.policies.config import PolicyConfig
@@ -46,13 +46,17 @@ def main() -> None:
     cfg = PolicyConfig.preset(args.policy, num_views=args.views, dtype="float32")
     model = build_random(cfg, dev)
     case = Case.make(cfg, dev, args.views)
-    ref = model.sample_actions(*case.args(), noise=case.noise)[0]
+    with true_fp32():  # the reference as flashrt bench takes it
+        ref = model.sample_actions(*case.args(), noise=case.noise)[0]
     variants = {"bf16": (False, None), "fp8 gate|up": (True, None)}
     variants.update({f"fp8 gate|up + down from {d}": (True, int(d)) for d in args.down_from.split(",") if d})
     built, results = {}, {}
     for name, (fp8, down_from) in variants.items():
         fused_mod.PREFIX_DOWN_FP8_FROM = down_from
         fused = FusedPi0(model, torch.bfloat16, prefix_mlp_fp8=fp8)
+        down = any(w.down_scale is not None for w in fused.prefix_layers)
+        if fp8 != fused.prefix_mlp_fp8 or (down_from is not None) != down:  # a row must run what it is named
+            raise RuntimeError(f"{name}: not what was built here: {fused.describe()}")
         load_case(fused, case)
         fused.capture()
         chunk = fused.sample_actions().clone()

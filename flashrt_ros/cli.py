@@ -12,7 +12,6 @@ bf16 fused path), fused-fp8 (the same with the prefix LM's MLP GEMMs in FP8), re
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import logging
@@ -164,32 +163,20 @@ def _setup(kind: str, args: argparse.Namespace, device):
     """Random weights, one Case per view count, and the fp32 reference chunks (parity baseline)."""
     import torch
 
-    from .bench.reference import Case, build_random
+    from .bench.reference import Case, build_random, true_fp32
     from .policies.config import PolicyConfig
 
     preset = kind + ("_tiny" if args.tiny else "")
     base = PolicyConfig.preset(preset, dtype="float32", num_steps=args.steps, horizon=args.horizon)
     model = build_random(base, device, args.seed)
     cases, refs = {}, {}
-    with _no_tf32():  # the fp32 reference in true fp32 (cuDNN's convolutions default to TF32)
+    with true_fp32():  # the fp32 reference (cuDNN's convolutions default to TF32)
         for views in args.views:
             model.cfg = base.replace(num_views=views)
             cases[views] = Case.make(model.cfg, device, views, seed=args.seed)
             refs[views] = model.sample_actions(*cases[views].args(), noise=cases[views].noise)
     model.set_precision(getattr(torch, args.dtype))
     return model, base, cases, refs
-
-
-@contextlib.contextmanager
-def _no_tf32():
-    import torch
-
-    flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
 
 
 def _bench_one(mode, model, case, ref, args, label, device) -> dict:

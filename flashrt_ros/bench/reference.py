@@ -7,9 +7,10 @@ chunk 50, 10 steps, batch 1 by default. Reports the full decision and denoise-on
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,18 @@ from ..policies.policy import random_init
 from .timing import Latency, time_call, time_parts
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def true_fp32() -> Iterator[None]:
+    """fp32 maths in fp32: the reference chunks that parity is measured against (cuBLAS's and
+    cuDNN's TF32 would round their inputs to 10-bit mantissas)."""
+    flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
 
 
 @dataclass
