@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -98,7 +98,7 @@ class FlashRTNode(Node):
     """See the module docstring. ``stats_window`` sizes the rolling timing windows (the
     benchmark makes it large to keep every decision)."""
 
-    def __init__(self, *, stats_window: int = 200, params_files: list[str] = (), **node_kwargs: Any):
+    def __init__(self, *, stats_window: int = 200, params_files: Sequence[str] = (), **node_kwargs: Any):
         # undeclared names reach _on_set_parameters, which refuses them with the known names and
         # a counter (rclpy's own refusal says only "Invalid access to undeclared parameter(s)")
         node_kwargs.setdefault("allow_undeclared_parameters", True)
