@@ -29,6 +29,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from ..policies.listing import some
 from ..policies.policy import Observation
 from .pipeline import Decision, Pipeline
 
@@ -224,10 +225,8 @@ class CapsuleStore:
         try:
             return self._capsules[name]
         except KeyError:
-            names = sorted(self._capsules)
-            have = ", ".join(_shown(n) for n in names[:SHOWN_NAMES]) or "none"
-            more = f", and {len(names) - SHOWN_NAMES} more" if len(names) > SHOWN_NAMES else ""
-            raise CapsuleNotFound(f"no capsule named {_shown(name)} (have: {have}{more})") from None
+            have = some([_shown(n) for n in sorted(self._capsules)], SHOWN_NAMES) or "none"
+            raise CapsuleNotFound(f"no capsule named {_shown(name)} (have: {have})") from None
 
 
 SHOWN_NAMES = 10  # a refusal names this many of the capsules kept: its reply and log line stay short

@@ -28,6 +28,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .config import GEMMA_2B, GEMMA_300M, PolicyConfig
+from .listing import bounded, some
 from .normalize import read_json
 from .pi0 import Pi0Model, param_dtype
 
@@ -346,8 +347,7 @@ def load_model(
     if not_finite:
         raise CheckpointError(
             f"{weights}: {len(not_finite)} tensors hold NaN or inf values: "
-            + "; ".join(not_finite[:5])
-            + (f"; and {len(not_finite) - 5} more" if len(not_finite) > 5 else "")
+            + "; ".join(bounded(not_finite, 5))
             + "; expected finite weights (a corrupted or diverged checkpoint?)"
         )
     model.eval()
@@ -383,11 +383,11 @@ def _plan(f, layout: str, cfg: PolicyConfig, expected: dict[str, tuple]) -> dict
     if embed not in available and prefix + _TIED_EMBEDDING in ignored:
         available[embed] = prefix + _TIED_EMBEDDING  # tied weights saved under the LM head's name
     missing = sorted(set(expected) - set(available))
-    problems = _bounded(_collisions(sources), " such")
+    problems = bounded(_collisions(sources), SHOWN, " such")
     if missing:
-        problems.append(f"missing {len(missing)} tensor(s): " + _some([to_openpi_key(m) for m in missing]))
+        problems.append(f"missing {len(missing)} tensor(s): " + some([to_openpi_key(m) for m in missing], SHOWN))
     if unexpected:
-        problems.append(f"unexpected {len(unexpected)} tensor(s): " + _some(sorted(unexpected)))
+        problems.append(f"unexpected {len(unexpected)} tensor(s): " + some(sorted(unexpected), SHOWN))
     shapes, dtypes = [], []
     for ours, key in sorted(available.items()):
         sl = f.get_slice(key)
@@ -396,7 +396,7 @@ def _plan(f, layout: str, cfg: PolicyConfig, expected: dict[str, tuple]) -> dict
             shapes.append(f"{key}: shape {list(shape)}, expected {list(expected[ours])}")
         if dtype not in _ALLOWED_DTYPES:
             dtypes.append(f"{key}: dtype {sl.get_dtype()}, expected a float type (F32/BF16/F16)")
-    problems += _bounded(shapes, " tensors of other shapes") + _bounded(dtypes, " tensors of other dtypes")
+    problems += bounded(shapes, SHOWN, " tensors of other shapes") + bounded(dtypes, SHOWN, " tensors of other dtypes")
     if problems:
         header = f"checkpoint does not match a {cfg.kind} model of this config:"
         raise CheckpointError("\n  ".join([header, *problems]))
@@ -406,15 +406,6 @@ def _plan(f, layout: str, cfg: PolicyConfig, expected: dict[str, tuple]) -> dict
 
 
 SHOWN = 12  # names listed per kind of problem: a model of another size mismatches all ~800 tensors
-
-
-def _bounded(items: list[str], what: str = "") -> list[str]:
-    """The first SHOWN items, then "and N more<what>": the counts say enough, a wall of names hides them."""
-    return items[:SHOWN] + ([f"and {len(items) - SHOWN} more{what}"] if len(items) > SHOWN else [])
-
-
-def _some(names: list[str]) -> str:
-    return ", ".join(_bounded(names))
 
 
 def _collisions(sources: dict[str, list[str]]) -> list[str]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from flashrt_ros.policies.config import FP8_PARTS, PolicyConfig
+from flashrt_ros.policies.listing import some
 
 NODE_NAME = "flashrt_node"
 TINY_PRESETS = ("pi05_tiny", "pi0_tiny")
@@ -438,10 +439,9 @@ def unaddressed_params_files(files: list[str], fqn: str) -> list[str]:
             problems.append(f"params file {path}: cannot check its sections ({exc})")
             continue
         if not any(section_applies(key, fqn) for key in keys):
-            shown = ", ".join(repr(k) for k in keys[:SHOWN_SECTIONS]) or "none"
-            more = f", and {len(keys) - SHOWN_SECTIONS} more" if len(keys) > SHOWN_SECTIONS else ""
+            shown = some([repr(k) for k in keys], SHOWN_SECTIONS) or "none"
             problems.append(
-                f"params file {path} has no section for this node {fqn} (its sections: {shown}{more}), so none "
+                f"params file {path} has no section for this node {fqn} (its sections: {shown}), so none "
                 f"of its parameters apply; expected a section keyed '/**/{fqn.rsplit('/', 1)[-1]}' or '{fqn}'"
             )
     return problems
