@@ -34,7 +34,6 @@ import rclpy
 from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from rcl_interfaces.msg import SetParametersResult
-from rclpy._rclpy_pybind11 import RCLError
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.clock import Clock, ClockType
 from rclpy.event_handler import SubscriptionEventCallbacks
@@ -43,7 +42,6 @@ from rclpy.logging import get_logger
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import qos_profile_sensor_data
-from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
@@ -65,13 +63,13 @@ from flashrt_ros.ros.params import (
     check_update,
     declare_parameters,
     floats_as_doubles,
+    node_resolver,
     params_files,
-    rcl_reason,
     refused_by_rclpy,
     unaddressed_params_files,
     unknown_names,
 )
-from flashrt_ros.ros.process import interrupt_on_signals, run_until_signal
+from flashrt_ros.ros.process import init_rclpy, interrupt_on_signals, run_until_signal
 from flashrt_ros.ros.usage import help_requested, usage
 from flashrt_ros.srv import DropCapsule, ForkCapsule, ListCapsules, RestoreCapsule, SnapshotCapsule
 
@@ -108,7 +106,7 @@ class FlashRTNode(Node):
         unknown = self._warn_unknown_parameters()  # before the problems: a typo is often their cause
         self.cfg = NodeConfig.from_parameters(self)
         problems = unaddressed_params_files(list(params_files), self.get_fully_qualified_name())
-        problems += self.cfg.validate(resolve=self._resolve_topic)
+        problems += self.cfg.validate(resolve=node_resolver(self))
         if problems:
             raise ConfigError(problems)
         check_decoders(self.cfg)
@@ -142,14 +140,6 @@ class FlashRTNode(Node):
                 f"ignoring unknown parameters {unknown} (typo in the params file?); known: {', '.join(PARAMETERS)}"
             )
         return unknown
-
-    def _resolve_topic(self, topic: str) -> str:
-        """The full name the node will use (namespace and remappings applied), so that validation
-        sees what rcl will: its refusal becomes a ValueError with rcl's reason, not a traceback."""
-        try:
-            return self.resolve_topic_name(topic)
-        except RCLError as exc:
-            raise ValueError(rcl_reason(exc)) from exc
 
     def _reset_counters(self) -> None:
         self.decisions = 0
@@ -713,7 +703,7 @@ class FlashRTNode(Node):
             self._count_node_wide(UNKNOWN_PARAMETER)
             self.get_logger().warning(f"parameter change refused: {reason}")
             return SetParametersResult(successful=False, reason=reason)
-        reason = check_update(self.cfg, changes, resolve=self._resolve_topic)
+        reason = check_update(self.cfg, changes, resolve=node_resolver(self))
         if reason is None and isinstance(changes.get("prompt"), str):
             reason = self.state.pipeline.policy.prompt_problem(changes["prompt"], len(self.cfg.joint_names))
         if reason is None:
@@ -1061,12 +1051,7 @@ def main(args: list[str] | None = None) -> int:
     if help_requested(argv):
         print(node_usage())
         return 0
-    try:
-        rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
-    except RCLError as exc:  # e.g. a params file rcl cannot parse (a list mixing strings and numbers)
-        # rcl has printed its own "[ERROR] [rcl]: ..." line before this one
-        reason = rcl_reason(exc)
-        print(f"[{NODE_NAME}] not starting: the ROS arguments or a params file are invalid: {reason}", file=sys.stderr)
+    if not init_rclpy(argv, NODE_NAME):
         return 2
     _FORWARD.ros_logger = get_logger(NODE_NAME)  # until the node exists; then its own logger
     root = logging.getLogger("flashrt_ros")

@@ -680,12 +680,31 @@ def _check_topics(cfg: NodeConfig, resolve: Resolver) -> list[str]:
         try:
             by_name.setdefault(resolve(topic), []).append((what, topic, kind))
         except ValueError as exc:
-            shown = repr(topic) if len(topic) <= 80 else f"{topic[:40]!r}... ({len(topic)} characters)"
-            problems.append(f"{what.split('[')[0]}: {shown} is not a valid ROS topic name: {exc}")
+            problems.append(invalid_topic(what.split("[")[0], topic, exc))
     for full, users in by_name.items():
         if len(users) > 1:
             problems.append(_clash_sentence(full, users))
     return problems
+
+
+def invalid_topic(what: str, topic: str, reason: object) -> str:
+    """The sentence for a topic name rcl refuses (`reason`: rcl's), the name cut when long."""
+    shown = repr(topic) if len(topic) <= 80 else f"{topic[:40]!r}... ({len(topic)} characters)"
+    return f"{what}: {shown} is not a valid ROS topic name: {reason}"
+
+
+def node_resolver(node: Any) -> Resolver:
+    """`node`'s own resolution of a topic name (its namespace and remappings), so that validation
+    sees what rcl will; rcl's refusal becomes a ValueError with its reason, not a traceback."""
+    from rclpy._rclpy_pybind11 import RCLError
+
+    def resolve(topic: str) -> str:
+        try:
+            return node.resolve_topic_name(topic)
+        except RCLError as exc:
+            raise ValueError(rcl_reason(exc)) from exc
+
+    return resolve
 
 
 def _clash_sentence(full: str, users: list[tuple[str, str, str]]) -> str:

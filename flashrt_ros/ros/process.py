@@ -7,14 +7,32 @@ way: stop spinning, wait for callbacks in flight, destroy the node, shut rclpy d
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import rclpy
+from rclpy._rclpy_pybind11 import RCLError
 from rclpy.executors import ExternalShutdownException
+from rclpy.signals import SignalHandlerOptions
+
+from flashrt_ros.ros.params import rcl_reason
 
 POLL_S = 0.1  # longest a signal waits for the executor's wait to return
+
+
+def init_rclpy(argv: list[str], node_name: str) -> bool:
+    """rclpy.init with our signal handling (see spin_until_signal). ROS arguments or a params file
+    that rcl refuses (e.g. a list mixing strings and numbers) give one line naming the node, after
+    rcl's own "[ERROR] [rcl]" line, and False: the caller exits 2, without a traceback."""
+    try:
+        rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
+    except RCLError as exc:
+        reason = rcl_reason(exc)
+        print(f"[{node_name}] not starting: the ROS arguments or a params file are invalid: {reason}", file=sys.stderr)
+        return False
+    return True
 
 
 def spin_until_signal(executor: Any) -> None:

@@ -21,16 +21,14 @@ from typing import Any
 
 import numpy as np
 import rclpy
-from rclpy._rclpy_pybind11 import RCLError
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.logging import get_logger
 from rclpy.node import Node
 from rclpy.qos import qos_profile_sensor_data
-from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import CompressedImage, Image, JointState
 
-from flashrt_ros.ros.params import ALOHA_JOINTS, DEFAULT_CAMERAS, ConfigError, rcl_reason
-from flashrt_ros.ros.process import run_until_signal
+from flashrt_ros.ros.params import ALOHA_JOINTS, DEFAULT_CAMERAS, ConfigError, invalid_topic, node_resolver
+from flashrt_ros.ros.process import init_rclpy, run_until_signal
 from flashrt_ros.ros.usage import help_requested, usage
 
 NODE_NAME = "synthetic_sensors"
@@ -166,13 +164,13 @@ class SyntheticSensors(Node):
 
     def _topic_problems(self) -> list[str]:
         """Topic names rcl refuses, with its reason (a traceback otherwise, from create_publisher)."""
-        problems = []
+        problems, resolve = [], node_resolver(self)
         named = [(f"camera_topics[{i}]", t) for i, t in enumerate(self.cfg.camera_topics) if isinstance(t, str)]
         for what, topic in [*named, ("joint_state_topic", self.cfg.joint_state_topic)]:
             try:
-                self.resolve_topic_name(topic)
-            except Exception as exc:  # rclpy raises several kinds for a bad name
-                problems.append(f"{what}: {topic!r} is not a valid ROS topic name: {rcl_reason(exc)}")
+                resolve(topic)
+            except ValueError as exc:
+                problems.append(invalid_topic(what, topic, exc))
         return problems
 
     def _create_cameras(self) -> None:
@@ -267,13 +265,7 @@ def main(args: list[str] | None = None) -> int:
     if help_requested(argv):
         print(sensors_usage())
         return 0
-    try:
-        rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
-    except RCLError as exc:  # e.g. a params file rcl cannot parse; rcl has printed its own line
-        print(
-            f"[{NODE_NAME}] not starting: the ROS arguments or a params file are invalid: {rcl_reason(exc)}",
-            file=sys.stderr,
-        )
+    if not init_rclpy(argv, NODE_NAME):
         return 2
     try:
         node = SyntheticSensors()
