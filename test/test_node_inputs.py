@@ -791,6 +791,36 @@ def test_more_joints_than_the_model_takes_exits_before_loading_its_weights(ros_e
     assert "loaded pi05" not in output, output  # refused from the files: no weight was read
 
 
+def test_checkpoint_action_space_is_logged_or_refused_for_the_robot(ros_env, tmp_path):
+    """A checkpoint's delta actions are named at start, by joint; its ALOHA conversion needs ALOHA's
+    14 joints, so a 4-joint robot is refused from the files, before the weights load."""
+    from policy_fixtures import tiny_model
+
+    from flashrt_ros.policies.checkpoint import save_model
+    from flashrt_ros.policies.normalize import Normalizer
+
+    def checkpoint(name: str, **space) -> str:
+        folder = save_model(tiny_model("pi05", num_views=len(CAMERAS), **space), tmp_path / name)
+        Normalizer("identity").save(folder / "norm_stats.json")
+        return str(folder)
+
+    aloha = checkpoint("aloha", aloha_adapt_to_pi=True)
+    code, output = exit_output(NodeProcess(ros_env, tmp_path, new_namespace(), {**TEST_PARAMS, "checkpoint": aloha}))
+    assert code == 1 and "Traceback" not in output, output
+    assert (
+        f"checkpoint {aloha}: ALOHA's joint conversion (aloha_adapt_to_pi) needs 14 state and 14 action joints "
+        "(per arm 6 joints and a gripper); the robot has 4 and 4"
+    ) in output, output
+    assert "loaded pi05" not in output, output
+    delta = checkpoint("delta", delta_action_mask=[2, -1, 1])
+    node = NodeProcess(ros_env, tmp_path, new_namespace(), {**TEST_PARAMS, "checkpoint": delta})
+    try:
+        line = node.wait_for_line("/diagnostics; actions ", timeout=60.0)
+        assert line.endswith("actions deltas on j0, j1, j3 added to the joint state"), line
+    finally:
+        node.stop()
+
+
 def test_configured_frame_size_the_policy_cannot_use_exits_naming_it(ros_env, tmp_path):
     """A 1 x 1000 frame keeps no row in the model's square input: every frame would be refused,
     so the node says so at start instead of running without ever deciding."""

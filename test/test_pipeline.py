@@ -125,3 +125,21 @@ def test_a_build_error_is_logged_on_one_line() -> None:
     assert one_line(ValueError()) == "ValueError"
     long = one_line(OSError("e" * 2000), limit=100)
     assert len(long) == 100 and long.endswith("...")
+
+
+def test_delta_actions_are_published_with_the_state_added_back() -> None:
+    """A checkpoint trained on delta actions (here over the first 4 of 6 joints, the third kept
+    absolute): the decision's actions are the plain model's plus the observation's state on exactly
+    those dims, for every step of the chunk."""
+    from flashrt_ros.policies.config import PolicyConfig
+    from flashrt_ros.policies.policy import build_policy
+    from flashrt_ros.policies.tiny_tokenizer import tiny_tokenizer_path
+
+    cfg, mask = PolicyConfig.tiny("pi05", num_views=2), (True, True, False, True)
+    plain = build_policy(cfg, tiny_tokenizer_path(), seed=0, action_dof=6)
+    delta = build_policy(cfg.replace(delta_action_mask=mask), tiny_tokenizer_path(), seed=0, action_dof=6)
+    obs = observation()
+    got, base = Pipeline(delta, seed=3).decide(obs), Pipeline(plain, seed=3).decide(obs)
+    added = np.where([*mask, False, False], obs.state, 0.0)
+    assert np.abs(added).min(initial=1.0, where=added != 0) > 0.01  # the state is not ~0 on those dims
+    np.testing.assert_allclose(got.actions - base.actions, np.broadcast_to(added, got.actions.shape), atol=1e-6)

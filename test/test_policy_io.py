@@ -440,20 +440,76 @@ def test_a_checkpoint_without_statistics_is_refused_unless_it_asks_for_none(tmp_
     assert build_policy(None, tokenizer_file, checkpoint=folder, action_dof=6).normalizer.mode == "identity"
 
 
-@pytest.mark.parametrize("processor", ["relative_actions_processor", "absolute_actions_processor"])
-def test_lerobot_relative_actions_are_refused(tmp_path, processor):
-    """LeRobot checkpoints trained on actions relative to the state need them added back; this
-    package does not, so such a checkpoint is refused rather than publishing offsets."""
+def _lerobot_relative(tmp_path, relative: bool, absolute: bool, names: list[str] | None = None):
+    """The tiny LeRobot pi0.5 checkpoint with its relative-action processors switched as given."""
     import shutil
     from pathlib import Path
 
-    source = Path(__file__).parent / "data" / "lerobot_tiny" / "pi05" / "checkpoint"
-    folder = Path(shutil.copytree(source, tmp_path / "ckpt"))
-    assert Normalizer.find(folder).convention == "lerobot"  # as shipped: disabled, accepted
-    pipeline = "policy_preprocessor.json" if processor.startswith("relative") else "policy_postprocessor.json"
-    data = json.loads((folder / pipeline).read_text())
-    next(s for s in data["steps"] if s["registry_name"] == processor)["config"]["enabled"] = True
-    (folder / pipeline).write_text(json.dumps(data))
-    refused = rf"processors \['{processor}'\] are enabled \(actions relative to the state\)"
-    with pytest.raises(ValueError, match=refused):
-        Normalizer.find(folder)
+    data = Path(__file__).parent / "data" / "lerobot_tiny" / "pi05"
+    folder = Path(shutil.copytree(data / "checkpoint", tmp_path / "ckpt"))
+    for pipeline, step, config in (
+        ("policy_preprocessor.json", "relative_actions_processor", {"enabled": relative, "action_names": names}),
+        ("policy_postprocessor.json", "absolute_actions_processor", {"enabled": absolute}),
+    ):
+        content = json.loads((folder / pipeline).read_text())
+        next(s for s in content["steps"] if s["registry_name"] == step)["config"].update(config)
+        (folder / pipeline).write_text(json.dumps(content))
+    return data, folder
+
+
+def test_lerobot_relative_actions_are_added_back_to_the_raw_state(tmp_path, tokenizer_file):
+    """A LeRobot checkpoint trained on actions relative to the state: the mask comes from its
+    processor files (LeRobot's default exclude_joints ["gripper"] against its action names), and
+    the state added back after un-normalising is the raw one, as LeRobot caches it before its
+    normaliser. Checked against LeRobot's own un-normalised chunk of the tiny pi0.5."""
+    from safetensors.torch import load_file
+
+    from flashrt_ros.bench.parity import reference_config
+    from flashrt_ros.policies.checkpoint import load_model
+    from flashrt_ros.policies.policy import Policy
+
+    arm = ["waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate", "gripper"]
+    names = [f"{side}_{joint}" for side in ("left", "right") for joint in arm]
+    data, folder = _lerobot_relative(tmp_path, relative=True, absolute=True, names=names)
+    cfg = reference_config(json.loads((data / "io_float32.json").read_text()), folder, "float32")
+    mask = tuple(i not in (6, 13) for i in range(14))
+    assert cfg.delta_action_mask == mask
+    model, _ = load_model(folder, cfg)
+    policy = Policy(model, PromptTokenizer(tokenizer_file, cfg.prompt_len), Normalizer.find(folder), action_dof=14)
+    io = load_file(str(data / "io_float32.safetensors"))
+    raw = io["norm.raw_state"].numpy()[0]
+    actions = policy.postprocess(io["out.chunk"], raw)
+    unnormalised = io["norm.chunk_unnormalised"].numpy()[0]
+    np.testing.assert_allclose(actions, unnormalised + np.where(mask, raw, 0.0), rtol=1e-5, atol=1e-5)
+    assert np.abs(actions - unnormalised)[:, [6, 13]].max() == 0  # the grippers stay absolute
+
+
+@pytest.mark.parametrize("relative", [True, False])
+def test_lerobot_relative_actions_half_enabled_are_refused(tmp_path, tokenizer_file, relative):
+    """Trained relative but published without the state (or the state added to absolute actions):
+    the processors must agree, or the checkpoint is refused before its weights load."""
+    from flashrt_ros.policies.checkpoint import CheckpointError
+    from flashrt_ros.policies.policy import read_policy
+
+    _, folder = _lerobot_relative(tmp_path, relative=relative, absolute=not relative)
+    on, off = ("relative", "absolute") if relative else ("absolute", "relative")
+    with pytest.raises(CheckpointError, match=f"'{on}_actions_processor' is enabled but '{off}_actions_processor'"):
+        read_policy(None, tokenizer_file, checkpoint=folder)
+
+
+def test_aloha_state_enters_the_model_in_the_pi_space(tokenizer_file):
+    """openpi's ALOHA adapt_to_pi converts the state before normalising (the model's state is the
+    pi runtime's); a state of another robot's width is refused by name."""
+    from flashrt_ros.policies.policy import Observation, build_policy
+    from flashrt_ros.policies.robot_space import state_to_model
+
+    cfg = PolicyConfig.tiny("pi0", aloha_adapt_to_pi=True)
+    policy = build_policy(cfg, tokenizer_file, seed=0, action_dof=14)
+    images = [np.zeros((56, 56, 3), np.uint8)] * cfg.num_views
+    state = np.linspace(-1.0, 1.0, 14).astype(np.float32)
+    state[[6, 13]] = [0.2, 0.8]
+    _, _, model_state = policy.prepare_prompt_state(Observation(images, state, "pick"))
+    np.testing.assert_array_equal(model_state[:14].numpy(), state_to_model(state, cfg))
+    assert (np.sign(model_state[[1, 2, 8, 9]].numpy()) == -np.sign(state[[1, 2, 8, 9]])).all()  # flipped
+    with pytest.raises(ValueError, match="needs 14 state and 14 action joints .* the robot has 6 and 14"):
+        policy.prepare_prompt_state(Observation(images, state[:6], "pick"))

@@ -1,7 +1,8 @@
 """One decision as named stages, timed: the interface the ROS node drives.
 
 preprocess (tokenise + images -> pixels) -> prefix (vision + prefix LM -> prefix_kv)
--> denoise (Euler loop over the cached prefix) -> postprocess (un-pad, un-normalise).
+-> denoise (Euler loop over the cached prefix) -> postprocess (un-pad, un-normalise, the state
+added back to delta dims).
 Timing uses CUDA events on a GPU (no host sync inside the decision; one at the end to read
 the chunk) and the monotonic clock on a CPU.
 """
@@ -203,7 +204,7 @@ class Pipeline:
         with torch.no_grad():
             run = self._run_fused if self.fused is not None else self._run_reference
             chunk = run(obs, noise, timer)
-        actions = self.policy.postprocess(chunk)  # the one host sync of the decision
+        actions = self.policy.postprocess(chunk, obs.state)  # the one host sync of the decision
         timer.mark("postprocess")
         timings = timer.resolve()
         bad = ~np.isfinite(actions)

@@ -31,6 +31,7 @@ from .config import GEMMA_2B, GEMMA_300M, PolicyConfig
 from .listing import bounded, some
 from .normalize import read_json
 from .pi0 import Pi0Model, param_dtype
+from .robot_space import lerobot_delta_mask
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,11 @@ def _base_config(folder: Path, layout: str, fallback: PolicyConfig | None, kind:
     flashrt_config.json) overrides what the weights' names say."""
     theirs = folder / CONFIG_FILE
     if layout == "lerobot" and theirs.is_file():
-        return _config_from_file(theirs, config_from_lerobot)
+        cfg = _config_from_file(theirs, config_from_lerobot)
+        try:  # LeRobot's relative actions live in its processor files, not in config.json
+            return cfg.replace(delta_action_mask=lerobot_delta_mask(folder))
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from exc
     found = kind_from_keys(weight_names(folder / WEIGHTS_FILE))
     if kind is None and found and fallback is not None and found[0] != fallback.kind:
         raise CheckpointError(

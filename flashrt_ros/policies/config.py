@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .robot_space import ALOHA_DOF, mask_from_spec
+
 PolicyKind = Literal["pi0", "pi05"]
 Precision = Literal["float32", "bfloat16"]
 # what the `fp8` setting may put in FP8 (FusedPi0's prefix_mlp_fp8): nothing, or the prefix LM's MLP
@@ -109,9 +111,19 @@ class PolicyConfig:
     # views that no camera feeds (LeRobot's `empty_cameras`): run as absent, masked views after
     # the cameras, as LeRobot runs them; `num_views` counts them
     empty_cameras: int = 0
+    # dims whose actions the model predicts as offsets from the state (openpi's DeltaActions mask,
+    # LeRobot's relative actions): the state is added back on them (robot_space.py). A JSON file may
+    # also write openpi's make_bool_mask counts, [6, -1, 6, -1]. (): the actions are absolute.
+    delta_action_mask: tuple[bool, ...] = ()
+    # openpi's ALOHA adapt_to_pi: the state into, the actions out of the pi runtime's joint signs
+    # and gripper units (14 joints: per arm 6 joints and a gripper)
+    aloha_adapt_to_pi: bool = False
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.delta_action_mask, list | tuple):  # JSON gives a list; counts become booleans
+            mask = mask_from_spec(self.delta_action_mask)
+            object.__setattr__(self, "delta_action_mask", self.delta_action_mask if mask is None else mask)
         self.validate()
 
     @property
@@ -168,6 +180,14 @@ class PolicyConfig:
             problems.append(f"discrete_state_input must be true, false or null, got {self.discrete_state_input!r}")
         if isinstance(self.empty_cameras, bool) or not isinstance(self.empty_cameras, int) or self.empty_cameras < 0:
             problems.append(f"empty_cameras must be an integer >= 0, got {self.empty_cameras!r}")
+        mask = self.delta_action_mask
+        if not isinstance(mask, tuple) or not all(isinstance(x, bool) for x in mask):
+            problems.append(
+                f"delta_action_mask must be a list of booleans or of openpi's make_bool_mask counts "
+                f"(non-zero integers, e.g. [6, -1, 6, -1]), got {mask!r}"[:300]
+            )
+        if not isinstance(self.aloha_adapt_to_pi, bool):
+            problems.append(f"aloha_adapt_to_pi must be true or false, got {self.aloha_adapt_to_pi!r}")
         if not isinstance(self.extra, dict):
             problems.append(f"extra must be a dict, got {type(self.extra).__name__}")
         return [p for p in problems if p]
@@ -193,6 +213,14 @@ class PolicyConfig:
             problems.append(
                 f"empty_cameras {self.empty_cameras} must leave at least one of the {self.num_views} views to a camera"
             )
+        mask = self.delta_action_mask
+        if len(mask) > min(self.action_dim, self.state_dim):
+            problems.append(
+                f"delta_action_mask covers {len(mask)} dims, more than the model's action_dim {self.action_dim} "
+                f"or state_dim {self.state_dim}"
+            )
+        if self.aloha_adapt_to_pi and min(self.action_dim, self.state_dim) < ALOHA_DOF:
+            problems.append(f"aloha_adapt_to_pi needs action_dim and state_dim >= {ALOHA_DOF} (ALOHA's joints)")
         if self.min_period > self.max_period:
             problems.append(f"min_period {self.min_period} must be <= max_period {self.max_period}")
         return problems

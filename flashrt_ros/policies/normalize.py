@@ -159,8 +159,7 @@ class Normalizer:
         pipeline = folder / "policy_preprocessor.json"
         if not pipeline.is_file():
             return None
-        steps = _steps(pipeline)
-        _refuse_relative_actions(folder, steps)
+        steps = pipeline_steps(pipeline)
         step = next((s for s in steps if s.get("registry_name") == "normalizer_processor"), None)
         if step is None or "state_file" not in step:
             return None
@@ -202,7 +201,7 @@ class Normalizer:
         return cls.from_lerobot(folder)
 
 
-def _steps(path: Path) -> list[dict]:
+def pipeline_steps(path: Path) -> list[dict]:
     """A LeRobot processor file's `steps`: a list of objects, else an error naming the file."""
     steps = read_json(path).get("steps", [])
     if not isinstance(steps, list):
@@ -229,24 +228,6 @@ def _lerobot_mode(pipeline: Path, step: dict) -> str:
     if state_mode != action_mode or state_mode not in modes:
         raise ValueError(f"{pipeline}: unsupported normalisation STATE={state_mode} ACTION={action_mode}")
     return modes[state_mode]
-
-
-def _refuse_relative_actions(folder: Path, pre_steps: list) -> None:
-    """LeRobot's relative actions (the model predicts actions minus the state) are not converted
-    back here: running such a checkpoint would publish offsets as positions."""
-    post = folder / "policy_postprocessor.json"
-    post_steps = _steps(post) if post.is_file() else []
-    names = ("relative_actions_processor", "absolute_actions_processor")
-    enabled = [
-        s["registry_name"]
-        for s in [*pre_steps, *post_steps]
-        if s.get("registry_name") in names and s.get("config", {}).get("enabled")
-    ]
-    if enabled:
-        raise ValueError(
-            f"{folder}: the checkpoint's processors {sorted(set(enabled))} are enabled (actions relative to "
-            "the state); flashrt_ros does not convert them back, so its actions would be offsets, not positions"
-        )
 
 
 def read_json(path: str | Path) -> dict:

@@ -1,9 +1,10 @@
 """A ready-to-run policy: raw robot observation in, un-normalised action chunk out.
 
 This is what the engine and the ROS node call. It owns the model, the tokenizer and the
-normaliser, and does the openpi observation pipeline: normalise state -> (pi0.5) discretise
-it into the prompt / (pi0) pad it for the state token -> pre-process views -> sample ->
-un-normalise -> drop padded action dims.
+normaliser, and does the openpi observation pipeline: state into the model's space
+(robot_space) -> normalise -> (pi0.5) discretise it into the prompt / (pi0) pad it for the
+state token -> pre-process views -> sample -> drop padded action dims -> un-normalise -> add the
+state back to delta dims and out of the model's space (robot_space).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .normalize import Normalizer
 from .pi0 import Pi0Model, count_parameters
 from .preprocess import frame_error, images_to_pixels, require_a_view, thin_frame_error
 from .prompt import PromptTokenizer, PromptTooLong, Tokens, worst_case_state
+from .robot_space import actions_to_robot, space_problem, state_to_model
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +93,11 @@ class Policy:
             raise ValueError(f"state must be a vector of at most {cfg.state_dim} values, got shape {state.shape}")
         if not np.isfinite(state).all():
             raise ValueError("state has non-finite values")
-        with np.errstate(over="ignore"):  # checked just below
-            norm_state = self.normalizer.normalize_state(state)
+        problem = space_problem(self.cfg, state.shape[0], self.action_dof)
+        if problem:
+            raise ValueError(f"{problem}; no action computed")
+        with np.errstate(all="ignore"):  # checked just below
+            norm_state = self.normalizer.normalize_state(state_to_model(state, self.cfg))
         if not np.isfinite(norm_state).all():  # finite statistics, but e.g. a state at 1e38
             i = int(np.flatnonzero(~np.isfinite(norm_state))[0])
             raise ValueError(
@@ -115,6 +120,9 @@ class Policy:
     def frame_problem(self, height: int, width: int) -> str | None:
         return frame_problem(self.cfg, height, width)
 
+    def space_problem(self, state_dims: int, action_dof: int) -> str | None:
+        return space_problem(self.cfg, state_dims, action_dof)
+
     def prepare(self, obs: Observation) -> ModelInputs:
         tokens, mask, state = self.prepare_prompt_state(obs)
         pixels, masks = images_to_pixels(obs.images, self.cfg.vision.image_size, self.device)
@@ -127,30 +135,21 @@ class Policy:
             state=state[None].to(dev),
         )
 
-    def infer_prepared(
-        self, inputs: ModelInputs, noise: torch.Tensor | None = None, generator: torch.Generator | None = None
-    ) -> np.ndarray:
-        chunk = self.model.sample_actions(
-            inputs.pixels,
-            inputs.image_masks,
-            inputs.tokens,
-            inputs.token_masks,
-            inputs.state,
-            noise=noise,
-            generator=generator,
-        )
-        return self.postprocess(chunk)
-
-    def postprocess(self, chunk: torch.Tensor) -> np.ndarray:
-        """Model chunk [1, horizon, action_dim] -> robot actions [horizon, dof] (the host sync)."""
+    def postprocess(self, chunk: torch.Tensor, state: np.ndarray) -> np.ndarray:
+        """Model chunk [1, horizon, action_dim] -> robot actions [horizon, dof] (the host sync);
+        `state` is the observation's raw robot state, which delta actions are relative to."""
         actions = chunk[0, :, : self.action_dof].float().cpu().numpy()
-        return self.normalizer.unnormalize_actions(actions)
+        return actions_to_robot(self.normalizer.unnormalize_actions(actions), state, self.cfg)
 
     def infer(
         self, obs: Observation, noise: torch.Tensor | None = None, generator: torch.Generator | None = None
     ) -> np.ndarray:
         """-> actions [horizon, action_dof] float32 in robot units."""
-        return self.infer_prepared(self.prepare(obs), noise, generator)
+        x = self.prepare(obs)
+        chunk = self.model.sample_actions(
+            x.pixels, x.image_masks, x.tokens, x.token_masks, x.state, noise=noise, generator=generator
+        )
+        return self.postprocess(chunk, obs.state)
 
 
 def _check_dof(dof: object, action_dim: int) -> int:
@@ -231,6 +230,9 @@ class PolicySource:
 
     def frame_problem(self, height: int, width: int) -> str | None:
         return frame_problem(self.cfg, height, width)
+
+    def space_problem(self, state_dims: int, action_dof: int) -> str | None:
+        return space_problem(self.cfg, state_dims, action_dof)
 
     def build(self, device: str | torch.device = "cpu", action_dof: int | None = None) -> Policy:
         if self.checkpoint is None:

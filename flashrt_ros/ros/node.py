@@ -238,7 +238,7 @@ class FlashRTNode(Node):
         log.info(
             f"outputs: {self._chunk_pub.topic_name}, {self._traj_pub.topic_name} "
             f"({d['horizon']} x {len(cfg.output_joint_names)} actions, step {cfg.step_duration_s:g} s), "
-            f"{self._status_pub.topic_name} at {cfg.status_rate_hz:g} Hz, /diagnostics"
+            f"{self._status_pub.topic_name} at {cfg.status_rate_hz:g} Hz, /diagnostics; actions {d['actions']}"
         )
         log.info(f"deciding at {cfg.rate_hz:g} Hz on inputs at most {cfg.max_age_s:g} s old; prompt {cfg.prompt!r}")
         self._warn_fewer_joints_than_statistics()
@@ -585,7 +585,8 @@ class FlashRTNode(Node):
         self._status_pub.publish(messages.pipeline_status(snap))
         level, text = self._health(snap)
         name = f"{self.get_fully_qualified_name()}: pipeline"
-        extra = {"backend": self.description["backend"], "prompt": self.cfg.prompt}
+        d = self.description
+        extra = {"backend": d["backend"], "prompt": self.cfg.prompt, "actions": d["actions"]}
         self._diag_pub.publish(messages.diagnostics(snap, name=name, level=level, message=text, extra=extra))
         self._maybe_log_stats(snap)
 
@@ -863,6 +864,7 @@ def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
 
     from flashrt_ros.engine.capsule import PipelineState
     from flashrt_ros.engine.pipeline import Pipeline
+    from flashrt_ros.policies import robot_space
     from flashrt_ros.policies.config import PolicyConfig
     from flashrt_ros.policies.policy import read_policy
     from flashrt_ros.policies.tiny_tokenizer import tiny_tokenizer_path
@@ -896,6 +898,7 @@ def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
         "precision": policy.cfg.dtype + _fp8_suffix(pipeline),
         "backend": pipeline.backend,
         "horizon": str(policy.cfg.horizon),
+        "actions": robot_space.describe(policy.cfg, cfg.output_joint_names),
     }
     return PipelineState(pipeline, cfg.seed), description
 
@@ -913,7 +916,8 @@ def check_decoders(cfg: NodeConfig) -> None:
 def policy_problems(policy: Any, kind: str, cfg: NodeConfig) -> list[str]:
     """Where the policy (a PolicySource: its files, before its weights are loaded) does not fit the
     parameters: the checkpoint's kind against the `policy` preset, camera views, the configured
-    frame size, joints against the checkpoint's statistics, the prompt."""
+    frame size, joints against the checkpoint's statistics and its delta / ALOHA action space, the
+    prompt."""
     problems = []
     where = f"checkpoint {cfg.checkpoint}" if cfg.checkpoint else "the policy"
     if policy.cfg.kind != kind:
@@ -938,6 +942,9 @@ def policy_problems(policy: Any, kind: str, cfg: NodeConfig) -> list[str]:
                 f"{name} has {joints} joints but the normalisation statistics of {where} cover "
                 f"{dims}; expected at most {dims} (the checkpoint was trained on another robot?)"
             )
+    space = policy.space_problem(len(cfg.joint_names), len(cfg.output_joint_names))
+    if space:
+        problems.append(f"{where}: {space}")
     prompt = policy.prompt_problem(cfg.prompt, len(cfg.joint_names))
     return problems + ([prompt] if prompt else [])
 

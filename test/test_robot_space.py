@@ -1,0 +1,122 @@
+"""The robot's joint space against the checkpoint's: delta actions and openpi's ALOHA conversion,
+against what openpi's and LeRobot's own transforms return (test/data/robot_space_golden.json,
+written by scripts/robot_space_reference.py from their source files)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flashrt_ros.policies.config import PolicyConfig
+from flashrt_ros.policies.robot_space import (
+    actions_to_robot,
+    describe,
+    lerobot_delta_mask,
+    space_problem,
+    state_to_model,
+)
+
+GOLDEN = json.loads((Path(__file__).parent / "data" / "robot_space_golden.json").read_text())["cases"]
+OPENPI = [c for c in GOLDEN if c["name"].startswith("openpi")]
+LEROBOT = [c for c in GOLDEN if c["name"].startswith("lerobot")]
+
+
+def close(ours: np.ndarray, theirs: list) -> None:
+    """Ours in float32 (the node's dtype) against their float64: float32 rounding of the values."""
+    want = np.asarray(theirs)
+    np.testing.assert_allclose(ours, want, rtol=2e-6, atol=2e-6 * max(1.0, float(np.abs(want).max())))
+
+
+@pytest.mark.parametrize("case", OPENPI, ids=[c["name"] for c in OPENPI])
+def test_openpi_transforms_as_openpi_runs_them(case):
+    """State in (AlohaInputs' decode) and actions out (AbsoluteActions, then AlohaOutputs) match
+    openpi's own functions, the mask given as openpi's make_bool_mask counts."""
+    cfg = PolicyConfig.pi0(delta_action_mask=case["mask"] or (), aloha_adapt_to_pi=case["aloha"])
+    state = np.asarray(case["state"], dtype=np.float32)
+    close(state_to_model(state, cfg), case["model_state"])
+    ours = actions_to_robot(np.asarray(case["actions"], dtype=np.float32), state, cfg)
+    assert ours.dtype == np.float32 and ours.shape == np.asarray(case["out"]).shape
+    close(ours, case["out"])
+    assert not np.allclose(ours, np.asarray(case["actions"]), atol=1e-3)  # the transforms changed something
+
+
+def lerobot_folder(tmp_path: Path, processor: dict, dof: int, absolute: bool = True) -> Path:
+    """LeRobot's processor files and config.json as it saves them, with the relative-action steps set."""
+    action = {"type": "ACTION", "shape": [dof]}
+    (tmp_path / "config.json").write_text(json.dumps({"output_features": {"action": action}}))
+    pre = [{"registry_name": "to_batch_processor", "config": {}}]
+    pre.append({"registry_name": "relative_actions_processor", "config": processor})
+    post = [{"registry_name": "absolute_actions_processor", "config": {"enabled": absolute}}]
+    (tmp_path / "policy_preprocessor.json").write_text(json.dumps({"name": "policy_preprocessor", "steps": pre}))
+    (tmp_path / "policy_postprocessor.json").write_text(json.dumps({"name": "policy_postprocessor", "steps": post}))
+    return tmp_path
+
+
+@pytest.mark.parametrize("case", LEROBOT, ids=[c["name"] for c in LEROBOT])
+def test_lerobot_relative_actions_as_lerobot_runs_them(case, tmp_path):
+    """The mask read from the processor files (names matched as LeRobot matches them) and the raw
+    state added back give LeRobot's AbsoluteActionsProcessorStep output."""
+    mask = lerobot_delta_mask(lerobot_folder(tmp_path, case["processor"], case["dof"]))
+    assert len(mask) == case["dof"] and any(mask)
+    cfg = PolicyConfig.pi05(delta_action_mask=mask)
+    state = np.asarray(case["state"], dtype=np.float32)
+    close(actions_to_robot(np.asarray(case["actions"], dtype=np.float32), state, cfg), case["out"])
+
+
+def test_lerobot_relative_actions_off_or_half_on(tmp_path):
+    processor = {"enabled": False, "exclude_joints": ["gripper"], "action_names": None}
+    assert lerobot_delta_mask(lerobot_folder(tmp_path, processor, 6, absolute=False)) == ()
+    folder = lerobot_folder(tmp_path, processor, 6, absolute=True)  # converted back, never made relative
+    with pytest.raises(ValueError, match="'absolute_actions_processor' is enabled but 'relative_actions_processor' is"):
+        lerobot_delta_mask(folder)
+    folder = lerobot_folder(tmp_path, {**processor, "enabled": True}, 6, absolute=False)  # offsets published
+    with pytest.raises(ValueError, match="'relative_actions_processor' is enabled but 'absolute_actions_processor' is"):
+        lerobot_delta_mask(folder)
+    folder = lerobot_folder(tmp_path, {**processor, "enabled": True, "action_names": "gripper"}, 6)
+    with pytest.raises(ValueError, match="exclude_joints and action_names must be lists of names"):
+        lerobot_delta_mask(folder)
+    folder = lerobot_folder(tmp_path, {**processor, "enabled": True}, 6)
+    (folder / "config.json").write_text(json.dumps({"output_features": {}}))
+    with pytest.raises(ValueError, match=r"relative actions need the action width from output_features.action.shape"):
+        lerobot_delta_mask(folder)
+
+
+def test_mask_counts_and_bad_masks():
+    aloha = PolicyConfig.pi0(delta_action_mask=[6, -1, 6, -1])
+    assert aloha.delta_action_mask == (True,) * 6 + (False,) + (True,) * 6 + (False,)
+    assert PolicyConfig.from_dict(aloha.to_dict()) == aloha  # saved as booleans, read back the same
+    for bad in ([1, 0], [True, 1], "110", [1.5]):
+        with pytest.raises(ValueError, match="delta_action_mask must be a list of booleans or of openpi's"):
+            PolicyConfig.pi0(delta_action_mask=bad)
+    with pytest.raises(ValueError, match="delta_action_mask covers 33 dims, more than the model's action_dim 32"):
+        PolicyConfig.pi0(delta_action_mask=[33])
+    with pytest.raises(ValueError, match=r"aloha_adapt_to_pi needs action_dim and state_dim >= 14"):
+        PolicyConfig.tiny(aloha_adapt_to_pi=True, action_dim=8)
+
+
+def test_robots_that_do_not_fit_the_transforms_are_named():
+    aloha = PolicyConfig.pi0(delta_action_mask=[6, -1, 6, -1], aloha_adapt_to_pi=True)
+    assert space_problem(aloha, 14, 14) is None
+    problem = space_problem(aloha, 7, 14)
+    assert "ALOHA's joint conversion (aloha_adapt_to_pi) needs 14 state and 14 action joints" in problem
+    assert "the robot has 7 and 14" in problem
+    assert "deltas over the first 14 dims (delta_action_mask)" in problem and "it has 7 and 14" in problem
+    libero = PolicyConfig.pi0(delta_action_mask=[6, -1])
+    assert space_problem(libero, 8, 7) is None and space_problem(libero, 8, 6) is not None
+    assert space_problem(PolicyConfig.pi0(), 3, 2) is None  # absolute actions fit any robot
+
+
+def test_described_for_logs():
+    assert describe(PolicyConfig.pi0()) == "absolute (as the model outputs them, un-normalised)"
+    libero = PolicyConfig.pi0(delta_action_mask=[6, -1])
+    assert describe(libero) == "deltas on dims 0-5 added to the joint state"
+    named = describe(PolicyConfig.pi0(delta_action_mask=[2, -1, 1], aloha_adapt_to_pi=False), ["a", "b", "c", "d"])
+    assert named == "deltas on a, b, d added to the joint state"
+    aloha = describe(PolicyConfig.pi0(delta_action_mask=[6, -1, 6, -1], aloha_adapt_to_pi=True))
+    assert aloha == (
+        "deltas on dims 0-5, 7-12 added to the joint state; "
+        "ALOHA joints and grippers converted from the pi runtime's space"
+    )
