@@ -188,6 +188,33 @@ def test_pipeline_fused_backend_matches_reference_backend(present):
     assert set(out.timings_ms) == {"preprocess", "prefix", "denoise", "postprocess"}
 
 
+def test_pipeline_fused_backend_applies_the_checkpoints_action_space():
+    """A checkpoint with delta actions and ALOHA's conversion: the fused path's decision takes the
+    converted state and gives the converted actions exactly as the reference's does, and they are
+    not what the same weights give without the conversions."""
+    import numpy as np
+
+    from flashrt_ros.engine.pipeline import Pipeline
+    from flashrt_ros.policies.config import PolicyConfig
+    from flashrt_ros.policies.policy import Observation, build_policy
+    from flashrt_ros.policies.tiny_tokenizer import tiny_tokenizer_path
+
+    cfg = PolicyConfig.tiny("pi05", num_views=2)
+    aloha = cfg.replace(delta_action_mask=(6, -1, 6, -1), aloha_adapt_to_pi=True)
+    policy = build_policy(aloha, tiny_tokenizer_path(), seed=0, device=DEVICE, action_dof=14)
+    plain = build_policy(cfg, tiny_tokenizer_path(), seed=0, device=DEVICE, action_dof=14)
+    rng = np.random.default_rng(2)
+    state = rng.uniform(-1, 1, 14)
+    state[[6, 13]] = [0.3, 0.7]  # ALOHA's grippers: normalised linear positions
+    obs = Observation([rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)] * 2, state, "pick up")
+    noise = policy.model.noise(1, torch.Generator(device=DEVICE).manual_seed(3), DEVICE)
+    ref = Pipeline(policy, backend="reference").decide(obs, noise).actions
+    out = Pipeline(policy, backend="fused").decide(obs, noise).actions
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    unconverted = Pipeline(plain, backend="fused").decide(obs, noise).actions
+    assert np.abs(out - unconverted).max() > 0.1
+
+
 def test_pipeline_release_reference_frees_the_model_and_keeps_deciding():
     """The node's setting: once the fused path is built, the reference model's weights go (to the
     meta device) and the fused decisions do not change; on a GPU its memory is given back."""
