@@ -793,7 +793,8 @@ def test_more_joints_than_the_model_takes_exits_before_loading_its_weights(ros_e
 
 def test_checkpoint_action_space_is_logged_or_refused_for_the_robot(ros_env, tmp_path):
     """A checkpoint's delta actions are named at start, by joint; its ALOHA conversion needs ALOHA's
-    14 joints, so a 4-joint robot is refused from the files, before the weights load."""
+    14 joints and a delta mask needs its joints, so a 4-joint robot is refused from the files,
+    before the weights load."""
     from policy_fixtures import tiny_model
 
     from flashrt_ros.policies.checkpoint import save_model
@@ -812,6 +813,13 @@ def test_checkpoint_action_space_is_logged_or_refused_for_the_robot(ros_env, tmp
         "(per arm 6 joints and a gripper); the robot has 4 and 4"
     ) in output, output
     assert "loaded pi05" not in output, output
+    wide = checkpoint("wide", delta_action_mask=[6, -1])  # LIBERO's mask on a 4-joint robot
+    code, output = exit_output(NodeProcess(ros_env, tmp_path, new_namespace(), {**TEST_PARAMS, "checkpoint": wide}))
+    assert code == 1 and "Traceback" not in output, output
+    assert (
+        f"checkpoint {wide}: the actions are deltas over the first 7 dims (delta_action_mask), so the robot "
+        "needs at least 7 state and 7 action joints (each delta is added to its own joint's state); it has 4 and 4"
+    ) in output, output
     delta = checkpoint("delta", delta_action_mask=[2, -1, 1])
     node = NodeProcess(ros_env, tmp_path, new_namespace(), {**TEST_PARAMS, "checkpoint": delta})
     try:

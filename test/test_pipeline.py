@@ -129,15 +129,18 @@ def test_a_build_error_is_logged_on_one_line() -> None:
 
 def test_delta_actions_are_published_with_the_state_added_back() -> None:
     """A checkpoint trained on delta actions (here over the first 4 of 6 joints, the third kept
-    absolute): the decision's actions are the plain model's plus the observation's state on exactly
-    those dims, for every step of the chunk."""
+    absolute): the decision's actions are the plain model's plus the observation's raw state (not
+    the normalised one the model saw) on exactly those dims, for every step of the chunk."""
     from flashrt_ros.policies.config import PolicyConfig
+    from flashrt_ros.policies.normalize import Normalizer, Stats
     from flashrt_ros.policies.policy import build_policy
     from flashrt_ros.policies.tiny_tokenizer import tiny_tokenizer_path
 
     cfg, mask = PolicyConfig.tiny("pi05", num_views=2), (True, True, False, True)
-    plain = build_policy(cfg, tiny_tokenizer_path(), seed=0, action_dof=6)
-    delta = build_policy(cfg.replace(delta_action_mask=mask), tiny_tokenizer_path(), seed=0, action_dof=6)
+    stats = Stats(mean=np.full(6, 0.5, np.float32), std=np.full(6, 2.0, np.float32))
+    norm = Normalizer("mean_std", state=stats, actions=stats)
+    plain = build_policy(cfg, tiny_tokenizer_path(), seed=0, action_dof=6, normalizer=norm)
+    delta = build_policy(cfg.replace(delta_action_mask=mask), tiny_tokenizer_path(), 0, action_dof=6, normalizer=norm)
     obs = observation()
     got, base = Pipeline(delta, seed=3).decide(obs), Pipeline(plain, seed=3).decide(obs)
     added = np.where([*mask, False, False], obs.state, 0.0)

@@ -11,13 +11,8 @@ import numpy as np
 import pytest
 
 from flashrt_ros.policies.config import PolicyConfig
-from flashrt_ros.policies.robot_space import (
-    actions_to_robot,
-    describe,
-    lerobot_delta_mask,
-    space_problem,
-    state_to_model,
-)
+from flashrt_ros.policies.lerobot_relative import lerobot_delta_mask
+from flashrt_ros.policies.robot_space import actions_to_robot, describe, space_problem, state_to_model
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "robot_space_golden.json").read_text())["cases"]
 OPENPI = [c for c in GOLDEN if c["name"].startswith("openpi")]
@@ -79,8 +74,14 @@ def test_lerobot_relative_actions_off_or_half_on(tmp_path):
     with pytest.raises(ValueError, match="exclude_joints and action_names must be lists of names"):
         lerobot_delta_mask(folder)
     folder = lerobot_folder(tmp_path, {**processor, "enabled": True}, 6)
-    (folder / "config.json").write_text(json.dumps({"output_features": {}}))
-    with pytest.raises(ValueError, match=r"relative actions need the action width from output_features.action.shape"):
+    for features in ({}, {"action": "x"}, {"action": {"shape": [0]}}):
+        (folder / "config.json").write_text(json.dumps({"output_features": features}))
+        with pytest.raises(ValueError, match=r"relative actions need the action width from output_features.action"):
+            lerobot_delta_mask(folder)
+    steps = json.loads((folder / "policy_preprocessor.json").read_text())
+    steps["steps"].append(steps["steps"][-1])  # two relative steps: which one LeRobot pairs is unknown
+    (folder / "policy_preprocessor.json").write_text(json.dumps(steps))
+    with pytest.raises(ValueError, match="2 relative_actions_processor and 1 absolute_actions_processor steps"):
         lerobot_delta_mask(folder)
 
 
@@ -93,6 +94,8 @@ def test_mask_counts_and_bad_masks():
             PolicyConfig.pi0(delta_action_mask=bad)
     with pytest.raises(ValueError, match="delta_action_mask covers 33 dims, more than the model's action_dim 32"):
         PolicyConfig.pi0(delta_action_mask=[33])
+    with pytest.raises(ValueError, match=r"delta_action_mask counts add up to 1000000000 dims"):
+        PolicyConfig.pi0(delta_action_mask=[10**9])  # refused before 10**9 booleans are made
     with pytest.raises(ValueError, match=r"aloha_adapt_to_pi needs action_dim and state_dim >= 14"):
         PolicyConfig.tiny(aloha_adapt_to_pi=True, action_dim=8)
 
@@ -113,10 +116,58 @@ def test_described_for_logs():
     assert describe(PolicyConfig.pi0()) == "absolute (as the model outputs them, un-normalised)"
     libero = PolicyConfig.pi0(delta_action_mask=[6, -1])
     assert describe(libero) == "deltas on dims 0-5 added to the joint state"
-    named = describe(PolicyConfig.pi0(delta_action_mask=[2, -1, 1], aloha_adapt_to_pi=False), ["a", "b", "c", "d"])
+    named = describe(PolicyConfig.pi0(delta_action_mask=[2, -1, 1]), ["a", "b", "c", "d"], ["a", "b", "c", "d", "e"])
     assert named == "deltas on a, b, d added to the joint state"
+    other = describe(PolicyConfig.pi0(delta_action_mask=[2]), ["x_cmd", "y_cmd"], ["x", "y"])
+    assert other == "deltas on x_cmd, y_cmd added to the state of x, y"  # paired by index: both said
     aloha = describe(PolicyConfig.pi0(delta_action_mask=[6, -1, 6, -1], aloha_adapt_to_pi=True))
     assert aloha == (
         "deltas on dims 0-5, 7-12 added to the joint state; "
         "ALOHA joints and grippers converted from the pi runtime's space"
     )
+
+
+def _save_lerobot(tmp_path: Path, relative: bool, **space) -> Path:
+    """A tiny checkpoint in LeRobot's layout (config.json, processors) with relative actions as given."""
+    from policy_fixtures import tiny_model
+
+    from flashrt_ros.policies.checkpoint import save_model
+
+    folder = save_model(tiny_model("pi05", **space), tmp_path / "lerobot", layout="lerobot")
+    processor = {"enabled": relative, "exclude_joints": ["gripper"], "action_names": None}
+    lerobot_folder(folder, processor, 6, absolute=relative)
+    return folder
+
+
+def test_lerobot_processors_count_whatever_flashrt_config_json_says(tmp_path):
+    """A LeRobot folder with a flashrt_config.json of every field (as save_model writes it) still
+    gets the processors' relative actions; a flashrt_config.json mask that differs is refused."""
+    from flashrt_ros.policies.checkpoint import FLASHRT_CONFIG_FILE, CheckpointError, read_config
+
+    folder = _save_lerobot(tmp_path, relative=True)
+    full = json.loads((folder / FLASHRT_CONFIG_FILE).read_text())
+    assert "delta_action_mask" in full and not full["delta_action_mask"]  # every field, the mask empty
+    assert read_config(folder, "lerobot").delta_action_mask == (True,) * 6
+    (folder / FLASHRT_CONFIG_FILE).write_text(json.dumps({**full, "delta_action_mask": [5, -1]}))
+    with pytest.raises(CheckpointError, match=r"delta_action_mask \(dims 0-4\) differs from the relative actions"):
+        read_config(folder, "lerobot")
+    processor = {"enabled": False, "exclude_joints": [], "action_names": None}
+    lerobot_folder(folder, processor, 6, absolute=False)  # processors off: the file's own mask stands
+    assert read_config(folder, "lerobot").delta_action_mask == (True,) * 5 + (False,)
+
+
+def test_openpi_export_states_its_mask_in_flashrt_config_json(tmp_path):
+    """openpi exports record no delta mask: a partial flashrt_config.json written by hand, with
+    openpi's make_bool_mask counts, gives it, on top of what the other files say."""
+    from policy_fixtures import tiny_model
+
+    from flashrt_ros.policies.checkpoint import FLASHRT_CONFIG_FILE, CheckpointError, read_config, save_model
+
+    folder = save_model(tiny_model("pi0", seed=1), tmp_path / "openpi", layout="openpi")
+    full = json.loads((folder / FLASHRT_CONFIG_FILE).read_text())
+    (folder / FLASHRT_CONFIG_FILE).write_text(json.dumps({"kind": "pi0", "delta_action_mask": [6, -1]}))
+    cfg = read_config(folder, "openpi", PolicyConfig.from_dict(full))
+    assert cfg.delta_action_mask == (True,) * 6 + (False,) and cfg.aloha_adapt_to_pi is False
+    (folder / FLASHRT_CONFIG_FILE).write_text(json.dumps({"kind": "pi0", "delta_action_mask": [6, 0]}))
+    with pytest.raises(CheckpointError, match=r"flashrt_config.json: .*delta_action_mask must be a list of booleans"):
+        read_config(folder, "openpi", PolicyConfig.from_dict(full))

@@ -28,10 +28,11 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .config import GEMMA_2B, GEMMA_300M, PolicyConfig
+from .lerobot_relative import lerobot_delta_mask
 from .listing import bounded, some
 from .normalize import read_json
 from .pi0 import Pi0Model, param_dtype
-from .robot_space import lerobot_delta_mask
+from .robot_space import describe_mask
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ def read_config(folder: Path, layout: str, fallback: PolicyConfig | None = None)
     folder = Path(folder)
     ours = folder / FLASHRT_CONFIG_FILE
     if not ours.is_file():
-        return _base_config(folder, layout, fallback)
+        return _with_relative_actions(_base_config(folder, layout, fallback), folder, layout)
     every = {f.name for f in dataclasses.fields(PolicyConfig)} - {"extra"}
 
     def parse(data: dict) -> PolicyConfig:
@@ -152,7 +153,32 @@ def read_config(folder: Path, layout: str, fallback: PolicyConfig | None = None)
         base = _base_config(folder, layout, fallback, kind=data.get("kind"))
         return PolicyConfig.from_dict({**base.to_dict(), **data})
 
-    return _config_from_file(ours, parse)
+    return _with_relative_actions(_config_from_file(ours, parse), folder, layout)
+
+
+def _with_relative_actions(cfg: PolicyConfig, folder: Path, layout: str) -> PolicyConfig:
+    """A LeRobot checkpoint's relative actions, from the processor files LeRobot runs, whatever
+    else the folder holds; a flashrt_config.json mask that says otherwise is refused."""
+    if layout != "lerobot":
+        return cfg
+    try:
+        mask = lerobot_delta_mask(folder)
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from exc
+    if not mask:  # off: a flashrt_config.json's own mask, if any, stands
+        return cfg
+    if cfg.delta_action_mask and cfg.delta_action_mask != mask:
+        raise CheckpointError(
+            f"{folder / FLASHRT_CONFIG_FILE}: delta_action_mask ({describe_mask(cfg.delta_action_mask)}) differs from "
+            f"the relative actions of the LeRobot processor files ({describe_mask(mask)}); expected the same or none"
+        )
+    if len(mask) > min(cfg.action_dim, cfg.state_dim):
+        raise CheckpointError(
+            f"{folder}: the LeRobot processors' relative actions cover {len(mask)} action dims (config.json "
+            f"output_features.action.shape), more than the model's action_dim {cfg.action_dim} / state_dim "
+            f"{cfg.state_dim}"
+        )
+    return cfg.replace(delta_action_mask=mask)
 
 
 def _base_config(folder: Path, layout: str, fallback: PolicyConfig | None, kind: str | None = None) -> PolicyConfig:
@@ -160,11 +186,7 @@ def _base_config(folder: Path, layout: str, fallback: PolicyConfig | None, kind:
     flashrt_config.json) overrides what the weights' names say."""
     theirs = folder / CONFIG_FILE
     if layout == "lerobot" and theirs.is_file():
-        cfg = _config_from_file(theirs, config_from_lerobot)
-        try:  # LeRobot's relative actions live in its processor files, not in config.json
-            return cfg.replace(delta_action_mask=lerobot_delta_mask(folder))
-        except ValueError as exc:
-            raise CheckpointError(str(exc)) from exc
+        return _config_from_file(theirs, config_from_lerobot)
     found = kind_from_keys(weight_names(folder / WEIGHTS_FILE))
     if kind is None and found and fallback is not None and found[0] != fallback.kind:
         raise CheckpointError(

@@ -14,18 +14,15 @@ Two training conventions change what a chunk means, and neither is in the weight
 openpi's order, kept here: state -> ALOHA decode -> normalise -> model -> un-normalise -> add the
 decoded state on the mask -> ALOHA encode. Both transforms are configured per checkpoint
 (`PolicyConfig.delta_action_mask`, `aloha_adapt_to_pi`): a flashrt_config.json for openpi exports,
-LeRobot's processor files for LeRobot checkpoints (`lerobot_delta_mask`).
+LeRobot's processor files for LeRobot checkpoints (lerobot_relative.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-
-from .normalize import pipeline_steps, read_json
 
 # ALOHA's 14 joints: per arm 6 joints then the gripper (left arm first)
 ALOHA_DOF = 14
@@ -37,6 +34,8 @@ _GRIPPER_LINEAR = (0.01844, 0.05800)  # puppet gripper position open, closed
 _GRIPPER_ARM, _GRIPPER_HORN = 0.036, 0.022  # the gripper linkage: arm length, horn radius
 _PI_GRIPPER_RAD = (0.5476, 1.6296)  # pi0's gripper encoder range (2405..3110 counts) in radians
 _ALOHA_GRIPPER_JOINT = (-0.6213, 1.4910)  # puppet gripper joint open, close
+# the most dims a mask may give (a JSON count of 10**9 would otherwise be expanded before any check)
+MAX_MASK_DIMS = 1024
 
 
 def mask_from_spec(spec: Sequence[Any]) -> tuple[bool, ...] | None:
@@ -45,9 +44,14 @@ def mask_from_spec(spec: Sequence[Any]) -> tuple[bool, ...] | None:
     items = list(spec)
     if all(isinstance(x, bool | np.bool_) for x in items):
         return tuple(bool(x) for x in items)
-    if all(isinstance(x, int | np.integer) and not isinstance(x, bool) and x != 0 for x in items):
+    counts = all(isinstance(x, int | np.integer) and not isinstance(x, bool) and x != 0 for x in items)
+    if counts and sum(abs(int(x)) for x in items) <= MAX_MASK_DIMS:
         return tuple(x > 0 for x in items for _ in range(abs(int(x))))
     return None
+
+
+def has_deltas(cfg: Any) -> bool:
+    return any(cfg.delta_action_mask)
 
 
 def describe_mask(mask: Sequence[bool], names: Sequence[str] = ()) -> str:
@@ -64,11 +68,16 @@ def describe_mask(mask: Sequence[bool], names: Sequence[str] = ()) -> str:
     return "dims " + ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs)
 
 
-def describe(cfg: Any, action_names: Sequence[str] = ()) -> str:
-    """What the policy does to its actions beyond un-normalising, in one phrase."""
+def describe(cfg: Any, action_names: Sequence[str] = (), state_names: Sequence[str] = ()) -> str:
+    """What the policy does to its actions beyond un-normalising, in one phrase. Each delta is
+    added to the state joint of its index: where those are named differently, both are said."""
     parts = []
-    if cfg.delta_action_mask and any(cfg.delta_action_mask):
-        parts.append(f"deltas on {describe_mask(cfg.delta_action_mask, action_names)} added to the joint state")
+    if has_deltas(cfg):
+        mask = cfg.delta_action_mask
+        onto = "the joint state"
+        if state_names and list(state_names[: len(mask)]) != list(action_names[: len(mask)]):
+            onto = f"the state of {describe_mask(mask, state_names)}"
+        parts.append(f"deltas on {describe_mask(mask, action_names)} added to {onto}")
     if cfg.aloha_adapt_to_pi:
         parts.append("ALOHA joints and grippers converted from the pi runtime's space")
     return "; ".join(parts) or "absolute (as the model outputs them, un-normalised)"
@@ -85,7 +94,7 @@ def space_problem(cfg: Any, state_dims: int, action_dof: int) -> str | None:
             f"joints (per arm 6 joints and a gripper); the robot has {state_dims} and {action_dof}"
         )
     mask = cfg.delta_action_mask
-    if mask and any(mask) and len(mask) > min(state_dims, action_dof):
+    if has_deltas(cfg) and len(mask) > min(state_dims, action_dof):
         problems.append(
             f"the actions are deltas over the first {len(mask)} dims (delta_action_mask), so the robot needs at "
             f"least {len(mask)} state and {len(mask)} action joints (each delta is added to its own joint's "
@@ -99,29 +108,32 @@ def state_to_model(state: np.ndarray, cfg: Any) -> np.ndarray:
     state = np.asarray(state, dtype=np.float32)
     if not cfg.aloha_adapt_to_pi:
         return state
-    out = ALOHA_FLIP[: state.shape[-1]] * state.astype(np.float64)
-    grippers = list(ALOHA_GRIPPERS)
-    out[grippers] = _gripper_to_angular(out[grippers])
-    return out.astype(np.float32)
+    return _aloha(state.astype(np.float64), _gripper_to_angular).astype(np.float32)
 
 
 def actions_to_robot(actions: np.ndarray, state: np.ndarray, cfg: Any) -> np.ndarray:
     """Un-normalised model actions [horizon, dof] -> robot commands: the state added back on the
     delta dims, then (ALOHA) out of the pi space. `state` is the robot's, as the decision saw it."""
     actions = np.asarray(actions, dtype=np.float32)
-    mask = cfg.delta_action_mask
-    if not (mask and any(mask)) and not cfg.aloha_adapt_to_pi:
+    if not (has_deltas(cfg) or cfg.aloha_adapt_to_pi):
         return actions
     out = actions.astype(np.float64)
-    if mask and any(mask):
+    if has_deltas(cfg):
+        mask = np.asarray(cfg.delta_action_mask)
         model_state = state_to_model(state, cfg).astype(np.float64)
-        dims = len(mask)
-        out[:, :dims] += np.where(np.asarray(mask), model_state[:dims], 0.0)
+        out[:, : mask.size] += np.where(mask, model_state[: mask.size], 0.0)
     if cfg.aloha_adapt_to_pi:
-        out = ALOHA_FLIP[: out.shape[-1]] * out
-        grippers = list(ALOHA_GRIPPERS)
-        out[:, grippers] = _gripper_from_angular(out[:, grippers])
+        out = _aloha(out, _gripper_from_angular)
     return out.astype(np.float32)
+
+
+def _aloha(x: np.ndarray, gripper: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """ALOHA's 14 values (the last axis) with the pi runtime's joint flips and `gripper` applied
+    to the two grippers: the same on the way in and out, only the gripper map differs."""
+    out = ALOHA_FLIP * x
+    grippers = list(ALOHA_GRIPPERS)
+    out[..., grippers] = gripper(out[..., grippers])
+    return out
 
 
 def _gripper_to_angular(value: np.ndarray) -> np.ndarray:
@@ -140,69 +152,3 @@ def _gripper_from_angular(value: np.ndarray) -> np.ndarray:
     puppet joint's open..close range (the output stays an angle, as openpi sends it)."""
     lo, hi = _ALOHA_GRIPPER_JOINT
     return (value + _PI_GRIPPER_RAD[0] - lo) / (hi - lo)
-
-
-# ---- LeRobot's relative actions ------------------------------------------------------------
-
-RELATIVE_STEP = "relative_actions_processor"
-ABSOLUTE_STEP = "absolute_actions_processor"
-
-
-def lerobot_delta_mask(folder: str | Path) -> tuple[bool, ...]:
-    """The delta mask of a LeRobot checkpoint, from its processor files: () when its relative
-    actions are off. Built as LeRobot builds it: every action dim, except those whose name (its
-    `action_names`, lower case) equals or contains one of `exclude_joints`; without names, all."""
-    folder = Path(folder)
-    pre = _steps_named(folder / "policy_preprocessor.json", RELATIVE_STEP)
-    post = _steps_named(folder / "policy_postprocessor.json", ABSOLUTE_STEP)
-    relative_on = any(_config(s).get("enabled") for s in pre)
-    absolute_on = any(_config(s).get("enabled") for s in post)
-    if not (relative_on or absolute_on):
-        return ()
-    if not (relative_on and absolute_on):
-        on, off = (RELATIVE_STEP, ABSOLUTE_STEP) if relative_on else (ABSOLUTE_STEP, RELATIVE_STEP)
-        raise ValueError(
-            f"{folder}: the processor {on!r} is enabled but {off!r} is "
-            f"{'missing' if not (pre if off == RELATIVE_STEP else post) else 'disabled'}; expected both enabled "
-            "(actions trained relative to the state and converted back) or both disabled"
-        )
-    config = _config(pre[0])
-    exclude, names = config.get("exclude_joints") or [], config.get("action_names")
-    if not _strings(exclude) or not (names is None or _strings(names)):
-        raise ValueError(
-            f"{folder / 'policy_preprocessor.json'}: {RELATIVE_STEP}'s exclude_joints and action_names must be "
-            f"lists of names, got {exclude!r} and {names!r}"[:400]
-        )
-    dof = _lerobot_action_dof(folder)
-    tokens = [name.lower() for name in exclude if name]
-    if not tokens or names is None:
-        return (True,) * dof
-    mask = [not any(t == n.lower() or t in n.lower() for t in tokens) for n in names[:dof]]
-    return tuple(mask + [True] * (dof - len(mask)))
-
-
-def _steps_named(path: Path, name: str) -> list[dict]:
-    return [s for s in pipeline_steps(path) if s.get("registry_name") == name] if path.is_file() else []
-
-
-def _config(step: dict) -> dict:
-    return step.get("config", {})
-
-
-def _strings(value: object) -> bool:
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)
-
-
-def _lerobot_action_dof(folder: Path) -> int:
-    """The robot's action dims from LeRobot's config.json (`output_features.action.shape`): the
-    width LeRobot builds its mask for."""
-    path = folder / "config.json"
-    shape = (((read_json(path) if path.is_file() else {}).get("output_features") or {}).get("action") or {}).get(
-        "shape"
-    )
-    if not (isinstance(shape, list) and len(shape) == 1 and isinstance(shape[0], int) and shape[0] >= 1):
-        raise ValueError(
-            f"{path}: relative actions need the action width from output_features.action.shape, got {shape!r}; "
-            'expected e.g. {"action": {"type": "ACTION", "shape": [14]}}'
-        )
-    return shape[0]

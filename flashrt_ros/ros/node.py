@@ -898,7 +898,7 @@ def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
         "precision": policy.cfg.dtype + _fp8_suffix(pipeline),
         "backend": pipeline.backend,
         "horizon": str(policy.cfg.horizon),
-        "actions": robot_space.describe(policy.cfg, cfg.output_joint_names),
+        "actions": robot_space.describe(policy.cfg, cfg.output_joint_names, cfg.joint_names),
     }
     return PipelineState(pipeline, cfg.seed), description
 

@@ -1,0 +1,78 @@
+"""LeRobot's relative actions, as its processor files configure them.
+
+A LeRobot checkpoint trained with `use_relative_actions` has a `relative_actions_processor` step
+in policy_preprocessor.json (it remembers the raw state) and an `absolute_actions_processor` step
+in policy_postprocessor.json (it adds that state back to the un-normalised actions). LeRobot
+runs these files, not config.json, so the mask is read from them and built as LeRobot 0.6.1
+builds it (`RelativeActionsProcessorStep._build_mask`); robot_space.py applies it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .normalize import pipeline_steps, read_json
+
+PREPROCESSOR, POSTPROCESSOR = "policy_preprocessor.json", "policy_postprocessor.json"
+RELATIVE_STEP, ABSOLUTE_STEP = "relative_actions_processor", "absolute_actions_processor"
+
+
+def lerobot_delta_mask(folder: str | Path) -> tuple[bool, ...]:
+    """The checkpoint's delta mask, () when its relative actions are off. Every action dim is
+    relative except those whose name (its `action_names`, lower case) equals or contains one of
+    `exclude_joints`; dims past the names, or all dims when there are no names, are relative."""
+    folder = Path(folder)
+    relative = _steps_named(folder / PREPROCESSOR, RELATIVE_STEP)
+    absolute = _steps_named(folder / POSTPROCESSOR, ABSOLUTE_STEP)
+    if len(relative) > 1 or len(absolute) > 1:
+        raise ValueError(
+            f"{folder}: {len(relative)} {RELATIVE_STEP} and {len(absolute)} {ABSOLUTE_STEP} steps; expected at "
+            "most one of each (which one LeRobot pairs would be a guess)"
+        )
+    relative_on = bool(relative) and bool(relative[0].get("config", {}).get("enabled"))
+    absolute_on = bool(absolute) and bool(absolute[0].get("config", {}).get("enabled"))
+    if not (relative_on or absolute_on):
+        return ()
+    if relative_on != absolute_on:
+        on, off = (RELATIVE_STEP, ABSOLUTE_STEP) if relative_on else (ABSOLUTE_STEP, RELATIVE_STEP)
+        state = "disabled" if (absolute if relative_on else relative) else "missing"
+        raise ValueError(
+            f"{folder}: the processor {on!r} is enabled but {off!r} is {state}; expected both enabled "
+            "(actions trained relative to the state and converted back) or both disabled"
+        )
+    config = relative[0].get("config", {})
+    exclude, names = config.get("exclude_joints") or [], config.get("action_names")
+    if not _names(exclude) or not (names is None or _names(names)):
+        raise ValueError(
+            f"{folder / PREPROCESSOR}: {RELATIVE_STEP}'s exclude_joints and action_names must be lists of "
+            f"names, got {exclude!r} and {names!r}"[:400]
+        )
+    dof = _action_width(folder)
+    tokens = [name.lower() for name in exclude if name]
+    if not tokens or names is None:
+        return (True,) * dof
+    mask = [not any(t == n.lower() or t in n.lower() for t in tokens) for n in names[:dof]]
+    return tuple(mask + [True] * (dof - len(mask)))
+
+
+def _steps_named(path: Path, name: str) -> list[dict]:
+    return [s for s in pipeline_steps(path) if s.get("registry_name") == name] if path.is_file() else []
+
+
+def _names(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _action_width(folder: Path) -> int:
+    """The robot's action dims from config.json's `output_features.action.shape`: the width
+    LeRobot builds its mask for."""
+    path = folder / "config.json"
+    shape = read_json(path) if path.is_file() else {}
+    for key in ("output_features", "action", "shape"):
+        shape = shape.get(key) if isinstance(shape, dict) else None
+    if not (isinstance(shape, list) and len(shape) == 1 and isinstance(shape[0], int) and shape[0] >= 1):
+        raise ValueError(
+            f"{path}: relative actions need the action width from output_features.action.shape, got {shape!r}; "
+            'expected e.g. {"action": {"type": "ACTION", "shape": [14]}}'
+        )
+    return shape[0]
