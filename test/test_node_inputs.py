@@ -805,21 +805,25 @@ def test_checkpoint_action_space_is_logged_or_refused_for_the_robot(ros_env, tmp
         Normalizer("identity").save(folder / "norm_stats.json")
         return str(folder)
 
-    aloha = checkpoint("aloha", aloha_adapt_to_pi=True)
-    code, output = exit_output(NodeProcess(ros_env, tmp_path, new_namespace(), {**TEST_PARAMS, "checkpoint": aloha}))
-    assert code == 1 and "Traceback" not in output, output
-    assert (
-        f"checkpoint {aloha}: ALOHA's joint conversion (aloha_adapt_to_pi) needs 14 state and 14 action joints "
-        "(per arm 6 joints and a gripper); the robot has 4 and 4"
-    ) in output, output
-    assert "loaded pi05" not in output, output
-    wide = checkpoint("wide", delta_action_mask=[6, -1])  # LIBERO's mask on a 4-joint robot
-    code, output = exit_output(NodeProcess(ros_env, tmp_path, new_namespace(), {**TEST_PARAMS, "checkpoint": wide}))
-    assert code == 1 and "Traceback" not in output, output
-    assert (
-        f"checkpoint {wide}: the actions are deltas over the first 7 dims (delta_action_mask), so the robot "
-        "needs at least 7 state and 7 action joints (each delta is added to its own joint's state); it has 4 and 4"
-    ) in output, output
+    refusals = {
+        "aloha": (
+            {"aloha_adapt_to_pi": True},
+            "ALOHA's joint conversion (aloha_adapt_to_pi) needs 14 state and 14 action joints "
+            "(per arm 6 joints and a gripper); the robot has 4 and 4",
+        ),
+        "libero": (
+            {"delta_action_mask": [6, -1]},
+            "the actions are deltas over the first 7 dims (delta_action_mask), so the robot needs at least 7 "
+            "state and 7 action joints (each delta is added to its own joint's state); it has 4 and 4",
+        ),
+    }
+    for name, (space, reason) in refusals.items():
+        folder = checkpoint(name, **space)
+        params = {**TEST_PARAMS, "checkpoint": folder}
+        code, output = exit_output(NodeProcess(ros_env, tmp_path, new_namespace(), params))
+        assert code == 1 and "Traceback" not in output, output
+        assert f"checkpoint {folder}: {reason}" in output, output
+        assert "loaded pi05" not in output, output  # refused from the files: no weight was read
     delta = checkpoint("delta", delta_action_mask=[2, -1, 1])
     node = NodeProcess(ros_env, tmp_path, new_namespace(), {**TEST_PARAMS, "checkpoint": delta})
     try:
