@@ -39,7 +39,8 @@ def test_openpi_transforms_as_openpi_runs_them(case):
 
 
 def lerobot_folder(tmp_path: Path, processor: dict, dof: int, absolute: bool = True) -> Path:
-    """LeRobot's processor files and config.json as it saves them, with the relative-action steps set."""
+    """LeRobot's processor files and config.json's action feature, laid out as LeRobot writes them, with
+    the relative-action steps set."""
     action = {"type": "ACTION", "shape": [dof]}
     (tmp_path / "config.json").write_text(json.dumps({"output_features": {"action": action}}))
     pre = [{"registry_name": "to_batch_processor", "config": {}}]
