@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .robot_space import ALOHA_DOF, MAX_MASK_DIMS, mask_from_spec
+from .robot_space import ALOHA_DOF, counted_dims, mask_from_spec
 
 PolicyKind = Literal["pi0", "pi05"]
 Precision = Literal["float32", "bfloat16"]
@@ -181,11 +181,11 @@ class PolicyConfig:
         if isinstance(self.empty_cameras, bool) or not isinstance(self.empty_cameras, int) or self.empty_cameras < 0:
             problems.append(f"empty_cameras must be an integer >= 0, got {self.empty_cameras!r}")
         mask = self.delta_action_mask
-        counts = isinstance(mask, list | tuple) and all(isinstance(x, int) and not isinstance(x, bool) for x in mask)
-        if counts and sum(abs(x) for x in mask) > MAX_MASK_DIMS:
+        dims = counted_dims(mask) if isinstance(mask, list | tuple) else None  # counts left: too many
+        if dims is not None:
             problems.append(
-                f"delta_action_mask counts add up to {sum(abs(x) for x in mask)} dims; expected a mask "
-                f"no longer than the model's action dims"
+                f"delta_action_mask counts add up to {dims} dims; expected a mask no longer than the model's "
+                "action dims"
             )
         elif not isinstance(mask, tuple) or not all(isinstance(x, bool) for x in mask):
             problems.append(

@@ -29,7 +29,8 @@ def lerobot_delta_mask(folder: str | Path) -> tuple[bool, ...]:
             f"{folder}: {len(relative)} {RELATIVE_STEP} and {len(absolute)} {ABSOLUTE_STEP} steps; expected at "
             "most one of each (which one LeRobot pairs would be a guess)"
         )
-    relative_on = bool(relative) and bool(relative[0].get("config", {}).get("enabled"))
+    config = relative[0].get("config", {}) if relative else {}
+    relative_on = bool(config.get("enabled"))
     absolute_on = bool(absolute) and bool(absolute[0].get("config", {}).get("enabled"))
     if not (relative_on or absolute_on):
         return ()
@@ -40,7 +41,6 @@ def lerobot_delta_mask(folder: str | Path) -> tuple[bool, ...]:
             f"{folder}: the processor {on!r} is enabled but {off!r} is {state}; expected both enabled "
             "(actions trained relative to the state and converted back) or both disabled"
         )
-    config = relative[0].get("config", {})
     exclude, names = config.get("exclude_joints") or [], config.get("action_names")
     if not _names(exclude) or not (names is None or _names(names)):
         raise ValueError(

@@ -38,14 +38,24 @@ _ALOHA_GRIPPER_JOINT = (-0.6213, 1.4910)  # puppet gripper joint open, close
 MAX_MASK_DIMS = 1024
 
 
+def counted_dims(spec: Sequence[Any]) -> int | None:
+    """How many dims openpi's `make_bool_mask` counts give (6 + 1 + 6 + 1 for [6, -1, 6, -1]),
+    or None when `spec` is not a list of non-zero integers."""
+    items = list(spec)
+    if items and all(isinstance(x, int | np.integer) and not isinstance(x, bool) and x != 0 for x in items):
+        return sum(abs(int(x)) for x in items)
+    return None
+
+
 def mask_from_spec(spec: Sequence[Any]) -> tuple[bool, ...] | None:
     """A delta mask from booleans, or from openpi's `make_bool_mask` counts ([6, -1, 6, -1]: six
-    delta dims, one absolute, six delta, one absolute). None when `spec` is neither."""
+    delta dims, one absolute, six delta, one absolute). None when `spec` is neither, or counts
+    more than MAX_MASK_DIMS."""
     items = list(spec)
     if all(isinstance(x, bool | np.bool_) for x in items):
         return tuple(bool(x) for x in items)
-    counts = all(isinstance(x, int | np.integer) and not isinstance(x, bool) and x != 0 for x in items)
-    if counts and sum(abs(int(x)) for x in items) <= MAX_MASK_DIMS:
+    dims = counted_dims(items)
+    if dims is not None and dims <= MAX_MASK_DIMS:
         return tuple(x > 0 for x in items for _ in range(abs(int(x))))
     return None
 
