@@ -4,6 +4,8 @@
     ros2 launch flashrt_ros flashrt.launch.py use_synthetic:=true      # + cameras and joints
     ros2 launch flashrt_ros flashrt.launch.py params_file:=/path/robot.yaml namespace:=robot1 \\
         remappings:="cam_high/image_raw:=/camera/color/image_raw;joint_states:=/robot/joint_states"
+    ros2 launch flashrt_ros flashrt.launch.py params_file:=/path/robot.yaml \\
+        checkpoint:=/models/pi05_aloha tokenizer:=/models/paligemma_tokenizer.model prompt:="fold the towel"
 
 Arguments:
     params_file            flashrt_node parameters (default: the package's config/flashrt.yaml)
@@ -15,6 +17,9 @@ Arguments:
     fastdds_profile        a Fast DDS XML profile for both nodes (FASTRTPS_DEFAULT_PROFILES_FILE), e.g.
                            the package's config/fastdds_large_messages.xml for 640x480 cameras at 30 Hz
     log_level              debug | info | warn | error | fatal (any case)
+    policy, checkpoint, tokenizer, device, precision, fp8, backend, prompt
+                           flashrt_node's parameter of that name, over what params_file says;
+                           empty (default): as params_file says
 """
 
 import os
@@ -56,6 +61,19 @@ def parse_flag(name, text, empty=None):
 
 LOG_LEVELS = ("debug", "info", "warn", "error", "fatal")
 
+# flashrt_node's string parameters that a launch argument of the same name can set: the ones
+# that change from one robot or checkpoint to the next. The others stay in params_file.
+NODE_OVERRIDES = ("policy", "checkpoint", "tokenizer", "device", "precision", "fp8", "backend", "prompt")
+
+
+def node_overrides(values):
+    """{name: launch argument text} -> the flashrt_node parameters to set over params_file: the
+    non-empty ones, as strings (the node checks them at start, as it checks the file's)."""
+    unknown = sorted(set(values) - set(NODE_OVERRIDES))
+    if unknown:
+        raise ValueError(f"not an overridable flashrt_node parameter: {', '.join(unknown)}")
+    return {name: text for name, text in values.items() if text.strip()}
+
 
 def parse_log_level(text):
     level = text.strip().lower()
@@ -70,6 +88,7 @@ def _nodes(context):
 
     sim_time = parse_flag("use_sim_time", arg("use_sim_time"), empty="unset")
     extra = [] if sim_time == "unset" else [{"use_sim_time": sim_time}]  # after the file: it wins
+    overrides = node_overrides({name: arg(name) for name in NODE_OVERRIDES})
     profile = arg("fastdds_profile").strip()
     if profile and not os.path.isfile(profile):
         raise ValueError(f"fastdds_profile {profile!r} is not a file; expected a Fast DDS XML profile")
@@ -86,7 +105,7 @@ def _nodes(context):
             package=PACKAGE,
             executable="flashrt_node",
             name="flashrt_node",
-            parameters=[arg("params_file"), *extra],
+            parameters=[arg("params_file"), *extra, *([overrides] if overrides else [])],
             **common,
         )
     ]
@@ -143,6 +162,12 @@ def generate_launch_description():
                 default_value="info",
                 description="log level of the nodes: debug, info, warn, error or fatal (any case)",
             ),
+            *[
+                DeclareLaunchArgument(
+                    name, default_value="", description=f"flashrt_node's {name}; empty: as params_file says"
+                )
+                for name in NODE_OVERRIDES
+            ],
             OpaqueFunction(function=_nodes),
         ]
     )

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flashrt_ros.ros.params import NodeConfig, load_yaml_parameters
+from flashrt_ros.ros.params import PARAMETERS, NodeConfig, load_yaml_parameters
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "launch" / "flashrt.launch.py"
@@ -74,12 +74,31 @@ def test_launch_file_parses_and_declares_its_arguments():
     tree = launch_tree()
     functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     assert "generate_launch_description" in functions
-    declared = {ast.literal_eval(c.args[0]) for c in calls(tree, "DeclareLaunchArgument")}
+    declared = {
+        ast.literal_eval(c.args[0]) for c in calls(tree, "DeclareLaunchArgument") if isinstance(c.args[0], ast.Constant)
+    }
     expected = {"params_file", "namespace", "use_synthetic", "synthetic_params_file", "remappings"}
     assert declared == expected | {"use_sim_time", "fastdds_profile", "log_level"}, declared
+    overrides = launch_function("NODE_OVERRIDES")  # declared in a loop, one argument each
     docs = (REPO / "docs" / "ros.md").read_text()
     for name in declared:  # the launch file's docstring and docs/ros.md's table name each of them
         assert f"    {name} " in LAUNCH.read_text() and f"| `{name}` |" in docs, name
+    assert f"    {', '.join(overrides)}\n" in LAUNCH.read_text()
+    assert f"| {', '.join(f'`{n}`' for n in overrides)} |" in docs
+
+
+def test_node_parameter_arguments():
+    """The launch arguments named after flashrt_node parameters: each is one of its string
+    parameters (the node checks the value at start), and only the non-empty ones are set."""
+    overrides, pick = launch_function("NODE_OVERRIDES"), launch_function("node_overrides")
+    assert overrides and set(overrides) <= set(PARAMETERS)
+    for name in overrides:
+        assert isinstance(getattr(NodeConfig(), name), str), name
+    given = {name: "" for name in overrides} | {"checkpoint": "/models/pi05", "prompt": "yes"}
+    assert pick(given) == {"checkpoint": "/models/pi05", "prompt": "yes"}
+    assert pick({name: " " for name in overrides}) == {}
+    with pytest.raises(ValueError, match="not an overridable flashrt_node parameter: rate_hz"):
+        pick({"rate_hz": "5"})
 
 
 def test_every_executable_exists_and_is_installed():

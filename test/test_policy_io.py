@@ -454,6 +454,8 @@ def _lerobot_relative(tmp_path, relative: bool, absolute: bool, names: list[str]
         content = json.loads((folder / pipeline).read_text())
         next(s for s in content["steps"] if s["registry_name"] == step)["config"].update(config)
         (folder / pipeline).write_text(json.dumps(content))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "use_relative_actions": relative}))
     return data, folder
 
 

@@ -38,11 +38,11 @@ def test_openpi_transforms_as_openpi_runs_them(case):
     assert not np.allclose(ours, np.asarray(case["actions"]), atol=1e-3)  # the transforms changed something
 
 
-def lerobot_folder(tmp_path: Path, processor: dict, dof: int, absolute: bool = True) -> Path:
-    """LeRobot's processor files and config.json's action feature, laid out as LeRobot writes them, with
-    the relative-action steps set."""
+def lerobot_folder(tmp_path: Path, processor: dict, dof: int, absolute: bool = True, **config) -> Path:
+    """LeRobot's processor files and config.json's action feature (plus `config`), laid out as
+    LeRobot writes them, with the relative-action steps set."""
     action = {"type": "ACTION", "shape": [dof]}
-    (tmp_path / "config.json").write_text(json.dumps({"output_features": {"action": action}}))
+    (tmp_path / "config.json").write_text(json.dumps({"output_features": {"action": action}, **config}))
     pre = [{"registry_name": "to_batch_processor", "config": {}}]
     pre.append({"registry_name": "relative_actions_processor", "config": processor})
     post = [{"registry_name": "absolute_actions_processor", "config": {"enabled": absolute}}]
@@ -83,6 +83,29 @@ def test_lerobot_relative_actions_off_or_half_on(tmp_path):
     steps["steps"].append(steps["steps"][-1])  # two relative steps: which one LeRobot pairs is unknown
     (folder / "policy_preprocessor.json").write_text(json.dumps(steps))
     with pytest.raises(ValueError, match="2 relative_actions_processor and 1 absolute_actions_processor steps"):
+        lerobot_delta_mask(folder)
+
+
+def test_lerobot_config_json_must_agree_with_the_processors(tmp_path):
+    """config.json's use_relative_actions, where given, says what the processor files do; the
+    files decide the mask (LeRobot runs them), a disagreement is refused naming both."""
+    processor = {"enabled": True, "exclude_joints": ["gripper"], "action_names": None}
+    assert lerobot_delta_mask(lerobot_folder(tmp_path, processor, 6, use_relative_actions=True)) == (True,) * 6
+    off = {**processor, "enabled": False}
+    assert lerobot_delta_mask(lerobot_folder(tmp_path, off, 6, absolute=False, use_relative_actions=False)) == ()
+    folder = lerobot_folder(tmp_path, processor, 6, use_relative_actions=False)
+    with pytest.raises(
+        ValueError,
+        match=r"use_relative_actions is false, but policy_preprocessor.json / policy_post"
+        r"processor.json have relative_actions_processor and absolute_actions_processor enabled",
+    ):
+        lerobot_delta_mask(folder)
+    folder = lerobot_folder(tmp_path, off, 6, absolute=False, use_relative_actions=True)
+    with pytest.raises(ValueError, match=r"use_relative_actions is true, but .* have no enabled relative_actions"):
+        lerobot_delta_mask(folder)
+    for name in ("policy_preprocessor.json", "policy_postprocessor.json"):  # the files gone: nothing says which
+        (folder / name).unlink()
+    with pytest.raises(ValueError, match=r"use_relative_actions is true, but .* have no enabled relative_actions"):
         lerobot_delta_mask(folder)
 
 

@@ -32,6 +32,7 @@ def lerobot_delta_mask(folder: str | Path) -> tuple[bool, ...]:
     config = relative[0].get("config", {}) if relative else {}
     relative_on = bool(config.get("enabled"))
     absolute_on = bool(absolute) and bool(absolute[0].get("config", {}).get("enabled"))
+    _check_config_agrees(folder, relative_on and absolute_on, relative_on or absolute_on)
     if not (relative_on or absolute_on):
         return ()
     if relative_on != absolute_on:
@@ -57,6 +58,25 @@ def lerobot_delta_mask(folder: str | Path) -> tuple[bool, ...]:
 
 def _steps_named(path: Path, name: str) -> list[dict]:
     return [s for s in pipeline_steps(path) if s.get("registry_name") == name] if path.is_file() else []
+
+
+def _check_config_agrees(folder: Path, on: bool, any_on: bool) -> None:
+    """config.json's `use_relative_actions`, where it is given, must say what the processor files
+    do. LeRobot runs the files, so they decide; a disagreement means a hand-edited folder, or
+    processor files from another training run, and which one the weights were trained with
+    would be a guess."""
+    path = folder / "config.json"
+    said = read_json(path).get("use_relative_actions") if path.is_file() else None
+    if not isinstance(said, bool) or said == on or (said and any_on):
+        return  # absent, agreeing, or half-enabled processors (refused by the caller, more precisely)
+    files = f"{PREPROCESSOR} / {POSTPROCESSOR}"
+    steps = (
+        f"no enabled {RELATIVE_STEP} and {ABSOLUTE_STEP}" if said else f"{RELATIVE_STEP} and {ABSOLUTE_STEP} enabled"
+    )
+    raise ValueError(
+        f"{path}: use_relative_actions is {str(said).lower()}, but {files} have {steps}; expected them "
+        "to agree (LeRobot runs the processor files: restore the ones saved with these weights)"
+    )
 
 
 def _names(value: object) -> bool:
