@@ -94,3 +94,42 @@ def test_the_stats_line_tells_rejected_inputs_from_absent_ones_and_node_events()
     node_wide = "clock_stalled x1, invalid_parameter x2, unknown_capsule x1"
     assert line == f"5 inputs rejected, 10 waits for absent inputs, node: {node_wide}"
     assert input_counts({}, absent="absent", inputs=frozenset()) == "0 inputs rejected, 0 waits for absent inputs"
+
+
+def test_adding_while_another_thread_reads() -> None:
+    """A node adds from its decision thread while its status timer reads from another; without
+    the lock a summary iterates a deque being appended to and raises ('deque mutated during
+    iteration'), which ends the node's executor. Thread switches every microsecond make the
+    interleaving that the default 5 ms interval also reaches, only rarely."""
+    import sys
+    import threading
+    import time
+
+    stats = PipelineStats(window=200)
+    stop, errors = threading.Event(), []
+
+    def write() -> None:
+        while not stop.is_set():
+            stats.add({"prefix": 1.0, "denoise": 2.0})
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                stats.summaries()
+            except RuntimeError as exc:
+                errors.append(repr(exc))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=write), threading.Thread(target=read)]
+        for t in threads:
+            t.start()
+        time.sleep(1.5)
+        stop.set()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == [], errors[:3]
+    assert stats.summaries()[0].count > 1000

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -25,7 +26,8 @@ class StageSummary:
 
 class StageStats:
     """Keeps the last `window` latencies and completion times of one stage. Times are read from
-    `clock` (seconds), so a ROS node can rate its stages on the clock its timers run on."""
+    `clock` (seconds), so a ROS node can rate its stages on the clock its timers run on. Not
+    thread-safe on its own: PipelineStats, which owns them, is."""
 
     def __init__(self, name: str, window: int = 200, clock: Callable[[], float] = time.monotonic):
         self.name = name
@@ -66,19 +68,24 @@ class StageStats:
 
 
 class PipelineStats:
-    """One StageStats per stage name, created on first use, kept in insertion order."""
+    """One StageStats per stage name, created on first use, kept in insertion order. Thread-safe:
+    a node adds from its decision thread while its status timer reads from another, and reading
+    a deque while it is appended to raises (which would end the node's executor)."""
 
     def __init__(self, window: int = 200, clock: Callable[[], float] = time.monotonic):
         self.window = window
         self.clock = clock
         self.stages: dict[str, StageStats] = {}
+        self._lock = threading.Lock()
 
     def add(self, timings_ms: dict[str, float], now: float | None = None) -> None:
-        for name, ms in timings_ms.items():
-            self.stages.setdefault(name, StageStats(name, self.window, self.clock)).add(ms, now)
+        with self._lock:
+            for name, ms in timings_ms.items():
+                self.stages.setdefault(name, StageStats(name, self.window, self.clock)).add(ms, now)
 
     def summaries(self, now: float | None = None) -> list[StageSummary]:
-        return [s.summary(now) for s in self.stages.values()]
+        with self._lock:
+            return [s.summary(now) for s in self.stages.values()]
 
     def line(self) -> str:
         """One log line: 'prefix 3.1/4.0 ms | denoise 5.2/6.1 ms' (p50/p99)."""
