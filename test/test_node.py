@@ -8,6 +8,7 @@ services; the reset service.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 
@@ -453,6 +454,48 @@ def test_a_joint_state_older_than_the_one_held_is_refused_as_stale(rclpy_context
         assert node.invalid[(slot.topic, "stale")] == 1
         node._on_joint_state(slot, joints(0.0))
         assert slot.latest is not held and node.invalid[(slot.topic, "stale")] == 1
+        # a publisher whose clock runs a little early (within max_age_s ahead, let in): its sample
+        # is still the newer one, and the other publisher's is still refused as older
+        node._on_joint_state(slot, joints(-0.3))
+        held = slot.latest
+        node._on_joint_state(slot, joints(0.0))
+        assert slot.latest is held and node.invalid[(slot.topic, "stale")] == 2
+        # held further ahead than any stamp is let in: the clock went back (sim time), and the
+        # new sample, which fits the clock, replaces it
+        slot.latest = dataclasses.replace(held, stamp=joints(-10.0).header.stamp)
+        node._on_joint_state(slot, joints(0.0))
+        assert slot.latest is not held and node.invalid[(slot.topic, "stale")] == 2
+    finally:
+        node.destroy_node()
+
+
+def test_a_reset_while_a_joint_state_is_converted_drops_it(rclpy_context, monkeypatch):
+    """~/reset clears the held inputs: a joint state whose conversion began before the reset is
+    not stored after it (as for a camera frame), or the reset would leave pre-reset data held."""
+    from rclpy.time import Time
+    from sensor_msgs.msg import JointState
+    from std_srvs.srv import Trigger
+
+    import flashrt_ros.ros.node as node_module
+
+    node = _in_process_node(rclpy_context)
+    try:
+        slot = node.slots[-1]
+        convert = node_module.joint_state_to_vector
+
+        def convert_across_a_reset(*args, **kwargs):
+            out = convert(*args, **kwargs)
+            assert node._on_reset(Trigger.Request(), Trigger.Response()).success
+            return out
+
+        monkeypatch.setattr(node_module, "joint_state_to_vector", convert_across_a_reset)
+        msg = JointState(name=list(JOINTS), position=[0.1] * len(JOINTS))
+        msg.header.stamp = Time(nanoseconds=node.get_clock().now().nanoseconds).to_msg()
+        node._on_joint_state(slot, msg)
+        assert slot.latest is None
+        monkeypatch.setattr(node_module, "joint_state_to_vector", convert)
+        node._on_joint_state(slot, msg)
+        assert slot.latest is not None
     finally:
         node.destroy_node()
 

@@ -555,6 +555,26 @@ def test_frame_stamped_in_the_past_opens_no_restart_gap(any_size):
     assert f"this topic's frames were {HW[0]}x{HW[1]} until now" in line, line
 
 
+def test_frame_stamped_a_little_ahead_keeps_the_cameras_size(any_size):
+    """A frame stamped 0.3 s ahead (within max_age_s 0.4: a camera clock running early) is the
+    camera's newest stamp, not a clock that went back: the frames of another size after it,
+    stamped now, are still refused (they were taken as a camera restart once)."""
+    from rclpy.duration import Duration
+
+    node, peer = any_size
+    topic, (h, w) = peer.topic(CAMERAS[1]), (HW[0] * 2, HW[1] * 2)
+    peer.pump(0.5)
+    mark, before = node.mark(), peer.latest_counter(topic, "bad_size")
+    peer.publish_camera(1, peer.image(stamp=peer.now() + Duration(seconds=0.3), hw=(h, w)), good=False)
+    for _ in range(3):
+        peer.pump(0.05, skip={CAMERAS[1]})
+        peer.publish_camera(1, peer.image(stamp=peer.now(), hw=(h, w)), good=False)
+    recovered(peer, topic)
+    node.wait_for_line(f"input rejected: [bad_size] {topic}: image is {h}x{w} (HxW); ", since=mark)
+    assert not [ln for ln in node.lines[mark:] if "taken as a camera restart" in ln], node.tail()
+    peer.wait_for_counter(topic, "bad_size", above=before + 3, skip={CAMERAS[1]})
+
+
 def _png_claiming(h: int, w: int) -> bytes:
     """A PNG of HW whose IHDR (CRC kept valid) says h x w: undecodable, so any decode attempt
     would end in decode_failed - after allocating h*w*3 bytes."""

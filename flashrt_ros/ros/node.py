@@ -300,11 +300,12 @@ class FlashRTNode(Node):
         stamps, not by arrival: the node's own slow processing delays arrivals while the camera
         goes on. Every frame with a usable stamp counts, taken or refused (a camera that goes on
         sending a wrong size has no gap), and only the newest (a frame stamped in the past opens
-        no gap); unusable stamps were refused by check_fresh before this. A newest stamp ahead of
-        the clock (sim time jumped back: a simulator reset, a bag loop) is no history."""
+        no gap); unusable stamps were refused by check_fresh before this. A newest stamp further
+        ahead of the clock than any stamp is let in (sim time jumped back: a simulator reset, a bag
+        loop) is no history; one ahead by less is a camera whose clock runs a little early."""
         stamp_ns = stamp_to_ns(stamp)
         newest_ns = slot.newest_frame_stamp_ns  # the newest such stamp; 0 since start or ~/reset
-        if newest_ns > now_ns:
+        if self._clock_jumped_back(newest_ns, now_ns):
             newest_ns = 0
         slot.newest_frame_stamp_ns = max(newest_ns, stamp_ns)  # one callback at a time per topic
         gap_s = (stamp_ns - newest_ns) / 1e9 if newest_ns else math.inf
@@ -312,6 +313,7 @@ class FlashRTNode(Node):
 
     def _on_joint_state(self, slot: InputSlot, msg: JointState) -> None:
         arrived = time.perf_counter_ns()
+        generation = slot.generation  # a ~/reset from here on drops this sample, as for a frame
         cfg = self.cfg
         try:
             check_fresh(msg.header.stamp, self.get_clock().now().nanoseconds, cfg.max_age_s, slot.topic)
@@ -319,7 +321,7 @@ class FlashRTNode(Node):
         except InputError as err:
             self._reject(slot, err)
             return
-        self._accept(slot, Sample(state, msg.header.stamp, arrived, time.perf_counter_ns()))
+        self._accept(slot, Sample(state, msg.header.stamp, arrived, time.perf_counter_ns()), generation=generation)
 
     def _accept(
         self,
@@ -353,13 +355,13 @@ class FlashRTNode(Node):
     def _older_than_held(self, slot: InputSlot, sample: Sample) -> InputError | None:
         """A sample stamped before the one already held (two publishers on a topic, or a
         reordered message): replacing the held one would feed the policy older data than it had.
-        A held stamp ahead of the clock (sim time jumped back, a bag loop) does not count: the
-        new sample is then the one that fits the clock."""
+        A held stamp further ahead of the clock than any stamp is let in (sim time jumped back, a
+        bag loop) does not count: the new sample is then the one that fits the clock."""
         held = slot.latest
         if held is None:
             return None
         held_ns, new_ns = stamp_to_ns(held.stamp), stamp_to_ns(sample.stamp)
-        if new_ns >= held_ns or held_ns > self.get_clock().now().nanoseconds:
+        if new_ns >= held_ns or self._clock_jumped_back(held_ns, self.get_clock().now().nanoseconds):
             return None
         return InputError(
             STALE,
@@ -367,6 +369,12 @@ class FlashRTNode(Node):
             f"stamp is {(held_ns - new_ns) / 1e9:.3f} s older than the sample already held; the newer one is "
             "kept (two publishers on this topic?)",
         )
+
+    def _clock_jumped_back(self, stamp_ns: int, now_ns: int) -> bool:
+        """Whether a stamp taken earlier is now further ahead of the clock than check_fresh lets
+        any stamp be (max_age_s): only a clock that went back (sim time) puts it there. A stamp
+        ahead by less is a publisher's clock running early, and its history still counts."""
+        return stamp_ns > now_ns + self.cfg.max_age_s * 1e9
 
     def _reject(self, slot: InputSlot, err: InputError) -> None:
         with self._lock:
