@@ -600,3 +600,27 @@ def test_a_policy_slower_than_the_rate_is_no_error_and_an_error_names_its_cause(
             assert level == DiagnosticStatus.ERROR and f"(stale {topic})" in message, message
     finally:
         node.destroy_node()
+
+
+def test_a_failing_status_is_logged_and_the_timer_goes_on(rclpy_context, monkeypatch):
+    """An error while the status is assembled (a bug of ours) must not end the executor, which
+    would stop the decisions too: it is logged, and the next period publishes again."""
+    import flashrt_ros.ros.node as node_module
+
+    node = _in_process_node(rclpy_context)
+    try:
+        errors = []
+        monkeypatch.setattr(node._throttle, "logger", type("L", (), {"error": lambda _, text: errors.append(text)})())
+        real = node_module.messages.pipeline_status
+
+        def fail(_snap):
+            raise RuntimeError("deque mutated during iteration")
+
+        monkeypatch.setattr(node_module.messages, "pipeline_status", fail)
+        node._on_status()
+        assert errors == ["status not published: RuntimeError('deque mutated during iteration')"]
+        monkeypatch.setattr(node_module.messages, "pipeline_status", real)
+        node._on_status()  # publishes again
+        assert len(errors) == 1
+    finally:
+        node.destroy_node()

@@ -588,6 +588,15 @@ class FlashRTNode(Node):
             )
 
     def _on_status(self) -> None:
+        """The status timer. A failure here is a bug of ours, not the robot's: it is logged (with
+        the error, throttled) and the next period tries again; raised, it would end the executor
+        and with it the decisions."""
+        try:
+            self._publish_status()
+        except Exception as exc:
+            self._throttle(("status_failed",), "error", f"status not published: {exc!r}")
+
+    def _publish_status(self) -> None:
         self._watch_ros_time()
         snap = self.snapshot()
         self._status_pub.publish(messages.pipeline_status(snap))
