@@ -178,6 +178,7 @@ def test_malformed_lerobot_config_json_names_the_file_and_field(tmp_path):
     for field, value, expected in [
         ("chunk_size", "abc", "field 'chunk_size' must be an integer >= 1, got 'abc'"),
         ("num_inference_steps", None, "field 'num_inference_steps' must be an integer >= 1, got None"),
+        ("chunk_size", 10**30, f"horizon must be from 1 to 1000, got {10**30}"),
         ("input_features", ["observation.images.a"], "field 'input_features' must be an object of feature name"),
         ("image_resolution", [], resolution + "[]"),
         ("image_resolution", "224", resolution + "'224'"),
@@ -190,8 +191,8 @@ def test_malformed_lerobot_config_json_names_the_file_and_field(tmp_path):
 def test_malformed_flashrt_config_json_names_the_file_and_field(tmp_path):
     ours = PolicyConfig.tiny().to_dict()
     for data, expected in [
-        ({**ours, "prompt_len": "96"}, "prompt_len must be an integer >= 1, got '96' (str)"),
-        ({**ours, "vision": {**ours["vision"], "patch_size": 0}}, "vision.patch_size must be >= 1, got 0"),
+        ({**ours, "prompt_len": "96"}, "prompt_len must be an integer from 1 to 4096, got '96' (str)"),
+        ({**ours, "vision": {**ours["vision"], "patch_size": 0}}, "vision.patch_size must be from 1 to 1048576, got 0"),
         ({**ours, "vision": {**ours["vision"], "bogus": 1}}, "vision: unknown fields ['bogus']; expected the fields"),
         ({**ours, "expert": {"width": 32}}, "expert: missing fields ['depth', 'head_dim', 'mlp_dim', 'num_heads',"),
         ({**ours, "rms_norm_eps": None}, "rms_norm_eps must be a finite number > 0, got None (NoneType)"),

@@ -157,7 +157,7 @@ def test_invalid_config_lists_every_problem():
     with pytest.raises(ValueError) as err:
         PolicyConfig.tiny("pi05", horizon=0, dtype="float8", num_views=0)
     msg = str(err.value)
-    assert "horizon must be >= 1" in msg and "dtype must be" in msg and "num_views must be >= 1" in msg
+    assert "horizon must be from 1 to 1000, got 0" in msg and "dtype must be" in msg and "num_views must be from 1" in msg
 
 
 @pytest.mark.parametrize(
@@ -170,8 +170,12 @@ def test_invalid_config_lists_every_problem():
         ("rope_base", float("nan"), "rope_base must be a finite number > 0, got nan"),
         ("rope_base", "1e4", "rope_base must be a finite number > 0, got '1e4' (str)"),
         ("min_period", 5.0, "min_period 5.0 must be <= max_period 4.0"),
-        ("prompt_len", "96", "prompt_len must be an integer >= 1, got '96' (str)"),
-        ("horizon", 2.5, "horizon must be an integer >= 1, got 2.5 (float)"),
+        ("prompt_len", "96", "prompt_len must be an integer from 1 to 4096, got '96' (str)"),
+        ("horizon", 2.5, "horizon must be an integer from 1 to 1000, got 2.5 (float)"),
+        ("horizon", 10**30, f"horizon must be from 1 to 1000, got {10**30}"),  # loaded, then randn overflowed
+        ("num_steps", 10**12, "num_steps must be from 1 to 1000, got 1000000000000"),  # a decision for hours
+        ("prompt_len", 10**7, "prompt_len must be from 1 to 4096, got 10000000"),
+        ("vocab_size", 1 << 40, f"vocab_size must be from 1 to {1 << 20}, got {1 << 40}"),
     ],
 )
 def test_float_and_int_fields_are_checked_when_the_config_is_made(field, value, message):
@@ -188,6 +192,7 @@ def test_spec_fields_are_checked_by_name():
     with pytest.raises(ValueError) as err:
         tiny.replace(vision=vision, expert=GemmaSpec(32, 2, 64, 4, 1, head_dim="16"))
     msg = str(err.value)  # a zero patch size is named, not a ZeroDivisionError in the divisibility check
-    assert "vision.patch_size must be >= 1, got 0" in msg and "vision.layer_norm_eps must be a finite number > 0" in msg
-    assert "expert.head_dim must be an integer >= 1, got '16' (str)" in msg
+    assert "vision.patch_size must be from 1 to 1048576, got 0" in msg
+    assert "vision.layer_norm_eps must be a finite number > 0" in msg
+    assert "expert.head_dim must be an integer from 1 to 1048576, got '16' (str)" in msg
     assert PolicyConfig.tiny("pi05", rope_base=10000) == tiny  # an int where a float goes is fine (JSON writes 10000)

@@ -20,11 +20,20 @@ Precision = Literal["float32", "bfloat16"]
 FP8_PARTS = ("none", "prefix_mlp")
 
 
+# Upper bounds of the sizes and counts, far above any pi0 / pi0.5 (chunk 50, 10 steps, prompt 200,
+# 3 views, vocabulary 257152, widths up to 16384): a config.json with chunk_size 10**12 would
+# otherwise load, and the first decision fail deep in torch or run for hours.
+MAX_INT = 1 << 20
+MAX_INTS = {"num_views": 16, "prompt_len": 4096, "horizon": 1000, "num_steps": 1000, "action_dim": 1024, "state_dim": 1024}
+
+
 def _int_problem(name: str, value: Any) -> str | None:
-    """A size or count must be a real int >= 1 (a JSON "96" or 2.5 would fail later, elsewhere)."""
+    """A size or count must be a real int from 1 to its bound (a JSON "96" or 2.5 would fail
+    later, elsewhere; 10**12 would load and then hang the first decision)."""
+    high = MAX_INTS.get(name, MAX_INT)
     if isinstance(value, bool) or not isinstance(value, int):
-        return f"{name} must be an integer >= 1, got {value!r} ({type(value).__name__})"
-    return None if value >= 1 else f"{name} must be >= 1, got {value}"
+        return f"{name} must be an integer from 1 to {high}, got {value!r} ({type(value).__name__})"
+    return None if 1 <= value <= high else f"{name} must be from 1 to {high}, got {value}"
 
 
 def _positive_float_problem(name: str, value: Any) -> str | None:
