@@ -358,6 +358,11 @@ def test_lerobot_config_json_maps_to_full_size_config():
     assert cfg0.kind == "pi0" and cfg0.num_views == 2 and cfg0.horizon == 30 and cfg0.prompt_len == 48
     with pytest.raises(CheckpointError, match="not a pi0/pi05 policy"):
         config_from_lerobot({"type": "act"})
+    # the time embedding's periods, which LeRobot's model reads from its config (they were ignored)
+    periods = config_from_lerobot({**lerobot_config_dict(PolicyConfig.pi05()), "min_period": 0.01, "max_period": 2.0})
+    assert (periods.min_period, periods.max_period) == (0.01, 2.0)
+    with pytest.raises(ValueError, match="min_period 3.0 must be <= max_period 2.0"):
+        config_from_lerobot({**lerobot_config_dict(PolicyConfig.pi05()), "min_period": 3.0, "max_period": 2.0})
     custom = {**lerobot_config_dict(PolicyConfig.pi05()), "paligemma_variant": "gemma_2b_custom"}
     with pytest.raises(
         CheckpointError,

@@ -267,6 +267,9 @@ def config_from_lerobot(data: dict) -> PolicyConfig:
             f"LeRobot config has unknown model variants {unknown}; expected one of {sorted(variants)}"
         )
     ints = {ours: _lerobot_int(data, key, getattr(base, ours)) for key, ours in _LEROBOT_INTS.items()}
+    # the sin / cos time embedding's periods (LeRobot's create_sinusoidal_pos_embedding reads them
+    # from the config); PolicyConfig checks them (finite, > 0, min <= max)
+    periods = {key: data.get(key, getattr(base, key)) for key in ("min_period", "max_period")}
     empty = _lerobot_int(data, "empty_cameras", 0, minimum=0)
     cameras = _lerobot_cameras(data.get("input_features", {}), empty)
     return base.replace(
@@ -277,6 +280,7 @@ def config_from_lerobot(data: dict) -> PolicyConfig:
         empty_cameras=empty,
         dtype=data.get("dtype", "float32"),
         **ints,
+        **periods,
     )
 
 
@@ -332,6 +336,8 @@ def lerobot_config_dict(cfg: PolicyConfig, camera_names: list[str] | None = None
         "max_action_dim": cfg.action_dim,
         "num_inference_steps": cfg.num_steps,
         "tokenizer_max_length": cfg.prompt_len,
+        "min_period": cfg.min_period,
+        "max_period": cfg.max_period,
         "image_resolution": [size, size],
         "empty_cameras": cfg.empty_cameras,
         "input_features": features,
