@@ -234,6 +234,18 @@ def test_action_dof_is_checked_when_the_policy_is_built(tokenizer_file, dof, mes
 def test_missing_tokenizer_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="tokenizer model not found"):
         PromptTokenizer(tmp_path / "nope.model", 8)
+    with pytest.raises(FileNotFoundError, match=r"tokenizer model a directory: .*; expected PaliGemma's tokenizer"):
+        PromptTokenizer(tmp_path, 8)
+
+
+@pytest.mark.parametrize("content", [b"", b"not a model", b'{"version": "1.0", "model": {}}'])
+def test_a_file_that_is_no_sentencepiece_model_is_named(tmp_path, content):
+    """sentencepiece's own error ('INTERNAL: could not parse ModelProto', 'unk is not defined')
+    names neither the file nor that it is the tokenizer."""
+    path = tmp_path / "tokenizer.json"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=rf"tokenizer {re.escape(str(path))} is not a SentencePiece model \("):
+        PromptTokenizer(path, 8)
 
 
 @pytest.mark.parametrize("mode", ["mean_std", "quantile"])
@@ -484,6 +496,62 @@ def test_lerobot_relative_actions_are_added_back_to_the_raw_state(tmp_path, toke
     unnormalised = io["norm.chunk_unnormalised"].numpy()[0]
     np.testing.assert_allclose(actions, unnormalised + np.where(mask, raw, 0.0), rtol=1e-5, atol=1e-5)
     assert np.abs(actions - unnormalised)[:, [6, 13]].max() == 0  # the grippers stay absolute
+
+
+def _lerobot_copy(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    data = Path(__file__).parent / "data" / "lerobot_tiny" / "pi05"
+    return Path(shutil.copytree(data / "checkpoint", tmp_path / "ckpt"))
+
+
+@pytest.mark.parametrize("name", ["flashrt_config.json", "config.json", "norm_stats.json", "policy_preprocessor.json"])
+@pytest.mark.parametrize("kind", ["directory", "broken link"])
+def test_an_unreadable_config_or_statistics_file_is_refused_by_name(tmp_path, tokenizer_file, name, kind):
+    """A file that is there but cannot be read (a directory, a broken link) was taken as absent:
+    the folder then ran without what it says (views, deltas, statistics), with no error."""
+    from flashrt_ros.policies.checkpoint import CheckpointError
+    from flashrt_ros.policies.policy import read_policy
+
+    folder = _lerobot_copy(tmp_path)
+    target = folder / name
+    target.unlink(missing_ok=True)
+    if kind == "directory":
+        target.mkdir()
+    else:
+        target.symlink_to(folder / "gone.json")
+    what = "a directory" if kind == "directory" else "a broken or looping link"
+    with pytest.raises((CheckpointError, ValueError), match=re.escape(f"{target} is {what}; expected a readable file")):
+        policy = read_policy(None, tokenizer_file, checkpoint=folder)
+        policy.build("cpu", action_dof=14)
+
+
+def test_lerobot_statistics_outside_the_folder_are_refused(tmp_path):
+    """A processor step's state_file must be a file in the checkpoint: '../' or an absolute path
+    loaded another checkpoint's statistics without a word."""
+    folder = _lerobot_copy(tmp_path)
+    pipeline = folder / "policy_preprocessor.json"
+    content = json.loads(pipeline.read_text())
+    step = next(s for s in content["steps"] if s["registry_name"] == "normalizer_processor")
+    for elsewhere in (f"../{step['state_file']}", str(folder / step["state_file"])):
+        pipeline.write_text(json.dumps({**content, "steps": [{**step, "state_file": elsewhere}]}))
+        with pytest.raises(ValueError, match=r"state_file .* is outside the checkpoint folder; expected a file name"):
+            Normalizer.find(folder)
+
+
+def test_lerobot_postprocessor_statistics_must_be_the_preprocessors(tmp_path):
+    """LeRobot un-normalises the actions with the postprocessor's copy of the statistics: where
+    it differs from the preprocessor's (which we use), the folder is refused."""
+    from safetensors.numpy import load_file, save_file
+
+    folder = _lerobot_copy(tmp_path)
+    assert Normalizer.find(folder).mode == "quantile"  # the copies agree, as LeRobot saves them
+    path = folder / "policy_postprocessor_step_0_unnormalizer_processor.safetensors"
+    tensors = load_file(str(path))
+    save_file({**tensors, "action.q99": tensors["action.q99"] * 100}, str(path))
+    with pytest.raises(ValueError, match=r"unnormalizer_processor.safetensors: the action statistics \(or mode"):
+        Normalizer.find(folder)
 
 
 @pytest.mark.parametrize("relative", [True, False])

@@ -157,7 +157,9 @@ def test_invalid_config_lists_every_problem():
     with pytest.raises(ValueError) as err:
         PolicyConfig.tiny("pi05", horizon=0, dtype="float8", num_views=0)
     msg = str(err.value)
-    assert "horizon must be from 1 to 1000, got 0" in msg and "dtype must be" in msg and "num_views must be from 1" in msg
+    assert (
+        "horizon must be from 1 to 1000, got 0" in msg and "dtype must be" in msg and "num_views must be from 1" in msg
+    )
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ from torch import nn
 from .config import GEMMA_2B, GEMMA_300M, PolicyConfig
 from .lerobot_relative import lerobot_delta_mask
 from .listing import bounded, some
-from .normalize import read_json
+from .normalize import file_present, read_json
 from .pi0 import Pi0Model, param_dtype
 from .robot_space import describe_mask
 
@@ -143,7 +143,7 @@ def read_config(folder: Path, layout: str, fallback: PolicyConfig | None = None)
     here, before anything is loaded."""
     folder = Path(folder)
     ours = folder / FLASHRT_CONFIG_FILE
-    if not ours.is_file():
+    if not _present(ours):
         return _with_relative_actions(_base_config(folder, layout, fallback), folder, layout)
     every = {f.name for f in dataclasses.fields(PolicyConfig)} - {"extra"}
 
@@ -185,7 +185,7 @@ def _base_config(folder: Path, layout: str, fallback: PolicyConfig | None, kind:
     """The config from LeRobot's or openpi's config.json, else the fallback; `kind` (stated by a
     flashrt_config.json) overrides what the weights' names say."""
     theirs = folder / CONFIG_FILE
-    if layout == "lerobot" and theirs.is_file():
+    if layout == "lerobot" and _present(theirs):
         return _config_from_file(theirs, config_from_lerobot)
     found = kind_from_keys(weight_names(folder / WEIGHTS_FILE))
     if kind is None and found and fallback is not None and found[0] != fallback.kind:
@@ -194,14 +194,14 @@ def _base_config(folder: Path, layout: str, fallback: PolicyConfig | None, kind:
             "expected a matching `policy` parameter"
         )
     kind = kind or (found[0] if found else None)
-    if fallback is None and not (theirs.is_file() or (folder / FLASHRT_CONFIG_FILE).is_file()):
+    if fallback is None and not (_present(theirs) or _present(folder / FLASHRT_CONFIG_FILE)):
         raise CheckpointError(
             f"{folder} has no {FLASHRT_CONFIG_FILE} or {CONFIG_FILE}: pass a config "
             "(e.g. PolicyConfig.pi05()) to say what model the weights belong to"
         )
     if fallback is None or (kind is not None and kind != fallback.kind):
         fallback = PolicyConfig.pi0() if kind == "pi0" else PolicyConfig.pi05()  # openpi exports: full size
-    if theirs.is_file():
+    if _present(theirs):
         return _config_from_file(theirs, lambda data: config_from_openpi(data, fallback))
     return fallback
 
@@ -226,6 +226,14 @@ def config_from_openpi(data: dict, base: PolicyConfig) -> PolicyConfig:
         specs[ours] = spec
     ints = {ours: _lerobot_int(data, key, getattr(base, ours)) for key, ours in _OPENPI_INTS.items()}
     return base.replace(state_dim=ints["action_dim"], **ints, **specs)
+
+
+def _present(path: Path) -> bool:
+    """normalize.file_present, its refusal as a CheckpointError."""
+    try:
+        return file_present(path)
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from exc
 
 
 def _config_from_file(path: Path, parse: Callable[[dict], PolicyConfig]) -> PolicyConfig:

@@ -24,7 +24,14 @@ FP8_PARTS = ("none", "prefix_mlp")
 # 3 views, vocabulary 257152, widths up to 16384): a config.json with chunk_size 10**12 would
 # otherwise load, and the first decision fail deep in torch or run for hours.
 MAX_INT = 1 << 20
-MAX_INTS = {"num_views": 16, "prompt_len": 4096, "horizon": 1000, "num_steps": 1000, "action_dim": 1024, "state_dim": 1024}
+MAX_INTS = {
+    "num_views": 16,
+    "prompt_len": 4096,
+    "horizon": 1000,
+    "num_steps": 1000,
+    "action_dim": 1024,
+    "state_dim": 1024,
+}
 
 
 def _int_problem(name: str, value: Any) -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .normalize import pipeline_steps, read_json
+from .normalize import file_present, pipeline_steps, read_json
 
 PREPROCESSOR, POSTPROCESSOR = "policy_preprocessor.json", "policy_postprocessor.json"
 RELATIVE_STEP, ABSOLUTE_STEP = "relative_actions_processor", "absolute_actions_processor"
@@ -57,7 +57,7 @@ def lerobot_delta_mask(folder: str | Path) -> tuple[bool, ...]:
 
 
 def _steps_named(path: Path, name: str) -> list[dict]:
-    return [s for s in pipeline_steps(path) if s.get("registry_name") == name] if path.is_file() else []
+    return [s for s in pipeline_steps(path) if s.get("registry_name") == name] if file_present(path) else []
 
 
 def _check_config_agrees(folder: Path, on: bool, any_on: bool) -> None:
@@ -66,7 +66,7 @@ def _check_config_agrees(folder: Path, on: bool, any_on: bool) -> None:
     processor files from another training run, and which one the weights were trained with
     would be a guess."""
     path = folder / "config.json"
-    said = read_json(path).get("use_relative_actions") if path.is_file() else None
+    said = read_json(path).get("use_relative_actions") if file_present(path) else None
     if not isinstance(said, bool) or said == on or (said and any_on):
         return  # absent, agreeing, or half-enabled processors (refused by the caller, more precisely)
     files = f"{PREPROCESSOR} / {POSTPROCESSOR}"
@@ -87,7 +87,7 @@ def _action_width(folder: Path) -> int:
     """The robot's action dims from config.json's `output_features.action.shape`: the width
     LeRobot builds its mask for."""
     path = folder / "config.json"
-    shape = read_json(path) if path.is_file() else {}
+    shape = read_json(path) if file_present(path) else {}
     for key in ("output_features", "action", "shape"):
         shape = shape.get(key) if isinstance(shape, dict) else None
     if not (isinstance(shape, list) and len(shape) == 1 and isinstance(shape[0], int) and shape[0] >= 1):

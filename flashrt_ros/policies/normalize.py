@@ -13,6 +13,8 @@ Statistics may cover fewer dims than the padded model vector: extra dims pass th
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -157,39 +159,27 @@ class Normalizer:
         """LeRobot 0.6 keeps statistics in its processor pipeline files, not beside the weights."""
         folder = Path(folder)
         pipeline = folder / "policy_preprocessor.json"
-        if not pipeline.is_file():
+        if not file_present(pipeline):
             return None
-        steps = pipeline_steps(pipeline)
-        step = next((s for s in steps if s.get("registry_name") == "normalizer_processor"), None)
-        if step is None or "state_file" not in step:
+        found = _lerobot_stats(folder, pipeline, "normalizer_processor")
+        if found is None:
             return None
-        from safetensors.numpy import load_file
-
-        stats_file = folder / str(step["state_file"])
+        mode, stats, stats_file = found
         try:
-            tensors = load_file(str(stats_file))
-        except Exception as exc:  # safetensors' errors are not OSErrors: say which file and what
-            raise ValueError(
-                f"cannot read normalisation statistics {stats_file}: {exc} (truncated or missing?)"
-            ) from exc
-        mode = _lerobot_mode(pipeline, step)
-
-        def stats(prefix: str) -> Stats:
-            return Stats.from_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
-
-        try:
-            return cls(mode, stats("observation.state."), stats("action."), convention="lerobot")
+            out = cls(mode, stats("observation.state."), stats("action."), convention="lerobot")
         except ValueError as exc:
             raise ValueError(f"{stats_file}: {exc}") from exc
+        _check_unnormalizer(folder, out)
+        return out
 
     @classmethod
     def find(cls, folder: str | Path, mode: str | None = None, kind: str | None = None) -> Normalizer | None:
         """openpi's norm_stats.json (in the folder, else under its one assets/<id>/) or LeRobot's
         processor files; None when there are none."""
         folder = Path(folder)
-        if (folder / "norm_stats.json").is_file():
+        if file_present(folder / "norm_stats.json"):
             return cls.load(folder / "norm_stats.json", mode, kind)
-        assets = sorted(p for p in folder.glob("assets/*/norm_stats.json") if p.is_file())
+        assets = sorted(p for p in folder.glob("assets/*/norm_stats.json") if file_present(p))
         if len(assets) > 1:  # statistics of several robots: picking one would be a guess
             names = ", ".join(p.parent.name for p in assets)
             raise ValueError(
@@ -199,6 +189,58 @@ class Normalizer:
         if assets:
             return cls.load(assets[0], mode, kind)
         return cls.from_lerobot(folder)
+
+
+def _lerobot_stats(folder: Path, pipeline: Path, step_name: str) -> tuple[str, Callable[[str], Stats], Path] | None:
+    """The mode, a `prefix -> Stats` reader and the file of the statistics that a processor step
+    (`normalizer_processor`, `unnormalizer_processor`) names; None without such a step."""
+    steps = pipeline_steps(pipeline)
+    step = next((s for s in steps if s.get("registry_name") == step_name), None)
+    if step is None or "state_file" not in step:
+        return None
+    from safetensors.numpy import load_file
+
+    name = Path(str(step["state_file"]))
+    if name.is_absolute() or ".." in name.parts:  # LeRobot writes a bare name beside the JSON file
+        raise ValueError(
+            f"{pipeline}: the {step_name} step's state_file {str(name)!r} is outside the checkpoint folder; "
+            "expected a file name in it (statistics of another checkpoint would be used silently)"
+        )
+    stats_file = folder / name
+    try:
+        tensors = load_file(str(stats_file))
+    except Exception as exc:  # safetensors' errors are not OSErrors: say which file and what
+        raise ValueError(f"cannot read normalisation statistics {stats_file}: {exc} (truncated or missing?)") from exc
+
+    def stats(prefix: str) -> Stats:
+        return Stats.from_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
+
+    return _lerobot_mode(pipeline, step), stats, stats_file
+
+
+def _check_unnormalizer(folder: Path, normalizer: Normalizer) -> None:
+    """LeRobot un-normalises the actions with its postprocessor's own copy of the statistics; we
+    use the preprocessor's. LeRobot saves the same in both: where they differ (a hand-edited or
+    mixed-up folder), which ones the actions were trained against is unknown."""
+    pipeline = folder / "policy_postprocessor.json"
+    found = _lerobot_stats(folder, pipeline, "unnormalizer_processor") if file_present(pipeline) else None
+    if found is None:
+        return
+    mode, stats, stats_file = found
+    try:
+        theirs = stats("action.")
+    except ValueError as exc:
+        raise ValueError(f"{stats_file}: {exc}") from exc
+    used = {"mean_std": ("mean", "std"), "quantile": ("q01", "q99")}.get(mode, ())
+    same = mode == normalizer.mode and all(
+        getattr(theirs, k) is not None and np.array_equal(getattr(normalizer.actions, k), getattr(theirs, k))
+        for k in used
+    )
+    if not same:
+        raise ValueError(
+            f"{stats_file}: the action statistics (or mode {mode}) the postprocessor un-normalises with differ "
+            f"from the preprocessor's ({normalizer.mode}); expected the same, as LeRobot saves them"
+        )
 
 
 def pipeline_steps(path: Path) -> list[dict]:
@@ -228,6 +270,19 @@ def _lerobot_mode(pipeline: Path, step: dict) -> str:
     if state_mode != action_mode or state_mode not in modes:
         raise ValueError(f"{pipeline}: unsupported normalisation STATE={state_mode} ACTION={action_mode}")
     return modes[state_mode]
+
+
+def file_present(path: Path) -> bool:
+    """Whether an optional checkpoint file is there. Something at the path that is not a regular
+    file (a directory, a broken or looping link) is an error naming it: read as absent, the
+    folder would silently run without what that file says (another view count, no deltas, other
+    statistics)."""
+    if path.is_file():
+        return True
+    if not os.path.lexists(path):
+        return False
+    what = "a directory" if path.is_dir() else "a broken or looping link" if path.is_symlink() else "not a regular file"
+    raise ValueError(f"{path} is {what}; expected a readable file there, or nothing")
 
 
 def read_json(path: str | Path) -> dict:

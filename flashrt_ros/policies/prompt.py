@@ -58,8 +58,14 @@ class PromptTokenizer:
 
         path = Path(model_file)
         if not path.is_file():
-            raise FileNotFoundError(f"tokenizer model not found: {path}")
-        self.sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+            what = "a directory" if path.is_dir() else "a broken or looping link" if path.is_symlink() else "not found"
+            raise FileNotFoundError(f"tokenizer model {what}: {path}; expected PaliGemma's tokenizer.model file")
+        try:
+            self.sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        except (RuntimeError, OSError) as exc:  # sentencepiece's own message names neither file nor kind
+            raise ValueError(
+                f"tokenizer {path} is not a SentencePiece model ({exc}); expected PaliGemma's tokenizer.model"
+            ) from exc
         self.path = path
         self.prompt_len = prompt_len
         self._warned_truncation = False
