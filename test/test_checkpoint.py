@@ -161,6 +161,29 @@ def test_malformed_config_json_names_the_file(tmp_path):
         (tmp_path / name).unlink()
 
 
+def test_a_stray_tensor_name_in_a_lerobot_file_is_named(tmp_path):
+    """One name without LeRobot's `model.` prefix made the folder read as openpi: config.json was
+    then read as openpi's and every tensor reported missing, with no word about why."""
+    save_model(tiny_model("pi05"), tmp_path, layout="lerobot")
+    weights = tmp_path / "model.safetensors"
+    save_file({**load_file(str(weights)), "foo.bar": torch.zeros(1)}, str(weights))
+    with pytest.raises(CheckpointError, match=r"tensors carry LeRobot's 'model.' prefix and 1 do not \(foo.bar\)"):
+        detect_layout(tmp_path)
+
+
+def test_a_field_of_config_json_is_blamed_on_config_json(tmp_path):
+    """A partial flashrt_config.json reads config.json for the rest: a bad field there names
+    config.json alone (it was prefixed with flashrt_config.json's path too, blaming a good file)."""
+    save_model(tiny_model("pi05"), tmp_path, layout="lerobot")
+    good = PolicyConfig.tiny("pi05")
+    (tmp_path / "flashrt_config.json").write_text(json.dumps({"num_steps": 3}))
+    (tmp_path / "config.json").write_text(json.dumps({**lerobot_config_dict(PolicyConfig.pi05()), "chunk_size": "x"}))
+    with pytest.raises(CheckpointError) as err:
+        read_config(tmp_path, "lerobot", good)
+    assert str(err.value).startswith(f"{tmp_path / 'config.json'}: field 'chunk_size'"), str(err.value)
+    assert "flashrt_config.json" not in str(err.value)
+
+
 def _refused_config(folder, name: str, data: object, layout: str) -> str:
     """Write `data` as the folder's `name` and return read_config's CheckpointError message."""
     path = folder / name

@@ -99,7 +99,16 @@ def detect_layout(folder: Path) -> str:
     if not weights.is_file():
         raise CheckpointError(f"no {WEIGHTS_FILE} in {folder}")
     keys = weight_names(weights)
-    return "lerobot" if keys and all(k.startswith(LEROBOT_PREFIX) for k in keys) else "openpi"
+    stray = [k for k in keys if not k.startswith(LEROBOT_PREFIX)]
+    if keys and not stray:
+        return "lerobot"
+    if len(stray) < len(keys) / 2:  # mostly LeRobot's names: read as openpi, all of them would be "missing"
+        raise CheckpointError(
+            f"{weights}: {len(keys) - len(stray)} tensors carry LeRobot's {LEROBOT_PREFIX!r} prefix and {len(stray)} "
+            f"do not ({', '.join(stray[:5])}{', ...' if len(stray) > 5 else ''}); expected one layout: all with "
+            "the prefix (LeRobot) or none (openpi)"
+        )
+    return "openpi"
 
 
 def weight_names(path: Path) -> tuple[str, ...]:
@@ -241,11 +250,10 @@ def _config_from_file(path: Path, parse: Callable[[dict], PolicyConfig]) -> Poli
     type or range) is a CheckpointError naming the file and what it says about the field."""
     try:
         return parse(read_json(path))
-    except CheckpointError as exc:
-        raise CheckpointError(f"{path}: {exc}") from exc
-    except (ValueError, TypeError) as exc:
-        message = str(exc)
-        raise CheckpointError(message if message.startswith(str(path)) else f"{path}: {message}") from exc
+    except (CheckpointError, ValueError, TypeError) as exc:
+        message = str(exc)  # already naming a file of the folder (config.json read for a partial
+        # flashrt_config.json): that file is the one at fault, not this one
+        raise CheckpointError(message if message.startswith(str(path.parent)) else f"{path}: {message}") from exc
 
 
 EMPTY_CAMERA_PREFIX = "observation.images.empty_camera_"  # LeRobot's name for its empty_cameras
