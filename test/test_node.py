@@ -210,6 +210,15 @@ def test_invalid_runtime_parameters_are_refused_with_reasons(running):
     )
     assert "rate_hz" in typo.reason
     assert peer.wait_for_counter("", "unknown_parameter", above=unknown_before) == unknown_before + 1
+    # long values are quoted cut, with their length: the reply and the log line stay short
+    huge = "x" * 200_000
+    for reply in (
+        peer.set_parameters(rate_hz=huge)[0],
+        peer.set_parameters(prompt="pick up the cube " * 20_000)[0],
+        peer.set_parameters(**{huge: 1.0})[0],
+    ):
+        assert not reply.successful and len(reply.reason) < 1000, reply.reason[:200]
+        assert " characters)" in reply.reason, reply.reason
     assert peer.get_parameters("rate_hz") == [10.0]
     start = len(peer.chunks)
     assert peer.pump(3.0, until=lambda: len(peer.chunks) > start + 2), "node stopped deciding"
@@ -622,5 +631,28 @@ def test_a_failing_status_is_logged_and_the_timer_goes_on(rclpy_context, monkeyp
         monkeypatch.setattr(node_module.messages, "pipeline_status", real)
         node._on_status()  # publishes again
         assert len(errors) == 1
+    finally:
+        node.destroy_node()
+
+
+def test_a_rate_change_keeps_the_next_decision_unless_the_new_period_is_shorter(rclpy_context):
+    """Every rate_hz change restarted the decision timer's period: a client setting it every 0.2 s
+    at 2 Hz (a slider in rqt_reconfigure) let 1 decision through in 5 s instead of 10. The next
+    call now stays where it was, unless the new period ends sooner."""
+    from flashrt_ros.ros.node import _set_period
+
+    node = _in_process_node(rclpy_context, rate_hz=2.0)
+    try:
+        timer = node._decision_timer
+        time.sleep(0.3)
+        until = timer.time_until_next_call()
+        assert until < 0.25e9
+        _set_period(timer, round(1e9 / 2.01))  # a little faster: the next call stays put
+        assert timer.time_until_next_call() <= until and timer.timer_period_ns == round(1e9 / 2.01)
+        _set_period(timer, round(1e9 / 0.1))  # slower: the next call stays put, later ones 10 s apart
+        assert timer.time_until_next_call() <= until
+        timer.reset()  # 10 s to go; then 100 Hz: the period restarts now, the next call within 10 ms
+        _set_period(timer, round(1e9 / 100))
+        assert timer.time_until_next_call() <= 10_000_000
     finally:
         node.destroy_node()

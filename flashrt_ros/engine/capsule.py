@@ -29,7 +29,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ..policies.listing import some
+from ..policies.listing import shown, some
 from ..policies.policy import Observation
 from .pipeline import Decision, Pipeline
 
@@ -195,7 +195,7 @@ class CapsuleStore:
         _check_name(target)
         original = self._get(source)
         if target in self._capsules:
-            raise ValueError(f"capsule {_shown(target)} already exists; drop it first or pick another name")
+            raise ValueError(f"capsule {shown(target)} already exists; drop it first or pick another name")
         self._check_room(target)
         capsule = _frozen(target, dict(original.buffers), self.clock_ns())
         self._capsules[target] = capsule
@@ -217,7 +217,7 @@ class CapsuleStore:
         """A new name must fit under the limit; replacing a kept capsule always may."""
         if name not in self._capsules and len(self._capsules) >= self.limit:
             raise CapsuleStoreFull(
-                f"cannot add capsule {_shown(name)}: the store holds its limit of {self.limit} capsules; "
+                f"cannot add capsule {shown(name)}: the store holds its limit of {self.limit} capsules; "
                 "drop one first (~/capsule/list names them) or reuse a name"
             )
 
@@ -225,24 +225,16 @@ class CapsuleStore:
         try:
             return self._capsules[name]
         except KeyError:
-            have = some([_shown(n) for n in sorted(self._capsules)], SHOWN_NAMES) or "none"
-            raise CapsuleNotFound(f"no capsule named {_shown(name)} (have: {have})") from None
+            have = some([shown(n) for n in sorted(self._capsules)], SHOWN_NAMES) or "none"
+            raise CapsuleNotFound(f"no capsule named {shown(name)} (have: {have})") from None
 
 
 SHOWN_NAMES = 10  # a refusal names this many of the capsules kept: its reply and log line stay short
 
 
-def _shown(name: object, limit: int = 80) -> str:
-    """A name as a message quotes it: repr, cut past `limit` characters with its length said."""
-    text = repr(name)
-    return (
-        text if len(text) <= limit else f"{text[:limit]}... ({len(name) if isinstance(name, str) else '?'} characters)"
-    )
-
-
 def _check_name(name: str) -> None:
     if not isinstance(name, str) or not name.strip() or len(name) > 256:
-        raise ValueError(f"capsule name must be a non-empty string of at most 256 characters, got {_shown(name)}")
+        raise ValueError(f"capsule name must be a non-empty string of at most 256 characters, got {shown(name)}")
 
 
 def _frozen(name: str, buffers: Mapping[str, np.ndarray], created_ns: int) -> Capsule:

@@ -18,6 +18,7 @@ import torch
 
 from .checkpoint import detect_layout, load_model, read_config
 from .config import PolicyConfig
+from .listing import shown
 from .normalize import Normalizer
 from .pi0 import Pi0Model, count_parameters
 from .preprocess import frame_error, images_to_pixels, require_a_view, thin_frame_error
@@ -185,7 +186,7 @@ def prompt_problem(cfg: PolicyConfig, tokenizer: PromptTokenizer, prompt: str, s
         return None
     with_state = f" with a {state_dims}-joint state" if state is not None else ""
     return (
-        f"prompt {prompt!r} takes up to {n} tokens{with_state}, more than the policy's prompt "
+        f"prompt {shown(prompt, 300)} takes up to {n} tokens{with_state}, more than the policy's prompt "
         f"length {cfg.prompt_len}; expected a shorter instruction"
     )
 

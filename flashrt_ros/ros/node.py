@@ -48,6 +48,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from flashrt_ros.engine.stats import PipelineStats
 from flashrt_ros.msg import ActionChunk, PipelineStatus
+from flashrt_ros.policies.listing import shown, some
 from flashrt_ros.policies.prompt import PromptTooLong
 from flashrt_ros.ros import messages
 from flashrt_ros.ros.clock_watch import CLOCK_STALLED, ClockWatch
@@ -717,7 +718,8 @@ class FlashRTNode(Node):
         changes = {p.name: p.value for p in params}
         unknown = unknown_names(set(changes), runtime=True)
         if unknown:
-            reason = f"unknown parameter(s) {unknown}: not set; known: {', '.join(PARAMETERS)}"
+            names = some([shown(n) for n in unknown], 5)
+            reason = f"unknown parameter(s) [{names}]: not set; known: {', '.join(PARAMETERS)}"
             self._count_node_wide(UNKNOWN_PARAMETER)
             self.get_logger().warning(f"parameter change refused: {reason}")
             return SetParametersResult(successful=False, reason=reason)
@@ -1006,8 +1008,13 @@ def _period_ns(rate_hz: float) -> int:
 
 
 def _set_period(timer: Any, period_ns: int) -> None:
+    """The timer's new period. rcl keeps the next call where it was; where that is further away
+    than the new period (a faster rate), the period restarts now. Restarting it on every change
+    would let a client that sets the rate again and again (a slider) postpone every call."""
     timer.timer_period_ns = period_ns
-    timer.reset()  # restart the period now (rcl keeps the old next-call time otherwise)
+    until = timer.time_until_next_call()
+    if until is None or until > period_ns:
+        timer.reset()
 
 
 def _time_msg(ns: int) -> Time:

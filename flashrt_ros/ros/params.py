@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from flashrt_ros.policies.config import FP8_PARTS, PolicyConfig
-from flashrt_ros.policies.listing import some
+from flashrt_ros.policies.listing import shown, some
 
 NODE_NAME = "flashrt_node"
 TINY_PRESETS = ("pi05_tiny", "pi0_tiny")
@@ -514,7 +514,7 @@ def _type_problems(cfg: NodeConfig) -> dict[str, str]:
         }[kind]
         if not ok:
             expected = {"str": "a string", "int": "an integer", "float": "a number", "list[str]": "a list of strings"}
-            problems[name] = f"{name} must be {expected[kind]}, got {_type_name(value)} {value!r}"
+            problems[name] = f"{name} must be {expected[kind]}, got {_type_name(value)} {shown(value)}"
     return problems
 
 
