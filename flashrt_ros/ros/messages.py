@@ -122,11 +122,16 @@ def split_counts(
 ) -> tuple[int, int, list[tuple[str, int]]]:
     """(topic, reason) counts as (messages of the `inputs` topics rejected on arrival or at a
     decision, waits for an input with no good message yet (reason `absent`), the node's other
-    events as (reason, count) in key order: refused parameters, a stalled clock (topic ""),
-    refused capsule calls (their service)), so that neither of the last two reads as a bad input."""
+    events as (label, count) in key order: refused parameters, a stalled clock (topic ""; the
+    reason alone), refused capsule calls ("reason (service)")), so that neither of the last two reads as a bad input."""
     rejected = sum(n for (topic, reason), n in invalid.items() if topic in inputs and reason != absent)
     waits = sum(n for (topic, reason), n in invalid.items() if topic in inputs and reason == absent)
-    events = [(reason, n) for (topic, reason), n in sorted(invalid.items()) if topic not in inputs]
+    # a service's refusals are labelled with it: three services' unknown_capsule apart
+    events = [
+        (f"{reason} ({topic})" if topic else reason, n)
+        for (topic, reason), n in sorted(invalid.items())
+        if topic not in inputs
+    ]
     return rejected, waits, events
 
 
