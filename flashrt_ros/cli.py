@@ -57,14 +57,16 @@ def _device(name: str | None):
 
 MIN_ITERS = 10
 """Fewer samples than this make no percentiles: one sample printed as p99 is a single run."""
+MAX_ITERS = 100_000
+"""More than this is a typo (10**9 ran silently, with no progress bar off a terminal, until killed)."""
 
 
 def _check_args(args: argparse.Namespace) -> str | None:
     """What is wrong with the run's numbers before any model is built (None: nothing)."""
-    if args.iters < MIN_ITERS or args.warmup < 1:
+    if not (MIN_ITERS <= args.iters <= MAX_ITERS and 1 <= args.warmup <= MAX_ITERS):
         return (
             f"--iters must be >= {MIN_ITERS} (percentiles need samples) and --warmup >= 1 (the first call "
-            f"builds and warms caches), got {args.iters} and {args.warmup}"
+            f"builds and warms caches), both at most {MAX_ITERS}, got {args.iters} and {args.warmup}"
         )
     if not args.views or min(args.views) < 1:
         return f"--views must list view counts >= 1, got {','.join(map(str, args.views))}"
@@ -142,10 +144,14 @@ def _bench(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).debug("set-up failed", exc_info=True)
         return 1
     print(HEADER)
+    if not any(m in BASELINES for m in modes):
+        print(f"note: no baseline among --modes ({', '.join(BASELINES)}): no speed-ups in this run")
     for mode in modes:
         for kind, (model, base, cases, refs) in setups.items():
             all_views = mode.startswith("fused") or args.baselines_all_views
             views_list = args.views if all_views else [max(args.views)]
+            if len(views_list) < len(args.views) and kind == next(iter(setups)):
+                print(f"note: {mode} at {max(args.views)} views only (--baselines-all-views for all)")
             for views in views_list:
                 model.cfg = base.replace(num_views=views, dtype=args.dtype)
                 run = _bench_one(mode, model, cases[views], refs[views], args, f"{kind} {views}v {mode}", device)
@@ -282,12 +288,28 @@ def _write(results: dict, out: Path | None, plot: bool = False) -> None:
     if out is None:
         return
     out.mkdir(parents=True, exist_ok=True)
-    stamp = results.setdefault("stamp", time.strftime("%Y%m%d_%H%M%S"))
+    if "stamp" not in results:  # two runs started in one second must not share (and overwrite) a file
+        stamp = time.strftime("%Y%m%d_%H%M%S")
+        taken = [p.stem for p in out.glob(f"bench_{stamp}*.json")]
+        results["stamp"] = stamp if not taken else f"{stamp}_{os.getpid()}"
+    stamp = results["stamp"]
     path = out / f"bench_{stamp}.json"
-    path.write_text(json.dumps(results, indent=2))
+    path.write_text(json.dumps(_finite_or_null(results), indent=2, allow_nan=False))
     if plot:
         print(f"wrote {path}")
         _plot(results, out / f"bench_{stamp}.png")
+
+
+def _finite_or_null(value):
+    """The results with NaN / inf as null: json writes them as bare NaN, which strict JSON
+    readers (JavaScript's JSON.parse, many others) refuse, losing the whole file."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_null(v) for v in value]
+    return value
 
 
 def _plot(results: dict, path: Path) -> None:
@@ -313,7 +335,10 @@ def _plot(results: dict, path: Path) -> None:
     # (which drew 38 vs 44 ms as 1 to 30); room on the right for the labels
     ax.set_xlim(10 ** (math.floor(math.log10(min(medians))) - 1), max(medians) * 3)
     ax.set_xlabel("full decision, median ms (log scale: read the labels)")
-    ax.set_title(f"{results['env'].get('gpu', results['env']['device'])} @ {results['env']['commit'][:8]}")
+    commit = results["env"]["commit"]
+    short = commit[:8] if all(c in "0123456789abcdef" for c in commit) else commit  # "unverified: HEAD" whole
+    dirty = " (dirty tree)" if results["env"].get("dirty") else ""
+    ax.set_title(f"{results['env'].get('gpu', results['env']['device'])} @ {short}{dirty}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")

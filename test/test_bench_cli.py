@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from flashrt_ros.cli import _print_ratios, main
+from flashrt_ros.cli import _print_ratios, _write, main
 
 
 def test_tiny_eager_bench_writes_latency_and_parity(tmp_path, capsys) -> None:
@@ -77,9 +77,10 @@ def test_speed_up_ratios_have_two_decimals_and_go_to_the_json(capsys) -> None:
         (
             ["--iters", "1"],
             "--iters must be >= 10 (percentiles need samples) and --warmup >= 1 (the first call "
-            "builds and warms caches), got 1 and 5",
+            "builds and warms caches), both at most 100000, got 1 and 5",
         ),
         (["--warmup", "0"], "--iters must be >= 10 (percentiles need samples) and --warmup >= 1"),
+        (["--iters", "1000000000"], "both at most 100000, got 1000000000 and 5"),  # ran silently until killed
         (["--views", "2,0"], "--views must list view counts >= 1, got 2,0"),
         (["--compile-mode", "fast"], "--compile-mode 'fast': expected one of default, reduce-overhead, max-autotune"),
         (["--device", "tpu9"], "--device 'tpu9': "),
@@ -276,3 +277,16 @@ def test_fused_modes_record_what_they_built_and_their_parity(tmp_path, monkeypat
         fp8 = run["mode"] == "fused-fp8"
         assert run["precision"] == (f"bfloat16, prefix LM {precision}" if fp8 else "bfloat16")
         assert ("FP8 (e4m3, row scales)" in run["fused_path"]) == fp8
+
+
+def test_results_file_is_strict_json_and_never_shared_by_two_runs(tmp_path) -> None:
+    """A NaN parity value was written as a bare NaN, which strict JSON readers refuse (the whole
+    file lost); two runs started in the same second wrote one file, the second over the first."""
+    first = {"env": {}, "runs": [{"parity": {"cosine": float("nan"), "max_abs": float("inf")}}]}
+    second = {"env": {}, "runs": []}
+    _write(first, tmp_path)
+    _write(second, tmp_path)
+    files = sorted(tmp_path.glob("bench_*.json"))
+    assert len(files) == 2 and first["stamp"] != second["stamp"], files
+    written = json.loads((tmp_path / f"bench_{first['stamp']}.json").read_text(), parse_constant=lambda c: 1 / 0)
+    assert written["runs"][0]["parity"] == {"cosine": None, "max_abs": None}
