@@ -12,6 +12,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 DURATION="${1:-${DURATION:-15}}"
+if ! [[ "$DURATION" =~ ^[0-9]+([.][0-9]+)?$ ]] || [[ "$DURATION" =~ ^0+([.]0+)?$ ]]; then
+  echo "demo.sh: DURATION_S must be a number of seconds > 0, got '$DURATION'" >&2
+  exit 2
+fi
 
 bash scripts/setup_env.sh
 # shellcheck source=scripts/env.sh
@@ -41,16 +45,22 @@ trap 'exit 130' INT TERM
 
 echo "[demo] ROS_DOMAIN_ID=$ROS_DOMAIN_ID, discovery $ROS_AUTOMATIC_DISCOVERY_RANGE, running ${DURATION} s"
 echo "[demo] synthetic_sensors: 3 cameras 640x480 rgb8 at 30 Hz, 14 joints at 200 Hz"
+# the prefixers ignore Ctrl-C, so that they live to print the nodes' last lines (the final stats)
 python -m flashrt_ros.ros.synthetic_sensors --ros-args --params-file config/synthetic_sensors.yaml \
-  > >(sed -u 's/^/[sensors] /') 2>&1 &
+  > >(trap '' INT; sed -u 's/^/[sensors] /') 2>&1 &
 pids+=($!)
 echo "[demo] flashrt_node: config/flashrt.yaml (embedded tiny pi0.5, random weights, CPU)"
 python -m flashrt_ros.ros.node --ros-args --params-file config/flashrt.yaml -p stats_log_period_s:=5.0 \
-  > >(sed -u 's/^/[node] /') 2>&1 &
+  > >(trap '' INT; sed -u 's/^/[node] /') 2>&1 &
 pids+=($!)
 
+# the console in the background, waited for: bash runs the INT / TERM traps only between
+# commands, so a console in the foreground held off a SIGTERM until its duration ran out
 rc=0
-python -m flashrt_ros.ros.echo --node /flashrt_node --duration "$DURATION" --every 10 || rc=$?
+python -m flashrt_ros.ros.echo --node /flashrt_node --duration "$DURATION" --every 10 &
+console=$!
+pids+=("$console")
+wait "$console" || rc=$?
 if [ "$rc" -eq 0 ]; then
   echo "[demo] OK: action chunks received"
 else

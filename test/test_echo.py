@@ -27,3 +27,42 @@ def test_the_first_chunk_and_a_status_before_any_decision_say_so():
     assert status_line(status).endswith("ms p50/p90/p99: (no decision yet)")
     status.stages = [StageStats(name="full", latency_p50_ms=20.0, latency_p90_ms=21.0, latency_p99_ms=22.5)]
     assert status_line(status).endswith("ms p50/p90/p99: full 20.00/21.00/22.50")
+    # joining a running node: its first chunk received is no warm-up decision
+    msg.chunk_id = 55
+    assert chunk_line(msg, first=True).endswith("[+0.000 +0.100 +0.200]")
+    # waits for a topic with nothing yet are not rejected messages: listed apart
+    from flashrt_ros.msg import InputCounter
+
+    status.invalid_inputs = [
+        InputCounter(topic="/cam", reason="absent", count=50),
+        InputCounter(topic="/joints", reason="stale", count=2),
+    ]
+    line = status_line(status).splitlines()[0]
+    assert line.endswith("invalid inputs: stale /joints: 2; waits for absent /cam: 50"), line
+
+
+def test_bad_arguments_exit_2_with_one_line(ros_env):
+    """A trailing slash in --node is the same node; impossible durations, counts, ROS arguments
+    and node names are refused in one line, not a traceback or a silent run for ever."""
+    import subprocess
+    import sys
+
+    def echo(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "flashrt_ros.ros.echo", *args]
+        return subprocess.run(cmd, env=ros_env, capture_output=True, text=True, timeout=timeout)
+
+    for args, said in (
+        (["--duration", "-1"], "expected a number of seconds >= 0, got '-1'"),
+        (["--duration", "nan"], "expected a number of seconds >= 0, got 'nan'"),
+        (["--every", "0"], "expected an integer >= 1, got '0'"),
+        (["--ros-args", "-r", "__ns:=bad"], "echo: cannot start: the ROS arguments are invalid: "),
+        (["--node", "bad name", "--duration", "1"], "echo: cannot start: topic name must not contain"),
+    ):
+        done = echo(*args)
+        assert done.returncode == 2 and said in done.stderr, (args, done.stderr)
+        assert "Traceback" not in done.stderr
+    # nothing publishes there: said after a few seconds, not silence until the end
+    done = echo("--node", "/nobody/", "--duration", "5")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "echo: no publisher of /nobody/action_chunk (nodes seen: " in done.stdout, done.stdout
+    assert done.stdout.rstrip().endswith("echo: no action chunks received")

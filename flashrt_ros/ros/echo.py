@@ -10,17 +10,24 @@ itself, with status 0 only if at least one chunk arrived - the demo's success ch
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
 import numpy as np
 import rclpy
+from rclpy._rclpy_pybind11 import RCLError
+from rclpy.exceptions import InvalidNamespaceException, InvalidNodeNameException, InvalidTopicNameException
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.utilities import remove_ros_args
 
 from flashrt_ros.msg import ActionChunk, PipelineStatus
 from flashrt_ros.ros.joint_convert import stamp_to_ns
+from flashrt_ros.ros.params import rcl_reason
+
+SILENT_S = 3.0
+"""After this long with no chunk, say whether anything publishes them (a wrong --node is silent)."""
 
 
 def chunk_line(msg: ActionChunk, first: bool = False) -> str:
@@ -28,9 +35,12 @@ def chunk_line(msg: ActionChunk, first: bool = False) -> str:
     newest_input_ns = max((stamp_to_ns(s) for s in msg.source_stamps), default=0)
     age_ms = (stamp_to_ns(msg.header.stamp) - newest_input_ns) / 1e6 if newest_input_ns else float("nan")
     row = " ".join(f"{v:+.3f}" for v in actions[0, :7]) + (" ..." if msg.action_dim > 7 else "")
-    # `first`: the first chunk this console received; from a node just started, its first decision,
-    # which warms the caches up (chunk ids restart at 1 after ~/reset, with the caches warm)
-    note = "  (the first one received: a node's first decision warms its caches up)" if first else ""
+    # `first`: the first chunk this console received. Chunk 1 of a node just started is its first
+    # decision, which warms the caches up (after a ~/reset ids restart at 1 with the caches warm);
+    # joining a running node, the first chunk received is an ordinary one
+    note = (
+        "  (the first one received: a node's first decision warms its caches up)" if first and msg.chunk_id == 1 else ""
+    )
     return (
         f"chunk {msg.chunk_id:5d}  {msg.horizon}x{msg.action_dim}  latency {msg.inference_latency_ms:6.2f} ms  "
         f"newest input {age_ms:6.1f} ms old  first action [{row}]{note}"
@@ -39,7 +49,12 @@ def chunk_line(msg: ActionChunk, first: bool = False) -> str:
 
 def status_line(msg: PipelineStatus) -> str:
     skipped = sum(c.count for c in msg.invalid_inputs if c.reason == "dropped_decision")
-    invalid = ", ".join(f"{c.reason} {c.topic}: {c.count}" for c in msg.invalid_inputs if c.topic) or "none"
+    # absent: waits for a topic with nothing good yet, not rejected messages (the node's stats line
+    # counts them apart too)
+    counts = [c for c in msg.invalid_inputs if c.topic]
+    invalid = ", ".join(f"{c.reason} {c.topic}: {c.count}" for c in counts if c.reason != "absent") or "none"
+    waits = ", ".join(f"{c.topic}: {c.count}" for c in counts if c.reason == "absent")
+    invalid += f"; waits for absent {waits}" if waits else ""
     node_wide = [f"{c.reason}: {c.count}" for c in msg.invalid_inputs if not c.topic and c.reason != "dropped_decision"]
     invalid += f"; node: {', '.join(node_wide)}" if node_wide else ""
     stages = " | ".join(
@@ -60,11 +75,14 @@ class Echo(Node):
         self.every, self.quiet = max(every, 1), quiet
         self.chunks: list[tuple[int, float]] = []  # (chunk id, latency ms)
         self.first_at: float | None = None
-        self.create_subscription(ActionChunk, f"{node}/action_chunk", self._on_chunk, 10)
+        self.last_at: float | None = None
+        self.topic = f"{node}/action_chunk"
+        self.create_subscription(ActionChunk, self.topic, self._on_chunk, 10)
         self.create_subscription(PipelineStatus, f"{node}/status", self._on_status, 10)
 
     def _on_chunk(self, msg: ActionChunk) -> None:
         self.first_at = self.first_at or time.monotonic()
+        self.last_at = time.monotonic()
         self.chunks.append((msg.chunk_id, msg.inference_latency_ms))
         if not self.quiet and (len(self.chunks) - 1) % self.every == 0:
             print(chunk_line(msg, first=len(self.chunks) == 1), flush=True)
@@ -77,7 +95,7 @@ class Echo(Node):
         if not self.chunks:
             return "echo: no action chunks received"
         ids = [c for c, _ in self.chunks]
-        span = time.monotonic() - (self.first_at or time.monotonic())
+        span = (self.last_at or 0.0) - (self.first_at or 0.0)  # to the last chunk: a node that stopped
         rate = (len(ids) - 1) / span if span > 0 else 0.0
         latency = np.median([ms for _, ms in self.chunks])
         return (
@@ -85,25 +103,62 @@ class Echo(Node):
             f"median inference latency {latency:.2f} ms"
         )
 
+    def silence_hint(self) -> str:
+        """Why nothing arrives, as far as the graph tells: no publisher of the topic (a wrong
+        --node or namespace: the flashrt nodes seen are listed), or one that has not published."""
+        if self.count_publishers(self.topic):
+            return f"echo: {self.topic} has a publisher but no chunk came yet (inputs missing? see its ~/status)"
+        seen = sorted(f"{ns.rstrip('/')}/{n}" for n, ns in self.get_node_names_and_namespaces() if n != self.get_name())
+        return f"echo: no publisher of {self.topic} (nodes seen: {', '.join(seen) or 'none'}); check --node"
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _every(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv if argv is None else argv
     parser = argparse.ArgumentParser(
-        prog="flashrt_echo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m flashrt_ros.ros.echo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--node", default="/flashrt_node", help="node whose ~/action_chunk and ~/status to print")
-    parser.add_argument("--duration", type=float, default=0.0, help="exit after this many seconds (0 = Ctrl-C)")
-    parser.add_argument("--every", type=int, default=1, help="print every Nth chunk")
+    parser.add_argument("--duration", type=_seconds, default=0.0, help="exit after this many seconds (0 = Ctrl-C)")
+    parser.add_argument("--every", type=_every, default=1, help="print every Nth chunk")
     parser.add_argument("--quiet", action="store_true", help="print only the summary at the end")
-    args = parser.parse_args(remove_ros_args(argv)[1:])
-    rclpy.init(args=argv)
-    node = Echo(args.node, args.every, args.quiet)
+    try:
+        rest = remove_ros_args(argv)[1:]
+    except RCLError as exc:
+        print(f"echo: cannot start: the ROS arguments are invalid: {rcl_reason(exc)}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(rest)
+    try:
+        rclpy.init(args=argv)
+        node = Echo(args.node.rstrip("/") or "/", args.every, args.quiet)
+    except (RCLError, InvalidTopicNameException, InvalidNodeNameException, InvalidNamespaceException) as exc:
+        print(f"echo: cannot start: {rcl_reason(exc)} (--node {args.node!r}, ROS arguments)", file=sys.stderr)
+        rclpy.try_shutdown()
+        return 2
     executor = SingleThreadedExecutor()
     executor.add_node(node)
-    deadline = time.monotonic() + args.duration if args.duration > 0 else float("inf")
+    start = time.monotonic()
+    deadline = start + args.duration if args.duration > 0 else float("inf")
+    hinted = False
     try:
         while rclpy.ok() and time.monotonic() < deadline:
             executor.spin_once(timeout_sec=0.1)
+            if not hinted and not node.chunks and time.monotonic() - start > SILENT_S:
+                print(node.silence_hint(), flush=True)
+                hinted = True
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
