@@ -85,12 +85,22 @@ def _check_args(args: argparse.Namespace) -> str | None:
     if "realtime-vla" in args.modes.split(","):
         if not args.realtime_vla:
             return "mode realtime-vla needs --realtime-vla PATH (a checkout of github.com/dexmal/realtime-vla-v2)"
-        from .bench.realtime_vla import server_dir
+        from .bench.realtime_vla import check_shapes, server_dir
+        from .policies.config import PolicyConfig
 
         try:
             server_dir(Path(args.realtime_vla))
         except FileNotFoundError as exc:
             return str(exc)
+        views = args.views if args.baselines_all_views else [max(args.views)]
+        for kind in args.policy.split(","):
+            preset = kind + ("_tiny" if args.tiny else "")
+            cfg = PolicyConfig.preset(preset, num_steps=args.steps, horizon=args.horizon)
+            try:
+                for n in views:
+                    check_shapes(cfg, n)
+            except ValueError as exc:
+                return f"--modes realtime-vla with {preset}: {exc}"
     return None
 
 

@@ -276,20 +276,31 @@ def test_pi0_suffix_and_action_output_match_ours(pi0, step) -> None:
     torch.testing.assert_close(theirs + weights["decoder_action_fused_out_proj_b"], out[0], **TOL)
 
 
-def _meta(cfg: PolicyConfig) -> Pi0Model:
-    with torch.device("meta"):  # the shapes only: no memory
-        return Pi0Model(cfg)
-
-
 def test_shapes_it_cannot_run_are_refused_with_reasons() -> None:
-    check_shapes(_meta(PolicyConfig.pi05()), views=3)  # the issue's shape: 3 x 256 + 200 + 50 = 1018 keys
+    check_shapes(PolicyConfig.pi05(), views=3)  # the issue's shape: 3 x 256 + 200 + 50 = 1018 keys
     with pytest.raises(ValueError, match=r"5 steps \(its build hard-codes 10\)"):
-        check_shapes(_meta(PolicyConfig.pi05(num_steps=5)), views=3)
-    check_shapes(_meta(PolicyConfig.pi0()), views=3)  # 3 x 256 + 48 + 1 + 50 = 867 keys
+        check_shapes(PolicyConfig.pi05(num_steps=5), views=3)
+    check_shapes(PolicyConfig.pi0(), views=3)  # 3 x 256 + 48 + 1 + 50 = 867 keys
     with pytest.raises(ValueError, match=r"widths / head dim \(64, 32, 16\)"):
-        check_shapes(tiny_model("pi05"), views=2)
+        check_shapes(tiny_model("pi05").cfg, views=2)
     with pytest.raises(ValueError, match=r"1274 keys"):
-        check_shapes(_meta(PolicyConfig.pi05().replace(prompt_len=456)), views=3)
+        check_shapes(PolicyConfig.pi05().replace(prompt_len=456), views=3)
+
+
+def test_shapes_it_cannot_run_stop_the_cli_before_any_mode(tmp_path, capsys) -> None:
+    """--tiny or --steps 5 with realtime-vla was refused only after the other modes had run."""
+    (tmp_path / "server").mkdir()
+    for name in ("pi05_infer.py", "pi0_infer.py"):
+        (tmp_path / "server" / name).write_text("")
+    argv = ["bench", "--policy", "pi05", "--modes", "eager,realtime-vla", "--realtime-vla", str(tmp_path)]
+    assert main([*argv, "--steps", "5"]) == 2
+    assert (
+        "--modes realtime-vla with pi05: realtime-vla cannot run this configuration: 5 steps" in capsys.readouterr().out
+    )
+    assert main([*argv, "--tiny"]) == 2
+    assert (
+        "--modes realtime-vla with pi05_tiny: realtime-vla cannot run this configuration: " in capsys.readouterr().out
+    )
 
 
 def test_revision_of_an_exported_checkout_inside_another_repo(tmp_path) -> None:

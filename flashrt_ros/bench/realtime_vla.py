@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from ..policies import cuda_graphs
+from ..policies.config import PolicyConfig
 from ..policies.pi0 import Pi0Model, sinusoidal_time_embedding
 from .parity import chunk_parity
 from .reference import Case
@@ -253,9 +254,9 @@ def time_embeddings(model: Pi0Model) -> Tensor:
     return sinusoidal_time_embedding(t, cfg.expert.width, cfg.min_period, cfg.max_period)
 
 
-def check_shapes(model: Pi0Model, views: int) -> None:
-    """What its kernels are written for, said before anything is built."""
-    cfg = model.cfg
+def check_shapes(cfg: PolicyConfig, views: int) -> None:
+    """What its kernels are written for, said before anything is built (the CLI asks before any
+    mode runs, so a run that cannot include it stops in a second, not after the other modes)."""
     problems = []
     if cfg.kind not in MODULES:
         problems.append(f"policy {cfg.kind} (its backends: {', '.join(MODULES)})")
@@ -283,7 +284,7 @@ class RealtimeVla:
     """
 
     def __init__(self, backend: types.ModuleType, model: Pi0Model, case: Case):
-        check_shapes(model, case.views)
+        check_shapes(model.cfg, case.views)
         cfg = model.cfg
         self.kind, self.backend = cfg.kind, backend
         mask = case.token_masks[0].bool()
