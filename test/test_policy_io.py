@@ -583,3 +583,38 @@ def test_aloha_state_enters_the_model_in_the_pi_space(tokenizer_file):
     assert (np.sign(model_state[[1, 2, 8, 9]].numpy()) == -np.sign(state[[1, 2, 8, 9]])).all()  # flipped
     with pytest.raises(ValueError, match="needs 14 state and 14 action joints .* the robot has 6 and 14"):
         policy.prepare_prompt_state(Observation(images, state[:6], "pick"))
+
+
+def test_more_joints_than_the_statistics_cover_are_refused(tokenizer_file):
+    """Dims past the statistics passed through un-normalised: a state in raw robot units reached
+    the model, and actions came out still normalised as robot units. The node refused this at
+    start; the Policy itself now does, for every caller (bench, parity, scripts)."""
+    from flashrt_ros.policies.policy import Observation, build_policy
+
+    cfg = PolicyConfig.tiny("pi0")
+    seven = Stats(mean=np.zeros(7, np.float32), std=np.ones(7, np.float32))
+    stats = Normalizer("mean_std", seven, seven)
+    with pytest.raises(ValueError, match="10 action dims asked for, but the normalisation statistics cover 7"):
+        build_policy(cfg, tokenizer_file, seed=0, action_dof=10, normalizer=stats)
+    policy = build_policy(cfg, tokenizer_file, seed=0, action_dof=7, normalizer=stats)
+    images = [np.zeros((56, 56, 3), np.uint8)] * cfg.num_views
+    assert policy.infer(Observation(images, np.zeros(7, np.float32), "go")).shape == (cfg.horizon, 7)
+    with pytest.raises(ValueError, match="state has 10 values but the normalisation statistics cover 7: "):
+        policy.infer(Observation(images, np.zeros(10, np.float32), "go"))
+
+
+def test_a_flipped_view_is_the_same_image(tokenizer_file):
+    """`bgr[..., ::-1]` (negative strides) failed in torch on the reference path while the fused
+    path copied it: both now take it as the image it shows."""
+    from flashrt_ros.policies.policy import Observation, build_policy
+
+    cfg = PolicyConfig.tiny("pi05")
+    policy = build_policy(cfg, tokenizer_file, seed=0, action_dof=14)
+    bgr = np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    noise = torch.randn(1, cfg.horizon, cfg.action_dim, generator=torch.Generator().manual_seed(1))
+
+    def act(image: np.ndarray) -> np.ndarray:
+        obs = Observation([image] * cfg.num_views, np.zeros(14, np.float32), "go")
+        return policy.infer(obs, noise=noise)
+
+    np.testing.assert_array_equal(act(bgr[..., ::-1]), act(np.ascontiguousarray(bgr[..., ::-1])))

@@ -63,6 +63,12 @@ class Policy:
         self.tokenizer = tokenizer
         self.normalizer = normalizer or Normalizer("identity")
         self.action_dof = self.cfg.action_dim if action_dof is None else _check_dof(action_dof, self.cfg.action_dim)
+        _, action_stats = self.normalizer.dims()
+        if action_stats is not None and self.action_dof > action_stats:
+            raise ValueError(
+                f"{self.action_dof} action dims asked for, but the normalisation statistics cover {action_stats}: "
+                f"the others would come out still normalised; expected at most {action_stats}"
+            )
         self.device = torch.device(device)
         problem = vocabulary_problem(tokenizer, self.cfg)
         if problem:
@@ -94,6 +100,12 @@ class Policy:
             raise ValueError(f"state must be a vector of at most {cfg.state_dim} values, got shape {state.shape}")
         if not np.isfinite(state).all():
             raise ValueError("state has non-finite values")
+        state_stats, _ = self.normalizer.dims()
+        if state_stats is not None and state.shape[0] > state_stats:
+            raise ValueError(
+                f"state has {state.shape[0]} values but the normalisation statistics cover {state_stats}: the "
+                "others would reach the model in raw robot units; no action computed"
+            )
         problem = space_problem(self.cfg, state.shape[0], self.action_dof)
         if problem:
             raise ValueError(f"{problem}; no action computed")

@@ -41,8 +41,9 @@ def to_unit_float(image: np.ndarray | Tensor, what: str = "image") -> Tensor:
     """uint8 [H, W, 3] or float [H, W, 3] in [0, 1] -> float32 [1, 3, H, W].
 
     Any other dtype or a float outside [0, 1] (NaN included) is refused, naming `what`: read as
-    [0, 1] it would clamp to white, or at the model's size skip the clamp and reach the model."""
-    t = torch.as_tensor(image)
+    [0, 1] it would clamp to white, or at the model's size skip the clamp and reach the model.
+    A flipped view (`bgr[..., ::-1]`, negative strides, which torch refuses) is copied first."""
+    t = torch.as_tensor(np.ascontiguousarray(image) if isinstance(image, np.ndarray) else image)
     if t.ndim != 3 or t.shape[-1] != 3:
         raise ValueError(f"{what}: expected an HxWx3 RGB image, got shape {tuple(t.shape)}")
     if t.dtype == torch.uint8:

@@ -24,7 +24,8 @@ def clean_task(task: str) -> str:
 
 
 def discretize_state(state: np.ndarray) -> np.ndarray:
-    """Normalised state in [-1, 1] -> bin index 0..255 (values outside clip to the end bins)."""
+    """Normalised state in [-1, 1] -> bin index 0..255, as openpi bins it: at or above the last
+    edge (0.992) -> 255, below -1 -> -1 (openpi and LeRobot write that -1 into the prompt too)."""
     bins = np.linspace(-1.0, 1.0, STATE_BINS + 1)[:-1]
     return np.digitize(np.asarray(state, dtype=np.float64), bins=bins) - 1
 
