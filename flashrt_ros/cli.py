@@ -92,7 +92,7 @@ def _check_args(args: argparse.Namespace) -> str | None:
             server_dir(Path(args.realtime_vla))
         except FileNotFoundError as exc:
             return str(exc)
-        views = args.views if args.baselines_all_views else [max(args.views)]
+        views = _timed_views("realtime-vla", args)
         for kind in args.policy.split(","):
             preset = kind + ("_tiny" if args.tiny else "")
             cfg = PolicyConfig.preset(preset, num_steps=args.steps, horizon=args.horizon)
@@ -102,6 +102,13 @@ def _check_args(args: argparse.Namespace) -> str | None:
             except ValueError as exc:
                 return f"--modes realtime-vla with {preset}: {exc}"
     return None
+
+
+def _timed_views(mode: str, args: argparse.Namespace) -> list[int]:
+    """The view counts a mode runs at: every one for the fused modes, the largest for the
+    baselines (they take minutes) unless --baselines-all-views."""
+    all_views = mode.startswith("fused") or args.baselines_all_views
+    return args.views if all_views else [max(args.views)]
 
 
 def _out_problem(out: Path) -> str | None:
@@ -158,8 +165,7 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"note: no baseline among --modes ({', '.join(BASELINES)}): no speed-ups in this run")
     for mode in modes:
         for kind, (model, base, cases, refs) in setups.items():
-            all_views = mode.startswith("fused") or args.baselines_all_views
-            views_list = args.views if all_views else [max(args.views)]
+            views_list = _timed_views(mode, args)
             if len(views_list) < len(args.views) and kind == next(iter(setups)):
                 print(f"note: {mode} at {max(args.views)} views only (--baselines-all-views for all)")
             for views in views_list:

@@ -256,12 +256,12 @@ def pipeline_steps(path: Path) -> list[dict]:
 
 
 def _lerobot_mode(pipeline: Path, step: dict) -> str:
-    """The normalizer step's mode from its config.norm_map. Without a norm_map the statistics'
+    """A (un)normalizer step's mode from its config.norm_map. Without a norm_map the statistics'
     mode is unknown: reading it as identity would publish normalised actions as robot units."""
     norm_map = step.get("config", {}).get("norm_map")
     if not isinstance(norm_map, dict):
         raise ValueError(
-            f"{pipeline}: the normalizer_processor step has statistics ({step['state_file']}) but its "
+            f"{pipeline}: the {step.get('registry_name')} step has statistics ({step['state_file']}) but its "
             f"config.norm_map is {'missing' if norm_map is None else type(norm_map).__name__}; expected an "
             'object such as {"STATE": "QUANTILES", "ACTION": "QUANTILES"} saying how they are applied'
         )
@@ -281,8 +281,12 @@ def file_present(path: Path) -> bool:
         return True
     if not os.path.lexists(path):
         return False
-    what = "a directory" if path.is_dir() else "a broken or looping link" if path.is_symlink() else "not a regular file"
-    raise ValueError(f"{path} is {what}; expected a readable file there, or nothing")
+    raise ValueError(f"{path} is {what_is_there(path)}; expected a readable file there, or nothing")
+
+
+def what_is_there(path: Path) -> str:
+    """What occupies a path that is no readable regular file, for a message."""
+    return "a directory" if path.is_dir() else "a broken or looping link" if path.is_symlink() else "not a regular file"
 
 
 def read_json(path: str | Path) -> dict:

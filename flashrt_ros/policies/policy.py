@@ -100,7 +100,7 @@ class Policy:
             raise ValueError(f"state must be a vector of at most {cfg.state_dim} values, got shape {state.shape}")
         if not np.isfinite(state).all():
             raise ValueError("state has non-finite values")
-        state_stats, _ = self.normalizer.dims()
+        state_stats, _ = self.normalizer.dims()  # read here: `normalizer` may be swapped after init
         if state_stats is not None and state.shape[0] > state_stats:
             raise ValueError(
                 f"state has {state.shape[0]} values but the normalisation statistics cover {state_stats}: the "

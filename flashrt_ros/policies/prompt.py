@@ -9,10 +9,13 @@ Tokens are right-padded with 0 to the prompt length; the mask marks real tokens.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from .normalize import what_is_there
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +62,7 @@ class PromptTokenizer:
 
         path = Path(model_file)
         if not path.is_file():
-            what = "a directory" if path.is_dir() else "a broken or looping link" if path.is_symlink() else "not found"
+            what = what_is_there(path) if os.path.lexists(path) else "not found"
             raise FileNotFoundError(f"tokenizer model {what}: {path}; expected PaliGemma's tokenizer.model file")
         try:
             self.sp = sentencepiece.SentencePieceProcessor(model_file=str(path))

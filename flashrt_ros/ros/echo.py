@@ -105,7 +105,7 @@ class Echo(Node):
 
     def silence_hint(self) -> str:
         """Why nothing arrives, as far as the graph tells: no publisher of the topic (a wrong
-        --node or namespace: the flashrt nodes seen are listed), or one that has not published."""
+        --node or namespace: the other nodes seen are listed), or one that has not published."""
         if self.count_publishers(self.topic):
             return f"echo: {self.topic} has a publisher but no chunk came yet (inputs missing? see its ~/status)"
         seen = sorted(f"{ns.rstrip('/')}/{n}" for n, ns in self.get_node_names_and_namespaces() if n != self.get_name())
