@@ -133,10 +133,14 @@ def test_write_checks_every_buffer_before_changing_any(state):
     good = state.read()
     state.decide(observation(0))
     live = state.read()
+    h = state.pipeline.policy.cfg.horizon
     for broken, reason in [
         ({**good, "next_chunk_id": np.zeros(0, np.int64)}, r"next_chunk_id must be one integer >= 1, got int64\[0\]"),
+        ({**good, "next_chunk_id": np.array([0])}, r"next_chunk_id must be one integer >= 1, got int64\[1\]=\[0\]"),
         ({**good, "rng": good["rng"][:-1]}, r"rng must be uint8\[\d+\], got uint8\[\d+\]"),
-        ({**good, "last_actions": np.zeros((2, 5), np.float32)}, r"last_actions must be \[n, 6\], got \[2, 5\]"),
+        ({**good, "last_actions": np.zeros((h, 5), np.float32)}, rf"last_actions must be \[{h}, 6\] .*, got \[{h}, 5"),
+        # another pipeline's chunk (another horizon): not this pipeline's previous chunk
+        ({**good, "last_actions": np.zeros((h + 3, 6), np.float32)}, rf"last_actions must be \[{h}, 6\] \(or \[0, 6\]"),
     ]:
         with pytest.raises(ValueError, match="pipeline state refused: " + reason):
             state.write(broken)
@@ -151,12 +155,13 @@ def test_write_checks_the_last_chunk_dtype_before_applying_anything(state):
     state.decide(observation(0))
     state.decide(observation(1))
     live = state.read()
-    with_none = np.array([[1, 2, 3, 4, 5, None]], dtype=object)
+    h = state.pipeline.policy.cfg.horizon
+    with_none = np.array([[1, 2, 3, 4, 5, None]] * h, dtype=object)
     for actions, reason in [
-        (np.full((2, 6), "x"), r"last_actions must be float32\[n, 6\] \(real numbers\), got dtype <U1"),
-        (with_none, r"last_actions must be float32\[n, 6\] \(real numbers\), got dtype object"),
-        (np.full((1, 6), 1e300), r"last_actions must be finite in float32 .*, got 1e\+300 at \[0, 0\] \(6 such"),
-        (np.full((1, 6), np.nan, np.float32), r"last_actions must be finite in float32 .*, got nan at \[0, 0\]"),
+        (np.full((h, 6), "x"), rf"last_actions must be float32\[{h}, 6\] \(real numbers\), got dtype <U1"),
+        (with_none, rf"last_actions must be float32\[{h}, 6\] \(real numbers\), got dtype object"),
+        (np.full((h, 6), 1e300), rf"last_actions must be finite in float32 .*, got 1e\+300 at \[0, 0\] \({6 * h} such"),
+        (np.full((h, 6), np.nan, np.float32), r"last_actions must be finite in float32 .*, got nan at \[0, 0\]"),
     ]:
         broken = {**good, "next_chunk_id": np.array([42]), "last_actions": actions}
         with pytest.raises(ValueError, match="pipeline state refused: " + reason):

@@ -523,6 +523,49 @@ def test_inputs_of_the_wrong_shape_are_refused_before_the_bucket_changes():
     assert fused.bucket == bucket
 
 
+def test_denoise_on_the_cached_prefix_keeps_its_shape_after_new_inputs():
+    """Multi-rate use: new inputs (one camera, a shorter prompt) are set, and a denoise runs on
+    the prefix still in the cache before the prefix stage runs again. It used the new inputs'
+    view count and prompt bucket against the old cache's layout (other key masks, positions and
+    suffix rows): the same noise must give the same chunk as on that prefix."""
+    model = tiny_model("pi05", seed=2, num_views=2).to(DEVICE)
+    fused = FusedPi0(model, torch.float32, prompt_buckets=(16,))
+    with pytest.raises(RuntimeError, match="run the prefix stage first"):
+        fused.run("denoise")
+    first = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1, valid_tokens=20).items()}
+    fused.set_pixels(first["pixels"][0], [True, True])
+    fused.set_inputs(first["tokens"][0], first["token_masks"][0], first["state"][0], first["noise"][0])
+    fused.capture()
+    chunk = fused.sample_actions().clone()
+    then = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1, valid_tokens=5, seed=5).items()}
+    then["image_masks"][0, 1] = False
+    fused.set_pixels(then["pixels"][0], then["image_masks"][0].tolist())
+    fused.set_inputs(then["tokens"][0], then["token_masks"][0], then["state"][0], first["noise"][0])
+    assert (fused.views, fused.bucket, fused.cached) == (1, 16, (2, model.cfg.prompt_len))
+    fused.run("denoise")
+    torch.testing.assert_close(fused.actions, chunk, rtol=0, atol=0)
+    fused.run("prefix")  # now the new inputs' prefix
+    assert fused.cached == (1, 16)
+    fused.run("denoise")
+    ref = model.sample_actions(**{**then, "noise": first["noise"]})[0]
+    torch.testing.assert_close(fused.actions, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_pixels_of_the_wrong_shape_are_refused():
+    """A [V, 1, S, S] tensor would broadcast over the three channels; flags for more views than
+    given failed with a bare IndexError."""
+    model = tiny_model("pi05", seed=2, num_views=2).to(DEVICE)
+    fused = FusedPi0(model, torch.float32)
+    s = model.cfg.vision.image_size
+    with pytest.raises(ValueError, match=rf"pixels \(2, 1, {s}, {s}\) with 2 valid flags; expected \[V, 3, {s}, {s}\]"):
+        fused.set_pixels(torch.zeros(2, 1, s, s, device=DEVICE), [True, True])
+    with pytest.raises(ValueError, match="with 3 valid flags"):
+        fused.set_pixels(torch.zeros(2, 3, s, s, device=DEVICE), [True, True, True])
+    with pytest.raises(ValueError, match="3 views present; this path holds 2"):
+        fused.set_pixels(torch.zeros(3, 3, s, s, device=DEVICE), [True, True, True])
+    assert fused.views == 2
+
+
 def test_more_action_dims_than_the_step_kernel_holds_run_as_separate_kernels():
     """65 action dims: the step kernel's denoise tail holds 64, so the expert runs per op from the
     start (it used to build, then fail every decision) and still matches the reference."""

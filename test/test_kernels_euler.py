@@ -47,3 +47,10 @@ def test_euler_gpu_bf16_velocity() -> None:
     ref = euler_step_ref(x, v, -0.1)
     euler_step(x, v, -0.1)
     torch.testing.assert_close(x, ref, atol=1e-6, rtol=1e-6)
+
+
+def test_euler_refuses_an_integer_output() -> None:
+    """An int buffer would silently truncate x + dt * v."""
+    x = torch.randn(4, 3, device=DEVICE)
+    with pytest.raises(ValueError, match=r"out must be a floating-point tensor on .*, got torch.int32"):
+        euler_step(x, torch.randn(4, 3, device=DEVICE), -0.1, out=torch.zeros(4, 3, dtype=torch.int32, device=DEVICE))

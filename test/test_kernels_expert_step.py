@@ -8,6 +8,7 @@
   interpreter): the only check of Thor's target we can run in CI.
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,28 @@ def test_rope_table_is_cos_sin_of_position_times_frequency_and_checked() -> None
     for bad in (pos, rope_table(pos, inv).double(), rope_table(pos[:-1], inv)):
         with pytest.raises(ValueError, match=rf"rope must be rope_table\(...\)'s contiguous float32 \[2, {M}, 8\]"):
             plan.step(h0.clone(), plan.lay_out(w), 1, k, v, kb, qb, bad, row0, 0, 1e-6)
+
+
+def test_step_refuses_strided_masks_and_weights() -> None:
+    """The kernel reads masks, weights and norms as packed rows: the same values through a
+    strided view were read as other numbers (errors of 1.5 and 150 against the reference), now
+    refused naming the tensor and its strides; a norm stack too short for the step as well."""
+    M, W, F, H, D, L, P = 10, 32, 64, 4, 16, 2, 24
+    h0, w, (k, v, kb, qb, pos, inv, row0) = _problem(M, W, F, H, D, L, P, torch.float32, gated=True)
+    plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), torch.float32)
+    w, rope = plan.lay_out(w), rope_table(pos, inv)
+    strided_kb = torch.stack([kb, kb], 1)[:, 0]
+    with pytest.raises(ValueError, match=r"key_blocks must be contiguous int32 on .*, got torch.int32 strides \(2,\)"):
+        plan.step(h0.clone(), w, 1, k, v, strided_kb, qb, rope, row0, 0, 1e-6)
+    with pytest.raises(ValueError, match=r"query_blocks must be contiguous int32 .*, got torch.int64"):
+        plan.step(h0.clone(), w, 1, k, v, kb, qb.long(), rope, row0, 0, 1e-6)
+    transposed = w.attn_mult.transpose(1, 2).contiguous().transpose(1, 2)  # same values, other strides
+    with pytest.raises(ValueError, match=r"expert weights: attn_mult must be contiguous torch.float32 \[2, 2, 32\]"):
+        plan.step(h0.clone(), replace(w, attn_mult=transposed), 1, k, v, kb, qb, rope, row0, 0, 1e-6)
+    with pytest.raises(ValueError, match=r"expert weights: down must be contiguous torch.float32 \[2, 32, 64\]"):
+        plan.step(h0.clone(), replace(w, down=w.down.double()), 1, k, v, kb, qb, rope, row0, 0, 1e-6)
+    with pytest.raises(ValueError, match="attn_mult holds 2 denoise steps, step 2 asked for"):
+        plan.step(h0.clone(), w, 2, k, v, kb, qb, rope, row0, 0, 1e-6)
 
 
 def test_phase_times_decodes_the_trace() -> None:

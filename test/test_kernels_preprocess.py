@@ -61,6 +61,17 @@ def test_preprocess_rejects_non_uint8() -> None:
         preprocess_image(torch.zeros(8, 8, 3, device=DEVICE), 8)
 
 
+def test_preprocess_refuses_chw_frames_and_integer_outputs() -> None:
+    """A CHW frame [3, 40, 60] was read as H=3, W=40 with 60 channels; a uint8 `out` truncated
+    the [-1, 1] pixels to two values. Both refused, saying what was expected."""
+    with pytest.raises(ValueError, match=r"with C 3 or 4 \(HWC\), got \(3, 40, 60\)"):
+        preprocess_image(torch.zeros(3, 40, 60, dtype=torch.uint8, device=DEVICE), 8)
+    frame = torch.zeros(40, 60, 3, dtype=torch.uint8, device=DEVICE)
+    with pytest.raises(ValueError, match="out is torch.uint8; expected a floating-point buffer"):
+        preprocess_image(frame, 8, out=torch.zeros(3, 8, 8, dtype=torch.uint8, device=DEVICE))
+    assert preprocess_image(torch.zeros(40, 60, 4, dtype=torch.uint8, device=DEVICE), 8).shape == (3, 8, 8)  # rgba
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("H,W", [(480, 640), (720, 1280), (224, 224), (1080, 1920)])
 def test_preprocess_gpu_real_shapes(H: int, W: int) -> None:

@@ -4,7 +4,7 @@ import pytest
 import torch
 from kernel_fixtures import DEVICE
 
-from flashrt_ros.kernels.rope import qkv_rope, qkv_rope_ref, rope, rope_ref
+from flashrt_ros.kernels.rope import qkv_rope, qkv_rope_ref, rope, rope_inv_freq, rope_ref
 
 # fp32: angles up to ~1000 rad, so allow a few fp32 ulps of the angle through cos/sin.
 TOL = {torch.float32: dict(atol=2e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
@@ -36,6 +36,19 @@ def test_rope_in_place_q_only_int32_positions() -> None:
     q_rot, k_rot = rope(q, None, pos, q_out=q)
     assert k_rot is None and q_rot.data_ptr() == q.data_ptr()
     torch.testing.assert_close(q, q_ref, **TOL[torch.float32])
+
+
+def test_rope_refuses_a_strided_inv_freq() -> None:
+    """The kernel reads inv_freq as packed fp32: the right values through a stride-2 view gave
+    angles off by up to 3.7 (no error). Refused, with what was expected."""
+    q = torch.randn(5, 4, 32, device=DEVICE)
+    pos = torch.arange(5, device=DEVICE)
+    inv = rope_inv_freq(32, 10000.0, DEVICE)
+    strided = torch.stack([inv, inv], 1)[:, 0]
+    assert torch.equal(strided, inv) and not strided.is_contiguous()
+    with pytest.raises(ValueError, match=r"inv_freq must be contiguous fp32 \[16\], got torch.float32 \[16\]"):
+        rope(q, None, pos, inv_freq=strided)
+    torch.testing.assert_close(rope(q, None, pos, inv_freq=inv)[0], rope_ref(q, None, pos)[0], **TOL[torch.float32])
 
 
 def test_rope_position_zero_is_identity() -> None:

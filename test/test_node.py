@@ -564,6 +564,48 @@ def test_the_error_names_the_inputs_that_still_stop_decisions(rclpy_context):
         node.destroy_node()
 
 
+def test_inputs_replaced_while_the_policy_runs_were_used_not_dropped(rclpy_context):
+    """Sensors faster than a decision: each decision takes the held samples, and new ones replace
+    them while the policy runs. Those were used (they fed the decision); dropped_inputs counted
+    them because a sample was marked used only at publication. A sample replaced before any
+    decision took it is still a drop."""
+    from rclpy.time import Time
+    from sensor_msgs.msg import Image, JointState
+
+    from flashrt_ros.ros.image_convert import image_to_rgb
+
+    node = _in_process_node(rclpy_context)
+    try:
+
+        def feed() -> None:
+            stamp = Time(nanoseconds=node.get_clock().now().nanoseconds).to_msg()
+            for i, slot in enumerate(node.slots[:-1]):
+                img = Image(height=HW[0], width=HW[1], encoding="rgb8", step=HW[1] * 3)
+                img.data = bytes([40 + i]) * (HW[0] * HW[1] * 3)
+                img.header.stamp = stamp
+                node._on_image(image_to_rgb, slot, img)
+            joints = JointState(name=list(JOINTS), position=[0.1] * len(JOINTS))
+            joints.header.stamp = stamp
+            node._on_joint_state(node.slots[-1], joints)
+
+        decide = node.state.decide
+
+        def decide_while_inputs_arrive(observation):
+            decision = decide(observation)
+            feed()  # the cameras and joints publish during the policy's call
+            return decision
+
+        node.state.decide = decide_while_inputs_arrive
+        feed()
+        for _ in range(3):
+            node._on_decision()
+        assert (node.decisions, node.dropped_inputs) == (3, 0)
+        feed()  # replaces the samples fed during the last decision, which no decision took
+        assert node.dropped_inputs == len(node.slots)
+    finally:
+        node.destroy_node()
+
+
 def test_a_reset_that_waited_for_a_decision_is_refused_once_the_stop_signal_came(rclpy_context):
     """A ~/reset waiting for the decision in flight when SIGINT arrives: it must not run after the
     signal (the final stats line counts everything that ran)."""

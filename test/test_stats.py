@@ -48,6 +48,27 @@ def test_rates_are_read_on_the_given_clock():
     assert summary.rate_hz == pytest.approx(10.0)
 
 
+def test_a_clock_that_goes_back_starts_the_rate_afresh() -> None:
+    """Sim time reset to 0 (or a bag loop) after 20 s at 10 Hz: the completions from before are on
+    another timeline. The rate read 0 Hz (a negative span) or mixed both timelines (17 Hz two
+    seconds after a 7 s jump) until they left the window; it must read the new 10 Hz at once, and
+    0 between the jump and the first completions after it. Latencies keep their window."""
+    now = [0.0]
+    stats = PipelineStats(window=200, clock=lambda: now[0])
+    for _ in range(200):
+        now[0] += 0.1
+        stats.add({"decision": 1.0})
+    assert stats.summaries()[0].rate_hz == pytest.approx(10.0)
+    now[0] = 13.0  # jumped back 7 s, no completion yet
+    assert stats.summaries()[0].rate_hz == 0.0
+    for _ in range(20):
+        now[0] += 0.1
+        stats.add({"decision": 2.0})
+    (summary,) = stats.summaries()
+    assert summary.rate_hz == pytest.approx(10.0)
+    assert summary.count == 220 and summary.p50_ms == 1.0
+
+
 def test_a_new_rate_shows_within_the_rate_span() -> None:
     """10 Hz for 100 s, then 2 Hz: the rate reads 2 Hz once RATE_SPAN_S of the new rate has
     passed, although the 200-decision window still holds 10 Hz completions (it would take 100 s

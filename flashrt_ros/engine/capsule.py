@@ -82,13 +82,14 @@ class PipelineState:
             raise ValueError(f"pipeline state needs buffers {list(self.NAMES)}; missing {missing}, unknown {unknown}")
         rng, ids, actions = (np.asarray(state[n]) for n in self.NAMES)
         # every buffer checked before any is applied: a refused state changes nothing
-        live, dof = self.pipeline.generator.get_state().numpy(), self.pipeline.policy.action_dof
+        live, policy = self.pipeline.generator.get_state().numpy(), self.pipeline.policy
         problems = []
         if rng.dtype != live.dtype or rng.shape != live.shape:
             problems.append(f"rng must be {live.dtype}[{live.size}], got {rng.dtype}{list(rng.shape)}")
         if ids.shape != (1,) or ids.dtype.kind not in "iu" or ids[0] < 1:
-            problems.append(f"next_chunk_id must be one integer >= 1, got {ids.dtype}{list(ids.shape)}")
-        problems += _actions_problems(actions, dof)
+            value = f"={ids.tolist()}" if ids.size == 1 else ""
+            problems.append(f"next_chunk_id must be one integer >= 1, got {ids.dtype}{list(ids.shape)}{value}")
+        problems += _actions_problems(actions, policy.cfg.horizon, policy.action_dof)
         if problems:
             raise ValueError("pipeline state refused: " + "; ".join(problems))
         last = np.array(actions, dtype=np.float32, copy=True)  # converted before anything is applied
@@ -106,14 +107,15 @@ class PipelineState:
         return np.zeros((0, self.pipeline.policy.action_dof), dtype=np.float32)
 
 
-def _actions_problems(actions: np.ndarray, dof: int) -> list[str]:
+def _actions_problems(actions: np.ndarray, horizon: int, dof: int) -> list[str]:
     """What makes `actions` unusable as ``last_actions``: a decision's chunk is a real float32
-    matrix [n, dof] of finite values. Checked on the dtype, not by converting: strings or an
-    object array (None would become NaN) must be refused before any buffer is applied."""
-    if actions.ndim != 2 or actions.shape[1] != dof:
-        return [f"last_actions must be [n, {dof}], got {list(actions.shape)}"]
+    matrix [horizon, dof] of finite values (or [0, dof]: no decision yet); another horizon is
+    another pipeline's. Checked on the dtype, not by converting: strings or an object array
+    (None would become NaN) must be refused before any buffer is applied."""
+    if actions.ndim != 2 or actions.shape[0] not in (0, horizon) or actions.shape[1] != dof:
+        return [f"last_actions must be [{horizon}, {dof}] (or [0, {dof}] before a decision), got {list(actions.shape)}"]
     if actions.dtype.kind not in "fiu":
-        return [f"last_actions must be float32[n, {dof}] (real numbers), got dtype {actions.dtype}"]
+        return [f"last_actions must be float32[{horizon}, {dof}] (real numbers), got dtype {actions.dtype}"]
     with np.errstate(over="ignore"):  # a float64 beyond float32's range becomes inf: refused below
         as_f32 = actions.astype(np.float32)
     bad = np.flatnonzero(~np.isfinite(as_f32))
@@ -161,7 +163,7 @@ class CapsuleStoreFull(ValueError):
 MAX_CAPSULES = 100
 """How many capsules a store keeps: a client snapshotting under fresh names in a loop would
 otherwise grow the node's memory without bound (each holds the last chunk and the noise
-generator, ~10 KB for the default policy)."""
+generator: ~6 KB for the default policy on a CPU, whose generator state is 5 KB)."""
 
 
 class CapsuleStore:

@@ -39,7 +39,12 @@ class StageStats:
     def add(self, latency_ms: float, now: float | None = None) -> None:
         self.count += 1
         self._latency_ms.append(latency_ms)
-        self._done_at.append(self._clock() if now is None else now)
+        now = self._clock() if now is None else now
+        if self._done_at and now < self._done_at[-1]:
+            # the clock went back (a simulator reset, a bag loop, use_sim_time switched): times
+            # from before are on another timeline, and a rate across both would be nonsense
+            self._done_at.clear()
+        self._done_at.append(now)
 
     def summary(self, now: float | None = None) -> StageSummary:
         if not self._latency_ms:
@@ -52,17 +57,20 @@ class StageStats:
         the last 3 of the window), so that a new rate shows within that span and not only
         after a whole window of decisions (200 at 2 Hz: 100 s). Once the stage stops for
         longer than its mean interval, the span is taken to reach `now`, so the rate falls
-        towards 0 instead of showing the last value for ever."""
+        towards 0 instead of showing the last value for ever. A clock behind the last
+        completion went back since: no rate until completions on its new timeline."""
         if len(self._done_at) < 2:
             return 0.0
         last = self._done_at[-1]
+        now = self._clock() if now is None else now
+        if now < last:
+            return 0.0
         recent = [t for t in self._done_at if t >= last - RATE_SPAN_S]
         if len(recent) < 3:
             recent = list(self._done_at)[-3:]
         n, span = len(recent) - 1, recent[-1] - recent[0]
         if span <= 0:
             return 0.0
-        now = self._clock() if now is None else now
         end = max(last, now - span / n)
         return n / (end - recent[0])
 

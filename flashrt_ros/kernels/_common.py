@@ -62,10 +62,19 @@ def rows_2d(x: torch.Tensor, name: str, writable: bool = False) -> torch.Tensor:
     return x.reshape(-1, x.size(-1))
 
 
+def same_device(t: torch.Tensor, device: torch.device) -> bool:
+    """`t` lives on `device`; "cuda" (no index) stands for whichever GPU the tensor is on."""
+    device = torch.device(device)
+    return t.device.type == device.type and (device.index is None or t.device.index == device.index)
+
+
 def check_out(out: torch.Tensor, shape: tuple[int, ...], device: torch.device, name: str = "out") -> None:
-    """Validate a caller-provided static output buffer (for the CUDA-graph path)."""
+    """Validate a caller-provided static output buffer (for the CUDA-graph path). Every kernel
+    computes in fp32 and stores floats: an integer buffer would silently truncate."""
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {tuple(out.shape)}, expected {tuple(shape)}")
+    if not out.dtype.is_floating_point:
+        raise ValueError(f"{name} is {out.dtype}; expected a floating-point buffer")
     if out.device != device:
         raise ValueError(f"{name} is on {out.device}, expected {device}")
     if out.stride(-1) != 1 and out.size(-1) != 1:

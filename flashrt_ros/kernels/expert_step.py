@@ -62,7 +62,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import dot_precision, is_interpreting, needs_rtne_fix, round_bf16_rtne
+from ._common import dot_precision, is_interpreting, needs_rtne_fix, round_bf16_rtne, same_device
 from .attention import _attn_combine_tile, _attn_fwd_tile, online_softmax
 from .denoise_update import DenoiseUpdate, euler, next_input_part, velocity_part
 from .gate_up_geglu import deinterleave_gate_up, interleave_gate_up
@@ -1219,8 +1219,40 @@ class ExpertStepPlan:
                 f"key_blocks / query_blocks must be [{Tk}] / [{self.M}], got "
                 f"{tuple(key_blocks.shape)} / {tuple(query_blocks.shape)}"
             )
+        for name, t in (("key_blocks", key_blocks), ("query_blocks", query_blocks)):
+            if t.dtype != torch.int32 or not t.is_contiguous() or not same_device(t, k.device):
+                problems.append(f"{name} must be contiguous int32 on {k.device}, got {t.dtype} strides {t.stride()}")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def _check_weights(self, w: ExpertWeights, step: int) -> None:
+        """The kernel reads every weight and norm as packed rows at the plan's shapes: a strided
+        view (a slice of a bigger stack, a transpose) would be read as the wrong numbers."""
+        L, WE, FF, HD = int(w.qkv.shape[0]), self.WE, self.FF, self.H * self.D
+        want = {
+            "qkv": ((L, HD + 2 * self.D, WE), self.dtype),
+            "o": ((L, WE, HD), self.dtype),
+            "gate_up": ((L, 2 * FF, WE), self.dtype),
+            "down": ((L, WE, FF), self.dtype),
+        }
+        problems = []
+        norms = [f"{part}_{kind}" for part in ("attn", "mlp") for kind in ("mult", "shift", "gate")]
+        for name in (*norms, "final_mult", "final_shift"):
+            t = getattr(w, name)
+            if t is not None:
+                n = int(t.shape[0]) if t.dim() else 0
+                want[name] = (((n, L, WE) if name.startswith(("attn", "mlp")) else (n, WE)), torch.float32)
+                if not 0 <= step < n:
+                    problems.append(f"{name} holds {n} denoise steps, step {step} asked for")
+        for name, (shape, dtype) in want.items():
+            t = getattr(w, name)
+            if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous() or not same_device(t, self.device):
+                problems.append(
+                    f"{name} must be contiguous {dtype} {list(shape)} on {self.device}, got "
+                    f"{t.dtype} {list(t.shape)} strides {t.stride()} on {t.device}"
+                )
+        if problems:
+            raise ValueError("expert weights: " + "; ".join(problems))
 
     def launch_args(
         self,
@@ -1251,6 +1283,7 @@ class ExpertStepPlan:
         if k.stride() != v.stride() or k.stride(-1) != 1:
             raise ValueError("k and v caches must share strides, rows contiguous")
         self._check_cache(k, v, key_blocks, query_blocks, suffix_row0, L)
+        self._check_weights(w, step)
         if tuple(rope.shape) != (2, M, D // 2) or rope.dtype != torch.float32 or not rope.is_contiguous():
             raise ValueError(
                 f"rope must be rope_table(...)'s contiguous float32 [2, {M}, {D // 2}], "

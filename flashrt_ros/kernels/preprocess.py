@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import is_interpreting, needs_rtne_fix, round_bf16_rtne
+from ._common import check_out, is_interpreting, needs_rtne_fix, round_bf16_rtne
 
 __all__ = ["preprocess_image", "preprocess_image_ref", "resize_with_pad_geometry"]
 
@@ -130,8 +130,8 @@ def preprocess_image(
     if img.dtype != torch.uint8:
         raise ValueError(f"img must be uint8, got {img.dtype}")
     batched = img.dim() == 4
-    if img.dim() not in (3, 4) or img.shape[-1] < 3:
-        raise ValueError(f"img must be [H, W, C>=3] or [B, H, W, C>=3], got {tuple(img.shape)}")
+    if img.dim() not in (3, 4) or img.shape[-1] not in (3, 4):
+        raise ValueError(f"img must be [H, W, C] or [B, H, W, C] with C 3 or 4 (HWC), got {tuple(img.shape)}")
     img4 = img if batched else img.unsqueeze(0)
     B, H, W = img4.shape[:3]
     oh, ow = (out_size, out_size) if isinstance(out_size, int) else out_size
@@ -139,8 +139,7 @@ def preprocess_image(
     shape = (B, 3, oh, ow) if batched else (3, oh, ow)
     if out is None:
         out = torch.empty(shape, dtype=dtype, device=img.device)
-    if tuple(out.shape) != shape or out.device != img.device:
-        raise ValueError(f"out must be {shape} on {img.device}, got {tuple(out.shape)} on {out.device}")
+    check_out(out, shape, img.device)
     out4 = out if batched else out.unsqueeze(0)
     # fp32 scale exactly as ATen computes it: (float)in / out.
     scale_h = float(np.float32(H) / np.float32(rh))

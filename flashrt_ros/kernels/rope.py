@@ -217,8 +217,10 @@ def _launch(
     if positions.dtype not in (torch.int32, torch.int64) or not positions.is_contiguous():
         raise ValueError("positions must be a contiguous int32/int64 tensor")
     half = head_dim // 2
-    if inv_freq.shape != (half,) or inv_freq.dtype != torch.float32:
-        raise ValueError(f"inv_freq must be fp32 [{half}]")
+    if inv_freq.shape != (half,) or inv_freq.dtype != torch.float32 or not inv_freq.is_contiguous():
+        raise ValueError(f"inv_freq must be contiguous fp32 [{half}], got {inv_freq.dtype} {list(inv_freq.shape)}")
+    if inv_freq.device != positions.device:
+        raise ValueError(f"inv_freq is on {inv_freq.device}, positions on {positions.device}: expected one device")
     if n_tok == 0:
         return
     dummy = (q_in[0], 0, 0)

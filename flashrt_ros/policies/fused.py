@@ -260,6 +260,9 @@ class FusedPi0:
         # Views in the current decision's prefix: present cameras are packed to the front and only
         # they run, with graphs per view count (see set_images).
         self.views = cfg.num_views
+        # (views, bucket) of the prefix in the K/V cache: the denoise reads that layout, which new
+        # inputs (set_images / set_inputs) do not change until the prefix runs again
+        self.cached: tuple[int, int] | None = None
         dev = self.device = next(model.parameters()).device
         f32 = lambda t: t.detach().float().contiguous()  # noqa: E731
         with torch.no_grad():
@@ -286,7 +289,7 @@ class FusedPi0:
             self._precompute_time(model)
         self._allocate(dev)
         self.inv_freq = rope_inv_freq(cfg.prefix.head_dim, cfg.rope_base, dev)  # before any capture
-        self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[str, int, int], torch.cuda.CUDAGraph] = {}
 
     # ---- load-time work ----------------------------------------------------------------------
     def _quantize_prefix_mlp(self) -> None:
@@ -467,7 +470,8 @@ class FusedPi0:
             log.info("%s", self.step_plan.describe())
 
     def buffers(self) -> dict[str, Tensor]:
-        """The named persistent state of a decision (what a capsule snapshots)."""
+        """The named static buffers a decision reads and writes (capsules do not hold them yet:
+        they hold the pipeline's generator, chunk counter and last chunk)."""
         names = (
             "pixels",
             "view_valid",
@@ -500,8 +504,16 @@ class FusedPi0:
 
     def set_pixels(self, pixels: Tensor, valid: list[bool]) -> None:
         """Pre-processed pixels [V, 3, S, S] and which views are present (host bools), packed
-        like `set_images`."""
+        like `set_images`. Shapes are checked first: a copy would broadcast a [1, S, S] view."""
+        want = tuple(self.pixels.shape[1:])
+        if pixels.dim() != 4 or tuple(pixels.shape[1:]) != want or len(valid) != pixels.shape[0]:
+            raise ValueError(
+                f"pixels {tuple(pixels.shape)} with {len(valid)} valid flags; expected "
+                f"[V, {', '.join(map(str, want))}] with one flag per view"
+            )
         present = [i for i, ok in enumerate(valid) if ok]
+        if len(present) > self.pixels.shape[0]:
+            raise ValueError(f"{len(present)} views present; this path holds {self.pixels.shape[0]}")
         for j, i in enumerate(present):
             self.pixels[j].copy_(pixels[i])
         self._set_views(len(present))
@@ -539,8 +551,18 @@ class FusedPi0:
     # ---- stages ------------------------------------------------------------------------------
     @property
     def prefix_rows(self) -> int:
-        """Prefix tokens of the current shape bucket: the present views' image tokens + the prompt bucket."""
+        """Prefix tokens of the current inputs' shape bucket: the present views' image tokens +
+        the prompt bucket (what the next prefix stage builds)."""
         return self.views * self.cfg.vision.num_tokens + self.bucket
+
+    @property
+    def cached_rows(self) -> int:
+        """Prefix tokens in the K/V cache (what the denoise attends to): the shape the last prefix
+        stage ran at, which a denoise on the cached prefix keeps after new inputs arrive."""
+        if self.cached is None:
+            raise RuntimeError("the denoise needs a prefix in the K/V cache: run the prefix stage first")
+        views, bucket = self.cached
+        return views * self.cfg.vision.num_tokens + bucket
 
     def vision(self, out: Tensor | None = None) -> Tensor:
         """pixels of the current views [v, 3, S, S] -> projected vision tokens [v*N, Wp] (into
@@ -601,6 +623,7 @@ class FusedPi0:
         if not cfg.uses_adarms:
             self.suffix_state.copy_(F.linear(self.state, *self.state_proj))
         self._decoder(self.prefix_layers, self.prefix_emb[:p], positions, cfg.prefix, rows=slice(0, p))
+        self.cached = (self.views, b)
 
     def _decoder(self, layers: list[GemmaW], h: Tensor, positions: Tensor, spec, rows: slice) -> None:
         """The prefix LM: bidirectional over valid prefix tokens; keeps K/V, drops the last output."""
@@ -737,7 +760,7 @@ class FusedPi0:
         launch (kernels/expert_step.py), optionally ending with the denoise `update`; returns
         the final norm's output [S, We]."""
         cfg = self.cfg
-        p = self.prefix_rows
+        p = self.cached_rows
         keys = slice(0, p + cfg.suffix_len)
         return self.step_plan.step(
             h, self.expert_weights, step, self.prefix_k[:, keys], self.prefix_v[:, keys], self.key_blocks[keys],
@@ -749,7 +772,7 @@ class FusedPi0:
         GeGLU): the path for suffixes the step kernel does not hold (more than 64 tokens)."""
         cfg, spec = self.cfg, self.cfg.expert
         h = self._suffix_input(step, x)
-        p = self.prefix_rows
+        p = self.cached_rows
         own, seen = slice(p, p + cfg.suffix_len), slice(0, p + cfg.suffix_len)  # suffix rows; all keys
         mlp_out, gate = None, None
         for i, w in enumerate(self.expert_layers):
@@ -844,11 +867,23 @@ class FusedPi0:
         )
 
     def run(self, stage: str) -> None:
-        graph = self.graphs.get((stage, self.views, self.bucket))
-        if graph is not None:
-            graph.replay()
+        """One stage, from its graph where one was captured: `prefix` at the current inputs'
+        shape, `denoise` at the shape of the prefix in the cache."""
+        if stage == "prefix":
+            shape = (self.views, self.bucket)
+        elif stage == "denoise":
+            if self.cached is None:
+                raise RuntimeError("the denoise needs a prefix in the K/V cache: run the prefix stage first")
+            shape = self.cached
         else:
+            raise ValueError(f"unknown stage {stage!r}; expected 'prefix' or 'denoise'")
+        graph = self.graphs.get((stage, *shape))
+        if graph is None:
             getattr(self, stage)()
+            return
+        graph.replay()
+        if stage == "prefix":  # a replay runs no Python: record what the graph built
+            self.cached = shape
 
     def sample_actions(self, noise: Tensor | None = None) -> Tensor:
         """Prefix + denoise on the current inputs; returns the `actions` buffer [H, A] fp32."""

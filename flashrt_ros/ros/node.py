@@ -456,6 +456,10 @@ class FlashRTNode(Node):
         if not problems:
             with self._lock:  # nothing stops this tick: a failure now is the policy's, not an input's
                 self._blocking = frozenset()
+                # taken now, not at publication: one replaced while the policy runs was used
+                for slot, sample in zip(self.slots, samples, strict=True):
+                    if slot.latest is sample:
+                        slot.used = True
             return samples
         with self._lock:
             self.dropped_decisions += 1
@@ -550,9 +554,6 @@ class FlashRTNode(Node):
             }
         )
         with self._lock:
-            for slot, sample in zip(self.slots, samples, strict=True):
-                if slot.latest is sample:
-                    slot.used = True
             self.decisions += 1
             self._last_decision_at = time.monotonic()
             self._last_decision_ros_ns = self.get_clock().now().nanoseconds
