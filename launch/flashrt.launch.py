@@ -16,16 +16,20 @@ Arguments:
     use_sim_time           true / false for both nodes; empty (default): as the params files say
     fastdds_profile        a Fast DDS XML profile for both nodes (FASTRTPS_DEFAULT_PROFILES_FILE), e.g.
                            the package's config/fastdds_large_messages.xml for 640x480 cameras at 30 Hz
+                           (empty, default: that one with use_synthetic:=true, none otherwise)
     log_level              debug | info | warn | error | fatal (any case)
     policy, checkpoint, tokenizer, device, precision, fp8, backend, prompt
                            flashrt_node's parameter of that name, over what params_file says;
                            empty (default): as params_file says
+
+A params file that does not exist stops the launch (launch_ros would only warn and start the node
+on its defaults: the embedded random-weight policy). When flashrt_node exits, so does the launch.
 """
 
 import os
 
 from ament_index_python.packages import get_package_share_directory
-from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.actions import DeclareLaunchArgument, OpaqueFunction, Shutdown
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
@@ -75,6 +79,15 @@ def node_overrides(values):
     return {name: text for name, text in values.items() if text.strip()}
 
 
+def existing_file(name, text, what):
+    """A path argument that must name a file: launch_ros drops a missing params file with a
+    warning and starts the node without it."""
+    path = text.strip()
+    if not os.path.isfile(path):
+        raise ValueError(f"{name} {text!r} is not a file; expected {what}")
+    return path
+
+
 def parse_log_level(text):
     level = text.strip().lower()
     if level not in LOG_LEVELS:
@@ -89,9 +102,13 @@ def _nodes(context):
     sim_time = parse_flag("use_sim_time", arg("use_sim_time"), empty="unset")
     extra = [] if sim_time == "unset" else [{"use_sim_time": sim_time}]  # after the file: it wins
     overrides = node_overrides({name: arg(name) for name in NODE_OVERRIDES})
+    synthetic = parse_flag("use_synthetic", arg("use_synthetic"))
     profile = arg("fastdds_profile").strip()
-    if profile and not os.path.isfile(profile):
-        raise ValueError(f"fastdds_profile {profile!r} is not a file; expected a Fast DDS XML profile")
+    if not profile and synthetic:  # three 640x480 cameras at 30 Hz lose frames on the default transport
+        profile = os.path.join(get_package_share_directory(PACKAGE), "config", "fastdds_large_messages.xml")
+    if profile:
+        profile = existing_file("fastdds_profile", profile, "a Fast DDS XML profile")
+    params = existing_file("params_file", arg("params_file"), "flashrt_node's parameters (YAML)")
     common = dict(
         namespace=arg("namespace"),
         remappings=parse_remappings(arg("remappings")),
@@ -105,17 +122,19 @@ def _nodes(context):
             package=PACKAGE,
             executable="flashrt_node",
             name="flashrt_node",
-            parameters=[arg("params_file"), *extra, *([overrides] if overrides else [])],
+            parameters=[params, *extra, *([overrides] if overrides else [])],
+            on_exit=Shutdown(reason="flashrt_node exited"),  # not the sensors publishing on alone
             **common,
         )
     ]
-    if parse_flag("use_synthetic", arg("use_synthetic")):
+    if synthetic:
+        sensors = existing_file("synthetic_params_file", arg("synthetic_params_file"), "synthetic_sensors' parameters")
         nodes.append(
             Node(
                 package=PACKAGE,
                 executable="synthetic_sensors",
                 name="synthetic_sensors",
-                parameters=[arg("synthetic_params_file"), *extra],
+                parameters=[sensors, *extra],
                 **common,
             )
         )
@@ -155,7 +174,8 @@ def generate_launch_description():
             DeclareLaunchArgument(
                 "fastdds_profile",
                 default_value="",
-                description="Fast DDS XML profile for both nodes (e.g. config/fastdds_large_messages.xml)",
+                description="Fast DDS XML profile for both nodes (empty: config/fastdds_large_messages.xml "
+                "with use_synthetic, none otherwise)",
             ),
             DeclareLaunchArgument(
                 "log_level",

@@ -134,7 +134,8 @@ def test_every_config_file_it_names_exists_and_is_installed():
 def launch_function(name: str):
     """One of the launch file's plain functions (and its constants), run without launch itself."""
     tree = launch_tree()
-    body = [n for n in tree.body if isinstance(n, ast.Assign) or getattr(n, "name", None) == name]
+    # plain `import x` (os) too; `from launch ...` imports are left out: launch is not installable here
+    body = [n for n in tree.body if isinstance(n, ast.Assign | ast.Import) or getattr(n, "name", None) == name]
     namespace: dict = {}
     exec(compile(ast.Module(body=body, type_ignores=[]), str(LAUNCH), "exec"), namespace)  # noqa: S102
     return namespace[name]
@@ -151,6 +152,31 @@ def test_flag_and_log_level_arguments():
     assert level("WARN") == "warn" and level("fatal") == "fatal"
     with pytest.raises(ValueError, match="log_level must be one of debug, info, warn, error, fatal"):
         level("verbose")
+
+
+def test_path_arguments_must_name_files(tmp_path):
+    """launch_ros drops a params file that does not exist with a warning and starts the node on
+    its defaults (the random-weight policy): the launch refuses the path instead."""
+    existing = launch_function("existing_file")
+    params = tmp_path / "robot.yaml"
+    params.write_text("flashrt_node:\n  ros__parameters: {}\n")
+    assert existing("params_file", f" {params} ", "YAML") == str(params)
+    with pytest.raises(ValueError, match=r"params_file '/nope.yaml' is not a file; expected YAML"):
+        existing("params_file", "/nope.yaml", "YAML")
+    with pytest.raises(ValueError, match="is not a file"):
+        existing("synthetic_params_file", str(tmp_path), "YAML")  # a folder
+
+
+def test_the_node_exiting_ends_the_launch_and_synthetic_runs_get_the_large_message_profile():
+    """A node that exits (a bad checkpoint: status 1 or 2) left the sensors publishing and the
+    error scrolled away; with use_synthetic and no fastdds_profile, three 640x480 cameras lost
+    frames on the default transport (11-26 Hz of 30)."""
+    tree = launch_tree()
+    (node,) = [n for n in calls(tree, "Node") if keyword(n, "executable") == "flashrt_node"]
+    on_exit = keyword(node, "on_exit")
+    assert isinstance(on_exit, ast.Call) and on_exit.func.id == "Shutdown"
+    assert '"config", "fastdds_large_messages.xml"' in LAUNCH.read_text()
+    assert (REPO / "config" / "fastdds_large_messages.xml").is_file()
 
 
 def test_remappings_argument_parser():
