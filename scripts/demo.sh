@@ -30,7 +30,9 @@ export FASTRTPS_DEFAULT_PROFILES_FILE="${FASTRTPS_DEFAULT_PROFILES_FILE:-$ROOT/c
 pids=()
 cleanup() {
   local pid
-  for pid in "${pids[@]}"; do kill -INT "$pid" 2>/dev/null || true; done
+  # TERM, which the nodes treat as INT: background jobs start with INT ignored, so one still
+  # importing (before it sets its handlers) would drop an INT and be killed 10 s later
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for _ in $(seq 50); do
     local alive=0
     for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done

@@ -264,3 +264,19 @@ def test_help_prints_the_parameters_and_starts_nothing(ros_env, exe, flag):
         for name in names:
             assert f"\n  {name} " in done.stdout, (name, done.stdout)
         assert "publishing" not in done.stdout + done.stderr and "[INFO]" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("exe", ["flashrt_node", "synthetic_sensors"])
+def test_arguments_outside_ros_args_are_refused(ros_env, exe):
+    """`flashrt_node --params-file robot.yaml` (no `--ros-args`): rcl ignores it and the node ran on
+    its defaults, the random-weight policy, without a word. Refused with exit 2 and the right form."""
+    for args in (["--params-file", "config/pi05_example.yaml"], ["-p", "policy:=pi05"], ["--ros-args", "--", "x"]):
+        done = subprocess.run(
+            [sys.executable, str(REPO / "scripts" / "ros" / exe), *args],
+            env=ros_env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stdout + done.stderr
+        stray = [a for a in args if a not in ("--ros-args", "--")]
+        assert f"{exe}: unexpected arguments {stray} outside --ros-args" in done.stderr, done.stderr
+        assert f"{exe} --ros-args --params-file FILE -p NAME:=VALUE" in done.stderr
+        assert "[INFO]" not in done.stdout + done.stderr

@@ -765,6 +765,41 @@ def test_a_stop_signal_while_the_pipeline_is_built_stops_the_node_cleanly(ros_en
     assert "stopped by a signal while the pipeline was being built" in output or "shutting down; stats:" in output
 
 
+def _two_signals(proc, first: int) -> None:
+    """`first`, then SIGINT 20 ms later: a terminal's Ctrl-C and a script's kill, or a double Ctrl-C."""
+    import signal
+    import time
+
+    proc.send_signal(first)
+    time.sleep(0.02)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+
+
+def test_a_second_signal_does_not_break_the_stop(ros_env, tmp_path):
+    """A second signal landed in the first one's clean-up: a KeyboardInterrupt traceback while the
+    node was built, and the synthetic sensors, already stopping, died of the SIGINT (exit -2:
+    Python's exit puts its handlers back to the default action). Both must still exit 0."""
+    import signal
+    import sys
+
+    node = NodeProcess(ros_env, tmp_path, new_namespace(), dict(TEST_PARAMS))
+    node.wait_for_line("no checkpoint given", timeout=60)  # logged while the policy is built
+    _two_signals(node.proc, signal.SIGINT)
+    code = node.stop(timeout=30)
+    assert code == 0 and "Traceback" not in "\n".join(node.lines), node.tail()
+
+    env = dict(ros_env, PYTHONUNBUFFERED="1", RCUTILS_LOGGING_BUFFERED_STREAM="0")
+    cmd = [sys.executable, "-m", "flashrt_ros.ros.synthetic_sensors", "--ros-args", "-r", f"__ns:={new_namespace()}"]
+    sensors = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in sensors.stdout:
+        if "publishing 3 cameras" in line:
+            break
+    _two_signals(sensors, signal.SIGTERM)
+    output, _ = sensors.communicate(timeout=30)
+    assert sensors.returncode == 0 and "Traceback" not in output, output
+
+
 def test_checkpoint_with_an_empty_camera_runs_on_the_cameras_it_has(ros_env, rclpy_context, tmp_path):
     """LeRobot's `empty_cameras`: a view the checkpoint was trained with blank. The node takes one
     topic per real camera (not one that would never publish) and runs the empty view as absent."""

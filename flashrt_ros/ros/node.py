@@ -70,8 +70,8 @@ from flashrt_ros.ros.params import (
     unaddressed_params_files,
     unknown_names,
 )
-from flashrt_ros.ros.process import init_rclpy, interrupt_on_signals, run_until_signal
-from flashrt_ros.ros.usage import help_requested, usage
+from flashrt_ros.ros.process import init_rclpy, interrupt_on_signals, run_until_signal, signals_held
+from flashrt_ros.ros.usage import help_requested, stray_arguments, usage
 from flashrt_ros.srv import DropCapsule, ForkCapsule, ListCapsules, RestoreCapsule, SnapshotCapsule
 
 ABSENT = "absent"
@@ -1083,16 +1083,21 @@ def main(args: list[str] | None = None) -> int:
     if help_requested(argv):
         print(node_usage())
         return 0
-    if not init_rclpy(argv, NODE_NAME):
+    refused = stray_arguments(NODE_NAME, argv)
+    if refused:
+        print(refused, file=sys.stderr)
         return 2
-    _FORWARD.ros_logger = get_logger(NODE_NAME)  # until the node exists; then its own logger
-    root = logging.getLogger("flashrt_ros")
-    root.setLevel(logging.INFO)
-    root.addHandler(_FORWARD)
     interrupt_on_signals()  # until spinning starts: building the pipeline can take minutes on a robot
     try:
+        if not init_rclpy(argv, NODE_NAME):
+            return 2
+        _FORWARD.ros_logger = get_logger(NODE_NAME)  # until the node exists; then its own logger
+        root = logging.getLogger("flashrt_ros")
+        root.setLevel(logging.INFO)
+        root.addHandler(_FORWARD)
         node = FlashRTNode(params_files=params_files(argv))
-        executor = MultiThreadedExecutor(num_threads=node.callback_threads)
+        with signals_held():
+            executor = MultiThreadedExecutor(num_threads=node.callback_threads)
     except (ConfigError, StartupError) as exc:
         _FORWARD.ros_logger.error(f"not starting: {exc}")
         rclpy.try_shutdown()

@@ -9,7 +9,8 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import rclpy
@@ -61,15 +62,31 @@ def spin_until_signal(executor: Any) -> None:
 
 
 def interrupt_on_signals() -> None:
-    """Before spinning (while a node is built): SIGINT and SIGTERM raise KeyboardInterrupt, for
-    the caller to stop cleanly. Set explicitly: a process started in the background by a script
-    inherits SIGINT as ignored, and would otherwise drop it until spinning starts."""
+    """Before spinning (while a node is built): the first SIGINT or SIGTERM raises
+    KeyboardInterrupt, for the caller to stop cleanly; later ones are ignored, so that a second
+    signal (a terminal's Ctrl-C and a script's kill, a double Ctrl-C) cannot interrupt that stop
+    with a traceback. Set explicitly: a process started in the background by a script inherits
+    SIGINT as ignored, and would otherwise drop it until spinning starts."""
 
     def on_signal(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back (delivered when the block ends) while something that must not
+    be cut short is built: a KeyboardInterrupt inside rclpy's Executor.__init__ leaves a half-built
+    executor whose __del__ prints a traceback at exit."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def drain(executor: Any) -> None:
@@ -100,9 +117,9 @@ def run_until_signal(
     publishing), the callbacks in flight finish, and `on_stop` runs (so what it reports counts
     them) before anything is torn down. A signal before spinning starts (KeyboardInterrupt from
     `interrupt_on_signals`) stops it the same way."""
-    executor.add_node(node)
     try:
         try:
+            executor.add_node(node)
             spin_until_signal(executor)
         except KeyboardInterrupt:
             pass
@@ -115,4 +132,9 @@ def run_until_signal(
         stop_executor(executor)
         node.destroy_node()
         rclpy.try_shutdown()
+        # the process ends now: Python's exit resets its own handlers to the default action, and a
+        # second signal (a terminal's Ctrl-C after a script's kill) would make a clean stop a death
+        # by signal (exit -2 in ros2 launch's log); ignored ones stay ignored
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return 0

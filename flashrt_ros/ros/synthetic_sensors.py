@@ -28,8 +28,8 @@ from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import CompressedImage, Image, JointState
 
 from flashrt_ros.ros.params import ALOHA_JOINTS, DEFAULT_CAMERAS, ConfigError, invalid_topic, node_resolver
-from flashrt_ros.ros.process import init_rclpy, run_until_signal
-from flashrt_ros.ros.usage import help_requested, usage
+from flashrt_ros.ros.process import init_rclpy, interrupt_on_signals, run_until_signal, signals_held
+from flashrt_ros.ros.usage import help_requested, stray_arguments, usage
 
 NODE_NAME = "synthetic_sensors"
 ENCODINGS = ("rgb8", "bgr8", "jpeg")
@@ -265,15 +265,25 @@ def main(args: list[str] | None = None) -> int:
     if help_requested(argv):
         print(sensors_usage())
         return 0
-    if not init_rclpy(argv, NODE_NAME):
+    refused = stray_arguments(NODE_NAME, argv)
+    if refused:
+        print(refused, file=sys.stderr)
         return 2
+    interrupt_on_signals()  # until spinning starts (see node.main)
     try:
+        if not init_rclpy(argv, NODE_NAME):
+            return 2
         node = SyntheticSensors()
+        with signals_held():
+            executor = SingleThreadedExecutor()
     except ConfigError as exc:
         get_logger(NODE_NAME).error(f"not starting: {exc}")
         rclpy.try_shutdown()
         return 2
-    return run_until_signal(node, SingleThreadedExecutor())
+    except KeyboardInterrupt:
+        rclpy.try_shutdown()
+        return 0
+    return run_until_signal(node, executor)
 
 
 if __name__ == "__main__":

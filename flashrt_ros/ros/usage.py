@@ -14,9 +14,9 @@ from collections.abc import Mapping
 HELP_FLAGS = ("-h", "--help")
 
 
-def help_requested(argv: list[str]) -> bool:
-    """Whether `-h` / `--help` is among the arguments outside `--ros-args ... [--]` (split by
-    hand: rclpy's own parser would already read, and refuse, a broken params file)."""
+def outside_ros_args(argv: list[str]) -> list[str]:
+    """The arguments outside `--ros-args ... [--]` (split by hand: rclpy's own parser would
+    already read, and refuse, a broken params file)."""
     inside, outside = False, []
     for arg in argv[1:]:
         if arg == "--ros-args":
@@ -25,7 +25,25 @@ def help_requested(argv: list[str]) -> bool:
             inside = False
         elif not inside:
             outside.append(arg)
-    return any(arg in HELP_FLAGS for arg in outside)
+    return outside
+
+
+def help_requested(argv: list[str]) -> bool:
+    """Whether `-h` / `--help` is among the arguments outside `--ros-args ... [--]`."""
+    return any(arg in HELP_FLAGS for arg in outside_ros_args(argv))
+
+
+def stray_arguments(executable: str, argv: list[str]) -> str | None:
+    """Why the command line is refused, or None. The nodes take no arguments of their own, and
+    rcl ignores a `--params-file` or `-p` given before `--ros-args`: the node would start on its
+    defaults (the random-weight policy) without a word."""
+    stray = outside_ros_args(argv)
+    if not stray:
+        return None
+    return (
+        f"{executable}: unexpected arguments {stray} outside --ros-args; ROS parameters go after it, e.g. "
+        f"{executable} --ros-args --params-file FILE -p NAME:=VALUE (--help lists the parameters)"
+    )
 
 
 def usage(executable: str, summary: str, parameters: Mapping[str, tuple[object, str]], example: str) -> str:
@@ -33,7 +51,7 @@ def usage(executable: str, summary: str, parameters: Mapping[str, tuple[object, 
     with its default and description."""
     width = max(len(name) for name in parameters)
     lines = [
-        f"usage: ros2 run flashrt_ros {executable} [--ros-args -p NAME:=VALUE ... | --params-file FILE]",
+        f"usage: ros2 run flashrt_ros {executable} [--ros-args (-p NAME:=VALUE | --params-file FILE) ...]",
         "",
         textwrap.fill(summary, 100),
         "",
