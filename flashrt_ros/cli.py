@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -121,6 +122,12 @@ def _out_problem(out: Path) -> str | None:
         return f"--out {str(out)!r}: {str(existing)!r} is a file, so the folder cannot be made there"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"--out {str(out)!r}: {str(existing)!r} is not writable; expected a folder this user can write"
+    try:  # made now, and written to once: some folders pass the access check and still refuse (/proc)
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        return f"--out {str(out)!r} cannot hold the results: {exc.strerror or exc}"
     return None
 
 
@@ -136,6 +143,11 @@ def _bench(args: argparse.Namespace) -> int:
             device = _device(args.device)
         except ValueError as exc:
             problem = str(exc)
+    if problem is None and device.type != "cuda" and not args.tiny:
+        problem = (
+            f"full-size {args.policy} on {device}: minutes per decision (the benchmark would run for hours); "
+            "pass --tiny for a smoke run of the small random-weight presets, or run on a CUDA GPU"
+        )
     if problem is not None:
         print(problem)
         return 2
@@ -377,12 +389,12 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument(
         "--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="the reference's (the fused path: bf16)"
     )
-    b.add_argument("--steps", type=int, default=10)
-    b.add_argument("--horizon", type=int, default=50)
-    b.add_argument("--iters", type=int, default=50)
-    b.add_argument("--warmup", type=int, default=5)
+    b.add_argument("--steps", type=int, default=10, help="denoise steps per decision")
+    b.add_argument("--horizon", type=int, default=50, help="actions per chunk")
+    b.add_argument("--iters", type=int, default=50, help=f"timed decisions per row ({MIN_ITERS}..{MAX_ITERS})")
+    b.add_argument("--warmup", type=int, default=5, help="untimed decisions before them")
     b.add_argument("--seed", type=int, default=0, help="weights, inputs and noise")
-    b.add_argument("--device", default=None)
+    b.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when there is one)")
     b.add_argument("--tiny", action="store_true", help="tiny configs (CPU smoke runs)")
     b.add_argument(
         "--modes",
@@ -413,7 +425,11 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "verbose", False):
         logging.getLogger("flashrt_ros").setLevel(logging.DEBUG)
     if args.command == "bench":
-        return _bench(args)
+        try:
+            return _bench(args)
+        except KeyboardInterrupt:  # the rows finished so far are already in the JSON
+            print(f"interrupted: the rows finished so far are in {args.out}/")
+            return 130
     return 2
 
 

@@ -110,6 +110,22 @@ def test_an_out_that_cannot_be_a_folder_is_refused_before_the_run(tmp_path, caps
     assert taken.read_text() == "keep me"
 
 
+def test_an_out_that_cannot_be_made_or_written_is_refused_before_the_run(capsys) -> None:
+    """/proc passes the access check as root and refuses the folder: found when the JSON was
+    written, after the whole run."""
+    assert main(["bench", "--policy", "pi05", "--tiny", "--modes", "eager", "--out", "/proc/flashrt_out"]) == 2
+    out = capsys.readouterr().out
+    # as root, the access check passes and making the folder fails; as another user, the check
+    assert out.startswith("--out '/proc/flashrt_out'") and ("cannot hold the results: " in out or "not writable" in out)
+
+
+def test_full_size_on_the_cpu_is_refused_pointing_to_tiny(capsys) -> None:
+    """Full-size pi0.5 on the CPU ran its fp32 eager reference for hours with no output."""
+    assert main(["bench", "--policy", "pi05", "--modes", "eager", "--device", "cpu"]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("full-size pi05 on cpu: minutes per decision") and "pass --tiny" in out
+
+
 def test_unknown_mode_is_refused(capsys) -> None:
     assert main(["bench", "--policy", "pi05", "--tiny", "--modes", "eager,fp8"]) == 2
     assert "unknown mode(s) fp8: expected a comma list of eager, compile, fused, fused-fp8" in capsys.readouterr().out
