@@ -376,6 +376,17 @@ def test_policy_that_cannot_be_built_exits_non_zero(ros_env, tmp_path):
     assert "not starting: could not build policy 'pi05_tiny'" in output
 
 
+def test_an_unwritable_tokenizer_cache_exits_1_naming_it(ros_env, tmp_path):
+    """The embedded policy's tokenizer is trained into a cache on first use: a cache that cannot be
+    written ended the node with a traceback; now one line naming the folder and FLASHRT_CACHE."""
+    env = dict(ros_env, FLASHRT_CACHE=str(tmp_path / "a_file" / "cache"))
+    (tmp_path / "a_file").write_text("not a folder")
+    code, output = exit_output(NodeProcess(env, tmp_path, new_namespace(), dict(TEST_PARAMS)))
+    assert code == 1 and "Traceback" not in output, output
+    assert f"not starting: the embedded policy's tokenizer: cannot write the tiny tokenizer to {tmp_path}" in output
+    assert "set FLASHRT_CACHE to a folder this user can write" in output
+
+
 def test_checkpoint_that_does_not_fit_the_parameters_exits_with_the_reasons(ros_env, tmp_path):
     """A pi0 checkpoint where `policy` says pi0.5, with statistics for 2 joints where the robot
     has 4: the node names both mismatches instead of running the wrong model or passing joints

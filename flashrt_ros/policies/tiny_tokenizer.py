@@ -72,7 +72,16 @@ def train_tiny_tokenizer(path: str | Path) -> Path:
 
 
 def tiny_tokenizer_path(cache_dir: str | Path | None = None) -> Path:
-    """The cached tiny model, trained on first use."""
+    """The cached tiny model, trained on first use, in `cache_dir`, else $FLASHRT_CACHE, else
+    ~/.cache/flashrt_ros. A folder that cannot be written is an OSError naming it and the fix."""
     root = Path(cache_dir or os.environ.get("FLASHRT_CACHE", Path.home() / ".cache" / "flashrt_ros"))
     path = root / f"tiny_spm_{_spec_hash()}.model"
-    return path if path.is_file() else train_tiny_tokenizer(path)
+    if path.is_file():
+        return path
+    try:
+        return train_tiny_tokenizer(path)
+    except OSError as exc:
+        raise OSError(
+            f"cannot write the tiny tokenizer to {path}: {exc.strerror or exc}; "
+            "set FLASHRT_CACHE to a folder this user can write"
+        ) from exc

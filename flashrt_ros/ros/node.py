@@ -891,7 +891,10 @@ def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
 
     device = resolve_device(cfg.device, torch.cuda.is_available())
     model_cfg = PolicyConfig.preset(cfg.policy, num_views=len(cfg.camera_topics), dtype=cfg.precision)
-    tokenizer = cfg.tokenizer or str(tiny_tokenizer_path())
+    try:
+        tokenizer = cfg.tokenizer or str(tiny_tokenizer_path())
+    except OSError as exc:  # trained and cached on first use
+        raise StartupError(f"the embedded policy's tokenizer: {exc}") from exc
     failed = f"could not build policy {cfg.policy!r}"
     try:  # the files only: every mismatch below is found before the weights' load (a minute at full size)
         source = read_policy(model_cfg, tokenizer, checkpoint=cfg.checkpoint or None, seed=cfg.seed)
