@@ -44,7 +44,8 @@ def test_policy_logs_go_out_under_the_nodes_own_name(running):
 
 
 def chunk_rate(peer, seconds: float) -> float:
-    """Decisions per second from the header stamps of the chunks received in ``seconds``."""
+    """Decisions per second from the header stamps of the chunks received in ``seconds`` (their
+    joint states' stamps, published at 20 Hz: a 10 Hz rate reads within a few percent)."""
     start = len(peer.chunks)
     peer.pump(seconds)
     stamps = [stamp_ns(c.header.stamp) for c in peer.chunks[start:]]
@@ -70,11 +71,17 @@ def test_chunk_has_shape_names_and_source_stamps(running):
     assert list(chunk.source_topics) == expected_topics
     for topic, ns in peer.chunk_sources(chunk).items():
         assert ns in peer.good[topic], f"{topic}: stamp {ns} was never published"
-    assert stamp_ns(chunk.header.stamp) >= max(peer.chunk_sources(chunk).values())
+    # trajectory_stamp "observation" (the default): the chunk starts at its joint state's stamp
+    assert stamp_ns(chunk.header.stamp) == peer.chunk_sources(chunk)[peer.topic(JOINT_TOPIC)]
     peer.assert_chunks_from_good_data()
 
     def trajectory_of_chunk():
-        same = [t for t in peer.trajectories if stamp_ns(t.header.stamp) == stamp_ns(chunk.header.stamp)]
+        same = [
+            t
+            for t in peer.trajectories
+            if stamp_ns(t.header.stamp) == stamp_ns(chunk.header.stamp)
+            and np.array_equal([p.positions for p in t.points], actions)
+        ]
         return same[0] if same else None
 
     assert peer.pump(2.0, until=lambda: trajectory_of_chunk() is not None), "no JointTrajectory for the chunk"
@@ -698,3 +705,27 @@ def test_a_rate_change_keeps_the_next_decision_unless_the_new_period_is_shorter(
         assert timer.time_until_next_call() <= 10_000_000
     finally:
         node.destroy_node()
+
+
+def test_the_trajectory_stamp_parameter_picks_where_a_chunk_starts(rclpy_context):
+    """observation (default): the joint state's stamp, the time the policy computed the chunk for
+    (a controller then skips what the latency passed); publication: now; zero: the controller's
+    own "start now". Anything else is refused at start with the choices."""
+    from builtin_interfaces.msg import Time as TimeMsg
+
+    from flashrt_ros.ros.inputs import Sample
+    from flashrt_ros.ros.params import NodeConfig
+
+    node = _in_process_node(rclpy_context)
+    try:
+        joints = Sample(np.zeros(len(JOINTS), np.float32), TimeMsg(sec=12, nanosec=345), 0, 0)
+        assert node.cfg.trajectory_stamp == "observation"
+        assert node._chunk_stamp(joints, node.cfg) == TimeMsg(sec=12, nanosec=345)
+        before = node.get_clock().now().nanoseconds
+        published = stamp_ns(node._chunk_stamp(joints, node.cfg.with_values({"trajectory_stamp": "publication"})))
+        assert before <= published <= node.get_clock().now().nanoseconds
+        assert node._chunk_stamp(joints, node.cfg.with_values({"trajectory_stamp": "zero"})) == TimeMsg()
+    finally:
+        node.destroy_node()
+    problems = NodeConfig(trajectory_stamp="now").validate(check_paths=False)
+    assert problems == ["trajectory_stamp must be one of observation, publication, zero, got 'now'"]

@@ -883,9 +883,16 @@ def test_checkpoint_action_space_is_logged_or_refused_for_the_robot(ros_env, tmp
             "state and 7 action joints (each delta is added to its own joint's state); it has 4 and 4",
         ),
     }
+    refusals["reordered"] = (  # j1 and j0 swapped: each delta would be added to the other's state
+        {"delta_action_mask": [2, -1, 1]},
+        "the actions are deltas added to the state of the same index (delta_action_mask), but action_joint_names "
+        "puts j1 (action dim 0, state dim 1), j0 (action dim 1, state dim 0) elsewhere than joint_names",
+    )
     for name, (space, reason) in refusals.items():
         folder = checkpoint(name, **space)
         params = {**TEST_PARAMS, "checkpoint": folder}
+        if name == "reordered":
+            params["action_joint_names"] = ["j1", "j0", "j2", "j3"]
         code, output = exit_output(NodeProcess(ros_env, tmp_path, new_namespace(), params))
         assert code == 1 and "Traceback" not in output, output
         assert f"checkpoint {folder}: {reason}" in output, output

@@ -9,7 +9,9 @@ Two training conventions change what a chunk means, and neither is in the weight
   it, a chunk of offsets would be read by the controller as positions near zero.
 - **openpi's ALOHA `adapt_to_pi`.** The pi runtime that trained the base models flips four joint
   signs and measures the grippers as angles; standard ALOHA reports linear gripper positions. The
-  state goes into the pi space before it is normalised, the actions come out of it last.
+  state goes into the pi space before it is normalised, the actions come out of it last. The
+  grippers stay in ALOHA's normalised units (0 closed, 1 open) on both sides, as openpi's
+  `aloha_real` environment gives and takes them: the robot side converts with its constants.
 
 openpi's order, kept here: state -> ALOHA decode -> normalise -> model -> un-normalise -> add the
 decoded state on the mask -> ALOHA encode. Both transforms are configured per checkpoint
@@ -30,10 +32,10 @@ ALOHA_GRIPPERS = (6, 13)
 # the pi runtime's joint signs against standard ALOHA's (shoulder and elbow of each arm)
 ALOHA_FLIP = np.array([1, -1, -1, 1, 1, 1, 1, 1, -1, -1, 1, 1, 1, 1], dtype=np.float64)
 # Interbotix / ALOHA constants (metres and radians), as openpi's aloha_policy uses them
-_GRIPPER_LINEAR = (0.01844, 0.05800)  # puppet gripper position open, closed
+_GRIPPER_LINEAR = (0.01844, 0.05800)  # puppet gripper position (finger, m) closed, open
 _GRIPPER_ARM, _GRIPPER_HORN = 0.036, 0.022  # the gripper linkage: arm length, horn radius
 _PI_GRIPPER_RAD = (0.5476, 1.6296)  # pi0's gripper encoder range (2405..3110 counts) in radians
-_ALOHA_GRIPPER_JOINT = (-0.6213, 1.4910)  # puppet gripper joint open, close
+_ALOHA_GRIPPER_JOINT = (-0.6213, 1.4910)  # puppet gripper joint (rad) closed, open
 # the most dims a mask may give (a JSON count of 10**9 would otherwise be expanded before any check)
 MAX_MASK_DIMS = 1024
 

@@ -510,7 +510,7 @@ class FlashRTNode(Node):
         return text + f" from its {len(publishers)} publisher(s); is it publishing (ros2 topic hz)?"
 
     def _publish(self, decision: Any, samples: list[Sample], latency_ms: float, cfg: NodeConfig) -> None:
-        stamp = self.get_clock().now().to_msg()
+        stamp = self._chunk_stamp(samples[-1], cfg)
         step_ns = round(cfg.step_duration_s * 1e9)
         names = cfg.output_joint_names
         sources = [(slot.topic, s.stamp) for slot, s in zip(self.slots, samples, strict=True)]
@@ -531,6 +531,19 @@ class FlashRTNode(Node):
                 decision.actions, stamp=stamp, frame_id=cfg.frame_id, joint_names=names, step_ns=step_ns
             )
         )
+
+    def _chunk_stamp(self, joints: Sample, cfg: NodeConfig) -> Any:
+        """Where the chunk's time starts. The policy computed it for the moment of its joint state
+        (the state its deltas are added to), not for the end of the decision: stamped there, a
+        controller that replans at every chunk (joint_trajectory_controller) skips the points the
+        decision's latency has already passed instead of replaying them late, which slowed the arm
+        (at 25 ms of latency and 20 ms steps, to ~0.75 of the trained speed, stepping back at each
+        replan)."""
+        if cfg.trajectory_stamp == "observation":
+            return joints.stamp
+        if cfg.trajectory_stamp == "zero":
+            return Time()
+        return self.get_clock().now().to_msg()
 
     def _account(self, samples: list[Sample], decision: Any, start_ns: int, end_ns: int, cfg: NodeConfig) -> None:
         """Times of one decision, from the arrival of the newest input it used to publication:
@@ -968,8 +981,28 @@ def policy_problems(policy: Any, kind: str, cfg: NodeConfig) -> list[str]:
     space = policy.space_problem(len(cfg.joint_names), len(cfg.output_joint_names))
     if space:
         problems.append(f"{where}: {space}")
+    moved = delta_joints_moved(policy.cfg.delta_action_mask, cfg.joint_names, cfg.output_joint_names)
+    if moved:
+        problems.append(f"{where}: {moved}")
     prompt = policy.prompt_problem(cfg.prompt, len(cfg.joint_names))
     return problems + ([prompt] if prompt else [])
+
+
+def delta_joints_moved(mask: tuple[bool, ...], state_names: list[str], action_names: list[str]) -> str | None:
+    """A delta is added to the state of its own index: an action joint that the state lists at
+    another index (action_joint_names a reordering of joint_names) would be offset by another
+    joint's position. Names the state does not list at all may be the controller's own names."""
+    moved = [
+        f"{name} (action dim {i}, state dim {state_names.index(name)})"
+        for i, name in enumerate(action_names[: len(mask)])
+        if mask[i] and name in state_names and state_names.index(name) != i
+    ]
+    if not moved:
+        return None
+    return (
+        f"the actions are deltas added to the state of the same index (delta_action_mask), but action_joint_names "
+        f"puts {', '.join(moved)} elsewhere than joint_names; expected those joints in the same order in both"
+    )
 
 
 def joint_coverage(policy: Any, cfg: NodeConfig) -> list[tuple[str, int, int | None, int]]:

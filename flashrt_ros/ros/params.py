@@ -35,6 +35,7 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("float32", "bfloat16")
 BACKENDS = ("auto", "fused", "reference")
 TRANSPORTS = ("raw", "compressed")
+TRAJECTORY_STAMPS = ("observation", "publication", "zero")
 MAX_RATE_HZ = 1000.0
 MIN_RATE_HZ = 0.01
 """Slowest decision and status rate (one per 100 s): no robot needs less, and rcl timers take
@@ -105,6 +106,7 @@ class NodeConfig:
     max_age_s: float = 0.5
     prompt: str = "pick up the cube"
     step_duration_s: float = 0.02
+    trajectory_stamp: str = "observation"
     frame_id: str = ""
     status_rate_hz: float = 1.0
     stats_log_period_s: float = 10.0
@@ -218,6 +220,12 @@ PARAMETERS: dict[str, ParamInfo] = {
     "max_age_s": ParamInfo("inputs older than this (header stamp vs node clock) are not used, s > 0", runtime=True),
     "prompt": ParamInfo("task instruction given to the policy (non-empty)", runtime=True),
     "step_duration_s": ParamInfo(f"time between consecutive actions of a chunk, s >= {MIN_STEP_DURATION_S:g}"),
+    "trajectory_stamp": ParamInfo(
+        "header.stamp of the chunks and trajectories, from which action i is (i + 1) * step_duration_s ahead: "
+        "observation (the joint state's stamp, the time the chunk was computed for: the controller skips "
+        "what the decision's latency has already passed), publication (now) or zero (the controller's "
+        "'start now', for clocks that differ)"
+    ),
     "frame_id": ParamInfo("header.frame_id of the published chunks and trajectories"),
     "status_rate_hz": ParamInfo(
         f"PipelineStatus and /diagnostics rate in Hz, [{MIN_RATE_HZ:g}, {MAX_RATE_HZ:g}]", runtime=True
@@ -480,7 +488,14 @@ def _type_name(value: Any) -> str:
     return type(value).__name__
 
 
-_CHOICES = {"policy": PRESETS, "device": DEVICES, "precision": PRECISIONS, "backend": BACKENDS, "fp8": FP8_PARTS}
+_CHOICES = {
+    "policy": PRESETS,
+    "device": DEVICES,
+    "precision": PRECISIONS,
+    "backend": BACKENDS,
+    "fp8": FP8_PARTS,
+    "trajectory_stamp": TRAJECTORY_STAMPS,
+}
 
 
 def stand_in(name: str, which: int) -> Any:
@@ -605,7 +620,10 @@ def _check_rates(cfg: NodeConfig) -> list[str]:
 
 
 def _check_text(cfg: NodeConfig) -> list[str]:
-    return [] if cfg.prompt.strip() else ["prompt is empty; expected the task instruction, e.g. 'pick up the cube'"]
+    problems = [] if cfg.prompt.strip() else ["prompt is empty; expected the task instruction, e.g. 'pick up the cube'"]
+    if cfg.trajectory_stamp not in TRAJECTORY_STAMPS:
+        problems.append(f"trajectory_stamp must be one of {', '.join(TRAJECTORY_STAMPS)}, got {cfg.trajectory_stamp!r}")
+    return problems
 
 
 def _check_paths(cfg: NodeConfig) -> list[str]:
