@@ -122,7 +122,13 @@ def _out_problem(out: Path) -> str | None:
         return f"--out {str(out)!r}: {str(existing)!r} is a file, so the folder cannot be made there"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"--out {str(out)!r}: {str(existing)!r} is not writable; expected a folder this user can write"
-    try:  # made now, and written to once: some folders pass the access check and still refuse (/proc)
+    return None
+
+
+def _make_out(out: Path) -> str | None:
+    """Make the results folder and write to it once, after every other check passed (a refused
+    run leaves no folder behind): some folders pass the access check and still refuse (/proc)."""
+    try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out):
             pass
@@ -148,6 +154,8 @@ def _bench(args: argparse.Namespace) -> int:
             f"full-size {args.policy} on {device}: minutes per decision (the benchmark would run for hours); "
             "pass --tiny for a smoke run of the small random-weight presets, or run on a CUDA GPU"
         )
+    if problem is None:
+        problem = _make_out(Path(args.out))
     if problem is not None:
         print(problem)
         return 2
@@ -427,8 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         try:
             return _bench(args)
-        except KeyboardInterrupt:  # the rows finished so far are already in the JSON
-            print(f"interrupted: the rows finished so far are in {args.out}/")
+        except KeyboardInterrupt:  # each finished row was written to the JSON as it finished
+            print(f"interrupted: any rows finished before are in {args.out}/ (bench_*.json)")
             return 130
     return 2
 

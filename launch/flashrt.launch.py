@@ -16,7 +16,8 @@ Arguments:
     use_sim_time           true / false for both nodes; empty (default): as the params files say
     fastdds_profile        a Fast DDS XML profile for both nodes (FASTRTPS_DEFAULT_PROFILES_FILE), e.g.
                            the package's config/fastdds_large_messages.xml for 640x480 cameras at 30 Hz
-                           (empty, default: that one with use_synthetic:=true, none otherwise)
+                           (empty, default: that one with use_synthetic:=true unless
+                           FASTRTPS_DEFAULT_PROFILES_FILE is set, none otherwise)
     log_level              debug | info | warn | error | fatal (any case)
     policy, checkpoint, tokenizer, device, precision, fp8, backend, prompt
                            flashrt_node's parameter of that name, over what params_file says;
@@ -104,7 +105,9 @@ def _nodes(context):
     overrides = node_overrides({name: arg(name) for name in NODE_OVERRIDES})
     synthetic = parse_flag("use_synthetic", arg("use_synthetic"))
     profile = arg("fastdds_profile").strip()
-    if not profile and synthetic:  # three 640x480 cameras at 30 Hz lose frames on the default transport
+    # three 640x480 cameras at 30 Hz lose frames on the default transport; a profile the user
+    # exported (FASTRTPS_DEFAULT_PROFILES_FILE: discovery server, network set-up) stays theirs
+    if not profile and synthetic and not os.environ.get("FASTRTPS_DEFAULT_PROFILES_FILE"):
         profile = os.path.join(get_package_share_directory(PACKAGE), "config", "fastdds_large_messages.xml")
     if profile:
         profile = existing_file("fastdds_profile", profile, "a Fast DDS XML profile")

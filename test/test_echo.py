@@ -19,7 +19,13 @@ def test_the_first_chunk_and_a_status_before_any_decision_say_so():
     msg = ActionChunk(chunk_id=1, horizon=2, action_dim=3, inference_latency_ms=933.6)
     msg.actions = array.array("f", actions.ravel().tobytes())
     first = chunk_line(msg, first=True)
-    assert "latency 933.60 ms" in first
+    assert "latency 933.60 ms" in first and "newest input    nan ms old" in first  # no source stamps
+    # the inputs' age on arrival, on the console's clock (the chunk's own stamp is its joint state's)
+    from builtin_interfaces.msg import Time
+
+    msg.header.stamp, msg.source_stamps = Time(sec=5), [Time(sec=6), Time(sec=5, nanosec=900_000_000)]
+    assert "newest input   42.0 ms old on arrival" in chunk_line(msg, 6_042_000_000)
+    msg.source_stamps = []
     note = "(the first one received: a node's first decision warms its caches up)"
     assert first.endswith(f"[+0.000 +0.100 +0.200]  {note}")
     assert chunk_line(msg).endswith("[+0.000 +0.100 +0.200]")  # id 1 again after a ~/reset: no note

@@ -39,3 +39,67 @@ def test_queued_callbacks_finish_before_the_executor_shuts_down(rclpy_context, c
     gc.collect()  # a failed callback's task reports its exception when it is collected
     assert len(done) == 4
     assert "never retrieved" not in capfd.readouterr().err
+
+
+def _run_python(code: str) -> str:
+    """`code` in a fresh interpreter (signal handlers are process-wide): its stdout."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_signals_held_acts_after_the_block_whichever_thread_received_them():
+    """A signal mask holds only the masking thread's delivery: with another thread alive, the
+    kernel handed the signal to it and Python ran the handler inside the held block (the
+    executor's constructor, cut short, left a traceback at exit). Recorded instead: the block
+    runs to its end and the KeyboardInterrupt comes after it."""
+    out = _run_python(
+        """
+import os, signal, threading, time
+from flashrt_ros.ros.process import interrupt_on_signals, signals_held
+interrupt_on_signals()
+threading.Thread(target=time.sleep, args=(3,), daemon=True).start()
+try:
+    with signals_held():
+        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        time.sleep(0.5)
+        print("block done")
+    print("not interrupted")
+except KeyboardInterrupt:
+    print("interrupted after the block")
+"""
+    )
+    assert out.split() == ["block", "done", "interrupted", "after", "the", "block"], out
+
+
+def test_a_swallowed_interrupt_leaves_the_next_signal_live_and_a_stop_ignores_later_ones():
+    """A KeyboardInterrupt raised in a __del__ is printed and dropped by Python: the next signal
+    must still stop the build (a handler that ignored all signals after the first left the node
+    unstoppable until it spun). Once the caller says it is stopping, a second signal is a no-op."""
+    out = _run_python(
+        """
+import os, signal, time
+from flashrt_ros.ros.process import interrupt_on_signals, stopping
+interrupt_on_signals()
+
+class Garbage:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the handler runs here: its KeyboardInterrupt is swallowed
+
+Garbage()
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(1.0)
+    print("not stopped")
+except KeyboardInterrupt:
+    stopping()
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)
+    print("stopped once")
+"""
+    )
+    assert out.strip() == "stopped once", out

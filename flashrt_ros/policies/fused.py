@@ -860,6 +860,7 @@ class FusedPi0:
             for name, fn in (("prefix", self.prefix), ("denoise", self.denoise)):
                 self.graphs[(name, views, bucket)] = cuda_graphs.capture(fn, self.device, pool=pool, warmup=0)
         self.views, self.bucket = chosen
+        self.cached = None  # the cache holds the warm-ups' last shape, not a prefix of these inputs
         log.info(
             "captured CUDA graphs: prefix + denoise for views 1..%d x prompt buckets %s",
             self.cfg.num_views,

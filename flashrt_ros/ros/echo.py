@@ -30,10 +30,12 @@ SILENT_S = 3.0
 """After this long with no chunk, say whether anything publishes them (a wrong --node is silent)."""
 
 
-def chunk_line(msg: ActionChunk, first: bool = False) -> str:
+def chunk_line(msg: ActionChunk, received_ns: int = 0, first: bool = False) -> str:
+    """One line per chunk; `received_ns`: this console's clock when it arrived (0: unknown), against
+    which the newest input's stamp gives the age of what the chunk was computed from."""
     actions = np.frombuffer(msg.actions, dtype=np.float32).reshape(msg.horizon, msg.action_dim)
     newest_input_ns = max((stamp_to_ns(s) for s in msg.source_stamps), default=0)
-    age_ms = (stamp_to_ns(msg.header.stamp) - newest_input_ns) / 1e6 if newest_input_ns else float("nan")
+    age_ms = (received_ns - newest_input_ns) / 1e6 if newest_input_ns and received_ns else float("nan")
     row = " ".join(f"{v:+.3f}" for v in actions[0, :7]) + (" ..." if msg.action_dim > 7 else "")
     # `first`: the first chunk this console received. Chunk 1 of a node just started is its first
     # decision, which warms the caches up (after a ~/reset ids restart at 1 with the caches warm);
@@ -43,7 +45,7 @@ def chunk_line(msg: ActionChunk, first: bool = False) -> str:
     )
     return (
         f"chunk {msg.chunk_id:5d}  {msg.horizon}x{msg.action_dim}  latency {msg.inference_latency_ms:6.2f} ms  "
-        f"newest input {age_ms:6.1f} ms old  first action [{row}]{note}"
+        f"newest input {age_ms:6.1f} ms old on arrival  first action [{row}]{note}"
     )
 
 
@@ -85,7 +87,8 @@ class Echo(Node):
         self.last_at = time.monotonic()
         self.chunks.append((msg.chunk_id, msg.inference_latency_ms))
         if not self.quiet and (len(self.chunks) - 1) % self.every == 0:
-            print(chunk_line(msg, first=len(self.chunks) == 1), flush=True)
+            now = self.get_clock().now().nanoseconds
+            print(chunk_line(msg, now, first=len(self.chunks) == 1), flush=True)
 
     def _on_status(self, msg: PipelineStatus) -> None:
         if not self.quiet:

@@ -70,7 +70,7 @@ from flashrt_ros.ros.params import (
     unaddressed_params_files,
     unknown_names,
 )
-from flashrt_ros.ros.process import init_rclpy, interrupt_on_signals, run_until_signal, signals_held
+from flashrt_ros.ros.process import init_rclpy, interrupt_on_signals, run_until_signal, signals_held, stopping
 from flashrt_ros.ros.usage import help_requested, stray_arguments, usage
 from flashrt_ros.srv import DropCapsule, ForkCapsule, ListCapsules, RestoreCapsule, SnapshotCapsule
 
@@ -443,25 +443,23 @@ class FlashRTNode(Node):
             self._started_at = self._timer_seconds()
         problems: list[tuple[InputSlot, str, Callable[[], str]]] = []
         samples = []
-        for slot in self.slots:
-            sample = slot.latest
-            if sample is None:
-                problems.append((slot, ABSENT, partial(self._absent_detail, slot)))
-                continue
-            try:
-                check_fresh(sample.stamp, now_ns, cfg.max_age_s, slot.topic)
-            except InputError as err:
-                problems.append((slot, err.reason, partial(_stale_detail, err, slot)))
-            samples.append(sample)
-        if not problems:
-            with self._lock:  # nothing stops this tick: a failure now is the policy's, not an input's
+        with self._lock:  # read, judged and marked taken at once: a sample replaced meanwhile was not used
+            for slot in self.slots:
+                sample = slot.latest
+                if sample is None:
+                    problems.append((slot, ABSENT, partial(self._absent_detail, slot)))
+                    continue
+                try:
+                    check_fresh(sample.stamp, now_ns, cfg.max_age_s, slot.topic)
+                except InputError as err:
+                    problems.append((slot, err.reason, partial(_stale_detail, err, slot)))
+                samples.append(sample)
+            if not problems:  # nothing stops this tick: a failure now is the policy's, not an input's
                 self._blocking = frozenset()
                 # taken now, not at publication: one replaced while the policy runs was used
-                for slot, sample in zip(self.slots, samples, strict=True):
-                    if slot.latest is sample:
-                        slot.used = True
-            return samples
-        with self._lock:
+                for slot in self.slots:
+                    slot.used = True
+                return samples
             self.dropped_decisions += 1
             self._dropped_streak += 1
             self._blocking = frozenset(slot.topic for slot, _, _ in problems)
@@ -1135,10 +1133,12 @@ def main(args: list[str] | None = None) -> int:
         with signals_held():
             executor = MultiThreadedExecutor(num_threads=node.callback_threads)
     except (ConfigError, StartupError) as exc:
+        stopping()
         _FORWARD.ros_logger.error(f"not starting: {exc}")
         rclpy.try_shutdown()
         return 2 if isinstance(exc, ConfigError) else 1
     except KeyboardInterrupt:
+        stopping()
         _FORWARD.ros_logger.info("not starting: stopped by a signal while the pipeline was being built")
         rclpy.try_shutdown()
         return 0

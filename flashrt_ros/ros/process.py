@@ -6,6 +6,7 @@ way: stop spinning, wait for callbacks in flight, destroy the node, shut rclpy d
 
 from __future__ import annotations
 
+import atexit
 import signal
 import sys
 import threading
@@ -28,7 +29,10 @@ def init_rclpy(argv: list[str], node_name: str) -> bool:
     that rcl refuses (e.g. a list mixing strings and numbers) give one line naming the node, after
     rcl's own "[ERROR] [rcl]" line, and False: the caller exits 2, without a traceback."""
     try:
-        rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
+        # held: a KeyboardInterrupt inside rcl's init (C++ calling back into Python) made the
+        # process die of SIGINT at exit although main caught it and returned 0
+        with signals_held():
+            rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
     except RCLError as exc:
         reason = rcl_reason(exc)
         print(f"[{node_name}] not starting: the ROS arguments or a params file are invalid: {reason}", file=sys.stderr)
@@ -61,32 +65,70 @@ def spin_until_signal(executor: Any) -> None:
         pass
 
 
+_STOPPING = threading.Event()
+"""Set where the KeyboardInterrupt of interrupt_on_signals is caught: a stop is under way."""
+
+
 def interrupt_on_signals() -> None:
-    """Before spinning (while a node is built): the first SIGINT or SIGTERM raises
-    KeyboardInterrupt, for the caller to stop cleanly; later ones are ignored, so that a second
-    signal (a terminal's Ctrl-C and a script's kill, a double Ctrl-C) cannot interrupt that stop
-    with a traceback. Set explicitly: a process started in the background by a script inherits
-    SIGINT as ignored, and would otherwise drop it until spinning starts."""
+    """Before spinning (while a node is built): SIGINT or SIGTERM raises KeyboardInterrupt, for
+    the caller to stop cleanly, until the caller says it is stopping (:func:`stopping`): a second
+    signal (a terminal's Ctrl-C and a script's kill, a double Ctrl-C) then cannot interrupt that
+    stop with a traceback, and a KeyboardInterrupt Python swallowed (raised in a ``__del__``)
+    leaves the next signal live. Set explicitly: a process started in the background by a script
+    inherits SIGINT as ignored, and would otherwise drop it until spinning starts."""
+    _STOPPING.clear()
+    _ignore_signals_at_exit()
 
     def on_signal(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise KeyboardInterrupt
+        if not _STOPPING.is_set():
+            raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
 
 
+def stopping() -> None:
+    """First thing where interrupt_on_signals' KeyboardInterrupt is caught: later signals no-ops."""
+    _STOPPING.set()
+
+
 @contextmanager
 def signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM held back (delivered when the block ends) while something that must not
+    """SIGINT and SIGTERM held back (acted on when the block ends) while something that must not
     be cut short is built: a KeyboardInterrupt inside rclpy's Executor.__init__ leaves a half-built
-    executor whose __del__ prints a traceback at exit."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    executor whose __del__ prints a traceback at exit. Recorded by a handler rather than masked:
+    a mask holds only this thread's delivery, and Python runs handlers in the main thread
+    whichever thread the kernel picked."""
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {signum: signal.getsignal(signum) for signum in held}
+    caught: list[int] = []
+    for signum in held:
+        signal.signal(signum, lambda signum, frame: caught.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if caught:
+            handler = previous[caught[0]]
+            if callable(handler):
+                handler(caught[0], None)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(caught[0])
+
+
+def _ignore_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _ignore_signals_at_exit() -> None:
+    """When the process ends, Python's exit puts its own handlers back to the default action: a
+    second signal then (a terminal's Ctrl-C after a script's kill) made a clean stop a death by
+    signal (exit -2 in ros2 launch's log). Ignored ones stay ignored; at exit only, so that a
+    caller that goes on in this process, or its children, can still be stopped."""
+    atexit.unregister(_ignore_signals)
+    atexit.register(_ignore_signals)
 
 
 def drain(executor: Any) -> None:
@@ -122,7 +164,7 @@ def run_until_signal(
             executor.add_node(node)
             spin_until_signal(executor)
         except KeyboardInterrupt:
-            pass
+            stopping()
         if on_signal is not None:
             on_signal()
         drain(executor)
@@ -132,9 +174,5 @@ def run_until_signal(
         stop_executor(executor)
         node.destroy_node()
         rclpy.try_shutdown()
-        # the process ends now: Python's exit resets its own handlers to the default action, and a
-        # second signal (a terminal's Ctrl-C after a script's kill) would make a clean stop a death
-        # by signal (exit -2 in ros2 launch's log); ignored ones stay ignored
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _ignore_signals_at_exit()
     return 0

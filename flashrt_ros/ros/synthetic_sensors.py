@@ -28,7 +28,7 @@ from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import CompressedImage, Image, JointState
 
 from flashrt_ros.ros.params import ALOHA_JOINTS, DEFAULT_CAMERAS, ConfigError, invalid_topic, node_resolver
-from flashrt_ros.ros.process import init_rclpy, interrupt_on_signals, run_until_signal, signals_held
+from flashrt_ros.ros.process import init_rclpy, interrupt_on_signals, run_until_signal, signals_held, stopping
 from flashrt_ros.ros.usage import help_requested, stray_arguments, usage
 
 NODE_NAME = "synthetic_sensors"
@@ -277,10 +277,12 @@ def main(args: list[str] | None = None) -> int:
         with signals_held():
             executor = SingleThreadedExecutor()
     except ConfigError as exc:
+        stopping()
         get_logger(NODE_NAME).error(f"not starting: {exc}")
         rclpy.try_shutdown()
         return 2
     except KeyboardInterrupt:
+        stopping()
         rclpy.try_shutdown()
         return 0
     return run_until_signal(node, executor)
