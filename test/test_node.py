@@ -729,3 +729,44 @@ def test_the_trajectory_stamp_parameter_picks_where_a_chunk_starts(rclpy_context
         node.destroy_node()
     problems = NodeConfig(trajectory_stamp="now").validate(check_paths=False)
     assert problems == ["trajectory_stamp must be one of observation, publication, zero, got 'now'"]
+
+
+def test_trajectory_groups_publish_each_controllers_joints(rclpy_context):
+    """A controller that owns some of the joints (one per arm) refuses a trajectory naming others:
+    each group's topic gets its joints' columns, in the group's order, with the chunk's stamp and
+    times; ~/joint_trajectory keeps them all."""
+    from types import SimpleNamespace
+
+    import rclpy
+    from builtin_interfaces.msg import Time as TimeMsg
+    from rclpy.executors import SingleThreadedExecutor
+    from trajectory_msgs.msg import JointTrajectory
+
+    from flashrt_ros.ros.inputs import Sample
+
+    groups = ["/arm_a/joint_trajectory=j2, j0", "/arm_b/joint_trajectory=j3"]
+    node = _in_process_node(rclpy_context, trajectory_groups=groups)
+    listener = rclpy.create_node("group_listener", context=rclpy_context)
+    executor = SingleThreadedExecutor(context=rclpy_context)
+    executor.add_node(listener)
+    got: dict[str, list] = {"/arm_a/joint_trajectory": [], "/arm_b/joint_trajectory": []}
+    try:
+        for topic, store in got.items():
+            listener.create_subscription(JointTrajectory, topic, store.append, 10)
+        actions = np.arange(10 * len(JOINTS), dtype=np.float32).reshape(10, len(JOINTS))
+        stamp = TimeMsg(sec=7)
+        samples = [Sample(None, stamp, 0, 0) for _ in node.slots]
+        deadline = time.monotonic() + 10.0
+        while not all(got.values()) and time.monotonic() < deadline:  # until both subscriptions matched
+            node._publish(SimpleNamespace(actions=actions, chunk_id=1), samples, 1.0, node.cfg)
+            executor.spin_once(timeout_sec=0.1)
+        (a, *_), (b, *_) = got.values()
+        assert list(a.joint_names) == ["j2", "j0"] and list(b.joint_names) == ["j3"]
+        assert a.header.stamp == stamp == b.header.stamp
+        np.testing.assert_array_equal([p.positions for p in a.points], actions[:, [2, 0]])
+        np.testing.assert_array_equal([p.positions for p in b.points], actions[:, [3]])
+        assert [stamp_ns(p.time_from_start) for p in b.points] == [(i + 1) * 50_000_000 for i in range(10)]
+    finally:
+        executor.shutdown()
+        listener.destroy_node()
+        node.destroy_node()

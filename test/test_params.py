@@ -82,6 +82,37 @@ def test_defaults_are_the_embedded_demo():
         # all the trajectory's points would be at time_from_start 0
         ({"step_duration_s": 1e-10}, "step_duration_s must be >= 1e-06 and <= 60, got 1e-10"),
         ({"joint_state_topic": "/joint states"}, "joint_state_topic: '/joint states' is not a valid ROS topic name"),
+        ({"trajectory_stamp": "now"}, "trajectory_stamp must be one of observation, publication, zero, got 'now'"),
+        (
+            {"trajectory_groups": ["arm/joint_trajectory: left_waist"]},  # a ':' where '=' belongs
+            "trajectory_groups[0] 'arm/joint_trajectory: left_waist': expected 'TOPIC=joint, joint, ...'",
+        ),
+        (
+            {"trajectory_groups": ["arm/joint_trajectory=left_waist, wrist"]},
+            "trajectory_groups[0] 'arm/joint_trajectory=left_waist, wrist': wrist not among action_joint_names",
+        ),
+        (
+            {"trajectory_groups": ["arm/joint_trajectory=left_waist, ,left_elbow"]},
+            "trajectory_groups[0] 'arm/joint_trajectory=left_waist, ,left_elbow': an empty joint name",
+        ),
+        (
+            {"trajectory_groups": ["arm/joint_trajectory=left_waist, left_waist"]},
+            "lists ['left_waist'] more than once; expected each joint once",
+        ),
+        (
+            {"trajectory_groups": ["arm/jt=left_waist", "/arm/jt=right_waist"]},
+            "trajectory_groups[0] 'arm/jt' and trajectory_groups[1] '/arm/jt' both resolve to /arm/jt; "
+            "expected each trajectory group on a topic of its own",
+        ),
+        (
+            {"trajectory_groups": ["bad topic=left_waist"]},
+            "trajectory_groups: 'bad topic' is not a valid ROS topic name",
+        ),
+        (
+            {"trajectory_groups": ["joint_states=left_waist"]},  # the input topic, of another type
+            "joint_state_topic 'joint_states' and trajectory_groups[0] 'joint_states' both resolve to /joint_states, "
+            "which cannot carry sensor_msgs/msg/JointState and trajectory_msgs/msg/JointTrajectory at once",
+        ),
     ],
 )
 def test_invalid_values_have_precise_reasons(values, reason):

@@ -195,6 +195,12 @@ class FlashRTNode(Node):
     def _create_outputs(self) -> None:
         self._chunk_pub = self.create_publisher(ActionChunk, "~/action_chunk", 10)
         self._traj_pub = self.create_publisher(JointTrajectory, "~/joint_trajectory", 10)
+        # one per controller that owns some of the joints: (publisher, the joints' columns, names)
+        names = self.cfg.output_joint_names
+        self._group_pubs = [
+            (self.create_publisher(JointTrajectory, topic, 10), [names.index(j) for j in joints], joints)
+            for topic, joints in self.cfg.groups
+        ]
         self._status_pub = self.create_publisher(PipelineStatus, "~/status", 10)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
 
@@ -241,6 +247,8 @@ class FlashRTNode(Node):
             f"({d['horizon']} x {len(cfg.output_joint_names)} actions, step {cfg.step_duration_s:g} s), "
             f"{self._status_pub.topic_name} at {cfg.status_rate_hz:g} Hz, /diagnostics; actions {d['actions']}"
         )
+        for pub, _, joints in self._group_pubs:
+            log.info(f"trajectory group: {pub.topic_name} ({len(joints)} joints: {', '.join(joints)})")
         log.info(f"deciding at {cfg.rate_hz:g} Hz on inputs at most {cfg.max_age_s:g} s old; prompt {cfg.prompt!r}")
         self._warn_fewer_joints_than_statistics()
         self._warn_chunk_gap(cfg)
@@ -529,6 +537,11 @@ class FlashRTNode(Node):
                 decision.actions, stamp=stamp, frame_id=cfg.frame_id, joint_names=names, step_ns=step_ns
             )
         )
+        for pub, columns, joints in self._group_pubs:
+            rows = decision.actions[:, columns]
+            pub.publish(
+                messages.joint_trajectory(rows, stamp=stamp, frame_id=cfg.frame_id, joint_names=joints, step_ns=step_ns)
+            )
 
     def _chunk_stamp(self, joints: Sample, cfg: NodeConfig) -> Any:
         """Where the chunk's time starts. The policy computed it for the moment of its joint state

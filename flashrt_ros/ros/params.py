@@ -107,6 +107,7 @@ class NodeConfig:
     prompt: str = "pick up the cube"
     step_duration_s: float = 0.02
     trajectory_stamp: str = "observation"
+    trajectory_groups: list[str] = field(default_factory=list)
     frame_id: str = ""
     status_rate_hz: float = 1.0
     stats_log_period_s: float = 10.0
@@ -121,6 +122,12 @@ class NodeConfig:
     @property
     def output_joint_names(self) -> list[str]:
         return list(self.action_joint_names) or list(self.joint_names)
+
+    @property
+    def groups(self) -> list[tuple[str, list[str]]]:
+        """trajectory_groups as (topic, joints); entries that do not parse are left out here
+        (validation names them)."""
+        return [parsed for parsed in map(parse_group, self.trajectory_groups) if parsed is not None]
 
     @property
     def expected_hw(self) -> tuple[int, int] | None:
@@ -179,7 +186,7 @@ class NodeConfig:
     def _value_problems(self, check_paths: bool, resolve: Resolver) -> list[str]:
         """The problems of a config whose values all have their types."""
         problems = []
-        for check in (_check_policy, _check_cameras, _check_joints, _check_rates, _check_text):
+        for check in (_check_policy, _check_cameras, _check_joints, _check_rates, _check_text, _check_groups):
             problems += check(self)
         problems += _check_topics(self, resolve)
         return problems + (_check_paths(self) if check_paths else [])
@@ -225,6 +232,11 @@ PARAMETERS: dict[str, ParamInfo] = {
         "observation (the joint state's stamp, the time the chunk was computed for: the controller skips "
         "what the decision's latency has already passed), publication (now) or zero (the controller's "
         "'start now', for clocks that differ)"
+    ),
+    "trajectory_groups": ParamInfo(
+        "extra JointTrajectory topics, one per controller, each 'TOPIC=joint, joint, ...' (joints of "
+        "action_joint_names, any order): for controllers that own some of the joints; ~/joint_trajectory "
+        "keeps all of them; [] = none"
     ),
     "frame_id": ParamInfo("header.frame_id of the published chunks and trajectories"),
     "status_rate_hz": ParamInfo(
@@ -619,6 +631,37 @@ def _check_rates(cfg: NodeConfig) -> list[str]:
     return problems
 
 
+def parse_group(text: str) -> tuple[str, list[str]] | None:
+    """'arm_controller/joint_trajectory=j1, j2' -> (topic, [joints]); None if it has no '='."""
+    topic, sep, joints = text.partition("=")
+    if not sep:
+        return None
+    return topic.strip(), [j.strip() for j in joints.split(",")]
+
+
+def _check_groups(cfg: NodeConfig) -> list[str]:
+    """Each trajectory group names a topic and joints the chunk has, each once."""
+    problems, actions = [], cfg.output_joint_names
+    for i, text in enumerate(cfg.trajectory_groups):
+        where = f"trajectory_groups[{i}] {shown(text)}"
+        parsed = parse_group(text)
+        if parsed is None or not parsed[0] or not any(parsed[1]):
+            example = "'arm_controller/joint_trajectory=j1, j2'"
+            problems.append(f"{where}: expected 'TOPIC=joint, joint, ...', e.g. {example}")
+            continue
+        topic, joints = parsed
+        if any(not j for j in joints):
+            problems.append(f"{where}: an empty joint name; expected joint names separated by commas")
+        unknown = [j for j in joints if j and j not in actions]
+        if unknown:
+            known = some(actions, 16)
+            problems.append(f"{where}: {some(unknown, 8)} not among action_joint_names (or joint_names): {known}")
+        duplicated = sorted({j for j in joints if joints.count(j) > 1})
+        if duplicated:
+            problems.append(f"{where}: lists {duplicated} more than once; expected each joint once")
+    return problems
+
+
 def _check_text(cfg: NodeConfig) -> list[str]:
     problems = [] if cfg.prompt.strip() else ["prompt is empty; expected the task instruction, e.g. 'pick up the cube'"]
     if cfg.trajectory_stamp not in TRAJECTORY_STAMPS:
@@ -687,7 +730,12 @@ def _node_topics(cfg: NodeConfig) -> list[tuple[str, str, str]]:
         for i, topic in enumerate(cfg.camera_topics)
     ]
     joints = [("joint_state_topic", cfg.joint_state_topic, INPUT_TYPES["joints"])]
-    return cams + joints + [("the node's output", name, kind) for name, kind in OUTPUTS.items()]
+    groups = [
+        (f"trajectory_groups[{i}]", parsed[0], OUTPUTS["~/joint_trajectory"])
+        for i, parsed in enumerate(map(parse_group, cfg.trajectory_groups))
+        if parsed is not None and parsed[0]
+    ]
+    return cams + joints + groups + [("the node's output", name, kind) for name, kind in OUTPUTS.items()]
 
 
 def _check_topics(cfg: NodeConfig, resolve: Resolver) -> list[str]:
@@ -730,7 +778,8 @@ def _clash_sentence(full: str, users: list[tuple[str, str, str]]) -> str:
     named += " both" if len(users) == 2 else " all"
     kinds = sorted({kind for _, _, kind in users})
     if len(kinds) == 1:
-        return f"{named} resolve to {full}; expected each camera on a topic of its own"
+        mine = "trajectory group" if users[0][0].startswith("trajectory_groups") else "camera"
+        return f"{named} resolve to {full}; expected each {mine} on a topic of its own"
     return (
         f"{named} resolve to {full}, which cannot carry {' and '.join(kinds)} at once; "
         "expected a topic of its own for each"
