@@ -82,7 +82,7 @@ def test_a_swallowed_interrupt_leaves_the_next_signal_live_and_a_stop_ignores_la
     out = _run_python(
         """
 import os, signal, time
-from flashrt_ros.ros.process import interrupt_on_signals, stopping
+from flashrt_ros.ros.process import REPEAT_S, interrupt_on_signals, stopping
 interrupt_on_signals()
 
 class Garbage:
@@ -92,10 +92,13 @@ class Garbage:
 
 Garbage()
 try:
+    time.sleep(REPEAT_S + 0.2)  # the next Ctrl-C, a moment later
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(1.0)
     print("not stopped")
 except KeyboardInterrupt:
+    os.kill(os.getpid(), signal.SIGINT)  # a double Ctrl-C, before the caller says it stops
+    time.sleep(0.05)
     stopping()
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(0.05)

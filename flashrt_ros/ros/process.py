@@ -7,9 +7,11 @@ way: stop spinning, wait for callbacks in flight, destroy the node, shut rclpy d
 from __future__ import annotations
 
 import atexit
+import math
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -65,6 +67,8 @@ def spin_until_signal(executor: Any) -> None:
         pass
 
 
+REPEAT_S = 1.0
+"""After a KeyboardInterrupt from interrupt_on_signals, signals within this long are no-ops."""
 _STOPPING = threading.Event()
 """Set where the KeyboardInterrupt of interrupt_on_signals is caught: a stop is under way."""
 
@@ -78,9 +82,14 @@ def interrupt_on_signals() -> None:
     inherits SIGINT as ignored, and would otherwise drop it until spinning starts."""
     _STOPPING.clear()
     _ignore_signals_at_exit()
+    raised_at = [-math.inf]
 
     def on_signal(signum: int, frame: Any) -> None:
-        if not _STOPPING.is_set():
+        # also quiet for a moment after raising: a second signal could otherwise land between the
+        # raise and the caller's stopping(); a swallowed interrupt is long over by the next Ctrl-C
+        now = time.monotonic()
+        if not _STOPPING.is_set() and now - raised_at[0] > REPEAT_S:
+            raised_at[0] = now
             raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_signal)
