@@ -125,6 +125,15 @@ def _out_problem(out: Path) -> str | None:
     return None
 
 
+def _remove_empty(made: list[Path]) -> None:
+    """The folders _make_out made (deepest first), removed while empty."""
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:  # something was written there meanwhile: kept
+            return
+
+
 def _make_out(out: Path) -> str | None:
     """Make the results folder and write to it once, after every other check passed (a refused
     run leaves no folder behind): some folders pass the access check and still refuse (/proc)."""
@@ -154,8 +163,6 @@ def _bench(args: argparse.Namespace) -> int:
             f"full-size {args.policy} on {device}: minutes per decision (the benchmark would run for hours); "
             "pass --tiny for a smoke run of the small random-weight presets, or run on a CUDA GPU"
         )
-    if problem is None:
-        problem = _make_out(Path(args.out))
     if problem is not None:
         print(problem)
         return 2
@@ -167,19 +174,22 @@ def _bench(args: argparse.Namespace) -> int:
     if not modes:
         print("nothing to run: every mode asked for needs a CUDA GPU (add eager, or run on a GPU)")
         return 2
+    out = Path(args.out)
+    made = [folder for folder in (out, *out.parents) if not folder.exists()]  # deepest first
+    problem = _make_out(out)
+    if problem is not None:
+        print(problem)
+        return 2
     modes = sorted(modes, key=lambda m: m == "compile")  # the slow baseline last: a cut-short run keeps the rest
     settings = vars(args).copy() | {"modes_run": ",".join(modes), "modes_skipped": ",".join(skipped)}
     results: dict = {"env": environment(device), "settings": settings, "runs": []}
-    out = Path(args.out)
     try:
         setups = {kind: _setup(kind, args, device) for kind in args.policy.split(",")}
-    except ValueError as exc:  # an unknown policy, a bad size: say so, no traceback
-        print(f"cannot set up the benchmark: {exc}")
-        return 2
-    except Exception as exc:  # out of memory building a policy or its reference: said, not a traceback
-        print(f"cannot set up the benchmark: {type(exc).__name__}: {exc}")
+    except Exception as exc:  # a bad size, out of memory building a policy: said, not a traceback
+        _remove_empty(made)  # a refused run leaves no folder behind
+        print(f"cannot set up the benchmark: {exc if isinstance(exc, ValueError) else f'{type(exc).__name__}: {exc}'}")
         logging.getLogger(__name__).debug("set-up failed", exc_info=True)
-        return 1
+        return 2 if isinstance(exc, ValueError) else 1
     print(HEADER)
     if not any(m in BASELINES for m in modes):
         print(f"note: no baseline among --modes ({', '.join(BASELINES)}): no speed-ups in this run")

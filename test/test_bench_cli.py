@@ -306,3 +306,13 @@ def test_results_file_is_strict_json_and_never_shared_by_two_runs(tmp_path) -> N
     assert len(files) == 2 and first["stamp"] != second["stamp"], files
     written = json.loads((tmp_path / f"bench_{first['stamp']}.json").read_text(), parse_constant=lambda c: 1 / 0)
     assert written["runs"][0]["parity"] == {"cosine": None, "max_abs": None}
+
+
+def test_a_refused_run_leaves_no_out_folder_behind(tmp_path, capsys) -> None:
+    """Refused after the argument checks (nothing to run on a CPU; a set-up that fails): the
+    folders it made for --out are gone, a folder that was there before stays."""
+    out = tmp_path / "a" / "b"
+    assert main(["bench", "--tiny", "--device", "cpu", "--modes", "fused", "--out", str(out)]) == 2
+    assert main(["bench", "--tiny", "--device", "cpu", "--modes", "eager", "--steps", "0", "--out", str(out)]) == 2
+    assert "cannot set up the benchmark: invalid PolicyConfig: num_steps" in capsys.readouterr().out
+    assert tmp_path.is_dir() and list(tmp_path.iterdir()) == []

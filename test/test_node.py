@@ -711,6 +711,8 @@ def test_the_trajectory_stamp_parameter_picks_where_a_chunk_starts(rclpy_context
     """observation (default): the joint state's stamp, the time the policy computed the chunk for
     (a controller then skips what the latency passed); publication: now; zero: the controller's
     own "start now". Anything else is refused at start with the choices."""
+    from types import SimpleNamespace
+
     from builtin_interfaces.msg import Time as TimeMsg
 
     from flashrt_ros.ros.inputs import Sample
@@ -725,6 +727,20 @@ def test_the_trajectory_stamp_parameter_picks_where_a_chunk_starts(rclpy_context
         published = stamp_ns(node._chunk_stamp(joints, node.cfg.with_values({"trajectory_stamp": "publication"})))
         assert before <= published <= node.get_clock().now().nanoseconds
         assert node._chunk_stamp(joints, node.cfg.with_values({"trajectory_stamp": "zero"})) == TimeMsg()
+    finally:
+        node.destroy_node()
+    warned: list[str] = []
+    node = _in_process_node(rclpy_context)
+    try:  # a joint state older than the chunk lasts: the whole chunk is past, a controller refuses it
+        node._throttle.logger = SimpleNamespace(warning=warned.append)
+        now = node.get_clock().now().nanoseconds
+        old = TimeMsg(sec=(now - 700_000_000) // 1_000_000_000, nanosec=(now - 700_000_000) % 1_000_000_000)
+        node._warn_if_ended(old, 500_000_000, node.cfg)  # 0.5 s of actions from 0.7 s ago
+        assert len(warned) == 1 and warned[0].startswith("published a chunk that ended 2"), warned
+        assert "a controller refuses it" in warned[0]
+        node._warn_if_ended(old, 900_000_000, node.cfg)  # still running: nothing said
+        node._warn_if_ended(TimeMsg(), 500_000_000, node.cfg.with_values({"trajectory_stamp": "zero"}))
+        assert len(warned) == 1
     finally:
         node.destroy_node()
     problems = NodeConfig(trajectory_stamp="now").validate(check_paths=False)

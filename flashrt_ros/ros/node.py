@@ -518,6 +518,7 @@ class FlashRTNode(Node):
     def _publish(self, decision: Any, samples: list[Sample], latency_ms: float, cfg: NodeConfig) -> None:
         stamp = self._chunk_stamp(samples[-1], cfg)
         step_ns = round(cfg.step_duration_s * 1e9)
+        self._warn_if_ended(stamp, len(decision.actions) * step_ns, cfg)
         names = cfg.output_joint_names
         sources = [(slot.topic, s.stamp) for slot, s in zip(self.slots, samples, strict=True)]
         self._chunk_pub.publish(
@@ -541,6 +542,22 @@ class FlashRTNode(Node):
             rows = decision.actions[:, columns]
             pub.publish(
                 messages.joint_trajectory(rows, stamp=stamp, frame_id=cfg.frame_id, joint_names=joints, step_ns=step_ns)
+            )
+
+    def _warn_if_ended(self, stamp: Any, lasts_ns: int, cfg: NodeConfig) -> None:
+        """A chunk whose last point is already past when published: joint_trajectory_controller
+        refuses it ("ends in the past"), and only its own log would say so. Stamped at the joint
+        state, that is a state older than the chunk lasts (max_age_s above it) or a decision
+        slower than that."""
+        ends_ns = stamp.sec * 1_000_000_000 + stamp.nanosec + lasts_ns
+        now_ns = self.get_clock().now().nanoseconds
+        if cfg.trajectory_stamp != "zero" and ends_ns < now_ns:
+            self._throttle(
+                ("chunk_ended",),
+                "warning",
+                f"published a chunk that ended {(now_ns - ends_ns) / 1e6:.1f} ms ago (trajectory_stamp "
+                f"{cfg.trajectory_stamp}, {lasts_ns / 1e9:g} s of actions): a controller refuses it; expected "
+                "a fresher joint state (max_age_s below the chunk's length), a faster decision or a longer chunk",
             )
 
     def _chunk_stamp(self, joints: Sample, cfg: NodeConfig) -> Any:

@@ -69,7 +69,7 @@ def spin_until_signal(executor: Any) -> None:
 
 REPEAT_S = 1.0
 """After a KeyboardInterrupt from interrupt_on_signals, signals within this long are no-ops."""
-_STOPPING = threading.Event()
+_STOPPING = [False]  # a plain flag, no lock: the handler may interrupt whatever runs
 """Set where the KeyboardInterrupt of interrupt_on_signals is caught: a stop is under way."""
 
 
@@ -80,7 +80,7 @@ def interrupt_on_signals() -> None:
     stop with a traceback, and a KeyboardInterrupt Python swallowed (raised in a ``__del__``)
     leaves the next signal live. Set explicitly: a process started in the background by a script
     inherits SIGINT as ignored, and would otherwise drop it until spinning starts."""
-    _STOPPING.clear()
+    _STOPPING[0] = False
     _ignore_signals_at_exit()
     raised_at = [-math.inf]
 
@@ -88,7 +88,7 @@ def interrupt_on_signals() -> None:
         # also quiet for a moment after raising: a second signal could otherwise land between the
         # raise and the caller's stopping(); a swallowed interrupt is long over by the next Ctrl-C
         now = time.monotonic()
-        if not _STOPPING.is_set() and now - raised_at[0] > REPEAT_S:
+        if not _STOPPING[0] and now - raised_at[0] > REPEAT_S:
             raised_at[0] = now
             raise KeyboardInterrupt
 
@@ -98,7 +98,7 @@ def interrupt_on_signals() -> None:
 
 def stopping() -> None:
     """First thing where interrupt_on_signals' KeyboardInterrupt is caught: later signals no-ops."""
-    _STOPPING.set()
+    _STOPPING[0] = True
 
 
 @contextmanager
