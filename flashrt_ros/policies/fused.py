@@ -556,12 +556,17 @@ class FusedPi0:
         return self.views * self.cfg.vision.num_tokens + self.bucket
 
     @property
+    def cached_shape(self) -> tuple[int, int]:
+        """(views, bucket) of the prefix in the K/V cache, which the denoise reads."""
+        if self.cached is None:
+            raise RuntimeError("the denoise needs a prefix in the K/V cache: run the prefix stage first")
+        return self.cached
+
+    @property
     def cached_rows(self) -> int:
         """Prefix tokens in the K/V cache (what the denoise attends to): the shape the last prefix
         stage ran at, which a denoise on the cached prefix keeps after new inputs arrive."""
-        if self.cached is None:
-            raise RuntimeError("the denoise needs a prefix in the K/V cache: run the prefix stage first")
-        views, bucket = self.cached
+        views, bucket = self.cached_shape
         return views * self.cfg.vision.num_tokens + bucket
 
     def vision(self, out: Tensor | None = None) -> Tensor:
@@ -873,9 +878,7 @@ class FusedPi0:
         if stage == "prefix":
             shape = (self.views, self.bucket)
         elif stage == "denoise":
-            if self.cached is None:
-                raise RuntimeError("the denoise needs a prefix in the K/V cache: run the prefix stage first")
-            shape = self.cached
+            shape = self.cached_shape
         else:
             raise ValueError(f"unknown stage {stage!r}; expected 'prefix' or 'denoise'")
         graph = self.graphs.get((stage, *shape))

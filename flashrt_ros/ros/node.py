@@ -71,7 +71,7 @@ from flashrt_ros.ros.params import (
     unknown_names,
 )
 from flashrt_ros.ros.process import init_rclpy, interrupt_on_signals, run_until_signal, signals_held, stopping
-from flashrt_ros.ros.usage import help_requested, stray_arguments, usage
+from flashrt_ros.ros.usage import command_line, usage
 from flashrt_ros.srv import DropCapsule, ForkCapsule, ListCapsules, RestoreCapsule, SnapshotCapsule
 
 ABSENT = "absent"
@@ -549,7 +549,7 @@ class FlashRTNode(Node):
         refuses it ("ends in the past"), and only its own log would say so. Stamped at the joint
         state, that is a state older than the chunk lasts (max_age_s above it) or a decision
         slower than that."""
-        ends_ns = stamp.sec * 1_000_000_000 + stamp.nanosec + lasts_ns
+        ends_ns = stamp_to_ns(stamp) + lasts_ns
         now_ns = self.get_clock().now().nanoseconds
         if cfg.trajectory_stamp != "zero" and ends_ns < now_ns:
             self._throttle(
@@ -1144,13 +1144,9 @@ def main(args: list[str] | None = None) -> int:
     Exit codes: 0 after a normal shutdown, 2 for invalid parameters, 1 if the policy cannot
     be built."""
     argv = args if args is not None else sys.argv
-    if help_requested(argv):
-        print(node_usage())
-        return 0
-    refused = stray_arguments(NODE_NAME, argv)
-    if refused:
-        print(refused, file=sys.stderr)
-        return 2
+    code = command_line(NODE_NAME, argv, node_usage)
+    if code is not None:
+        return code
     interrupt_on_signals()  # until spinning starts: building the pipeline can take minutes on a robot
     try:
         if not init_rclpy(argv, NODE_NAME):

@@ -29,7 +29,7 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 
 from flashrt_ros.ros.params import ALOHA_JOINTS, DEFAULT_CAMERAS, ConfigError, invalid_topic, node_resolver
 from flashrt_ros.ros.process import init_rclpy, interrupt_on_signals, run_until_signal, signals_held, stopping
-from flashrt_ros.ros.usage import help_requested, stray_arguments, usage
+from flashrt_ros.ros.usage import command_line, usage
 
 NODE_NAME = "synthetic_sensors"
 ENCODINGS = ("rgb8", "bgr8", "jpeg")
@@ -262,13 +262,9 @@ def sensors_usage() -> str:
 
 def main(args: list[str] | None = None) -> int:
     argv = args if args is not None else sys.argv
-    if help_requested(argv):
-        print(sensors_usage())
-        return 0
-    refused = stray_arguments(NODE_NAME, argv)
-    if refused:
-        print(refused, file=sys.stderr)
-        return 2
+    code = command_line(NODE_NAME, argv, sensors_usage)
+    if code is not None:
+        return code
     interrupt_on_signals()  # until spinning starts (see node.main)
     try:
         if not init_rclpy(argv, NODE_NAME):

@@ -8,8 +8,9 @@ shell was in: on a robot, beside the real ones.
 
 from __future__ import annotations
 
+import sys
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 HELP_FLAGS = ("-h", "--help")
 
@@ -31,6 +32,20 @@ def outside_ros_args(argv: list[str]) -> list[str]:
 def help_requested(argv: list[str]) -> bool:
     """Whether `-h` / `--help` is among the arguments outside `--ros-args ... [--]`."""
     return any(arg in HELP_FLAGS for arg in outside_ros_args(argv))
+
+
+def command_line(executable: str, argv: list[str], help_text: Callable[[], str]) -> int | None:
+    """The exit code when the command line ends the program before rclpy starts: 0 after
+    printing the help (`-h` / `--help`), 2 after saying why stray arguments are refused; None to
+    go on."""
+    if help_requested(argv):
+        print(help_text())
+        return 0
+    refused = stray_arguments(executable, argv)
+    if refused:
+        print(refused, file=sys.stderr)
+        return 2
+    return None
 
 
 def stray_arguments(executable: str, argv: list[str]) -> str | None:
