@@ -3,6 +3,7 @@
 # torch 2.11 + CUDA 13, triton 3.6; no network). CI has no GPU, so these never run there.
 #
 #   bash scripts/gpu_check.sh [parts...]     parts: kernels kernels-all fused parity latency bench headline headline-pi0 step compile
+#                                            prefix-reuse
 #                                            profile micro experiments vision ncu
 #                                            (default: kernels fused parity latency bench step)
 #
@@ -36,7 +37,8 @@ for part in "${parts[@]}"; do
       ;;
     fused)
       step "Fused path vs reference on the GPU (CUDA graphs captured), and its fall-back to the reference"
-      python3 -m pytest -q -p no:cacheprovider test/test_fused.py test/test_capsule.py test/test_fallback.py 2>&1 | tee "$OUT/fused.log" | tail -15 || status=1
+      python3 -m pytest -q -p no:cacheprovider test/test_fused.py test/test_capsule.py test/test_fallback.py \
+        test/test_prefix_cache.py 2>&1 | tee "$OUT/fused.log" | tail -15 || status=1
       ;;
     bench)
       # more than one 10-minute device call (both policies at three view counts): run it where
@@ -56,6 +58,13 @@ for part in "${parts[@]}"; do
       step "The issue's headline: $pol at 3 views, $modes in one run (~5 min)"
       python3 -m flashrt_ros.cli bench --policy "$pol" --views 3 --modes "$modes" "${extra[@]}" --iters 100 \
         --warmup 3 --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/$part.log" || status=1
+      ;;
+    prefix-reuse)
+      step "The node's decide() with the prefix run and re-used (fused, eager, compile; pi0.5 then pi0, 3 views; ~4 min)"
+      for pol in pi05 pi0; do
+        python3 bench/prefix_reuse.py --policy "$pol" --views 3 --iters 100 --eager-iters 10 --out "$OUT" 2>&1 \
+          | grep -v "it/s" | tee "$OUT/prefix_reuse_$pol.log" || status=1
+      done
       ;;
     parity)
       step "LeRobot 0.6.1 parity, full size"

@@ -9,6 +9,7 @@ services; the reset service.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 import time
 
@@ -106,6 +107,44 @@ def test_status_and_diagnostics(running):
     diag = peer.diagnostics[-1].status[0]
     assert diag.name == f"{peer.namespace}/{NODE}: pipeline" and diag.hardware_id == "cpu"
     assert {kv.key for kv in diag.values} >= {"policy", "decisions", "dropped decisions", "deadline misses"}
+
+
+def test_decisions_on_frames_already_used_reuse_the_prefix(running):
+    """Cameras at 4 Hz, joints at 20 Hz, decisions at 10 Hz: a decision on the frames the one before
+    it used (its prefix inputs unchanged: pi0.5's state tokens too, the joints stand still) re-uses
+    the prefix and says so; one on a new frame runs it. prefix_trigger every_decision, set while
+    running, stops the re-use; a word it does not know is refused with the choices."""
+    node, peer = running
+    ticks = iter(range(10**6))
+
+    def cameras_now_and_then() -> None:
+        if next(ticks) % 5 == 0:
+            peer.publish_good(skip={JOINT_TOPIC})
+
+    def camera_stamps(chunk) -> list[int]:
+        return [ns for topic, ns in peer.chunk_sources(chunk).items() if not topic.endswith(JOINT_TOPIC)]
+
+    start = len(peer.chunks)
+    peer.pump(3.0, skip=set(CAMERAS), extra=cameras_now_and_then)
+    chunks = peer.chunks[start:]
+    pairs = [(a, b) for a, b in itertools.pairwise(chunks) if b.chunk_id == a.chunk_id + 1]
+    assert len(pairs) >= 10
+    assert [b.prefix_reused for _, b in pairs] == [camera_stamps(a) == camera_stamps(b) for a, b in pairs]
+    assert any(b.prefix_reused for _, b in pairs) and not all(b.prefix_reused for _, b in pairs)
+    assert peer.pump(2.0, until=lambda: peer.statuses[-1].prefix_reuses > 0)
+    runs = {s.name: s.runs for s in peer.statuses[-1].stages}
+    assert runs["prefix"] < runs["denoise"]
+    peer.assert_chunks_from_good_data()
+
+    result = peer.set_parameters(prefix_trigger="sometimes")[0]
+    assert not result.successful and "prefix_trigger must be one of new_inputs, every_decision" in result.reason
+    assert peer.set_parameters(prefix_trigger="every_decision")[0].successful
+    start = len(peer.chunks)
+    try:
+        peer.pump(1.5, skip=set(CAMERAS), extra=cameras_now_and_then)
+        assert len(peer.chunks) - start >= 5 and not any(c.prefix_reused for c in peer.chunks[start:])
+    finally:
+        assert peer.set_parameters(prefix_trigger="new_inputs")[0].successful
 
 
 def test_diagnostics_levels_and_the_counts_behind_them(running):

@@ -16,6 +16,10 @@ Two pieces, one concept:
 
 The GPU/fused path will keep its buffers on the device and copy them on a side stream;
 the store only needs ``read()`` / ``write()`` from whatever holds the state.
+
+The cached prefix (engine/prefix_cache.py) is not part of a capsule: a decision re-uses it only
+where running the stage again would build the same K/V, so it never changes a chunk, and a
+restored state replays the same chunks with it or without.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import torch
 
 from ..policies.config import FP8_PARTS
 from ..policies.policy import ModelInputs, Observation, Policy
+from .prefix_cache import PrefixCache, PrefixKey
 from .stats import PipelineStats
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,8 @@ def on_device(device: torch.device) -> contextlib.AbstractContextManager:
 class Decision:
     chunk_id: int
     actions: np.ndarray  # [horizon, dof] float32, robot units
-    timings_ms: dict[str, float]
+    timings_ms: dict[str, float]  # per stage that ran: no "prefix" where the cached one was re-used
+    prefix_reused: bool = False
 
     @property
     def total_ms(self) -> float:
@@ -111,6 +113,8 @@ class Pipeline:
     falls back to the reference, with a warning saying why, if it cannot be built.
     With `release_reference` (the node), a built fused path frees the reference model's weights:
     they would otherwise stay on the GPU as duplicates of the fused path's own copies.
+    `prefix_trigger` "new_inputs" re-uses the cached prefix for observations whose frames (by
+    their `frame_ids`) and prompt tokens it was built from; "every_decision" always runs it.
     """
 
     def __init__(
@@ -121,8 +125,10 @@ class Pipeline:
         backend: str = "auto",
         fp8: str = "none",
         release_reference: bool = False,
+        prefix_trigger: str = "new_inputs",
     ):
         self.policy = policy
+        self.prefix_cache = PrefixCache(prefix_trigger)
         self.stats = PipelineStats(stats_window)
         self.generator = torch.Generator(device=policy.device).manual_seed(seed)
         self.next_chunk_id = 1  # part of the execution state (capsules save and restore it)
@@ -197,13 +203,17 @@ class Pipeline:
             raise
         self.stats.add(timings)
         chunk_id, self.next_chunk_id = self.next_chunk_id, self.next_chunk_id + 1
-        return Decision(chunk_id, actions, timings)
+        return Decision(chunk_id, actions, timings, prefix_reused="prefix" not in timings)
 
     def _decide(self, obs: Observation, noise: torch.Tensor, timer: _Timer) -> tuple[np.ndarray, dict[str, float]]:
         """Run one decision: the finite actions and the stage timings, or raise."""
         with torch.no_grad():
             run = self._run_fused if self.fused is not None else self._run_reference
-            chunk = run(obs, noise, timer)
+            try:
+                chunk = run(obs, noise, timer)
+            except Exception:  # a stage that failed may have left the K/V half-written
+                self.prefix_cache.forget()
+                raise
         actions = self.policy.postprocess(chunk, obs.state)  # the one host sync of the decision
         timer.mark("postprocess")
         timings = timer.resolve()
@@ -228,28 +238,44 @@ class Pipeline:
             raise ValueError(f"noise must be [1, {cfg.horizon}, {cfg.action_dim}], got {tuple(noise.shape)}")
 
     def _run_reference(self, obs: Observation, noise: torch.Tensor, timer: _Timer) -> torch.Tensor:
-        model = self.policy.model
-        x: ModelInputs = self.policy.prepare(obs)
+        model, policy, cache = self.policy.model, self.policy, self.prefix_cache
+        tokens, token_mask, state = policy.prepare_prompt_state(obs)
+        key = PrefixKey.of(obs.frame_ids, obs.images, tokens, token_mask)
+        if cache.lookup(key):
+            timer.mark("preprocess")
+            return self._denoise_reference(cache.held, noise, state, timer)
+        x: ModelInputs = policy.to_model_inputs(obs, tokens, token_mask, state)
         timer.mark("preprocess")
+        cache.forget()
         emb, valid = model.embed_prefix(x.pixels, x.image_masks, x.tokens, x.token_masks)
         prefix = model.prefill(emb, valid)
+        cache.store(key, prefix)
         timer.mark("prefix")
-        chunk = model.denoise(prefix, noise, x.state)
+        return self._denoise_reference(prefix, noise, state, timer)
+
+    def _denoise_reference(self, prefix, noise: torch.Tensor, state: torch.Tensor, timer: _Timer) -> torch.Tensor:
+        chunk = self.policy.model.denoise(prefix, noise, state[None].to(self.policy.device))
         timer.mark("denoise")
         return chunk
 
     def _run_fused(self, obs: Observation, noise: torch.Tensor, timer: _Timer) -> torch.Tensor:
-        fused, dev = self.fused, self.policy.device
+        fused, dev, cache = self.fused, self.policy.device, self.prefix_cache
         tokens, token_mask, state = self.policy.prepare_prompt_state(obs)
-        frames = [
-            None if img is None else torch.from_numpy(np.ascontiguousarray(img)).to(dev, non_blocking=True)
-            for img in obs.images
-        ]
-        fused.set_images(frames)
+        key = PrefixKey.of(obs.frame_ids, obs.images, tokens, token_mask)
+        reuse = cache.lookup(key, build=fused.prefix_serial)
+        if not reuse:
+            frames = [
+                None if img is None else torch.from_numpy(np.ascontiguousarray(img)).to(dev, non_blocking=True)
+                for img in obs.images
+            ]
+            fused.set_images(frames)
         fused.set_inputs(tokens, token_mask, state, noise[0])  # host tensors: the bucket choice needs no sync
         timer.mark("preprocess")
-        fused.run("prefix")
-        timer.mark("prefix")
+        if not reuse:
+            cache.forget()
+            fused.run("prefix")
+            cache.store(key, fused.prefix_serial)
+            timer.mark("prefix")
         fused.run("denoise")
         timer.mark("denoise")
         return fused.actions[None]

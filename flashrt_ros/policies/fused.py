@@ -263,6 +263,9 @@ class FusedPi0:
         # (views, bucket) of the prefix in the K/V cache: the denoise reads that layout, which new
         # inputs (set_images / set_inputs) do not change until the prefix runs again
         self.cached: tuple[int, int] | None = None
+        # prefix stages run through `run` (and captures): a holder of the cache's key checks that
+        # no prefix ran since it stored it (engine/prefix_cache.py)
+        self.prefix_serial = 0
         dev = self.device = next(model.parameters()).device
         f32 = lambda t: t.detach().float().contiguous()  # noqa: E731
         with torch.no_grad():
@@ -866,6 +869,7 @@ class FusedPi0:
                 self.graphs[(name, views, bucket)] = cuda_graphs.capture(fn, self.device, pool=pool, warmup=0)
         self.views, self.bucket = chosen
         self.cached = None  # the cache holds the warm-ups' last shape, not a prefix of these inputs
+        self.prefix_serial += 1
         log.info(
             "captured CUDA graphs: prefix + denoise for views 1..%d x prompt buckets %s",
             self.cfg.num_views,
@@ -882,6 +886,8 @@ class FusedPi0:
         else:
             raise ValueError(f"unknown stage {stage!r}; expected 'prefix' or 'denoise'")
         graph = self.graphs.get((stage, *shape))
+        if stage == "prefix":
+            self.prefix_serial += 1  # first: a prefix that fails half-way is not the one counted before
         if graph is None:
             getattr(self, stage)()
             return

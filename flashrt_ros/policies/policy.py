@@ -10,6 +10,7 @@ state back to delta dims and out of the model's space (robot_space).
 from __future__ import annotations
 
 import logging
+from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,11 +32,14 @@ log = logging.getLogger(__name__)
 @dataclass
 class Observation:
     """One robot observation. `images` are numpy HxWx3 RGB uint8 (anything else is refused),
-    ordered as the model's views; None marks an absent camera."""
+    ordered as the model's views; None marks an absent camera. `frame_ids` (optional) names each
+    view's frame, e.g. its message's stamp: equal ids promise equal pixels, which lets a pipeline
+    re-use the prefix it built from them (engine/prefix_cache.py)."""
 
     images: list[np.ndarray | None]
     state: np.ndarray
     prompt: str
+    frame_ids: tuple[Hashable, ...] | None = None
 
 
 @dataclass
@@ -138,6 +142,12 @@ class Policy:
 
     def prepare(self, obs: Observation) -> ModelInputs:
         tokens, mask, state = self.prepare_prompt_state(obs)
+        return self.to_model_inputs(obs, tokens, mask, state)
+
+    def to_model_inputs(
+        self, obs: Observation, tokens: torch.Tensor, mask: torch.Tensor, state: torch.Tensor
+    ) -> ModelInputs:
+        """The checked host inputs (`prepare_prompt_state`) and the pre-processed frames, on the device."""
         pixels, masks = images_to_pixels(obs.images, self.cfg.vision.image_size, self.device)
         dev = self.device
         return ModelInputs(

@@ -43,8 +43,9 @@ def chunk_line(msg: ActionChunk, received_ns: int = 0, first: bool = False) -> s
     note = (
         "  (the first one received: a node's first decision warms its caches up)" if first and msg.chunk_id == 1 else ""
     )
+    reused = " (prefix re-used)" if msg.prefix_reused else ""
     return (
-        f"chunk {msg.chunk_id:5d}  {msg.horizon}x{msg.action_dim}  latency {msg.inference_latency_ms:6.2f} ms  "
+        f"chunk {msg.chunk_id:5d}  {msg.horizon}x{msg.action_dim}  latency {msg.inference_latency_ms:6.2f} ms{reused}  "
         f"newest input {age_ms:6.1f} ms old on arrival  first action [{row}]{note}"
     )
 
@@ -66,7 +67,8 @@ def status_line(msg: PipelineStatus) -> str:
     rate = msg.stages[0].rate_hz if msg.stages else 0.0
     return (
         f"status  {msg.policy} {msg.device} {msg.precision}: {msg.decisions} decisions ({rate:.1f} Hz), "
-        f"{skipped} skipped, {msg.deadline_misses} deadline misses, invalid inputs: {invalid}\n"
+        f"{skipped} skipped, {msg.deadline_misses} deadline misses, {msg.prefix_reuses} re-used the prefix, "
+        f"invalid inputs: {invalid}\n"
         f"        ms p50/p90/p99: {stages}"
     )
 

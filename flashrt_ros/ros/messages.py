@@ -38,11 +38,18 @@ def action_chunk(
     chunk_id: int,
     sources: Sequence[tuple[str, Time]],
     latency_ms: float,
+    prefix_reused: bool = False,
 ) -> ActionChunk:
     """``actions`` [horizon, dof] float32 -> ActionChunk (row-major); ``sources`` are
     (resolved topic, header stamp) of every observation the chunk was computed from."""
     horizon, dof = actions.shape
-    msg = ActionChunk(horizon=horizon, action_dim=dof, chunk_id=chunk_id, inference_latency_ms=float(latency_ms))
+    msg = ActionChunk(
+        horizon=horizon,
+        action_dim=dof,
+        chunk_id=chunk_id,
+        inference_latency_ms=float(latency_ms),
+        prefix_reused=bool(prefix_reused),
+    )
     msg.header.stamp = stamp
     msg.header.frame_id = frame_id
     msg.joint_names = list(joint_names)
@@ -80,6 +87,7 @@ class StatusSnapshot:
     deadline_misses: int
     dropped_decisions: int
     dropped_inputs: int
+    prefix_reuses: int = 0
     invalid: dict[tuple[str, str], int] = field(default_factory=dict)
     policy: str = ""
     device: str = ""
@@ -93,6 +101,7 @@ def pipeline_status(s: StatusSnapshot) -> PipelineStatus:
         decisions=s.decisions,
         deadline_misses=s.deadline_misses,
         dropped_inputs=s.dropped_inputs,
+        prefix_reuses=s.prefix_reuses,
         policy=s.policy,
         device=s.device,
         precision=s.precision,
@@ -155,6 +164,7 @@ def diagnostics(
         "decisions": str(s.decisions),
         "dropped decisions": str(s.dropped_decisions),
         "deadline misses": str(s.deadline_misses),
+        "prefix reuses": str(s.prefix_reuses),
     }
     for st in s.stages:
         values[f"{st.name} p50/p99 (ms)"] = f"{st.p50_ms:.2f}/{st.p99_ms:.2f}"

@@ -147,6 +147,7 @@ class FlashRTNode(Node):
         self.deadline_misses = 0
         self.dropped_decisions = 0
         self.dropped_inputs = 0
+        self.prefix_reuses = 0
         self.invalid: Counter = Counter()  # (topic, reason) -> count
         self._dropped_streak = 0
         # decision stages rated on the decision timer's clock (compared with target_rate_hz), the
@@ -424,7 +425,14 @@ class FlashRTNode(Node):
         from flashrt_ros.policies.policy import Observation
 
         empty = [None] * self.state.pipeline.policy.cfg.empty_cameras  # views no camera feeds: absent
-        obs = Observation(images=[s.value for s in samples[:-1]] + empty, state=samples[-1].value, prompt=cfg.prompt)
+        cameras = samples[:-1]
+        obs = Observation(
+            images=[s.value for s in cameras] + empty,
+            state=samples[-1].value,
+            prompt=cfg.prompt,
+            # a message's stamp and arrival name its frame: the same ids, the same pixels (prefix re-use)
+            frame_ids=tuple((stamp_to_ns(s.stamp), s.arrived_ns) for s in cameras) + tuple(empty),
+        )
         t0 = time.perf_counter_ns()
         try:
             decision = self.state.decide(obs)
@@ -531,6 +539,7 @@ class FlashRTNode(Node):
                 chunk_id=decision.chunk_id,
                 sources=sources,
                 latency_ms=latency_ms,
+                prefix_reused=decision.prefix_reused,
             )
         )
         self._traj_pub.publish(
@@ -596,6 +605,7 @@ class FlashRTNode(Node):
         )
         with self._lock:
             self.decisions += 1
+            self.prefix_reuses += decision.prefix_reused
             self._last_decision_at = time.monotonic()
             self._last_decision_ros_ns = self.get_clock().now().nanoseconds
             self._decision_s.append((end_ns - start_ns) / 1e9)
@@ -624,6 +634,7 @@ class FlashRTNode(Node):
                 deadline_misses=self.deadline_misses,
                 dropped_decisions=self.dropped_decisions,
                 dropped_inputs=self.dropped_inputs,
+                prefix_reuses=self.prefix_reuses,
                 invalid=dict(self.invalid),
                 policy=d["policy"],
                 device=d["device"],
@@ -786,6 +797,7 @@ class FlashRTNode(Node):
             return
         self.cfg = new
         self._throttle.period_s = new.log_throttle_s
+        self.state.pipeline.prefix_cache.trigger = new.prefix_trigger  # read by the next decision
         diff = ", ".join(
             f"{n} {getattr(old, n)!r} -> {getattr(new, n)!r}" for n in changes if getattr(old, n) != getattr(new, n)
         )
@@ -949,7 +961,14 @@ def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
     except Exception as exc:  # bad weights, or a device that cannot hold them
         raise StartupError(f"{failed}: {type(exc).__name__}: {exc}") from exc
     try:
-        pipeline = Pipeline(policy, seed=cfg.seed, backend=cfg.backend, fp8=cfg.fp8, release_reference=True)
+        pipeline = Pipeline(
+            policy,
+            seed=cfg.seed,
+            backend=cfg.backend,
+            fp8=cfg.fp8,
+            release_reference=True,
+            prefix_trigger=cfg.prefix_trigger,
+        )
     except Exception as exc:  # backend "fused" that cannot be built: say why
         raise StartupError(f"could not build the {cfg.backend} pipeline: {type(exc).__name__}: {exc}") from exc
     description = {

@@ -25,6 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from flashrt_ros.engine.prefix_cache import PREFIX_TRIGGERS
 from flashrt_ros.policies.config import FP8_PARTS, PolicyConfig
 from flashrt_ros.policies.listing import shown, some
 
@@ -103,6 +104,7 @@ class NodeConfig:
     joint_names: list[str] = field(default_factory=lambda: list(ALOHA_JOINTS))
     action_joint_names: list[str] = field(default_factory=list)
     rate_hz: float = 10.0
+    prefix_trigger: str = "new_inputs"
     max_age_s: float = 0.5
     prompt: str = "pick up the cube"
     step_duration_s: float = 0.02
@@ -232,6 +234,12 @@ PARAMETERS: dict[str, ParamInfo] = {
     "joint_names": ParamInfo("joints of the state vector, in the policy's order (picked by name)"),
     "action_joint_names": ParamInfo("names of the action dimensions, in output order; [] = joint_names"),
     "rate_hz": ParamInfo(f"decision rate in Hz, [{MIN_RATE_HZ:g}, {MAX_RATE_HZ:g}]", runtime=True),
+    "prefix_trigger": ParamInfo(
+        "when the prefix stage (vision + prefix LM) runs: new_inputs (when a camera frame, the prompt or "
+        "pi0.5's state tokens changed; otherwise the decision re-uses its K/V, with the same chunk a full "
+        "decision gives) or every_decision",
+        runtime=True,
+    ),
     "max_age_s": ParamInfo("inputs older than this (header stamp vs node clock) are not used, s > 0", runtime=True),
     "prompt": ParamInfo("task instruction given to the policy (non-empty)", runtime=True),
     "step_duration_s": ParamInfo(f"time between consecutive actions of a chunk, s >= {MIN_STEP_DURATION_S:g}"),
@@ -515,6 +523,7 @@ _CHOICES = {
     "backend": BACKENDS,
     "fp8": FP8_PARTS,
     "trajectory_stamp": TRAJECTORY_STAMPS,
+    "prefix_trigger": PREFIX_TRIGGERS,
 }
 
 

@@ -1,0 +1,157 @@
+"""The node's decision path (engine.pipeline.Pipeline.decide) with the prefix run and re-used. GPU.
+
+    python bench/prefix_reuse.py [--policy pi05] [--views 3] [--iters 100] [--eager-iters 10] [--out DIR]
+
+Full-size random weights in bf16, `views` cameras of 480x640 uint8 frames from the host, the
+tiny tokenizer with a prompt filled to about 150 tokens (the 200-token bucket, as the headline's
+Case), a 14-dim joint state. Each pair of decisions takes the same observation and noise: the
+first with frame ids no decision saw (the prefix runs), the second with the same ids (the prefix
+is re-used). Both are timed as the node times them (wall clock around `decide`, the host sync
+that reads the chunk included), and their chunks must be identical: the parity line gives the
+largest difference and the cosine over every pair.
+
+Baselines in the same run: the reference eager pipeline, paired the same way, and the reference
+under torch.compile per stage (`flashrt bench`'s compile mode: its full decision, and its denoise
+alone over a cached prefix, which is what a re-using compiled decision would cost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from flashrt_ros.bench.reference import Case
+from flashrt_ros.bench.stages import measure_compiled
+from flashrt_ros.bench.timing import HEADER, Latency, write_result
+from flashrt_ros.engine.pipeline import Pipeline
+from flashrt_ros.policies.config import PolicyConfig
+from flashrt_ros.policies.policy import Observation, Policy, build_policy
+from flashrt_ros.policies.tiny_tokenizer import tiny_tokenizer_path
+
+DOF = 14
+
+
+def long_prompt(policy: Policy, frames: list[np.ndarray], state: np.ndarray, fill: float = 0.75) -> tuple[str, int]:
+    """A prompt whose tokens (pi0.5: with the state's) take about `fill` of the prompt length."""
+    words = "pick up the red cube and place it gently in the blue bowl on the left".split()
+    prompt, used = "", 0
+    cfg = policy.cfg
+    while used < fill * cfg.prompt_len:
+        longer = f"{prompt} {words[len(prompt.split()) % len(words)]}".strip()
+        tokens, mask, _ = policy.prepare_prompt_state(Observation(frames, state, longer))
+        if int(mask.sum()) > cfg.prompt_len - 8:
+            break
+        prompt, used = longer, int(mask.sum())
+    return prompt, used
+
+
+def pairs(pipe: Pipeline, obs: Observation, n: int, label: str, first_id: int) -> dict:
+    """`n` (prefix run, prefix re-used) pairs on one observation: wall ms of each and the chunks' agreement."""
+    dev = pipe.policy.device
+    gen = torch.Generator(device=dev).manual_seed(1)
+    ran, reused, worst, cosines = [], [], 0.0, []
+    for i in tqdm(range(n), desc=label, leave=False):
+        obs.frame_ids = tuple((first_id + i, v) for v in range(len(obs.images)))
+        noise = pipe.policy.model.noise(1, gen, dev)
+        t0 = time.perf_counter()
+        full = pipe.decide(obs, noise)
+        t1 = time.perf_counter()
+        again = pipe.decide(obs, noise)
+        t2 = time.perf_counter()
+        if full.prefix_reused or not again.prefix_reused:
+            raise RuntimeError(
+                f"{label}: expected the prefix run then re-used, got {full.prefix_reused, again.prefix_reused}"
+            )
+        ran.append((t1 - t0) * 1e3)
+        reused.append((t2 - t1) * 1e3)
+        a, b = full.actions.astype(np.float64).ravel(), again.actions.astype(np.float64).ravel()
+        worst = max(worst, float(np.abs(a - b).max()))
+        cosines.append(float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))))
+    return {
+        "prefix_run": Latency.from_samples(f"{label} decision, prefix run", ran),
+        "prefix_reused": Latency.from_samples(f"{label} decision, prefix re-used", reused),
+        "max_abs_diff": worst,
+        "min_cosine": min(cosines),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--policy", default="pi05", choices=["pi05", "pi0"])
+    ap.add_argument("--views", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=100, help="pairs of fused decisions (and of compiled ones)")
+    ap.add_argument("--eager-iters", type=int, default=10, help="pairs of eager decisions (~0.2-0.4 s each)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--tiny", action="store_true", help="tiny config on the CPU, reference only: a smoke test")
+    args = ap.parse_args()
+    dev = torch.device("cpu" if args.tiny else "cuda")
+    if args.tiny:
+        cfg = PolicyConfig.tiny(args.policy, num_views=args.views)
+    else:
+        cfg = PolicyConfig.preset(args.policy, num_views=args.views, dtype="bfloat16")
+    policy = build_policy(cfg, tiny_tokenizer_path(), seed=0, device=dev, action_dof=DOF)
+    rng = np.random.default_rng(0)
+    state = rng.uniform(-1, 1, DOF).astype(np.float32)
+    frames = [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for _ in range(args.views)]
+    frames += [None] * (cfg.num_views - args.views)
+    prompt, prompt_tokens = long_prompt(policy, frames, state)
+    obs = Observation(frames, state, prompt)
+    label = f"{args.policy} {args.views}v"
+    results = {}
+    if not args.tiny:
+        fused = Pipeline(policy, backend="fused")
+        pairs(fused, obs, args.warmup, f"{label} warm-up", 10**6)
+        results["fused"] = pairs(fused, obs, args.iters, f"{label} fused", 0)
+    results["eager"] = pairs(Pipeline(policy, backend="reference"), obs, args.eager_iters, f"{label} eager", 10**7)
+    rows = [r[k] for r in results.values() for k in ("prefix_run", "prefix_reused")]
+    compiled, compile_parity, compile_s = {}, None, 0.0
+    if not args.tiny:
+        case = Case.make(cfg, dev, args.views)
+        with torch.no_grad():
+            ref_chunk = policy.model.sample_actions(*case.args(), noise=case.noise)
+        compiled, compile_parity, compile_s = measure_compiled(
+            policy.model, case, args.iters, args.warmup, f"{label} compile", "reduce-overhead", ref_chunk
+        )
+        rows += [compiled["full"], compiled["denoise"]]
+    print(
+        f"{label}, {cfg.dtype}, {prompt_tokens} prompt tokens, {args.views}x480x640 frames from the host; "
+        "wall ms per decide()"
+    )
+    print(HEADER)
+    for row in rows:
+        print(row.row())
+    for mode, r in results.items():
+        speedup = r["prefix_run"].median_ms / r["prefix_reused"].median_ms
+        print(
+            f"   {mode}: re-used vs run, same inputs and noise: max abs diff {r['max_abs_diff']:.3g}, "
+            f"min cosine {r['min_cosine']:.9f}; {speedup:.2f}x faster per re-using decision"
+        )
+    if compiled:
+        print(
+            f"   compile (reduce-overhead denoise step): compiled in {compile_s:.1f} s; its rows time the reference's "
+            f"stages on a Case, not decide(); vs the eager bf16 chunk: {compile_parity}"
+        )
+    payload = {m: {k: (v.to_dict() if isinstance(v, Latency) else v) for k, v in r.items()} for m, r in results.items()}
+    payload["compile"] = {k: v.to_dict() for k, v in compiled.items()} | {
+        "compile_s": compile_s,
+        "parity": str(compile_parity),
+    }
+    write_result(
+        args.out,
+        "prefix_reuse",
+        dev,
+        policy=args.policy,
+        views=args.views,
+        prompt_tokens=prompt_tokens,
+        results=payload,
+    )
+
+
+if __name__ == "__main__":
+    main()
