@@ -2,8 +2,9 @@
 
     python bench/prefix_reuse.py [--policy pi05] [--views 3] [--iters 100] [--eager-iters 10] [--out DIR]
 
-Full-size random weights in bf16, `views` cameras of 480x640 uint8 frames from the host, the
-tiny tokenizer with a prompt filled to about 150 tokens (the 200-token bucket, as the headline's
+Full-size random weights in bf16 (a 512-row token embedding, for the tiny tokenizer), `views`
+cameras of 480x640 uint8 frames from the host, the tiny tokenizer with a prompt filled to about
+150 tokens (the 200-token bucket, as the headline's
 Case), a 14-dim joint state. Each pair of decisions takes the same observation and noise: the
 first with frame ids no decision saw (the prefix runs), the second with the same ids (the prefix
 is re-used). Both are timed as the node times them (wall clock around `decide`, the host sync
@@ -94,7 +95,9 @@ def main() -> None:
     if args.tiny:
         cfg = PolicyConfig.tiny(args.policy, num_views=args.views)
     else:
-        cfg = PolicyConfig.preset(args.policy, num_views=args.views, dtype="bfloat16")
+        # the tiny tokenizer's vocabulary (a policy refuses a tokenizer that is not its own): the
+        # embedding table is the one part of the model it shrinks, and a decision only gathers rows of it
+        cfg = PolicyConfig.preset(args.policy, num_views=args.views, dtype="bfloat16").replace(vocab_size=512)
     policy = build_policy(cfg, tiny_tokenizer_path(), seed=0, device=dev, action_dof=DOF)
     rng = np.random.default_rng(0)
     state = rng.uniform(-1, 1, DOF).astype(np.float32)
