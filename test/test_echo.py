@@ -43,8 +43,13 @@ def test_the_first_chunk_and_a_status_before_any_decision_say_so():
         InputCounter(topic="/cam", reason="absent", count=50),
         InputCounter(topic="/joints", reason="stale", count=2),
     ]
+    status.prefix_reuses = 7
     line = status_line(status).splitlines()[0]
     assert line.endswith("invalid inputs: stale /joints: 2; waits for absent /cam: 50"), line
+    assert "0 deadline misses, 7 re-used the prefix, invalid" in line
+    assert "(prefix re-used)" not in chunk_line(msg)
+    msg.prefix_reused = True
+    assert "latency 933.60 ms (prefix re-used)  newest input" in chunk_line(msg)
 
 
 def test_bad_arguments_exit_2_with_one_line(ros_env):

@@ -31,6 +31,7 @@ EXPECTED_MSG_FIELDS = {
         "source_stamps": f"sequence<{TIME}>",
         "source_topics": "sequence<string>",
         "inference_latency_ms": "float",
+        "prefix_reused": "boolean",
     },
     "PipelineStatus": {
         "header": HEADER,
@@ -39,6 +40,7 @@ EXPECTED_MSG_FIELDS = {
         "deadline_misses": "uint64",
         "invalid_inputs": "sequence<flashrt_ros/InputCounter>",
         "dropped_inputs": "uint64",
+        "prefix_reuses": "uint64",
         "policy": "string",
         "device": "string",
         "precision": "string",

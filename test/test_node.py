@@ -813,7 +813,7 @@ def test_trajectory_groups_publish_each_controllers_joints(rclpy_context):
         samples = [Sample(None, stamp, 0, 0) for _ in node.slots]
         deadline = time.monotonic() + 10.0
         while not all(got.values()) and time.monotonic() < deadline:  # until both subscriptions matched
-            node._publish(SimpleNamespace(actions=actions, chunk_id=1), samples, 1.0, node.cfg)
+            node._publish(SimpleNamespace(actions=actions, chunk_id=1, prefix_reused=False), samples, 1.0, node.cfg)
             executor.spin_once(timeout_sec=0.1)
         (a, *_), (b, *_) = got.values()
         assert list(a.joint_names) == ["j2", "j0"] and list(b.joint_names) == ["j3"]

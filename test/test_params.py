@@ -216,7 +216,15 @@ def test_paths_must_exist_when_checked(tmp_path):
 
 def test_runtime_changes_allowed_and_refused():
     cfg = NodeConfig()
-    assert RUNTIME == {"rate_hz", "max_age_s", "prompt", "status_rate_hz", "stats_log_period_s", "log_throttle_s"}
+    assert RUNTIME == {
+        "rate_hz",
+        "prefix_trigger",
+        "max_age_s",
+        "prompt",
+        "status_rate_hz",
+        "stats_log_period_s",
+        "log_throttle_s",
+    }
     assert check_update(cfg, {"rate_hz": 5, "prompt": "fold the towel"}) is None
     assert check_update(cfg, {"use_sim_time": True}) is None  # not ours: rclpy's business
     assert "rate_hz must be >= 0.01" in check_update(cfg, {"rate_hz": -1.0})
