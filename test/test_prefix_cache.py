@@ -74,6 +74,21 @@ def test_pi0_takes_each_decisions_state_on_a_reused_prefix() -> None:
     assert not np.array_equal(first.actions, moved.actions)
 
 
+def test_a_pi05_without_the_state_in_its_prompt_reuses_whatever_the_state() -> None:
+    """discrete_state_input false (pi05_libero): the state reaches neither prompt nor suffix, so
+    a moving arm keeps the prefix, and the chunk does not move with it."""
+    from flashrt_ros.policies.config import PolicyConfig
+    from flashrt_ros.policies.policy import build_policy
+    from flashrt_ros.policies.tiny_tokenizer import tiny_tokenizer_path
+
+    cfg = PolicyConfig.tiny("pi05", num_views=2).replace(discrete_state_input=False)
+    policy = build_policy(cfg, tiny_tokenizer_path(), seed=0, action_dof=6)
+    reusing, full = Pipeline(policy, seed=3), Pipeline(policy, seed=3, prefix_trigger="every_decision")
+    first = decide_both(reusing, full, obs())
+    moved = decide_both(reusing, full, obs(state=(0.9, -0.9, 0.9, 0.9, -0.9, 0.9)))
+    assert moved.prefix_reused and not first.prefix_reused
+
+
 def test_a_failed_decision_forgets_the_prefix(monkeypatch) -> None:
     reusing, full = pair()
     decide_both(reusing, full, obs())

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# How many of the node's decisions re-use the prefix on moving synthetic sensors (CPU is enough:
+# the share depends on the inputs, not on the speed, as long as the node keeps its rate).
+#
+#   bash bench/prefix_reuse_share.sh [POLICY] [CAMERA_HZ] [RATE_HZ] [SECONDS]
+#                                    (defaults: pi0_tiny 10 30 35; after `source scripts/env.sh`)
+#
+# synthetic_sensors publishes 3 cameras together (64x48 rgb8, small enough for a CPU decision to
+# keep RATE_HZ) and 14 joints on slow sinusoids at 200 Hz; flashrt_node runs config/flashrt.yaml
+# with POLICY and RATE_HZ; the console's last status line gives decisions and re-uses.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+policy="${1:-pi0_tiny}" camera_hz="${2:-10}" rate_hz="${3:-30}" seconds="${4:-35}"
+export ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST ROS_DOMAIN_ID="${ROS_DOMAIN_ID:-$((20 + $$ % 80))}" PYTHONUNBUFFERED=1
+logs="$(mktemp -d)"
+python -m flashrt_ros.ros.synthetic_sensors --ros-args --params-file config/synthetic_sensors.yaml \
+  -p image_width:=64 -p image_height:=48 -p "camera_rate_hz:=$camera_hz" > "$logs/sensors.log" 2>&1 &
+sensors=$!
+python -m flashrt_ros.ros.node --ros-args --params-file config/flashrt.yaml -p "policy:=$policy" \
+  -p "rate_hz:=$rate_hz" -p stats_log_period_s:=0.0 > "$logs/node.log" 2>&1 &
+node=$!
+trap 'kill -INT $node $sensors 2>/dev/null; wait' EXIT
+python -m flashrt_ros.ros.echo --duration "$seconds" --every 100000 > "$logs/echo.log" 2>&1 || true
+echo "$policy, cameras at $camera_hz Hz, rate_hz $rate_hz, $seconds s (logs: $logs):"
+grep "^status" "$logs/echo.log" | tail -1
