@@ -19,7 +19,17 @@ sensors=$!
 python -m flashrt_ros.ros.node --ros-args --params-file config/flashrt.yaml -p "policy:=$policy" \
   -p "rate_hz:=$rate_hz" -p stats_log_period_s:=0.0 > "$logs/node.log" 2>&1 &
 node=$!
-trap 'kill -INT $node $sensors 2>/dev/null; wait' EXIT
+stop() {  # INT, then KILL what is still there after 10 s
+  kill -INT "$node" "$sensors" 2>/dev/null || true
+  for _ in $(seq 50); do kill -0 "$node" 2>/dev/null || kill -0 "$sensors" 2>/dev/null || break; sleep 0.2; done
+  kill -KILL "$node" "$sensors" 2>/dev/null || true
+  wait 2>/dev/null || true
+}
+trap stop EXIT
 python -m flashrt_ros.ros.echo --duration "$seconds" --every 100000 > "$logs/echo.log" 2>&1 || true
 echo "$policy, cameras at $camera_hz Hz, rate_hz $rate_hz, $seconds s (logs: $logs):"
-grep "^status" "$logs/echo.log" | tail -1
+if ! grep "^status" "$logs/echo.log" | tail -1 | grep .; then
+  echo "no status received; the node's log ends:" >&2
+  tail -5 "$logs/node.log" >&2
+  exit 1
+fi

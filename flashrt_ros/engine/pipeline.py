@@ -21,7 +21,7 @@ import torch
 
 from ..policies.config import FP8_PARTS
 from ..policies.policy import ModelInputs, Observation, Policy
-from .prefix_cache import PrefixCache, PrefixKey
+from .prefix_cache import PrefixCache, PrefixKey, check_trigger
 from .stats import PipelineStats
 
 log = logging.getLogger(__name__)
@@ -196,24 +196,27 @@ class Pipeline:
                 if noise is None:
                     noise = policy.model.noise(1, self.generator, policy.device)
                 self._check_noise(noise)
-                actions, timings = self._decide(obs, noise.to(policy.device), timer)
+                actions, timings, reused = self._decide(obs, noise.to(policy.device), timer)
         except Exception:
             if rng is not None:  # no chunk: the next decision draws what this one would have
                 self.generator.set_state(rng)
             raise
         self.stats.add(timings)
         chunk_id, self.next_chunk_id = self.next_chunk_id, self.next_chunk_id + 1
-        return Decision(chunk_id, actions, timings, prefix_reused="prefix" not in timings)
+        return Decision(chunk_id, actions, timings, prefix_reused=reused)
 
-    def _decide(self, obs: Observation, noise: torch.Tensor, timer: _Timer) -> tuple[np.ndarray, dict[str, float]]:
-        """Run one decision: the finite actions and the stage timings, or raise."""
+    def set_prefix_trigger(self, trigger: str) -> None:
+        """When the prefix stage runs from the next decision on (engine/prefix_cache.py)."""
+        self.prefix_cache.trigger = check_trigger(trigger)
+
+    def _decide(
+        self, obs: Observation, noise: torch.Tensor, timer: _Timer
+    ) -> tuple[np.ndarray, dict[str, float], bool]:
+        """Run one decision: the finite actions, the stage timings and whether the cached prefix
+        was re-used, or raise."""
         with torch.no_grad():
             run = self._run_fused if self.fused is not None else self._run_reference
-            try:
-                chunk = run(obs, noise, timer)
-            except Exception:  # a stage that failed may have left the K/V half-written
-                self.prefix_cache.forget()
-                raise
+            chunk, reused = run(obs, noise, timer)
         actions = self.policy.postprocess(chunk, obs.state)  # the one host sync of the decision
         timer.mark("postprocess")
         timings = timer.resolve()
@@ -225,7 +228,7 @@ class Pipeline:
                 f"{'...' if len(rows) > 5 else ''}); expected finite actions: check the checkpoint, "
                 "its normalisation statistics and the precision"
             )
-        return actions, timings
+        return actions, timings, reused
 
     def _check_noise(self, noise: object) -> None:
         """Both backends take the same noise, a float tensor [1, horizon, action_dim]: the reference
@@ -237,28 +240,29 @@ class Pipeline:
         if tuple(noise.shape) != (1, cfg.horizon, cfg.action_dim):
             raise ValueError(f"noise must be [1, {cfg.horizon}, {cfg.action_dim}], got {tuple(noise.shape)}")
 
-    def _run_reference(self, obs: Observation, noise: torch.Tensor, timer: _Timer) -> torch.Tensor:
+    # Both backends forget the cached key before the prefix stage runs and store the new one after
+    # it: a stage that fails half-way leaves no key. A failed denoise leaves the prefix as it was
+    # (the reference's K/V is not written by it; the fused denoise writes only the rows after it).
+    def _run_reference(self, obs: Observation, noise: torch.Tensor, timer: _Timer) -> tuple[torch.Tensor, bool]:
         model, policy, cache = self.policy.model, self.policy, self.prefix_cache
         tokens, token_mask, state = policy.prepare_prompt_state(obs)
         key = PrefixKey.of(obs.frame_ids, obs.images, tokens, token_mask)
-        if cache.lookup(key):
+        reuse = cache.lookup(key)
+        if reuse:
             timer.mark("preprocess")
-            return self._denoise_reference(cache.held, noise, state, timer)
-        x: ModelInputs = policy.to_model_inputs(obs, tokens, token_mask, state)
-        timer.mark("preprocess")
-        cache.forget()
-        emb, valid = model.embed_prefix(x.pixels, x.image_masks, x.tokens, x.token_masks)
-        prefix = model.prefill(emb, valid)
-        cache.store(key, prefix)
-        timer.mark("prefix")
-        return self._denoise_reference(prefix, noise, state, timer)
-
-    def _denoise_reference(self, prefix, noise: torch.Tensor, state: torch.Tensor, timer: _Timer) -> torch.Tensor:
-        chunk = self.policy.model.denoise(prefix, noise, state[None].to(self.policy.device))
+            prefix = cache.held
+        else:
+            x: ModelInputs = policy.to_model_inputs(obs, tokens, token_mask, state)
+            timer.mark("preprocess")
+            cache.forget()
+            prefix = model.prefill(*model.embed_prefix(x.pixels, x.image_masks, x.tokens, x.token_masks))
+            cache.store(key, prefix)
+            timer.mark("prefix")
+        chunk = model.denoise(prefix, noise, state[None].to(policy.device))
         timer.mark("denoise")
-        return chunk
+        return chunk, reuse
 
-    def _run_fused(self, obs: Observation, noise: torch.Tensor, timer: _Timer) -> torch.Tensor:
+    def _run_fused(self, obs: Observation, noise: torch.Tensor, timer: _Timer) -> tuple[torch.Tensor, bool]:
         fused, dev, cache = self.fused, self.policy.device, self.prefix_cache
         tokens, token_mask, state = self.policy.prepare_prompt_state(obs)
         key = PrefixKey.of(obs.frame_ids, obs.images, tokens, token_mask)
@@ -278,4 +282,4 @@ class Pipeline:
             timer.mark("prefix")
         fused.run("denoise")
         timer.mark("denoise")
-        return fused.actions[None]
+        return fused.actions[None], reuse

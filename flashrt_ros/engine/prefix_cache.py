@@ -90,7 +90,7 @@ class PrefixCache:
         self._key, self._held = (key, held) if key is not None else (None, None)
 
     def forget(self) -> None:
-        """After a stage failed: the K/V may be half-written."""
+        """Before the prefix stage writes the K/V: should it fail half-way, no key claims it."""
         self._key, self._held = None, None
 
 

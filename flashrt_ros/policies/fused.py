@@ -263,8 +263,8 @@ class FusedPi0:
         # (views, bucket) of the prefix in the K/V cache: the denoise reads that layout, which new
         # inputs (set_images / set_inputs) do not change until the prefix runs again
         self.cached: tuple[int, int] | None = None
-        # prefix stages run through `run` (and captures): a holder of the cache's key checks that
-        # no prefix ran since it stored it (engine/prefix_cache.py)
+        # prefix stages that wrote the K/V cache (each call of `prefix`, each replay of its graph):
+        # a holder of the cache's key checks that none ran since it stored it (engine/prefix_cache.py)
         self.prefix_serial = 0
         dev = self.device = next(model.parameters()).device
         f32 = lambda t: t.detach().float().contiguous()  # noqa: E731
@@ -613,6 +613,7 @@ class FusedPi0:
 
         Only the first `self.bucket` prompt tokens are used: the rest are padding (right-padded
         prompts), which no query may see, so leaving them out changes nothing."""
+        self.prefix_serial += 1  # first: a prefix that fails half-way is not the one counted before
         cfg, b = self.cfg, self.bucket
         p = self.prefix_rows
         n_img = p - b
@@ -628,8 +629,6 @@ class FusedPi0:
         self.suffix_pos.copy_(valid.sum() + self._suffix_arange)
         if self.step_plan is not None:
             rope_table(self.suffix_pos, self.inv_freq, out=self.suffix_rope)
-        if not cfg.uses_adarms:
-            self.suffix_state.copy_(F.linear(self.state, *self.state_proj))
         self._decoder(self.prefix_layers, self.prefix_emb[:p], positions, cfg.prefix, rows=slice(0, p))
         self.cached = (self.views, b)
 
@@ -725,8 +724,11 @@ class FusedPi0:
         return q
 
     def denoise(self) -> None:
-        """All Euler steps over the cached prefix: noise -> actions (in place)."""
+        """All Euler steps over the cached prefix: noise -> actions (in place). pi0's state token
+        is made here, from this decision's state: a denoise on a re-used prefix takes its own."""
         cfg = self.cfg
+        if not cfg.uses_adarms:
+            self.suffix_state.copy_(F.linear(self.state, *self.state_proj))
         x = self.actions
         x.copy_(self.noise)
         dt = -1.0 / cfg.num_steps
@@ -869,7 +871,6 @@ class FusedPi0:
                 self.graphs[(name, views, bucket)] = cuda_graphs.capture(fn, self.device, pool=pool, warmup=0)
         self.views, self.bucket = chosen
         self.cached = None  # the cache holds the warm-ups' last shape, not a prefix of these inputs
-        self.prefix_serial += 1
         log.info(
             "captured CUDA graphs: prefix + denoise for views 1..%d x prompt buckets %s",
             self.cfg.num_views,
@@ -886,13 +887,13 @@ class FusedPi0:
         else:
             raise ValueError(f"unknown stage {stage!r}; expected 'prefix' or 'denoise'")
         graph = self.graphs.get((stage, *shape))
-        if stage == "prefix":
-            self.prefix_serial += 1  # first: a prefix that fails half-way is not the one counted before
         if graph is None:
             getattr(self, stage)()
             return
+        if stage == "prefix":  # a replay runs no Python: count and record what the graph builds
+            self.prefix_serial += 1
         graph.replay()
-        if stage == "prefix":  # a replay runs no Python: record what the graph built
+        if stage == "prefix":
             self.cached = shape
 
     def sample_actions(self, noise: Tensor | None = None) -> Tensor:

@@ -750,7 +750,8 @@ class FlashRTNode(Node):
         stages = " | ".join(f"{s.name} {s.p50_ms:.2f}/{s.p99_ms:.2f} ms" for s in snap.stages)
         return (
             f"stats: {snap.decisions} decisions ({rate:.1f} Hz), {snap.dropped_decisions} skipped, "
-            f"{snap.deadline_misses} deadline misses, {messages.input_counts(snap.invalid, ABSENT, self._input_topics)}"
+            f"{snap.deadline_misses} deadline misses, {snap.prefix_reuses} re-used the prefix, "
+            f"{messages.input_counts(snap.invalid, ABSENT, self._input_topics)}"
             + (f" | {stages} (p50/p99)" if stages else "")
             + f" | convert ms p50 (arrival rate): {conversions or '-'}"
         )
@@ -797,7 +798,7 @@ class FlashRTNode(Node):
             return
         self.cfg = new
         self._throttle.period_s = new.log_throttle_s
-        self.state.pipeline.prefix_cache.trigger = new.prefix_trigger  # read by the next decision
+        self.state.pipeline.set_prefix_trigger(new.prefix_trigger)  # read by the next decision
         diff = ", ".join(
             f"{n} {getattr(old, n)!r} -> {getattr(new, n)!r}" for n in changes if getattr(old, n) != getattr(new, n)
         )
