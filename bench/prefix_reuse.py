@@ -62,7 +62,7 @@ def timed(pipe: Pipeline, obs: Observation, noise: torch.Tensor, gap_s: float) -
     return decision, (time.perf_counter() - t0) * 1e3
 
 
-def pairs(pipe: Pipeline, obs: Observation, n: int, label: str, first_id: int, gap_s: float) -> dict:
+def rounds(pipe: Pipeline, obs: Observation, n: int, label: str, first_id: int, gap_s: float) -> dict:
     """`n` rounds of three decisions with one noise: the prefix run on new frame ids (timed), the
     prefix re-used with the same ids (timed; for pi0 on a moved joint state, which its denoise
     takes), and a full decision on that second observation with new ids, which the re-used chunk
@@ -103,8 +103,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", default="pi05", choices=["pi05", "pi0"])
     ap.add_argument("--views", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=100, help="pairs of fused decisions (and of compiled ones)")
-    ap.add_argument("--eager-iters", type=int, default=10, help="pairs of eager decisions (~0.2-0.4 s each)")
+    ap.add_argument("--iters", type=int, default=100, help="rounds of fused decisions (and compiled decisions timed)")
+    ap.add_argument("--eager-iters", type=int, default=10, help="rounds of eager decisions (three of ~0.2-0.4 s each)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--gap-ms", type=float, default=20.0, help="idle time before each decision (a 50 Hz node)")
     ap.add_argument("--out", type=Path, default=Path("out"))
@@ -130,8 +130,8 @@ def main() -> None:
     if not args.tiny:
         runs.insert(0, ("fused", Pipeline(policy, backend="fused"), args.iters))
     for mode, pipe, n in runs:
-        pairs(pipe, obs, args.warmup, f"{label} {mode} warm-up", 10**6, gap)
-        results[mode] = pairs(pipe, obs, n, f"{label} {mode}", 10**7 * len(results), gap)
+        rounds(pipe, obs, args.warmup, f"{label} {mode} warm-up", 10**6, gap)
+        results[mode] = rounds(pipe, obs, n, f"{label} {mode}", 10**7 * len(results), gap)
     rows = [r[k] for r in results.values() for k in ("prefix_run", "prefix_reused")]
     compiled, compile_parity, compile_s = {}, None, 0.0
     if not args.tiny:

@@ -196,6 +196,44 @@ def test_fused_path_reuses_its_cache_and_notices_a_prefix_run_by_others() -> Non
     assert decide_both(reusing, full, obs()).prefix_reused
 
 
+def test_a_fused_prefix_that_fails_half_way_is_not_reused(monkeypatch) -> None:
+    """The fused K/V lives in static buffers: a prefix stage that stops after writing a layer of
+    other frames' K/V must leave no key behind (run eagerly here, so the fault can be injected
+    between layers on a GPU too)."""
+    reusing, full = pair(backend="fused")
+    decide_both(reusing, full, obs())
+    fused = reusing.fused
+    fused.graphs.clear()
+    write = fused._qkv_into_cache
+
+    def first_layer_then_fault(*args, **kwargs):
+        write(*args, **kwargs)
+        raise RuntimeError("prefix fault")
+
+    monkeypatch.setattr(fused, "_qkv_into_cache", first_layer_then_fault)
+    with pytest.raises(RuntimeError, match="prefix fault"):
+        reusing.decide(obs(("x", "y")))
+    monkeypatch.undo()
+    assert not decide_both(reusing, full, obs()).prefix_reused
+
+
+def test_new_frames_refused_after_their_upload_keep_the_cache_exact(monkeypatch) -> None:
+    """set_images has written other frames (and another view count) when set_inputs refuses: the
+    K/V is untouched, so a re-use on the held frames is still a full decision's chunk."""
+    reusing, full = pair("pi0", backend="fused")
+    decide_both(reusing, full, obs())
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("inputs fault")
+
+    monkeypatch.setattr(reusing.fused, "set_inputs", refuse)
+    with pytest.raises(RuntimeError, match="inputs fault"):
+        reusing.decide(obs((None, "y")))
+    monkeypatch.undo()
+    assert decide_both(reusing, full, obs(state=(0.5,) * 6)).prefix_reused
+    assert not decide_both(reusing, full, obs((None, "y"))).prefix_reused
+
+
 def test_the_benchmark_runs_and_finds_the_chunks_identical(tmp_path) -> None:
     """bench/prefix_reuse.py's smoke mode (tiny, CPU, reference only): its parity line and JSON."""
     import json
