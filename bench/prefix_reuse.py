@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from flashrt_ros.bench.parity import compare
 from flashrt_ros.bench.reference import Case
 from flashrt_ros.bench.stages import measure_compiled
 from flashrt_ros.bench.timing import HEADER, Latency, write_result
@@ -87,9 +88,9 @@ def rounds(pipe: Pipeline, obs: Observation, n: int, label: str, first_id: int, 
             raise RuntimeError(f"{label}: expected the prefix run, re-used, run; got {got}")
         ran.append(ms_run)
         reused.append(ms_reused)
-        a, b = want.actions.astype(np.float64).ravel(), again.actions.astype(np.float64).ravel()
-        worst = max(worst, float(np.abs(a - b).max()))
-        cosines.append(float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))))
+        agreement = compare(torch.from_numpy(again.actions), torch.from_numpy(want.actions))
+        worst = max(worst, agreement["max_abs"])
+        cosines.append(agreement["cosine"])
     return {
         "prefix_run": Latency.from_samples(f"{label} decision, prefix run", ran),
         "prefix_reused": Latency.from_samples(f"{label} decision, prefix re-used", reused),

@@ -240,13 +240,18 @@ class Pipeline:
         if tuple(noise.shape) != (1, cfg.horizon, cfg.action_dim):
             raise ValueError(f"noise must be [1, {cfg.horizon}, {cfg.action_dim}], got {tuple(noise.shape)}")
 
+    def _host_inputs(self, obs: Observation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, PrefixKey | None]:
+        """The checked prompt tokens, their mask and the state (host tensors), and the key of the
+        prefix they and the frames make (None without frame ids)."""
+        tokens, token_mask, state = self.policy.prepare_prompt_state(obs)
+        return tokens, token_mask, state, PrefixKey.of(obs.frame_ids, obs.images, tokens, token_mask)
+
     # Both backends forget the cached key before the prefix stage runs and store the new one after
     # it: a stage that fails half-way leaves no key. A failed denoise leaves the prefix as it was
     # (the reference's K/V is not written by it; the fused denoise writes only the rows after it).
     def _run_reference(self, obs: Observation, noise: torch.Tensor, timer: _Timer) -> tuple[torch.Tensor, bool]:
         model, policy, cache = self.policy.model, self.policy, self.prefix_cache
-        tokens, token_mask, state = policy.prepare_prompt_state(obs)
-        key = PrefixKey.of(obs.frame_ids, obs.images, tokens, token_mask)
+        tokens, token_mask, state, key = self._host_inputs(obs)
         reuse = cache.lookup(key)
         if reuse:
             timer.mark("preprocess")
@@ -264,8 +269,7 @@ class Pipeline:
 
     def _run_fused(self, obs: Observation, noise: torch.Tensor, timer: _Timer) -> tuple[torch.Tensor, bool]:
         fused, dev, cache = self.fused, self.policy.device, self.prefix_cache
-        tokens, token_mask, state = self.policy.prepare_prompt_state(obs)
-        key = PrefixKey.of(obs.frame_ids, obs.images, tokens, token_mask)
+        tokens, token_mask, state, key = self._host_inputs(obs)
         reuse = cache.lookup(key, build=fused.prefix_serial)
         if not reuse:
             frames = [
