@@ -137,7 +137,7 @@ def test_decisions_on_frames_already_used_reuse_the_prefix(running):
     peer.assert_chunks_from_good_data()
 
     result = peer.set_parameters(prefix_trigger="sometimes")[0]
-    assert not result.successful and "prefix_trigger must be one of new_inputs, every_decision" in result.reason
+    assert not result.successful and "prefix_trigger must be one of new_inputs, period, every_decision" in result.reason
     assert peer.set_parameters(prefix_trigger="every_decision")[0].successful
     start = len(peer.chunks)
     try:
@@ -145,6 +145,38 @@ def test_decisions_on_frames_already_used_reuse_the_prefix(running):
         assert len(peer.chunks) - start >= 5 and not any(c.prefix_reused for c in peer.chunks[start:])
     finally:
         assert peer.set_parameters(prefix_trigger="new_inputs")[0].successful
+
+
+def test_period_acts_on_held_frames_no_older_than_max_age(running):
+    """prefix_trigger period: cameras at 20 Hz, decisions at 10 Hz, a period far longer than the
+    test. A re-using chunk names the frames its prefix was built from (those of the chunk that
+    built it), with its own newer joint state; max_age_s (0.4 s) still bounds how old they are, so
+    new prefixes are built all the same. A period of 0 is refused with the range."""
+    node, peer = running
+    result = peer.set_parameters(prefix_period_s=0.0)[0]
+    assert not result.successful and "prefix_period_s must be > 0 and <= 3600, got 0.0" in result.reason
+    assert all(r.successful for r in peer.set_parameters(prefix_trigger="period", prefix_period_s=100.0))
+    joint = peer.topic(JOINT_TOPIC)
+
+    def camera_stamps(chunk) -> list[int]:
+        return [ns for topic, ns in peer.chunk_sources(chunk).items() if topic != joint]
+
+    start = len(peer.chunks)
+    try:
+        peer.pump(3.0)
+    finally:
+        assert all(r.successful for r in peer.set_parameters(prefix_trigger="new_inputs", prefix_period_s=0.1))
+    chunks = peer.chunks[start + 1 :]  # the first may predate the change
+    assert len(chunks) >= 15
+    builders = [c for c in chunks if not c.prefix_reused]
+    assert len(builders) >= 3 and len(builders) < len(chunks) - 5
+    for before, chunk in itertools.pairwise(chunks):
+        sources = peer.chunk_sources(chunk)
+        assert sources[joint] - min(camera_stamps(chunk)) <= 0.4e9, "frames older than max_age_s were used"
+        if chunk.prefix_reused and chunk.chunk_id == before.chunk_id + 1:
+            assert camera_stamps(chunk) == camera_stamps(before), "a re-used prefix must name the frames it saw"
+            assert sources[joint] >= peer.chunk_sources(before)[joint], "the joint state is never held back"
+    peer.assert_chunks_from_good_data()
 
 
 def test_diagnostics_levels_and_the_counts_behind_them(running):
@@ -813,7 +845,8 @@ def test_trajectory_groups_publish_each_controllers_joints(rclpy_context):
         samples = [Sample(None, stamp, 0, 0) for _ in node.slots]
         deadline = time.monotonic() + 10.0
         while not all(got.values()) and time.monotonic() < deadline:  # until both subscriptions matched
-            node._publish(SimpleNamespace(actions=actions, chunk_id=1, prefix_reused=False), samples, 1.0, node.cfg)
+            decision = SimpleNamespace(actions=actions, chunk_id=1, prefix_reused=False, prefix_frames=None)
+            node._publish(decision, samples, 1.0, node.cfg)
             executor.spin_once(timeout_sec=0.1)
         (a, *_), (b, *_) = got.values()
         assert list(a.joint_names) == ["j2", "j0"] and list(b.joint_names) == ["j3"]

@@ -219,6 +219,7 @@ def test_runtime_changes_allowed_and_refused():
     assert RUNTIME == {
         "rate_hz",
         "prefix_trigger",
+        "prefix_period_s",
         "max_age_s",
         "prompt",
         "status_rate_hz",

@@ -141,7 +141,8 @@ def test_bad_frame_ids_are_refused(frame_ids, message) -> None:
 
 def test_a_restored_capsule_replays_the_chunks_of_a_pipeline_without_the_cache() -> None:
     """The cache is not part of a capsule: a re-use is exact, so the chunks after a restore are
-    those of a pipeline that runs every prefix from the same state, re-used or not."""
+    those of a pipeline that runs every prefix from the same state. The restore forgets the
+    held prefix (under "period" its frames would be from the other line of decisions)."""
     policy = default_policy("pi05", num_views=2, action_dof=6)
 
     def state(trigger: str) -> PipelineState:
@@ -151,10 +152,10 @@ def test_a_restored_capsule_replays_the_chunks_of_a_pipeline_without_the_cache()
     saved = reusing.read()
     first = [reusing.decide(obs((i // 2, "b"))).prefix_reused for i in range(4)]
     assert first == [False, True, False, True]
-    reusing.write(saved)  # the cache still holds the prefix of frames (1, "b")
+    reusing.write(saved)  # the cache held the prefix of frames (1, "b") until now
     replay = [obs((1, "b")), obs((1, "b")), obs((0, "b"))]
     got = [reusing.decide(o) for o in replay]
-    assert [d.prefix_reused for d in got] == [True, True, False]
+    assert [d.prefix_reused for d in got] == [False, True, False]
     full = state("every_decision")
     assert [d.actions.tobytes() for d in got] == [full.decide(o).actions.tobytes() for o in replay]
 
@@ -174,7 +175,8 @@ def test_the_cache_on_its_own() -> None:
     assert not cache.lookup(None)
     cache.forget()
     assert not cache.lookup(key) and cache.held is None
-    with pytest.raises(ValueError, match="prefix_trigger must be one of new_inputs, every_decision, got 'sometimes'"):
+    wanted = "prefix_trigger must be one of new_inputs, period, every_decision, got 'sometimes'"
+    with pytest.raises(ValueError, match=wanted):
         PrefixCache("sometimes")
     with pytest.raises(ValueError, match="prefix_trigger must be one of"):
         Pipeline(default_policy(num_views=2, action_dof=6), prefix_trigger="always")
@@ -253,3 +255,107 @@ def test_the_benchmark_runs_and_finds_the_chunks_identical(tmp_path) -> None:
     (path,) = tmp_path.glob("prefix_reuse_*.json")
     result = json.loads(path.read_text())["results"]["eager"]
     assert result["max_abs_diff"] == 0 and result["prefix_run"]["n"] == result["prefix_reused"]["n"] == 2
+
+
+class Clock:
+    """The prefix's age is read from the pipeline's clock: set by hand here."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def period_pair(kind: str = "pi0", backend: str = "reference", period_s: float = 1.0):
+    """A pipeline on the "period" trigger with a hand-set clock, and one that runs every stage."""
+    clock = Clock()
+    policy = default_policy(kind, device=DEVICE if backend == "fused" else "cpu", num_views=2, action_dof=6)
+    periodic = Pipeline(policy, seed=3, backend=backend, prefix_trigger="period", prefix_period_s=period_s, clock=clock)
+    return periodic, Pipeline(policy, seed=3, backend=backend, prefix_trigger="every_decision"), clock
+
+
+MOVED = (0.5, 0.4, -0.3, 0.2, -0.6, 0.1)
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("fused", marks=pytest.mark.slow)])
+def test_period_acts_on_the_held_frames_until_the_period_ends(backend: str) -> None:
+    """New frames alone do not run the stage within the period: the chunk is the one a full
+    decision on the held frames and the *current* state gives (pi0: the state is in the denoise),
+    and `prefix_frames` names those frames. At the end of the period the new frames are used."""
+    periodic, full, clock = period_pair(backend=backend)
+    first = periodic.decide(obs(("a", "b")))
+    assert not first.prefix_reused and first.prefix_frames == ("a", "b")
+    full.decide(obs(("a", "b")))
+    clock.now += 0.999
+    held = periodic.decide(obs(("a2", "b2"), state=MOVED))
+    assert held.prefix_reused and held.prefix_frames == ("a", "b")
+    assert "prefix" not in held.timings_ms
+    assert held.actions.tobytes() == full.decide(obs(("a", "b"), state=MOVED)).actions.tobytes()
+    clock.now += 0.001  # the period is over: the newest frames run the stage
+    fresh = periodic.decide(obs(("a3", "b3"), state=MOVED))
+    assert not fresh.prefix_reused and fresh.prefix_frames == ("a3", "b3")
+    assert fresh.actions.tobytes() == full.decide(obs(("a3", "b3"), state=MOVED)).actions.tobytes()
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        pytest.param(obs(("a2", "b2"), prompt="open the drawer"), id="new-prompt"),
+        pytest.param(obs(("a2", None)), id="camera-gone"),
+        pytest.param(obs(None), id="no-ids"),
+    ],
+)
+def test_period_holds_back_frames_only(changed: Observation) -> None:
+    """The prompt tokens and which views are present are never held back, however young the
+    prefix; nor is a prefix used for an observation that names no frames."""
+    periodic, _, _ = period_pair()
+    periodic.decide(obs(("a", "b")))
+    assert not periodic.decide(changed).prefix_reused
+
+
+def test_period_runs_pi05_again_when_its_state_tokens_change() -> None:
+    """pi0.5 carries the discretised state in its prompt: a moved arm runs the stage, a still
+    one re-uses the prefix of older frames."""
+    periodic, _, _ = period_pair("pi05")
+    periodic.decide(obs(("a", "b")))
+    assert periodic.decide(obs(("a2", "b2"))).prefix_reused
+    assert not periodic.decide(obs(("a3", "b3"), state=MOVED)).prefix_reused
+
+
+def test_period_ages_from_the_decision_that_built_the_prefix() -> None:
+    """Re-uses do not extend the period; a clock that went back (sim time reset) gives no age."""
+    periodic, _, clock = period_pair(period_s=0.1)
+    periodic.decide(obs(("a", "b")))
+    reused = []
+    for i in range(1, 6):
+        clock.now += 0.04
+        reused.append(periodic.decide(obs((f"a{i}", "b"))).prefix_reused)
+    assert reused == [True, True, False, True, True]  # built at 0 and 0.12; 0.16 and 0.2 are within 0.1
+    clock.now -= 50.0
+    assert not periodic.decide(obs(("a9", "b"))).prefix_reused
+
+
+def test_a_reset_forgets_the_held_prefix() -> None:
+    periodic, _, _ = period_pair()
+    state = PipelineState(periodic, seed=3)
+    state.decide(obs(("a", "b")))
+    state.reset()
+    after = state.decide(obs(("a2", "b2")))
+    assert not after.prefix_reused and after.prefix_frames == ("a2", "b2")
+
+
+def test_period_is_checked_and_changes_at_runtime() -> None:
+    policy = default_policy(num_views=2, action_dof=6)
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "0.1"):
+        with pytest.raises(ValueError, match="prefix_period_s must be a finite number of seconds > 0"):
+            Pipeline(policy, prefix_period_s=bad)
+    clock = Clock()
+    pipeline = Pipeline(policy, clock=clock)
+    pipeline.decide(obs(("a", "b")))
+    assert not pipeline.decide(obs(("a2", "b"))).prefix_reused  # new_inputs: a new frame runs the stage
+    with pytest.raises(ValueError, match="prefix_period_s"):
+        pipeline.set_prefix_trigger("period", 0.0)
+    assert pipeline.prefix_cache.trigger == "new_inputs"  # a refused change changes nothing
+    pipeline.set_prefix_trigger("period", 5.0)
+    assert pipeline.decide(obs(("a3", "b"))).prefix_reused

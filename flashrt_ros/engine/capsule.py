@@ -17,9 +17,12 @@ Two pieces, one concept:
 The GPU/fused path will keep its buffers on the device and copy them on a side stream;
 the store only needs ``read()`` / ``write()`` from whatever holds the state.
 
-The cached prefix (engine/prefix_cache.py) is not part of a capsule: a decision re-uses it only
-where running the stage again would build the same K/V, so it never changes a chunk, and a
-restored state replays the same chunks with it or without.
+The cached prefix (engine/prefix_cache.py) is not part of a capsule. Under the "new_inputs"
+trigger a decision re-uses it only where running the stage again would build the same K/V, so it
+never changes a chunk, and a restored state replays the same chunks with it or without. Under the
+"period" trigger a chunk depends on which frames the held prefix saw: a restore (and a reset)
+forgets it, so the next decision builds it from its own frames, and a replay matches the first
+run where that run built its prefix at the same decision.
 """
 
 from __future__ import annotations
@@ -100,12 +103,14 @@ class PipelineState:
         self.pipeline.generator.set_state(torch.from_numpy(rng.copy()))
         self.pipeline.next_chunk_id = int(ids[0])
         self.last_actions = last
+        self.pipeline.forget_prefix()  # its frames are from another line of decisions
 
     def reset(self) -> None:
         """Back to the state of a fresh pipeline: generator at its seed, ids from 1, no chunk."""
         self.pipeline.generator.manual_seed(self.seed)
         self.pipeline.next_chunk_id = 1
         self.last_actions = self._no_actions()
+        self.pipeline.forget_prefix()
 
     def _no_actions(self) -> np.ndarray:
         return np.zeros((0, self.pipeline.policy.action_dof), dtype=np.float32)

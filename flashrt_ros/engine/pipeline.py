@@ -14,6 +14,7 @@ import gc
 import itertools
 import logging
 import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,7 @@ import torch
 
 from ..policies.config import FP8_PARTS
 from ..policies.policy import ModelInputs, Observation, Policy
-from .prefix_cache import PrefixCache, PrefixKey, check_trigger
+from .prefix_cache import PrefixCache, PrefixKey, check_period, check_trigger
 from .stats import PipelineStats
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,9 @@ class Decision:
     actions: np.ndarray  # [horizon, dof] float32, robot units
     timings_ms: dict[str, float]  # per stage that ran: no "prefix" where the cached one was re-used
     prefix_reused: bool = False
+    # the frame ids the chunk's prefix was built from: the observation's own, except where the
+    # "period" trigger re-used a prefix of older frames (None: the observation gave no ids)
+    prefix_frames: tuple[Hashable, ...] | None = None
 
     @property
     def total_ms(self) -> float:
@@ -114,7 +118,9 @@ class Pipeline:
     With `release_reference` (the node), a built fused path frees the reference model's weights:
     they would otherwise stay on the GPU as duplicates of the fused path's own copies.
     `prefix_trigger` "new_inputs" re-uses the cached prefix for observations whose frames (by
-    their `frame_ids`) and prompt tokens it was built from; "every_decision" always runs it.
+    their `frame_ids`) and prompt tokens it was built from; "period" also for newer frames, up to
+    `prefix_period_s` after the decision that built it (on `clock`, seconds); "every_decision"
+    always runs it.
     """
 
     def __init__(
@@ -126,9 +132,11 @@ class Pipeline:
         fp8: str = "none",
         release_reference: bool = False,
         prefix_trigger: str = "new_inputs",
+        prefix_period_s: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.policy = policy
-        self.prefix_cache = PrefixCache(prefix_trigger)
+        self.prefix_cache = PrefixCache(prefix_trigger, prefix_period_s, clock)
         self.stats = PipelineStats(stats_window)
         self.generator = torch.Generator(device=policy.device).manual_seed(seed)
         self.next_chunk_id = 1  # part of the execution state (capsules save and restore it)
@@ -203,11 +211,20 @@ class Pipeline:
             raise
         self.stats.add(timings)
         chunk_id, self.next_chunk_id = self.next_chunk_id, self.next_chunk_id + 1
-        return Decision(chunk_id, actions, timings, prefix_reused=reused)
+        frames = self.prefix_cache.held_frames  # the ones this decision stored or re-used
+        return Decision(chunk_id, actions, timings, prefix_reused=reused, prefix_frames=frames)
 
-    def set_prefix_trigger(self, trigger: str) -> None:
+    def set_prefix_trigger(self, trigger: str, period_s: float | None = None) -> None:
         """When the prefix stage runs from the next decision on (engine/prefix_cache.py)."""
-        self.prefix_cache.trigger = check_trigger(trigger)
+        cache = self.prefix_cache
+        period_s = cache.period_s if period_s is None else check_period(period_s)  # both checked first
+        cache.trigger, cache.period_s = check_trigger(trigger), period_s
+
+    def forget_prefix(self) -> None:
+        """The next decision runs the prefix stage whatever its inputs: after a reset or a restored
+        capsule (under the "period" trigger the held prefix would carry frames from before), or
+        where the caller finds the held frames too old to act on."""
+        self.prefix_cache.forget()
 
     def _decide(
         self, obs: Observation, noise: torch.Tensor, timer: _Timer
@@ -252,7 +269,8 @@ class Pipeline:
     def _run_reference(self, obs: Observation, noise: torch.Tensor, timer: _Timer) -> tuple[torch.Tensor, bool]:
         model, policy, cache = self.policy.model, self.policy, self.prefix_cache
         tokens, token_mask, state, key = self._host_inputs(obs)
-        reuse = cache.lookup(key)
+        now = cache.clock()
+        reuse = cache.lookup(key, now=now)
         if reuse:
             timer.mark("preprocess")
             prefix = cache.held
@@ -261,7 +279,7 @@ class Pipeline:
             timer.mark("preprocess")
             cache.forget()
             prefix = model.prefill(*model.embed_prefix(x.pixels, x.image_masks, x.tokens, x.token_masks))
-            cache.store(key, prefix)
+            cache.store(key, prefix, built_at=now)
             timer.mark("prefix")
         chunk = model.denoise(prefix, noise, state[None].to(policy.device))
         timer.mark("denoise")
@@ -270,7 +288,8 @@ class Pipeline:
     def _run_fused(self, obs: Observation, noise: torch.Tensor, timer: _Timer) -> tuple[torch.Tensor, bool]:
         fused, dev, cache = self.fused, self.policy.device, self.prefix_cache
         tokens, token_mask, state, key = self._host_inputs(obs)
-        reuse = cache.lookup(key, build=fused.prefix_serial)
+        now = cache.clock()
+        reuse = cache.lookup(key, build=fused.prefix_serial, now=now)
         if not reuse:
             frames = [
                 None if img is None else torch.from_numpy(np.ascontiguousarray(img)).to(dev, non_blocking=True)
@@ -282,7 +301,7 @@ class Pipeline:
         if not reuse:
             cache.forget()
             fused.run("prefix")
-            cache.store(key, fused.prefix_serial)
+            cache.store(key, fused.prefix_serial, built_at=now)
             timer.mark("prefix")
         fused.run("denoise")
         timer.mark("denoise")

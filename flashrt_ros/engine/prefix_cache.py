@@ -11,11 +11,20 @@ is ~14 ms and its denoise alone ~6.6 ms.
 Whether two decisions saw the same frames is for the caller to say, through
 ``Observation.frame_ids`` (the node passes each camera message's stamp and arrival): equal ids
 promise equal pixels. Without ids the stage always runs.
+
+The "period" trigger is DESIGN's multi-rate contract (prefix at 10 Hz, denoise at 30-50 Hz): new
+frames alone run the stage at most once per ``period_s``, and the decisions between re-use the
+prefix of frames up to that much older. The prompt tokens (pi0.5's state among them) and which
+views are present are never held back: a change of them runs the stage. Such a chunk is not a
+full decision's on its own frames; it is the one a full decision on the held frames gives, and
+``held_frames`` says which those were.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import math
+import time
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,9 +33,10 @@ import numpy as np
 if TYPE_CHECKING:  # torch is not imported here: the node's parameter checks use PREFIX_TRIGGERS without it
     import torch
 
-PREFIX_TRIGGERS = ("new_inputs", "every_decision")
-"""When the prefix stage runs: when its inputs changed (else the cached K/V is re-used), or at
-every decision (what a decision costs without the cache, e.g. to measure it)."""
+PREFIX_TRIGGERS = ("new_inputs", "period", "every_decision")
+"""When the prefix stage runs: when its inputs changed (else the cached K/V is re-used); when its
+inputs changed but, for new frames alone, at most once per period; or at every decision (what a
+decision costs without the cache, e.g. to measure it)."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,13 @@ class PrefixKey:
         hash(frames)  # an unhashable id (a list) fails here, before any work, with Python's own message
         return cls(frames, _bytes(tokens), _bytes(token_mask))
 
+    def differs_in_frames_only(self, other: PrefixKey) -> bool:
+        """Same prompt tokens and mask, and the same views present: only frames are newer."""
+        present = [f is not None for f in self.frames]
+        return (self.tokens, self.token_mask) == (other.tokens, other.token_mask) and present == [
+            f is not None for f in other.frames
+        ]
+
 
 def _bytes(t: torch.Tensor) -> bytes:
     return np.ascontiguousarray(t.detach().cpu().numpy()).tobytes() + str(t.dtype).encode()
@@ -67,30 +84,50 @@ class PrefixCache:
     """The key of the prefix held in a pipeline's K/V cache, and a token the holder gives to say
     which build of it that was (the reference keeps the K/V itself there; the fused path, whose
     K/V lives in its static buffers, the count of prefix stages it ran, so that a prefix run by
-    anyone else since is noticed)."""
+    anyone else since is noticed). `clock` (seconds) measures the age of the held prefix for the
+    "period" trigger; the node passes the clock its decision timer runs on."""
 
-    def __init__(self, trigger: str = "new_inputs"):
+    def __init__(self, trigger: str = "new_inputs", period_s: float = 0.1, clock: Callable[[], float] = time.monotonic):
         self.trigger = check_trigger(trigger)
+        self.period_s = check_period(period_s)
+        self.clock = clock
         self._key: PrefixKey | None = None
         self._held: object = None
+        self._built_at = 0.0
 
-    def lookup(self, key: PrefixKey | None, build: object = None) -> bool:
-        """Whether the cache holds the prefix of `key` and the trigger allows re-using it; where
-        `build` is given, it must also still be the build that was stored."""
-        if self.trigger != "new_inputs" or key is None or key != self._key:
+    def lookup(self, key: PrefixKey | None, build: object = None, now: float | None = None) -> bool:
+        """Whether the trigger lets a decision with prefix inputs `key` re-use the held prefix
+        (at `now` on the clock; read from it when not given); where `build` is given, it must also
+        still be the build that was stored."""
+        if self.trigger == "every_decision" or key is None or self._key is None:
             return False
-        return build is None or build == self.held
+        if build is not None and build != self._held:
+            return False
+        if key == self._key:
+            return True
+        if self.trigger != "period" or not key.differs_in_frames_only(self._key):
+            return False
+        age = (self.clock() if now is None else now) - self._built_at
+        return 0.0 <= age < self.period_s  # negative: the clock went back (sim time), so no age is known
 
     @property
     def held(self) -> object:
         """What `store` was given with the held key (None when nothing is held)."""
         return self._held
 
-    def store(self, key: PrefixKey | None, held: object) -> None:
+    @property
+    def held_frames(self) -> tuple[Hashable, ...] | None:
+        """The frame ids the held prefix was built from (None when nothing is held)."""
+        return None if self._key is None else self._key.frames
+
+    def store(self, key: PrefixKey | None, held: object, built_at: float | None = None) -> None:
+        """Hold `key`'s prefix, built by the decision that began at `built_at` on the clock."""
         self._key, self._held = (key, held) if key is not None else (None, None)
+        self._built_at = self.clock() if built_at is None else built_at
 
     def forget(self) -> None:
-        """Before the prefix stage writes the K/V: should it fail half-way, no key claims it."""
+        """Before the prefix stage writes the K/V (should it fail half-way, no key claims it), and
+        where the held prefix must not be used again (a reset, a restored capsule, old frames)."""
         self._key, self._held = None, None
 
 
@@ -98,3 +135,11 @@ def check_trigger(trigger: object) -> str:
     if trigger not in PREFIX_TRIGGERS:
         raise ValueError(f"prefix_trigger must be one of {', '.join(PREFIX_TRIGGERS)}, got {trigger!r}")
     return str(trigger)
+
+
+def check_period(period_s: object) -> float:
+    """A finite number of seconds > 0 (not a bool)."""
+    ok = isinstance(period_s, int | float) and not isinstance(period_s, bool) and math.isfinite(period_s)
+    if not ok or period_s <= 0:
+        raise ValueError(f"prefix_period_s must be a finite number of seconds > 0, got {period_s!r}")
+    return float(period_s)

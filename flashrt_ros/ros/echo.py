@@ -43,11 +43,20 @@ def chunk_line(msg: ActionChunk, received_ns: int = 0, first: bool = False) -> s
     note = (
         "  (the first one received: a node's first decision warms its caches up)" if first and msg.chunk_id == 1 else ""
     )
-    reused = " (prefix re-used)" if msg.prefix_reused else ""
+    reused = " (prefix re-used" + _frames_behind(msg) + ")" if msg.prefix_reused else ""
     return (
         f"chunk {msg.chunk_id:5d}  {msg.horizon}x{msg.action_dim}  latency {msg.inference_latency_ms:6.2f} ms{reused}  "
         f"newest input {age_ms:6.1f} ms old on arrival  first action [{row}]{note}"
     )
+
+
+def _frames_behind(msg: ActionChunk) -> str:
+    """How far the oldest camera frame of a chunk is stamped before its joint state (the last
+    source): under prefix_trigger period a re-used prefix can be that much older."""
+    if len(msg.source_stamps) < 2:
+        return ""
+    stamps = [stamp_to_ns(s) for s in msg.source_stamps]
+    return f", frames up to {(stamps[-1] - min(stamps[:-1])) / 1e6:.1f} ms before the joint state"
 
 
 def status_line(msg: PipelineStatus) -> str:

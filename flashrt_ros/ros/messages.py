@@ -24,6 +24,10 @@ DROPPED_DECISION = "dropped_decision"
 """Reason of the node-wide counter (topic "") of decisions skipped for bad or missing inputs."""
 
 
+def time_msg(ns: int) -> Time:
+    return Time(sec=int(ns // _NS_PER_S), nanosec=int(ns % _NS_PER_S))
+
+
 def duration_msg(ns: int) -> Duration:
     return Duration(sec=int(ns // _NS_PER_S), nanosec=int(ns % _NS_PER_S))
 

@@ -113,6 +113,7 @@ class FlashRTNode(Node):
         check_decoders(self.cfg)
         self.stats_window = stats_window
         self.state, self.description = build_pipeline_state(self.cfg)
+        self.state.pipeline.prefix_cache.clock = self._timer_seconds  # prefix_period_s on the decisions' clock
         self._lock = threading.Lock()  # counters and conversion stats (sensor threads)
         self._throttle = ThrottledLog(self.cfg.log_throttle_s, self.get_logger())
         self._reset_counters()
@@ -418,9 +419,11 @@ class FlashRTNode(Node):
     def _decide(self) -> None:
         start = time.perf_counter_ns()
         cfg = self.cfg
-        samples = self._fresh_samples(self.get_clock().now().nanoseconds, cfg)
+        now_ns = self.get_clock().now().nanoseconds
+        samples = self._fresh_samples(now_ns, cfg)
         if samples is None:
             return
+        self._forget_old_prefix(now_ns, cfg)
         from flashrt_ros.engine.pipeline import NonFiniteActions
         from flashrt_ros.policies.policy import Observation
 
@@ -451,6 +454,15 @@ class FlashRTNode(Node):
             return
         self._publish(decision, samples, latency_ms, cfg)
         self._account(samples, decision, start, time.perf_counter_ns(), cfg)
+
+    def _forget_old_prefix(self, now_ns: int, cfg: NodeConfig) -> None:
+        """Under prefix_trigger "period" a decision may act on the frames an earlier one built the
+        prefix from: only while each is within max_age_s of the clock, as for any input it uses."""
+        pipeline = self.state.pipeline
+        frames = pipeline.prefix_cache.held_frames  # (stamp ns, arrival) per camera, as _decide names them
+        limit_ns = cfg.max_age_s * 1e9
+        if frames and any(f is not None and abs(now_ns - f[0]) > limit_ns for f in frames):
+            pipeline.forget_prefix()
 
     def _fresh_samples(self, now_ns: int, cfg: NodeConfig) -> list[Sample] | None:
         """The held samples (cameras in view order, then joints), or None - and counted,
@@ -529,6 +541,9 @@ class FlashRTNode(Node):
         self._warn_if_ended(stamp, len(decision.actions) * step_ns, cfg)
         names = cfg.output_joint_names
         sources = [(slot.topic, s.stamp) for slot, s in zip(self.slots, samples, strict=True)]
+        for i, frame in enumerate((decision.prefix_frames or ())[: len(samples) - 1]):
+            # the cameras' stamps are those of the frames the prefix saw: older ones under "period"
+            sources[i] = (sources[i][0], messages.time_msg(frame[0]))
         self._chunk_pub.publish(
             messages.action_chunk(
                 decision.actions,
@@ -798,7 +813,7 @@ class FlashRTNode(Node):
             return
         self.cfg = new
         self._throttle.period_s = new.log_throttle_s
-        self.state.pipeline.set_prefix_trigger(new.prefix_trigger)  # read by the next decision
+        self.state.pipeline.set_prefix_trigger(new.prefix_trigger, new.prefix_period_s)  # read by the next decision
         diff = ", ".join(
             f"{n} {getattr(old, n)!r} -> {getattr(new, n)!r}" for n in changes if getattr(old, n) != getattr(new, n)
         )
@@ -969,6 +984,7 @@ def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
             fp8=cfg.fp8,
             release_reference=True,
             prefix_trigger=cfg.prefix_trigger,
+            prefix_period_s=cfg.prefix_period_s,
         )
     except Exception as exc:  # backend "fused" that cannot be built: say why
         raise StartupError(f"could not build the {cfg.backend} pipeline: {type(exc).__name__}: {exc}") from exc

@@ -105,6 +105,7 @@ class NodeConfig:
     action_joint_names: list[str] = field(default_factory=list)
     rate_hz: float = 10.0
     prefix_trigger: str = "new_inputs"
+    prefix_period_s: float = 0.1
     max_age_s: float = 0.5
     prompt: str = "pick up the cube"
     step_duration_s: float = 0.02
@@ -237,7 +238,14 @@ PARAMETERS: dict[str, ParamInfo] = {
     "prefix_trigger": ParamInfo(
         "when the prefix stage (vision + prefix LM) runs: new_inputs (when a camera frame, the prompt or "
         "pi0.5's state tokens changed; otherwise the decision re-uses its K/V, with the same chunk a full "
-        "decision gives) or every_decision",
+        "decision gives), period (as new_inputs, but new frames alone run it at most once per "
+        "prefix_period_s: the decisions between act on older frames, with the current joint state) or "
+        "every_decision",
+        runtime=True,
+    ),
+    "prefix_period_s": ParamInfo(
+        "with prefix_trigger period: how long a prefix serves decisions on newer frames, s > 0 (its frames "
+        "must also stay within max_age_s)",
         runtime=True,
     ),
     "max_age_s": ParamInfo("inputs older than this (header stamp vs node clock) are not used, s > 0", runtime=True),
@@ -265,6 +273,7 @@ PARAMETERS: dict[str, ParamInfo] = {
 }
 NUMBER_RANGES: dict[str, tuple[float, float, bool]] = {
     "rate_hz": (MIN_RATE_HZ, MAX_RATE_HZ, True),
+    "prefix_period_s": (0.0, 3600.0, False),
     "max_age_s": (0.0, 3600.0, False),
     "step_duration_s": (MIN_STEP_DURATION_S, 60.0, True),
     "status_rate_hz": (MIN_RATE_HZ, MAX_RATE_HZ, True),
