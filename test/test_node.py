@@ -323,22 +323,37 @@ def test_tiny_rates_and_unused_qos_overrides_are_refused_at_runtime(running):
     assert peer.pump(3.0, until=lambda: len(peer.chunks) > start + 2), "node stopped deciding"
 
 
-def test_a_change_that_cannot_be_applied_leaves_everything_as_it_was(rclpy_context):
-    """The runtime path applies all of a change or none: with validation bypassed (the on-set
-    callback removed), 1e-10 Hz fails in the timer update; the status rate set with it in one
-    atomic call is not applied either, the parameters read back their old values, and the
-    failure is counted as invalid_parameter. The node here runs in this process (real rclpy)."""
+def test_a_change_that_cannot_be_applied_leaves_everything_as_it_was(rclpy_context, monkeypatch):
+    """The runtime path applies all of a change or none, and says so: with the status timer made
+    to fail its new period (injected: validation leaves nothing real to fail), the decision rate
+    set with it in one atomic call is put back too, the reply is a refusal with the reason, the
+    parameters read back their old values, and the failure is counted as invalid_parameter. The
+    node runs in this process (real rclpy)."""
     from rclpy.parameter import Parameter
 
+    from flashrt_ros.ros import node as node_module
     from flashrt_ros.ros.node import INVALID_PARAMETER, FlashRTNode
 
     overrides = [Parameter(name, value=value) for name, value in TEST_PARAMS.items()]
     node = FlashRTNode(context=rclpy_context, parameter_overrides=overrides)
+    set_period = node_module._set_period
+
+    def failing(timer, period_ns: int) -> None:
+        if timer is node._status_timer and period_ns == 500_000_000:
+            raise RuntimeError("injected timer failure")
+        set_period(timer, period_ns)
+
     try:
         cfg = node.cfg
         periods = (node._decision_timer.timer_period_ns, node._status_timer.timer_period_ns)
-        node.remove_on_set_parameters_callback(node._on_set_parameters)
-        node.set_parameters_atomically([Parameter("status_rate_hz", value=2.0), Parameter("rate_hz", value=1e-10)])
+        monkeypatch.setattr(node_module, "_set_period", failing)
+        result = node.set_parameters_atomically(
+            [Parameter("rate_hz", value=20.0), Parameter("status_rate_hz", value=2.0)]
+        )
+        assert not result.successful
+        assert result.reason == (
+            "not applied (rate_hz, status_rate_hz keep their previous values): RuntimeError: injected timer failure"
+        )
         assert node.cfg == cfg
         assert (node._decision_timer.timer_period_ns, node._status_timer.timer_period_ns) == periods
         assert [node.get_parameter(n).value for n in ("rate_hz", "status_rate_hz")] == [10.0, 5.0]

@@ -40,7 +40,6 @@ from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.logging import get_logger
 from rclpy.node import Node
-from rclpy.parameter import Parameter
 from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_srvs.srv import Trigger
@@ -796,22 +795,30 @@ class FlashRTNode(Node):
         if reason is None and isinstance(changes.get("prompt"), str):
             reason = self.state.pipeline.policy.prompt_problem(changes["prompt"], len(self.cfg.joint_names))
         if reason is None:
+            reason = self._retime(changes)
+        if reason is None:
             return SetParametersResult(successful=True)
         self._count_node_wide(INVALID_PARAMETER)
         self.get_logger().warning(f"parameter change refused: {reason}")
         return SetParametersResult(successful=False, reason=reason)
+
+    def _retime(self, changes: dict[str, Any]) -> str | None:
+        """Apply the change's timer rates now, the last step before rclpy stores the values (this
+        callback is its last gate), so that the reply says whether they took; None when they did.
+        Validation should leave nothing to fail here; if something does, nothing of it is kept."""
+        ours = {name: value for name, value in changes.items() if name in PARAMETERS}
+        try:
+            self._apply_timer_rates(self.cfg, self.cfg.with_values(ours))
+        except Exception as exc:
+            return f"not applied ({', '.join(sorted(ours))} keep their previous values): {type(exc).__name__}: {exc}"
+        return None
 
     def _after_set_parameters(self, params: list) -> None:
         changes = {p.name: p.value for p in params if p.name in PARAMETERS}
         if not changes:
             return
         old, new = self.cfg, self.cfg.with_values(changes)
-        try:
-            self._apply_timer_rates(old, new)
-        except Exception as exc:  # validation should prevent it; if not, keep the old values whole
-            self._undo_parameters(old, changes, exc)
-            return
-        self.cfg = new
+        self.cfg = new  # the timers took the new rates in _on_set_parameters
         self._throttle.period_s = new.log_throttle_s
         self.state.pipeline.set_prefix_trigger(new.prefix_trigger, new.prefix_period_s)  # read by the next decision
         diff = ", ".join(
@@ -839,16 +846,6 @@ class FlashRTNode(Node):
             for timer, before_ns in done:
                 _set_period(timer, before_ns)
             raise
-
-    def _undo_parameters(self, old: NodeConfig, changes: dict[str, Any], exc: Exception) -> None:
-        """A change that passed validation but could not be applied: nothing of it stays in use,
-        the parameters read back their old values, and it is counted and logged as refused."""
-        self._count_node_wide(INVALID_PARAMETER)
-        self.get_logger().error(
-            f"parameter change not applied ({', '.join(sorted(changes))} keep their previous values): "
-            f"{type(exc).__name__}: {exc}"
-        )
-        self.set_parameters([Parameter(name, value=getattr(old, name)) for name in changes])
 
     # ---- services --------------------------------------------------------------------------
     def _on_reset(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
@@ -927,7 +924,7 @@ class FlashRTNode(Node):
         capsules = self.capsules.list()
         response.names = [c.name for c in capsules]
         response.size_bytes = [c.size_bytes for c in capsules]
-        response.created = [_time_msg(c.created_ns) for c in capsules]
+        response.created = [messages.time_msg(c.created_ns) for c in capsules]
         return response
 
 
@@ -1116,10 +1113,6 @@ def _set_period(timer: Any, period_ns: int) -> None:
     until = timer.time_until_next_call()
     if until is None or until > period_ns:
         timer.reset()
-
-
-def _time_msg(ns: int) -> Time:
-    return Time(sec=int(ns // 1_000_000_000), nanosec=int(ns % 1_000_000_000))
 
 
 def _stamp_str(stamp: Time) -> str:
