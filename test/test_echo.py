@@ -52,6 +52,8 @@ def test_the_first_chunk_and_a_status_before_any_decision_say_so():
     assert "latency 933.60 ms (prefix re-used)  newest input" in chunk_line(msg)
     msg.source_stamps = [Time(sec=5, nanosec=800_000_000), Time(sec=5, nanosec=880_000_000), Time(sec=6)]
     assert "(prefix re-used, frames up to 200.0 ms before the joint state)  newest" in chunk_line(msg)
+    msg.source_stamps = [Time(sec=6, nanosec=30_000_000), Time(sec=6, nanosec=10_000_000), Time(sec=6)]
+    assert "(prefix re-used, frames 10.0 ms after the joint state)" in chunk_line(msg)
 
 
 def test_bad_arguments_exit_2_with_one_line(ros_env):

@@ -512,6 +512,17 @@ def _in_process_node(context, **params):
     return FlashRTNode(context=context, parameter_overrides=overrides)
 
 
+def test_the_prefix_period_runs_on_the_decision_timers_clock(rclpy_context):
+    """Under use_sim_time the prefix's age is read on ROS time, as the decisions are: with no
+    /clock yet that is 0, where the wall clock would be far from it."""
+    node = _in_process_node(rclpy_context, use_sim_time=True, prefix_trigger="period")
+    try:
+        assert node.state.pipeline.prefix_cache.clock() == 0.0
+        assert node.state.pipeline.prefix_cache.trigger == "period"
+    finally:
+        node.destroy_node()
+
+
 def test_after_the_stop_signal_nothing_is_published_or_changed(rclpy_context):
     """Once a signal arrived (begin_shutdown), a decision in flight or queued publishes nothing,
     and reset / capsule calls still waiting are refused without changing anything."""

@@ -56,7 +56,10 @@ def _frames_behind(msg: ActionChunk) -> str:
     if len(msg.source_stamps) < 2:
         return ""
     stamps = [stamp_to_ns(s) for s in msg.source_stamps]
-    return f", frames up to {(stamps[-1] - min(stamps[:-1])) / 1e6:.1f} ms before the joint state"
+    lag_ms = (stamps[-1] - min(stamps[:-1])) / 1e6
+    if lag_ms < 0:  # every frame stamped after the joint state
+        return f", frames {-lag_ms:.1f} ms after the joint state"
+    return f", frames up to {lag_ms:.1f} ms before the joint state"
 
 
 def status_line(msg: PipelineStatus) -> str:
