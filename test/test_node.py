@@ -37,6 +37,11 @@ def test_unknown_parameter_at_start_is_named_counted_and_ignored(running):
     assert peer.latest_counter("", "unknown_parameter") >= 1
 
 
+def test_start_up_log_says_when_the_prefix_stage_runs(running):
+    node, _ = running
+    node.wait_for_line("prefix stage (prefix_trigger new_inputs): runs when the prompt tokens")
+
+
 def test_policy_logs_go_out_under_the_nodes_own_name(running):
     """The policy's log lines (the random-weights warning) carry the node's namespaced logger name:
     under the bare node name they missed /rosout and any filter on the node in a namespace."""

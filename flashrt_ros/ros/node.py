@@ -251,6 +251,7 @@ class FlashRTNode(Node):
         for pub, _, joints in self._group_pubs:
             log.info(f"trajectory group: {pub.topic_name} ({len(joints)} joints: {', '.join(joints)})")
         log.info(f"deciding at {cfg.rate_hz:g} Hz on inputs at most {cfg.max_age_s:g} s old; prompt {cfg.prompt!r}")
+        log.info(f"prefix stage (prefix_trigger {cfg.prefix_trigger}): {prefix_schedule(cfg)}")
         self._warn_fewer_joints_than_statistics()
         self._warn_chunk_gap(cfg)
 
@@ -1113,6 +1114,16 @@ def _set_period(timer: Any, period_ns: int) -> None:
     until = timer.time_until_next_call()
     if until is None or until > period_ns:
         timer.reset()
+
+
+def prefix_schedule(cfg: NodeConfig) -> str:
+    """When the prefix stage runs, in words, for the start-up log."""
+    if cfg.prefix_trigger == "every_decision":
+        return "runs at every decision"
+    exact = "when the prompt tokens (pi0.5: with the state) or the cameras present change"
+    if cfg.prefix_trigger == "period":
+        return f"runs {exact}, and on new frames at most every {cfg.prefix_period_s:g} s (frames held <= max_age_s)"
+    return f"runs {exact} or any camera sends a new frame; otherwise the decision re-uses it (the same chunk)"
 
 
 def _stamp_str(stamp: Time) -> str:
