@@ -459,9 +459,11 @@ class FlashRTNode(Node):
         """Under prefix_trigger "period" a decision may act on the frames an earlier one built the
         prefix from: only while each is within max_age_s of the clock, as for any input it uses."""
         pipeline = self.state.pipeline
-        frames = pipeline.prefix_cache.held_frames  # (stamp ns, arrival) per camera, as _decide names them
-        limit_ns = cfg.max_age_s * 1e9
-        if frames and any(f is not None and abs(now_ns - f[0]) > limit_ns for f in frames):
+        frames = pipeline.prefix_cache.held_frames or ()  # (stamp ns, arrival) per camera, as _decide names them
+        try:
+            for frame in filter(None, frames):
+                check_fresh(messages.time_msg(frame[0]), now_ns, cfg.max_age_s, "the held prefix's frames")
+        except InputError:
             pipeline.forget_prefix()
 
     def _fresh_samples(self, now_ns: int, cfg: NodeConfig) -> list[Sample] | None:
