@@ -3,7 +3,7 @@
 # torch 2.11 + CUDA 13, triton 3.6; no network). CI has no GPU, so these never run there.
 #
 #   bash scripts/gpu_check.sh [parts...]     parts: kernels kernels-all fused parity latency bench headline headline-pi0 step compile
-#                                            prefix-reuse
+#                                            prefix-reuse adopt
 #                                            profile micro experiments vision ncu
 #                                            (default: kernels fused parity latency bench step)
 #
@@ -39,6 +39,12 @@ for part in "${parts[@]}"; do
       step "Fused path vs reference on the GPU (CUDA graphs captured), and its fall-back to the reference"
       python3 -m pytest -q -p no:cacheprovider test/test_fused.py test/test_capsule.py test/test_fallback.py \
         test/test_prefix_cache.py 2>&1 | tee "$OUT/fused.log" | tail -15 || status=1
+      ;;
+    adopt)
+      # the device machine's own transformers (5.17 when last looked) serves: nothing to carry
+      step "adopt: its tests on compiled kernels, then HF SigLIP + Gemma at pi0.5's prefix shapes (eager, compile, adopted)"
+      python3 -m pytest -q -p no:cacheprovider -s test/test_adopt.py 2>&1 | tee "$OUT/adopt_tests.log" | tail -25 || status=1
+      python3 bench/adopt_hf.py --iters 50 --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/adopt_hf.log" || status=1
       ;;
     bench)
       # more than one 10-minute device call (both policies at three view counts): run it where

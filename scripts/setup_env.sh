@@ -42,6 +42,7 @@ GEN_DIR_REL="lib/flashrt_ros_generated"   # generated Python modules, relative t
 PY_PACKAGES=(
   "pip>=24" "setuptools>=70" wheel
   torch==2.13.0 triton==3.9.0 numpy safetensors sentencepiece pillow simplejpeg pyyaml tqdm matplotlib
+  transformers==5.23.0   # the adopt layer's tests run our kernels in unmodified HF models
   pytest pytest-timeout ruff
 )
 ROS_RUNTIME=(
@@ -73,7 +74,7 @@ ROS_BUILD=(
   catkin_pkg "empy==3.3.4" lark
 )
 # Importable modules that must exist after the pip step (cheap check, nothing is imported).
-CHECK_MODULES="torch triton numpy safetensors sentencepiece PIL simplejpeg yaml tqdm matplotlib pytest pytest_timeout
+CHECK_MODULES="torch triton numpy safetensors sentencepiece PIL simplejpeg yaml tqdm matplotlib transformers pytest pytest_timeout
   rclpy rcl_interfaces builtin_interfaces std_msgs std_srvs sensor_msgs trajectory_msgs
   diagnostic_msgs ament_index_python ament_package catkin_pkg em lark rosidl_generator_py
   rosidl_adapter rosidl_parser"
