@@ -22,7 +22,8 @@ ruff check .
 
 echo "[test] pytest $* (ROS_DOMAIN_ID=$ROS_DOMAIN_ID, discovery $ROS_AUTOMATIC_DISCOVERY_RANGE)"
 rc=0
-python -m pytest -q --timeout="${FLASHRT_TEST_TIMEOUT:-600}" "$@" || rc=$?
+# the slowest tests at the end of the log: CI must stay well under its 30 minutes
+python -m pytest -q --timeout="${FLASHRT_TEST_TIMEOUT:-600}" --durations=15 "$@" || rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "[test] FAILED: pytest collected no tests" >&2
   exit 1

@@ -365,6 +365,17 @@ class Peer:
         self.node.destroy_node()
 
 
+def in_process_node(context: Any, **params: Any) -> Any:
+    """A FlashRTNode in this process with TEST_PARAMS (+ params): real rclpy, nothing spinning; its
+    callbacks are called directly, to reach states a running node shows only by timing."""
+    from rclpy.parameter import Parameter
+
+    from flashrt_ros.ros.node import FlashRTNode
+
+    overrides = [Parameter(name, value=value) for name, value in {**TEST_PARAMS, **params}.items()]
+    return FlashRTNode(context=context, parameter_overrides=overrides)
+
+
 def start_node_and_peer(
     env: dict[str, str], tmp: Path, context: Any, first: str = "chunk", **overrides: Any
 ) -> tuple[NodeProcess, Peer]:

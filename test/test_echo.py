@@ -56,6 +56,18 @@ def test_the_first_chunk_and_a_status_before_any_decision_say_so():
     assert "(prefix re-used, frames 10.0 ms after the joint state)" in chunk_line(msg)
 
 
+def test_the_command_line_shows_count_rate_and_the_last_command():
+    from std_msgs.msg import Float64MultiArray
+
+    from flashrt_ros.ros.echo import command_line
+
+    last = Float64MultiArray(data=[0.5, -0.25, 1.0])
+    line = command_line(50, 1.0, last)
+    assert line == "        commands: 50 since the last status (50.0 Hz), last [+0.500 -0.250 +1.000]"
+    last.data = [float(i) for i in range(9)]
+    assert command_line(3, 0.0, last).endswith("status, last [+0.000 +1.000 +2.000 +3.000 +4.000 +5.000 +6.000 ...]")
+
+
 def test_bad_arguments_exit_2_with_one_line(ros_env):
     """A trailing slash in --node is the same node; impossible durations, counts, ROS arguments
     and node names are refused in one line, not a traceback or a silent run for ever."""

@@ -15,7 +15,17 @@ import time
 
 import numpy as np
 import pytest
-from node_harness import CAMERAS, HW, JOINT_TOPIC, JOINTS, NODE, TEST_PARAMS, running_node_and_peer, stamp_ns
+from node_harness import (
+    CAMERAS,
+    HW,
+    JOINT_TOPIC,
+    JOINTS,
+    NODE,
+    TEST_PARAMS,
+    in_process_node,
+    running_node_and_peer,
+    stamp_ns,
+)
 
 pytestmark = pytest.mark.ros
 
@@ -506,21 +516,10 @@ def test_reset_service(running):
     assert "[INFO]" in line and "since ~/reset" in line and "waiting for the next one" in line, line
 
 
-def _in_process_node(context, **params):
-    """A FlashRTNode in this process (real rclpy, nothing spinning): its callbacks are called
-    directly, to reach states a running node shows only by timing."""
-    from rclpy.parameter import Parameter
-
-    from flashrt_ros.ros.node import FlashRTNode
-
-    overrides = [Parameter(name, value=value) for name, value in {**TEST_PARAMS, **params}.items()]
-    return FlashRTNode(context=context, parameter_overrides=overrides)
-
-
 def test_the_prefix_period_runs_on_the_decision_timers_clock(rclpy_context):
     """Under use_sim_time the prefix's age is read on ROS time, as the decisions are: with no
     /clock yet that is 0, where the wall clock would be far from it."""
-    node = _in_process_node(rclpy_context, use_sim_time=True, prefix_trigger="period")
+    node = in_process_node(rclpy_context, use_sim_time=True, prefix_trigger="period")
     try:
         assert node.state.pipeline.prefix_cache.clock() == 0.0
         assert node.state.pipeline.prefix_cache.trigger == "period"
@@ -534,7 +533,7 @@ def test_after_the_stop_signal_nothing_is_published_or_changed(rclpy_context):
     from flashrt_ros.srv import SnapshotCapsule
     from std_srvs.srv import Trigger
 
-    node = _in_process_node(rclpy_context)
+    node = in_process_node(rclpy_context)
     try:
         node.begin_shutdown()
         before = (node.decisions, node.dropped_decisions)
@@ -555,7 +554,7 @@ def test_a_joint_state_older_than_the_one_held_is_refused_as_stale(rclpy_context
     from rclpy.time import Time
     from sensor_msgs.msg import JointState
 
-    node = _in_process_node(rclpy_context)
+    node = in_process_node(rclpy_context)
     try:
         slot = node.slots[-1]
         now = node.get_clock().now().nanoseconds
@@ -596,7 +595,7 @@ def test_a_reset_while_a_joint_state_is_converted_drops_it(rclpy_context, monkey
 
     import flashrt_ros.ros.node as node_module
 
-    node = _in_process_node(rclpy_context)
+    node = in_process_node(rclpy_context)
     try:
         slot = node.slots[-1]
         convert = node_module.joint_state_to_vector
@@ -624,7 +623,7 @@ def test_under_sim_time_idle_is_measured_on_the_ros_clock(rclpy_context):
     from diagnostic_msgs.msg import DiagnosticStatus
     from rclpy.time import Time
 
-    node = _in_process_node(rclpy_context)
+    node = in_process_node(rclpy_context)
     try:
         clock = node.get_clock()
         clock._set_ros_time_is_active(True)
@@ -650,7 +649,7 @@ def test_the_error_names_the_inputs_that_still_stop_decisions(rclpy_context):
 
     from flashrt_ros.ros.inputs import Sample
 
-    node = _in_process_node(rclpy_context)
+    node = in_process_node(rclpy_context)
     try:
         now = node.get_clock().now()
         assert node._fresh_samples(now.nanoseconds, node.cfg) is None  # all absent
@@ -683,7 +682,7 @@ def test_inputs_replaced_while_the_policy_runs_were_used_not_dropped(rclpy_conte
 
     from flashrt_ros.ros.image_convert import image_to_rgb
 
-    node = _in_process_node(rclpy_context)
+    node = in_process_node(rclpy_context)
     try:
 
         def feed() -> None:
@@ -722,7 +721,7 @@ def test_a_reset_that_waited_for_a_decision_is_refused_once_the_stop_signal_came
 
     from std_srvs.srv import Trigger
 
-    node = _in_process_node(rclpy_context)
+    node = in_process_node(rclpy_context)
     try:
         node.decisions = 42
         replies = []
@@ -745,7 +744,7 @@ def test_a_policy_slower_than_the_rate_is_no_error_and_an_error_names_its_cause(
     why, counted since the last decision, not only since the last status."""
     from diagnostic_msgs.msg import DiagnosticStatus
 
-    node = _in_process_node(rclpy_context, rate_hz=100.0, status_rate_hz=50.0)
+    node = in_process_node(rclpy_context, rate_hz=100.0, status_rate_hz=50.0)
     try:
         node._decision_s.extend([0.05] * 8)
         node._last_decision_at = time.monotonic() - 0.08  # inside the next 50 ms decision
@@ -767,7 +766,7 @@ def test_a_failing_status_is_logged_and_the_timer_goes_on(rclpy_context, monkeyp
     would stop the decisions too: it is logged, and the next period publishes again."""
     import flashrt_ros.ros.node as node_module
 
-    node = _in_process_node(rclpy_context)
+    node = in_process_node(rclpy_context)
     try:
         errors = []
         monkeypatch.setattr(node._throttle, "logger", type("L", (), {"error": lambda _, text: errors.append(text)})())
@@ -792,7 +791,7 @@ def test_a_rate_change_keeps_the_next_decision_unless_the_new_period_is_shorter(
     call now stays where it was, unless the new period ends sooner."""
     from flashrt_ros.ros.node import _set_period
 
-    node = _in_process_node(rclpy_context, rate_hz=2.0)
+    node = in_process_node(rclpy_context, rate_hz=2.0)
     try:
         timer = node._decision_timer
         time.sleep(0.3)
@@ -820,7 +819,7 @@ def test_the_trajectory_stamp_parameter_picks_where_a_chunk_starts(rclpy_context
     from flashrt_ros.ros.inputs import Sample
     from flashrt_ros.ros.params import NodeConfig
 
-    node = _in_process_node(rclpy_context)
+    node = in_process_node(rclpy_context)
     try:
         joints = Sample(np.zeros(len(JOINTS), np.float32), TimeMsg(sec=12, nanosec=345), 0, 0)
         assert node.cfg.trajectory_stamp == "observation"
@@ -832,7 +831,7 @@ def test_the_trajectory_stamp_parameter_picks_where_a_chunk_starts(rclpy_context
     finally:
         node.destroy_node()
     warned: list[str] = []
-    node = _in_process_node(rclpy_context)
+    node = in_process_node(rclpy_context)
     try:  # a joint state older than the chunk lasts: the whole chunk is past, a controller refuses it
         node._throttle.logger = SimpleNamespace(warning=warned.append)
         now = node.get_clock().now().nanoseconds
@@ -863,7 +862,7 @@ def test_trajectory_groups_publish_each_controllers_joints(rclpy_context):
     from flashrt_ros.ros.inputs import Sample
 
     groups = ["/arm_a/joint_trajectory=j2, j0", "/arm_b/joint_trajectory=j3"]
-    node = _in_process_node(rclpy_context, trajectory_groups=groups)
+    node = in_process_node(rclpy_context, trajectory_groups=groups)
     listener = rclpy.create_node("group_listener", context=rclpy_context)
     executor = SingleThreadedExecutor(context=rclpy_context)
     executor.add_node(listener)

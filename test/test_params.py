@@ -113,6 +113,49 @@ def test_defaults_are_the_embedded_demo():
             "joint_state_topic 'joint_states' and trajectory_groups[0] 'joint_states' both resolve to /joint_states, "
             "which cannot carry sensor_msgs/msg/JointState and trajectory_msgs/msg/JointTrajectory at once",
         ),
+        ({"command_rate_hz": 0.001}, "command_rate_hz must be 0 (off) or >= 0.01, got 0.001"),
+        ({"command_rate_hz": 2000.0}, "command_rate_hz must be >= 0 and <= 1000, got 2000.0"),
+        ({"command_rate_hz": -5.0}, "command_rate_hz must be >= 0 and <= 1000, got -5.0"),
+        (
+            {"command_groups": ["arm/commands=left_waist"]},
+            "command_groups is set but command_rate_hz is 0 (off): expected command_rate_hz > 0",
+        ),
+        (
+            {"command_rate_hz": 50, "command_groups": ["arm/commands left_waist"]},
+            "command_groups[0] 'arm/commands left_waist': expected 'TOPIC=joint, joint, ...', "
+            "e.g. 'arm_controller/commands=j1, j2'",
+        ),
+        (
+            {"command_rate_hz": 50, "command_groups": ["arm/commands=left_waist, elbow"]},
+            "command_groups[0] 'arm/commands=left_waist, elbow': elbow not among action_joint_names",
+        ),
+        (
+            {"command_rate_hz": 50, "command_groups": ["arm/c=left_waist", "/arm/c=right_waist"]},
+            "command_groups[0] 'arm/c' and command_groups[1] '/arm/c' both resolve to /arm/c; "
+            "expected each command group on a topic of its own",
+        ),
+        (
+            {"command_rate_hz": 50, "command_groups": ["arm/x=left_waist"], "trajectory_groups": ["arm/x=left_waist"]},
+            "trajectory_groups[0] 'arm/x' and command_groups[0] 'arm/x' both resolve to /arm/x, which cannot carry "
+            "std_msgs/msg/Float64MultiArray and trajectory_msgs/msg/JointTrajectory at once",
+        ),
+        (
+            {"command_interpolation": "cubic"},
+            "command_interpolation must be one of hold, linear, got 'cubic'",
+        ),
+        (
+            {"action_upper_limits": [1.0, 2.0]},
+            "action_upper_limits has 2 values for 14 action joints; expected one per joint",
+        ),
+        ({"action_max_step": [0.0]}, "action_max_step[0] must be > 0, got 0.0"),
+        ({"action_lower_limits": [float("nan")]}, "action_lower_limits[0] must be a finite number, got nan"),
+        ({"action_lower_limits": ["low"]}, "action_lower_limits must be a list of numbers, got list ['low']"),
+        (
+            {"action_lower_limits": [1.0], "action_upper_limits": [1.0] + [2.0] * 13},
+            "action_lower_limits is not below action_upper_limits for left_waist (1.0 >= 1.0)",
+        ),
+        ({"command_blend_steps": -1}, "command_blend_steps must be >= 0 and <= 1000, got -1"),
+        ({"command_blend_steps": 2.5}, "command_blend_steps must be an integer, got float 2.5"),
     ],
 )
 def test_invalid_values_have_precise_reasons(values, reason):
@@ -214,6 +257,13 @@ def test_paths_must_exist_when_checked(tmp_path):
     assert cfg.validate(check_paths=False) == []
 
 
+def test_limits_take_integers_one_value_for_all_or_one_per_joint():
+    assert problems(action_lower_limits=[-1], action_upper_limits=[1], action_max_step=[1]) == []
+    cfg = NodeConfig.from_values({"action_lower_limits": [-1], "action_max_step": [0.5] * 14})
+    assert cfg.action_lower_limits == [-1.0] and isinstance(cfg.action_lower_limits[0], float)
+    assert cfg.validate(check_paths=False) == []
+
+
 def test_runtime_changes_allowed_and_refused():
     cfg = NodeConfig()
     assert RUNTIME == {
@@ -225,8 +275,12 @@ def test_runtime_changes_allowed_and_refused():
         "status_rate_hz",
         "stats_log_period_s",
         "log_throttle_s",
+        "command_interpolation",
+        "command_blend_steps",
     }
     assert check_update(cfg, {"rate_hz": 5, "prompt": "fold the towel"}) is None
+    assert check_update(cfg, {"command_blend_steps": 3}) is None
+    assert check_update(cfg, {"command_rate_hz": 50.0}).startswith("command_rate_hz is read-only at runtime")
     assert check_update(cfg, {"use_sim_time": True}) is None  # not ours: rclpy's business
     assert "rate_hz must be >= 0.01" in check_update(cfg, {"rate_hz": -1.0})
     assert check_update(cfg, {"status_rate_hz": 1e-10}) == "status_rate_hz must be >= 0.01 and <= 1000, got 1e-10"

@@ -3,7 +3,8 @@
 ``python -m flashrt_ros.ros.echo [--node /flashrt_node] [--duration 15] [--every 10]``
 
 Prints one line per chunk (id, shape, latency, input age, first action row) and one per
-PipelineStatus (counts, then p50/p90/p99 per stage). With ``--duration`` it exits by
+PipelineStatus (counts, then p50/p90/p99 per stage, and the commands of ``~/joint_command``
+received since the last status where the node streams them). With ``--duration`` it exits by
 itself, with status 0 only if at least one chunk arrived - the demo's success check.
 """
 
@@ -21,6 +22,7 @@ from rclpy.exceptions import InvalidNamespaceException, InvalidNodeNameException
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.utilities import remove_ros_args
+from std_msgs.msg import Float64MultiArray
 
 from flashrt_ros.msg import ActionChunk, PipelineStatus
 from flashrt_ros.ros.joint_convert import stamp_to_ns
@@ -85,6 +87,13 @@ def status_line(msg: PipelineStatus) -> str:
     )
 
 
+def command_line(count: int, seconds: float, last: Float64MultiArray) -> str:
+    """The commands received since the last status line: how many, their rate, the last one."""
+    row = " ".join(f"{v:+.3f}" for v in last.data[:7]) + (" ..." if len(last.data) > 7 else "")
+    rate = f" ({count / seconds:.1f} Hz)" if seconds > 0 else ""
+    return f"        commands: {count} since the last status{rate}, last [{row}]"
+
+
 class Echo(Node):
     def __init__(self, node: str, every: int, quiet: bool):
         super().__init__("flashrt_echo")
@@ -95,6 +104,17 @@ class Echo(Node):
         self.topic = f"{node}/action_chunk"
         self.create_subscription(ActionChunk, self.topic, self._on_chunk, 10)
         self.create_subscription(PipelineStatus, f"{node}/status", self._on_status, 10)
+        self.commands = 0  # all received
+        self._commands_shown = 0  # up to the last status line
+        self._last_command: Float64MultiArray | None = None
+        self._status_at = time.monotonic()
+        self.create_subscription(Float64MultiArray, f"{node}/joint_command", self._on_command, 10)
+
+    def _on_command(self, msg: Float64MultiArray) -> None:
+        if not self.commands:  # the first window's rate counts from the first command
+            self._status_at = time.monotonic()
+        self.commands += 1
+        self._last_command = msg
 
     def _on_chunk(self, msg: ActionChunk) -> None:
         self.first_at = self.first_at or time.monotonic()
@@ -105,8 +125,12 @@ class Echo(Node):
             print(chunk_line(msg, now, first=len(self.chunks) == 1), flush=True)
 
     def _on_status(self, msg: PipelineStatus) -> None:
+        now = time.monotonic()
         if not self.quiet:
-            print(status_line(msg), flush=True)
+            new = self.commands - self._commands_shown
+            extra = "\n" + command_line(new, now - self._status_at, self._last_command) if new else ""
+            print(status_line(msg) + extra, flush=True)
+        self._commands_shown, self._status_at = self.commands, now
 
     def summary(self) -> str:
         if not self.chunks:
@@ -115,9 +139,10 @@ class Echo(Node):
         span = (self.last_at or 0.0) - (self.first_at or 0.0)  # to the last chunk: a node that stopped
         rate = (len(ids) - 1) / span if span > 0 else 0.0
         latency = np.median([ms for _, ms in self.chunks])
+        commands = f", {self.commands} commands" if self.commands else ""
         return (
             f"echo: received {len(ids)} chunks ({rate:.1f} Hz), ids {ids[0]}..{ids[-1]}, "
-            f"median inference latency {latency:.2f} ms"
+            f"median inference latency {latency:.2f} ms{commands}"
         )
 
     def silence_hint(self) -> str:

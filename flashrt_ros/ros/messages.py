@@ -1,4 +1,4 @@
-"""Outgoing messages: ActionChunk, JointTrajectory, PipelineStatus and DiagnosticArray.
+"""Outgoing messages: ActionChunk, JointTrajectory, joint commands, PipelineStatus and DiagnosticArray.
 
 Pure builders (values in, message out) so the node stays a list of steps and the field
 conventions live in one place. Chunks are on the latency path: their float arrays are
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from builtin_interfaces.msg import Duration, Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from flashrt_ros.engine.stats import StageSummary
@@ -24,12 +25,22 @@ DROPPED_DECISION = "dropped_decision"
 """Reason of the node-wide counter (topic "") of decisions skipped for bad or missing inputs."""
 
 
+def _sec_nanosec(ns: int) -> dict[str, int]:
+    return {"sec": int(ns // _NS_PER_S), "nanosec": int(ns % _NS_PER_S)}
+
+
 def time_msg(ns: int) -> Time:
-    return Time(sec=int(ns // _NS_PER_S), nanosec=int(ns % _NS_PER_S))
+    return Time(**_sec_nanosec(ns))
 
 
 def duration_msg(ns: int) -> Duration:
-    return Duration(sec=int(ns // _NS_PER_S), nanosec=int(ns % _NS_PER_S))
+    return Duration(**_sec_nanosec(ns))
+
+
+def joint_command(values: np.ndarray) -> Float64MultiArray:
+    """One position per joint, in the controller's order (forward_command_controller's
+    ``~/commands``: an empty layout, ``data`` as long as its joints)."""
+    return Float64MultiArray(data=array.array("d", np.ascontiguousarray(values, np.float64).tobytes()))
 
 
 def action_chunk(

@@ -19,6 +19,7 @@ topic and reason) with what was wrong and what was expected.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import math
@@ -30,6 +31,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+import numpy as np
 import rclpy
 from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
@@ -42,9 +44,12 @@ from rclpy.logging import get_logger
 from rclpy.node import Node
 from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import CompressedImage, Image, JointState
+from std_msgs.msg import Float64MultiArray
 from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
+from flashrt_ros.engine.action_limits import ActionLimits
+from flashrt_ros.engine.action_stream import ActionStream, Command, Exhausted
 from flashrt_ros.engine.stats import PipelineStats
 from flashrt_ros.msg import ActionChunk, PipelineStatus
 from flashrt_ros.policies.listing import shown, some
@@ -83,6 +88,12 @@ INVALID_PARAMETER = "invalid_parameter"
 """A runtime parameter change that was refused (the old value stays in use)."""
 UNKNOWN_PARAMETER = "unknown_parameter"
 """A parameter given at start that the node does not know (a typo in the params file?)."""
+ACTION_CLAMPED = "action_clamped"
+"""A chunk that action_lower_limits / action_upper_limits / action_max_step changed (published limited)."""
+COMMAND_LIMITED = "command_limited"
+"""The command stream held a command to action_max_step from the one before (once per chunk)."""
+CHUNK_EXHAUSTED = "chunk_exhausted"
+"""The command stream reached the end of its chunk with no newer one: no command (once per chunk)."""
 
 
 class StartupError(RuntimeError):
@@ -112,6 +123,12 @@ class FlashRTNode(Node):
         check_decoders(self.cfg)
         self.stats_window = stats_window
         self.state, self.description = build_pipeline_state(self.cfg)
+        names = self.cfg.output_joint_names
+        self._limits = ActionLimits.from_lists(
+            names, self.cfg.action_lower_limits, self.cfg.action_upper_limits, self.cfg.action_max_step
+        )
+        # each action joint's column in the joint state (None: the state has no such joint)
+        self._state_columns = [self.cfg.joint_names.index(n) if n in self.cfg.joint_names else None for n in names]
         self.state.pipeline.prefix_cache.clock = self._timer_seconds  # prefix_period_s on the decisions' clock
         self._lock = threading.Lock()  # counters and conversion stats (sensor threads)
         self._throttle = ThrottledLog(self.cfg.log_throttle_s, self.get_logger())
@@ -148,6 +165,7 @@ class FlashRTNode(Node):
         self.dropped_decisions = 0
         self.dropped_inputs = 0
         self.prefix_reuses = 0
+        self.commands_sent = 0  # command ticks that published (the stats line)
         self.invalid: Counter = Counter()  # (topic, reason) -> count
         self._dropped_streak = 0
         # decision stages rated on the decision timer's clock (compared with target_rate_hz), the
@@ -200,10 +218,28 @@ class FlashRTNode(Node):
         names = self.cfg.output_joint_names
         self._group_pubs = [
             (self.create_publisher(JointTrajectory, topic, 10), [names.index(j) for j in joints], joints)
-            for topic, joints in self.cfg.groups
+            for topic, joints in self.cfg.parsed_groups("trajectory_groups")
+        ]
+        # the command stream: all the action joints, then one per controller that owns some; depth 1,
+        # as a command that waited behind a newer one is of no use to a controller
+        self.commands = ActionStream(self.cfg.command_blend_steps, self.cfg.command_interpolation, self._max_move())
+        self._limited_chunk: int | None = None  # the chunk whose held-back commands were counted
+        self._exhausted_counted: Exhausted | None = None  # the chunk whose end was counted (once each)
+        self._command_lock = threading.Lock()  # a tick's command and count, or a reset: one at a time
+        commands = [("~/joint_command", names)] + self.cfg.parsed_groups("command_groups")
+        self._command_pubs = [
+            (self.create_publisher(Float64MultiArray, topic, 1), [names.index(j) for j in joints], joints)
+            for topic, joints in (commands if self.cfg.command_rate_hz > 0 else [])
         ]
         self._status_pub = self.create_publisher(PipelineStatus, "~/status", 10)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+
+    def _max_move(self) -> np.ndarray | None:
+        """How far one command may move from the one before: action_max_step, or more where one
+        command period spans several actions (action_max_step per action period)."""
+        if self._limits.max_step is None or self.cfg.command_rate_hz <= 0:
+            return None
+        return self._limits.max_step * max(1.0, 1.0 / (self.cfg.command_rate_hz * self.cfg.step_duration_s))
 
     def _create_timers(self) -> None:
         self._decision_timer = self.create_timer(
@@ -216,6 +252,13 @@ class FlashRTNode(Node):
         self._status_timer = self.create_timer(
             1.0 / self.cfg.status_rate_hz, self._on_status, callback_group=status_group, clock=steady
         )
+        # commands on the ROS clock, the chunks' stamps' own, in a group of their own: a decision
+        # in progress must not delay the controller's next command
+        self._command_timer = None
+        if self.cfg.command_rate_hz > 0:
+            self._command_timer = self.create_timer(
+                1.0 / self.cfg.command_rate_hz, self._on_command, callback_group=MutuallyExclusiveCallbackGroup()
+            )
 
     def _create_services(self) -> None:
         group = MutuallyExclusiveCallbackGroup()  # one service at a time; each takes the state lock
@@ -250,6 +293,20 @@ class FlashRTNode(Node):
         )
         for pub, _, joints in self._group_pubs:
             log.info(f"trajectory group: {pub.topic_name} ({len(joints)} joints: {', '.join(joints)})")
+        for pub, _, joints in self._command_pubs:
+            log.info(
+                f"commands: {pub.topic_name} at {cfg.command_rate_hz:g} Hz ({len(joints)} joints: {', '.join(joints)}; "
+                f"{_INTERPOLATED[cfg.command_interpolation].format(cfg.step_duration_s)}, "
+                f"blend {cfg.command_blend_steps} actions)"
+            )
+        free = [n for n, i in zip(cfg.output_joint_names, self._state_columns, strict=True) if i is None]
+        unbounded_start = f" (action 0 free on {', '.join(free)}: not in joint_names)" if free else ""
+        held = "; commands move at most action_max_step from one to the next"
+        log.info(
+            f"action limits: {self._limits.describe()}"
+            + (unbounded_start if self._limits.max_step is not None else "")
+            + (held if self.commands.max_move is not None else "")
+        )
         log.info(f"deciding at {cfg.rate_hz:g} Hz on inputs at most {cfg.max_age_s:g} s old; prompt {cfg.prompt!r}")
         log.info(f"prefix stage (prefix_trigger {cfg.prefix_trigger}): {prefix_schedule(cfg)}")
         self._warn_fewer_joints_than_statistics()
@@ -403,8 +460,8 @@ class FlashRTNode(Node):
     @property
     def callback_threads(self) -> int:
         """Executor threads for every group to run at once: one per input, decisions, status,
-        our services, and the node's default group (parameter services, /clock)."""
-        return len(self.slots) + 4
+        our services, the node's default group (parameter services, /clock) and the commands."""
+        return len(self.slots) + 4 + (self._command_timer is not None)
 
     def begin_shutdown(self) -> None:
         """A signal arrived: the callbacks still in flight finish without publishing or changing
@@ -449,11 +506,34 @@ class FlashRTNode(Node):
             self._throttle((POLICY_ERROR,), "error", f"policy failed, no chunk published: {exc!r}")
             return
         latency_ms = (time.perf_counter_ns() - t0) / 1e6
+        try:
+            decision = self._limited(decision, samples[-1])
+        except Exception as exc:  # a bug of ours: nothing unlimited may go out, and the node goes on
+            self._count_node_wide(POLICY_ERROR)
+            self._throttle((POLICY_ERROR,), "error", f"action limits failed, no chunk published: {exc!r}")
+            return
         if self.stopping.is_set():
             self.get_logger().info(f"stop signal: chunk {decision.chunk_id}, computed meanwhile, not published")
             return
         self._publish(decision, samples, latency_ms, cfg)
         self._account(samples, decision, start, time.perf_counter_ns(), cfg)
+
+    def _limited(self, decision: Any, joints: Sample) -> Any:
+        """The decision with its chunk within the action limits; a change counted and logged."""
+        if not self._limits.active:
+            return decision
+        state = np.array([np.nan if i is None else joints.value[i] for i in self._state_columns])
+        actions, clamped = self._limits.apply(decision.actions, state)
+        if clamped is None:
+            return decision
+        self._count_node_wide(ACTION_CLAMPED)
+        self._throttle(
+            (ACTION_CLAMPED,),
+            "warning",
+            f"chunk {decision.chunk_id} limited before publishing: {clamped.values} values of {clamped.joints} "
+            f"joints changed; the most: {clamped.worst} (action_lower_limits / action_upper_limits / action_max_step)",
+        )
+        return dataclasses.replace(decision, actions=actions)
 
     def _forget_old_prefix(self, now_ns: int, cfg: NodeConfig) -> None:
         """Under prefix_trigger "period" a decision may act on the frames an earlier one built the
@@ -569,6 +649,12 @@ class FlashRTNode(Node):
             pub.publish(
                 messages.joint_trajectory(rows, stamp=stamp, frame_id=cfg.frame_id, joint_names=joints, step_ns=step_ns)
             )
+        if self._command_pubs:  # a zero stamp is the controller's "start now": the stream's now
+            start_ns = stamp_to_ns(stamp) or self.get_clock().now().nanoseconds
+            try:  # the policy's checks make a refusal unreachable; if one comes, the node goes on
+                self.commands.push(decision.actions, start_ns, step_ns, decision.chunk_id)
+            except ValueError as exc:
+                self._throttle(("command_failed",), "error", f"chunk {decision.chunk_id} not streamed: {exc}")
 
     def _warn_if_ended(self, stamp: Any, lasts_ns: int, cfg: NodeConfig) -> None:
         """A chunk whose last point is already past when published: joint_trajectory_controller
@@ -637,6 +723,48 @@ class FlashRTNode(Node):
     def _count_node_wide(self, reason: str) -> None:
         with self._lock:
             self.invalid[("", reason)] += 1
+
+    # ---- commands --------------------------------------------------------------------------
+    def _on_command(self) -> None:
+        """The command timer. A failure here is a bug of ours: logged (throttled), and the next
+        tick tries again; raised, it would end the executor and with it the decisions."""
+        if self.stopping.is_set():
+            return
+        try:
+            self._publish_command(self.get_clock().now().nanoseconds)
+        except Exception as exc:
+            self._throttle(("command_failed",), "error", f"command not published: {exc!r}")
+
+    def _publish_command(self, now_ns: int) -> None:
+        """The command due now on each command topic; past the end of the chunk its last action
+        once, then nothing, counted once per chunk: the controller holds its last command."""
+        with self._command_lock:  # one tick or a reset at a time: no command after a reset's reply
+            due = self.commands.command(now_ns)
+            if isinstance(due, Command):
+                for pub, columns, _ in self._command_pubs:
+                    pub.publish(messages.joint_command(due.values[columns]))
+                self.commands_sent += 1
+                if due.limited and due.chunk_id != self._limited_chunk:
+                    self._limited_chunk = due.chunk_id
+                    self._count_node_wide(COMMAND_LIMITED)
+                    self._throttle(
+                        (COMMAND_LIMITED,),
+                        "warning",
+                        f"commands held to action_max_step while chunk {due.chunk_id} took over: it starts further "
+                        "from the last command than one command may move (the arm lags the chunk, or chunks disagree)",
+                    )
+                return
+            if not isinstance(due, Exhausted) or due == self._exhausted_counted:
+                return
+            self._exhausted_counted = due
+            self._count_node_wide(CHUNK_EXHAUSTED)
+        self._throttle(
+            (CHUNK_EXHAUSTED,),
+            "warning",
+            f"no command: chunk {due.chunk_id}'s last action ended {(now_ns - due.ended_ns) / 1e6:.1f} ms ago "
+            "and no newer chunk has started, so the controller holds its last command; expected a chunk "
+            "before the last one ends (are decisions skipped, or slower than a chunk lasts? see ~/status)",
+        )
 
     # ---- status ----------------------------------------------------------------------------
     def snapshot(self) -> messages.StatusSnapshot:
@@ -769,6 +897,7 @@ class FlashRTNode(Node):
             f"stats: {snap.decisions} decisions ({rate:.1f} Hz), {snap.dropped_decisions} skipped, "
             f"{snap.deadline_misses} deadline misses, {snap.prefix_reuses} re-used the prefix, "
             f"{messages.input_counts(snap.invalid, ABSENT, self._input_topics)}"
+            + (f", {self.commands_sent} commands sent" if self._command_pubs else "")
             + (f" | {stages} (p50/p99)" if stages else "")
             + f" | convert ms p50 (arrival rate): {conversions or '-'}"
         )
@@ -823,6 +952,8 @@ class FlashRTNode(Node):
         old, new = self.cfg, self.cfg.with_values(changes)
         self.cfg = new  # the timers took the new rates in _on_set_parameters
         self._throttle.period_s = new.log_throttle_s
+        self.commands.blend_steps = new.command_blend_steps  # from the next chunk that takes over
+        self.commands.interpolation = new.command_interpolation  # from the next chunk that takes over
         self.state.pipeline.set_prefix_trigger(new.prefix_trigger, new.prefix_period_s)  # read by the next decision
         diff = ", ".join(
             f"{n} {getattr(old, n)!r} -> {getattr(new, n)!r}" for n in changes if getattr(old, n) != getattr(new, n)
@@ -857,6 +988,9 @@ class FlashRTNode(Node):
         with self._state_lock:  # between decisions
             if self._refuse_while_stopping("~/reset", response):  # began while this call waited
                 return response
+            with self._command_lock:  # before the counters: a tick between counts nothing
+                self.commands.clear()
+                self._exhausted_counted = self._limited_chunk = None
             with self._lock:
                 self.state.reset()
                 for slot in self.slots:
@@ -868,6 +1002,7 @@ class FlashRTNode(Node):
             f"cleared held inputs (and the camera sizes they fixed), counters and statistics; noise generator "
             f"reseeded ({self.state.seed}), "
             "chunk ids restart at 1; capsules kept"
+            + ("; no command until the next chunk" if self._command_pubs else "")
         )
         self.get_logger().info(f"reset: {response.message}")
         return response
@@ -932,6 +1067,8 @@ class FlashRTNode(Node):
 
 
 # ---- helpers -------------------------------------------------------------------------------
+
+_INTERPOLATED = {"hold": "each action held for its {:g} s", "linear": "linear between actions {:g} s apart"}
 
 
 def _capsule_refusal(exc: Exception) -> str:

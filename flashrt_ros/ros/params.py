@@ -25,6 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from flashrt_ros.engine.action_stream import INTERPOLATIONS
 from flashrt_ros.engine.prefix_cache import PREFIX_TRIGGERS
 from flashrt_ros.policies.config import FP8_PARTS, PolicyConfig
 from flashrt_ros.policies.listing import shown, some
@@ -41,6 +42,8 @@ MAX_RATE_HZ = 1000.0
 MIN_RATE_HZ = 0.01
 """Slowest decision and status rate (one per 100 s): no robot needs less, and rcl timers take
 their period as int64 nanoseconds, which a rate like 1e-10 Hz (a 1e19 ns period) overflows."""
+MAX_BLEND_STEPS = 1000
+"""Longest blend between chunks, in actions: far beyond any chunk (pi0's is 50)."""
 MIN_STEP_DURATION_S = 1e-6
 """Shortest time between the actions of a chunk: the trajectory's points are then at least 1 us
 apart (its time_from_start is in ns), so controllers see strictly increasing times."""
@@ -53,6 +56,7 @@ OUTPUTS = {
     "~/joint_trajectory": "trajectory_msgs/msg/JointTrajectory",
     "~/status": "flashrt_ros/msg/PipelineStatus",
     "/diagnostics": "diagnostic_msgs/msg/DiagnosticArray",
+    "~/joint_command": "std_msgs/msg/Float64MultiArray",
 }
 """The node's publishers: an input resolving to one of them would clash in type."""
 INPUT_TYPES = {
@@ -103,6 +107,9 @@ class NodeConfig:
     joint_state_topic: str = "joint_states"
     joint_names: list[str] = field(default_factory=lambda: list(ALOHA_JOINTS))
     action_joint_names: list[str] = field(default_factory=list)
+    action_lower_limits: list[float] = field(default_factory=list)
+    action_upper_limits: list[float] = field(default_factory=list)
+    action_max_step: list[float] = field(default_factory=list)
     rate_hz: float = 10.0
     prefix_trigger: str = "new_inputs"
     prefix_period_s: float = 0.1
@@ -111,6 +118,10 @@ class NodeConfig:
     step_duration_s: float = 0.02
     trajectory_stamp: str = "observation"
     trajectory_groups: list[str] = field(default_factory=list)
+    command_rate_hz: float = 0.0
+    command_groups: list[str] = field(default_factory=list)
+    command_interpolation: str = "hold"
+    command_blend_steps: int = 0
     frame_id: str = ""
     status_rate_hz: float = 1.0
     stats_log_period_s: float = 10.0
@@ -126,11 +137,10 @@ class NodeConfig:
     def output_joint_names(self) -> list[str]:
         return list(self.action_joint_names) or list(self.joint_names)
 
-    @property
-    def groups(self) -> list[tuple[str, list[str]]]:
-        """trajectory_groups as (topic, joints); entries that do not parse are left out here
-        (validation names them)."""
-        return [parsed for parsed in map(parse_group, self.trajectory_groups) if parsed is not None]
+    def parsed_groups(self, name: str) -> list[tuple[str, list[str]]]:
+        """trajectory_groups or command_groups as (topic, joints); entries that do not parse are
+        left out here (validation names them)."""
+        return [parsed for parsed in map(parse_group, getattr(self, name)) if parsed is not None]
 
     @property
     def expected_hw(self) -> tuple[int, int] | None:
@@ -194,9 +204,11 @@ class NodeConfig:
             _check_policy,
             _check_cameras,
             _check_joints,
+            _check_limits,
             _check_rates,
             _check_text,
             _check_groups,
+            _check_commands,
         ):
             problems += check(self)
         problems += _check_topics(self, resolve)
@@ -234,6 +246,15 @@ PARAMETERS: dict[str, ParamInfo] = {
     "joint_state_topic": ParamInfo("sensor_msgs/JointState topic"),
     "joint_names": ParamInfo("joints of the state vector, in the policy's order (picked by name)"),
     "action_joint_names": ParamInfo("names of the action dimensions, in output order; [] = joint_names"),
+    "action_lower_limits": ParamInfo(
+        "lowest position per action joint (action_joint_names order; one value = every joint; [] = none): "
+        "actions below are clamped, counted as action_clamped and logged"
+    ),
+    "action_upper_limits": ParamInfo("highest position per action joint, as action_lower_limits"),
+    "action_max_step": ParamInfo(
+        "largest move per action of each action joint (one value = every joint; [] = none), from the joint "
+        "state to action 0 and between actions: a chunk that moves faster is slowed to it, counted and logged"
+    ),
     "rate_hz": ParamInfo(f"decision rate in Hz, [{MIN_RATE_HZ:g}, {MAX_RATE_HZ:g}]", runtime=True),
     "prefix_trigger": ParamInfo(
         "when the prefix stage (vision + prefix LM) runs: new_inputs (when a camera frame, the prompt or "
@@ -262,6 +283,28 @@ PARAMETERS: dict[str, ParamInfo] = {
         "action_joint_names, any order): for controllers that own some of the joints; ~/joint_trajectory "
         "keeps all of them; [] = none"
     ),
+    "command_rate_hz": ParamInfo(
+        "publish the action due now (zero-order hold of each action for step_duration_s, from the newest "
+        "chunk that has started) as std_msgs/Float64MultiArray on ~/joint_command and each of command_groups, "
+        "at this rate in Hz: for controllers that take one position command per tick "
+        f"(forward_position_controller); 0 = off, else [{MIN_RATE_HZ:g}, {MAX_RATE_HZ:g}]"
+    ),
+    "command_groups": ParamInfo(
+        "extra Float64MultiArray command topics, one per controller, each 'TOPIC=joint, joint, ...' (joints "
+        "of action_joint_names, in the controller's order); needs command_rate_hz > 0; [] = none"
+    ),
+    "command_interpolation": ParamInfo(
+        "hold (each action commanded as it is for its step_duration_s) or linear (the command follows the "
+        "chunk's trajectory between its actions: for controllers that tick faster than the actions come); "
+        "applies from the next chunk that takes over",
+        runtime=True,
+    ),
+    "command_blend_steps": ParamInfo(
+        "over this many actions after a newer chunk takes over the command stream, the command moves "
+        "linearly from what the older chunks command to the newer chunk's own (smooths the jump between "
+        "chunks); 0 = switch at once; applies from the next chunk that takes over",
+        runtime=True,
+    ),
     "frame_id": ParamInfo("header.frame_id of the published chunks and trajectories"),
     "status_rate_hz": ParamInfo(
         f"PipelineStatus and /diagnostics rate in Hz, [{MIN_RATE_HZ:g}, {MAX_RATE_HZ:g}]", runtime=True
@@ -276,6 +319,7 @@ NUMBER_RANGES: dict[str, tuple[float, float, bool]] = {
     "prefix_period_s": (0.0, 3600.0, False),
     "max_age_s": (0.0, 3600.0, False),
     "step_duration_s": (MIN_STEP_DURATION_S, 60.0, True),
+    "command_rate_hz": (0.0, MAX_RATE_HZ, True),
     "status_rate_hz": (MIN_RATE_HZ, MAX_RATE_HZ, True),
     "stats_log_period_s": (0.0, 86400.0, True),
     "log_throttle_s": (0.0, 86400.0, True),
@@ -336,6 +380,8 @@ def floats_as_doubles(params: list[Any]) -> list[Any]:
     for p in params:
         if _FIELD_TYPES.get(p.name) == "float" and p.type_ == Parameter.Type.INTEGER:
             p = Parameter(p.name, Parameter.Type.DOUBLE, float(p.value))
+        elif _FIELD_TYPES.get(p.name) == "list[float]" and p.type_ == Parameter.Type.INTEGER_ARRAY:
+            p = Parameter(p.name, Parameter.Type.DOUBLE_ARRAY, [float(v) for v in p.value])
         out.append(p)
     return out
 
@@ -513,11 +559,13 @@ def _normalise(f: dataclasses.Field, value: Any) -> Any:
     kind = f.type
     if kind == "float" and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if kind == "list[str]":
+    if kind in ("list[str]", "list[float]"):
         if value is None:
             return []
         if isinstance(value, (list, tuple)) or type(value).__name__ == "array":
-            return list(value)
+            value = list(value)
+    if kind == "list[float]" and isinstance(value, list):
+        return [float(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
     return value
 
 
@@ -533,6 +581,7 @@ _CHOICES = {
     "fp8": FP8_PARTS,
     "trajectory_stamp": TRAJECTORY_STAMPS,
     "prefix_trigger": PREFIX_TRIGGERS,
+    "command_interpolation": INTERPOLATIONS,
 }
 
 
@@ -545,6 +594,8 @@ def stand_in(name: str, which: int) -> Any:
     if name in _CHOICES:
         choices = _CHOICES[name]
         return choices[(choices.index(default) + 1) % len(choices)]
+    if _FIELD_TYPES[name] == "list[float]":
+        return [*default, 1.0]
     if isinstance(default, list):
         return [*default, "stand_in"]
     if isinstance(default, str):
@@ -564,9 +615,16 @@ def _type_problems(cfg: NodeConfig) -> dict[str, str]:
             "int": isinstance(value, int) and not isinstance(value, bool),
             "float": isinstance(value, float),
             "list[str]": isinstance(value, list) and all(isinstance(v, str) for v in value),
+            "list[float]": isinstance(value, list) and all(isinstance(v, float) for v in value),
         }[kind]
         if not ok:
-            expected = {"str": "a string", "int": "an integer", "float": "a number", "list[str]": "a list of strings"}
+            expected = {
+                "str": "a string",
+                "int": "an integer",
+                "float": "a number",
+                "list[str]": "a list of strings",
+                "list[float]": "a list of numbers",
+            }
             problems[name] = f"{name} must be {expected[kind]}, got {_type_name(value)} {shown(value)}"
     return problems
 
@@ -645,6 +703,36 @@ def _check_joints(cfg: NodeConfig) -> list[str]:
     return problems
 
 
+LIMITS = ("action_lower_limits", "action_upper_limits", "action_max_step")
+
+
+def _check_limits(cfg: NodeConfig) -> list[str]:
+    """Each limit list is empty, one value for every joint, or one per action joint; finite; the
+    lower below the upper; steps > 0."""
+    problems, names = [], cfg.output_joint_names
+    for name in LIMITS:
+        values = getattr(cfg, name)
+        if len(values) not in (0, 1, len(names)):
+            problems.append(
+                f"{name} has {len(values)} values for {len(names)} action joints; expected one per joint "
+                "(in action_joint_names order, or joint_names'), one for every joint, or [] for none"
+            )
+            continue
+        for i, v in enumerate(values):
+            where = f"{name}[{i}]" + (f" ({names[i]})" if len(values) > 1 else "")
+            if not math.isfinite(v):
+                problems.append(f"{where} must be a finite number, got {v!r}")
+            elif name == "action_max_step" and v <= 0:
+                problems.append(f"{where} must be > 0, got {v!r}")
+    lower, upper = cfg.action_lower_limits, cfg.action_upper_limits
+    if lower and upper and all(len(x) in (1, len(names)) for x in (lower, upper)):
+        pairs = [(n, lower[i if len(lower) > 1 else 0], upper[i if len(upper) > 1 else 0]) for i, n in enumerate(names)]
+        crossed = [f"{n} ({low!r} >= {high!r})" for n, low, high in pairs if low >= high]
+        if crossed:
+            problems.append(f"action_lower_limits is not below action_upper_limits for {some(crossed, 4)}")
+    return problems
+
+
 def _check_rates(cfg: NodeConfig) -> list[str]:
     """Ranges of the numbers; a lower bound is inclusive where ``low_ok`` (see MIN_RATE_HZ,
     MIN_STEP_DURATION_S for why some are above 0)."""
@@ -670,26 +758,51 @@ def parse_group(text: str) -> tuple[str, list[str]] | None:
     return topic.strip(), [j.strip() for j in joints.split(",")]
 
 
+GROUP_EXAMPLES = {
+    "trajectory_groups": "'arm_controller/joint_trajectory=j1, j2'",
+    "command_groups": "'arm_controller/commands=j1, j2'",
+}
+
+
 def _check_groups(cfg: NodeConfig) -> list[str]:
-    """Each trajectory group names a topic and joints the chunk has, each once."""
-    problems, actions = [], cfg.output_joint_names
-    for i, text in enumerate(cfg.trajectory_groups):
-        where = f"trajectory_groups[{i}] {shown(text)}"
-        parsed = parse_group(text)
-        if parsed is None or not parsed[0] or not any(parsed[1]):
-            example = "'arm_controller/joint_trajectory=j1, j2'"
-            problems.append(f"{where}: expected 'TOPIC=joint, joint, ...', e.g. {example}")
-            continue
-        topic, joints = parsed
-        if any(not j for j in joints):
-            problems.append(f"{where}: an empty joint name; expected joint names separated by commas")
-        unknown = [j for j in joints if j and j not in actions]
-        if unknown:
-            known = some(actions, 16)
-            problems.append(f"{where}: {some(unknown, 8)} not among action_joint_names (or joint_names): {known}")
-        duplicated = _listed_twice(joints)
-        if duplicated:
-            problems.append(f"{where}: lists {duplicated} more than once; expected each joint once")
+    """Each trajectory or command group names a topic and joints the chunk has, each once."""
+    problems = []
+    for name, example in GROUP_EXAMPLES.items():
+        for i, text in enumerate(getattr(cfg, name)):
+            problems += _group_problems(f"{name}[{i}] {shown(text)}", text, example, cfg.output_joint_names)
+    return problems
+
+
+def _group_problems(where: str, text: str, example: str, actions: list[str]) -> list[str]:
+    problems = []
+    parsed = parse_group(text)
+    if parsed is None or not parsed[0] or not any(parsed[1]):
+        return [f"{where}: expected 'TOPIC=joint, joint, ...', e.g. {example}"]
+    joints = parsed[1]
+    if any(not j for j in joints):
+        problems.append(f"{where}: an empty joint name; expected joint names separated by commas")
+    unknown = [j for j in joints if j and j not in actions]
+    if unknown:
+        known = some(actions, 16)
+        problems.append(f"{where}: {some(unknown, 8)} not among action_joint_names (or joint_names): {known}")
+    duplicated = _listed_twice(joints)
+    if duplicated:
+        problems.append(f"{where}: lists {duplicated} more than once; expected each joint once")
+    return problems
+
+
+def _check_commands(cfg: NodeConfig) -> list[str]:
+    """The command stream's rate is off (0) or a rate a timer can keep; its groups need it on."""
+    problems = []
+    if 0.0 < cfg.command_rate_hz < MIN_RATE_HZ:
+        problems.append(f"command_rate_hz must be 0 (off) or >= {MIN_RATE_HZ:g}, got {cfg.command_rate_hz!r}")
+    if cfg.command_groups and cfg.command_rate_hz == 0.0:
+        problems.append(
+            "command_groups is set but command_rate_hz is 0 (off): "
+            "expected command_rate_hz > 0 to publish them, or command_groups []"
+        )
+    if not 0 <= cfg.command_blend_steps <= MAX_BLEND_STEPS:
+        problems.append(f"command_blend_steps must be >= 0 and <= {MAX_BLEND_STEPS}, got {cfg.command_blend_steps}")
     return problems
 
 
@@ -759,8 +872,9 @@ def _node_topics(cfg: NodeConfig) -> list[tuple[str, str, str]]:
     ]
     joints = [("joint_state_topic", cfg.joint_state_topic, INPUT_TYPES["joints"])]
     groups = [
-        (f"trajectory_groups[{i}]", parsed[0], OUTPUTS["~/joint_trajectory"])
-        for i, parsed in enumerate(map(parse_group, cfg.trajectory_groups))
+        (f"{name}[{i}]", parsed[0], OUTPUTS[output])
+        for name, output in (("trajectory_groups", "~/joint_trajectory"), ("command_groups", "~/joint_command"))
+        for i, parsed in enumerate(map(parse_group, getattr(cfg, name)))
         if parsed is not None and parsed[0]
     ]
     return cams + joints + groups + [("the node's output", name, kind) for name, kind in OUTPUTS.items()]
@@ -806,7 +920,8 @@ def _clash_sentence(full: str, users: list[tuple[str, str, str]]) -> str:
     named += " both" if len(users) == 2 else " all"
     kinds = sorted({kind for _, _, kind in users})
     if len(kinds) == 1:
-        mine = "trajectory group" if users[0][0].startswith("trajectory_groups") else "camera"
+        first = users[0][0]
+        mine = next((f"{kind} group" for kind in ("trajectory", "command") if first.startswith(kind)), "camera")
         return f"{named} resolve to {full}; expected each {mine} on a topic of its own"
     return (
         f"{named} resolve to {full}, which cannot carry {' and '.join(kinds)} at once; "

@@ -1,0 +1,234 @@
+"""The command due now, from the action chunks published so far: DESIGN's action stream at the
+controller's rate.
+
+A controller that takes one position command per tick (ros2_control's
+forward_position_controller, a LeRobot-style robot loop) cannot consume a chunk: something must
+say, at each tick, which action is due. Action ``k`` of a chunk that starts at ``start_ns`` is due
+during ``[start + k * step, start + (k + 1) * step)``: it is the target the chunk's trajectory
+reaches at ``start + (k + 1) * step``. With ``interpolation="hold"`` it is commanded as it is
+until then (zero-order hold, as LeRobot executes its action queue); with ``"linear"`` the command
+follows the chunk's trajectory, a straight line from action ``k - 1`` to action ``k`` over that
+interval, for controllers that tick faster than the actions come. Action 0 is approached from
+the command in force when the chunk took over (after a ``clear()``, none: from action 0 itself).
+
+The newest chunk that has started governs; one whose last action has passed by the first tick
+after it arrived is skipped, as a trajectory controller refuses it. The first tick past the
+governing chunk's end commands its last action (the trajectory's end point), and from then on
+the stream commands nothing rather than extrapolate: the controller holds its last command. A
+chunk that starts before the ones held means the clock went back (a simulator reset): those are
+dropped.
+
+Two chunks computed at different times disagree where they overlap, so a switch to a newer one
+is a jump. ``blend_steps`` (n) spreads it: the command moves from what the older chunks command
+(themselves blended, so a chunk that arrives during a blend starts from the blend; one that has
+run out holds its last action) to the newer chunk's own, with weights 1/(n+1), 2/(n+1), ... on
+its first n actions ("hold"), or growing from 0 to 1 over n steps' time from the take-over
+("linear", continuous). ``blend_steps`` and ``interpolation`` are read when a chunk takes over:
+a change applies from the next chunk on.
+
+``max_move`` (per joint) bounds how far a command may move from the one before: a chunk's own
+steps are limited when it is made (engine/action_limits.py), but a switch to a newer chunk, which
+was limited against an older joint state, is not; with ``max_move`` the stream gets there at that
+rate instead (``Command.limited``).
+
+Plain numpy and a lock: the node pushes chunks from its decision thread and asks for commands
+from its command timer's.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+INTERPOLATIONS = ("hold", "linear")
+MAX_PENDING = 64
+"""Chunks held that have not governed yet: more come only if nobody asks for commands."""
+
+
+@dataclass(frozen=True)
+class Command:
+    values: np.ndarray  # [dof] float64, robot units
+    chunk_id: int  # the chunk that governs
+    index: int  # its action that is due
+    weight: float  # the governing chunk's share of `values`: below 1 during a blend
+    limited: bool = False  # max_move held the command back from the chunk's value
+
+
+@dataclass(frozen=True)
+class Exhausted:
+    """The governing chunk's last action has passed and no newer chunk has started."""
+
+    chunk_id: int
+    ended_ns: int
+
+
+@dataclass(eq=False)  # compared by identity: which chunk, not which numbers
+class _Chunk:
+    actions: np.ndarray  # [horizon, dof] float64
+    start_ns: int
+    step_ns: int
+    chunk_id: int
+    # set when it first governs, from the stream's settings then
+    took_over_ns: int | None = None
+    blend_steps: int = 0
+    linear: bool = False
+    origin: np.ndarray | None = None  # where "linear" approaches action 0 from
+    end_sent: bool = False  # its last action was commanded once past its end
+
+    def index(self, now_ns: int) -> int:
+        return (now_ns - self.start_ns) // self.step_ns
+
+    def ran_out(self, now_ns: int) -> bool:
+        return self.index(now_ns) >= len(self.actions)
+
+    def value(self, now_ns: int) -> np.ndarray:
+        """Its command at ``now_ns``; past its end its last action, held."""
+        k = self.index(now_ns)
+        if k >= len(self.actions):
+            return self.actions[-1]
+        if not self.linear:
+            return self.actions[k]
+        before = self.actions[k - 1] if k > 0 else self.origin
+        frac = (now_ns - self.start_ns - k * self.step_ns) / self.step_ns
+        return (1.0 - frac) * before + frac * self.actions[k]
+
+    def weight(self, now_ns: int) -> float:
+        """Its share of the command, blended with the older chunks' (see the module docstring)."""
+        n = self.blend_steps
+        if n == 0:
+            return 1.0
+        if self.linear:
+            return min(max(now_ns - self.took_over_ns, 0) / (n * self.step_ns), 1.0)
+        actions_in = max(self.index(now_ns) - self.index(self.took_over_ns), 0) + 1
+        return min(actions_in / (n + 1), 1.0)
+
+    @property
+    def ended_ns(self) -> int:
+        return self.start_ns + len(self.actions) * self.step_ns
+
+
+class ActionStream:
+    """See the module docstring. ``command(now_ns)`` is called with the clock the chunks'
+    ``start_ns`` are on (the node's ROS clock). Chunks are held in push order, which is start
+    order: the ones the blend still reads, the governing one, then those not started yet."""
+
+    def __init__(self, blend_steps: int = 0, interpolation: str = "hold", max_move: np.ndarray | None = None):
+        self.blend_steps = blend_steps
+        self.interpolation = interpolation
+        self.max_move = max_move
+        self._chunks: list[_Chunk] = []
+        self._last: np.ndarray | None = None  # the last command: where "linear" starts a chunk from
+        self._lock = threading.Lock()
+
+    @property
+    def blend_steps(self) -> int:
+        return self._blend_steps
+
+    @blend_steps.setter
+    def blend_steps(self, steps: int) -> None:
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"blend_steps must be an integer >= 0, got {steps!r}")
+        self._blend_steps = steps
+
+    @property
+    def interpolation(self) -> str:
+        return self._interpolation
+
+    @interpolation.setter
+    def interpolation(self, mode: str) -> None:
+        if mode not in INTERPOLATIONS:
+            raise ValueError(f"interpolation must be one of {', '.join(INTERPOLATIONS)}, got {mode!r}")
+        self._interpolation = mode
+
+    def push(self, actions: np.ndarray, start_ns: int, step_ns: int, chunk_id: int) -> None:
+        """A new chunk, ``actions[k]`` due from ``start_ns + k * step_ns``; it governs from the
+        first ``command`` at or after ``start_ns``."""
+        actions = np.array(actions, dtype=np.float64)  # a copy: the caller's buffer may be re-used
+        start_ns, step_ns = int(start_ns), int(step_ns)
+        if actions.ndim != 2 or actions.shape[0] == 0 or actions.shape[1] == 0:
+            raise ValueError(f"actions must be [horizon, dof] with both > 0, got shape {actions.shape}")
+        if not np.isfinite(actions).all():
+            raise ValueError(f"chunk {chunk_id} has non-finite actions: not streamed")
+        if step_ns <= 0:
+            raise ValueError(f"step_ns must be at least 1 ns, got {step_ns}")
+        with self._lock:
+            dof = self._chunks[-1].actions.shape[1] if self._chunks else actions.shape[1]
+            if actions.shape[1] != dof:
+                raise ValueError(f"chunk {chunk_id} has {actions.shape[1]} action dims, the stream {dof}")
+            # chunks that start after this one are from before the clock went back (a simulator
+            # reset); one that starts with it and has not governed never will
+            self._chunks = [
+                c
+                for c in self._chunks
+                if c.start_ns < start_ns or (c.start_ns == start_ns and c.took_over_ns is not None)
+            ]
+            self._chunks.append(_Chunk(actions, start_ns, step_ns, chunk_id))
+            pending = [c for c in self._chunks if c.took_over_ns is None]
+            dropped = pending[: max(len(pending) - MAX_PENDING, 0)]
+            self._chunks = [c for c in self._chunks if c not in dropped]
+
+    def clear(self) -> None:
+        """Forget every chunk and the last command: nothing until the next push."""
+        with self._lock:
+            self._chunks.clear()
+            self._last = None
+
+    def command(self, now_ns: int) -> Command | Exhausted | None:
+        """What is due at ``now_ns``; None before any chunk has started."""
+        with self._lock:
+            # a chunk over before it could govern (published late) is skipped, as a trajectory
+            # controller refuses one: the chunk that governs goes on
+            self._chunks = [c for c in self._chunks if c.took_over_ns is not None or not c.ran_out(now_ns)]
+            live = [c for c in self._chunks if c.start_ns <= now_ns]
+            pending = [c for c in self._chunks if c.start_ns > now_ns]
+            if not live:
+                return None
+            newest = live[-1]
+            if newest.ran_out(now_ns):
+                self._chunks = [newest, *pending]
+                if newest.end_sent:
+                    return Exhausted(newest.chunk_id, newest.ended_ns)
+                newest.end_sent = True  # the trajectory's end point, once: hold has it, linear nearly
+                values, weight = newest.actions[-1].copy(), 1.0
+            else:
+                if newest.took_over_ns is None:  # it governs from now; chunks that never governed drop out
+                    self._take_over(newest, now_ns)
+                    live = [c for c in live[:-1] if c.took_over_ns is not None] + [newest]
+                values, weight, used = _blended(live, now_ns)
+                # what the blend did not reach it never will: weights only grow with time
+                self._chunks = live[len(live) - used :] + pending
+            values, limited = self._bounded_move(values)
+            self._last = values
+            index = min(newest.index(now_ns), len(newest.actions) - 1)
+            return Command(values.copy(), newest.chunk_id, index, weight, limited)
+
+    def _bounded_move(self, values: np.ndarray) -> tuple[np.ndarray, bool]:
+        """``values`` moved at most ``max_move`` from the last command (exactly kept within it)."""
+        if self.max_move is None or self._last is None:
+            return values, False
+        move = values - self._last
+        over = np.abs(move) > self.max_move
+        if not over.any():
+            return values, False
+        return np.where(over, self._last + np.sign(move) * self.max_move, values), True
+
+    def _take_over(self, chunk: _Chunk, now_ns: int) -> None:
+        chunk.took_over_ns = now_ns
+        chunk.blend_steps = self._blend_steps
+        chunk.linear = self._interpolation == "linear"
+        chunk.origin = chunk.actions[0] if self._last is None else self._last
+
+
+def _blended(live: list[_Chunk], now_ns: int) -> tuple[np.ndarray, float, int]:
+    """The newest chunk's value, moved from the older ones' (blended in turn) by its weight;
+    its weight; how many chunks, from the newest back, the blend read."""
+    chain, weights = [live[-1]], [live[-1].weight(now_ns)]  # back to a weight of 1, or the oldest held
+    while weights[-1] < 1.0 and len(chain) < len(live):
+        chain.append(live[-len(chain) - 1])
+        weights.append(chain[-1].weight(now_ns))
+    values = np.array(chain[-1].value(now_ns))  # the oldest read governs alone (a copy)
+    for chunk, w in zip(reversed(chain[:-1]), reversed(weights[:-1]), strict=True):
+        values = (1.0 - w) * values + w * chunk.value(now_ns)
+    return values, (weights[0] if len(chain) > 1 else 1.0), len(chain)

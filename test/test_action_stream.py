@@ -1,0 +1,273 @@
+"""The action stream: which action of which chunk is due at a time, and the blend between chunks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flashrt_ros.engine.action_stream import ActionStream, Command, Exhausted
+
+MS = 1_000_000
+STEP = 20 * MS
+
+
+def chunk(first: float, horizon: int = 5, dof: int = 2) -> np.ndarray:
+    """Action k is [first + k, -(first + k)]: every value names its chunk and index."""
+    column = first + np.arange(horizon, dtype=np.float64)
+    return np.stack([column, -column], axis=1)[:, :dof]
+
+
+def test_each_action_is_held_for_its_step_and_nothing_is_extrapolated():
+    """Past the end: the last action once more (the trajectory's end point), then nothing."""
+    stream = ActionStream()
+    assert stream.command(0) is None  # nothing pushed
+    stream.push(chunk(10.0), start_ns=100 * MS, step_ns=STEP, chunk_id=1)
+    assert stream.command(99 * MS) is None  # not started
+    for now_ms, k in [(100, 0), (119, 0), (120, 1), (185, 4), (199, 4)]:
+        cmd = stream.command(now_ms * MS)
+        assert isinstance(cmd, Command) and (cmd.chunk_id, cmd.index, cmd.weight) == (1, k, 1.0)
+        np.testing.assert_array_equal(cmd.values, [10.0 + k, -(10.0 + k)])
+    end = stream.command(200 * MS)
+    assert (end.chunk_id, end.index, end.values[0]) == (1, 4, 14.0)
+    assert stream.command(200 * MS) == Exhausted(chunk_id=1, ended_ns=200 * MS)
+    assert stream.command(900 * MS) == Exhausted(chunk_id=1, ended_ns=200 * MS)
+
+
+def test_a_newer_chunk_governs_once_it_starts_and_skips_what_has_passed():
+    """A chunk stamped at its observation starts in the past: the actions its decision's
+    latency passed are skipped, as joint_trajectory_controller skips them."""
+    stream = ActionStream()
+    stream.push(chunk(10.0), start_ns=0, step_ns=STEP, chunk_id=1)
+    stream.push(chunk(50.0), start_ns=30 * MS, step_ns=STEP, chunk_id=2)  # starts while chunk 1 runs
+    cmd = stream.command(25 * MS)
+    assert (cmd.chunk_id, cmd.index) == (1, 1)
+    cmd = stream.command(55 * MS)
+    assert (cmd.chunk_id, cmd.index) == (2, 1) and cmd.values[0] == 51.0
+    stream.push(chunk(90.0), start_ns=40 * MS, step_ns=STEP, chunk_id=3)  # arrives late: 2 steps passed
+    cmd = stream.command(81 * MS)
+    assert (cmd.chunk_id, cmd.index) == (3, 2) and cmd.values[0] == 92.0
+
+
+def test_a_switch_is_blended_over_blend_steps_actions_from_what_was_commanded():
+    stream = ActionStream(blend_steps=3)
+    stream.push(chunk(0.0, horizon=10), start_ns=0, step_ns=STEP, chunk_id=1)
+    assert stream.command(0).values[0] == 0.0
+    stream.push(chunk(100.0, horizon=10), start_ns=2 * STEP, step_ns=STEP, chunk_id=2)
+    got = [stream.command(k * STEP + MS) for k in range(2, 8)]
+    # chunk 1 commands k, chunk 2 commands 100 + (k - 2); the weights 1/4, 2/4, 3/4, then 1
+    expected = [k + w * (100 + k - 2 - k) for k, w in zip(range(2, 8), [0.25, 0.5, 0.75, 1, 1, 1], strict=True)]
+    np.testing.assert_allclose([c.values[0] for c in got], expected)
+    np.testing.assert_allclose([c.values[1] for c in got], [-e for e in expected])
+    assert [c.weight for c in got] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert all(c.chunk_id == 2 for c in got)
+
+
+def test_a_chunk_arriving_during_a_blend_starts_from_the_blend_not_from_a_jump():
+    stream = ActionStream(blend_steps=3)
+    stream.push(np.zeros((10, 1)), start_ns=0, step_ns=STEP, chunk_id=1)
+    stream.command(0)
+    stream.push(np.full((10, 1), 8.0), start_ns=STEP, step_ns=STEP, chunk_id=2)
+    assert stream.command(STEP).values[0] == 2.0  # 0 + 1/4 * 8
+    stream.push(np.full((10, 1), 16.0), start_ns=2 * STEP, step_ns=STEP, chunk_id=3)
+    # chunk 2's blend is at 2/4 (4.0); chunk 3 moves a quarter of the way from it
+    assert stream.command(2 * STEP).values[0] == 4.0 + 0.25 * (16.0 - 4.0)
+    assert stream.command(3 * STEP).values[0] == pytest.approx(6.0 + 0.5 * (16.0 - 6.0))
+    assert stream.command(5 * STEP).values[0] == 16.0  # chunk 3's blend ended: chunks 1, 2 dropped
+    assert len(stream._chunks) == 1
+
+
+def test_a_chunk_that_never_governed_is_not_blended_from():
+    """Two decisions between two command ticks: the first chunk's actions were never commanded,
+    so the blend runs from what was (chunk 1) to the newest."""
+    stream = ActionStream(blend_steps=1)
+    stream.push(np.zeros((10, 1)), start_ns=0, step_ns=STEP, chunk_id=1)
+    stream.command(0)
+    stream.push(np.full((10, 1), 100.0), start_ns=STEP, step_ns=STEP, chunk_id=2)
+    stream.push(np.full((10, 1), 4.0), start_ns=STEP, step_ns=STEP, chunk_id=3)
+    cmd = stream.command(STEP)
+    assert cmd.chunk_id == 3 and cmd.values[0] == 2.0
+
+
+def test_an_older_chunk_that_ran_out_holds_its_last_action_in_the_blend():
+    """As the controller would hold it: the blend goes on from there instead of jumping."""
+    stream = ActionStream(blend_steps=4)
+    stream.push(np.array([[0.0], [1.0]]), start_ns=0, step_ns=STEP, chunk_id=1)
+    stream.command(0)
+    stream.push(np.full((10, 1), 6.0), start_ns=STEP, step_ns=STEP, chunk_id=2)
+    got = [stream.command(k * STEP) for k in range(1, 6)]
+    assert [c.weight for c in got] == [0.2, 0.4, 0.6, 0.8, 1.0]
+    assert [c.values[0] for c in got] == pytest.approx([1 + w * 5 for w in (0.2, 0.4, 0.6, 0.8, 1.0)])
+
+
+def test_clear_forgets_every_chunk_and_the_blend():
+    stream = ActionStream(blend_steps=2)
+    stream.push(chunk(0.0), start_ns=0, step_ns=STEP, chunk_id=1)
+    stream.command(0)
+    stream.clear()
+    assert stream.command(STEP) is None
+    stream.push(chunk(7.0), start_ns=STEP, step_ns=STEP, chunk_id=1)
+    cmd = stream.command(STEP)
+    assert (cmd.values[0], cmd.weight) == (7.0, 1.0)  # nothing to blend from
+
+
+def test_the_stream_keeps_its_own_copy_of_the_actions():
+    stream = ActionStream()
+    actions = chunk(1.0)
+    stream.push(actions, start_ns=0, step_ns=STEP, chunk_id=1)
+    actions[:] = 99.0
+    assert stream.command(0).values[0] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("actions", "step_ns", "message"),
+    [
+        (np.zeros(5), STEP, r"\[horizon, dof\].*shape \(5,\)"),
+        (np.zeros((0, 2)), STEP, r"both > 0, got shape \(0, 2\)"),
+        (np.array([[1.0, np.nan]]), STEP, "chunk 4 has non-finite actions"),
+        (np.zeros((5, 2)), 0, "step_ns must be at least 1 ns, got 0"),
+        (np.zeros((5, 2)), 0.5, "step_ns must be at least 1 ns, got 0"),
+        (np.zeros((5, 3)), STEP, "chunk 4 has 3 action dims, the stream 2"),
+    ],
+)
+def test_a_bad_chunk_is_refused_and_the_stream_goes_on(actions, step_ns, message):
+    stream = ActionStream()
+    stream.push(chunk(0.0), start_ns=0, step_ns=STEP, chunk_id=3)
+    with pytest.raises(ValueError, match=message):
+        stream.push(actions, start_ns=0, step_ns=step_ns, chunk_id=4)
+    assert stream.command(STEP).chunk_id == 3
+
+
+@pytest.mark.parametrize("steps", [-1, 1.5, True, "2"])
+def test_blend_steps_must_be_a_whole_number_of_actions(steps):
+    with pytest.raises(ValueError, match="blend_steps must be an integer >= 0"):
+        ActionStream(blend_steps=steps)
+
+
+def test_frequent_chunks_during_blends_hold_only_what_the_blend_reads():
+    """A chunk every 2 actions with blends of 3: a new blend always starts before the last ends,
+    yet only the chunks the blend still reads are held, not every chunk since the start."""
+    stream = ActionStream(blend_steps=3)
+    for i in range(1000):
+        stream.push(np.full((50, 1), float(i)), start_ns=2 * i * STEP, step_ns=STEP, chunk_id=i)
+        for tick in (2 * i, 2 * i + 1):
+            assert isinstance(stream.command(tick * STEP), Command)
+        assert len(stream._chunks) <= stream.blend_steps + 2, len(stream._chunks)
+
+
+def test_a_chunk_over_before_it_could_govern_is_skipped_and_the_governing_one_goes_on():
+    """A chunk whose last action has passed by the first tick after it arrives (published late):
+    a trajectory controller refuses it, and so does the stream, rather than stop the chunk that
+    is running."""
+    stream = ActionStream()
+    stream.push(chunk(10.0, horizon=50), start_ns=0, step_ns=STEP, chunk_id=1)
+    assert stream.command(0).chunk_id == 1
+    stream.push(chunk(50.0, horizon=2), start_ns=10 * MS, step_ns=STEP, chunk_id=2)  # ended at 50 ms
+    cmd = stream.command(100 * MS)
+    assert isinstance(cmd, Command) and (cmd.chunk_id, cmd.index) == (1, 5)
+    assert len(stream._chunks) == 1
+
+
+def test_a_blend_of_extreme_finite_actions_stays_finite():
+    stream = ActionStream(blend_steps=1)
+    stream.push(np.full((5, 1), -1e308), start_ns=0, step_ns=STEP, chunk_id=1)
+    stream.command(0)
+    stream.push(np.full((5, 1), 1e308), start_ns=STEP, step_ns=STEP, chunk_id=2)
+    assert np.isfinite(stream.command(STEP).values).all()
+
+
+def test_chunks_from_before_the_clock_went_back_are_dropped():
+    """A simulator reset takes ROS time back: the chunks stamped in the old timeline must not
+    govern again when the new time reaches their stamps."""
+    stream = ActionStream()
+    stream.push(chunk(10.0, horizon=50), start_ns=900 * MS, step_ns=STEP, chunk_id=1)
+    stream.command(900 * MS)
+    stream.push(chunk(50.0, horizon=50), start_ns=10 * MS, step_ns=STEP, chunk_id=2)  # time went back
+    assert stream.command(10 * MS).chunk_id == 2
+    cmd = stream.command(950 * MS)
+    assert (cmd.chunk_id, cmd.index) == (2, 47)
+
+
+def test_a_change_of_blend_steps_applies_from_the_next_chunk():
+    stream = ActionStream(blend_steps=1)
+    stream.push(np.zeros((10, 1)), start_ns=0, step_ns=STEP, chunk_id=1)
+    stream.command(0)
+    stream.push(np.full((10, 1), 8.0), start_ns=STEP, step_ns=STEP, chunk_id=2)
+    assert stream.command(STEP).weight == 0.5
+    stream.blend_steps = 7  # mid-blend: chunk 2 keeps its blend of 1, and does not step back
+    assert stream.command(2 * STEP).weight == 1.0
+    stream.push(np.full((10, 1), 16.0), start_ns=3 * STEP, step_ns=STEP, chunk_id=3)
+    assert stream.command(3 * STEP).weight == 0.125
+
+
+def test_chunks_nobody_asks_commands_for_are_not_held_without_bound():
+    stream = ActionStream()
+    for i in range(1000):
+        stream.push(chunk(float(i)), start_ns=i * STEP, step_ns=STEP, chunk_id=i)
+    assert len(stream._chunks) == 64
+    assert stream.command(999 * STEP).chunk_id == 999
+
+
+def test_linear_follows_each_chunks_trajectory_between_its_actions():
+    """Action k is reached at start + (k + 1) * step, as on the chunk's JointTrajectory; the first
+    chunk starts from its own action 0, the next from the command in force when it takes over."""
+    stream = ActionStream(interpolation="linear")
+    stream.push(chunk(10.0), start_ns=0, step_ns=STEP, chunk_id=1)
+    got = {t: stream.command(t * MS).values[0] for t in (0, 10, 30, 99)}
+    assert got == pytest.approx({0: 10.0, 10: 10.0, 30: 10.5, 99: 13.95})
+    stream.push(chunk(50.0), start_ns=40 * MS, step_ns=STEP, chunk_id=2)
+    cmd = stream.command(45 * MS)  # from the last command (13.95) towards action 0 (50), a quarter of the way
+    assert (cmd.chunk_id, cmd.index) == (2, 0)
+    np.testing.assert_allclose(cmd.values, [0.75 * 13.95 + 0.25 * 50.0, -(0.75 * 13.95 + 0.25 * 50.0)])
+    assert stream.command(70 * MS).values[0] == pytest.approx(50.5)
+
+
+def test_linear_blends_continuously_in_time():
+    stream = ActionStream(blend_steps=1, interpolation="linear")
+    stream.push(np.zeros((10, 1)), start_ns=0, step_ns=STEP, chunk_id=1)
+    stream.command(0)
+    stream.push(np.full((10, 1), 8.0), start_ns=STEP, step_ns=STEP, chunk_id=2)
+    at = {s: stream.command(int(s * STEP)) for s in (1.0, 1.25, 1.5, 2.0)}
+    # from 0 at the take-over, with no jump, to 1 one step later
+    assert [at[s].weight for s in at] == [0.0, 0.25, 0.5, 1.0]
+    # chunk 2 itself goes 0 -> 8 over its first step (from the last command, 0), and weighs in as it goes
+    assert [at[s].values[0] for s in at] == pytest.approx([0.0, 0.25 * 2.0, 0.5 * 4.0, 8.0])
+
+
+def test_the_last_linear_command_is_the_chunks_last_action():
+    """The trajectory reaches its last point at the chunk's end; the tick after it commands it,
+    not a point short of it."""
+    stream = ActionStream(interpolation="linear")
+    stream.push(chunk(10.0), start_ns=0, step_ns=STEP, chunk_id=1)
+    assert stream.command(95 * MS).values[0] == pytest.approx(13.75)
+    assert stream.command(101 * MS).values[0] == 14.0
+    assert isinstance(stream.command(102 * MS), Exhausted)
+
+
+def test_a_change_of_interpolation_applies_from_the_next_chunk():
+    stream = ActionStream()
+    stream.push(chunk(10.0), start_ns=0, step_ns=STEP, chunk_id=1)
+    stream.command(0)
+    stream.interpolation = "linear"
+    assert stream.command(30 * MS).values[0] == 11.0  # chunk 1 keeps "hold"
+    stream.push(chunk(20.0), start_ns=40 * MS, step_ns=STEP, chunk_id=2)
+    assert stream.command(70 * MS).values[0] == pytest.approx(20.5)
+
+
+def test_interpolation_is_hold_or_linear():
+    with pytest.raises(ValueError, match="interpolation must be one of hold, linear, got 'cubic'"):
+        ActionStream(interpolation="cubic")
+
+
+def test_max_move_holds_each_command_near_the_one_before():
+    """A newer chunk limited against an older joint state can start far from the last command:
+    the stream gets there at max_move per command instead of jumping, and says so."""
+    stream = ActionStream(max_move=np.array([0.25]))
+    stream.push(np.zeros((10, 1)), start_ns=0, step_ns=STEP, chunk_id=1)
+    assert not stream.command(0).limited
+    stream.push(np.ones((10, 1)), start_ns=STEP, step_ns=STEP, chunk_id=2)
+    got = [stream.command(k * STEP) for k in range(1, 6)]
+    assert [c.values[0] for c in got] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    assert [c.limited for c in got] == [True, True, True, False, False]
+    stream.clear()  # nothing to move from after a clear: the first command is the chunk's
+    stream.push(np.full((10, 1), 7.0), start_ns=0, step_ns=STEP, chunk_id=1)
+    assert stream.command(0).values[0] == 7.0
