@@ -91,8 +91,9 @@ def test_without_new_chunks_the_stream_stops_and_says_so(running):
     peer.pump(2.0, publish=False)  # inputs stop: decisions stop within max_age_s, chunks run out
     last = max(peer.chunks, key=lambda c: stamp_ns(c.header.stamp))
     ends_ns = stamp_ns(last.header.stamp) + last.horizon * STEP_NS
-    late = [a for a, _ in all_joints.got if a > ends_ns + 100_000_000]
-    assert not late, f"{len(late)} commands arrived more than 0.1 s after the last chunk ended"
+    # a stream that went on would send for the rest of the 2 s; 0.5 s leaves room for a late delivery
+    late = [a for a, _ in all_joints.got if a > ends_ns + 500_000_000]
+    assert not late, f"{len(late)} commands arrived more than 0.5 s after the last chunk ended"
     peer.wait_for_counter("", "chunk_exhausted", above=before, publish=False)
     line = node.wait_for_line("no command: chunk ", since=mark)
     assert "the controller holds its last command" in line and "[WARN]" in line, line
