@@ -103,8 +103,11 @@ def test_without_new_chunks_the_stream_stops_and_says_so(running):
 
 def test_a_blend_moves_between_chunks_and_is_set_at_runtime(running):
     node, peer, all_joints, _ = running
-    result = peer.set_parameters(command_blend_steps=-1)[0]
-    assert not result.successful and "command_blend_steps must be >= 0 and <= 1000" in result.reason
+    mark = node.mark()
+    result = peer.set_parameters(command_blend_steps=-1)[0]  # refused by rclpy on the declared range
+    assert not result.successful and "command_blend_steps out of range" in result.reason, result.reason
+    line = node.wait_for_line("parameter change refused: command_blend_steps", since=mark)
+    assert "must be within its declared range [0, 1000], got -1" in line, line
     assert peer.set_parameters(command_blend_steps=3)[0].successful
     node.wait_for_line("parameters changed: command_blend_steps 0 -> 3")
     start = len(all_joints.got)

@@ -386,7 +386,7 @@ def test_number_ranges_are_declared_and_judged_as_rclpy_judges_them(rclpy_contex
     from rclpy.node import Node
     from rclpy.parameter import Parameter
 
-    from flashrt_ros.ros.params import NUMBER_RANGES, declare_parameters, refused_by_rclpy
+    from flashrt_ros.ros.params import INTEGER_RANGES, NUMBER_RANGES, declare_parameters, refused_by_rclpy
 
     node = Node("params_test", context=rclpy_context)
     try:
@@ -394,6 +394,16 @@ def test_number_ranges_are_declared_and_judged_as_rclpy_judges_them(rclpy_contex
         for name, (low, high, _) in NUMBER_RANGES.items():
             (declared,) = node.describe_parameter(name).floating_point_range
             assert (declared.from_value, declared.to_value, declared.step) == (low, high, 0.0), name
+        for name, (low, high) in INTEGER_RANGES.items():
+            (declared,) = node.describe_parameter(name).integer_range
+            assert (declared.from_value, declared.to_value, declared.step) == (low, high, 1), name
+        blend = [Parameter("command_blend_steps", Parameter.Type.INTEGER, 1001)]
+        assert refused_by_rclpy(node, blend) == (
+            "command_blend_steps must be within its declared range [0, 1000], got 1001"
+        )
+        assert not node.set_parameters(blend)[0].successful
+        top = [Parameter("command_blend_steps", Parameter.Type.INTEGER, 1000)]
+        assert refused_by_rclpy(node, top) is None and node.set_parameters(top)[0].successful
         fast = Parameter("rate_hz", Parameter.Type.DOUBLE, 5000.0)
         assert refused_by_rclpy(node, [fast]) == "rate_hz must be within its declared range [0.01, 1000], got 5000.0"
         assert not node.set_parameters([fast])[0].successful
@@ -415,13 +425,20 @@ def test_a_start_value_outside_its_range_gets_the_nodes_sentence(rclpy_context):
 
     from flashrt_ros.ros.params import declare_parameters
 
-    overrides = [Parameter("rate_hz", value=5000.0), Parameter("status_rate_hz", value=2.0)]
+    overrides = [
+        Parameter("rate_hz", value=5000.0),
+        Parameter("status_rate_hz", value=2.0),
+        Parameter("command_blend_steps", value=5000),
+    ]
     node = Node("params_test", context=rclpy_context, parameter_overrides=overrides)
     try:
         declare_parameters(node)
         cfg = NodeConfig.from_parameters(node)
-        assert (cfg.rate_hz, cfg.status_rate_hz) == (5000.0, 2.0)
-        assert cfg.validate(check_paths=False) == ["rate_hz must be >= 0.01 and <= 1000, got 5000.0"]
+        assert (cfg.rate_hz, cfg.status_rate_hz, cfg.command_blend_steps) == (5000.0, 2.0, 5000)
+        assert cfg.validate(check_paths=False) == [
+            "rate_hz must be >= 0.01 and <= 1000, got 5000.0",
+            "command_blend_steps must be >= 0 and <= 1000, got 5000",
+        ]
         assert node.describe_parameter("status_rate_hz").floating_point_range  # the others keep theirs
     finally:
         node.destroy_node()

@@ -327,6 +327,11 @@ NUMBER_RANGES: dict[str, tuple[float, float, bool]] = {
 """name -> (low, high, whether low itself is allowed): what validation judges, and the range the
 descriptor declares, which `ros2 param describe` and rqt_reconfigure show (rclpy's ranges are
 closed: max_age_s = 0 passes rclpy and is refused by the node)."""
+INTEGER_RANGES: dict[str, tuple[int, int]] = {
+    "command_blend_steps": (0, MAX_BLEND_STEPS),
+}
+"""name -> (low, high), both allowed: the integers with a range to declare (an IntegerRange, step 1).
+Validation judges them too (the declared range is skipped for a start value outside it)."""
 RUNTIME: frozenset[str] = frozenset(name for name, info in PARAMETERS.items() if info.runtime)
 
 _FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(NodeConfig)}
@@ -359,7 +364,7 @@ def declare_parameters(node: Any) -> None:
 def descriptor(name: str, ranged: bool = True) -> Any:
     """The ParameterDescriptor of one of our parameters: its description, whether it changes at
     runtime, and for the numbers their range."""
-    from rcl_interfaces.msg import FloatingPointRange, ParameterDescriptor
+    from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
 
     info = PARAMETERS[name]
     when = "changeable at runtime" if info.runtime else "read-only at runtime (restart to change)"
@@ -367,6 +372,9 @@ def descriptor(name: str, ranged: bool = True) -> Any:
     if ranged and name in NUMBER_RANGES:
         low, high, _ = NUMBER_RANGES[name]
         out.floating_point_range = [FloatingPointRange(from_value=low, to_value=high, step=0.0)]
+    if ranged and name in INTEGER_RANGES:
+        low, high = INTEGER_RANGES[name]
+        out.integer_range = [IntegerRange(from_value=low, to_value=high, step=1)]
     return out
 
 
@@ -406,6 +414,10 @@ def refused_by_rclpy(node: Any, params: list[Any]) -> str | None:
             outside = _outside(p.value, declared.floating_point_range[0], node.PARAM_REL_TOL)
             if outside:
                 return f"{p.name} {outside}, got {p.value!r}"
+        if declared.integer_range and p.type_ == Parameter.Type.INTEGER:
+            low, high = sorted((declared.integer_range[0].from_value, declared.integer_range[0].to_value))
+            if not low <= p.value <= high:  # step 1: every integer within is allowed
+                return f"{p.name} must be within its declared range [{low}, {high}], got {p.value!r}"
         if declared.dynamic_typing:
             continue
         expected = Parameter.Type(declared.type).name.lower()
