@@ -42,6 +42,24 @@ def running(ros_env, ros_module_context, tmp_path_factory):
         yield node, peer, all_joints, group
 
 
+def wait_for_their_chunks(peer, got: list[tuple[int, np.ndarray]], blends: bool = False) -> None:
+    """Spin until the chunks those commands came from (on a topic of their own) have arrived:
+    every command a row of one, or with ``blends`` the newest command's time covered by a chunk."""
+    newest = max(a for a, _ in got)
+
+    def covered(chunk) -> bool:
+        return stamp_ns(chunk.header.stamp) <= newest < stamp_ns(chunk.header.stamp) + chunk.horizon * STEP_NS
+
+    def done() -> bool:
+        if blends:
+            return any(covered(c) for c in peer.chunks)
+        return all(matches(peer.chunks, v) for _, v in got)
+
+    deadline = time.monotonic() + 5.0
+    while not done() and time.monotonic() < deadline:
+        peer.spin(0.05)
+
+
 def rows_of(chunk) -> np.ndarray:
     return np.asarray(chunk.actions, dtype=np.float32).reshape(chunk.horizon, chunk.action_dim).astype(np.float64)
 
@@ -63,7 +81,7 @@ def test_each_command_is_the_due_action_of_the_newest_chunk(running):
     start = len(all_joints.got)
     assert peer.pump(10.0, until=lambda: len(all_joints.got) - start >= 60 and len(group.got) >= 30)
     got, group_got = all_joints.got[start:], list(group.got)
-    peer.spin(0.5)  # the chunks those commands came from, on a topic of their own, may still be on the way
+    wait_for_their_chunks(peer, got)
     governing, lags = [], []
     for arrived_ns, values in got:
         found = matches(peer.chunks, values)
@@ -74,8 +92,10 @@ def test_each_command_is_the_due_action_of_the_newest_chunk(running):
         assert due, f"command {values} arrived at {arrived_ns}: rows {found} were not due then"
         governing.append(max(i for i, _ in due))
         lags.append(min(lag for _, lag in due))
-    # most arrive within the step they are due in: a stream that lagged would show in the median
-    assert np.median(lags) <= 1, f"commands arrived {np.median(lags)} steps after their action was due (median)"
+    # only the delivery adds lag: some arrive within the step they are due in (a stream a step
+    # behind would have none), and most within a few steps
+    assert min(lags) == 0, f"every command arrived a step or more after its action was due: lags {lags}"
+    assert np.median(lags) <= 3, f"commands arrived {np.median(lags)} steps after their action was due (median)"
     assert governing == sorted(governing), "a command went back to an older chunk"
     assert len(set(governing)) >= 3, "the stream did not follow new chunks"
     for _, values in group_got:
@@ -89,14 +109,15 @@ def test_without_new_chunks_the_stream_stops_and_says_so(running):
     mark = node.mark()
     before = peer.latest_counter("", "chunk_exhausted")
     peer.pump(2.0, publish=False)  # inputs stop: decisions stop within max_age_s, chunks run out
-    last = max(peer.chunks, key=lambda c: stamp_ns(c.header.stamp))
-    ends_ns = stamp_ns(last.header.stamp) + last.horizon * STEP_NS
-    # a stream that went on would send for the rest of the 2 s; 0.5 s leaves room for a late delivery
-    late = [a for a, _ in all_joints.got if a > ends_ns + 500_000_000]
-    assert not late, f"{len(late)} commands arrived more than 0.5 s after the last chunk ended"
     peer.wait_for_counter("", "chunk_exhausted", above=before, publish=False)
     line = node.wait_for_line("no command: chunk ", since=mark)
     assert "the controller holds its last command" in line and "[WARN]" in line, line
+    # the stream has stopped: nothing more (one that went on would send 40 a second), counted
+    # after a pause for what was already on its way
+    peer.spin(0.5)
+    sent = len(all_joints.got)
+    peer.spin(1.0)
+    assert len(all_joints.got) == sent, f"{len(all_joints.got) - sent} commands after the last chunk ran out"
     resumed = len(all_joints.got)
     assert peer.pump(10.0, until=lambda: len(all_joints.got) > resumed + 5), "commands did not resume"
 
@@ -112,12 +133,14 @@ def test_a_blend_moves_between_chunks_and_is_set_at_runtime(running):
     node.wait_for_line("parameters changed: command_blend_steps 0 -> 3")
     start = len(all_joints.got)
     assert peer.pump(10.0, until=lambda: len(all_joints.got) - start >= 40)
-    peer.spin(0.5)
+    wait_for_their_chunks(peer, all_joints.got[start:], blends=True)
     # decisions every 2 actions and blends of 3: most commands are between two chunks' actions
     blended = [(a, v) for a, v in all_joints.got[start:] if not matches(peer.chunks, v)]
     assert len(blended) >= 10, f"only {len(blended)} of {len(all_joints.got) - start} commands were blends"
     for arrived_ns, values in blended:  # a weighted mean of recent chunks' actions: within their range
-        recent = [rows_of(c) for c in peer.chunks if 0 <= arrived_ns - stamp_ns(c.header.stamp) < 10**9]
+        # a blend of 3 with chunks every 2 actions reads a few chunks at most (one that ran out
+        # holds its last action: the one before a pause in decisions)
+        recent = [rows_of(c) for c in peer.chunks if stamp_ns(c.header.stamp) <= arrived_ns][-6:]
         low, high = np.min([r.min(axis=0) for r in recent], axis=0), np.max([r.max(axis=0) for r in recent], axis=0)
         assert values.shape == (len(JOINTS),) and (low - 1e-9 <= values).all() and (values <= high + 1e-9).all()
     assert peer.set_parameters(command_blend_steps=0)[0].successful

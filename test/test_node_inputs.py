@@ -537,10 +537,14 @@ def _wrong_size_after_an_arrival_gap(any_size, behind_s: float) -> None:
     node, peer = any_size
     topic, (h, w) = peer.topic(CAMERAS[1]), (HW[0] * 2, HW[1] * 2)
     peer.pump(0.5)
-    peer.publish_camera(1, peer.image(stamp=peer.now() + Duration(seconds=0.3)))
+    ahead = peer.now() + Duration(seconds=0.3)
+    peer.publish_camera(1, peer.image(stamp=ahead))
     peer.pump(0.6, skip={CAMERAS[1]})
     mark = node.mark()
-    peer.publish_camera(1, peer.image(stamp=peer.now() - Duration(seconds=behind_s), hw=(h, w)), good=False)
+    # stamped from the good frame's stamp, not the clock: 0.3 s apart whatever the pause really
+    # lasted (a stall of 0.1 s on a loaded machine would make it a real restart gap)
+    stamp = ahead + Duration(seconds=0.3 - behind_s)
+    peer.publish_camera(1, peer.image(stamp=stamp, hw=(h, w)), good=False)
     recovered(peer, topic)
     line = node.wait_for_line(f"input rejected: [bad_size] {topic}: image is {h}x{w} (HxW); ", since=mark)
     assert f"this topic's frames were {HW[0]}x{HW[1]} until now" in line, line
@@ -575,13 +579,16 @@ def test_frame_stamped_a_little_ahead_keeps_the_cameras_size(any_size):
     """A frame stamped 0.3 s ahead (within max_age_s 0.4: a camera clock running early) is the
     camera's newest stamp, not a clock that went back: the frames of another size after it,
     stamped now, are still refused (they were taken as a camera restart once)."""
-    from rclpy.duration import Duration
+    from rclpy.time import Time
 
     node, peer = any_size
     topic, (h, w) = peer.topic(CAMERAS[1]), (HW[0] * 2, HW[1] * 2)
     peer.pump(0.5)
     mark, before = node.mark(), peer.latest_counter(topic, "bad_size")
-    peer.publish_camera(1, peer.image(stamp=peer.now() + Duration(seconds=0.3), hw=(h, w)), good=False)
+    # 0.3 s after the camera's newest good stamp, not after the clock: the gap stays below
+    # max_age_s (no restart) however long the pump above over-ran on a loaded machine
+    ahead = Time(nanoseconds=peer.last_good[topic] + 300_000_000, clock_type=peer.now().clock_type)
+    peer.publish_camera(1, peer.image(stamp=ahead, hw=(h, w)), good=False)
     for _ in range(3):
         peer.pump(0.05, skip={CAMERAS[1]})
         peer.publish_camera(1, peer.image(stamp=peer.now(), hw=(h, w)), good=False)
