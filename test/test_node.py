@@ -22,6 +22,7 @@ from node_harness import (
     JOINTS,
     NODE,
     TEST_PARAMS,
+    check_wait_after_reset,
     in_process_node,
     running_node_and_peer,
     stamp_ns,
@@ -59,14 +60,18 @@ def test_policy_logs_go_out_under_the_nodes_own_name(running):
     node.wait_for_line(f"[{peer.namespace[1:]}.{NODE}]: [flashrt_ros.policies.policy] no checkpoint given")
 
 
-def chunk_rate(peer, seconds: float) -> float:
-    """Decisions per second from the header stamps of the chunks received in ``seconds`` (their
-    joint states' stamps, published at 20 Hz: a 10 Hz rate reads within a few percent)."""
+def chunk_period(peer, count: int, after_ns: int = 0) -> float:
+    """The median seconds between the header stamps of the next ``count`` chunks stamped after
+    ``after_ns`` (their joint states' stamps, published at 20 Hz: quantised to 50 ms). The
+    median, because a decision skipped on a loaded machine (an input gone stale, a timer period
+    missed) lengthens one interval, not the rate."""
     start = len(peer.chunks)
-    peer.pump(seconds)
-    stamps = [stamp_ns(c.header.stamp) for c in peer.chunks[start:]]
-    assert len(stamps) >= 3, f"only {len(stamps)} chunks in {seconds} s"
-    return (len(stamps) - 1) / ((stamps[-1] - stamps[0]) / 1e9)
+
+    def stamps() -> list[int]:
+        return [ns for c in peer.chunks[start:] if (ns := stamp_ns(c.header.stamp)) > after_ns]
+
+    assert peer.pump(15.0, until=lambda: len(stamps()) >= count), f"only {len(stamps())} chunks in 15 s"
+    return float(np.median(np.diff(stamps()[:count]))) / 1e9
 
 
 def test_chunk_has_shape_names_and_source_stamps(running):
@@ -139,11 +144,12 @@ def test_decisions_on_frames_already_used_reuse_the_prefix(running):
     def camera_stamps(chunk) -> list[int]:
         return [ns for topic, ns in peer.chunk_sources(chunk).items() if not topic.endswith(JOINT_TOPIC)]
 
+    def pairs_since(start: int) -> list:
+        return [(a, b) for a, b in itertools.pairwise(peer.chunks[start:]) if b.chunk_id == a.chunk_id + 1]
+
     start = len(peer.chunks)
-    peer.pump(3.0, skip=set(CAMERAS), extra=cameras_now_and_then)
-    chunks = peer.chunks[start:]
-    pairs = [(a, b) for a, b in itertools.pairwise(chunks) if b.chunk_id == a.chunk_id + 1]
-    assert len(pairs) >= 10
+    assert peer.pump(15.0, skip=set(CAMERAS), extra=cameras_now_and_then, until=lambda: len(pairs_since(start)) >= 10)
+    pairs = pairs_since(start)
     assert [b.prefix_reused for _, b in pairs] == [camera_stamps(a) == camera_stamps(b) for a, b in pairs]
     assert any(b.prefix_reused for _, b in pairs) and not all(b.prefix_reused for _, b in pairs)
     assert peer.pump(2.0, until=lambda: peer.statuses[-1].prefix_reuses > 0)
@@ -154,10 +160,15 @@ def test_decisions_on_frames_already_used_reuse_the_prefix(running):
     result = peer.set_parameters(prefix_trigger="sometimes")[0]
     assert not result.successful and "prefix_trigger must be one of new_inputs, period, every_decision" in result.reason
     assert peer.set_parameters(prefix_trigger="every_decision")[0].successful
+    changed_ns = peer.now().nanoseconds  # a decision begun before the reply may still re-use
     start = len(peer.chunks)
+
+    def decided_after() -> list:
+        return [c for c in peer.chunks[start:] if stamp_ns(c.header.stamp) > changed_ns]
+
     try:
-        peer.pump(1.5, skip=set(CAMERAS), extra=cameras_now_and_then)
-        assert len(peer.chunks) - start >= 5 and not any(c.prefix_reused for c in peer.chunks[start:])
+        assert peer.pump(10.0, skip=set(CAMERAS), extra=cameras_now_and_then, until=lambda: len(decided_after()) >= 5)
+        assert not any(c.prefix_reused for c in decided_after())
     finally:
         assert peer.set_parameters(prefix_trigger="new_inputs")[0].successful
 
@@ -178,11 +189,10 @@ def test_period_acts_on_held_frames_no_older_than_max_age(running):
 
     start = len(peer.chunks)
     try:
-        peer.pump(3.0)
+        assert peer.pump(15.0, until=lambda: len(peer.chunks) - start >= 16)
     finally:
         assert all(r.successful for r in peer.set_parameters(prefix_trigger="new_inputs", prefix_period_s=0.1))
     chunks = peer.chunks[start + 1 :]  # the first may predate the change
-    assert len(chunks) >= 15
     builders = [c for c in chunks if not c.prefix_reused]
     assert len(builders) >= 3 and len(builders) < len(chunks) - 5
     for before, chunk in itertools.pairwise(chunks):
@@ -223,32 +233,34 @@ def test_diagnostics_levels_and_the_counts_behind_them(running):
         assert peer.statuses[-1].deadline_misses > misses
         from flashrt_ros.srv import ListCapsules  # the services answer too, between two decisions
 
-        peer.call(ListCapsules, f"{peer.namespace}/{NODE}/capsule/list", ListCapsules.Request(), timeout=3.0)
+        peer.call(ListCapsules, f"{peer.namespace}/{NODE}/capsule/list", ListCapsules.Request(), timeout=10.0)
     finally:
         assert peer.set_parameters(rate_hz=10.0)[0].successful
 
+    # wide windows: the idle limit is twice the slowest recent decision, and the overload above
+    # can make those long on a loaded machine (the sim-time test saw seconds)
     start = len(peer.diagnostics)
-    assert peer.pump(4.0, publish=False, until=lambda: level_since(start, DiagnosticStatus.ERROR, "no decision for"))
+    assert peer.pump(20.0, publish=False, until=lambda: level_since(start, DiagnosticStatus.ERROR, "no decision for"))
     start = len(peer.diagnostics)
-    assert peer.pump(4.0, until=lambda: level_since(start, DiagnosticStatus.OK))
+    assert peer.pump(10.0, until=lambda: level_since(start, DiagnosticStatus.OK))
 
 
 def test_runtime_rate_and_prompt_change(running):
     node, peer = running
-    before = chunk_rate(peer, 1.5)
+    before = chunk_period(peer, 12)
     mark = node.mark()
     results = peer.set_parameters(rate_hz=4, prompt="fold the towel")  # an int is fine for a rate
     assert [r.successful for r in results] == [True, True], [r.reason for r in results]
+    changed_ns = peer.now().nanoseconds  # chunks on joint states stamped later: decided at 4 Hz
     node.wait_for_line("parameters changed: rate_hz 10.0 -> 4.0", since=mark)
     node.wait_for_line("parameters changed: prompt 'pick up the cube' -> 'fold the towel'", since=mark)
-    peer.pump(0.3)  # let chunks of the old period drain
-    after = chunk_rate(peer, 2.5)
+    after = chunk_period(peer, 8, after_ns=changed_ns)
     rate, prompt, status_rate = peer.get_parameters("rate_hz", "prompt", "status_rate_hz")
     assert (rate, type(rate), prompt) == (4.0, float, "fold the towel")  # stored as the double it is used as
     assert (status_rate, type(status_rate)) == (5.0, float)  # an int in the params file, too
     assert peer.set_parameters(rate_hz=10.0)[0].successful
-    assert 8.0 < before < 12.0, before
-    assert 3.2 < after < 4.8, after
+    assert 0.07 < before < 0.13, before  # 10 Hz
+    assert 0.2 < after < 0.31, after  # 4 Hz
 
 
 def test_a_decision_period_longer_than_a_chunk_is_warned_about(running):
@@ -482,26 +494,30 @@ def test_reset_service(running):
 
     node, peer = running
     # counters well above what a fresh start shows, so that seeing them low again means a reset
-    assert peer.pump(10.0, until=lambda: bool(peer.statuses) and peer.statuses[-1].decisions >= 6)
+    assert peer.pump(10.0, until=lambda: bool(peer.statuses) and peer.statuses[-1].decisions >= 30)
     assert not peer.set_parameters(rate_h=1.0)[0].successful  # a counted refusal for reset to clear
     peer.wait_for_counter("", "unknown_parameter", above=0)
+    asked_ns = peer.now().nanoseconds
     response = peer.call(Trigger, f"{peer.namespace}/{NODE}/reset", Trigger.Request())
+    replied_ns = peer.now().nanoseconds
     assert response.success and "chunk ids restart at 1" in response.message
-    t0 = time.monotonic()
     start, status_start = len(peer.chunks), len(peer.statuses)
 
-    few = 3  # decisions (or skipped ones) since the reset: statuses at 5 Hz, decisions at 10 Hz
-
-    def fresh() -> list:  # statuses since the reset with the counters back near zero
-        return [s for s in peer.statuses[status_start:] if s.decisions <= few]
+    def fresh() -> list:  # statuses assembled after the reply: the reset is behind them
+        return [s for s in peer.statuses[status_start:] if stamp_ns(s.header.stamp) > replied_ns]
 
     # wait for both: the chunk ids restarting and a status published after the reset
     assert peer.pump(5.0, until=lambda: any(c.chunk_id == 1 for c in peer.chunks[start:]) and bool(fresh()))
-    assert time.monotonic() - t0 < 5.0
+    # the counters start again from 0: at most the decisions (made or skipped) at 10 Hz since the
+    # reset, however late that status came (from 30 and more before it)
+    status = fresh()[0]
+    since_s = (stamp_ns(status.header.stamp) - asked_ns) / 1e9
+    few = 2 + int(10 * since_s)
+    assert status.decisions <= min(few, 29), (status.decisions, since_s)
     # every counter too: the unknown parameter counted above is gone. The reset also cleared the
     # held inputs, so a decision tick that comes before the next camera / joint message is
     # skipped and counted (absent, dropped_decision): counted after the reset, once per skip
-    counts = {(c.topic, c.reason): c.count for c in fresh()[0].invalid_inputs}
+    counts = {(c.topic, c.reason): c.count for c in status.invalid_inputs}
     assert counts.get(("", "unknown_parameter"), 0) == 0, counts
     dropped = counts.get(("", "dropped_decision"), 0)
     assert dropped <= few, counts
@@ -513,7 +529,7 @@ def test_reset_service(running):
     assert peer.call(Trigger, f"{peer.namespace}/{NODE}/reset", Trigger.Request()).success
     peer.pump(0.3, publish=False)  # nothing arrives: the next decisions skip
     line = node.wait_for_line("decision skipped: [absent]", since=mark)
-    assert "[INFO]" in line and "since ~/reset" in line and "waiting for the next one" in line, line
+    check_wait_after_reset(line)
 
 
 def test_the_prefix_period_runs_on_the_decision_timers_clock(rclpy_context):
@@ -739,21 +755,21 @@ def test_a_reset_that_waited_for_a_decision_is_refused_once_the_stop_signal_came
 
 
 def test_a_policy_slower_than_the_rate_is_no_error_and_an_error_names_its_cause(rclpy_context):
-    """rate_hz 100 with a policy taking 50 ms: between two decisions the node is busy, not stopped
+    """rate_hz 100 with a policy taking 0.5 s: between two decisions the node is busy, not stopped
     (WARN with deadline misses is the docs' word for it). Once decisions do stop, every ERROR names
     why, counted since the last decision, not only since the last status."""
     from diagnostic_msgs.msg import DiagnosticStatus
 
     node = in_process_node(rclpy_context, rate_hz=100.0, status_rate_hz=50.0)
     try:
-        node._decision_s.extend([0.05] * 8)
-        node._last_decision_at = time.monotonic() - 0.08  # inside the next 50 ms decision
+        node._decision_s.extend([0.5] * 8)  # long: a loaded machine's pause is far shorter
+        node._last_decision_at = time.monotonic() - 0.8  # inside the next 0.5 s decision (limit 1 s)
         level, message = node._health(node.snapshot())
         assert level != DiagnosticStatus.ERROR, message
         topic = node.slots[0].topic
         node.invalid[(topic, "stale")] += 3
         node._blocking = frozenset({topic})  # as the three skipped ticks leave it
-        node._last_decision_at = time.monotonic() - 0.5  # five decisions' time: stopped
+        node._last_decision_at = time.monotonic() - 5.0  # ten decisions' time: stopped
         for _ in range(2):  # the second status sees no new count since the first: the cause stays
             level, message = node._health(node.snapshot())
             assert level == DiagnosticStatus.ERROR and f"(stale {topic})" in message, message

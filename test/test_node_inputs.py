@@ -12,7 +12,16 @@ import re
 import subprocess
 
 import pytest
-from node_harness import CAMERAS, HW, JOINT_TOPIC, TEST_PARAMS, NodeProcess, new_namespace, running_node_and_peer
+from node_harness import (
+    CAMERAS,
+    HW,
+    JOINT_TOPIC,
+    TEST_PARAMS,
+    NodeProcess,
+    check_wait_after_reset,
+    new_namespace,
+    running_node_and_peer,
+)
 
 pytestmark = pytest.mark.ros
 
@@ -204,7 +213,7 @@ def test_stale_message(running):
         stamp = Time(nanoseconds=peer.now().nanoseconds - 2_000_000_000)
         peer.publish_joints(peer.joints(stamp=stamp), good=False)
 
-    refused(running, JOINT_TOPIC, old, "stale", "data is 2.0", seconds=1.0)
+    refused(running, JOINT_TOPIC, old, "stale", "data is 2.", seconds=1.0)  # 2.0xx: the delivery adds to it
 
 
 def test_unstamped_message(running):
@@ -248,7 +257,7 @@ def test_absent_camera(running):
     peer.pump(1.0, skip={CAMERAS[0]})
     # at first (within max_age_s of the reset) an expected wait, then the graph-based hint
     first = node.wait_for_line(f"decision skipped: [absent] {topic}: no good message since ~/reset", since=mark)
-    assert "[INFO]" in first and "waiting for the next one" in first, first
+    check_wait_after_reset(first)
     warning = rf"\[WARN\].*decision skipped: \[absent\] {re.escape(topic)}: no good message since"
     line = node.wait_for_line(warning, since=mark, regex=True)
     assert "from its 1 publisher(s); is it publishing" in line, line
@@ -462,7 +471,9 @@ def test_sim_time_without_clock_is_reported_and_the_node_still_stops(ros_env, rc
     finally:
         peer.close()
         code = node.stop()
-    assert code == 0 and time.monotonic() - start < 5.0, node.tail()
+    # a node that waited on the stopped sim clock would not stop at all; the exit with torch
+    # loaded takes seconds on a loaded machine
+    assert code == 0 and time.monotonic() - start < 8.0, node.tail()
     node.wait_for_line("shutting down; stats:")
 
 
@@ -766,7 +777,9 @@ def test_sigint_is_handled_promptly_with_ros_time_stopped_and_a_slow_status(ros_
     time.sleep(1.0)  # the executor is waiting now
     start = time.monotonic()
     code = node.stop()
-    assert code == 0 and time.monotonic() - start < 3.0, (time.monotonic() - start, node.tail())
+    # the bug this guards against waits for the 10 s status period; the interpreter's exit with
+    # torch loaded takes seconds on a loaded machine
+    assert code == 0 and time.monotonic() - start < 6.0, (time.monotonic() - start, node.tail())
     node.wait_for_line("shutting down; stats:")
 
 

@@ -7,7 +7,6 @@ import contextlib
 import io
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -43,10 +42,10 @@ def test_synthetic_jpeg_cameras_and_joints_drive_the_node(ros_env, rclpy_context
         peer.node.create_subscription(JointState, JOINT_TOPIC, joints.append, qos_profile_sensor_data)
         got = peer.pump(60.0, publish=False, until=lambda: len(peer.chunks) >= 5 or node.proc.poll() is not None)
         assert got and len(peer.chunks) >= 5, f"no chunks from synthetic inputs\n{node.tail()}"
-        start, n_joints, n_frames = time.monotonic(), len(joints), len(frames)
+        n_joints, n_frames = len(joints), len(frames)
         peer.pump(1.5, publish=False)
-        seconds = time.monotonic() - start
-        joint_rate, frame_rate = (len(joints) - n_joints) / seconds, (len(frames) - n_frames) / seconds
+        joint_gaps = np.diff([stamp_ns(j.header.stamp) for j in joints[n_joints:]]) / 1e6
+        frame_gaps = np.diff([stamp_ns(f.header.stamp) for f in frames[n_frames:]]) / 1e6
     node_code, sensors_out = node.proc.returncode, sensors.stdout.read() if sensors.stdout else ""
     assert node_code == 0, node.tail()
     assert sensors.returncode == 0, sensors_out
@@ -59,7 +58,10 @@ def test_synthetic_jpeg_cameras_and_joints_drive_the_node(ros_env, rclpy_context
     assert all(b > a for a, b in zip(firsts, lasts, strict=True))
     assert (chunk.horizon, chunk.action_dim) == (10, len(JOINTS))
     status = peer.statuses[-1]
-    assert not [c for c in status.invalid_inputs if c.topic and c.reason != "absent"], status.invalid_inputs
+    # absent before the first message, stale where a loaded machine held one back: not the data's fault
+    assert not [c for c in status.invalid_inputs if c.topic and c.reason not in ("absent", "stale")], (
+        status.invalid_inputs
+    )
 
     # What synthetic_sensors publishes: JPEG frames of the configured size that move; named joints.
     assert frames and frames[-1].format == "jpeg" and frames[-1].header.frame_id == "cam0"
@@ -71,11 +73,13 @@ def test_synthetic_jpeg_cameras_and_joints_drive_the_node(ros_env, rclpy_context
     assert len(distinct) > 1, f"synthetic frames do not move: {len(frames)} frames, 1 distinct"
     assert list(joints[-1].name) == JOINTS and len(joints[-1].position) == len(JOINTS)
     assert stamp_ns(joints[-1].header.stamp) > stamp_ns(joints[0].header.stamp) > 0
-    # 200 Hz and 30 Hz published, counted as received over best-effort DDS: a 2-core machine
-    # running the whole suite once delivered only 12.4 Hz of the joints here; a quarter and a third
-    # still show the timers run at their rates, not at the decision rate (10 Hz)
-    assert joint_rate > 50, joint_rate
-    assert frame_rate > 10, frame_rate
+    # 200 Hz and 30 Hz published: the gaps between the stamps of consecutive messages received.
+    # Best-effort DDS on a loaded 2-core machine loses many (it once delivered 12.4 Hz of the
+    # joints), which widens some gaps but not the shortest tenth: those still show the timers
+    # run at their rates (5 ms, 33 ms), not at the decision rate (100 ms)
+    assert len(joint_gaps) >= 5 and len(frame_gaps) >= 5, (len(joint_gaps), len(frame_gaps))
+    assert np.percentile(joint_gaps, 10) < 20, np.percentile(joint_gaps, 10)
+    assert np.percentile(frame_gaps, 10) < 60, np.percentile(frame_gaps, 10)
 
 
 def _stop(proc: subprocess.Popen) -> None:

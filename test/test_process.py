@@ -64,8 +64,10 @@ interrupt_on_signals()
 threading.Thread(target=time.sleep, args=(3,), daemon=True).start()
 try:
     with signals_held():
-        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM)).start()
-        time.sleep(0.5)
+        sent = threading.Event()
+        threading.Timer(0.1, lambda: (os.kill(os.getpid(), signal.SIGTERM), sent.set())).start()
+        sent.wait(10)  # the signal is in while the block runs, however late the timer fires
+        time.sleep(0.1)
         print("block done")
     print("not interrupted")
 except KeyboardInterrupt:
