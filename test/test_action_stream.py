@@ -271,3 +271,100 @@ def test_max_move_holds_each_command_near_the_one_before():
     stream.clear()  # nothing to move from after a clear: the first command is the chunk's
     stream.push(np.full((10, 1), 7.0), start_ns=0, step_ns=STEP, chunk_id=1)
     assert stream.command(0).values[0] == 7.0
+
+
+@pytest.mark.parametrize("interpolation", ["hold", "linear"])
+def test_max_move_is_a_speed_whatever_the_command_rate(interpolation):
+    """Ticks at 500 Hz, actions at 50 Hz: a switch 0.5 away moves at most max_move at once and
+    then max_move per step (it once moved max_move per tick: ten times the speed)."""
+    tick = 2 * MS
+    stream = ActionStream(max_move=np.array([0.05]), interpolation=interpolation)
+    stream.push(np.zeros((50, 1)), start_ns=0, step_ns=STEP, chunk_id=1)
+    for t in range(0, 10 * tick, tick):
+        stream.command(t)
+    stream.push(np.full((50, 1), 0.5), start_ns=10 * tick, step_ns=STEP, chunk_id=2)
+    times = range(10 * tick, 400 * MS, tick)
+    got = np.array([stream.command(t).values[0] for t in times])
+    reached = times[int(np.argmax(got >= 0.5 - 1e-12))]
+    assert reached - 10 * tick >= 9 * STEP, "faster than max_move per step"
+    assert reached - 10 * tick <= 10 * STEP, "slower than max_move per step"
+    window = STEP // tick  # over any step of time: one budget spent, one refilled
+    assert (got[window:] - got[:-window]).max() <= 0.1 + 1e-9
+
+
+def test_a_held_chunk_within_its_steps_is_never_limited_at_any_rate():
+    """A float32 chunk whose steps are action_max_step (as action_limits makes them) passes whole:
+    a held step in one tick, at 500 Hz and at 10 Hz (five actions a tick)."""
+    actions = (np.arange(40, dtype=np.float32) * np.float32(0.05)).reshape(-1, 1).astype(np.float64)
+    for tick in (2 * MS, 100 * MS):
+        stream = ActionStream(max_move=np.array([0.05]))
+        stream.push(actions, start_ns=0, step_ns=STEP, chunk_id=1)
+        got = [stream.command(t) for t in range(0, 40 * STEP, tick)]
+        assert not any(c.limited for c in got), tick
+        np.testing.assert_array_equal(
+            [c.values[0] for c in got], actions[[t // STEP for t in range(0, 40 * STEP, tick)], 0]
+        )
+
+
+@pytest.mark.parametrize("interpolation", ["hold", "linear"])
+def test_a_blend_longer_than_the_chunk_ends_without_a_jump(interpolation):
+    """Blend 8 on a chunk of 10 that takes over at its action 3: past its end the blend goes on
+    (it holds its last action) until its weight is 1, then the end point and the stop."""
+    stream = ActionStream(blend_steps=8, interpolation=interpolation)
+    stream.push(np.zeros((40, 1)), start_ns=0, step_ns=STEP, chunk_id=1)
+    stream.command(0)
+    stream.push(np.ones((10, 1)), start_ns=0, step_ns=STEP, chunk_id=2)  # stamped at 0: late by 3 actions
+    tick = 2 * MS
+    got = []
+    for t in range(3 * STEP, 20 * STEP, tick):
+        cmd = stream.command(t)
+        if isinstance(cmd, Exhausted):
+            break
+        got.append(cmd.values[0])
+    assert got[-1] == 1.0 and isinstance(stream.command(20 * STEP), Exhausted)
+    biggest = np.abs(np.diff(got)).max()
+    assert biggest <= (1 / 9 if interpolation == "hold" else tick / (8 * STEP)) + 1e-9, biggest
+
+
+def test_a_clock_gone_back_starts_afresh():
+    """A simulator reset: the chunk stamped before the others is neither approached from the
+    last command nor bounded by it (the robot was reset with the simulator)."""
+    stream = ActionStream(max_move=np.array([0.05]), interpolation="linear")
+    stream.push(np.full((10, 1), 2.0), start_ns=100 * STEP, step_ns=STEP, chunk_id=1)
+    assert stream.command(100 * STEP).values[0] == 2.0
+    stream.push(np.zeros((10, 1)), start_ns=STEP, step_ns=STEP, chunk_id=2)
+    cmd = stream.command(STEP)
+    assert (cmd.chunk_id, cmd.values[0], cmd.limited) == (2, 0.0, False)
+
+
+def test_an_end_point_held_back_is_commanded_until_reached():
+    stream = ActionStream(max_move=np.array([0.25]))
+    stream.push(np.zeros((2, 1)), start_ns=0, step_ns=STEP, chunk_id=1)
+    stream.command(0)
+    stream.push(np.ones((2, 1)), start_ns=STEP, step_ns=STEP, chunk_id=2)
+    got = [stream.command(k * STEP) for k in range(1, 8)]
+    values = [c.values[0] for c in got if isinstance(c, Command)]
+    assert values == [0.25, 0.5, 0.75, 1.0] and got[4] == Exhausted(chunk_id=2, ended_ns=3 * STEP)
+
+
+def test_interpolated_and_blended_commands_stay_within_the_values_they_come_from():
+    """Two chunks at a joint limit that float32 holds exactly: (1 - w) a + w b lands a rounding
+    error above it for some w, the stream never does."""
+    limit = 1.5
+    rng = np.random.default_rng(0)
+    for interpolation in ("hold", "linear"):
+        stream = ActionStream(blend_steps=3, interpolation=interpolation)
+        for i in range(20):
+            actions = np.minimum(rng.uniform(1.4, 1.6, size=(10, 3)), limit)
+            stream.push(actions, start_ns=i * 2 * STEP, step_ns=STEP, chunk_id=i + 1)
+            for t in range(i * 2 * STEP, (i + 1) * 2 * STEP, 3 * MS):
+                assert (stream.command(t).values <= limit).all()
+
+
+def test_take_over_settings_change_together_or_not_at_all():
+    stream = ActionStream(blend_steps=2, interpolation="hold")
+    stream.set_take_over(5, "linear")
+    assert (stream.blend_steps, stream.interpolation) == (5, "linear")
+    with pytest.raises(ValueError, match="interpolation must be one of hold, linear"):
+        stream.set_take_over(7, "cubic")
+    assert (stream.blend_steps, stream.interpolation) == (5, "linear")

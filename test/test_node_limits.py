@@ -38,7 +38,7 @@ def running(ros_env, ros_module_context, tmp_path_factory):
 def test_every_output_stays_within_the_limits_and_limiting_is_counted(running):
     node, peer, commands = running
     line = node.wait_for_line("action limits: positions within limits on 4 joints; at most action_max_step")
-    assert line.endswith("commands move at most action_max_step from one to the next"), line
+    assert line.endswith("commands move at most action_max_step per step, chunk switches included"), line
     assert peer.pump(10.0, until=lambda: len(peer.chunks) >= 5 and len(commands) >= 20 and len(peer.trajectories) >= 5)
     low, high = np.array(LOWER), np.array(UPPER)
     state = np.array([0.0, 0.1, 0.2, 0.3])
@@ -51,7 +51,9 @@ def test_every_output_stays_within_the_limits_and_limiting_is_counted(running):
         assert ((points >= low) & (points <= high)).all()
     data = np.array([msg.data for msg in commands])
     assert ((data >= low) & (data <= high)).all()
-    assert (np.abs(np.diff(data, axis=0)) <= MAX_STEP + 1e-9).all()  # chunk switches included
+    # chunk switches included (commands at 40 Hz, faster than the actions: one step's move at most,
+    # to a float32 rounding of the chunks)
+    assert (np.abs(np.diff(data, axis=0)) <= MAX_STEP + 1e-6).all()
     # the policy's actions reach far beyond the limits: some values sit at them
     rows = np.concatenate([np.asarray(c.actions) for c in peer.chunks]).reshape(-1, 4)
     assert (np.isclose(rows, low, atol=1e-6) | np.isclose(rows, high, atol=1e-6)).any()

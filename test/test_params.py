@@ -156,6 +156,8 @@ def test_defaults_are_the_embedded_demo():
         ),
         ({"command_blend_steps": -1}, "command_blend_steps must be >= 0 and <= 1000, got -1"),
         ({"command_blend_steps": 2.5}, "command_blend_steps must be an integer, got float 2.5"),
+        ({"start_enabled": "yes"}, "start_enabled must be true or false, got str 'yes'"),
+        ({"start_enabled": 1}, "start_enabled must be true or false, got int 1"),
     ],
 )
 def test_invalid_values_have_precise_reasons(values, reason):

@@ -26,10 +26,15 @@ its first n actions ("hold"), or growing from 0 to 1 over n steps' time from the
 ("linear", continuous). ``blend_steps`` and ``interpolation`` are read when a chunk takes over:
 a change applies from the next chunk on.
 
-``max_move`` (per joint) bounds how far a command may move from the one before: a chunk's own
-steps are limited when it is made (engine/action_limits.py), but a switch to a newer chunk, which
-was limited against an older joint state, is not; with ``max_move`` the stream gets there at that
-rate instead (``Command.limited``).
+``max_move`` (per joint, action_max_step) bounds how fast the commands move: a chunk's own steps
+are limited when it is made (engine/action_limits.py), but a switch to a newer chunk, which was
+limited against an older joint state, is not; with ``max_move`` the stream gets there at
+``max_move`` per step instead (``Command.limited``). It is a budget per joint that refills at
+``max_move`` per step of time, up to one step's move (a tick longer than a step: that many steps'),
+and each command spends what it moves: a held action's whole step in one tick passes, as does a
+linear one's share per tick, but at any command rate a switch moves at most ``max_move`` at once
+and then ``max_move`` per step. Interpolated and blended values are clipped to the values they are
+made from: a chunk within joint limits gives commands within them, to the last bit.
 
 Plain numpy and a lock: the node pushes chunks from its decision thread and asks for commands
 from its command timer's.
@@ -92,7 +97,7 @@ class _Chunk:
             return self.actions[k]
         before = self.actions[k - 1] if k > 0 else self.origin
         frac = (now_ns - self.start_ns - k * self.step_ns) / self.step_ns
-        return (1.0 - frac) * before + frac * self.actions[k]
+        return _between(before, self.actions[k], frac)
 
     def weight(self, now_ns: int) -> float:
         """Its share of the command, blended with the older chunks' (see the module docstring)."""
@@ -120,6 +125,8 @@ class ActionStream:
         self.max_move = max_move
         self._chunks: list[_Chunk] = []
         self._last: np.ndarray | None = None  # the last command: where "linear" starts a chunk from
+        self._last_ns = 0  # when it was sent
+        self._budget: np.ndarray | None = None  # max_move's: how far the next command may move
         self._lock = threading.Lock()
 
     @property
@@ -142,6 +149,17 @@ class ActionStream:
             raise ValueError(f"interpolation must be one of {', '.join(INTERPOLATIONS)}, got {mode!r}")
         self._interpolation = mode
 
+    def set_take_over(self, blend_steps: int, interpolation: str) -> None:
+        """Both settings a chunk reads when it takes over, changed together: no chunk takes one
+        old and one new."""
+        with self._lock:
+            before = self._blend_steps, self._interpolation
+            try:
+                self.blend_steps, self.interpolation = blend_steps, interpolation
+            except ValueError:
+                self._blend_steps, self._interpolation = before
+                raise
+
     def push(self, actions: np.ndarray, start_ns: int, step_ns: int, chunk_id: int) -> None:
         """A new chunk, ``actions[k]`` due from ``start_ns + k * step_ns``; it governs from the
         first ``command`` at or after ``start_ns``."""
@@ -158,7 +176,10 @@ class ActionStream:
             if actions.shape[1] != dof:
                 raise ValueError(f"chunk {chunk_id} has {actions.shape[1]} action dims, the stream {dof}")
             # chunks that start after this one are from before the clock went back (a simulator
-            # reset); one that starts with it and has not governed never will
+            # reset); one that starts with it and has not governed never will. After a reset the
+            # commands before it say nothing of where the robot is: nothing to start from or bound by
+            if any(c.start_ns > start_ns for c in self._chunks):
+                self._forget_commands()
             self._chunks = [
                 c
                 for c in self._chunks
@@ -173,7 +194,10 @@ class ActionStream:
         """Forget every chunk and the last command: nothing until the next push."""
         with self._lock:
             self._chunks.clear()
-            self._last = None
+            self._forget_commands()
+
+    def _forget_commands(self) -> None:
+        self._last, self._budget = None, None
 
     def command(self, now_ns: int) -> Command | Exhausted | None:
         """What is due at ``now_ns``; None before any chunk has started."""
@@ -186,33 +210,46 @@ class ActionStream:
             if not live:
                 return None
             newest = live[-1]
-            if newest.ran_out(now_ns):
+            if newest.took_over_ns is None:  # it governs from now; chunks that never governed drop out
+                self._take_over(newest, now_ns)
+                live = [c for c in live[:-1] if c.took_over_ns is not None] + [newest]
+            # past the end, a blend still under way goes on (the chunk holds its last action), then
+            # the trajectory's end point once (hold has it, linear nearly): the end without a jump
+            ended = newest.ran_out(now_ns) and newest.weight(now_ns) >= 1.0
+            if ended and newest.end_sent:
                 self._chunks = [newest, *pending]
-                if newest.end_sent:
-                    return Exhausted(newest.chunk_id, newest.ended_ns)
-                newest.end_sent = True  # the trajectory's end point, once: hold has it, linear nearly
-                values, weight = newest.actions[-1].copy(), 1.0
-            else:
-                if newest.took_over_ns is None:  # it governs from now; chunks that never governed drop out
-                    self._take_over(newest, now_ns)
-                    live = [c for c in live[:-1] if c.took_over_ns is not None] + [newest]
-                values, weight, used = _blended(live, now_ns)
-                # what the blend did not reach it never will: weights only grow with time
-                self._chunks = live[len(live) - used :] + pending
-            values, limited = self._bounded_move(values)
-            self._last = values
+                return Exhausted(newest.chunk_id, newest.ended_ns)
+            values, weight, used = _blended(live, now_ns)
+            # what the blend did not reach it never will: weights only grow with time
+            self._chunks = live[len(live) - used :] + pending
+            values, limited = self._bounded_move(values, now_ns, newest.step_ns)
+            newest.end_sent = ended and not limited  # an end point held back is sent again
+            self._remember(now_ns, values)
             index = min(newest.index(now_ns), len(newest.actions) - 1)
             return Command(values.copy(), newest.chunk_id, index, weight, limited)
 
-    def _bounded_move(self, values: np.ndarray) -> tuple[np.ndarray, bool]:
-        """``values`` moved at most ``max_move`` from the last command (exactly kept within it)."""
+    def _bounded_move(self, values: np.ndarray, now_ns: int, step_ns: int) -> tuple[np.ndarray, bool]:
+        """``values`` moved from the last command within the budget (see the module docstring);
+        whether that held them back."""
         if self.max_move is None or self._last is None:
             return values, False
+        steps = max(now_ns - self._last_ns, 0) / step_ns  # none when the clock went back
+        cap = self.max_move * max(1.0, steps)  # a tick longer than a step may move each step's worth
+        self._budget = np.minimum(cap, self._budget + self.max_move * steps)
         move = values - self._last
-        over = np.abs(move) > self.max_move
-        if not over.any():
-            return values, False
-        return np.where(over, self._last + np.sign(move) * self.max_move, values), True
+        # a hair of slack: a float32 chunk within its steps comes out a float32 rounding or two
+        # over (chunks are float32 on the wire), and the refills add up a float64 one under
+        slack = 1e-6 * self._budget + 2.5e-7 * np.maximum(np.abs(self._last), np.abs(values))
+        over = np.abs(move) > self._budget + slack
+        if over.any():
+            values = np.where(over, self._last + np.sign(move) * self._budget, values)
+        self._budget = np.maximum(self._budget - np.abs(values - self._last), 0.0)
+        return values, bool(over.any())
+
+    def _remember(self, now_ns: int, values: np.ndarray) -> None:
+        if self._last is None and self.max_move is not None:
+            self._budget = np.array(self.max_move, dtype=np.float64)  # the first command: a full step's
+        self._last, self._last_ns = values, now_ns
 
     def _take_over(self, chunk: _Chunk, now_ns: int) -> None:
         chunk.took_over_ns = now_ns
@@ -230,5 +267,11 @@ def _blended(live: list[_Chunk], now_ns: int) -> tuple[np.ndarray, float, int]:
         weights.append(chain[-1].weight(now_ns))
     values = np.array(chain[-1].value(now_ns))  # the oldest read governs alone (a copy)
     for chunk, w in zip(reversed(chain[:-1]), reversed(weights[:-1]), strict=True):
-        values = (1.0 - w) * values + w * chunk.value(now_ns)
+        values = _between(values, chunk.value(now_ns), w)
     return values, (weights[0] if len(chain) > 1 else 1.0), len(chain)
+
+
+def _between(a: np.ndarray, b: np.ndarray, frac: float) -> np.ndarray:
+    """``a`` moved ``frac`` of the way to ``b``, never outside them: (1 - f) a + f b can land a
+    rounding error past both where they are equal, which is past a joint limit that they touch."""
+    return np.clip((1.0 - frac) * a + frac * b, np.minimum(a, b), np.maximum(a, b))

@@ -107,6 +107,7 @@ class StatusSnapshot:
     policy: str = ""
     device: str = ""
     precision: str = ""
+    enabled: bool = True
 
 
 def pipeline_status(s: StatusSnapshot) -> PipelineStatus:
@@ -120,6 +121,7 @@ def pipeline_status(s: StatusSnapshot) -> PipelineStatus:
         policy=s.policy,
         device=s.device,
         precision=s.precision,
+        enabled=s.enabled,
     )
     msg.header.stamp = s.stamp
     msg.stages = [
@@ -180,6 +182,7 @@ def diagnostics(
         "dropped decisions": str(s.dropped_decisions),
         "deadline misses": str(s.deadline_misses),
         "prefix reuses": str(s.prefix_reuses),
+        "enabled": "yes" if s.enabled else "no (~/enable)",
     }
     for st in s.stages:
         values[f"{st.name} p50/p99 (ms)"] = f"{st.p50_ms:.2f}/{st.p99_ms:.2f}"

@@ -45,7 +45,7 @@ from rclpy.node import Node
 from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray
-from std_srvs.srv import Trigger
+from std_srvs.srv import SetBool, Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from flashrt_ros.engine.action_limits import ActionLimits
@@ -140,6 +140,7 @@ class FlashRTNode(Node):
         # the decision and the services that change its state take turns on this lock instead
         self._state_lock = threading.Lock()
         self.stopping = threading.Event()  # set by begin_shutdown
+        self.enabled = self.cfg.start_enabled  # ~/enable: decide and publish, or only take inputs
         self._create_inputs()
         self._create_outputs()
         self._started_at: float | None = None  # the first decision tick: absent inputs are expected then
@@ -235,11 +236,11 @@ class FlashRTNode(Node):
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
 
     def _max_move(self) -> np.ndarray | None:
-        """How far one command may move from the one before: action_max_step, or more where one
-        command period spans several actions (action_max_step per action period)."""
+        """How fast the commands may move: action_max_step per action step (the stream spreads
+        it over its ticks)."""
         if self._limits.max_step is None or self.cfg.command_rate_hz <= 0:
             return None
-        return self._limits.max_step * max(1.0, 1.0 / (self.cfg.command_rate_hz * self.cfg.step_duration_s))
+        return self._limits.max_step
 
     def _create_timers(self) -> None:
         self._decision_timer = self.create_timer(
@@ -264,6 +265,7 @@ class FlashRTNode(Node):
         group = MutuallyExclusiveCallbackGroup()  # one service at a time; each takes the state lock
         self._own_services = [
             self.create_service(Trigger, "~/reset", self._on_reset, callback_group=group),
+            self.create_service(SetBool, "~/enable", self._on_enable, callback_group=group),
             self.create_service(SnapshotCapsule, "~/capsule/snapshot", self._on_snapshot, callback_group=group),
             self.create_service(RestoreCapsule, "~/capsule/restore", self._on_restore, callback_group=group),
             self.create_service(ForkCapsule, "~/capsule/fork", self._on_fork, callback_group=group),
@@ -301,13 +303,18 @@ class FlashRTNode(Node):
             )
         free = [n for n, i in zip(cfg.output_joint_names, self._state_columns, strict=True) if i is None]
         unbounded_start = f" (action 0 free on {', '.join(free)}: not in joint_names)" if free else ""
-        held = "; commands move at most action_max_step from one to the next"
+        held = "; commands move at most action_max_step per step, chunk switches included"
         log.info(
             f"action limits: {self._limits.describe()}"
             + (unbounded_start if self._limits.max_step is not None else "")
             + (held if self.commands.max_move is not None else "")
         )
         log.info(f"deciding at {cfg.rate_hz:g} Hz on inputs at most {cfg.max_age_s:g} s old; prompt {cfg.prompt!r}")
+        if not self.enabled:
+            log.warning(
+                "paused (start_enabled false): inputs are checked, but nothing is decided or published until: "
+                f"ros2 service call {self.resolve_service_name('~/enable')} std_srvs/srv/SetBool '{{data: true}}'"
+            )
         log.info(f"prefix stage (prefix_trigger {cfg.prefix_trigger}): {prefix_schedule(cfg)}")
         self._warn_fewer_joints_than_statistics()
         self._warn_chunk_gap(cfg)
@@ -470,7 +477,7 @@ class FlashRTNode(Node):
 
     def _on_decision(self) -> None:
         with self._state_lock:  # a reset or capsule call waits for this decision, and the other way
-            if not self.stopping.is_set():
+            if self.enabled and not self.stopping.is_set():
                 self._decide()
 
     def _decide(self) -> None:
@@ -784,6 +791,7 @@ class FlashRTNode(Node):
                 policy=d["policy"],
                 device=d["device"],
                 precision=d["precision"],
+                enabled=self.enabled,
             )
 
     def _on_status(self) -> None:
@@ -829,7 +837,7 @@ class FlashRTNode(Node):
         new_invalid = counts_since(snap.invalid, self._last_invalid)
         self._last_health, self._last_invalid = now, dict(snap.invalid)
         idle_s = self._idle_s()
-        if self._clock_watch.stalled or idle_s > self._idle_limit_s():
+        if self.enabled and (self._clock_watch.stalled or idle_s > self._idle_limit_s()):
             # what went wrong since the last decision, on the inputs that still stop one (an input
             # absent just after a reset and arriving since is not named) and node-wide
             since = counts_since(snap.invalid, self._invalid_at_decision)
@@ -849,9 +857,10 @@ class FlashRTNode(Node):
             *((n, reason) for reason, n in events),
         )
         problems = [f"{n} {what}" for n, what in counts if n > 0]
+        state = "running" if self.enabled else "paused by ~/enable (inputs checked, no decisions)"
         if problems:
-            return DiagnosticStatus.WARN, "running, with " + ", ".join(problems) + " since the last status"
-        return DiagnosticStatus.OK, f"running at {self.cfg.rate_hz:g} Hz"
+            return DiagnosticStatus.WARN, f"{state}, with " + ", ".join(problems) + " since the last status"
+        return DiagnosticStatus.OK, f"running at {self.cfg.rate_hz:g} Hz" if self.enabled else state
 
     def _idle_limit_s(self) -> float:
         """How long without a decision is an ERROR: two periods, one status period, or - for a
@@ -952,8 +961,8 @@ class FlashRTNode(Node):
         old, new = self.cfg, self.cfg.with_values(changes)
         self.cfg = new  # the timers took the new rates in _on_set_parameters
         self._throttle.period_s = new.log_throttle_s
-        self.commands.blend_steps = new.command_blend_steps  # from the next chunk that takes over
-        self.commands.interpolation = new.command_interpolation  # from the next chunk that takes over
+        # from the next chunk that takes over, both at once
+        self.commands.set_take_over(new.command_blend_steps, new.command_interpolation)
         self.state.pipeline.set_prefix_trigger(new.prefix_trigger, new.prefix_period_s)  # read by the next decision
         diff = ", ".join(
             f"{n} {getattr(old, n)!r} -> {getattr(new, n)!r}" for n in changes if getattr(old, n) != getattr(new, n)
@@ -1005,6 +1014,36 @@ class FlashRTNode(Node):
             + ("; no command until the next chunk" if self._command_pubs else "")
         )
         self.get_logger().info(f"reset: {response.message}")
+        return response
+
+    def _on_enable(self, request: SetBool.Request, response: SetBool.Response) -> SetBool.Response:
+        """Engage (true) or pause (false) the policy. Paused, the node keeps its pipeline warm and
+        checks its inputs, but decides nothing and publishes no chunk, trajectory or command; the
+        reply comes between two decisions, so nothing is published after a pause's reply."""
+        if self._refuse_while_stopping("~/enable", response):
+            return response
+        with self._state_lock:  # between decisions
+            if self._refuse_while_stopping("~/enable", response):  # began while this call waited
+                return response
+            was, self.enabled = self.enabled, bool(request.data)
+            if was and not self.enabled:
+                with self._command_lock:
+                    self.commands.clear()
+                    self._exhausted_counted = self._limited_chunk = None
+            elif self.enabled and not was:  # the idle time and the wait for inputs count from now
+                self._last_decision_at = time.monotonic()
+                self._last_decision_ros_ns = self.get_clock().now().nanoseconds
+                self._started_at = None
+        response.success = True
+        if was == self.enabled:
+            response.message = f"already {'enabled' if was else 'paused'}: nothing changed"
+        elif self.enabled:
+            response.message = f"enabled: deciding at {self.cfg.rate_hz:g} Hz from the next tick, on fresh inputs"
+        else:
+            response.message = "paused: no decision, chunk, trajectory or command until ~/enable true" + (
+                "; the controller holds its last command" if self._command_pubs else ""
+            )
+        self.get_logger().info(f"~/enable: {response.message}")
         return response
 
     def _capsule_call(self, service: str, response: Any, action: Callable[[], str]) -> Any:

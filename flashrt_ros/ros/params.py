@@ -110,6 +110,7 @@ class NodeConfig:
     action_lower_limits: list[float] = field(default_factory=list)
     action_upper_limits: list[float] = field(default_factory=list)
     action_max_step: list[float] = field(default_factory=list)
+    start_enabled: bool = True
     rate_hz: float = 10.0
     prefix_trigger: str = "new_inputs"
     prefix_period_s: float = 0.1
@@ -254,6 +255,10 @@ PARAMETERS: dict[str, ParamInfo] = {
     "action_max_step": ParamInfo(
         "largest move per action of each action joint (one value = every joint; [] = none), from the joint "
         "state to action 0 and between actions: a chunk that moves faster is slowed to it, counted and logged"
+    ),
+    "start_enabled": ParamInfo(
+        "decide and publish from the start; false = load and warm up, take inputs, but publish no chunk, "
+        "trajectory or command until ~/enable is called with true (an operator engages the policy)"
     ),
     "rate_hz": ParamInfo(f"decision rate in Hz, [{MIN_RATE_HZ:g}, {MAX_RATE_HZ:g}]", runtime=True),
     "prefix_trigger": ParamInfo(
@@ -603,6 +608,8 @@ def stand_in(name: str, which: int) -> Any:
     default = getattr(NodeConfig(), name)
     if which == 0:
         return default
+    if isinstance(default, bool):
+        return not default
     if name in _CHOICES:
         choices = _CHOICES[name]
         return choices[(choices.index(default) + 1) % len(choices)]
@@ -624,6 +631,7 @@ def _type_problems(cfg: NodeConfig) -> dict[str, str]:
         value = getattr(cfg, name)
         ok = {
             "str": isinstance(value, str),
+            "bool": isinstance(value, bool),
             "int": isinstance(value, int) and not isinstance(value, bool),
             "float": isinstance(value, float),
             "list[str]": isinstance(value, list) and all(isinstance(v, str) for v in value),
@@ -632,6 +640,7 @@ def _type_problems(cfg: NodeConfig) -> dict[str, str]:
         if not ok:
             expected = {
                 "str": "a string",
+                "bool": "true or false",
                 "int": "an integer",
                 "float": "a number",
                 "list[str]": "a list of strings",

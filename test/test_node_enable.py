@@ -1,0 +1,80 @@
+"""``~/enable`` over real DDS: a node started paused (start_enabled false) takes its inputs but
+publishes nothing; enabled, it decides; paused again, nothing decided after the reply is
+published (no chunk on a later joint state, no command), and its status and diagnostics say so
+without calling the pause an error."""
+
+from __future__ import annotations
+
+import pytest
+from node_harness import NODE, running_node_and_peer, stamp_ns
+
+pytestmark = pytest.mark.ros
+
+
+@pytest.fixture(scope="module")
+def paused_at_start(ros_env, ros_module_context, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("node_enable")
+    params = {"start_enabled": False, "command_rate_hz": 40.0}
+    with running_node_and_peer(ros_env, tmp, ros_module_context, first="status", **params) as (node, peer):
+        from std_msgs.msg import Float64MultiArray
+
+        commands: list = []
+        peer.node.create_subscription(Float64MultiArray, f"{peer.namespace}/{NODE}/joint_command", commands.append, 100)
+        yield node, peer, commands
+
+
+def enable(peer, data: bool):
+    from std_srvs.srv import SetBool
+
+    return peer.call(SetBool, f"{peer.namespace}/{NODE}/enable", SetBool.Request(data=data))
+
+
+def chunks_after(peer, ns: int) -> list:
+    """Chunks decided on a joint state stamped after ``ns`` (a decision reads its inputs when it begins)."""
+    return [c for c in peer.chunks if stamp_ns(c.header.stamp) > ns]
+
+
+def diagnostic_since(peer, start: int, text: str) -> list:
+    return [d.status[0] for d in peer.diagnostics[start:] if text in d.status[0].message]
+
+
+def test_enable_pause_and_enable_again(paused_at_start):
+    from diagnostic_msgs.msg import DiagnosticStatus
+
+    node, peer, commands = paused_at_start
+    line = node.wait_for_line("paused (start_enabled false)")
+    assert "[WARN]" in line and f"ros2 service call {peer.namespace}/{NODE}/enable std_srvs/srv/SetBool" in line
+    # paused: inputs taken, nothing published, and the status says why (not an idle ERROR)
+    start = len(peer.diagnostics)
+    assert peer.pump(10.0, until=lambda: bool(diagnostic_since(peer, start, "paused by ~/enable")))
+    peer.pump(1.0)
+    assert not peer.chunks and not commands
+    assert peer.statuses[-1].enabled is False and peer.statuses[-1].decisions == 0
+    assert all(d.status[0].level != DiagnosticStatus.ERROR for d in peer.diagnostics[start:]), [
+        d.status[0].message for d in peer.diagnostics[start:]
+    ]
+    assert enable(peer, False).message == "already paused: nothing changed"
+
+    mark = node.mark()
+    reply = enable(peer, True)
+    assert reply.success and reply.message.startswith("enabled: deciding at 10 Hz"), reply.message
+    node.wait_for_line("~/enable: enabled", since=mark)
+    assert peer.pump(10.0, until=lambda: len(peer.chunks) >= 3 and len(commands) >= 5)
+    assert peer.pump(5.0, until=lambda: peer.statuses[-1].enabled is True)
+    peer.assert_chunks_from_good_data()
+
+    reply = enable(peer, False)
+    paused_ns = peer.now().nanoseconds
+    assert reply.success and "paused: no decision, chunk, trajectory or command until ~/enable true" in reply.message
+    assert "the controller holds its last command" in reply.message, reply.message
+    peer.pump(0.5)  # what was published before the reply arrives
+    sent = len(commands)
+    peer.pump(1.5)
+    assert not chunks_after(peer, paused_ns), "a chunk decided after the pause's reply was published"
+    assert len(commands) == sent, f"{len(commands) - sent} commands after the pause"
+    assert peer.pump(5.0, until=lambda: peer.statuses[-1].enabled is False)
+
+    enabled_ns = peer.now().nanoseconds
+    assert enable(peer, True).success
+    assert peer.pump(10.0, until=lambda: len(chunks_after(peer, enabled_ns)) >= 2), "no chunk after enabling again"
+    assert enable(peer, True).message == "already enabled: nothing changed"
