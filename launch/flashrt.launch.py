@@ -14,6 +14,8 @@ Arguments:
     synthetic_params_file  its parameters (default: config/synthetic_sensors.yaml)
     remappings             "from:=to" pairs separated by ";" (or ","), applied to both nodes
     use_sim_time           true / false for both nodes; empty (default): as the params files say
+    start_enabled          false: flashrt_node starts paused (loaded and warm, nothing published until
+                           ~/enable true); empty (default): as params_file says
     fastdds_profile        a Fast DDS XML profile for both nodes (FASTRTPS_DEFAULT_PROFILES_FILE), e.g.
                            the package's config/fastdds_large_messages.xml for 640x480 cameras at 30 Hz
                            (empty, default: that one with use_synthetic:=true unless
@@ -103,6 +105,9 @@ def _nodes(context):
     sim_time = parse_flag("use_sim_time", arg("use_sim_time"), empty="unset")
     extra = [] if sim_time == "unset" else [{"use_sim_time": sim_time}]  # after the file: it wins
     overrides = node_overrides({name: arg(name) for name in NODE_OVERRIDES})
+    start_enabled = parse_flag("start_enabled", arg("start_enabled"), empty="unset")
+    if start_enabled != "unset":
+        overrides["start_enabled"] = start_enabled
     synthetic = parse_flag("use_synthetic", arg("use_synthetic"))
     profile = arg("fastdds_profile").strip()
     # three 640x480 cameras at 30 Hz lose frames on the default transport; a profile the user
@@ -173,6 +178,11 @@ def generate_launch_description():
                 "use_sim_time",
                 default_value="",
                 description="true / false for both nodes; empty: as the params files say",
+            ),
+            DeclareLaunchArgument(
+                "start_enabled",
+                default_value="",
+                description="false: flashrt_node starts paused until ~/enable true; empty: as params_file says",
             ),
             DeclareLaunchArgument(
                 "fastdds_profile",

@@ -78,7 +78,7 @@ def test_launch_file_parses_and_declares_its_arguments():
         ast.literal_eval(c.args[0]) for c in calls(tree, "DeclareLaunchArgument") if isinstance(c.args[0], ast.Constant)
     }
     expected = {"params_file", "namespace", "use_synthetic", "synthetic_params_file", "remappings"}
-    assert declared == expected | {"use_sim_time", "fastdds_profile", "log_level"}, declared
+    assert declared == expected | {"use_sim_time", "start_enabled", "fastdds_profile", "log_level"}, declared
     overrides = launch_function("NODE_OVERRIDES")  # declared in a loop, one argument each
     docs = (REPO / "docs" / "ros.md").read_text()
     for name in declared:  # the launch file's docstring and docs/ros.md's table name each of them

@@ -5,8 +5,9 @@ without calling the pause an error."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-from node_harness import NODE, running_node_and_peer, stamp_ns
+from node_harness import CAMERAS, JOINTS, NODE, running_node_and_peer, stamp_ns
 
 pytestmark = pytest.mark.ros
 
@@ -44,11 +45,18 @@ def test_enable_pause_and_enable_again(paused_at_start):
     node, peer, commands = paused_at_start
     line = node.wait_for_line("paused (start_enabled false)")
     assert "[WARN]" in line and f"ros2 service call {peer.namespace}/{NODE}/enable std_srvs/srv/SetBool" in line
-    # paused: inputs taken, nothing published, and the status says why (not an idle ERROR)
+    # paused: inputs taken, nothing published, and the status says why (not an idle ERROR) and
+    # whether a decision could run now
     start = len(peer.diagnostics)
-    assert peer.pump(10.0, until=lambda: bool(diagnostic_since(peer, start, "paused by ~/enable")))
+    ready = "paused by ~/enable (no decisions): ready"
+    assert peer.pump(10.0, until=lambda: bool(diagnostic_since(peer, start, ready)))
     peer.pump(1.0)
-    assert not peer.chunks and not commands
+    assert not peer.chunks and not commands and not peer.trajectories
+    start = len(peer.diagnostics)
+    assert peer.pump(10.0, skip={CAMERAS[0]}, until=lambda: bool(diagnostic_since(peer, start, "not ready (stale ")))
+    (status,) = diagnostic_since(peer, start, "not ready (stale ")[:1]
+    assert status.level == DiagnosticStatus.WARN and f"stale {peer.topic(CAMERAS[0])})" in status.message, status
+    assert peer.statuses[-1].dropped_inputs == 0  # nothing is there to take them while paused
     assert peer.statuses[-1].enabled is False and peer.statuses[-1].decisions == 0
     assert all(d.status[0].level != DiagnosticStatus.ERROR for d in peer.diagnostics[start:]), [
         d.status[0].message for d in peer.diagnostics[start:]
@@ -63,15 +71,26 @@ def test_enable_pause_and_enable_again(paused_at_start):
     assert peer.pump(5.0, until=lambda: peer.statuses[-1].enabled is True)
     peer.assert_chunks_from_good_data()
 
+    trajectories = len(peer.trajectories)
     reply = enable(peer, False)
     paused_ns = peer.now().nanoseconds
     assert reply.success and "paused: no decision, chunk, trajectory or command until ~/enable true" in reply.message
-    assert "the controller holds its last command" in reply.message, reply.message
+    assert "the command controllers hold their last command" in reply.message, reply.message
+    assert "one point where the last chunk has them now" in reply.message, reply.message
     peer.pump(0.5)  # what was published before the reply arrives
     sent = len(commands)
     peer.pump(1.5)
     assert not chunks_after(peer, paused_ns), "a chunk decided after the pause's reply was published"
     assert len(commands) == sent, f"{len(commands) - sent} commands after the pause"
+    # the trajectory controller is stopped, not left to play the last chunk: one point, starting
+    # now, within the range of the last chunk's trajectory
+    hold = peer.trajectories[-1]
+    assert len(peer.trajectories) > trajectories and len(hold.points) == 1, hold
+    assert stamp_ns(hold.header.stamp) == 0 and list(hold.joint_names) == JOINTS
+    last = peer.trajectories[-2]
+    rows = np.array([p.positions for p in last.points])
+    point = np.array(hold.points[0].positions)
+    assert (rows.min(axis=0) - 1e-9 <= point).all() and (point <= rows.max(axis=0) + 1e-9).all(), (point, rows)
     assert peer.pump(5.0, until=lambda: peer.statuses[-1].enabled is False)
 
     enabled_ns = peer.now().nanoseconds

@@ -215,6 +215,7 @@ class FlashRTNode(Node):
     def _create_outputs(self) -> None:
         self._chunk_pub = self.create_publisher(ActionChunk, "~/action_chunk", 10)
         self._traj_pub = self.create_publisher(JointTrajectory, "~/joint_trajectory", 10)
+        self._last_trajectory: tuple[np.ndarray, int, int] | None = None  # actions, start, step (ns): a pause's hold
         # one per controller that owns some of the joints: (publisher, the joints' columns, names)
         names = self.cfg.output_joint_names
         self._group_pubs = [
@@ -417,7 +418,7 @@ class FlashRTNode(Node):
         with self._lock:
             if generation is not None and generation != slot.generation:
                 return None
-            if not slot.used:
+            if not slot.used and self.enabled:  # paused, no decision is there to take it
                 self.dropped_inputs += 1
             slot.latest, slot.used = sample, False
             previous = slot.frame_hw
@@ -521,6 +522,11 @@ class FlashRTNode(Node):
             return
         if self.stopping.is_set():
             self.get_logger().info(f"stop signal: chunk {decision.chunk_id}, computed meanwhile, not published")
+            return
+        if not self.enabled:  # ~/enable false came while it was computed
+            self.get_logger().info(
+                f"~/enable paused the policy: chunk {decision.chunk_id}, computed meanwhile, not published"
+            )
             return
         self._publish(decision, samples, latency_ms, cfg)
         self._account(samples, decision, start, time.perf_counter_ns(), cfg)
@@ -656,12 +662,17 @@ class FlashRTNode(Node):
             pub.publish(
                 messages.joint_trajectory(rows, stamp=stamp, frame_id=cfg.frame_id, joint_names=joints, step_ns=step_ns)
             )
-        if self._command_pubs:  # a zero stamp is the controller's "start now": the stream's now
-            start_ns = stamp_to_ns(stamp) or self.get_clock().now().nanoseconds
-            try:  # the policy's checks make a refusal unreachable; if one comes, the node goes on
-                self.commands.push(decision.actions, start_ns, step_ns, decision.chunk_id)
-            except ValueError as exc:
-                self._throttle(("command_failed",), "error", f"chunk {decision.chunk_id} not streamed: {exc}")
+        # a zero stamp is the controller's "start now": the publication's now
+        start_ns = stamp_to_ns(stamp) or self.get_clock().now().nanoseconds
+        self._last_trajectory = (decision.actions, start_ns, step_ns)
+        if self._command_pubs:
+            with self._command_lock:  # a pause clears the stream under it, after enabled went false
+                if not self.enabled:
+                    return
+                try:  # the policy's checks make a refusal unreachable; if one comes, the node goes on
+                    self.commands.push(decision.actions, start_ns, step_ns, decision.chunk_id)
+                except ValueError as exc:
+                    self._throttle(("command_failed",), "error", f"chunk {decision.chunk_id} not streamed: {exc}")
 
     def _warn_if_ended(self, stamp: Any, lasts_ns: int, cfg: NodeConfig) -> None:
         """A chunk whose last point is already past when published: joint_trajectory_controller
@@ -857,10 +868,30 @@ class FlashRTNode(Node):
             *((n, reason) for reason, n in events),
         )
         problems = [f"{n} {what}" for n, what in counts if n > 0]
-        state = "running" if self.enabled else "paused by ~/enable (inputs checked, no decisions)"
+        state, unready = "running", ""
+        if not self.enabled:  # whether a decision could run now: what an operator asks before engaging
+            unready = self._unready_inputs()
+            state = "paused by ~/enable (no decisions): " + (f"not ready ({unready})" if unready else "ready")
         if problems:
             return DiagnosticStatus.WARN, f"{state}, with " + ", ".join(problems) + " since the last status"
+        if unready:
+            return DiagnosticStatus.WARN, state
         return DiagnosticStatus.OK, f"running at {self.cfg.rate_hz:g} Hz" if self.enabled else state
+
+    def _unready_inputs(self) -> str:
+        """The inputs a decision now would skip for, as 'absent /cam, stale /joints', or ''."""
+        now_ns, max_age_s = self.get_clock().now().nanoseconds, self.cfg.max_age_s
+        missing = []
+        for slot in self.slots:
+            held = slot.latest
+            if held is None:
+                missing.append(f"{ABSENT} {slot.topic}")
+                continue
+            try:
+                check_fresh(held.stamp, now_ns, max_age_s, slot.topic)
+            except InputError as err:
+                missing.append(f"{err.reason} {slot.topic}")
+        return ", ".join(missing)
 
     def _idle_limit_s(self) -> float:
         """How long without a decision is an ERROR: two periods, one status period, or - for a
@@ -903,7 +934,8 @@ class FlashRTNode(Node):
         rate = next((s.rate_hz for s in snap.stages if s.name == "node_overhead"), 0.0)
         stages = " | ".join(f"{s.name} {s.p50_ms:.2f}/{s.p99_ms:.2f} ms" for s in snap.stages)
         return (
-            f"stats: {snap.decisions} decisions ({rate:.1f} Hz), {snap.dropped_decisions} skipped, "
+            f"stats: {'PAUSED (~/enable), ' if not snap.enabled else ''}"
+            f"{snap.decisions} decisions ({rate:.1f} Hz), {snap.dropped_decisions} skipped, "
             f"{snap.deadline_misses} deadline misses, {snap.prefix_reuses} re-used the prefix, "
             f"{messages.input_counts(snap.invalid, ABSENT, self._input_topics)}"
             + (f", {self.commands_sent} commands sent" if self._command_pubs else "")
@@ -1018,33 +1050,71 @@ class FlashRTNode(Node):
 
     def _on_enable(self, request: SetBool.Request, response: SetBool.Response) -> SetBool.Response:
         """Engage (true) or pause (false) the policy. Paused, the node keeps its pipeline warm and
-        checks its inputs, but decides nothing and publishes no chunk, trajectory or command; the
-        reply comes between two decisions, so nothing is published after a pause's reply."""
+        checks its inputs, but decides nothing and publishes no chunk, trajectory or command.
+        A pause acts at once: the commands stop, a decision in flight publishes nothing, and once
+        it has ended a one-point trajectory holds the trajectory controllers where the last chunk
+        has them now (else they would play it to its end)."""
         if self._refuse_while_stopping("~/enable", response):
             return response
+        was, want = self.enabled, bool(request.data)
+        if was and not want:
+            self.enabled = False  # before the wait below: read by the decision in flight
+            self._stop_commands()
         with self._state_lock:  # between decisions
             if self._refuse_while_stopping("~/enable", response):  # began while this call waited
                 return response
-            was, self.enabled = self.enabled, bool(request.data)
-            if was and not self.enabled:
-                with self._command_lock:
-                    self.commands.clear()
-                    self._exhausted_counted = self._limited_chunk = None
-            elif self.enabled and not was:  # the idle time and the wait for inputs count from now
-                self._last_decision_at = time.monotonic()
-                self._last_decision_ros_ns = self.get_clock().now().nanoseconds
+            held = ""
+            if was and not want:
+                self._stop_commands()  # what the decision in flight may have pushed before it saw the pause
+                held = self._hold_trajectories()
+            elif want and not was:  # the idle time, the wait for inputs and the skips count from now
+                with self._lock:
+                    self._last_decision_at = time.monotonic()
+                    self._last_decision_ros_ns = self.get_clock().now().nanoseconds
+                    self._dropped_streak = 0
                 self._started_at = None
+                self.enabled = True
         response.success = True
-        if was == self.enabled:
+        if was == want:
             response.message = f"already {'enabled' if was else 'paused'}: nothing changed"
-        elif self.enabled:
-            response.message = f"enabled: deciding at {self.cfg.rate_hz:g} Hz from the next tick, on fresh inputs"
+        elif want:
+            response.message = f"enabled: deciding at {self.cfg.rate_hz:g} Hz from the next tick"
         else:
-            response.message = "paused: no decision, chunk, trajectory or command until ~/enable true" + (
-                "; the controller holds its last command" if self._command_pubs else ""
+            response.message = (
+                "paused: no decision, chunk, trajectory or command until ~/enable true; "
+                + held
+                + ("; the command controllers hold their last command" if self._command_pubs else "")
             )
-        self.get_logger().info(f"~/enable: {response.message}")
+        self.get_logger().warning(f"~/enable: {response.message}")
         return response
+
+    def _stop_commands(self) -> None:
+        with self._command_lock:
+            self.commands.clear()
+            self._exhausted_counted = self._limited_chunk = None
+
+    def _hold_trajectories(self) -> str:
+        """A one-point trajectory, starting now, to where the last published chunk has the
+        trajectory controllers now (its trajectory interpolated; past its end, its last point):
+        they stop there. What was done, in words, for the reply."""
+        if self._last_trajectory is None:
+            return "no trajectory was published to stop"
+        actions, start_ns, step_ns = self._last_trajectory
+        now_ns = self.get_clock().now().nanoseconds
+        times = start_ns + step_ns * np.arange(1, len(actions) + 1)  # point i at (i + 1) steps
+        here = np.array([np.interp(now_ns, times, actions[:, j]) for j in range(actions.shape[1])])
+        zero = messages.time_msg(0)  # start now
+        frame, names = self.cfg.frame_id, self.cfg.output_joint_names
+        self._traj_pub.publish(
+            messages.joint_trajectory(here[None, :], stamp=zero, frame_id=frame, joint_names=names, step_ns=step_ns)
+        )
+        for pub, columns, joints in self._group_pubs:
+            pub.publish(
+                messages.joint_trajectory(
+                    here[None, columns], stamp=zero, frame_id=frame, joint_names=joints, step_ns=step_ns
+                )
+            )
+        return "the trajectory controllers are sent one point where the last chunk has them now, to stop there"
 
     def _capsule_call(self, service: str, response: Any, action: Callable[[], str]) -> Any:
         """Run a capsule operation; failures become success=False with the reason, a counter
