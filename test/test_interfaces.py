@@ -44,6 +44,7 @@ EXPECTED_MSG_FIELDS = {
         "policy": "string",
         "device": "string",
         "precision": "string",
+        "enabled": "boolean",
     },
     "StageStats": {
         "name": "string",
@@ -75,6 +76,14 @@ def test_message_fields_and_types():
 
     for name, fields in EXPECTED_MSG_FIELDS.items():
         assert getattr(msgs, name).get_fields_and_field_types() == fields, name
+
+
+def test_a_status_says_enabled_unless_told_otherwise():
+    """A default of true in the .msg: a PipelineStatus built without the field (by an older node
+    or a tool) does not read as a paused policy."""
+    from flashrt_ros.msg import PipelineStatus
+
+    assert PipelineStatus().enabled is True and PipelineStatus(enabled=False).enabled is False
 
 
 def test_service_fields_and_types():
