@@ -114,6 +114,10 @@ def test_every_executable_exists_and_is_installed():
         assert f"scripts/ros/{exe}" in installed, f"{exe} is not installed by CMakeLists.txt install(PROGRAMS)"
         module = {"flashrt_node": "node", "synthetic_sensors": "synthetic_sensors"}[exe]
         assert f"from flashrt_ros.ros.{module} import main" in script.read_text()
+    # the console that prints what the node publishes, for `ros2 run` (not launched)
+    echo = REPO / "scripts" / "ros" / "flashrt_echo"
+    assert os.access(echo, os.X_OK) and "scripts/ros/flashrt_echo" in installed
+    assert "from flashrt_ros.ros.echo import main" in echo.read_text()
     packages = {keyword(n, "package") for n in nodes}
     assert all(isinstance(p, ast.Name) and p.id == "PACKAGE" for p in packages)
     assert 'PACKAGE = "flashrt_ros"' in LAUNCH.read_text()

@@ -1,6 +1,7 @@
 """A small console for the demo: prints the node's action chunks and status lines.
 
 ``python -m flashrt_ros.ros.echo [--node /flashrt_node] [--duration 15] [--every 10]``
+(installed as ``ros2 run flashrt_ros flashrt_echo``)
 
 Prints one line per chunk (id, shape, latency, input age, first action row) and one per
 PipelineStatus (counts, then p50/p90/p99 per stage, and the commands of ``~/joint_command``
