@@ -14,8 +14,9 @@ Arguments:
     synthetic_params_file  its parameters (default: config/synthetic_sensors.yaml)
     remappings             "from:=to" pairs separated by ";" (or ","), applied to both nodes
     use_sim_time           true / false for both nodes; empty (default): as the params files say
-    start_enabled          false: flashrt_node starts paused (loaded and warm, nothing published until
-                           ~/enable true); empty (default): as params_file says
+    start_enabled          true / false over params_file; false: flashrt_node starts paused (loaded
+                           and warm, nothing published until ~/enable true); empty (default): as
+                           params_file says
     fastdds_profile        a Fast DDS XML profile for both nodes (FASTRTPS_DEFAULT_PROFILES_FILE), e.g.
                            the package's config/fastdds_large_messages.xml for 640x480 cameras at 30 Hz
                            (empty, default: that one with use_synthetic:=true unless

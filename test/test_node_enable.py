@@ -76,7 +76,7 @@ def test_enable_pause_and_enable_again(paused_at_start):
     paused_ns = peer.now().nanoseconds
     assert reply.success and "paused: no decision, chunk, trajectory or command until ~/enable true" in reply.message
     assert "the command controllers hold their last command" in reply.message, reply.message
-    assert "one point where the last chunk has them now" in reply.message, reply.message
+    assert "one point, one step ahead, where the last chunk has them now" in reply.message, reply.message
     peer.pump(0.5)  # what was published before the reply arrives
     sent = len(commands)
     peer.pump(1.5)
@@ -97,3 +97,27 @@ def test_enable_pause_and_enable_again(paused_at_start):
     assert enable(peer, True).success
     assert peer.pump(10.0, until=lambda: len(chunks_after(peer, enabled_ns)) >= 2), "no chunk after enabling again"
     assert enable(peer, True).message == "already enabled: nothing changed"
+
+
+def test_a_pause_holds_the_last_chunk_once(rclpy_context):
+    """In process, nothing spinning: a pause with no chunk published has nothing to stop; after a
+    chunk it sends the hold point once, and a second pause with no chunk since sends none (that
+    chunk's end point would be a place the arm, held at the first pause, is not)."""
+    from node_harness import in_process_node
+    from std_srvs.srv import SetBool
+
+    node = in_process_node(rclpy_context)
+    try:
+
+        def pause() -> str:
+            node._on_enable(SetBool.Request(data=True), SetBool.Response())
+            return node._on_enable(SetBool.Request(data=False), SetBool.Response()).message
+
+        assert "none to stop" in pause()
+        horizon, dof, step_ns = 10, len(JOINTS), 50_000_000
+        now_ns = node.get_clock().now().nanoseconds
+        node._last_trajectory = (np.arange(horizon * dof, dtype=np.float64).reshape(horizon, dof), now_ns, step_ns)
+        assert "one point, one step ahead, where the last chunk has them now" in pause()
+        assert "none to stop" in pause()
+    finally:
+        node.destroy_node()

@@ -22,7 +22,8 @@ Two chunks computed at different times disagree where they overlap, so a switch 
 is a jump. ``blend_steps`` (n) spreads it: the command moves from what the older chunks command
 (themselves blended, so a chunk that arrives during a blend starts from the blend; one that has
 run out holds its last action) to the newer chunk's own, with weights 1/(n+1), 2/(n+1), ... on
-its first n actions ("hold"), or growing from 0 to 1 over n steps' time from the take-over
+the first n actions it commands, from the one due at the take-over ("hold"), or growing from 0 to
+1 over n steps' time from the take-over
 ("linear", continuous). ``blend_steps`` and ``interpolation`` are read when a chunk takes over:
 a change applies from the next chunk on.
 

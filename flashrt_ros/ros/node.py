@@ -1051,9 +1051,9 @@ class FlashRTNode(Node):
     def _on_enable(self, request: SetBool.Request, response: SetBool.Response) -> SetBool.Response:
         """Engage (true) or pause (false) the policy. Paused, the node keeps its pipeline warm and
         checks its inputs, but decides nothing and publishes no chunk, trajectory or command.
-        A pause acts at once: the commands stop, a decision in flight publishes nothing, and once
-        it has ended a one-point trajectory holds the trajectory controllers where the last chunk
-        has them now (else they would play it to its end)."""
+        A pause acts at once: the commands stop, a decision in flight that has not begun to
+        publish does not, and once it has ended a one-point trajectory holds the trajectory
+        controllers where the last chunk has them now (else they would play it to its end)."""
         if self._refuse_while_stopping("~/enable", response):
             return response
         was, want = self.enabled, bool(request.data)
@@ -1098,8 +1098,9 @@ class FlashRTNode(Node):
         trajectory controllers now (its trajectory interpolated; past its end, its last point):
         they stop there. What was done, in words, for the reply."""
         if self._last_trajectory is None:
-            return "no trajectory was published to stop"
+            return "no trajectory published since the node started or was last paused: none to stop"
         actions, start_ns, step_ns = self._last_trajectory
+        self._last_trajectory = None  # the controllers are held; the next pause has nothing newer to stop
         now_ns = self.get_clock().now().nanoseconds
         times = start_ns + step_ns * np.arange(1, len(actions) + 1)  # point i at (i + 1) steps
         here = np.array([np.interp(now_ns, times, actions[:, j]) for j in range(actions.shape[1])])
@@ -1114,7 +1115,7 @@ class FlashRTNode(Node):
                     here[None, columns], stamp=zero, frame_id=frame, joint_names=joints, step_ns=step_ns
                 )
             )
-        return "the trajectory controllers are sent one point where the last chunk has them now, to stop there"
+        return "the trajectory controllers are sent one point, one step ahead, where the last chunk has them now"
 
     def _capsule_call(self, service: str, response: Any, action: Callable[[], str]) -> Any:
         """Run a capsule operation; failures become success=False with the reason, a counter

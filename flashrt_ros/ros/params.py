@@ -289,8 +289,9 @@ PARAMETERS: dict[str, ParamInfo] = {
         "keeps all of them; [] = none"
     ),
     "command_rate_hz": ParamInfo(
-        "publish the action due now (zero-order hold of each action for step_duration_s, from the newest "
-        "chunk that has started) as std_msgs/Float64MultiArray on ~/joint_command and each of command_groups, "
+        "publish the action due now (each action held for step_duration_s, or followed linearly: "
+        "command_interpolation; from the newest chunk that has started) as std_msgs/Float64MultiArray on "
+        "~/joint_command and each of command_groups, "
         "at this rate in Hz: for controllers that take one position command per tick "
         f"(forward_position_controller); 0 = off, else [{MIN_RATE_HZ:g}, {MAX_RATE_HZ:g}]"
     ),
