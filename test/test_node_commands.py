@@ -199,3 +199,21 @@ def test_the_end_of_a_chunk_is_counted_once_and_reset_stops_the_stream(rclpy_con
         assert ", 1 commands sent" in node.stats_line()  # since the reset
     finally:
         node.destroy_node()
+
+
+def test_the_command_rate_changes_at_runtime_but_not_on_or_off(running):
+    node, peer, all_joints, _ = running
+    result = peer.set_parameters(command_rate_hz=0.0)[0]
+    assert not result.successful and "the command stream is turned on or off only at start" in result.reason
+    mark = node.mark()
+    assert peer.set_parameters(command_rate_hz=20.0)[0].successful
+    try:
+        node.wait_for_line("parameters changed: command_rate_hz 40.0 -> 20.0", since=mark)
+        peer.pump(0.2)  # commands of the old period drain
+        start = len(all_joints.got)
+        assert peer.pump(10.0, until=lambda: len(all_joints.got) - start >= 20)
+        arrivals = [a for a, _ in all_joints.got[start:]]
+        median_ms = float(np.median(np.diff(arrivals))) / 1e6
+        assert 35.0 < median_ms < 75.0, f"commands every {median_ms:.1f} ms (median), expected 50 at 20 Hz"
+    finally:
+        assert peer.set_parameters(command_rate_hz=40.0)[0].successful

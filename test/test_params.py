@@ -277,12 +277,20 @@ def test_runtime_changes_allowed_and_refused():
         "status_rate_hz",
         "stats_log_period_s",
         "log_throttle_s",
+        "command_rate_hz",
         "command_interpolation",
         "command_blend_steps",
     }
     assert check_update(cfg, {"rate_hz": 5, "prompt": "fold the towel"}) is None
     assert check_update(cfg, {"command_blend_steps": 3}) is None
-    assert check_update(cfg, {"command_rate_hz": 50.0}).startswith("command_rate_hz is read-only at runtime")
+    assert check_update(cfg, {"command_rate_hz": 50.0}).startswith(
+        "command_rate_hz 0 -> 50: the command stream is turned on or off only at start"
+    )
+    streaming = cfg.with_values({"command_rate_hz": 50.0})
+    assert check_update(streaming, {"command_rate_hz": 100}) is None
+    assert "on or off only at start" in check_update(streaming, {"command_rate_hz": 0.0})
+    too_fast = check_update(streaming, {"command_rate_hz": 5000.0})
+    assert too_fast == "command_rate_hz must be >= 0 and <= 1000, got 5000.0"
     assert check_update(cfg, {"use_sim_time": True}) is None  # not ours: rclpy's business
     assert "rate_hz must be >= 0.01" in check_update(cfg, {"rate_hz": -1.0})
     assert check_update(cfg, {"status_rate_hz": 1e-10}) == "status_rate_hz must be >= 0.01 and <= 1000, got 1e-10"

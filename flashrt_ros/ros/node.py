@@ -1005,12 +1005,14 @@ class FlashRTNode(Node):
             self._warn_chunk_gap(new)
 
     def _apply_timer_rates(self, old: NodeConfig, new: NodeConfig) -> None:
-        """Both timers to the new rates, or neither: every period is computed (and range-checked)
+        """Every timer to its new rate, or none: every period is computed (and range-checked)
         before a timer changes, and a timer already changed is put back if the next one fails."""
         timers = [
             (self._decision_timer, old.rate_hz, new.rate_hz),
             (self._status_timer, old.status_rate_hz, new.status_rate_hz),
         ]
+        if self._command_timer is not None:  # on or off is refused at runtime (check_update)
+            timers.append((self._command_timer, old.command_rate_hz, new.command_rate_hz))
         changed = [(timer, _period_ns(before), _period_ns(after)) for timer, before, after in timers if before != after]
         done: list[tuple[Any, int]] = []
         try:

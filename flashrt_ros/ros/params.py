@@ -293,7 +293,9 @@ PARAMETERS: dict[str, ParamInfo] = {
         "command_interpolation; from the newest chunk that has started) as std_msgs/Float64MultiArray on "
         "~/joint_command and each of command_groups, "
         "at this rate in Hz: for controllers that take one position command per tick "
-        f"(forward_position_controller); 0 = off, else [{MIN_RATE_HZ:g}, {MAX_RATE_HZ:g}]"
+        f"(forward_position_controller); 0 = off, else [{MIN_RATE_HZ:g}, {MAX_RATE_HZ:g}]; at runtime one "
+        "rate above 0 to another (on or off needs a restart)",
+        runtime=True,
     ),
     "command_groups": ParamInfo(
         "extra Float64MultiArray command topics, one per controller, each 'TOPIC=joint, joint, ...' (joints "
@@ -454,6 +456,13 @@ def check_update(current: NodeConfig, changes: Mapping[str, Any], resolve: Resol
             f"{', '.join(fixed)} {'is' if len(fixed) == 1 else 'are'} read-only at runtime: "
             "set it in the params file and restart the node "
             f"(changeable at runtime: {', '.join(sorted(RUNTIME))})"
+        )
+    rate = ours.get("command_rate_hz", current.command_rate_hz)
+    if isinstance(rate, (int, float)) and (rate > 0) != (current.command_rate_hz > 0):
+        return (
+            f"command_rate_hz {current.command_rate_hz:g} -> {rate:g}: the command stream is turned on or off "
+            "only at start (its publishers and thread are made then): set it in the params file and restart "
+            "the node; a rate above 0 can change to another at runtime"
         )
     problems = current.with_values(ours).validate(check_paths=False, resolve=resolve)
     return "; ".join(problems) if problems else None
