@@ -82,6 +82,8 @@ def test_defaults_are_the_embedded_demo():
         # all the trajectory's points would be at time_from_start 0
         ({"step_duration_s": 1e-10}, "step_duration_s must be >= 1e-06 and <= 60, got 1e-10"),
         ({"joint_state_topic": "/joint states"}, "joint_state_topic: '/joint states' is not a valid ROS topic name"),
+        ({"prompt_topic": "task prompt"}, "prompt_topic: 'task prompt' is not a valid ROS topic name"),
+        ({"prompt_topic": "joint_states"}, "joint_state_topic 'joint_states' and prompt_topic 'joint_states' both"),
         ({"trajectory_stamp": "now"}, "trajectory_stamp must be one of observation, publication, zero, got 'now'"),
         (
             {"trajectory_groups": ["arm/joint_trajectory: left_waist"]},  # a ':' where '=' belongs

@@ -42,9 +42,10 @@ from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.logging import get_logger
 from rclpy.node import Node
+from rclpy.parameter import Parameter
 from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import CompressedImage, Image, JointState
-from std_msgs.msg import Float64MultiArray
+from std_msgs.msg import Float64MultiArray, String
 from std_srvs.srv import SetBool, Trigger
 from trajectory_msgs.msg import JointTrajectory
 
@@ -91,7 +92,11 @@ UNKNOWN_PARAMETER = "unknown_parameter"
 ACTION_CLAMPED = "action_clamped"
 """A chunk that action_lower_limits / action_upper_limits / action_max_step changed (published limited)."""
 COMMAND_LIMITED = "command_limited"
-"""The command stream held a command to action_max_step from the one before (once per chunk)."""
+"""The command stream held the commands to action_max_step per step (once per chunk)."""
+INVALID_PROMPT = "invalid_prompt"
+"""A message on prompt_topic that cannot be the prompt (empty, too long for the policy): not set."""
+MAX_PROMPT_CHARS = 4096
+"""Longer messages on prompt_topic are refused before they are tokenised (no policy takes them)."""
 CHUNK_EXHAUSTED = "chunk_exhausted"
 """The command stream reached the end of its chunk with no newer one: no command (once per chunk)."""
 
@@ -192,6 +197,10 @@ class FlashRTNode(Node):
             msg_type, convert = (Image, image_to_rgb) if transport == "raw" else (CompressedImage, compressed_to_rgb)
             self._subscribe(msg_type, topic, partial(self._on_image, convert))
         self._subscribe(JointState, cfg.joint_state_topic, self._on_joint_state)
+        self._prompt_sub = None
+        if cfg.prompt_topic:  # reliable: an instruction must not be lost; volatile: any publisher fits
+            # in the node's default group, with the parameter services: one parameter change at a time
+            self._prompt_sub = self.create_subscription(String, cfg.prompt_topic, self._on_prompt, 10)
 
     def _subscribe(self, msg_type: type, topic: str, handler: Callable) -> None:
         """One input: a slot for its latest good sample, and a best-effort subscription."""
@@ -310,7 +319,11 @@ class FlashRTNode(Node):
             + (unbounded_start if self._limits.max_step is not None else "")
             + (held if self.commands.max_move is not None else "")
         )
-        log.info(f"deciding at {cfg.rate_hz:g} Hz on inputs at most {cfg.max_age_s:g} s old; prompt {cfg.prompt!r}")
+        from_topic = f" (then each message on {self._prompt_sub.topic_name})" if self._prompt_sub else ""
+        log.info(
+            f"deciding at {cfg.rate_hz:g} Hz on inputs at most {cfg.max_age_s:g} s old; "
+            f"prompt {cfg.prompt!r}{from_topic}"
+        )
         if not self.enabled:
             log.warning(
                 "paused (start_enabled false): inputs are checked, but nothing is decided or published until: "
@@ -463,6 +476,34 @@ class FlashRTNode(Node):
             else f"keeping the previous good message ({_stamp_str(held.stamp)})"
         )
         self._throttle(("rejected", slot.topic, err.reason), "warning", f"input rejected: {err}; {keep}")
+
+    def _on_prompt(self, msg: String) -> None:
+        """A task instruction on prompt_topic: set as the prompt parameter, so that it is checked,
+        logged and shown by ros2 param get as any change; one that cannot be the prompt is
+        refused with the reason and counted on the topic, and the prompt in force stays."""
+        if self.stopping.is_set() or msg.data == self.cfg.prompt:
+            return
+        topic = self._prompt_sub.topic_name
+        text = msg.data
+        if len(text) > MAX_PROMPT_CHARS:
+            reason = f"it is {len(text)} characters; expected at most {MAX_PROMPT_CHARS}"
+        else:
+            reason = check_update(self.cfg, {"prompt": text}) or self.state.pipeline.policy.prompt_problem(
+                text, len(self.cfg.joint_names)
+            )
+        if reason is None:
+            result = self.set_parameters([Parameter("prompt", Parameter.Type.STRING, text)])[0]
+            reason = None if result.successful else result.reason
+        if reason is None:
+            return
+        with self._lock:
+            self.invalid[(topic, INVALID_PROMPT)] += 1
+        shown_text = repr(text) if len(text) <= 80 else f"{text[:60]!r}... ({len(text)} characters)"
+        self._throttle(
+            (INVALID_PROMPT, topic),
+            "warning",
+            f"prompt {shown_text} from {topic} refused: {reason}; the prompt stays {self.cfg.prompt!r}",
+        )
 
     # ---- decisions -------------------------------------------------------------------------
     @property

@@ -63,6 +63,7 @@ INPUT_TYPES = {
     "raw": "sensor_msgs/msg/Image",
     "compressed": "sensor_msgs/msg/CompressedImage",
     "joints": "sensor_msgs/msg/JointState",
+    "prompt": "std_msgs/msg/String",
 }
 
 ALOHA_JOINTS = [
@@ -116,6 +117,7 @@ class NodeConfig:
     prefix_period_s: float = 0.1
     max_age_s: float = 0.5
     prompt: str = "pick up the cube"
+    prompt_topic: str = ""
     step_duration_s: float = 0.02
     trajectory_stamp: str = "observation"
     trajectory_groups: list[str] = field(default_factory=list)
@@ -276,6 +278,11 @@ PARAMETERS: dict[str, ParamInfo] = {
     ),
     "max_age_s": ParamInfo("inputs older than this (header stamp vs node clock) are not used, s > 0", runtime=True),
     "prompt": ParamInfo("task instruction given to the policy (non-empty)", runtime=True),
+    "prompt_topic": ParamInfo(
+        "std_msgs/String topic whose messages set prompt, as ros2 param set does (checked; one that does not "
+        "fit is refused, counted as invalid_prompt on the topic and logged; the prompt in force stays); "
+        "'' = none"
+    ),
     "step_duration_s": ParamInfo(f"time between consecutive actions of a chunk, s >= {MIN_STEP_DURATION_S:g}"),
     "trajectory_stamp": ParamInfo(
         "header.stamp of the chunks and trajectories, from which action i is (i + 1) * step_duration_s ahead: "
@@ -902,6 +909,8 @@ def _node_topics(cfg: NodeConfig) -> list[tuple[str, str, str]]:
         for i, topic in enumerate(cfg.camera_topics)
     ]
     joints = [("joint_state_topic", cfg.joint_state_topic, INPUT_TYPES["joints"])]
+    if cfg.prompt_topic:
+        joints.append(("prompt_topic", cfg.prompt_topic, INPUT_TYPES["prompt"]))
     groups = [
         (f"{name}[{i}]", parsed[0], OUTPUTS[output])
         for name, output in (("trajectory_groups", "~/joint_trajectory"), ("command_groups", "~/joint_command"))

@@ -1,0 +1,60 @@
+"""``prompt_topic`` over real DDS: a std_msgs/String message sets the prompt as ``ros2 param set``
+does (the parameter shows it, the change is logged, decisions go on with it); one that cannot be
+the prompt (empty, longer than the policy's prompt, or absurdly long) is refused with the reason,
+counted as ``invalid_prompt`` on the topic, and the prompt in force stays."""
+
+from __future__ import annotations
+
+import pytest
+from node_harness import running_node_and_peer
+
+pytestmark = pytest.mark.ros
+
+TOPIC = "task_instruction"
+
+
+@pytest.fixture(scope="module")
+def running(ros_env, ros_module_context, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("node_prompt")
+    with running_node_and_peer(ros_env, tmp, ros_module_context, prompt_topic=TOPIC) as (node, peer):
+        from std_msgs.msg import String
+
+        yield node, peer, peer.node.create_publisher(String, f"{peer.namespace}/{TOPIC}", 10)
+
+
+def say(peer, publisher, text: str, until, seconds: float = 10.0) -> bool:
+    """Publish ``text`` every pump tick (a publisher just made may not be matched yet) until ``until()``."""
+    from std_msgs.msg import String
+
+    return peer.pump(seconds, extra=lambda: publisher.publish(String(data=text)), until=until)
+
+
+def test_a_message_sets_the_prompt_and_a_bad_one_is_refused(running):
+    node, peer, publisher = running
+    topic = peer.topic(TOPIC)
+    line = node.wait_for_line("deciding at 10 Hz")
+    assert f"prompt 'pick up the cube' (then each message on {topic})" in line, line
+
+    mark = node.mark()
+    changed = "parameters changed: prompt 'pick up the cube' -> 'fold the towel'"
+    assert say(peer, publisher, "fold the towel", until=lambda: any(changed in ln for ln in node.lines[mark:]))
+    assert peer.get_parameters("prompt") == ["fold the towel"]
+    start = len(peer.chunks)
+    assert peer.pump(5.0, until=lambda: len(peer.chunks) > start + 2), "decisions stopped after the change"
+
+    refusals = [
+        ("", "prompt is empty"),
+        ("stack " * 200, "expected a shorter instruction"),  # far beyond pi05_tiny's 96 prompt tokens
+        ("x" * 5000, "it is 5000 characters; expected at most 4096"),
+    ]
+    for text, reason in refusals:
+        peer.pump(0.6)  # past log_throttle_s (0.5 s): this refusal gets its own line
+        before = peer.latest_counter(topic, "invalid_prompt")
+        mark = node.mark()
+        assert say(peer, publisher, text, until=lambda b=before: peer.latest_counter(topic, "invalid_prompt") > b)
+        line = node.wait_for_line(f"from {topic} refused: ", since=mark)
+        assert reason in line and "the prompt stays 'fold the towel'" in line and "[WARN]" in line, line
+        assert peer.get_parameters("prompt") == ["fold the towel"]
+    start = len(peer.chunks)
+    assert peer.pump(5.0, until=lambda: len(peer.chunks) > start + 2), "decisions stopped after a refused prompt"
+    peer.assert_chunks_from_good_data()
