@@ -198,9 +198,11 @@ class FlashRTNode(Node):
             self._subscribe(msg_type, topic, partial(self._on_image, convert))
         self._subscribe(JointState, cfg.joint_state_topic, self._on_joint_state)
         self._prompt_sub = None
-        if cfg.prompt_topic:  # reliable: an instruction must not be lost; volatile: any publisher fits
-            # in the node's default group, with the parameter services: one parameter change at a time
-            self._prompt_sub = self.create_subscription(String, cfg.prompt_topic, self._on_prompt, 10)
+        self._refused_prompt: tuple[str | None, str] = (None, "")  # the last text refused, and why
+        if cfg.prompt_topic:  # reliable: an instruction must not be lost; volatile: any publisher fits;
+            # depth 1: only the newest matters. In the node's default group, with the parameter
+            # services: one parameter change at a time (self.cfg is replaced in their callbacks)
+            self._prompt_sub = self.create_subscription(String, cfg.prompt_topic, self._on_prompt, 1)
 
     def _subscribe(self, msg_type: type, topic: str, handler: Callable) -> None:
         """One input: a slot for its latest good sample, and a best-effort subscription."""
@@ -480,12 +482,16 @@ class FlashRTNode(Node):
     def _on_prompt(self, msg: String) -> None:
         """A task instruction on prompt_topic: set as the prompt parameter, so that it is checked,
         logged and shown by ros2 param get as any change; one that cannot be the prompt is
-        refused with the reason and counted on the topic, and the prompt in force stays."""
-        if self.stopping.is_set() or msg.data == self.cfg.prompt:
+        refused with the reason and counted on the topic, and the prompt in force stays. The same
+        words in other spacing (a planner's trailing newline) change nothing; the same refused text
+        again is counted without being checked again."""
+        text = msg.data
+        if self.stopping.is_set() or text.split() == self.cfg.prompt.split():
             return
         topic = self._prompt_sub.topic_name
-        text = msg.data
-        if len(text) > MAX_PROMPT_CHARS:
+        if text == self._refused_prompt[0]:
+            reason = self._refused_prompt[1]
+        elif len(text) > MAX_PROMPT_CHARS:
             reason = f"it is {len(text)} characters; expected at most {MAX_PROMPT_CHARS}"
         else:
             reason = check_update(self.cfg, {"prompt": text}) or self.state.pipeline.policy.prompt_problem(
@@ -496,6 +502,7 @@ class FlashRTNode(Node):
             reason = None if result.successful else result.reason
         if reason is None:
             return
+        self._refused_prompt = (text, reason)
         with self._lock:
             self.invalid[(topic, INVALID_PROMPT)] += 1
         shown_text = repr(text) if len(text) <= 80 else f"{text[:60]!r}... ({len(text)} characters)"
@@ -894,7 +901,11 @@ class FlashRTNode(Node):
             # absent just after a reset and arriving since is not named) and node-wide
             since = counts_since(snap.invalid, self._invalid_at_decision)
             blocking, inputs = self._blocking, self._input_topics
-            why = ", ".join(f"{r} {t}".strip() for (t, r) in sorted(since) if t in blocking or t not in inputs)
+            why = ", ".join(
+                f"{r} {t}".strip()
+                for (t, r) in sorted(since)
+                if (t in blocking or t not in inputs) and r != INVALID_PROMPT  # a prompt refused stops nothing
+            )
             why = why or "no decision ran"
             if self._clock_watch.stalled:
                 why = self._clock_watch.describe(time.monotonic())

@@ -465,7 +465,8 @@ def check_update(current: NodeConfig, changes: Mapping[str, Any], resolve: Resol
             f"(changeable at runtime: {', '.join(sorted(RUNTIME))})"
         )
     rate = ours.get("command_rate_hz", current.command_rate_hz)
-    if isinstance(rate, (int, float)) and (rate > 0) != (current.command_rate_hz > 0):
+    number = isinstance(rate, (int, float)) and not isinstance(rate, bool) and math.isfinite(rate)
+    if number and (rate > 0) != (current.command_rate_hz > 0):  # other values: validate says what is wrong
         return (
             f"command_rate_hz {current.command_rate_hz:g} -> {rate:g}: the command stream is turned on or off "
             "only at start (its publishers and thread are made then): set it in the params file and restart "
