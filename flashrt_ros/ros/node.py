@@ -612,25 +612,20 @@ class FlashRTNode(Node):
         logged reasons - if any is absent, stale or from the future."""
         if self._started_at is None:  # the wait for first inputs runs from the first tick, once spinning
             self._started_at = self._timer_seconds()
-        problems: list[tuple[InputSlot, str, Callable[[], str]]] = []
-        samples = []
         with self._lock:  # read, judged and marked taken at once: a sample replaced meanwhile was not used
-            for slot in self.slots:
-                sample = slot.latest
-                if sample is None:
-                    problems.append((slot, ABSENT, partial(self._absent_detail, slot)))
-                    continue
-                try:
-                    check_fresh(sample.stamp, now_ns, cfg.max_age_s, slot.topic)
-                except InputError as err:
-                    problems.append((slot, err.reason, partial(_stale_detail, err, slot)))
-                samples.append(sample)
-            if not problems:  # nothing stops this tick: a failure now is the policy's, not an input's
+            found = self._held_problems(now_ns, cfg.max_age_s)
+            if not found:  # nothing stops this tick: a failure now is the policy's, not an input's
                 self._blocking = frozenset()
                 # taken now, not at publication: one replaced while the policy runs was used
                 for slot in self.slots:
                     slot.used = True
-                return samples
+                return [slot.latest for slot in self.slots]
+            problems: list[tuple[InputSlot, str, Callable[[], str]]] = [
+                (slot, ABSENT, partial(self._absent_detail, slot))
+                if err is None
+                else (slot, err.reason, partial(_stale_detail, err, slot))
+                for slot, err in found
+            ]
             self.dropped_decisions += 1
             self._dropped_streak += 1
             self._blocking = frozenset(slot.topic for slot, _, _ in problems)
@@ -643,6 +638,20 @@ class FlashRTNode(Node):
                 lambda r=reason, s=slot, d=detail: f"decision skipped: [{r}] {s.topic}: {d()}",
             )
         return None
+
+    def _held_problems(self, now_ns: int, max_age_s: float) -> list[tuple[InputSlot, InputError | None]]:
+        """The inputs a decision now could not use: (slot, None) where none is held, (slot, why)
+        where the held one is stale or from the future. Called with self._lock held."""
+        found = []
+        for slot in self.slots:
+            if slot.latest is None:
+                found.append((slot, None))
+                continue
+            try:
+                check_fresh(slot.latest.stamp, now_ns, max_age_s, slot.topic)
+            except InputError as err:
+                found.append((slot, err))
+        return found
 
     def _since_reset(self, slot: InputSlot) -> float | None:
         """Seconds since ~/reset emptied the slot, on the decision timer's clock (None: never)."""
@@ -700,16 +709,7 @@ class FlashRTNode(Node):
                 prefix_reused=decision.prefix_reused,
             )
         )
-        self._traj_pub.publish(
-            messages.joint_trajectory(
-                decision.actions, stamp=stamp, frame_id=cfg.frame_id, joint_names=names, step_ns=step_ns
-            )
-        )
-        for pub, columns, joints in self._group_pubs:
-            rows = decision.actions[:, columns]
-            pub.publish(
-                messages.joint_trajectory(rows, stamp=stamp, frame_id=cfg.frame_id, joint_names=joints, step_ns=step_ns)
-            )
+        self._publish_trajectories(decision.actions, stamp, step_ns)
         # a zero stamp is the controller's "start now": the publication's now
         start_ns = stamp_to_ns(stamp) or self.get_clock().now().nanoseconds
         self._last_trajectory = (decision.actions, start_ns, step_ns)
@@ -721,6 +721,20 @@ class FlashRTNode(Node):
                     self.commands.push(decision.actions, start_ns, step_ns, decision.chunk_id)
                 except ValueError as exc:
                     self._throttle(("command_failed",), "error", f"chunk {decision.chunk_id} not streamed: {exc}")
+
+    def _publish_trajectories(self, actions: np.ndarray, stamp: Any, step_ns: int) -> None:
+        """``actions`` [points, action joints] on ~/joint_trajectory, and each trajectory group's
+        columns on its topic."""
+        frame, names = self.cfg.frame_id, self.cfg.output_joint_names
+        self._traj_pub.publish(
+            messages.joint_trajectory(actions, stamp=stamp, frame_id=frame, joint_names=names, step_ns=step_ns)
+        )
+        for pub, columns, joints in self._group_pubs:
+            pub.publish(
+                messages.joint_trajectory(
+                    actions[:, columns], stamp=stamp, frame_id=frame, joint_names=joints, step_ns=step_ns
+                )
+            )
 
     def _warn_if_ended(self, stamp: Any, lasts_ns: int, cfg: NodeConfig) -> None:
         """A chunk whose last point is already past when published: joint_trajectory_controller
@@ -932,18 +946,9 @@ class FlashRTNode(Node):
 
     def _unready_inputs(self) -> str:
         """The inputs a decision now would skip for, as 'absent /cam, stale /joints', or ''."""
-        now_ns, max_age_s = self.get_clock().now().nanoseconds, self.cfg.max_age_s
-        missing = []
-        for slot in self.slots:
-            held = slot.latest
-            if held is None:
-                missing.append(f"{ABSENT} {slot.topic}")
-                continue
-            try:
-                check_fresh(held.stamp, now_ns, max_age_s, slot.topic)
-            except InputError as err:
-                missing.append(f"{err.reason} {slot.topic}")
-        return ", ".join(missing)
+        with self._lock:
+            found = self._held_problems(self.get_clock().now().nanoseconds, self.cfg.max_age_s)
+        return ", ".join(f"{ABSENT if err is None else err.reason} {slot.topic}" for slot, err in found)
 
     def _idle_limit_s(self) -> float:
         """How long without a decision is an ERROR: two periods, one status period, or - for a
@@ -1083,9 +1088,7 @@ class FlashRTNode(Node):
         with self._state_lock:  # between decisions
             if self._refuse_while_stopping("~/reset", response):  # began while this call waited
                 return response
-            with self._command_lock:  # before the counters: a tick between counts nothing
-                self.commands.clear()
-                self._exhausted_counted = self._limited_chunk = None
+            self._stop_commands()  # before the counters: a tick between counts nothing
             with self._lock:
                 self.state.reset()
                 for slot in self.slots:
@@ -1158,17 +1161,7 @@ class FlashRTNode(Node):
         now_ns = self.get_clock().now().nanoseconds
         times = start_ns + step_ns * np.arange(1, len(actions) + 1)  # point i at (i + 1) steps
         here = np.array([np.interp(now_ns, times, actions[:, j]) for j in range(actions.shape[1])])
-        zero = messages.time_msg(0)  # start now
-        frame, names = self.cfg.frame_id, self.cfg.output_joint_names
-        self._traj_pub.publish(
-            messages.joint_trajectory(here[None, :], stamp=zero, frame_id=frame, joint_names=names, step_ns=step_ns)
-        )
-        for pub, columns, joints in self._group_pubs:
-            pub.publish(
-                messages.joint_trajectory(
-                    here[None, columns], stamp=zero, frame_id=frame, joint_names=joints, step_ns=step_ns
-                )
-            )
+        self._publish_trajectories(here[None, :], messages.time_msg(0), step_ns)  # stamp 0: start now
         return "the trajectory controllers are sent one point, one step ahead, where the last chunk has them now"
 
     def _capsule_call(self, service: str, response: Any, action: Callable[[], str]) -> Any:
