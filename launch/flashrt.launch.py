@@ -6,6 +6,7 @@
         remappings:="cam_high/image_raw:=/camera/color/image_raw;joint_states:=/robot/joint_states"
     ros2 launch flashrt_ros flashrt.launch.py params_file:=/path/robot.yaml \\
         checkpoint:=/models/pi05_aloha tokenizer:=/models/paligemma_tokenizer.model prompt:="fold the towel"
+    ros2 launch flashrt_ros flashrt.launch.py lifecycle:=true           # managed: ros2 lifecycle set ...
 
 Arguments:
     params_file            flashrt_node parameters (default: the package's config/flashrt.yaml)
@@ -17,6 +18,9 @@ Arguments:
     start_enabled          true / false over params_file; false: flashrt_node starts paused (loaded
                            and warm, nothing published until ~/enable true); empty (default): as
                            params_file says
+    lifecycle              true: flashrt_lifecycle_node, the managed (lifecycle) node, instead of
+                           flashrt_node: it starts unconfigured, for a lifecycle manager or
+                           `ros2 lifecycle set /flashrt_node configure` then `activate`
     fastdds_profile        a Fast DDS XML profile for both nodes (FASTRTPS_DEFAULT_PROFILES_FILE), e.g.
                            the package's config/fastdds_large_messages.xml for 640x480 cameras at 30 Hz
                            (empty, default: that one with use_synthetic:=true unless
@@ -68,6 +72,9 @@ def parse_flag(name, text, empty=None):
 
 
 LOG_LEVELS = ("debug", "info", "warn", "error", "fatal")
+
+# the policy node's executable by the `lifecycle` argument: plain, or managed (lifecycle)
+NODE_EXECUTABLES = {False: "flashrt_node", True: "flashrt_lifecycle_node"}
 
 # flashrt_node's string parameters that a launch argument of the same name can set: the ones
 # that change from one robot or checkpoint to the next. The others stay in params_file.
@@ -129,8 +136,8 @@ def _nodes(context):
     nodes = [
         Node(
             package=PACKAGE,
-            executable="flashrt_node",
-            name="flashrt_node",
+            executable=NODE_EXECUTABLES[parse_flag("lifecycle", arg("lifecycle"))],
+            name="flashrt_node",  # both executables: the parameters are addressed to it
             parameters=[params, *extra, *([overrides] if overrides else [])],
             on_exit=Shutdown(reason="flashrt_node exited"),  # not the sensors publishing on alone
             **common,
@@ -184,6 +191,11 @@ def generate_launch_description():
                 "start_enabled",
                 default_value="",
                 description="false: flashrt_node starts paused until ~/enable true; empty: as params_file says",
+            ),
+            DeclareLaunchArgument(
+                "lifecycle",
+                default_value="false",
+                description="true: the managed (lifecycle) node, which starts unconfigured (true / false, any case)",
             ),
             DeclareLaunchArgument(
                 "fastdds_profile",

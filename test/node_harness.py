@@ -93,14 +93,22 @@ def jpeg_of(rgb: np.ndarray, quality: int = 90) -> bytes:
 class NodeProcess:
     """``flashrt_node`` in a subprocess; its merged stdout/stderr lines are collected."""
 
-    def __init__(self, env: dict[str, str], tmp: Path, namespace: str, params: dict, extra_args: list[str] = ()):
+    def __init__(
+        self,
+        env: dict[str, str],
+        tmp: Path,
+        namespace: str,
+        params: dict,
+        extra_args: list[str] = (),
+        module: str = "flashrt_ros.ros.node",
+    ):
         params_file = tmp / f"params_{uuid.uuid4().hex[:6]}.yaml"
         params_file.write_text(yaml.safe_dump({f"/**/{NODE}": {"ros__parameters": params}}))
         env = dict(env, RCUTILS_LOGGING_BUFFERED_STREAM="0", RCUTILS_COLORIZED_OUTPUT="0", PYTHONUNBUFFERED="1")
         cmd = [
             sys.executable,
             "-m",
-            "flashrt_ros.ros.node",
+            module,
             "--ros-args",
             "-r",
             f"__ns:={namespace}",

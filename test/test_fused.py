@@ -161,6 +161,42 @@ def test_rebuilding_the_fused_path_leaves_no_gpu_memory_behind():
     assert shapes > 1 and grown < 1.0, f"{grown:.1f} MiB left behind by 3 builds of {shapes} captured shapes"
 
 
+@pytest.mark.gpu
+def test_dropping_a_nodes_pipeline_gives_its_gpu_memory_back():
+    """A lifecycle node's cleanup: the state it holds (policy, fused path with its captured graphs
+    and static buffers, capsules) dropped, then `release_device_memory`: nothing stays allocated
+    and the allocator's cache goes back to the driver, for other processes on the robot's GPU."""
+    import numpy as np
+
+    from flashrt_ros.engine.capsule import CapsuleStore, PipelineState
+    from flashrt_ros.engine.pipeline import Pipeline, release_device_memory
+    from flashrt_ros.policies.policy import Observation, default_policy
+
+    rng = np.random.default_rng(4)
+    obs = Observation([rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)] * 2, rng.uniform(-1, 1, 6), "pick up")
+
+    def node_state_used_and_dropped() -> int:
+        policy = default_policy("pi05", device=DEVICE, num_views=2, action_dof=6)
+        state = PipelineState(Pipeline(policy, backend="fused", release_reference=True), seed=0)
+        assert state.pipeline.backend == "fused"
+        store = CapsuleStore(state)
+        for _ in range(2):
+            state.decide(obs)
+        store.snapshot("a")
+        held = torch.cuda.memory_allocated(DEVICE)
+        del policy, state, store
+        release_device_memory()
+        return held
+
+    node_state_used_and_dropped()  # the first build leaves its streams' cuBLAS workspaces for good
+    before = torch.cuda.memory_allocated(DEVICE), torch.cuda.memory_reserved(DEVICE)
+    held = node_state_used_and_dropped()
+    after = torch.cuda.memory_allocated(DEVICE), torch.cuda.memory_reserved(DEVICE)
+    assert held > before[0], "the pipeline held no GPU memory: nothing was measured"
+    assert after[0] - before[0] < 2**20, f"{(after[0] - before[0]) / 2**20:.1f} MiB still allocated"
+    assert after[1] <= before[1] + 2**20, f"reserved {before[1] / 2**20:.1f} -> {after[1] / 2**20:.1f} MiB"
+
+
 @pytest.mark.parametrize("present", [[True, False], [False, True], [True, True]])
 def test_pipeline_fused_backend_matches_reference_backend(present):
     """The node's decision path: raw uint8 frames + prompt + state through both backends. The

@@ -78,7 +78,8 @@ def test_launch_file_parses_and_declares_its_arguments():
         ast.literal_eval(c.args[0]) for c in calls(tree, "DeclareLaunchArgument") if isinstance(c.args[0], ast.Constant)
     }
     expected = {"params_file", "namespace", "use_synthetic", "synthetic_params_file", "remappings"}
-    assert declared == expected | {"use_sim_time", "start_enabled", "fastdds_profile", "log_level"}, declared
+    expected |= {"use_sim_time", "start_enabled", "lifecycle", "fastdds_profile", "log_level"}
+    assert declared == expected, declared
     overrides = launch_function("NODE_OVERRIDES")  # declared in a loop, one argument each
     docs = (REPO / "docs" / "ros.md").read_text()
     for name in declared:  # the launch file's docstring and docs/ros.md's table name each of them
@@ -104,15 +105,19 @@ def test_node_parameter_arguments():
 def test_every_executable_exists_and_is_installed():
     tree = launch_tree()
     nodes = calls(tree, "Node")
-    executables = {keyword(n, "executable") for n in nodes}
-    assert executables == {"flashrt_node", "synthetic_sensors"}
+    named = {keyword(n, "executable") for n in nodes}
+    by_flag = launch_function("NODE_EXECUTABLES")  # the policy node's, by the `lifecycle` argument
+    assert by_flag == {False: "flashrt_node", True: "flashrt_lifecycle_node"}
+    executables = {e for e in named if isinstance(e, str)} | set(by_flag.values())
+    assert executables == {"flashrt_node", "flashrt_lifecycle_node", "synthetic_sensors"}
+    assert 'executable=NODE_EXECUTABLES[parse_flag("lifecycle", arg("lifecycle"))]' in LAUNCH.read_text()
     installed = cmake_installs()["programs"]
     for exe in executables:
         script = REPO / "scripts" / "ros" / exe
         assert script.is_file(), f"launch names {exe}, but {script} does not exist"
         assert os.access(script, os.X_OK), f"{script} is not executable"
         assert f"scripts/ros/{exe}" in installed, f"{exe} is not installed by CMakeLists.txt install(PROGRAMS)"
-        module = {"flashrt_node": "node", "synthetic_sensors": "synthetic_sensors"}[exe]
+        module = {"flashrt_node": "node", "flashrt_lifecycle_node": "lifecycle_node"}.get(exe, exe)
         assert f"from flashrt_ros.ros.{module} import main" in script.read_text()
     # the console that prints what the node publishes, for `ros2 run` (not launched)
     echo = REPO / "scripts" / "ros" / "flashrt_echo"
@@ -176,7 +181,7 @@ def test_the_node_exiting_ends_the_launch_and_synthetic_runs_get_the_large_messa
     error scrolled away; with use_synthetic and no fastdds_profile, three 640x480 cameras lost
     frames on the default transport (11-26 Hz of 30)."""
     tree = launch_tree()
-    (node,) = [n for n in calls(tree, "Node") if keyword(n, "executable") == "flashrt_node"]
+    (node,) = [n for n in calls(tree, "Node") if keyword(n, "name") == "flashrt_node"]
     on_exit = keyword(node, "on_exit")
     assert isinstance(on_exit, ast.Call) and on_exit.func.id == "Shutdown"
     assert '"config", "fastdds_large_messages.xml"' in LAUNCH.read_text()
@@ -249,7 +254,9 @@ def test_config_parses_as_a_ros_parameters_file(path, ros_env):
     context.try_shutdown()
 
 
-@pytest.mark.parametrize("exe,flag", [("flashrt_node", "--help"), ("synthetic_sensors", "-h")])
+@pytest.mark.parametrize(
+    "exe,flag", [("flashrt_node", "--help"), ("flashrt_lifecycle_node", "--help"), ("synthetic_sensors", "-h")]
+)
 def test_help_prints_the_parameters_and_starts_nothing(ros_env, exe, flag):
     """`--help` / `-h` (also after `--ros-args ... --`) prints every parameter with its default
     and exits 0 before rclpy starts: no policy is built, nothing is published (synthetic_sensors
@@ -264,13 +271,13 @@ def test_help_prints_the_parameters_and_starts_nothing(ros_env, exe, flag):
         )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
         assert done.stdout.startswith(f"usage: ros2 run flashrt_ros {exe} "), done.stdout
-        names = PARAMETERS if exe == "flashrt_node" else PARAMETER_HELP
+        names = PARAMETER_HELP if exe == "synthetic_sensors" else PARAMETERS
         for name in names:
             assert f"\n  {name} " in done.stdout, (name, done.stdout)
         assert "publishing" not in done.stdout + done.stderr and "[INFO]" not in done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("exe", ["flashrt_node", "synthetic_sensors"])
+@pytest.mark.parametrize("exe", ["flashrt_node", "flashrt_lifecycle_node", "synthetic_sensors"])
 def test_arguments_outside_ros_args_are_refused(ros_env, exe):
     """`flashrt_node --params-file robot.yaml` (no `--ros-args`): rcl ignores it and the node ran on
     its defaults, the random-weight policy, without a word. Refused with exit 2 and the right form."""

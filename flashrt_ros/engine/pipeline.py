@@ -89,6 +89,16 @@ def one_line(exc: BaseException, limit: int = 600) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def release_device_memory() -> None:
+    """After a pipeline was dropped (a lifecycle node's cleanup): collect what only a garbage
+    collection frees (reference cycles of modules and captured graphs), and give the CUDA caching
+    allocator's free blocks back, so that other processes on the robot's GPU can use them."""
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
 def release_weights(policy: Policy) -> float:
     """Move the reference model's weights to the meta device and return the GiB of device memory
     that freed. Once the fused path is built the reference is not run again, and most of its

@@ -112,21 +112,51 @@ class FlashRTNode(Node):
     """See the module docstring. ``stats_window`` sizes the rolling timing windows (the
     benchmark makes it large to keep every decision)."""
 
-    def __init__(self, *, stats_window: int = 200, params_files: Sequence[str] = (), **node_kwargs: Any):
+    MANAGED = False
+    """True in the lifecycle node: the pipeline is set up on configure, decisions run while active,
+    and activate / deactivate take the place of ~/enable."""
+    PAUSED_STATE = "paused by ~/enable"  # how diagnostics, stats and logs name a pause
+    PAUSED_STATS = "PAUSED (~/enable)"
+    PAUSED_DROP = "~/enable paused the policy"
+
+    def __init__(
+        self,
+        *,
+        stats_window: int = 200,
+        params_files: Sequence[str] = (),
+        set_up: bool = True,
+        **node_kwargs: Any,
+    ):
         # undeclared names reach _on_set_parameters, which refuses them with the known names and
         # a counter (rclpy's own refusal says only "Invalid access to undeclared parameter(s)")
         node_kwargs.setdefault("allow_undeclared_parameters", True)
         super().__init__(NODE_NAME, **node_kwargs)
         _FORWARD.ros_logger = self.get_logger()  # the policy's logs under this node's name (and /rosout)
         declare_parameters(self)
-        unknown = self._warn_unknown_parameters()  # before the problems: a typo is often their cause
+        self._unknown = self._warn_unknown_parameters()  # before the problems: a typo is often their cause
+        self._params_files = list(params_files)
+        self.stats_window = stats_window
+        self.stopping = threading.Event()  # set by begin_shutdown
+        self.is_set_up = False
+        self.enabled = False  # ~/enable (or the lifecycle): decide and publish, or only take inputs
+        self._live = threading.Condition()  # is_set_up and the callbacks running (tear_down waits for them)
+        self._running = 0
+        self.add_pre_set_parameters_callback(self._before_set_parameters)
+        self.add_on_set_parameters_callback(self._on_set_parameters)
+        self.add_post_set_parameters_callback(self._after_set_parameters)
+        if set_up:
+            self.set_up()
+
+    def set_up(self) -> None:
+        """Read and check the parameters, build the pipeline (load the policy, warm it up) and
+        make every topic, timer and service: at start, or on a lifecycle node's configure.
+        Raises ConfigError (the parameters) or StartupError (the policy) before anything is made."""
         self.cfg = NodeConfig.from_parameters(self)
-        problems = unaddressed_params_files(list(params_files), self.get_fully_qualified_name())
+        problems = unaddressed_params_files(self._params_files, self.get_fully_qualified_name())
         problems += self.cfg.validate(resolve=node_resolver(self))
         if problems:
             raise ConfigError(problems)
         check_decoders(self.cfg)
-        self.stats_window = stats_window
         self.state, self.description = build_pipeline_state(self.cfg)
         names = self.cfg.output_joint_names
         self._limits = ActionLimits.from_lists(
@@ -138,23 +168,70 @@ class FlashRTNode(Node):
         self._lock = threading.Lock()  # counters and conversion stats (sensor threads)
         self._throttle = ThrottledLog(self.cfg.log_throttle_s, self.get_logger())
         self._reset_counters()
-        if unknown:
-            self.invalid[("", UNKNOWN_PARAMETER)] += len(unknown)
+        if self._unknown:
+            self.invalid[("", UNKNOWN_PARAMETER)] += len(self._unknown)
         # decisions, status and services each in their own group, so that a decision rate the
         # policy cannot keep (its timer always due) starves neither the status nor the services;
         # the decision and the services that change its state take turns on this lock instead
         self._state_lock = threading.Lock()
-        self.stopping = threading.Event()  # set by begin_shutdown
-        self.enabled = self.cfg.start_enabled  # ~/enable: decide and publish, or only take inputs
+        self.enabled = self.cfg.start_enabled and not self.MANAGED
+        self._started_at: float | None = None  # the first decision tick: absent inputs are expected then
+        with self._live:
+            self.is_set_up = True
         self._create_inputs()
         self._create_outputs()
-        self._started_at: float | None = None  # the first decision tick: absent inputs are expected then
         self._create_timers()
         self._create_services()
-        self.add_pre_set_parameters_callback(self._before_set_parameters)
-        self.add_on_set_parameters_callback(self._on_set_parameters)
-        self.add_post_set_parameters_callback(self._after_set_parameters)
         self._log_startup()
+
+    def tear_down(self) -> None:
+        """Undo `set_up` (a lifecycle node's cleanup or shutdown): nothing is decided or published
+        from here on, the callbacks running finish, every topic, timer and service of the
+        pipeline goes, and the policy with its GPU memory is released. The parameters stay."""
+        with self._live:
+            self.is_set_up = self.enabled = False  # callbacks that start from now on return at once
+            while not self._live.wait_for(lambda: self._running == 0, timeout=5.0):
+                self.get_logger().warning(f"tear-down: waiting for {self._running} callbacks still running")
+        for name in ("_decision_timer", "_status_timer", "_command_timer"):
+            if getattr(self, name, None) is not None:
+                self.destroy_timer(getattr(self, name))
+        for sub in [*getattr(self, "_subscriptions_in", []), getattr(self, "_prompt_sub", None)]:
+            if sub is not None:
+                self.destroy_subscription(sub)
+        pubs = [getattr(self, n, None) for n in ("_chunk_pub", "_traj_pub", "_status_pub", "_diag_pub")]
+        pubs += [pub for pub, _, _ in getattr(self, "_group_pubs", []) + getattr(self, "_command_pubs", [])]
+        for pub in pubs:
+            if pub is not None:
+                self.destroy_publisher(pub)
+        for service in getattr(self, "_own_services", []):
+            self.destroy_service(service)
+        self._subscriptions_in, self._prompt_sub, self._own_services = [], None, []
+        self._group_pubs, self._command_pubs = [], []
+        self._decision_timer = self._status_timer = self._command_timer = None
+        built = getattr(self, "state", None) is not None
+        self.capsules = self.state = None  # the policy, its buffers, graphs and capsules
+        if built:  # (torch is there)
+            from flashrt_ros.engine.pipeline import release_device_memory
+
+            release_device_memory()
+
+    def _guarded(self, callback: Callable) -> Callable:
+        """`callback` that runs only while the node is set up, counted while it runs so that
+        `tear_down` can wait for it. Skipped, a service callback returns its response untouched."""
+
+        def run(*args: Any) -> Any:
+            with self._live:
+                if not self.is_set_up:
+                    return args[-1] if args else None
+                self._running += 1
+            try:
+                return callback(*args)
+            finally:
+                with self._live:
+                    self._running -= 1
+                    self._live.notify_all()
+
+        return run
 
     # ---- set-up ----------------------------------------------------------------------------
     def _warn_unknown_parameters(self) -> list[str]:
@@ -202,7 +279,7 @@ class FlashRTNode(Node):
         if cfg.prompt_topic:  # reliable: an instruction must not be lost; volatile: any publisher fits;
             # depth 1: only the newest matters. In the node's default group, with the parameter
             # services: one parameter change at a time (self.cfg is replaced in their callbacks)
-            self._prompt_sub = self.create_subscription(String, cfg.prompt_topic, self._on_prompt, 1)
+            self._prompt_sub = self.create_subscription(String, cfg.prompt_topic, self._guarded(self._on_prompt), 1)
 
     def _subscribe(self, msg_type: type, topic: str, handler: Callable) -> None:
         """One input: a slot for its latest good sample, and a best-effort subscription."""
@@ -212,7 +289,7 @@ class FlashRTNode(Node):
         sub = self.create_subscription(
             msg_type,
             topic,
-            partial(handler, slot),
+            self._guarded(partial(handler, slot)),
             qos_profile_sensor_data,
             callback_group=MutuallyExclusiveCallbackGroup(),  # topics in parallel, each in order
             # A best-effort, volatile subscription is compatible with every publisher, so rclpy's
@@ -256,33 +333,39 @@ class FlashRTNode(Node):
 
     def _create_timers(self) -> None:
         self._decision_timer = self.create_timer(
-            1.0 / self.cfg.rate_hz, self._on_decision, callback_group=MutuallyExclusiveCallbackGroup()
+            1.0 / self.cfg.rate_hz, self._guarded(self._on_decision), callback_group=MutuallyExclusiveCallbackGroup()
         )
         # status on the steady clock: it keeps reporting when ROS time stops (use_sim_time with
         # no /clock, a paused simulator)
         steady = Clock(clock_type=ClockType.STEADY_TIME)
         status_group = MutuallyExclusiveCallbackGroup()
         self._status_timer = self.create_timer(
-            1.0 / self.cfg.status_rate_hz, self._on_status, callback_group=status_group, clock=steady
+            1.0 / self.cfg.status_rate_hz, self._guarded(self._on_status), callback_group=status_group, clock=steady
         )
         # commands on the ROS clock, the chunks' stamps' own, in a group of their own: a decision
         # in progress must not delay the controller's next command
         self._command_timer = None
         if self.cfg.command_rate_hz > 0:
             self._command_timer = self.create_timer(
-                1.0 / self.cfg.command_rate_hz, self._on_command, callback_group=MutuallyExclusiveCallbackGroup()
+                1.0 / self.cfg.command_rate_hz,
+                self._guarded(self._on_command),
+                callback_group=MutuallyExclusiveCallbackGroup(),
             )
 
     def _create_services(self) -> None:
         group = MutuallyExclusiveCallbackGroup()  # one service at a time; each takes the state lock
+        services = [
+            (Trigger, "~/reset", self._on_reset),
+            *([] if self.MANAGED else [(SetBool, "~/enable", self._on_enable)]),  # the lifecycle's (de)activate
+            (SnapshotCapsule, "~/capsule/snapshot", self._on_snapshot),
+            (RestoreCapsule, "~/capsule/restore", self._on_restore),
+            (ForkCapsule, "~/capsule/fork", self._on_fork),
+            (ListCapsules, "~/capsule/list", self._on_list),
+            (DropCapsule, "~/capsule/drop", self._on_drop),
+        ]
         self._own_services = [
-            self.create_service(Trigger, "~/reset", self._on_reset, callback_group=group),
-            self.create_service(SetBool, "~/enable", self._on_enable, callback_group=group),
-            self.create_service(SnapshotCapsule, "~/capsule/snapshot", self._on_snapshot, callback_group=group),
-            self.create_service(RestoreCapsule, "~/capsule/restore", self._on_restore, callback_group=group),
-            self.create_service(ForkCapsule, "~/capsule/fork", self._on_fork, callback_group=group),
-            self.create_service(ListCapsules, "~/capsule/list", self._on_list, callback_group=group),
-            self.create_service(DropCapsule, "~/capsule/drop", self._on_drop, callback_group=group),
+            self.create_service(srv, name, self._guarded(callback), callback_group=group)
+            for srv, name, callback in services
         ]
         from flashrt_ros.engine.capsule import CapsuleStore
 
@@ -326,11 +409,8 @@ class FlashRTNode(Node):
             f"deciding at {cfg.rate_hz:g} Hz on inputs at most {cfg.max_age_s:g} s old; "
             f"prompt {cfg.prompt!r}{from_topic}"
         )
-        if not self.enabled:
-            log.warning(
-                "paused (start_enabled false): inputs are checked, but nothing is decided or published until: "
-                f"ros2 service call {self.resolve_service_name('~/enable')} std_srvs/srv/SetBool '{{data: true}}'"
-            )
+        if not self.enabled and not self.MANAGED:  # the lifecycle node says it once configured
+            log.warning(self._paused_at_start())
         log.info(f"prefix stage (prefix_trigger {cfg.prefix_trigger}): {prefix_schedule(cfg)}")
         self._warn_fewer_joints_than_statistics()
         self._warn_chunk_gap(cfg)
@@ -516,7 +596,10 @@ class FlashRTNode(Node):
     @property
     def callback_threads(self) -> int:
         """Executor threads for every group to run at once: one per input, decisions, status,
-        our services, the node's default group (parameter services, /clock) and the commands."""
+        our services, the node's default group (parameter services, /clock) and the commands. Before
+        set-up (a lifecycle node), from the parameters as they are, commands counted."""
+        if not self.is_set_up:
+            return len(self.get_parameter("camera_topics").value or []) + 1 + 4 + 1
         return len(self.slots) + 4 + (self._command_timer is not None)
 
     def begin_shutdown(self) -> None:
@@ -572,9 +655,7 @@ class FlashRTNode(Node):
             self.get_logger().info(f"stop signal: chunk {decision.chunk_id}, computed meanwhile, not published")
             return
         if not self.enabled:  # ~/enable false came while it was computed
-            self.get_logger().info(
-                f"~/enable paused the policy: chunk {decision.chunk_id}, computed meanwhile, not published"
-            )
+            self.get_logger().info(f"{self.PAUSED_DROP}: chunk {decision.chunk_id}, computed meanwhile, not published")
             return
         self._publish(decision, samples, latency_ms, cfg)
         self._account(samples, decision, start, time.perf_counter_ns(), cfg)
@@ -801,6 +882,8 @@ class FlashRTNode(Node):
             self.get_logger().info(f"decisions resumed (chunk {decision.chunk_id}) after {streak} skipped")
 
     def _count_node_wide(self, reason: str) -> None:
+        if not self.is_set_up:  # no counters and no status before set-up (a lifecycle node): logged only
+            return
         with self._lock:
             self.invalid[("", reason)] += 1
 
@@ -937,7 +1020,7 @@ class FlashRTNode(Node):
         state, unready = "running", ""
         if not self.enabled:  # whether a decision could run now: what an operator asks before engaging
             unready = self._unready_inputs()
-            state = "paused by ~/enable (no decisions): " + (f"not ready ({unready})" if unready else "ready")
+            state = f"{self.PAUSED_STATE} (no decisions): " + (f"not ready ({unready})" if unready else "ready")
         if problems:
             return DiagnosticStatus.WARN, f"{state}, with " + ", ".join(problems) + " since the last status"
         if unready:
@@ -991,7 +1074,7 @@ class FlashRTNode(Node):
         rate = next((s.rate_hz for s in snap.stages if s.name == "node_overhead"), 0.0)
         stages = " | ".join(f"{s.name} {s.p50_ms:.2f}/{s.p99_ms:.2f} ms" for s in snap.stages)
         return (
-            f"stats: {'PAUSED (~/enable), ' if not snap.enabled else ''}"
+            f"stats: {self.PAUSED_STATS + ', ' if not snap.enabled else ''}"
             f"{snap.decisions} decisions ({rate:.1f} Hz), {snap.dropped_decisions} skipped, "
             f"{snap.deadline_misses} deadline misses, {snap.prefix_reuses} re-used the prefix, "
             f"{messages.input_counts(snap.invalid, ABSENT, self._input_topics)}"
@@ -1021,7 +1104,11 @@ class FlashRTNode(Node):
             self._count_node_wide(UNKNOWN_PARAMETER)
             self.get_logger().warning(f"parameter change refused: {reason}")
             return SetParametersResult(successful=False, reason=reason)
+        if not self.is_set_up:  # a lifecycle node before configure: all of them are checked then
+            return SetParametersResult(successful=True)
         reason = check_update(self.cfg, changes, resolve=node_resolver(self))
+        if reason is not None:
+            reason = self._restart_hint(reason)
         if reason is None and isinstance(changes.get("prompt"), str):
             reason = self.state.pipeline.policy.prompt_problem(changes["prompt"], len(self.cfg.joint_names))
         if reason is None:
@@ -1031,6 +1118,10 @@ class FlashRTNode(Node):
         self._count_node_wide(INVALID_PARAMETER)
         self.get_logger().warning(f"parameter change refused: {reason}")
         return SetParametersResult(successful=False, reason=reason)
+
+    def _restart_hint(self, reason: str) -> str:
+        """A refusal's reason as the node says it (the lifecycle node adds its own way to apply it)."""
+        return reason
 
     def _retime(self, changes: dict[str, Any]) -> str | None:
         """Apply the change's timer rates now, the last step before rclpy stores the values (this
@@ -1045,7 +1136,7 @@ class FlashRTNode(Node):
 
     def _after_set_parameters(self, params: list) -> None:
         changes = {p.name: p.value for p in params if p.name in PARAMETERS}
-        if not changes:
+        if not changes or not self.is_set_up:  # before set-up, set_up reads them
             return
         old, new = self.cfg, self.cfg.with_values(changes)
         self.cfg = new  # the timers took the new rates in _on_set_parameters
@@ -1106,20 +1197,31 @@ class FlashRTNode(Node):
         return response
 
     def _on_enable(self, request: SetBool.Request, response: SetBool.Response) -> SetBool.Response:
-        """Engage (true) or pause (false) the policy. Paused, the node keeps its pipeline warm and
-        checks its inputs, but decides nothing and publishes no chunk, trajectory or command.
-        A pause acts at once: the commands stop, a decision in flight that has not begun to
-        publish does not, and once it has ended a one-point trajectory holds the trajectory
-        controllers where the last chunk has them now (else they would play it to its end)."""
+        """Engage (true) or pause (false) the policy: `set_enabled`."""
         if self._refuse_while_stopping("~/enable", response):
             return response
-        was, want = self.enabled, bool(request.data)
+        message = self.set_enabled(bool(request.data), "~/enable true")
+        if message is None:  # the stop began while this call waited
+            self._refuse_while_stopping("~/enable", response)
+            return response
+        response.success, response.message = True, message
+        self.get_logger().warning(f"~/enable: {message}")
+        return response
+
+    def set_enabled(self, want: bool, resume: str) -> str | None:
+        """Engage (true) or pause (false) the policy; what was done, in words (None: the node is
+        stopping, nothing changed). Paused, the node keeps its pipeline warm and checks its inputs,
+        but decides nothing and publishes no chunk, trajectory or command. A pause acts at once:
+        the commands stop, a decision in flight that has not begun to publish does not, and once it
+        has ended a one-point trajectory holds the trajectory controllers where the last chunk has
+        them now (else they would play it to its end). `resume` names what engages it again."""
+        was = self.enabled
         if was and not want:
             self.enabled = False  # before the wait below: read by the decision in flight
             self._stop_commands()
         with self._state_lock:  # between decisions
-            if self._refuse_while_stopping("~/enable", response):  # began while this call waited
-                return response
+            if self.stopping.is_set():
+                return None
             held = ""
             if was and not want:
                 self._stop_commands()  # what the decision in flight may have pushed before it saw the pause
@@ -1131,19 +1233,21 @@ class FlashRTNode(Node):
                     self._dropped_streak = 0
                 self._started_at = None
                 self.enabled = True
-        response.success = True
         if was == want:
-            response.message = f"already {'enabled' if was else 'paused'}: nothing changed"
-        elif want:
-            response.message = f"enabled: deciding at {self.cfg.rate_hz:g} Hz from the next tick"
-        else:
-            response.message = (
-                "paused: no decision, chunk, trajectory or command until ~/enable true; "
-                + held
-                + ("; the command controllers hold their last command" if self._command_pubs else "")
-            )
-        self.get_logger().warning(f"~/enable: {response.message}")
-        return response
+            return f"already {'enabled' if was else 'paused'}: nothing changed"
+        if want:
+            return f"enabled: deciding at {self.cfg.rate_hz:g} Hz from the next tick"
+        return (
+            f"paused: no decision, chunk, trajectory or command until {resume}; "
+            + held
+            + ("; the command controllers hold their last command" if self._command_pubs else "")
+        )
+
+    def _paused_at_start(self) -> str:
+        return (
+            "paused (start_enabled false): inputs are checked, but nothing is decided or published until: "
+            f"ros2 service call {self.resolve_service_name('~/enable')} std_srvs/srv/SetBool '{{data: true}}'"
+        )
 
     def _stop_commands(self) -> None:
         with self._command_lock:
@@ -1458,21 +1562,32 @@ _FORWARD = _ForwardToRos(get_logger(NODE_NAME))
 logger named after the bare node name is not the node's in a namespace, and misses /rosout)."""
 
 
-def node_usage() -> str:
-    """`flashrt_node --help`: every parameter with its default and description."""
+def node_usage(executable: str = NODE_NAME, lifecycle: str = "") -> str:
+    """`flashrt_node --help` (or the lifecycle node's): every parameter with its default and description."""
     defaults = NodeConfig().as_dict()
     params = {
         name: (defaults[name], info.description + (" [runtime]" if info.runtime else ""))
         for name, info in PARAMETERS.items()
     }
     return usage(
-        NODE_NAME,
+        executable,
         "Runs a pi0 / pi0.5 policy on camera and joint-state topics and publishes action chunks "
         "(~/action_chunk, ~/joint_trajectory), ~/status and /diagnostics. Parameters marked [runtime] "
-        "may be changed while it runs; docs/ros.md has the topics, services and input checks.",
+        f"may be changed while it runs; docs/ros.md has the topics, services and input checks.{lifecycle}",
         params,
-        "ros2 run flashrt_ros flashrt_node --ros-args --params-file config/flashrt.yaml -p rate_hz:=5.0",
+        f"ros2 run flashrt_ros {executable} --ros-args --params-file config/flashrt.yaml -p rate_hz:=5.0",
     )
+
+
+def forward_python_logs() -> Any:
+    """The library's Python logs (flashrt_ros.*: loading, kernels, graphs) to the ROS logger named
+    after the node, until the node points them at its own; returns that logger."""
+    _FORWARD.ros_logger = get_logger(NODE_NAME)
+    root = logging.getLogger("flashrt_ros")
+    root.setLevel(logging.INFO)
+    if _FORWARD not in root.handlers:
+        root.addHandler(_FORWARD)
+    return _FORWARD.ros_logger
 
 
 def main(args: list[str] | None = None) -> int:
@@ -1487,10 +1602,7 @@ def main(args: list[str] | None = None) -> int:
     try:
         if not init_rclpy(argv, NODE_NAME):
             return 2
-        _FORWARD.ros_logger = get_logger(NODE_NAME)  # until the node exists; then its own logger
-        root = logging.getLogger("flashrt_ros")
-        root.setLevel(logging.INFO)
-        root.addHandler(_FORWARD)
+        forward_python_logs()  # to the bare name's logger until the node exists; then its own
         node = FlashRTNode(params_files=params_files(argv))
         with signals_held():
             executor = MultiThreadedExecutor(num_threads=node.callback_threads)

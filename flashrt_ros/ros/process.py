@@ -42,7 +42,7 @@ def init_rclpy(argv: list[str], node_name: str) -> bool:
     return True
 
 
-def spin_until_signal(executor: Any) -> None:
+def spin_until_signal(executor: Any, done: Callable[[], bool] | None = None) -> None:
     """Spin until SIGINT or SIGTERM (``ros2 launch`` stops nodes with SIGINT, then SIGTERM).
     Call after ``rclpy.init(signal_handler_options=SignalHandlerOptions.NO)``: rclpy's own
     handlers shut the context down first, so nothing - e.g. the final stats line - could be
@@ -50,7 +50,8 @@ def spin_until_signal(executor: Any) -> None:
 
     The handler only sets a flag, checked between short waits: raising KeyboardInterrupt from
     it (Python's default) lands at any bytecode of the executor's own code, e.g. between taking
-    a lock and the ``try`` that releases it, and can leave the executor unable to stop."""
+    a lock and the ``try`` that releases it, and can leave the executor unable to stop. `done`,
+    where given, also ends it when it turns true (a lifecycle node's shutdown transition)."""
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -61,7 +62,7 @@ def spin_until_signal(executor: Any) -> None:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        while not stop.is_set() and executor.context.ok():
+        while not stop.is_set() and executor.context.ok() and not (done is not None and done()):
             executor.spin_once(timeout_sec=POLL_S)
     except ExternalShutdownException:
         pass
@@ -163,15 +164,16 @@ def run_until_signal(
     executor: Any,
     on_stop: Callable[[], None] | None = None,
     on_signal: Callable[[], None] | None = None,
+    done: Callable[[], bool] | None = None,
 ) -> int:
-    """Spin `node` on `executor` until a signal. Then `on_signal` runs (e.g. the node stops
-    publishing), the callbacks in flight finish, and `on_stop` runs (so what it reports counts
-    them) before anything is torn down. A signal before spinning starts (KeyboardInterrupt from
-    `interrupt_on_signals`) stops it the same way."""
+    """Spin `node` on `executor` until a signal (or until `done` turns true). Then `on_signal`
+    runs (e.g. the node stops publishing), the callbacks in flight finish, and `on_stop` runs (so
+    what it reports counts them) before anything is torn down. A signal before spinning starts
+    (KeyboardInterrupt from `interrupt_on_signals`) stops it the same way."""
     try:
         try:
             executor.add_node(node)
-            spin_until_signal(executor)
+            spin_until_signal(executor, done)
         except KeyboardInterrupt:
             stopping()
         if on_signal is not None:

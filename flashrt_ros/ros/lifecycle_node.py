@@ -1,0 +1,144 @@
+"""``flashrt_lifecycle_node``: flashrt_node as a ROS 2 managed (lifecycle) node.
+
+For robots whose bring-up is driven by a lifecycle manager (nav2's, a system launch, or by hand
+with ``ros2 lifecycle set``): the process starts *unconfigured*, holding only its parameters,
+and the transitions do the rest:
+
+- configure: read and check the parameters, load the policy, warm it up and make every topic,
+  timer and service (as flashrt_node does at start). A bad parameter or checkpoint fails the
+  transition with the reason in the log; the node stays unconfigured and can be configured
+  again after the parameter is fixed (``ros2 param set`` works in every state).
+- activate / deactivate: decide and publish, or pause (as ``~/enable`` does on flashrt_node,
+  which this node does not offer): inactive, the inputs are still checked and the status and
+  diagnostics still published, and a deactivation stops the trajectory controllers where the
+  last chunk has them.
+- cleanup: every topic, timer and service of the pipeline goes and the policy's GPU memory is
+  given back; the parameters stay.
+- shutdown (from any state): as cleanup, then the process exits (code 0).
+
+Same name (``flashrt_node``), parameters, topics and services as flashrt_node otherwise.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+import rclpy
+from rclpy.executors import MultiThreadedExecutor
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
+
+from flashrt_ros.ros.node import FlashRTNode, StartupError, forward_python_logs, node_usage
+from flashrt_ros.ros.params import NODE_NAME, ConfigError, params_files
+from flashrt_ros.ros.process import init_rclpy, interrupt_on_signals, run_until_signal, signals_held, stopping
+from flashrt_ros.ros.usage import command_line
+
+EXECUTABLE = "flashrt_lifecycle_node"
+SUCCESS, FAILURE = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE
+LIFECYCLE_USAGE = (
+    " This is the managed (lifecycle) node: it starts unconfigured; configure loads the policy, activate "
+    "decides and publishes, deactivate pauses, cleanup unloads, shutdown exits (ros2 lifecycle set ...)."
+)
+
+
+class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
+    """See the module docstring. A transition callback that raises is the lifecycle's ERROR:
+    rclpy then calls `on_error`, which tears down whatever was made and returns to unconfigured."""
+
+    MANAGED = True
+    PAUSED_STATE = "inactive (lifecycle)"
+    PAUSED_STATS = "INACTIVE (lifecycle)"
+    PAUSED_DROP = "deactivated"
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(set_up=False, **kwargs)
+        self.finalized = threading.Event()  # shutdown done: main stops spinning and exits
+        fqn = self.get_fully_qualified_name()
+        self.get_logger().info(f"unconfigured, no policy loaded; next: ros2 lifecycle set {fqn} configure")
+
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        try:
+            self.set_up()
+        except (ConfigError, StartupError) as exc:
+            self.tear_down()  # nothing is made before these are raised; the parameters' check may run again
+            self.get_logger().error(f"configure failed, still unconfigured: {exc}")
+            return FAILURE
+        except Exception as exc:
+            self.get_logger().error(f"configure failed: {exc!r}")
+            raise
+        self.get_logger().info(f"configured (inactive): nothing is decided until activated{self._activate_hint()}")
+        return SUCCESS
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        message = self.set_enabled(True, "activated")
+        if message is None:
+            self.get_logger().error("activate refused: the node is shutting down")
+            return FAILURE
+        self.get_logger().warning(f"activated: {message}")
+        return SUCCESS
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        message = self.set_enabled(False, "activated")
+        self.get_logger().warning(f"deactivated: {message or 'the node is shutting down'}")
+        return SUCCESS
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.tear_down()
+        self.get_logger().info("cleaned up (unconfigured): the policy and its topics, timers and services are gone")
+        return SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        if self.is_set_up:
+            self.get_logger().info(f"shutting down from {state.label}; {self.stats_line()}")
+            self.tear_down()
+        self.finalized.set()
+        return SUCCESS
+
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.get_logger().error(f"a transition from {state.label} failed: tearing down, back to unconfigured")
+        self.tear_down()
+        return SUCCESS
+
+    def _activate_hint(self) -> str:
+        return f": ros2 lifecycle set {self.get_fully_qualified_name()} activate"
+
+    def _restart_hint(self, reason: str) -> str:
+        if "restart" not in reason:
+            return reason
+        return f"{reason}; on this lifecycle node: cleanup, set it, configure"
+
+
+def main(args: list[str] | None = None) -> int:
+    """Entry point of ``ros2 run flashrt_ros flashrt_lifecycle_node``. Exit codes: 0 after a
+    shutdown transition or a signal, 2 for invalid ROS arguments."""
+    argv = args if args is not None else sys.argv
+    code = command_line(EXECUTABLE, argv, lambda: node_usage(EXECUTABLE, LIFECYCLE_USAGE))
+    if code is not None:
+        return code
+    interrupt_on_signals()
+    try:
+        if not init_rclpy(argv, NODE_NAME):
+            return 2
+        log = forward_python_logs()
+        node = FlashRTLifecycleNode(params_files=params_files(argv))
+        with signals_held():
+            executor = MultiThreadedExecutor(num_threads=node.callback_threads)
+    except KeyboardInterrupt:
+        stopping()
+        log.info("not starting: stopped by a signal")
+        rclpy.try_shutdown()
+        return 0
+    return run_until_signal(
+        node,
+        executor,
+        on_signal=node.begin_shutdown,
+        on_stop=lambda: node.get_logger().info(
+            f"shutting down; {node.stats_line() if node.is_set_up else 'unconfigured'}"
+        ),
+        done=node.finalized.is_set,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""``flashrt_lifecycle_node`` over real DDS, driven through its lifecycle services as ``ros2
+lifecycle set`` drives it: unconfigured it publishes nothing; configured (inactive) it checks
+inputs and reports status but decides nothing; active it publishes chunks from good data;
+deactivated it stops the trajectory controllers and decides nothing more; cleanup takes the
+pipeline away; a failed configure names the bad parameter and leaves it unconfigured; shutdown
+ends the process with code 0."""
+
+from __future__ import annotations
+
+import pytest
+from node_harness import JOINTS, NODE, TEST_PARAMS, NodeProcess, Peer, new_namespace, stamp_ns
+
+from flashrt_ros.ros.params import NodeConfig
+
+pytestmark = pytest.mark.ros
+
+LIFECYCLE = "flashrt_ros.ros.lifecycle_node"
+
+
+@pytest.fixture
+def lifecycle_node(ros_env, ros_module_context, tmp_path):
+    namespace = new_namespace()
+    node = NodeProcess(ros_env, tmp_path, namespace, TEST_PARAMS, module=LIFECYCLE)
+    peer = None
+    try:
+        peer = Peer(ros_module_context, namespace)
+        node.wait_for_line("unconfigured, no policy loaded", timeout=60.0)
+        yield node, peer
+    finally:
+        if peer is not None:
+            peer.close()
+        node.stop()
+
+
+def state(peer) -> str:
+    from lifecycle_msgs.srv import GetState
+
+    return peer.call(GetState, f"{peer.namespace}/{NODE}/get_state", GetState.Request()).current_state.label
+
+
+def change(peer, transition: str) -> bool:
+    """Trigger a transition by its label (configure, activate, ...), as `ros2 lifecycle set` does."""
+    from lifecycle_msgs.msg import Transition
+    from lifecycle_msgs.srv import ChangeState
+
+    ids = {
+        "configure": Transition.TRANSITION_CONFIGURE,
+        "activate": Transition.TRANSITION_ACTIVATE,
+        "deactivate": Transition.TRANSITION_DEACTIVATE,
+        "cleanup": Transition.TRANSITION_CLEANUP,
+        "unconfigured_shutdown": Transition.TRANSITION_UNCONFIGURED_SHUTDOWN,
+        "inactive_shutdown": Transition.TRANSITION_INACTIVE_SHUTDOWN,
+        "active_shutdown": Transition.TRANSITION_ACTIVE_SHUTDOWN,
+    }
+    request = ChangeState.Request(transition=Transition(id=ids[transition]))
+    return peer.call(ChangeState, f"{peer.namespace}/{NODE}/change_state", request, timeout=60.0).success
+
+
+def service_available(peer, relative: str, timeout: float) -> bool:
+    from std_srvs.srv import SetBool, Trigger
+
+    srv = SetBool if relative == "enable" else Trigger
+    client = peer.node.create_client(srv, f"{peer.namespace}/{NODE}/{relative}")
+    try:
+        return client.wait_for_service(timeout_sec=timeout)
+    finally:
+        peer.node.destroy_client(client)
+
+
+def diagnostics_with(peer, start: int, text: str) -> list:
+    return [d.status[0] for d in peer.diagnostics[start:] if text in d.status[0].message]
+
+
+def test_lifecycle_transitions(lifecycle_node):
+    node, peer = lifecycle_node
+    assert state(peer) == "unconfigured"
+    peer.pump(1.5)  # inputs arrive, but nothing is subscribed to them yet
+    assert not peer.statuses and not peer.chunks and not peer.trajectories
+
+    mark = node.mark()
+    assert change(peer, "configure")
+    assert state(peer) == "inactive"
+    line = node.wait_for_line("configured (inactive)", since=mark)
+    assert f"ros2 lifecycle set {peer.namespace}/{NODE} activate" in line, line
+    start = len(peer.diagnostics)
+    ready = "inactive (lifecycle) (no decisions): ready"
+    assert peer.pump(10.0, until=lambda: bool(diagnostics_with(peer, start, ready)))
+    assert not peer.chunks and peer.statuses[-1].enabled is False and peer.statuses[-1].decisions == 0
+    # activate / deactivate take the place of ~/enable, which this node does not offer
+    assert service_available(peer, "reset", 10.0) and not service_available(peer, "enable", 1.0)
+    refused = peer.set_parameters(camera_topics=["other/image_raw", "cam1/image_raw"])[0]
+    assert not refused.successful and "on this lifecycle node: cleanup, set it, configure" in refused.reason
+
+    assert change(peer, "activate") and state(peer) == "active"
+    assert peer.pump(10.0, until=lambda: len(peer.chunks) >= 3)
+    assert peer.pump(5.0, until=lambda: peer.statuses[-1].enabled is True)
+    peer.assert_chunks_from_good_data()
+    assert list(peer.chunks[0].joint_names) == JOINTS and peer.chunks[0].chunk_id == 1
+
+    trajectories = len(peer.trajectories)
+    assert change(peer, "deactivate") and state(peer) == "inactive"
+    deactivated_ns = peer.now().nanoseconds
+    peer.pump(2.0)
+    # no chunk decided on a joint state stamped after the reply; one hold point for the controllers
+    assert not [c for c in peer.chunks if stamp_ns(c.header.stamp) > deactivated_ns]
+    holds = [t for t in peer.trajectories[trajectories:] if len(t.points) == 1]
+    assert len(holds) == 1, [len(t.points) for t in peer.trajectories[trajectories:]]
+    assert peer.statuses[-1].enabled is False
+
+    assert change(peer, "cleanup") and state(peer) == "unconfigured"
+    node.wait_for_line("cleaned up (unconfigured)", since=mark)
+    statuses = len(peer.statuses)
+    peer.pump(1.5)
+    assert len(peer.statuses) <= statuses + 1  # one may have been on its way
+
+    # unconfigured, any parameter may change; configure checks them and names what is wrong
+    assert all(r.successful for r in peer.set_parameters(policy="nope", rate_hz=20.0))
+    mark = node.mark()
+    assert not change(peer, "configure")
+    node.wait_for_line("configure failed, still unconfigured: invalid parameters", since=mark)
+    node.wait_for_line("policy must be one of pi05, pi0, pi05_tiny, pi0_tiny, got 'nope'", since=mark)
+    assert state(peer) == "unconfigured"
+
+    assert peer.set_parameters(policy=NodeConfig().policy)[0].successful
+    chunks = len(peer.chunks)
+    assert change(peer, "configure") and change(peer, "activate")
+    assert peer.pump(10.0, until=lambda: len(peer.chunks) >= chunks + 3)
+    assert peer.chunks[chunks].chunk_id == 1  # a new pipeline: its ids start again
+    node.wait_for_line("deciding at 20 Hz", since=mark)
+
+    mark = node.mark()
+    assert change(peer, "active_shutdown")
+    assert node.proc.wait(15.0) == 0, node.tail()
+    node.wait_for_line("shutting down from active; stats:", since=mark)
+
+
+def test_shutdown_unconfigured_exits_cleanly(lifecycle_node):
+    node, peer = lifecycle_node
+    assert change(peer, "unconfigured_shutdown")
+    assert node.proc.wait(15.0) == 0, node.tail()
+
+
+def in_process_lifecycle_node(context, **params):
+    from rclpy.parameter import Parameter
+
+    from flashrt_ros.ros.lifecycle_node import FlashRTLifecycleNode
+
+    overrides = [Parameter(name, value=value) for name, value in {**TEST_PARAMS, **params}.items()]
+    return FlashRTLifecycleNode(context=context, parameter_overrides=overrides)
+
+
+def counts(node) -> tuple[int, ...]:
+    return tuple(len(list(entities)) for entities in (node.timers, node.subscriptions, node.publishers, node.services))
+
+
+def test_cleanup_lets_the_policy_go_and_configure_builds_a_new_one(rclpy_context):
+    """Nothing of ours keeps the pipeline after cleanup (its GPU memory can only come back if
+    that holds; the GPU test in test_fused.py measures that part), and the callbacks the executor
+    may still hold for the old topics and timers return without touching it."""
+    import weakref
+
+    from rclpy.lifecycle import TransitionCallbackReturn
+
+    node = in_process_lifecycle_node(rclpy_context)
+    try:
+        assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+        policy = weakref.ref(node.state.pipeline.policy)
+        decide, status = node._decision_timer.callback, node._status_timer.callback
+        entities = counts(node)
+        assert node.trigger_cleanup() == TransitionCallbackReturn.SUCCESS
+        assert policy() is None and node.state is None
+        decide(), status()  # a tick the executor took before the timers went: returns at once
+        left = counts(node)
+        made = (3 - 1, 3, 4, 6)  # no command timer; 2 cameras + joints; chunk, trajectory, status, diagnostics
+        assert tuple(a - b for a, b in zip(entities, left, strict=True)) == made, (entities, left)
+        assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+        assert node.state.pipeline.policy is not None and node.is_set_up
+        assert node.trigger_activate() == TransitionCallbackReturn.SUCCESS and node.enabled
+    finally:
+        node.destroy_node()
