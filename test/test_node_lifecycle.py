@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 from node_harness import JOINTS, NODE, TEST_PARAMS, NodeProcess, Peer, new_namespace, stamp_ns
 
+from flashrt_ros.ros.node import NOT_CONFIGURED
 from flashrt_ros.ros.params import NodeConfig
 
 pytestmark = pytest.mark.ros
@@ -29,7 +30,8 @@ def lifecycle_node(ros_env, ros_module_context, tmp_path):
     finally:
         if peer is not None:
             peer.close()
-        node.stop()
+        code = node.stop()  # SIGINT where the test left it running: a clean stop in any state
+    assert code == 0, f"exit code {code}\n{node.tail()}"
 
 
 def state(peer) -> str:
@@ -72,6 +74,8 @@ def diagnostics_with(peer, start: int, text: str) -> list:
 
 
 def test_lifecycle_transitions(lifecycle_node):
+    from std_srvs.srv import Trigger
+
     node, peer = lifecycle_node
     assert state(peer) == "unconfigured"
     peer.pump(1.5)  # inputs arrive, but nothing is subscribed to them yet
@@ -112,6 +116,8 @@ def test_lifecycle_transitions(lifecycle_node):
     statuses = len(peer.statuses)
     peer.pump(1.5)
     assert len(peer.statuses) <= statuses + 1  # one may have been on its way
+    reset = peer.call(Trigger, f"{peer.namespace}/{NODE}/reset", Trigger.Request())
+    assert not reset.success and reset.message == NOT_CONFIGURED  # the services stay, and say so
 
     # unconfigured, any parameter may change; configure checks them and names what is wrong
     assert all(r.successful for r in peer.set_parameters(policy="nope", rate_hz=20.0))
@@ -131,6 +137,8 @@ def test_lifecycle_transitions(lifecycle_node):
     mark = node.mark()
     assert change(peer, "active_shutdown")
     assert node.proc.wait(15.0) == 0, node.tail()
+    line = node.wait_for_line("deactivated for the shutdown: paused", since=mark)
+    assert "the trajectory controllers are sent one point" in line, line
     node.wait_for_line("shutting down from active; stats:", since=mark)
 
 
@@ -138,6 +146,15 @@ def test_shutdown_unconfigured_exits_cleanly(lifecycle_node):
     node, peer = lifecycle_node
     assert change(peer, "unconfigured_shutdown")
     assert node.proc.wait(15.0) == 0, node.tail()
+    node.wait_for_line("shutting down from unconfigured")
+
+
+def test_shutdown_from_inactive_exits_cleanly(lifecycle_node):
+    node, peer = lifecycle_node
+    assert change(peer, "configure")
+    assert change(peer, "inactive_shutdown")
+    assert node.proc.wait(15.0) == 0, node.tail()
+    node.wait_for_line("shutting down from inactive; stats:")
 
 
 def in_process_lifecycle_node(context, **params):
@@ -160,6 +177,7 @@ def test_cleanup_lets_the_policy_go_and_configure_builds_a_new_one(rclpy_context
     import weakref
 
     from rclpy.lifecycle import TransitionCallbackReturn
+    from std_srvs.srv import Trigger
 
     node = in_process_lifecycle_node(rclpy_context)
     try:
@@ -171,8 +189,11 @@ def test_cleanup_lets_the_policy_go_and_configure_builds_a_new_one(rclpy_context
         assert policy() is None and node.state is None
         decide(), status()  # a tick the executor took before the timers went: returns at once
         left = counts(node)
-        made = (3 - 1, 3, 4, 6)  # no command timer; 2 cameras + joints; chunk, trajectory, status, diagnostics
+        made = (3 - 1, 3, 4, 0)  # no command timer; 2 cameras + joints; chunk, trajectory, status, diagnostics
         assert tuple(a - b for a, b in zip(entities, left, strict=True)) == made, (entities, left)
+        (reset,) = [s for s in node.services if s.srv_name.endswith("/reset")]
+        answer = reset.callback(Trigger.Request(), Trigger.Response())
+        assert not answer.success and answer.message == NOT_CONFIGURED
         assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
         assert node.state.pipeline.policy is not None and node.is_set_up
         assert node.trigger_activate() == TransitionCallbackReturn.SUCCESS and node.enabled

@@ -21,8 +21,11 @@ Same name (``flashrt_node``), parameters, topics and services as flashrt_node ot
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
+import traceback
+from collections.abc import Callable
 from typing import Any
 
 import rclpy
@@ -36,10 +39,27 @@ from flashrt_ros.ros.usage import command_line
 
 EXECUTABLE = "flashrt_lifecycle_node"
 SUCCESS, FAILURE = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE
+MIN_THREADS = 9  # what 3 cameras with commands take (flashrt_node.callback_threads)
 LIFECYCLE_USAGE = (
     " This is the managed (lifecycle) node: it starts unconfigured; configure loads the policy, activate "
     "decides and publishes, deactivate pauses, cleanup unloads, shutdown exits (ros2 lifecycle set ...)."
 )
+
+
+def _logs_errors(transition: Callable) -> Callable:
+    """rclpy turns an exception in a transition callback into the ERROR transition without a
+    word (then `on_error` runs): the log says what it was."""
+
+    @functools.wraps(transition)
+    def run(self: FlashRTLifecycleNode, state: LifecycleState) -> TransitionCallbackReturn:
+        try:
+            return transition(self, state)
+        except Exception:
+            what = transition.__name__.removeprefix("on_")
+            self.get_logger().error(f"{what} from {state.label} failed:\n{traceback.format_exc()}")
+            raise
+
+    return run
 
 
 class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
@@ -57,19 +77,20 @@ class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
         fqn = self.get_fully_qualified_name()
         self.get_logger().info(f"unconfigured, no policy loaded; next: ros2 lifecycle set {fqn} configure")
 
+    @_logs_errors
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         try:
             self.set_up()
         except (ConfigError, StartupError) as exc:
-            self.tear_down()  # nothing is made before these are raised; the parameters' check may run again
+            self.tear_down()  # gives back what a policy that failed half-way had allocated
             self.get_logger().error(f"configure failed, still unconfigured: {exc}")
             return FAILURE
-        except Exception as exc:
-            self.get_logger().error(f"configure failed: {exc!r}")
-            raise
+        if self.stopping.is_set():
+            self.get_logger().info("configured, but a stop signal came meanwhile: stopping")
         self.get_logger().info(f"configured (inactive): nothing is decided until activated{self._activate_hint()}")
         return SUCCESS
 
+    @_logs_errors
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         message = self.set_enabled(True, "activated")
         if message is None:
@@ -78,20 +99,27 @@ class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
         self.get_logger().warning(f"activated: {message}")
         return SUCCESS
 
+    @_logs_errors
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
         message = self.set_enabled(False, "activated")
         self.get_logger().warning(f"deactivated: {message or 'the node is shutting down'}")
         return SUCCESS
 
+    @_logs_errors
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
         self.tear_down()
         self.get_logger().info("cleaned up (unconfigured): the policy and its topics, timers and services are gone")
         return SUCCESS
 
+    @_logs_errors
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
         if self.is_set_up:
+            if self.enabled:  # as a deactivate: the trajectory controllers stop where the last chunk has them
+                self.get_logger().warning(f"deactivated for the shutdown: {self.set_enabled(False, 'never')}")
             self.get_logger().info(f"shutting down from {state.label}; {self.stats_line()}")
             self.tear_down()
+        else:
+            self.get_logger().info(f"shutting down from {state.label}")
         self.finalized.set()
         return SUCCESS
 
@@ -117,27 +145,24 @@ def main(args: list[str] | None = None) -> int:
     if code is not None:
         return code
     interrupt_on_signals()
+    log = forward_python_logs()
     try:
         if not init_rclpy(argv, NODE_NAME):
             return 2
-        log = forward_python_logs()
         node = FlashRTLifecycleNode(params_files=params_files(argv))
-        with signals_held():
-            executor = MultiThreadedExecutor(num_threads=node.callback_threads)
+        with signals_held():  # the threads are counted from the parameters at start (a floor for more cameras later)
+            executor = MultiThreadedExecutor(num_threads=max(node.callback_threads, MIN_THREADS))
     except KeyboardInterrupt:
         stopping()
         log.info("not starting: stopped by a signal")
         rclpy.try_shutdown()
         return 0
-    return run_until_signal(
-        node,
-        executor,
-        on_signal=node.begin_shutdown,
-        on_stop=lambda: node.get_logger().info(
-            f"shutting down; {node.stats_line() if node.is_set_up else 'unconfigured'}"
-        ),
-        done=node.finalized.is_set,
-    )
+
+    def on_stop() -> None:  # after a shutdown transition its own line said it all
+        if not node.finalized.is_set():
+            node.get_logger().info(f"shutting down; {node.stats_line() if node.is_set_up else 'unconfigured'}")
+
+    return run_until_signal(node, executor, on_signal=node.begin_shutdown, on_stop=on_stop, done=node.finalized.is_set)
 
 
 if __name__ == "__main__":

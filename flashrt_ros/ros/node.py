@@ -141,6 +141,7 @@ class FlashRTNode(Node):
         self.enabled = False  # ~/enable (or the lifecycle): decide and publish, or only take inputs
         self._live = threading.Condition()  # is_set_up and the callbacks running (tear_down waits for them)
         self._running = 0
+        self._own_services: list = []  # made at the first set-up and kept (see tear_down)
         self.add_pre_set_parameters_callback(self._before_set_parameters)
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self.add_post_set_parameters_callback(self._after_set_parameters)
@@ -176,18 +177,25 @@ class FlashRTNode(Node):
         self._state_lock = threading.Lock()
         self.enabled = self.cfg.start_enabled and not self.MANAGED
         self._started_at: float | None = None  # the first decision tick: absent inputs are expected then
-        with self._live:
-            self.is_set_up = True
+        from flashrt_ros.engine.capsule import CapsuleStore
+
+        self.capsules = CapsuleStore(self.state, clock_ns=lambda: self.get_clock().now().nanoseconds)
         self._create_inputs()
         self._create_outputs()
         self._create_timers()
-        self._create_services()
+        if not self._own_services:
+            self._create_services()
+        with self._live:  # the callbacks of what was just made run from here on
+            self.is_set_up = True
         self._log_startup()
 
     def tear_down(self) -> None:
         """Undo `set_up` (a lifecycle node's cleanup or shutdown): nothing is decided or published
-        from here on, the callbacks running finish, every topic, timer and service of the
-        pipeline goes, and the policy with its GPU memory is released. The parameters stay."""
+        from here on, the callbacks running finish, every topic and timer of the pipeline goes, and
+        the policy with its GPU memory is released. The parameters stay, and so do the services
+        (they answer that the node is not configured): rclpy sends a reply after its callback has
+        returned, and a service destroyed in between raised out of the executor and ended the
+        process."""
         with self._live:
             self.is_set_up = self.enabled = False  # callbacks that start from now on return at once
             while not self._live.wait_for(lambda: self._running == 0, timeout=5.0):
@@ -203,26 +211,23 @@ class FlashRTNode(Node):
         for pub in pubs:
             if pub is not None:
                 self.destroy_publisher(pub)
-        for service in getattr(self, "_own_services", []):
-            self.destroy_service(service)
-        self._subscriptions_in, self._prompt_sub, self._own_services = [], None, []
-        self._group_pubs, self._command_pubs = [], []
+        self._subscriptions_in, self._prompt_sub, self._group_pubs, self._command_pubs = [], None, [], []
+        self._chunk_pub = self._traj_pub = self._status_pub = self._diag_pub = None
         self._decision_timer = self._status_timer = self._command_timer = None
-        built = getattr(self, "state", None) is not None
         self.capsules = self.state = None  # the policy, its buffers, graphs and capsules
-        if built:  # (torch is there)
+        if "torch" in sys.modules:  # also what a set-up that failed half-way had allocated
             from flashrt_ros.engine.pipeline import release_device_memory
 
             release_device_memory()
 
-    def _guarded(self, callback: Callable) -> Callable:
+    def _guarded(self, callback: Callable, service: bool = False) -> Callable:
         """`callback` that runs only while the node is set up, counted while it runs so that
-        `tear_down` can wait for it. Skipped, a service callback returns its response untouched."""
+        `tear_down` can wait for it. Skipped, a `service` callback answers that nothing was done."""
 
         def run(*args: Any) -> Any:
             with self._live:
                 if not self.is_set_up:
-                    return args[-1] if args else None
+                    return _not_set_up(args[-1]) if service else None
                 self._running += 1
             try:
                 return callback(*args)
@@ -364,12 +369,9 @@ class FlashRTNode(Node):
             (DropCapsule, "~/capsule/drop", self._on_drop),
         ]
         self._own_services = [
-            self.create_service(srv, name, self._guarded(callback), callback_group=group)
+            self.create_service(srv, name, self._guarded(callback, service=True), callback_group=group)
             for srv, name, callback in services
         ]
-        from flashrt_ros.engine.capsule import CapsuleStore
-
-        self.capsules = CapsuleStore(self.state, clock_ns=lambda: self.get_clock().now().nanoseconds)
 
     def _log_startup(self) -> None:
         cfg, d, log = self.cfg, self.description, self.get_logger()
@@ -599,7 +601,8 @@ class FlashRTNode(Node):
         our services, the node's default group (parameter services, /clock) and the commands. Before
         set-up (a lifecycle node), from the parameters as they are, commands counted."""
         if not self.is_set_up:
-            return len(self.get_parameter("camera_topics").value or []) + 1 + 4 + 1
+            cameras = self.get_parameter("camera_topics").value
+            return (len(cameras) if isinstance(cameras, list | tuple) else 3) + 1 + 4 + 1
         return len(self.slots) + 4 + (self._command_timer is not None)
 
     def begin_shutdown(self) -> None:
@@ -1328,6 +1331,16 @@ class FlashRTNode(Node):
 
 
 # ---- helpers -------------------------------------------------------------------------------
+
+NOT_CONFIGURED = "the node is not configured (lifecycle: unconfigured): nothing was done"
+
+
+def _not_set_up(response: Any) -> Any:
+    """A service's answer while the node is not set up (ListCapsules: an empty list)."""
+    if hasattr(response, "success"):
+        response.success, response.message = False, NOT_CONFIGURED
+    return response
+
 
 _INTERPOLATED = {"hold": "each action held for its {:g} s", "linear": "linear between actions {:g} s apart"}
 
