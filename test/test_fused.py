@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 
+import numpy as np
 import pytest
 import torch
 from kernel_fixtures import DEVICE
@@ -159,6 +160,75 @@ def test_rebuilding_the_fused_path_leaves_no_gpu_memory_behind():
         gc.collect()
     grown = (torch.cuda.memory_allocated(DEVICE) - before) / 2**20
     assert shapes > 1 and grown < 1.0, f"{grown:.1f} MiB left behind by 3 builds of {shapes} captured shapes"
+
+
+def _host_frames(rng, shapes) -> list:
+    """uint8 frames of these shapes (None: an absent view); the last one a non-contiguous crop."""
+    frames = [None if s is None else rng.integers(0, 256, s, dtype=np.uint8) for s in shapes]
+    last = frames[-1]
+    if last is not None:
+        big = rng.integers(0, 256, (last.shape[0] + 4, last.shape[1] + 6, last.shape[2]), dtype=np.uint8)
+        frames[-1] = big[2 : 2 + last.shape[0], 3 : 3 + last.shape[1]]
+    return frames
+
+
+def _on_device(frames) -> list:
+    return [None if f is None else torch.from_numpy(np.ascontiguousarray(f)).to(DEVICE) for f in frames]
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [[(24, 32, 3), (24, 32, 3)], [(24, 32, 3), (30, 20, 3)], [None, (24, 32, 3)], [(18, 40, 3), None]],
+    ids=["one-size", "two-sizes", "absent-first", "absent-last"],
+)
+def test_set_frames_from_the_host_equals_set_images(shapes):
+    """Host frames through the page-locked buffers (one copy and one pre-processing launch per run
+    of same-size views) give the pixels that frames already on the device give, view for view,
+    and again with other frames (the buffers are re-used: nothing of the last frames stays)."""
+    model = tiny_model("pi05", seed=2, num_views=2).to(DEVICE)
+    staged, direct = FusedPi0(model, torch.float32), FusedPi0(model, torch.float32)
+    rng = np.random.default_rng(5)
+    for _ in range(2):
+        frames = _host_frames(rng, shapes)
+        staged.set_frames(frames)
+        direct.set_images(_on_device(frames))
+        assert staged.views == direct.views == sum(f is not None for f in frames)
+        torch.testing.assert_close(staged.pixels, direct.pixels, rtol=0, atol=0)
+        torch.testing.assert_close(staged.view_valid, direct.view_valid)
+
+
+@pytest.mark.gpu
+def test_host_buffers_are_not_written_under_a_queued_copy():
+    """The copies from the page-locked buffers are queued: with the GPU busy, the next decision's
+    inputs and frames must not reach the buffers before the queued copies have read them."""
+    model = tiny_model("pi05", seed=2, num_views=2).to(DEVICE)
+    fused, direct = FusedPi0(model, torch.float32), FusedPi0(model, torch.float32)
+    x = tiny_inputs(model.cfg, batch=2)  # host tensors
+    rng = np.random.default_rng(6)
+    frames = [_host_frames(rng, [(24, 32, 3), (24, 32, 3)]) for _ in range(2)]
+    seen = []
+    for i in range(2):
+        torch.cuda._sleep(100_000_000)  # the copies below queue behind ~50 ms of GPU work
+        fused.set_frames(frames[i])
+        fused.set_inputs(x["tokens"][i], x["token_masks"][i], x["state"][i], x["noise"][i])
+        seen.append([t.clone() for t in (fused.pixels, fused.tokens, fused.state, fused.noise)])
+    torch.cuda.synchronize()
+    for i, (pixels, tokens, state, noise) in enumerate(seen):
+        direct.set_images(_on_device(frames[i]))
+        torch.testing.assert_close(pixels, direct.pixels, rtol=0, atol=0)
+        torch.testing.assert_close(tokens.cpu(), x["tokens"][i], rtol=0, atol=0)
+        torch.testing.assert_close(state.cpu(), x["state"][i], rtol=0, atol=0)
+        torch.testing.assert_close(noise.cpu(), x["noise"][i], rtol=0, atol=0)
+
+
+def test_actions_to_host_is_the_callers_own_copy():
+    model = tiny_model("pi05", seed=2, num_views=2).to(DEVICE)
+    fused = FusedPi0(model, torch.float32)
+    fused.actions.fill_(1.5)
+    first = fused.actions_to_host()
+    fused.actions.fill_(-2.0)
+    second = fused.actions_to_host()
+    assert first.device.type == "cpu" and bool((first == 1.5).all()) and bool((second == -2.0).all())
 
 
 @pytest.mark.gpu
