@@ -8,9 +8,10 @@ host, a ~150-token prompt: bench/prefix_reuse.py's set-up), with the prefix run 
 and re-used (the same ids), each `--gap-ms` after the last and also back to back (gap 0). Two
 modes in alternating rounds on one pipeline: "before" puts back the host path of e8a30fe (frames
 uploaded one by one from pageable memory and pre-processed one launch each, inputs copied from
-pageable memory, five timing events made per decision, the chunk read back with `.cpu()`),
-"after" is the current one (page-locked buffers, queued copies, one launch per run of same-size
-frames, events made once). Each host step is timed with the monotonic clock by wrapping it; the
+pageable memory one by one, five timing events made per decision, the chunk read back with
+`.cpu()`), "after" is the current one (tokens, mask and state packed into one queued copy from
+page-locked memory, frames copied into GPU buffers kept per size and pre-processed in one launch
+per run of same-size views, the chunk read back through a page-locked buffer, events made once). Each host step is timed with the monotonic clock by wrapping it; the
 table gives each step's median microseconds per decision, then the wall time of `decide`
 (median, p90) in each mode and their ratio. The chunks of both modes must be equal.
 """

@@ -182,9 +182,9 @@ def _on_device(frames) -> list:
     ids=["one-size", "two-sizes", "absent-first", "absent-last"],
 )
 def test_set_frames_from_the_host_equals_set_images(shapes):
-    """Host frames through the page-locked buffers (one copy and one pre-processing launch per run
-    of same-size views) give the pixels that frames already on the device give, view for view,
-    and again with other frames (the buffers are re-used: nothing of the last frames stays)."""
+    """Host frames copied into the GPU buffers kept per run of same-size views and pre-processed in
+    one launch per run give the pixels that frames already on the device give, view for view, and
+    again with other frames (the buffers are re-used: nothing of the last frames stays)."""
     model = tiny_model("pi05", seed=2, num_views=2).to(DEVICE)
     staged, direct = FusedPi0(model, torch.float32), FusedPi0(model, torch.float32)
     rng = np.random.default_rng(5)
@@ -200,7 +200,7 @@ def test_set_frames_from_the_host_equals_set_images(shapes):
 @pytest.mark.gpu
 def test_host_buffers_are_not_written_under_a_queued_copy():
     """The copies from the page-locked buffers are queued: with the GPU busy, the next decision's
-    inputs and frames must not reach the buffers before the queued copies have read them."""
+    inputs (and frames) must not reach the buffers before the queued copies have read them."""
     model = tiny_model("pi05", seed=2, num_views=2).to(DEVICE)
     fused, direct = FusedPi0(model, torch.float32), FusedPi0(model, torch.float32)
     x = tiny_inputs(model.cfg, batch=2)  # host tensors

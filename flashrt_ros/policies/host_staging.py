@@ -1,15 +1,15 @@
 """Page-locked host buffers for a decision's copies between the host and the GPU.
 
 A copy from ordinary (pageable) host memory holds the calling thread until the driver has staged
-the bytes, and a copy to it is a full stop; both allocate. Measured on an H100 host
-(`bench/decide_host.py`, pi0.5 with three 480x640 cameras): the frames' three uploads took
-~0.6 ms of the decision's host time, the inputs' four small copies ~0.25 ms and the chunk's
-read-back ~0.3 ms, while the GPU waited. From page-locked buffers made once, the same copies are
-queued and the thread goes on.
+the bytes, and a copy to it is a full stop; both allocate. From page-locked buffers made once, a
+copy is queued and the thread goes on. Measured on the H100 host (`bench/decide_host.py`, pi0.5,
+three 480x640 cameras), where each torch call of a decision cost 20-50 us of host time: the
+chunk's read-back went from ~0.45 to ~0.14 ms. (The frames stay on the pageable path: copying
+them into page-locked memory first was no faster than the driver's own staging.)
 
 A queued copy reads its buffer when the GPU gets to it, so a buffer must not be written again
 before that: each group of buffers keeps the event recorded after its last copies, and the next
-`get` waits for it (normally long done: every decision ends with a wait for its chunk). On a
+write waits for it (normally long done: every decision ends with a wait for its chunk). On a
 CPU (no CUDA) the buffers are plain tensors and the copies synchronous.
 """
 
@@ -53,3 +53,47 @@ class PinnedBuffers:
         if self._pending:
             self._copied.synchronize()
             self._pending = False
+
+
+class PackedInputs:
+    """A decision's small inputs (prompt tokens, their mask, the state) in one device byte buffer,
+    with one page-locked host twin: one queued copy brings them all. The device tensors are views
+    of that buffer (made before any graph capture, which keeps their addresses); the host side is
+    filled through numpy views, which cost less per call than torch's. Measured on the H100 host,
+    where each torch call of a decision cost 20-50 us of host time: four separate copies took
+    ~0.3 ms (bench/decide_host.py)."""
+
+    ALIGN = 8  # every field starts at a multiple of the widest element (int64)
+
+    def __init__(self, fields: dict[str, tuple[tuple[int, ...], torch.dtype]], device: torch.device):
+        self.pinned = device.type == "cuda"
+        layout, total = {}, 0
+        for name, (shape, dtype) in fields.items():
+            nbytes = int(torch.empty(shape, dtype=dtype, device="meta").nbytes)
+            layout[name] = (total, nbytes, shape, dtype)
+            total += -(-nbytes // self.ALIGN) * self.ALIGN
+        self._device_raw = torch.zeros(total, dtype=torch.uint8, device=device)
+        self._host_raw = torch.zeros(total, dtype=torch.uint8, pin_memory=self.pinned)
+        host_bytes = self._host_raw.numpy()
+        self.device: dict[str, Tensor] = {}
+        self._host: dict[str, object] = {}
+        for name, (offset, nbytes, shape, dtype) in layout.items():
+            self.device[name] = self._device_raw[offset : offset + nbytes].view(dtype).view(shape)
+            np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+            self._host[name] = host_bytes[offset : offset + nbytes].view(np_dtype).reshape(shape)
+        self._copied = torch.cuda.Event() if self.pinned else None
+        self._pending = False
+
+    def host(self) -> dict[str, object]:
+        """The host side's numpy views to fill, once the last upload has read them."""
+        if self._pending:
+            self._copied.synchronize()
+            self._pending = False
+        return self._host
+
+    def upload(self) -> None:
+        """All fields to the device in one copy (queued from page-locked memory)."""
+        self._device_raw.copy_(self._host_raw, non_blocking=self.pinned)
+        if self.pinned:
+            self._copied.record()
+            self._pending = True
