@@ -11,9 +11,10 @@ uploaded one by one from pageable memory and pre-processed one launch each, inpu
 pageable memory one by one, five timing events made per decision, the chunk read back with
 `.cpu()`), "after" is the current one (tokens, mask and state packed into one queued copy from
 page-locked memory, frames copied into GPU buffers kept per size and pre-processed in one launch
-per run of same-size views, the chunk read back through a page-locked buffer, events made once). Each host step is timed with the monotonic clock by wrapping it; the
-table gives each step's median microseconds per decision, then the wall time of `decide`
-(median, p90) in each mode and their ratio. The chunks of both modes must be equal.
+per run of same-size views, the chunk read back through a page-locked buffer, events made
+once). Each host step is timed with the monotonic clock by wrapping it; the table gives each
+step's median microseconds per decision, then the wall time of `decide` (median, p90) in each
+mode and their ratio. The chunks of both modes must be equal.
 """
 
 from __future__ import annotations
