@@ -10,9 +10,10 @@ modes in alternating rounds on one pipeline: "before" puts back the host path of
 uploaded one by one from pageable memory and pre-processed one launch each, inputs copied from
 pageable memory one by one, five timing events made per decision, the chunk read back with
 `.cpu()`), "after" is the current one (tokens, mask and state packed into one queued copy from
-page-locked memory, frames copied into GPU buffers kept per size and pre-processed in one launch
-per run of same-size views, the chunk read back through a page-locked buffer, events made
-once). Each host step is timed with the monotonic clock by wrapping it; the table gives each
+page-locked memory; frames in page-locked memory from the node's frame pool, copied there before
+the decision as the node does when they arrive, uploaded by queued copies into GPU buffers kept
+per size and pre-processed in one launch per run of same-size views; the chunk read back
+through a page-locked buffer; events made once). Each host step is timed with the monotonic clock by wrapping it; the table gives each
 step's median microseconds per decision, then the wall time of `decide` (median, p90) in each
 mode and their ratio. The chunks of both modes must be equal.
 """
@@ -123,13 +124,17 @@ def set_mode(pipe: Pipeline, mode: str) -> None:
     pipe._events = None if mode == "before" else []  # None: the timer makes its events per decision
 
 
-def one_round(pipe: Pipeline, obs: Observation, n: int, gap_s: float, reuse: bool, first_id: int) -> dict:
+def one_round(
+    pipe: Pipeline, obs: Observation, n: int, gap_s: float, reuse: bool, first_id: int, pooled: bool
+) -> dict:
     steps: dict[str, list[float]] = defaultdict(list)
     walls, chunks = [], []
     gen = torch.Generator(device=pipe.policy.device).manual_seed(7)
     for i in range(n):
         ids = tuple((first_id if reuse else first_id + i, v) for v in range(len(obs.images)))
         x = dataclasses.replace(obs, frame_ids=ids)
+        if pooled:  # as the node does on each camera's thread when a frame arrives, untimed
+            x = dataclasses.replace(x, images=[pipe.frame_pool.copy(f) for f in obs.images])
         noise = pipe.policy.model.noise(1, gen, pipe.policy.device)
         if reuse and i == 0:
             pipe.decide(x, noise)  # builds the prefix the others re-use
@@ -176,7 +181,8 @@ def main() -> None:
         for mode in ("before", "after") if r % 2 == 0 else ("after", "before"):
             set_mode(pipe, mode)
             for c, (gap, reuse) in enumerate(cases):
-                got = one_round(pipe, obs, args.iters, gap / 1e3, reuse, 10**6 * (1 + c + 10 * r))
+                first_id = 10**6 * (1 + c + 10 * r)
+                got = one_round(pipe, obs, args.iters, gap / 1e3, reuse, first_id, pooled=mode == "after")
                 slot = found.setdefault((mode, gap, reuse), {"walls": [], "steps": defaultdict(list), "chunks": []})
                 slot["walls"] += got["walls"]
                 slot["chunks"] += got["chunks"]

@@ -221,6 +221,34 @@ def test_host_buffers_are_not_written_under_a_queued_copy():
         torch.testing.assert_close(noise.cpu(), x["noise"][i], rtol=0, atol=0)
 
 
+@pytest.mark.gpu
+def test_frames_from_the_page_locked_pool_upload_right_and_stay_held_until_copied():
+    """Frames the node copied into the pool are uploaded by queued copies: with the GPU busy, the
+    pixels are still those frames' after the caller let go of them and the pool handed memory
+    out again (set_frames keeps them referenced until the next call, when their copy is done)."""
+    from flashrt_ros.engine.frame_pool import FramePool
+
+    model = tiny_model("pi05", seed=2, num_views=2).to(DEVICE)
+    fused, direct = FusedPi0(model, torch.float32), FusedPi0(model, torch.float32)
+    pool = FramePool()
+    rng = np.random.default_rng(8)
+    frames = [_host_frames(rng, [(24, 32, 3), (24, 32, 3)]) for _ in range(3)]
+    seen = []
+    for i in range(2):
+        torch.cuda._sleep(100_000_000)  # the copies below queue behind ~50 ms of GPU work
+        pooled = [pool.copy(f) for f in frames[i]]
+        fused.set_frames(pooled)
+        del pooled
+        gc.collect()
+        overwritten = [pool.copy(f) for f in frames[2]]  # memory the pool hands out meanwhile
+        seen.append(fused.pixels.clone())
+        del overwritten
+    torch.cuda.synchronize()
+    for i, pixels in enumerate(seen):
+        direct.set_images(_on_device(frames[i]))
+        torch.testing.assert_close(pixels, direct.pixels, rtol=0, atol=0)
+
+
 def test_actions_to_host_is_the_callers_own_copy():
     model = tiny_model("pi05", seed=2, num_views=2).to(DEVICE)
     fused = FusedPi0(model, torch.float32)

@@ -22,6 +22,7 @@ import torch
 
 from ..policies.config import FP8_PARTS
 from ..policies.policy import ModelInputs, Observation, Policy
+from .frame_pool import FramePool
 from .prefix_cache import PrefixCache, PrefixKey, check_period, check_trigger
 from .stats import PipelineStats
 
@@ -167,6 +168,10 @@ class Pipeline:
             log.warning("fp8 %r applies to the fused path only: the reference runs in %s", fp8, policy.cfg.dtype)
         self.backend = "fused" if self.fused is not None else "reference"
         self.released_gib: float | None = None  # device memory freed by `release_reference`
+        # page-locked memory for the frames the caller converts (the node: as they arrive), which
+        # the fused path then uploads with a queued copy; None where nothing would gain from it
+        on_gpu = self.fused is not None and policy.device.type == "cuda"
+        self.frame_pool: FramePool | None = FramePool() if on_gpu else None
         if release_reference and self.fused is not None:
             self.released_gib = release_weights(policy)
 

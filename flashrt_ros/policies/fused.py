@@ -462,6 +462,7 @@ class FusedPi0:
         # the host's noise (where it is not drawn on the device) and the chunk through page-locked buffers
         self._noise_host, self._actions_host = PinnedBuffers(dev), PinnedBuffers(dev)
         self._frames_dev: dict[int, Tensor] = {}  # the frames on the GPU, per run of same-size views
+        self._frames_in_flight: tuple | None = None  # (event after the last frames' copies, those frames)
         # the expert's pass of a step as one persistent launch (kernels/expert_step.py), where it fits
         e = cfg.expert
         self.step_plan = None
@@ -520,10 +521,14 @@ class FusedPi0:
     def set_frames(self, frames: list[np.ndarray | None]) -> None:
         """uint8 HxWx3 frames on the host (None = absent) -> `pixels`, as `set_images`: each run of
         consecutive present frames of one size is copied into one GPU buffer kept for that size
-        and pre-processed in one launch (per-frame launches cost ~0.2 ms of host time each on
-        the H100 host). The copies are from the frames' own (pageable) memory: the driver
-        overlaps their staging with the transfer, which a copy into page-locked memory first
-        did not beat there."""
+        and pre-processed in one launch (per-frame launches cost ~0.1-0.2 ms of host time each on
+        the H100 hosts). A frame in page-locked memory (engine/frame_pool.py) is copied by a
+        queued copy; one in pageable memory is staged by the driver first, which holds this
+        thread. The frames stay referenced until their copies are done (the next call waits for
+        them), so that a pool does not hand their memory out again under a queued copy."""
+        if self._frames_in_flight is not None:
+            self._frames_in_flight[0].synchronize()
+            self._frames_in_flight = None
         present = [f for f in frames if f is not None]
         start = 0
         for run in _same_shape_runs(present):
@@ -532,9 +537,13 @@ class FusedPi0:
             if dev is None or tuple(dev.shape) != shape:
                 dev = self._frames_dev[start] = torch.empty(shape, dtype=torch.uint8, device=self.device)
             for i, frame in enumerate(run):
-                dev[i].copy_(torch.from_numpy(frame))
+                dev[i].copy_(torch.from_numpy(frame), non_blocking=True)
             preprocess_image(dev, self.cfg.vision.image_size, out=self.pixels[start : start + len(run)])
             start += len(run)
+        if self.device.type == "cuda":
+            copied = torch.cuda.Event()
+            copied.record()
+            self._frames_in_flight = (copied, present)
         self._set_views(len(present))
 
     def set_pixels(self, pixels: Tensor, valid: list[bool]) -> None:

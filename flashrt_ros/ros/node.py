@@ -457,6 +457,9 @@ class FlashRTNode(Node):
         except InputError as err:
             self._reject(slot, err)
             return
+        pool = self.state.pipeline.frame_pool  # on a GPU: the decision's upload becomes a queued copy
+        if pool is not None:
+            rgb = pool.copy(rgb)
         sample = Sample(rgb, msg.header.stamp, arrived, time.perf_counter_ns())
         previous = self._accept(slot, sample, frame_hw=hw, generation=generation)
         if previous not in (None, hw):

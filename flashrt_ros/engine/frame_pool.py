@@ -1,0 +1,63 @@
+"""Camera frames in page-locked host memory, so that the decision uploads them with a queued copy.
+
+Uploaded from ordinary (pageable) memory, three 480x640 frames held the decision's thread for
+~0.5-0.6 ms on an H100 host while the driver staged them (`bench/decide_host.py`); from
+page-locked memory the copy is queued and the thread goes on. The node copies each converted
+frame into an array from this pool as it arrives, on the camera's own thread, off the decision's
+path (DESIGN.md: "camera msgs --(copy stream, pinned)--> img/<cam>").
+
+An array goes back to the pool when the last reference to it goes (the held sample was replaced
+and no decision holds it), and is then handed out again for a frame of its shape. A decision
+keeps its frames referenced until their copies are done (`FusedPi0.set_frames`). The pool holds
+at most `max_bytes`; past that, `copy` returns the frame as it is (pageable: slower, still right).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+MAX_BYTES = 256 * 2**20  # ~270 frames of 640x480: far above what 3-4 cameras keep alive at once
+
+
+class FramePool:
+    """See the module docstring. `pinned=False` (tests on a CPU) hands out ordinary memory."""
+
+    def __init__(self, pinned: bool = True, max_bytes: int = MAX_BYTES):
+        self.pinned = pinned
+        self.max_bytes = max_bytes
+        self.held_bytes = 0  # made so far (free or handed out)
+        self._free: dict[tuple[int, ...], list[torch.Tensor]] = defaultdict(list)
+        self._lock = threading.Lock()  # camera threads copy at once
+
+    def copy(self, frame: np.ndarray) -> np.ndarray:
+        """A uint8 frame copied into a pool array of its shape, or the frame itself when the pool
+        is full (or the frame not uint8)."""
+        if frame.dtype != np.uint8:
+            return frame
+        shape = tuple(frame.shape)
+        with self._lock:
+            free = self._free[shape]
+            buf = free.pop() if free else None
+            if buf is None:
+                if self.held_bytes + frame.nbytes > self.max_bytes:
+                    return frame
+                self.held_bytes += frame.nbytes
+        if buf is None:
+            buf = torch.empty(shape, dtype=torch.uint8, pin_memory=self.pinned)
+        out = buf.numpy()
+        np.copyto(out, frame, casting="no")
+        weakref.finalize(out, self._give_back, shape, buf)
+        return out
+
+    def free_count(self, shape: tuple[int, ...]) -> int:
+        with self._lock:
+            return len(self._free[tuple(shape)])
+
+    def _give_back(self, shape: tuple[int, ...], buf: torch.Tensor) -> None:
+        with self._lock:
+            self._free[shape].append(buf)
