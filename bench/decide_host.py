@@ -13,9 +13,10 @@ pageable memory one by one, five timing events made per decision, the chunk read
 page-locked memory; frames in page-locked memory from the node's frame pool, copied there before
 the decision as the node does when they arrive, uploaded by queued copies into GPU buffers kept
 per size and pre-processed in one launch per run of same-size views; the chunk read back
-through a page-locked buffer; events made once). Each host step is timed with the monotonic clock by wrapping it; the table gives each
-step's median microseconds per decision, then the wall time of `decide` (median, p90) in each
-mode and their ratio. The chunks of both modes must be equal.
+through a page-locked buffer; events made once). Each host step is timed with the monotonic
+clock by wrapping it; the table gives each step's median microseconds per decision, then the
+wall time of `decide` (median, p90) in each mode and their ratio. The chunks of both modes must
+be equal.
 """
 
 from __future__ import annotations
