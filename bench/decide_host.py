@@ -125,9 +125,7 @@ def set_mode(pipe: Pipeline, mode: str) -> None:
     pipe._events = None if mode == "before" else []  # None: the timer makes its events per decision
 
 
-def one_round(
-    pipe: Pipeline, obs: Observation, n: int, gap_s: float, reuse: bool, first_id: int, pooled: bool
-) -> dict:
+def one_round(pipe: Pipeline, obs: Observation, n: int, gap_s: float, reuse: bool, first_id: int, pooled: bool) -> dict:
     steps: dict[str, list[float]] = defaultdict(list)
     walls, chunks = [], []
     gen = torch.Generator(device=pipe.policy.device).manual_seed(7)
