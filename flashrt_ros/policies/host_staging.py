@@ -4,8 +4,9 @@ A copy from ordinary (pageable) host memory holds the calling thread until the d
 the bytes, and a copy to it is a full stop; both allocate. From page-locked buffers made once, a
 copy is queued and the thread goes on. Measured on the H100 host (`bench/decide_host.py`, pi0.5,
 three 480x640 cameras), where each torch call of a decision cost 20-50 us of host time: the
-chunk's read-back went from ~0.45 to ~0.14 ms. (The frames stay on the pageable path: copying
-them into page-locked memory first was no faster than the driver's own staging.)
+chunk's read-back went from ~0.45 to ~0.14 ms. (Frames are not copied through these: copying
+them into page-locked memory on the decision's thread was no faster than the driver's own
+staging. The node puts them in page-locked memory as they arrive: engine/frame_pool.py.)
 
 A queued copy reads its buffer when the GPU gets to it, so a buffer must not be written again
 before that: each group of buffers keeps the event recorded after its last copies, and the next
