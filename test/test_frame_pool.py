@@ -57,17 +57,20 @@ def test_the_pool_stops_growing_at_its_limit_and_skips_other_dtypes():
     assert pool.copy(floats) is floats
 
 
-def test_threads_copying_at_once_each_get_their_own_frame():
+def test_threads_copying_at_once_never_share_a_live_array():
+    """Camera threads copy at once, each keeping its last few frames alive (a held sample, a
+    decision): no two live arrays share memory, and each holds its own frame."""
     pool = FramePool(pinned=False)
     results: dict[int, list[bool]] = {}
+    live: dict[int, list[np.ndarray]] = {}
 
     def camera(i: int) -> None:
-        ok = []
+        ok, kept = [], []
         for k in range(200):
-            frame = np.full((8, 8, 3), (i * 31 + k) % 256, dtype=np.uint8)
-            got = pool.copy(frame)
-            ok.append(bool(np.array_equal(got, frame)))
-        results[i] = ok
+            kept = [*kept[-2:], pool.copy(np.full((8, 8, 3), (i * 31 + k) % 256, dtype=np.uint8))]
+            values = [(i * 31 + k - len(kept) + 1 + j) % 256 for j in range(len(kept))]  # each kept frame's
+            ok.append(all(bool((a == v).all()) for a, v in zip(kept, values, strict=True)))
+        results[i], live[i] = ok, kept
 
     threads = [threading.Thread(target=camera, args=(i,)) for i in range(4)]
     for t in threads:
@@ -75,3 +78,22 @@ def test_threads_copying_at_once_each_get_their_own_frame():
     for t in threads:
         t.join()
     assert all(all(v) and len(v) == 200 for v in results.values())
+    addresses = [address(a) for kept in live.values() for a in kept]
+    assert len(set(addresses)) == len(addresses) == 12
+
+
+def test_an_array_can_come_back_on_the_thread_that_holds_the_pools_lock():
+    """A garbage collection that starts inside `copy` (which holds the lock) may run a pool array's
+    finalizer on that thread: giving it back must not wait for the lock (it deadlocked)."""
+    pool = FramePool(pinned=False)
+    a = pool.copy(np.zeros((4, 4, 3), dtype=np.uint8))
+    done = threading.Event()
+
+    def collect_inside_the_lock() -> None:
+        with pool._lock:
+            pool._give_back((4, 4, 3), a.base)
+        done.set()
+
+    threading.Thread(target=collect_inside_the_lock, daemon=True).start()
+    assert done.wait(5.0), "the give-back waited for a lock its own thread held"
+    assert pool.free_count((4, 4, 3)) == 1

@@ -163,12 +163,15 @@ def test_rebuilding_the_fused_path_leaves_no_gpu_memory_behind():
 
 
 def _host_frames(rng, shapes) -> list:
-    """uint8 frames of these shapes (None: an absent view); the last one a non-contiguous crop."""
+    """uint8 frames of these shapes (None: an absent view); the last one a non-contiguous crop, the
+    first (of two or more) a flipped view (negative strides: BGR read as RGB)."""
     frames = [None if s is None else rng.integers(0, 256, s, dtype=np.uint8) for s in shapes]
     last = frames[-1]
     if last is not None:
         big = rng.integers(0, 256, (last.shape[0] + 4, last.shape[1] + 6, last.shape[2]), dtype=np.uint8)
         frames[-1] = big[2 : 2 + last.shape[0], 3 : 3 + last.shape[1]]
+    if len(frames) > 1 and frames[0] is not None:
+        frames[0] = frames[0][..., ::-1]
     return frames
 
 
@@ -249,14 +252,23 @@ def test_frames_from_the_page_locked_pool_upload_right_and_stay_held_until_copie
         torch.testing.assert_close(pixels, direct.pixels, rtol=0, atol=0)
 
 
-def test_actions_to_host_is_the_callers_own_copy():
+def test_actions_to_host_waits_for_the_chunk_and_gives_the_callers_own_copy():
     model = tiny_model("pi05", seed=2, num_views=2).to(DEVICE)
     fused = FusedPi0(model, torch.float32)
+    if DEVICE == "cuda":
+        torch.cuda._sleep(100_000_000)  # the chunk is written ~50 ms from now: the read-back must wait
     fused.actions.fill_(1.5)
     first = fused.actions_to_host()
     fused.actions.fill_(-2.0)
     second = fused.actions_to_host()
     assert first.device.type == "cpu" and bool((first == 1.5).all()) and bool((second == -2.0).all())
+
+
+def test_set_frames_refuses_frames_that_are_not_uint8():
+    model = tiny_model("pi05", seed=2, num_views=2).to(DEVICE)
+    fused = FusedPi0(model, torch.float32)
+    with pytest.raises(ValueError, match="frames must be uint8"):
+        fused.set_frames([np.zeros((24, 32, 3), dtype=np.float32), None])
 
 
 @pytest.mark.gpu

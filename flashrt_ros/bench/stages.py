@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..engine.frame_pool import FramePool
 from ..policies import cuda_graphs
 from ..policies.config import PolicyConfig
 from ..policies.fused import FusedPi0
@@ -84,8 +85,11 @@ def measure_fused(
     frames = [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for _ in range(case.views)]
     absent = [None] * (fused.cfg.num_views - case.views)
 
+    pool = FramePool(pinned=dev.type == "cuda")
+    pooled = [pool.copy(f) for f in frames]  # where the node puts them as they arrive
+
     def preprocess() -> None:  # as engine.pipeline's fused decision does it
-        fused.set_images([torch.from_numpy(f).to(dev, non_blocking=True) for f in frames] + absent)
+        fused.set_frames(pooled + absent)
 
     lat = time_decision(lambda: fused.run("prefix"), lambda _: fused.run("denoise"), iters, warmup, dev, label)
     alone = {

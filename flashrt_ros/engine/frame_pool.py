@@ -32,7 +32,9 @@ class FramePool:
         self.max_bytes = max_bytes
         self.held_bytes = 0  # made so far (free or handed out)
         self._free: dict[tuple[int, ...], list[torch.Tensor]] = defaultdict(list)
-        self._lock = threading.Lock()  # camera threads copy at once
+        # camera threads copy at once; re-entrant: a garbage collection that starts inside `copy`
+        # may run an array's finalizer (_give_back) on the thread that holds the lock
+        self._lock = threading.RLock()
 
     def copy(self, frame: np.ndarray) -> np.ndarray:
         """A uint8 frame copied into a pool array of its shape, or the frame itself when the pool
@@ -48,10 +50,15 @@ class FramePool:
                     return frame
                 self.held_bytes += frame.nbytes
         if buf is None:
-            buf = torch.empty(shape, dtype=torch.uint8, pin_memory=self.pinned)
+            try:
+                buf = torch.empty(shape, dtype=torch.uint8, pin_memory=self.pinned)
+            except RuntimeError:  # page-locked memory refused (the system's limit): the frame as it is
+                with self._lock:
+                    self.held_bytes -= frame.nbytes
+                return frame
         out = buf.numpy()
         np.copyto(out, frame, casting="no")
-        weakref.finalize(out, self._give_back, shape, buf)
+        weakref.finalize(out, self._give_back, shape, buf).atexit = False
         return out
 
     def free_count(self, shape: tuple[int, ...]) -> int:

@@ -530,20 +530,25 @@ class FusedPi0:
             self._frames_in_flight[0].synchronize()
             self._frames_in_flight = None
         present = [f for f in frames if f is not None]
-        start = 0
-        for run in _same_shape_runs(present):
-            shape = (len(run), *run[0].shape)
-            dev = self._frames_dev.get(start)
-            if dev is None or tuple(dev.shape) != shape:
-                dev = self._frames_dev[start] = torch.empty(shape, dtype=torch.uint8, device=self.device)
-            for i, frame in enumerate(run):
-                dev[i].copy_(torch.from_numpy(frame), non_blocking=True)
-            preprocess_image(dev, self.cfg.vision.image_size, out=self.pixels[start : start + len(run)])
-            start += len(run)
-        if self.device.type == "cuda":
-            copied = torch.cuda.Event()
-            copied.record()
-            self._frames_in_flight = (copied, present)
+        wrong = [f"{f.dtype}" for f in present if f.dtype != np.uint8]
+        if wrong:
+            raise ValueError(f"frames must be uint8 (0..255), got {', '.join(wrong)}")
+        try:
+            start = 0
+            for run in _same_shape_runs(present):
+                shape = (len(run), *run[0].shape)
+                dev = self._frames_dev.get(start)
+                if dev is None or tuple(dev.shape) != shape:
+                    dev = self._frames_dev[start] = torch.empty(shape, dtype=torch.uint8, device=self.device)
+                for i, frame in enumerate(run):  # (contiguous: as it is; a flipped view cannot be a tensor)
+                    dev[i].copy_(torch.from_numpy(np.ascontiguousarray(frame)), non_blocking=True)
+                preprocess_image(dev, self.cfg.vision.image_size, out=self.pixels[start : start + len(run)])
+                start += len(run)
+        finally:  # also after a failure: copies may have been queued from these frames
+            if self.device.type == "cuda":
+                copied = torch.cuda.Event()
+                copied.record(torch.cuda.current_stream(self.device))
+                self._frames_in_flight = (copied, present)
         self._set_views(len(present))
 
     def set_pixels(self, pixels: Tensor, valid: list[bool]) -> None:
@@ -976,5 +981,10 @@ def _same_shape_runs(frames: list[np.ndarray]) -> list[list[np.ndarray]]:
 
 
 def _host_array(t: Tensor) -> np.ndarray:
-    """A tensor's values as a host numpy array (a view for a CPU tensor)."""
-    return t.detach().cpu().numpy()
+    """A tensor's values as a host numpy array (a view for a CPU tensor numpy can read; bf16 and
+    fp8, which it cannot, as fp32)."""
+    t = t.detach().cpu()
+    try:
+        return t.numpy()
+    except TypeError:
+        return t.float().numpy()

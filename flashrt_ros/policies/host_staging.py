@@ -24,6 +24,7 @@ class PinnedBuffers:
     """A group of named host buffers that copies are queued from (or into), and their guard."""
 
     def __init__(self, device: torch.device):
+        self.device = device
         self.pinned = device.type == "cuda"
         self._buffers: dict[str, Tensor] = {}
         self._copied = torch.cuda.Event() if self.pinned else None
@@ -46,7 +47,7 @@ class PinnedBuffers:
     def issued(self) -> None:
         """After queueing the copies of one use: the next `get` waits for them."""
         if self.pinned:
-            self._copied.record()
+            self._copied.record(torch.cuda.current_stream(self.device))
             self._pending = True
 
     def wait(self) -> None:
@@ -67,6 +68,7 @@ class PackedInputs:
     ALIGN = 8  # every field starts at a multiple of the widest element (int64)
 
     def __init__(self, fields: dict[str, tuple[tuple[int, ...], torch.dtype]], device: torch.device):
+        self.device = device
         self.pinned = device.type == "cuda"
         layout, total = {}, 0
         for name, (shape, dtype) in fields.items():
@@ -96,5 +98,5 @@ class PackedInputs:
         """All fields to the device in one copy (queued from page-locked memory)."""
         self._device_raw.copy_(self._host_raw, non_blocking=self.pinned)
         if self.pinned:
-            self._copied.record()
+            self._copied.record(torch.cuda.current_stream(self.device))
             self._pending = True
