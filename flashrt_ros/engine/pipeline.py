@@ -313,7 +313,7 @@ class Pipeline:
         now = cache.clock()
         reuse = cache.lookup(key, build=fused.prefix_serial, now=now)
         if not reuse:
-            fused.set_frames(list(obs.images))  # queued through page-locked memory
+            fused.set_frames(list(obs.images))  # queued copies where they are page-locked (frame_pool.py)
         fused.set_inputs(tokens, token_mask, state, noise[0])  # host tensors: the bucket choice needs no sync
         timer.mark("preprocess")
         if not reuse:

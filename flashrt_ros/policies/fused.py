@@ -60,7 +60,7 @@ from flashrt_ros.kernels.rope import qkv_rope, rope_inv_freq
 
 from . import cuda_graphs
 from .config import PolicyConfig
-from .host_staging import PackedInputs, PinnedBuffers
+from .host_staging import CopyGuard, PackedInputs, PinnedBuffers
 from .pi0 import Pi0Model, sinusoidal_time_embedding, suffix_blocks
 
 log = logging.getLogger(__name__)
@@ -462,7 +462,8 @@ class FusedPi0:
         # the host's noise (where it is not drawn on the device) and the chunk through page-locked buffers
         self._noise_host, self._actions_host = PinnedBuffers(dev), PinnedBuffers(dev)
         self._frames_dev: dict[int, Tensor] = {}  # the frames on the GPU, per run of same-size views
-        self._frames_in_flight: tuple | None = None  # (event after the last frames' copies, those frames)
+        # the last frames and the guard of their copies: kept referenced until those are done
+        self._frames_copied, self._frames_held = CopyGuard(dev), []
         # the expert's pass of a step as one persistent launch (kernels/expert_step.py), where it fits
         e = cfg.expert
         self.step_plan = None
@@ -526,9 +527,8 @@ class FusedPi0:
         queued copy; one in pageable memory is staged by the driver first, which holds this
         thread. The frames stay referenced until their copies are done (the next call waits for
         them), so that a pool does not hand their memory out again under a queued copy."""
-        if self._frames_in_flight is not None:
-            self._frames_in_flight[0].synchronize()
-            self._frames_in_flight = None
+        self._frames_copied.wait()
+        self._frames_held = []
         present = [f for f in frames if f is not None]
         wrong = [f"{f.dtype}" for f in present if f.dtype != np.uint8]
         if wrong:
@@ -545,10 +545,8 @@ class FusedPi0:
                 preprocess_image(dev, self.cfg.vision.image_size, out=self.pixels[start : start + len(run)])
                 start += len(run)
         finally:  # also after a failure: copies may have been queued from these frames
-            if self.device.type == "cuda":
-                copied = torch.cuda.Event()
-                copied.record(torch.cuda.current_stream(self.device))
-                self._frames_in_flight = (copied, present)
+            self._frames_copied.issued()
+            self._frames_held = present
         self._set_views(len(present))
 
     def set_pixels(self, pixels: Tensor, valid: list[bool]) -> None:

@@ -20,20 +20,40 @@ import torch
 from torch import Tensor
 
 
+class CopyGuard:
+    """The event recorded after copies were queued from (or into) host memory, and the wait for
+    it before that memory is written or handed out again. No-op on a CPU."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._copied = torch.cuda.Event() if device.type == "cuda" else None
+        self._pending = False
+
+    def issued(self) -> None:
+        """After queueing copies: the next `wait` waits for them."""
+        if self._copied is not None:
+            self._copied.record(torch.cuda.current_stream(self.device))
+            self._pending = True
+
+    def wait(self) -> None:
+        """Until the copies queued so far are done (a host wait on the GPU's progress)."""
+        if self._pending:
+            self._copied.synchronize()
+            self._pending = False
+
+
 class PinnedBuffers:
     """A group of named host buffers that copies are queued from (or into), and their guard."""
 
     def __init__(self, device: torch.device):
-        self.device = device
         self.pinned = device.type == "cuda"
         self._buffers: dict[str, Tensor] = {}
-        self._copied = torch.cuda.Event() if self.pinned else None
-        self._pending = False
+        self.guard = CopyGuard(device)
 
     def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
         """Buffer `name` of this shape and dtype (made on first use, and again if either changes),
         once the copies queued from the group's buffers before are done."""
-        self.wait()
+        self.guard.wait()
         buf = self._buffers.get(name)
         if buf is None or tuple(buf.shape) != tuple(shape) or buf.dtype != dtype:
             buf = torch.empty(shape, dtype=dtype, pin_memory=self.pinned)
@@ -46,15 +66,10 @@ class PinnedBuffers:
 
     def issued(self) -> None:
         """After queueing the copies of one use: the next `get` waits for them."""
-        if self.pinned:
-            self._copied.record(torch.cuda.current_stream(self.device))
-            self._pending = True
+        self.guard.issued()
 
     def wait(self) -> None:
-        """Until the copies queued so far are done (a host wait on the GPU's progress)."""
-        if self._pending:
-            self._copied.synchronize()
-            self._pending = False
+        self.guard.wait()
 
 
 class PackedInputs:
@@ -68,7 +83,6 @@ class PackedInputs:
     ALIGN = 8  # every field starts at a multiple of the widest element (int64)
 
     def __init__(self, fields: dict[str, tuple[tuple[int, ...], torch.dtype]], device: torch.device):
-        self.device = device
         self.pinned = device.type == "cuda"
         layout, total = {}, 0
         for name, (shape, dtype) in fields.items():
@@ -84,19 +98,14 @@ class PackedInputs:
             self.device[name] = self._device_raw[offset : offset + nbytes].view(dtype).view(shape)
             np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
             self._host[name] = host_bytes[offset : offset + nbytes].view(np_dtype).reshape(shape)
-        self._copied = torch.cuda.Event() if self.pinned else None
-        self._pending = False
+        self._guard = CopyGuard(device)
 
     def host(self) -> dict[str, object]:
         """The host side's numpy views to fill, once the last upload has read them."""
-        if self._pending:
-            self._copied.synchronize()
-            self._pending = False
+        self._guard.wait()
         return self._host
 
     def upload(self) -> None:
         """All fields to the device in one copy (queued from page-locked memory)."""
         self._device_raw.copy_(self._host_raw, non_blocking=self.pinned)
-        if self.pinned:
-            self._copied.record(torch.cuda.current_stream(self.device))
-            self._pending = True
+        self._guard.issued()

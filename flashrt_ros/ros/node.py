@@ -142,6 +142,8 @@ class FlashRTNode(Node):
         self._live = threading.Condition()  # is_set_up and the callbacks running (tear_down waits for them)
         self._running = 0
         self._own_services: list = []  # made at the first set-up and kept (see tear_down)
+        self.capsules = self.state = None
+        self._no_entities()
         self.add_pre_set_parameters_callback(self._before_set_parameters)
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self.add_post_set_parameters_callback(self._after_set_parameters)
@@ -200,25 +202,28 @@ class FlashRTNode(Node):
             self.is_set_up = self.enabled = False  # callbacks that start from now on return at once
             while not self._live.wait_for(lambda: self._running == 0, timeout=5.0):
                 self.get_logger().warning(f"tear-down: waiting for {self._running} callbacks still running")
-        for name in ("_decision_timer", "_status_timer", "_command_timer"):
-            if getattr(self, name, None) is not None:
-                self.destroy_timer(getattr(self, name))
-        for sub in [*getattr(self, "_subscriptions_in", []), getattr(self, "_prompt_sub", None)]:
+        for timer in (self._decision_timer, self._status_timer, self._command_timer):
+            if timer is not None:
+                self.destroy_timer(timer)
+        for sub in [*self._subscriptions_in, self._prompt_sub]:
             if sub is not None:
                 self.destroy_subscription(sub)
-        pubs = [getattr(self, n, None) for n in ("_chunk_pub", "_traj_pub", "_status_pub", "_diag_pub")]
-        pubs += [pub for pub, _, _ in getattr(self, "_group_pubs", []) + getattr(self, "_command_pubs", [])]
-        for pub in pubs:
+        pubs = [self._chunk_pub, self._traj_pub, self._status_pub, self._diag_pub]
+        for pub in pubs + [pub for pub, _, _ in self._group_pubs + self._command_pubs]:
             if pub is not None:
                 self.destroy_publisher(pub)
-        self._subscriptions_in, self._prompt_sub, self._group_pubs, self._command_pubs = [], None, [], []
-        self._chunk_pub = self._traj_pub = self._status_pub = self._diag_pub = None
-        self._decision_timer = self._status_timer = self._command_timer = None
+        self._no_entities()
         self.capsules = self.state = None  # the policy, its buffers, graphs and capsules
         if "torch" in sys.modules:  # also what a set-up that failed half-way had allocated
             from flashrt_ros.engine.pipeline import release_device_memory
 
             release_device_memory()
+
+    def _no_entities(self) -> None:
+        """The pipeline's topics and timers as before set-up (and after tear-down): none."""
+        self._subscriptions_in, self._prompt_sub, self._group_pubs, self._command_pubs = [], None, [], []
+        self._chunk_pub = self._traj_pub = self._status_pub = self._diag_pub = None
+        self._decision_timer = self._status_timer = self._command_timer = None
 
     def _guarded(self, callback: Callable, service: bool = False) -> Callable:
         """`callback` that runs only while the node is set up, counted while it runs so that
