@@ -16,7 +16,7 @@ import torch
 from kernel_fixtures import DEVICE, run_offline
 from policy_fixtures import cosine
 
-from flashrt_ros.kernels.denoise_update import DenoiseUpdate, denoise_update_ref
+from flashrt_ros.kernels.denoise_update import DenoiseUpdate, EulerGuide, denoise_update_ref
 from flashrt_ros.kernels.expert_step import (
     PHASES,
     ExpertStepPlan,
@@ -437,25 +437,35 @@ def test_gate_up_span_prefetch_only_with_enough_free_programs() -> None:
     assert not off._prefetch_span()
 
 
-def _run_with_update(shape, dtype, pi05: bool, A: int, tol, **tiles) -> None:
+def _run_with_update(shape, dtype, pi05: bool, A: int, tol, guided: bool = False, **tiles) -> None:
     """The step kernel's tail (`update=`) against the reference step + `denoise_update_ref`:
     pi0.5 (every row an action; the next input written over h, which the kernel just updated)
-    and pi0 (a state row first; the time MLP's SiLU hidden layer into an fp32 buffer)."""
+    and pi0 (a state row first; the time MLP's SiLU hidden layer into an fp32 buffer); `guided`:
+    with real-time chunking's correction in the Euler step."""
     M, W, F, H, D, L, P = shape
     h0, w, (k, v, kb, qb, pos, inv, row0) = _problem(M, W, F, H, D, L, P, dtype, gated=pi05)
     HA = M if pi05 else M - 1
     g = torch.Generator().manual_seed(1)
     f32 = lambda *s: (torch.randn(*s, generator=g) * 0.3).to(DEVICE)  # noqa: E731
     x0, w_out, b_out, w_in, b_in = f32(HA, A), f32(A, W), f32(A), f32(W, A), f32(W)
+    guide = None
+    if guided:  # weights in [0, 1], some rows and dims not held at all
+        weights = (torch.rand(HA, A, generator=g) * (torch.arange(HA) < HA - 2)[:, None]).to(DEVICE)
+        guide = EulerGuide(f32(HA, A) * 3, weights, torch.tensor([0.7, 2.5], device=DEVICE))
     h_ref, y_ref, _, _ = expert_step_ref(h0, w, 1, k, v, kb, qb, pos, inv, row0, 1e-6)
     nxt_dtype = dtype if pi05 else torch.float32  # pi0's hidden layer stays fp32
-    x_ref, nxt_ref = denoise_update_ref(y_ref[-HA:], x0, w_out, b_out, -0.1, w_in, b_in, nxt_dtype, silu=not pi05)
+    x_ref, nxt_ref = denoise_update_ref(
+        y_ref[-HA:], x0, w_out, b_out, -0.1, w_in, b_in, nxt_dtype, silu=not pi05, guide=guide
+    )
+    if guided:  # the correction moved x: a tail that ignored it would fail below
+        plain, _ = denoise_update_ref(y_ref[-HA:], x0, w_out, b_out, -0.1)
+        assert float((plain - x_ref).abs().max()) > 0.05
 
     plan = ExpertStepPlan(M, W, F, H, D, 1, torch.device(DEVICE), dtype)
     plan.set_tiles(**tiles)
     h, x = h0.clone(), x0.clone()
     nxt = h if pi05 else torch.zeros(HA, W, device=DEVICE)
-    update = DenoiseUpdate(x, w_out, b_out, -0.1, w_in, b_in, nxt, silu=not pi05)
+    update = DenoiseUpdate(x, w_out, b_out, -0.1, w_in, b_in, nxt, silu=not pi05, guide=guide)
     y = plan.step(h, plan.lay_out(w), 1, k, v, kb, qb, rope_table(pos, inv), row0, 0, 1e-6, update=update)
     pairs = [(y, y_ref), (x, x_ref), (nxt, nxt_ref)]
     if not pi05:
@@ -468,6 +478,22 @@ def _run_with_update(shape, dtype, pi05: bool, A: int, tol, **tiles) -> None:
 def test_step_kernel_with_denoise_update_small(dtype, pi05) -> None:
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else BF16_SMALL
     _run_with_update((10, 32, 64, 4, 16, 2, 24), dtype, pi05, A=6, tol=tol)
+
+
+@pytest.mark.parametrize("pi05", [True, False], ids=["pi05", "pi0"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_step_kernel_with_guided_denoise_update_small(dtype, pi05) -> None:
+    """Real-time chunking's correction in the tail's Euler step; the next input is made from the
+    guided x."""
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else BF16_SMALL
+    _run_with_update((10, 32, 64, 4, 16, 2, 24), dtype, pi05, A=6, tol=tol, guided=True)
+
+
+def test_guided_denoise_tail_in_chunks() -> None:
+    _run_with_update(
+        (6, 512, 64, 2, 16, 1, 8), torch.float32, True, A=32, tol=dict(atol=1e-4, rtol=1e-4), guided=True,
+        update_chunks=2,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("pi05", [True, False], ids=["pi05-next-input-into-h", "pi0-silu-hidden"])
@@ -547,6 +573,11 @@ def test_step_kernel_refuses_an_update_with_more_rows() -> None:
 def test_step_kernel_with_denoise_update_gpu_real_shapes(pi05) -> None:
     M = 50 if pi05 else 51
     _run_with_update((M, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, pi05, A=32, tol=BF16_REAL)
+
+
+@pytest.mark.gpu
+def test_step_kernel_with_guided_denoise_update_gpu_real_shapes() -> None:
+    _run_with_update((50, 1024, 4096, 8, 256, 18, 968), torch.bfloat16, True, A=32, tol=BF16_REAL, guided=True)
 
 
 def test_weights_must_be_laid_out_for_the_plan() -> None:

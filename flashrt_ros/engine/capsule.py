@@ -39,6 +39,7 @@ import torch
 from ..policies.listing import shown, some
 from ..policies.policy import Observation
 from .pipeline import Decision, Pipeline
+from .real_time_chunking import Hold
 
 StateDict = dict[str, np.ndarray]
 
@@ -68,8 +69,8 @@ class PipelineState:
         self.seed = seed
         self.last_actions = self._no_actions()
 
-    def decide(self, obs: Observation, noise: torch.Tensor | None = None) -> Decision:
-        decision = self.pipeline.decide(obs, noise)
+    def decide(self, obs: Observation, noise: torch.Tensor | None = None, hold: Hold | None = None) -> Decision:
+        decision = self.pipeline.decide(obs, noise, hold)
         self.last_actions = np.array(decision.actions, dtype=np.float32, copy=True)
         return decision
 

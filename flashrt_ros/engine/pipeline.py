@@ -21,9 +21,11 @@ import numpy as np
 import torch
 
 from ..policies.config import FP8_PARTS
+from ..policies.guidance import ChunkGuide
 from ..policies.policy import ModelInputs, Observation, Policy
 from .frame_pool import FramePool
 from .prefix_cache import PrefixCache, PrefixKey, check_period, check_trigger
+from .real_time_chunking import Hold, RtcSettings
 from .stats import PipelineStats
 
 log = logging.getLogger(__name__)
@@ -138,6 +140,9 @@ class Pipeline:
     their `frame_ids`) and prompt tokens it was built from; "period" also for newer frames, up to
     `prefix_period_s` after the decision that built it (on `clock`, seconds); "every_decision"
     always runs it.
+    `rtc` (real-time chunking, engine/real_time_chunking.py) lets a decision be held to the chunk
+    the robot executes (`decide(..., hold=)`); on the fused path its denoise graphs are built
+    with the guided Euler step.
     """
 
     def __init__(
@@ -151,8 +156,10 @@ class Pipeline:
         prefix_trigger: str = "new_inputs",
         prefix_period_s: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
+        rtc: RtcSettings | None = None,
     ):
         self.policy = policy
+        self.rtc = rtc
         self.prefix_cache = PrefixCache(prefix_trigger, prefix_period_s, clock)
         self.stats = PipelineStats(stats_window)
         self.generator = torch.Generator(device=policy.device).manual_seed(seed)
@@ -163,6 +170,11 @@ class Pipeline:
         if fp8 != "none" and policy.cfg.dtype != "bfloat16":  # not a silent fall back to the reference
             raise ValueError(f"fp8 {fp8!r} needs a bfloat16 policy, got {policy.cfg.dtype}")
         with on_device(policy.device):
+            if rtc is not None and rtc.jacobian == "exact" and backend != "reference":
+                raise ValueError(
+                    "rtc jacobian 'exact' differentiates through the expert, which only the reference backend "
+                    f"can (backend {backend!r}); use jacobian 'identity', or backend 'reference'"
+                )
             self.fused = self._build_fused(backend, prefix_mlp_fp8=fp8 == "prefix_mlp")
         if fp8 != "none" and self.fused is None:
             log.warning("fp8 %r applies to the fused path only: the reference runs in %s", fp8, policy.cfg.dtype)
@@ -184,7 +196,7 @@ class Pipeline:
             from ..policies.fused import FusedPi0
 
             dtype = getattr(torch, self.policy.cfg.dtype)
-            fused = FusedPi0(self.policy.model, dtype, prefix_mlp_fp8=prefix_mlp_fp8)
+            fused = FusedPi0(self.policy.model, dtype, prefix_mlp_fp8=prefix_mlp_fp8, guided=self.rtc is not None)
             fused.capture()
         except Exception as exc:
             if backend == "fused":
@@ -212,8 +224,9 @@ class Pipeline:
     def stage_names(self) -> tuple[str, ...]:
         return STAGES
 
-    def decide(self, obs: Observation, noise: torch.Tensor | None = None) -> Decision:
-        """One chunk; raises (and uses no chunk id) for bad inputs or non-finite actions.
+    def decide(self, obs: Observation, noise: torch.Tensor | None = None, hold: Hold | None = None) -> Decision:
+        """One chunk; raises (and uses no chunk id) for bad inputs or non-finite actions. With
+        `hold` (real-time chunking), the chunk is guided towards the executing one.
 
         A refusal of any kind gives the drawn noise back (the generator is restored), so the next
         good decision is the one a run without the refusal makes: capsules replay it exactly."""
@@ -226,7 +239,9 @@ class Pipeline:
                 if noise is None:
                     noise = policy.model.noise(1, self.generator, policy.device)
                 self._check_noise(noise)
-                actions, timings, reused = self._decide(obs, noise.to(policy.device), timer)
+                if hold is not None and self.rtc is None:
+                    raise ValueError("a hold (real-time chunking) needs a pipeline built with rtc settings")
+                actions, timings, reused = self._decide(obs, noise.to(policy.device), timer, hold)
         except Exception:
             if rng is not None:  # no chunk: the next decision draws what this one would have
                 self.generator.set_state(rng)
@@ -249,13 +264,13 @@ class Pipeline:
         self.prefix_cache.forget()
 
     def _decide(
-        self, obs: Observation, noise: torch.Tensor, timer: _Timer
+        self, obs: Observation, noise: torch.Tensor, timer: _Timer, hold: Hold | None = None
     ) -> tuple[np.ndarray, dict[str, float], bool]:
         """Run one decision: the finite actions, the stage timings and whether the cached prefix
         was re-used, or raise."""
         with torch.no_grad():
             run = self._run_fused if self.fused is not None else self._run_reference
-            chunk, reused = run(obs, noise, timer)
+            chunk, reused = run(obs, noise, timer, hold)
         actions = self.policy.postprocess(chunk, obs.state)  # the host sync (fused: the chunk came back already)
         timer.mark("postprocess")
         timings = timer.resolve()
@@ -279,6 +294,13 @@ class Pipeline:
         if tuple(noise.shape) != (1, cfg.horizon, cfg.action_dim):
             raise ValueError(f"noise must be [1, {cfg.horizon}, {cfg.action_dim}], got {tuple(noise.shape)}")
 
+    def _guide(self, obs: Observation, hold: Hold | None) -> ChunkGuide | None:
+        """The hold in the model's space (after `_host_inputs` checked the state it uses)."""
+        if hold is None or self.rtc is None:
+            return None
+        rtc = self.rtc
+        return self.policy.chunk_guide(hold.target, hold.weights, obs.state, rtc.max_guidance, rtc.jacobian)
+
     def _host_inputs(self, obs: Observation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, PrefixKey | None]:
         """The checked prompt tokens, their mask and the state (host tensors), and the key of the
         prefix they and the frames make (None without frame ids)."""
@@ -288,9 +310,12 @@ class Pipeline:
     # Both backends forget the cached key before the prefix stage runs and store the new one after
     # it: a stage that fails half-way leaves no key. A failed denoise leaves the prefix as it was
     # (the reference's K/V is not written by it; the fused denoise writes only the rows after it).
-    def _run_reference(self, obs: Observation, noise: torch.Tensor, timer: _Timer) -> tuple[torch.Tensor, bool]:
+    def _run_reference(
+        self, obs: Observation, noise: torch.Tensor, timer: _Timer, hold: Hold | None = None
+    ) -> tuple[torch.Tensor, bool]:
         model, policy, cache = self.policy.model, self.policy, self.prefix_cache
         tokens, token_mask, state, key = self._host_inputs(obs)
+        guide = self._guide(obs, hold)
         now = cache.clock()
         reuse = cache.lookup(key, now=now)
         if reuse:
@@ -303,18 +328,23 @@ class Pipeline:
             prefix = model.prefill(*model.embed_prefix(x.pixels, x.image_masks, x.tokens, x.token_masks))
             cache.store(key, prefix, built_at=now)
             timer.mark("prefix")
-        chunk = model.denoise(prefix, noise, state[None].to(policy.device))
+        guide = guide.to(policy.device) if guide is not None else None
+        chunk = model.denoise(prefix, noise, state[None].to(policy.device), guide=guide)
         timer.mark("denoise")
         return chunk, reuse
 
-    def _run_fused(self, obs: Observation, noise: torch.Tensor, timer: _Timer) -> tuple[torch.Tensor, bool]:
+    def _run_fused(
+        self, obs: Observation, noise: torch.Tensor, timer: _Timer, hold: Hold | None = None
+    ) -> tuple[torch.Tensor, bool]:
         fused, cache = self.fused, self.prefix_cache
         tokens, token_mask, state, key = self._host_inputs(obs)
+        guide = self._guide(obs, hold)
         now = cache.clock()
         reuse = cache.lookup(key, build=fused.prefix_serial, now=now)
         if not reuse:
             fused.set_frames(list(obs.images))  # queued copies where they are page-locked (frame_pool.py)
         fused.set_inputs(tokens, token_mask, state, noise[0])  # host tensors: the bucket choice needs no sync
+        fused.set_guide(guide)  # None: weights of zero (the plain step), where the path is guided
         timer.mark("preprocess")
         if not reuse:
             cache.forget()

@@ -2,6 +2,9 @@
 
     v = y @ W_out.T + b_out            the expert's action rows -> velocity      [H, A] fp32
     x = x + dt * v                     the Euler step, in place                  [H, A] fp32
+      (guided: x + dt * (v - c * W * (Y - (x - t * v))), real-time chunking's correction
+      towards a previous chunk Y with weights W, its Jacobian taken as identity;
+      policies/guidance.py; t and c per step from a [2] table)
     h = (x @ W_in.T + b_in).to(dtype)  the next pass's input (pi0.5; optional)   [H, WE]
     h = silu(x @ W_in.T + b_in)        or its SiLU (pi0: the action-time MLP's hidden layer, with
                                        its action_in projection folded into W_in at load)
@@ -28,6 +31,7 @@ from ._common import needs_rtne_fix, round_bf16_rtne
 
 __all__ = [
     "DenoiseUpdate",
+    "EulerGuide",
     "UpdateConsts",
     "denoise_update",
     "denoise_update_ref",
@@ -79,11 +83,22 @@ def next_input_part(
 
 
 @triton.jit
-def euler(x_row_ptr, v, bo_ptr, dt, A: tl.constexpr, BA: tl.constexpr):
-    """x + dt * (v + b_out) for one action row (fp32 [BA])."""
+def euler(
+    x_row_ptr, v, bo_ptr, dt, gy_row_ptr, gw_row_ptr, tc_ptr, A: tl.constexpr, BA: tl.constexpr, GUIDE: tl.constexpr
+):
+    """x + dt * (v + b_out) for one action row (fp32 [BA]); with GUIDE, the velocity corrected
+    towards the guide's row (target `gy`, weights `gw`; t and c at `tc_ptr`)."""
     acols = tl.arange(0, BA)
     a_ok = acols < A
-    return tl.load(x_row_ptr + acols, mask=a_ok, other=0.0) + dt * (v + tl.load(bo_ptr + acols, mask=a_ok, other=0.0))
+    x = tl.load(x_row_ptr + acols, mask=a_ok, other=0.0)
+    v = v + tl.load(bo_ptr + acols, mask=a_ok, other=0.0)
+    if GUIDE:
+        t = tl.load(tc_ptr)
+        c = tl.load(tc_ptr + 1)
+        y = tl.load(gy_row_ptr + acols, mask=a_ok, other=0.0)
+        w = tl.load(gw_row_ptr + acols, mask=a_ok, other=0.0)
+        v = v - c * (w * (y - (x - t * v)))
+    return x + dt * v
 
 
 @triton.jit
@@ -95,6 +110,9 @@ def _denoise_update_kernel(
     wi_ptr,  # [WE, A] fp32 (HAS_IN)
     bi_ptr,  # [WE]
     h_ptr,  # [H, WE] (HAS_IN)
+    gy_ptr,  # [H, A] fp32 guide target (GUIDE)
+    gw_ptr,  # [H, A] fp32 guide weights
+    tc_ptr,  # [2] fp32: this step's t and c
     stride_y,
     dt,
     A: tl.constexpr,
@@ -104,20 +122,22 @@ def _denoise_update_kernel(
     FIX_H: tl.constexpr,
     BA: tl.constexpr,
     BW: tl.constexpr,
+    GUIDE: tl.constexpr,
 ):
     """One program per action row, end to end (the step kernel's tail splits the same work
     over more programs, see kernels/expert_step.py)."""
     row = tl.program_id(0).to(tl.int64)
     WHOLE: tl.constexpr = (WE + BW - 1) // BW * BW
     v = velocity_part(y_ptr + row * stride_y, wo_ptr, 0, A, WE, WHOLE, BA, BW)
-    x = euler(x_ptr + row * A, v, bo_ptr, dt, A, BA)
+    x = euler(x_ptr + row * A, v, bo_ptr, dt, gy_ptr + row * A, gw_ptr + row * A, tc_ptr, A, BA, GUIDE)
     tl.store(x_ptr + row * A + tl.arange(0, BA), x, mask=tl.arange(0, BA) < A)
     if HAS_IN:
         next_input_part(row, x, wi_ptr, bi_ptr, h_ptr, 0, A, WE, WHOLE, SILU, FIX_H, BA, BW)
 
 
 class UpdateConsts(NamedTuple):
-    """The update's constexprs: action dims, next input?, its SiLU?, its bf16 fix, tile sizes."""
+    """The update's constexprs: action dims, next input?, its SiLU?, its bf16 fix, tile sizes,
+    guided?"""
 
     A: int
     has_in: bool
@@ -125,6 +145,26 @@ class UpdateConsts(NamedTuple):
     fix_h: bool
     ba: int
     bw: int
+    guide: bool = False
+
+
+@dataclass
+class EulerGuide:
+    """Real-time chunking's correction in the Euler step (policies/guidance.py, "identity"):
+    target and weights [H, A] fp32 contiguous, `tc` this step's (t, c) as a [2] fp32 tensor (a
+    row of a table kept on the device, so a captured graph reads values changed between replays)."""
+
+    target: torch.Tensor
+    weights: torch.Tensor
+    tc: torch.Tensor
+
+    def check(self, H: int, A: int) -> None:
+        for name in ("target", "weights"):
+            t = getattr(self, name)
+            if tuple(t.shape) != (H, A) or t.dtype != torch.float32 or not t.is_contiguous():
+                raise ValueError(f"guide {name} must be contiguous fp32 [{H}, {A}], got {tuple(t.shape)} {t.dtype}")
+        if tuple(self.tc.shape) != (2,) or self.tc.dtype != torch.float32 or not self.tc.is_contiguous():
+            raise ValueError(f"guide tc must be fp32 [2] (t, c), got {tuple(self.tc.shape)} {self.tc.dtype}")
 
 
 @dataclass
@@ -140,6 +180,7 @@ class DenoiseUpdate:
     b_in: torch.Tensor | None = None
     h_next: torch.Tensor | None = None
     silu: bool = False
+    guide: EulerGuide | None = None
 
     def check(self, H: int, WE: int) -> None:
         """Shapes / dtypes for an expert output of H action rows of width WE; ValueError if not."""
@@ -164,20 +205,24 @@ class DenoiseUpdate:
             t = getattr(self, name)
             if t is not None and (t.dtype != torch.float32 or not t.is_contiguous()):
                 raise ValueError(f"{name} must be contiguous fp32")
+        if self.guide is not None:
+            self.guide.check(H, A)
 
     def launch_args(self) -> tuple[tuple, UpdateConsts]:
-        """(x, w_out, b_out, w_in, b_in, h_next, dt) pointers (unused ones stand in) and the
-        constexprs (A, HAS_IN, SILU, FIX_H, BA, BW) of `_denoise_update_kernel` and the step
-        kernel's tail."""
-        has_in = self.h_next is not None
+        """(x, w_out, b_out, w_in, b_in, h_next, guide target, weights, tc, dt) pointers (unused
+        ones stand in) and the constexprs (A, HAS_IN, SILU, FIX_H, BA, BW, GUIDE) of
+        `_denoise_update_kernel` and the step kernel's tail."""
+        has_in, g = self.h_next is not None, self.guide
         A, WE = self.w_out.shape
         ba = triton.next_power_of_2(A)
         bw = min(triton.next_power_of_2(WE), max(16, 8192 // ba))  # an [A, BW] fp32 tile: 64 values per thread
         ptrs = (
             self.x, self.w_out, self.b_out, self.w_in if has_in else self.w_out, self.b_in if has_in else self.b_out,
-            self.h_next if has_in else self.x, float(self.dt),
+            self.h_next if has_in else self.x, *((g.target, g.weights, g.tc) if g else (self.x, self.x, self.b_out)),
+            float(self.dt),
         )  # fmt: skip
-        return ptrs, UpdateConsts(A, has_in, self.silu, has_in and needs_rtne_fix(self.h_next.dtype), ba, bw)
+        fix = has_in and needs_rtne_fix(self.h_next.dtype)
+        return ptrs, UpdateConsts(A, has_in, self.silu, fix, ba, bw, g is not None)
 
 
 def denoise_update(
@@ -190,9 +235,11 @@ def denoise_update(
     b_in: torch.Tensor | None = None,
     h_next: torch.Tensor | None = None,
     silu: bool = False,
+    guide: EulerGuide | None = None,
 ) -> None:
     """x += dt * (y @ w_out.T + b_out) in place; with w_in / b_in / h_next also
-    h_next = x @ w_in.T + b_in (after the update, in h_next's dtype), or its SiLU with `silu`.
+    h_next = x @ w_in.T + b_in (after the update, in h_next's dtype), or its SiLU with `silu`;
+    with `guide`, the velocity corrected as the module docstring says.
 
     Args:
         y: the expert's output rows of the actions [H, WE] (rows may be strided, a slice).
@@ -205,11 +252,11 @@ def denoise_update(
     H, WE = y.shape
     if y.stride(1) != 1:
         raise ValueError(f"y must be [H, WE] with contiguous rows, got {tuple(y.shape)} strides {y.stride()}")
-    update = DenoiseUpdate(x, w_out, b_out, dt, w_in, b_in, h_next, silu)
+    update = DenoiseUpdate(x, w_out, b_out, dt, w_in, b_in, h_next, silu, guide)
     update.check(H, WE)
-    (x, wo, bo, wi, bi, h, dt), (A, has_in, silu, fix, ba, bw) = update.launch_args()
+    (x, wo, bo, wi, bi, h, gy, gw, tc, dt), (A, has_in, silu, fix, ba, bw, guided) = update.launch_args()
     _denoise_update_kernel[(H,)](
-        y, x, wo, bo, wi, bi, h, y.stride(0), dt, A, WE, has_in, silu, fix, ba, bw, num_warps=4,
+        y, x, wo, bo, wi, bi, h, gy, gw, tc, y.stride(0), dt, A, WE, has_in, silu, fix, ba, bw, guided, num_warps=4,
     )  # fmt: skip
 
 
@@ -223,10 +270,15 @@ def denoise_update_ref(
     b_in: torch.Tensor | None = None,
     h_dtype: torch.dtype = torch.bfloat16,
     silu: bool = False,
+    guide: EulerGuide | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The same in torch (the eager model's fp32 projections): returns (new x, next h or None)."""
     F = torch.nn.functional
-    x = x + dt * F.linear(y.float(), w_out, b_out)
+    v = F.linear(y.float(), w_out, b_out)
+    if guide is not None:
+        t, c = guide.tc.tolist()
+        v = v - c * (guide.weights * (guide.target - (x - t * v)))
+    x = x + dt * v
     if w_in is None:
         return x, None
     h = F.linear(x, w_in, b_in)

@@ -555,6 +555,9 @@ def _expert_step_kernel(
     uwi_ptr,
     ubi_ptr,
     uh_ptr,
+    ugy_ptr,  # U_GUIDE: real-time chunking's target and weights [HA, A] fp32, this step's (t, c)
+    ugw_ptr,
+    utc_ptr,
     uv_ptr,  # fp32 workspace: velocity partials [WE / U_KC, HA, U_BA], then the old x [HA, U_BA]
     udt,
     act_row0,  # suffix row of the first action (UPDATE)
@@ -614,6 +617,7 @@ def _expert_step_kernel(
     U_BW: tl.constexpr,
     U_KC: tl.constexpr,
     U_NC: tl.constexpr,
+    U_GUIDE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     G = tl.num_programs(0)
@@ -771,8 +775,9 @@ def _expert_step_kernel(
         )  # fmt: skip
     if UPDATE:
         _denoise_tail(
-            pid, G, bar_ptr, arrivals + G, xa_ptr, ux_ptr, uwo_ptr, ubo_ptr, uwi_ptr, ubi_ptr, uh_ptr, uv_ptr, udt,
-            act_row0, M, WE, U_A, U_HAS_IN, U_SILU, U_FIX, U_BA, U_BW, U_KC, U_NC, GPU,
+            pid, G, bar_ptr, arrivals + G, xa_ptr, ux_ptr, uwo_ptr, ubo_ptr, uwi_ptr, ubi_ptr, uh_ptr, ugy_ptr,
+            ugw_ptr, utc_ptr, uv_ptr, udt, act_row0, M, WE, U_A, U_HAS_IN, U_SILU, U_FIX, U_BA, U_BW, U_KC, U_NC,
+            U_GUIDE, GPU,
         )  # fmt: skip
     if TRACE:
         tl.atomic_max(trace_ptr + 2 * (8 * N_LAYERS), _now())
@@ -780,9 +785,10 @@ def _expert_step_kernel(
 
 @triton.jit
 def _denoise_tail(
-    pid, G, bar_ptr, arrivals, y_ptr, x_ptr, wo_ptr, bo_ptr, wi_ptr, bi_ptr, h_ptr, ws_ptr, dt, act_row0, M,
-    WE: tl.constexpr, A: tl.constexpr, HAS_IN: tl.constexpr, SILU: tl.constexpr, FIX_H: tl.constexpr,
-    BA: tl.constexpr, BW: tl.constexpr, KC: tl.constexpr, NC: tl.constexpr, GPU: tl.constexpr,
+    pid, G, bar_ptr, arrivals, y_ptr, x_ptr, wo_ptr, bo_ptr, wi_ptr, bi_ptr, h_ptr, gy_ptr, gw_ptr, tc_ptr, ws_ptr,
+    dt, act_row0, M, WE: tl.constexpr, A: tl.constexpr, HAS_IN: tl.constexpr, SILU: tl.constexpr,
+    FIX_H: tl.constexpr, BA: tl.constexpr, BW: tl.constexpr, KC: tl.constexpr, NC: tl.constexpr,
+    GUIDE: tl.constexpr, GPU: tl.constexpr,
 ):  # fmt: skip
     """The denoise update of the HA = M - act_row0 action rows (kernels/denoise_update.py) in two
     phases over every program, not one program per row: (row, K chunk) velocity partials, and
@@ -812,7 +818,7 @@ def _denoise_tail(
         v = tl.zeros([BA], dtype=tl.float32)
         for kc in tl.static_range(N_K):
             v += tl.load(ws_ptr + (kc * HA + r) * BA + acols, cache_modifier=".cg")
-        x = euler(old_x + r * BA, v, bo_ptr, dt, A, BA)
+        x = euler(old_x + r * BA, v, bo_ptr, dt, gy_ptr + r * A, gw_ptr + r * A, tc_ptr, A, BA, GUIDE)
         if nc == 0:
             tl.store(x_ptr + r * A + acols, x, mask=a_ok)
         if HAS_IN:
@@ -1309,15 +1315,17 @@ class ExpertStepPlan:
             update.check(update.x.shape[0], self.WE)
             if update.x.shape[0] > M:
                 raise ValueError(f"the update has {update.x.shape[0]} action rows, the step {M} rows")
-            (ux, uwo, ubo, uwi, ubi, uh, udt), c = update.launch_args()
+            (ux, uwo, ubo, uwi, ubi, uh, ugy, ugw, utc, udt), c = update.launch_args()
             kc = self._update_chunk(update.x.shape[0], c.bw)
             # no next input (the last step): one column unit per row, the one that stores x
             nc = kc if c.has_in else triton.cdiv(self.WE, c.bw) * c.bw
-            u_ptrs = (ux, uwo, ubo, uwi, ubi, uh, self._update_ws(update.x.shape[0], c.ba, kc), udt)
-            u_const = (*c, kc, nc)
+            ws = self._update_ws(update.x.shape[0], c.ba, kc)
+            u_ptrs = (ux, uwo, ubo, uwi, ubi, uh, ugy, ugw, utc, ws, udt)
+            u_const = (*c[:6], kc, nc, c.guide)
             act_row0 = M - update.x.shape[0]
         else:
-            u_ptrs, u_const, act_row0 = (f, f, f, f, f, f, f, 0.0), (1, False, False, False, 16, 16, 16, 16), M
+            u_ptrs = (f, f, f, f, f, f, f, f, f, f, 0.0)
+            u_const, act_row0 = (1, False, False, False, 16, 16, 16, 16, False), M
         args = (
             h, self.x_attn, self.x_mlp, self.q, self.attn, self.act, self.part_o, self.part_d,
             *att, k, v, key_blocks, query_blocks, rope, *self._attention_descriptors(k, v, att_tma),
@@ -1347,7 +1355,8 @@ class ExpertStepPlan:
             GPU=self.gpu,
             BLOCK_W=triton.next_power_of_2(self.WE),
             UPDATE=update is not None,
-            **dict(zip(("U_A", "U_HAS_IN", "U_SILU", "U_FIX", "U_BA", "U_BW", "U_KC", "U_NC"), u_const, strict=True)),
+            **dict(zip(("U_A", "U_HAS_IN", "U_SILU", "U_FIX", "U_BA", "U_BW", "U_KC", "U_NC", "U_GUIDE"), u_const,
+                       strict=True)),
             num_warps=self.num_warps, num_stages=self.num_stages,
             **extra,
         )  # fmt: skip

@@ -37,7 +37,7 @@ from tqdm import tqdm
 from flashrt_ros.kernels._common import is_interpreting
 from flashrt_ros.kernels.ada_rms_norm import ada_rms_norm, gated_residual_ada_rms_norm
 from flashrt_ros.kernels.attention import attention
-from flashrt_ros.kernels.denoise_update import DenoiseUpdate
+from flashrt_ros.kernels.denoise_update import DenoiseUpdate, EulerGuide
 from flashrt_ros.kernels.euler import euler_step
 from flashrt_ros.kernels.expert_step import (
     UPDATE_MAX_ACTIONS,
@@ -60,6 +60,7 @@ from flashrt_ros.kernels.rope import qkv_rope, rope_inv_freq
 
 from . import cuda_graphs
 from .config import PolicyConfig
+from .guidance import ChunkGuide, step_table
 from .host_staging import CopyGuard, PackedInputs, PinnedBuffers
 from .pi0 import Pi0Model, sinusoidal_time_embedding, suffix_blocks
 
@@ -245,8 +246,13 @@ class FusedPi0:
         dtype: torch.dtype = torch.bfloat16,
         prompt_buckets: tuple[int, ...] = (64, 128),
         prefix_mlp_fp8: bool = False,
+        guided: bool = False,
     ):
-        """prefix_mlp_fp8: the prefix LM's MLP GEMMs in FP8 (e4m3 weights and inputs, one scale
+        """guided: every Euler step corrected towards a previous chunk (real-time chunking,
+        policies/guidance.py; `set_guide` sets it before a decision, none: weights of zero, the
+        plain step). Off, the denoise graphs are the unguided ones.
+
+        prefix_mlp_fp8: the prefix LM's MLP GEMMs in FP8 (e4m3 weights and inputs, one scale
         per row): gate|up from layer PREFIX_MLP_FP8_FROM on, down from PREFIX_DOWN_FP8_FROM; bf16
         runs only, where the fused gate|up kernel runs (else a warning and bf16). H200, 3 views:
         gate|up 107 vs 179 us per layer, down 55 vs 88: a speed / accuracy trade the deployment
@@ -254,7 +260,7 @@ class FusedPi0:
         docs/results/README.md)."""
         require_kernel_device(next(model.parameters()).device)
         cfg: PolicyConfig = model.cfg
-        self.cfg, self.dtype = cfg, dtype
+        self.cfg, self.dtype, self.guided = cfg, dtype, guided
         # Prompt-length buckets: a decision runs the smallest one that holds its prompt, so a short
         # prompt does not pay for 200 padded tokens. Each bucket has its own pair of graphs.
         self.buckets = sorted({b for b in prompt_buckets if 0 < b < cfg.prompt_len} | {cfg.prompt_len})
@@ -447,6 +453,11 @@ class FusedPi0:
         self.tokens, self.token_valid, self.state = (self._inputs.device[n] for n in ("tokens", "token_valid", "state"))
         self.noise = torch.zeros(cfg.horizon, cfg.action_dim, dtype=torch.float32, device=dev)
         self.actions = torch.zeros(cfg.horizon, cfg.action_dim, dtype=torch.float32, device=dev)
+        # real-time chunking's guide (guided): target and weights, (t, c) per Euler step
+        self.guide_target = torch.zeros_like(self.actions)
+        self.guide_weights = torch.zeros_like(self.actions)
+        self.guide_tc = step_table(cfg.num_steps, 5.0).to(dev)
+        self._guide_host = PinnedBuffers(dev)
         self.prefix_emb = torch.zeros(p, cfg.prefix.width, dtype=self.dtype, device=dev)
         self.prefix_k = torch.zeros(cfg.prefix.depth, p + sl, hd, dtype=self.dtype, device=dev)
         self.prefix_v = torch.zeros_like(self.prefix_k)
@@ -504,6 +515,7 @@ class FusedPi0:
             "suffix_rope",
             "suffix_state",
         )
+        names += ("guide_target", "guide_weights", "guide_tc") if self.guided else ()
         return {n: getattr(self, n) for n in names}
 
     # ---- inputs ------------------------------------------------------------------------------
@@ -603,6 +615,39 @@ class FusedPi0:
             staged.copy_(noise)
             self._noise_host.copy(self.noise, staged)
             self._noise_host.issued()
+
+    def set_guide(self, guide: ChunkGuide | None) -> None:
+        """The previous chunk the next denoise is guided towards (host or device tensors; queued
+        copies), or None: weights of zero, which the guided step turns into the plain one."""
+        if not self.guided:
+            if guide is None:
+                return
+            raise ValueError("this fused path was built without guidance (FusedPi0(guided=True))")
+        if guide is None:
+            self.guide_weights.zero_()
+            return
+        if guide.jacobian != "identity":
+            raise ValueError(
+                f"the fused path guides with the identity Jacobian; jacobian {guide.jacobian!r} needs the reference "
+                "backend (autograd through the expert)"
+            )
+        want = tuple(self.guide_target.shape)
+        if tuple(guide.target.shape) != want:
+            raise ValueError(f"guide of shape {tuple(guide.target.shape)}, expected {list(want)} (horizon, action_dim)")
+        table = step_table(self.cfg.num_steps, guide.max_guidance)
+        self._guide_host.wait()  # the last decision's copies read these buffers
+        for name, src in (("target", guide.target), ("weights", guide.weights), ("tc", table)):
+            dst = getattr(self, f"guide_{name}")
+            if src.device == self.device:
+                dst.copy_(src)
+                continue
+            staged = self._guide_host.get(name, tuple(dst.shape), torch.float32)
+            staged.copy_(src)
+            self._guide_host.copy(dst, staged)
+        self._guide_host.issued()
+
+    def _euler_guide(self, step: int) -> EulerGuide | None:
+        return EulerGuide(self.guide_target, self.guide_weights, self.guide_tc[step]) if self.guided else None
 
     def actions_to_host(self) -> Tensor:
         """The chunk [H, A] fp32 on the host, the caller's own copy: queued into a page-locked
@@ -796,7 +841,11 @@ class FusedPi0:
         dt = -1.0 / cfg.num_steps
         if self.step_plan is None:
             for step in range(cfg.num_steps):
-                euler_step(x, self.velocity(step, x), dt)
+                v = self.velocity(step, x)
+                if self.guided:  # as the kernels' guided Euler step (kernels/denoise_update.py)
+                    t, c = self.guide_tc[step, 0], self.guide_tc[step, 1]
+                    v = v - c * (self.guide_weights * (self.guide_target - (x - t * v)))
+                euler_step(x, v, dt)
             return
         # one launch per step: the step kernel, ending with velocity + Euler step + the next
         # input's first part (pi0.5's action_in(x), written straight into the input rows; pi0's
@@ -818,7 +867,8 @@ class FusedPi0:
                 nxt = (*self.action_in, h)
             else:
                 nxt = (self.at_hidden, self.at_hidden_bias[step + 1], self.at_u)
-            self.expert_pass(step, h, DenoiseUpdate(x, *self.action_out, dt, *nxt, silu=not adarms))
+            update = DenoiseUpdate(x, *self.action_out, dt, *nxt, silu=not adarms, guide=self._euler_guide(step))
+            self.expert_pass(step, h, update)
 
     def _suffix_input(self, step: int, x: Tensor) -> Tensor:
         """Noisy actions (and pi0's state token) -> the expert's input rows [S, We] in the run dtype."""
@@ -894,6 +944,7 @@ class FusedPi0:
         if self.step_plan is not None:
             expert = f"{self.step_plan.describe()}, ending with the denoise update (velocity + Euler step"
             expert += " + next input)" if self.cfg.uses_adarms else " + time-MLP hidden layer), then linear_f32"
+            expert += "; the Euler step guided (real-time chunking)" if self.guided else ""
         else:
             expert = f"the expert as separate kernels ({gemm} GEMMs + Triton norms / RoPE / attention / GeGLU)"
         graphs = f"CUDA graphs per (views 1..{self.cfg.num_views}, prompt bucket {self.buckets})"

@@ -103,6 +103,11 @@ class Normalizer:
     def normalize_state(self, x: np.ndarray) -> np.ndarray:
         return self._apply(np.asarray(x, dtype=np.float32), self.state, forward=True)
 
+    def normalize_actions(self, x: np.ndarray) -> np.ndarray:
+        """Actions into the model's space, as training normalised them (real-time chunking reads
+        the executing chunk back with it)."""
+        return self._apply(np.asarray(x, dtype=np.float32), self.actions, forward=True)
+
     def unnormalize_actions(self, x: np.ndarray) -> np.ndarray:
         return self._apply(np.asarray(x, dtype=np.float32), self.actions, forward=False)
 

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from .config import PolicyConfig
 from .gemma import GemmaStack, attend, rope_cos_sin
+from .guidance import ChunkGuide, guided_velocity
 from .siglip import SiglipVision
 
 log = logging.getLogger(__name__)
@@ -189,8 +190,11 @@ class Pi0Model(nn.Module):
         noise: Tensor,
         state: Tensor | None = None,
         num_steps: int | None = None,
+        guide: ChunkGuide | None = None,
     ) -> Tensor:
-        """Euler-integrate the flow from noise (t=1) to actions (t=0) with dt = -1/N.
+        """Euler-integrate the flow from noise (t=1) to actions (t=0) with dt = -1/N; with `guide`,
+        each step's velocity is corrected towards the previous chunk (real-time chunking,
+        policies/guidance.py).
 
         `prefix` may also be a function returning it, called every step: slower, and only
         there to prove that re-using the cache changes nothing.
@@ -199,9 +203,14 @@ class Pi0Model(nn.Module):
         x = noise.float()
         dt = -1.0 / steps
         for step in range(steps):
-            t = torch.full((x.shape[0],), 1.0 + step * dt, dtype=torch.float32, device=x.device)
+            t_now = 1.0 + step * dt
+            t = torch.full((x.shape[0],), t_now, dtype=torch.float32, device=x.device)
             kv = prefix() if callable(prefix) else prefix
-            x = x + dt * self.velocity(kv, x, t, state)
+            if guide is None:
+                v = self.velocity(kv, x, t, state)
+            else:
+                v = guided_velocity(lambda xs, kv=kv, t=t: self.velocity(kv, xs, t, state), x, t_now, guide)
+            x = x + dt * v
         return x
 
     @torch.no_grad()
@@ -216,13 +225,14 @@ class Pi0Model(nn.Module):
         generator: torch.Generator | None = None,
         num_steps: int | None = None,
         reuse_prefix: bool = True,
+        guide: ChunkGuide | None = None,
     ) -> Tensor:
         """One full decision: [B, horizon, action_dim] fp32 (noise given, or drawn from `generator`)."""
         if noise is None:
             noise = self.noise(tokens.shape[0], generator, tokens.device)
         emb, valid = self.embed_prefix(pixels, image_masks, tokens, token_masks)
         prefix = self.prefill(emb, valid) if reuse_prefix else (lambda: self.prefill(emb, valid))
-        return self.denoise(prefix, noise, state, num_steps)
+        return self.denoise(prefix, noise, state, num_steps, guide=guide)
 
 
 def param_dtype(name: str, dtype: torch.dtype) -> torch.dtype:

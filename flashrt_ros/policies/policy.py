@@ -19,14 +19,19 @@ import torch
 
 from .checkpoint import detect_layout, load_model, read_config
 from .config import PolicyConfig
+from .guidance import ChunkGuide
 from .listing import shown
 from .normalize import Normalizer
 from .pi0 import Pi0Model, count_parameters
 from .preprocess import frame_error, images_to_pixels, require_a_view, thin_frame_error
 from .prompt import PromptTokenizer, PromptTooLong, Tokens, worst_case_state
-from .robot_space import actions_to_robot, space_problem, state_to_model
+from .robot_space import actions_from_robot, actions_to_robot, space_problem, state_to_model
 
 log = logging.getLogger(__name__)
+
+# the largest normalised action real-time chunking guides towards: quantile statistics put the
+# training data in [-1, 1], mean / std within a few units
+GUIDE_LIMIT = 10.0
 
 
 @dataclass
@@ -163,6 +168,41 @@ class Policy:
         `state` is the observation's raw robot state, which delta actions are relative to."""
         actions = chunk[0, :, : self.action_dof].float().cpu().numpy()
         return actions_to_robot(self.normalizer.unnormalize_actions(actions), state, self.cfg)
+
+    def chunk_guide(
+        self,
+        target: np.ndarray,
+        row_weights: np.ndarray,
+        state: np.ndarray,
+        max_guidance: float = 5.0,
+        jacobian: str = "identity",
+    ) -> ChunkGuide:
+        """Real-time chunking's guide in the model's space from a chunk in robot units: `target`
+        [horizon, dof] (the executing chunk on the new chunk's time), `row_weights` [horizon],
+        `state` the new decision's raw robot state (delta dims are taken against it). The padded
+        dims get weight 0, and so does any dim whose held values do not come back through
+        `postprocess` (a gripper out of its range) or lie beyond GUIDE_LIMIT in the model's space
+        (a statistic of almost no width, which maps a robot value to ~1e8): the guide never pulls
+        the model far outside what it was trained to output."""
+        cfg, dof = self.cfg, self.action_dof
+        target = np.asarray(target, dtype=np.float32)
+        row_weights = np.asarray(row_weights, dtype=np.float32)
+        if target.shape != (cfg.horizon, dof) or row_weights.shape != (cfg.horizon,):
+            raise ValueError(
+                f"guide target {target.shape} / weights {row_weights.shape}; expected ({cfg.horizon}, {dof}) / "
+                f"({cfg.horizon},)"
+            )
+        with np.errstate(all="ignore"):  # what does not come back is masked just below
+            model = self.normalizer.normalize_actions(actions_from_robot(target, state, cfg))
+            back = actions_to_robot(self.normalizer.unnormalize_actions(model), state, cfg)
+            good = np.isfinite(model) & (np.abs(model) <= GUIDE_LIMIT)
+            good &= np.abs(back - target) <= 1e-3 * (1.0 + np.abs(target))
+        ok = good[row_weights > 0].all(axis=0)  # per dim, over the rows held
+        full = np.zeros((cfg.horizon, cfg.action_dim), dtype=np.float32)
+        weights = np.zeros_like(full)
+        full[:, :dof] = np.where(ok, model, 0.0)
+        weights[:, :dof] = row_weights[:, None] * ok[None, :]
+        return ChunkGuide(torch.from_numpy(full), torch.from_numpy(weights), max_guidance, jacobian)
 
     def infer(
         self, obs: Observation, noise: torch.Tensor | None = None, generator: torch.Generator | None = None

@@ -139,6 +139,25 @@ def actions_to_robot(actions: np.ndarray, state: np.ndarray, cfg: Any) -> np.nda
     return out.astype(np.float32)
 
 
+def actions_from_robot(actions: np.ndarray, state: np.ndarray, cfg: Any) -> np.ndarray:
+    """The inverse of `actions_to_robot`: robot commands [horizon, dof] -> un-normalised model
+    actions, with the deltas taken against `state` (the robot's, as a new decision sees it).
+    Real-time chunking reads the chunk the robot executes back into the model's space with it."""
+    actions = np.asarray(actions, dtype=np.float32)
+    if not (has_deltas(cfg) or cfg.aloha_adapt_to_pi):
+        return actions
+    out = actions.astype(np.float64)
+    if cfg.aloha_adapt_to_pi:
+        grippers = list(ALOHA_GRIPPERS)
+        out[..., grippers] = _gripper_to_pi_output(out[..., grippers])
+        out = ALOHA_FLIP * out
+    if has_deltas(cfg):
+        mask = np.asarray(cfg.delta_action_mask)
+        model_state = state_to_model(state, cfg).astype(np.float64)
+        out[:, : mask.size] -= np.where(mask, model_state[: mask.size], 0.0)
+    return out.astype(np.float32)
+
+
 def _aloha(x: np.ndarray, gripper: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
     """ALOHA's 14 values (the last axis) with the pi runtime's joint flips and `gripper` applied
     to the two grippers: the same on the way in and out, only the gripper map differs."""
@@ -164,3 +183,9 @@ def _gripper_from_angular(value: np.ndarray) -> np.ndarray:
     puppet joint's open..close range (the output stays an angle, as openpi sends it)."""
     lo, hi = _ALOHA_GRIPPER_JOINT
     return (value + _PI_GRIPPER_RAD[0] - lo) / (hi - lo)
+
+
+def _gripper_to_pi_output(value: np.ndarray) -> np.ndarray:
+    """The inverse of `_gripper_from_angular`."""
+    lo, hi = _ALOHA_GRIPPER_JOINT
+    return value * (hi - lo) + lo - _PI_GRIPPER_RAD[0]

@@ -1,0 +1,113 @@
+"""Real-time chunking on the robot's clock: which actions of the executing chunk the next one must
+agree with, and how strongly (the guidance itself: policies/guidance.py).
+
+A chunk's action i is due at ``start + i * step``. A decision for a new chunk starting at
+``start'`` lines its actions up with the executing chunk's by the shift ``k = (start' - start) /
+step``: new action i is old action ``i + k``, for the ``overlap = horizon - k`` actions the old
+chunk still has. The new chunk takes over at ``takeover`` (its publication); its actions before
+that are never executed, and the ones the robot executes meanwhile come from the old chunk, so the
+first ``delay = ceil((takeover - start') / step)`` of them are held to it with full weight, the
+rest of the overlap with a weight that decays (`prefix_weights`).
+
+The takeover is not known before the decision ends: it is estimated from the slowest of the last
+decisions' latencies (`LatencyWindow`), or fixed by the caller (`delay_steps`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..policies.guidance import JACOBIANS, SCHEDULES, prefix_weights
+
+
+@dataclass(frozen=True)
+class RtcSettings:
+    """max_guidance: beta, the cap of the guidance weight; schedule: how the hold decays over
+    the overlap; jacobian: "identity" (both backends) or "exact" (reference backend only);
+    delay_steps: actions held with full weight, or None to estimate them from the latency."""
+
+    max_guidance: float = 5.0
+    schedule: str = "exp"
+    jacobian: str = "identity"
+    delay_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.max_guidance) and self.max_guidance > 0):
+            raise ValueError(f"rtc max_guidance must be a positive number, got {self.max_guidance}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"rtc schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.jacobian not in JACOBIANS:
+            raise ValueError(f"rtc jacobian must be one of {JACOBIANS}, got {self.jacobian!r}")
+        if self.delay_steps is not None and self.delay_steps < 0:
+            raise ValueError(f"rtc delay_steps must be >= 0 (or None: from the latency), got {self.delay_steps}")
+
+
+@dataclass(frozen=True)
+class ExecutingChunk:
+    """The chunk the robot executes: actions [horizon, dof] in robot units, action 0 due at
+    `start_ns`, one every `step_ns`."""
+
+    actions: np.ndarray
+    start_ns: int
+    step_ns: int
+
+
+@dataclass(frozen=True)
+class Hold:
+    """What the next decision is held to: `target` [horizon, dof] robot units (the executing
+    chunk shifted onto the new chunk's time, zeros past its end), `weights` [horizon]."""
+
+    target: np.ndarray
+    weights: np.ndarray
+    shift: int
+    delay: int
+
+    @property
+    def overlap(self) -> int:
+        return int(np.count_nonzero(self.weights))
+
+
+class LatencyWindow:
+    """The slowest of the last `size` decisions' latencies (ns): a delay estimated from it holds
+    every action the robot executes before the new chunk arrives, unless a decision is slower than
+    all of the recent ones."""
+
+    def __init__(self, size: int = 10):
+        self._recent: deque[int] = deque(maxlen=size)
+
+    def add(self, latency_ns: int) -> None:
+        self._recent.append(max(0, int(latency_ns)))
+
+    def estimate_ns(self) -> int | None:
+        return max(self._recent) if self._recent else None
+
+    def clear(self) -> None:
+        self._recent.clear()
+
+
+def hold(
+    executing: ExecutingChunk, start_ns: int, takeover_ns: int, horizon: int, settings: RtcSettings
+) -> Hold | None:
+    """What a new chunk starting at `start_ns` and taking over at `takeover_ns` is held to, or
+    None where it overlaps nothing of `executing` (the old chunk has ended by then, or starts
+    after it: a clock that went back)."""
+    step = executing.step_ns
+    if step <= 0:
+        raise ValueError(f"step_ns must be > 0, got {step}")
+    shift = round((start_ns - executing.start_ns) / step)
+    old = executing.actions
+    overlap = min(horizon, old.shape[0] - shift)
+    if shift < 0 or overlap <= 0:
+        return None
+    if settings.delay_steps is not None:
+        delay = settings.delay_steps
+    else:
+        delay = max(0, math.ceil((takeover_ns - start_ns) / step))
+    target = np.zeros((horizon, old.shape[1]), dtype=np.float32)
+    target[:overlap] = old[shift : shift + overlap]
+    weights = prefix_weights(min(delay, overlap), overlap, horizon, settings.schedule).numpy()
+    return Hold(target, weights, shift, min(delay, overlap))

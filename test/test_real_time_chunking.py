@@ -1,0 +1,246 @@
+"""Real-time chunking: the hold's weights and alignment, the guided denoise on both backends, and
+the executing chunk read back into the model's space."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from kernel_fixtures import DEVICE
+from policy_fixtures import tiny_inputs, tiny_model
+
+from flashrt_ros.engine.pipeline import Pipeline
+from flashrt_ros.engine.real_time_chunking import ExecutingChunk, LatencyWindow, RtcSettings, hold
+from flashrt_ros.policies.guidance import ChunkGuide, guidance_weight, guided_velocity, prefix_weights, step_table
+from flashrt_ros.policies.normalize import Normalizer, Stats
+from flashrt_ros.policies.policy import Observation, default_policy
+
+# ---- the weights ---------------------------------------------------------------------------------
+
+
+def test_prefix_weights_follow_the_papers_schedule() -> None:
+    """1 for the delayed actions, c * (e^c - 1) / (e - 1) with c = (overlap - i) / (overlap - delay
+    + 1) over the rest of the overlap, 0 past it (Black et al. 2025, eq. 5)."""
+    delay, overlap, horizon = 3, 10, 14
+    w = prefix_weights(delay, overlap, horizon, "exp")
+    assert w[:delay].tolist() == [1.0] * delay and w[overlap:].tolist() == [0.0] * (horizon - overlap)
+    for i in range(delay, overlap):
+        c = (overlap - i) / (overlap - delay + 1)
+        assert math.isclose(float(w[i]), c * math.expm1(c) / (math.e - 1), rel_tol=1e-6)
+    falling = w[delay - 1 : overlap].tolist()
+    assert all(a > b for a, b in zip(falling, falling[1:], strict=False))
+    lin = prefix_weights(delay, overlap, horizon, "linear")
+    assert math.isclose(float(lin[delay]), 7 / 8, rel_tol=1e-6) and math.isclose(float(lin[overlap - 1]), 1 / 8)
+    assert prefix_weights(delay, overlap, horizon, "ones")[:overlap].tolist() == [1.0] * overlap
+    assert prefix_weights(delay, overlap, horizon, "zeros").tolist() == [1.0] * delay + [0.0] * (horizon - delay)
+    # a delay past the overlap holds the overlap only
+    assert prefix_weights(12, overlap, horizon).tolist() == [1.0] * overlap + [0.0] * 4
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        prefix_weights(1, 2, 3, "cosine")
+
+
+def test_guidance_weight_is_capped_and_pi0s_time() -> None:
+    """(t^2 + (1 - t)^2) / (t (1 - t)): 2 at t = 1/2, unbounded at both ends, so the cap there."""
+    assert guidance_weight(0.5, 5.0) == pytest.approx(2.0)
+    assert guidance_weight(0.9, 100.0) == pytest.approx((0.81 + 0.01) / 0.09)
+    assert guidance_weight(1.0, 5.0) == guidance_weight(0.0, 5.0) == 5.0
+    table = step_table(10, 5.0)
+    assert table[:, 0].tolist() == pytest.approx([1.0 - k / 10 for k in range(10)])
+    assert table[0, 1] == 5.0 and table[5, 1] == pytest.approx(2.0)
+
+
+def test_exact_guidance_is_the_vector_jacobian_product() -> None:
+    """"exact" corrects by J^T e with J = d(x - t v)/dx: checked against a Jacobian built column by
+    column from finite differences of a nonlinear field; "identity" by e itself."""
+    g = torch.Generator().manual_seed(0)
+    m = torch.randn(6, 6, generator=g, dtype=torch.float64) * 0.5
+
+    def field(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x @ m) + 0.3 * x
+
+    x = torch.randn(1, 4, 6, generator=g, dtype=torch.float64)
+    target = torch.randn(4, 6, generator=g, dtype=torch.float64)
+    weights = torch.rand(4, 6, generator=g, dtype=torch.float64)
+    t, beta = 0.4, 5.0
+    c = guidance_weight(t, beta)
+    v = field(x)
+    e = weights * (target - (x - t * v))
+    n, eps = x.numel(), 1e-6
+    jac = torch.zeros(n, n, dtype=torch.float64)
+    for j in range(n):
+        d = torch.zeros(n, dtype=torch.float64)
+        d[j] = eps
+        xp, xm = x + d.view_as(x), x - d.view_as(x)
+        jac[:, j] = (((xp - t * field(xp)) - (xm - t * field(xm))) / (2 * eps)).flatten()
+    want = v - c * (jac.T @ e.flatten()).view_as(x)
+    got = guided_velocity(field, x, t, ChunkGuide(target, weights, beta, "exact"))
+    torch.testing.assert_close(got, want, atol=1e-7, rtol=1e-7)
+    identity = guided_velocity(field, x, t, ChunkGuide(target, weights, beta, "identity"))
+    torch.testing.assert_close(identity, v - c * e)
+
+
+# ---- alignment on the robot's clock ---------------------------------------------------------------
+
+
+def test_hold_lines_the_executing_chunk_up_with_the_new_one() -> None:
+    """A chunk of 10 actions every 20 ms from t = 1 s; the next starts 60 ms later (shift 3), its
+    publication 45 ms after its start: 3 actions held fully (ceil(45 / 20)), 7 overlap."""
+    old = np.arange(20, dtype=np.float32).reshape(10, 2)
+    executing = ExecutingChunk(old, start_ns=1_000_000_000, step_ns=20_000_000)
+    start = 1_060_000_000
+    held = hold(executing, start, start + 45_000_000, 10, RtcSettings())
+    assert (held.shift, held.delay, held.overlap) == (3, 3, 7)
+    np.testing.assert_array_equal(held.target[:7], old[3:])
+    assert not held.target[7:].any() and not held.weights[7:].any()
+    assert held.weights[:3].tolist() == [1.0] * 3 and 0 < held.weights[3] < 1
+    fixed = hold(executing, start, start + 45_000_000, 10, RtcSettings(delay_steps=1))
+    assert fixed.delay == 1 and fixed.weights[1] < 1
+    # nothing left of the old chunk, or a new chunk before it (the clock went back): no hold
+    assert hold(executing, 1_200_000_000, 1_250_000_000, 10, RtcSettings()) is None
+    assert hold(executing, 900_000_000, 950_000_000, 10, RtcSettings()) is None
+
+
+def test_latency_window_estimates_from_the_slowest_recent_decision() -> None:
+    window = LatencyWindow(size=3)
+    assert window.estimate_ns() is None
+    for ns in (10, 40, 20, 15, 12):
+        window.add(ns)
+    assert window.estimate_ns() == 20  # 40 left the window of 3
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="max_guidance must be a positive number"):
+        RtcSettings(max_guidance=0.0)
+    with pytest.raises(ValueError, match="jacobian must be one of"):
+        RtcSettings(jacobian="full")
+    with pytest.raises(ValueError, match="delay_steps must be >= 0"):
+        RtcSettings(delay_steps=-2)
+
+
+# ---- the guided denoise -----------------------------------------------------------------------------
+
+
+def _guide(cfg, held_rows: int, seed: int = 5, jacobian: str = "identity") -> ChunkGuide:
+    g = torch.Generator().manual_seed(seed)
+    target = torch.randn(cfg.horizon, cfg.action_dim, generator=g)
+    weights = torch.zeros(cfg.horizon, cfg.action_dim)
+    weights[:held_rows] = prefix_weights(2, held_rows, held_rows)[:, None]
+    return ChunkGuide(target, weights, 5.0, jacobian)
+
+
+@pytest.mark.parametrize("jacobian", ["identity", "exact"])
+def test_guided_denoise_pulls_the_held_actions_to_the_target(jacobian) -> None:
+    """The held rows end near the target (far nearer than unguided); zero weights change nothing."""
+    model = tiny_model("pi05", seed=2).to(DEVICE)
+    x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1).items()}
+    plain = model.sample_actions(**x)[0]
+    guide = _guide(model.cfg, held_rows=4, jacobian=jacobian).to(DEVICE)
+    guided = model.sample_actions(**x, guide=guide)[0]
+    before = (plain[:2] - guide.target[:2]).abs().max().item()
+    after = (guided[:2] - guide.target[:2]).abs().max().item()
+    assert after < 0.1 * before, f"held rows {before:.3f} -> {after:.3f} from the target"
+    none = ChunkGuide(guide.target, torch.zeros_like(guide.weights), 5.0, jacobian)
+    assert torch.equal(model.sample_actions(**x, guide=none)[0], plain)
+
+
+@pytest.mark.parametrize("kind", ["pi05", "pi0"])
+def test_fused_guided_denoise_matches_the_reference(kind) -> None:
+    """The step kernel's guided Euler tail against the reference's identity guidance; the guided
+    path with no guide set runs the plain denoise."""
+    from flashrt_ros.policies.fused import FusedPi0
+
+    model = tiny_model(kind, seed=2).to(DEVICE)
+    x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1, valid_tokens=20).items()}
+    guide = _guide(model.cfg, held_rows=5).to(DEVICE)
+    ref = model.sample_actions(**x, guide=guide)[0]
+    plain = model.sample_actions(**x)[0]
+    fused = FusedPi0(model, torch.float32, guided=True)
+    fused.set_pixels(x["pixels"][0], x["image_masks"][0].tolist())
+    fused.set_inputs(x["tokens"][0], x["token_masks"][0], x["state"][0], x["noise"][0])
+    fused.capture()
+    fused.set_guide(guide)
+    torch.testing.assert_close(fused.sample_actions().clone(), ref, rtol=1e-4, atol=1e-4)
+    fused.set_guide(None)
+    torch.testing.assert_close(fused.sample_actions().clone(), plain, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="identity Jacobian; jacobian 'exact' needs the reference"):
+        fused.set_guide(_guide(model.cfg, 5, jacobian="exact"))
+
+
+# ---- the executing chunk in the model's space ------------------------------------------------------
+
+
+def _aloha_policy():
+    from flashrt_ros.policies.config import PolicyConfig
+    from flashrt_ros.policies.policy import build_policy
+    from flashrt_ros.policies.tiny_tokenizer import tiny_tokenizer_path
+
+    cfg = PolicyConfig.tiny("pi05", num_views=2).replace(delta_action_mask=(6, -1, 6, -1), aloha_adapt_to_pi=True)
+    policy = build_policy(cfg, tiny_tokenizer_path(), seed=0, action_dof=14)
+    rng = np.random.default_rng(4)
+    lo = rng.uniform(-2, 0, cfg.action_dim).astype(np.float32)
+    hi = lo + rng.uniform(0.5, 3, cfg.action_dim).astype(np.float32)
+    hi[3] = lo[3]  # a dim the statistics pin to one value: a robot value maps to ~1e8 in the model's space
+    stats = Stats(q01=lo, q99=hi)
+    policy.normalizer = Normalizer("quantile", state=stats, actions=stats, convention="lerobot")
+    return policy
+
+
+def test_chunk_guide_reads_the_robots_actions_back_into_the_models_space() -> None:
+    """Deltas against the new state, ALOHA's joint and gripper conversion and quantile statistics:
+    the guide's target, post-processed as a chunk would be, gives back the robot's actions on every
+    held dim; the padded dims and the dim whose statistics have no width get no weight."""
+    policy = _aloha_policy()
+    cfg = policy.cfg
+    rng = np.random.default_rng(5)
+    state = rng.uniform(-1, 1, 14)
+    state[[6, 13]] = [0.3, 0.7]
+    target = rng.uniform(-1, 1, (cfg.horizon, 14)).astype(np.float32)
+    rows = prefix_weights(2, 6, cfg.horizon).numpy()
+    guide = policy.chunk_guide(target, rows, state)
+    assert guide.target.shape == guide.weights.shape == (cfg.horizon, cfg.action_dim)
+    back = policy.postprocess(guide.target[None], state)
+    held = [d for d in range(14) if d != 3]
+    np.testing.assert_allclose(back[:6, held], target[:6, held], atol=1e-4)
+    assert not guide.weights[:, 3].any() and not guide.weights[:, 14:].any()
+    np.testing.assert_array_equal(guide.weights[:, 0].numpy(), rows)
+    # another state: the delta dims move with it, the absolute ones (grippers) do not
+    other = policy.chunk_guide(target, rows, state + 0.25)
+    assert not torch.allclose(other.target[:6, 0], guide.target[:6, 0])
+    torch.testing.assert_close(other.target[:6, 6], guide.target[:6, 6])
+
+
+# ---- the pipeline --------------------------------------------------------------------------------
+
+
+def test_pipeline_backends_take_the_same_hold() -> None:
+    """A hold through Pipeline.decide: the fused path's chunk is the reference's, both pulled
+    towards the executing chunk on the held actions."""
+    policy = default_policy("pi05", device=DEVICE, num_views=2, action_dof=6)
+    rng = np.random.default_rng(0)
+    obs = Observation([rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)] * 2, rng.uniform(-1, 1, 6), "pick up")
+    noise = policy.model.noise(1, torch.Generator(device=DEVICE).manual_seed(3), DEVICE)
+    h = policy.cfg.horizon
+    executing = ExecutingChunk(rng.uniform(-1, 1, (h, 6)).astype(np.float32), 0, 20_000_000)
+    held = hold(executing, 40_000_000, 70_000_000, h, RtcSettings())
+    assert (held.shift, held.delay) == (2, 2)
+    ref_pipe = Pipeline(policy, backend="reference", rtc=RtcSettings())
+    plain = ref_pipe.decide(obs, noise).actions
+    ref = ref_pipe.decide(obs, noise, hold=held).actions
+    fused = Pipeline(policy, backend="fused", rtc=RtcSettings()).decide(obs, noise, hold=held).actions
+    np.testing.assert_allclose(fused, ref, rtol=1e-4, atol=1e-4)
+    want = executing.actions[2:4]
+    assert np.abs(ref[:2] - want).max() < 0.1 * np.abs(plain[:2] - want).max()
+
+
+def test_pipeline_refuses_what_it_cannot_guide() -> None:
+    policy = default_policy("pi05", num_views=2, action_dof=6)
+    rng = np.random.default_rng(0)
+    obs = Observation([rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)] * 2, rng.uniform(-1, 1, 6), "pick up")
+    h = policy.cfg.horizon
+    held = hold(ExecutingChunk(np.zeros((h, 6), np.float32), 0, 1), 0, 0, h, RtcSettings())
+    with pytest.raises(ValueError, match="needs a pipeline built with rtc settings"):
+        Pipeline(policy, backend="reference").decide(obs, hold=held)
+    with pytest.raises(ValueError, match="'exact' differentiates through the expert.*backend 'fused'"):
+        Pipeline(policy, backend="fused", rtc=RtcSettings(jacobian="exact"))
