@@ -83,7 +83,9 @@ def instrument() -> None:
     policy_module.Policy.postprocess = postprocess
 
 
-def run_fused_before(self: Pipeline, obs: Observation, noise: torch.Tensor, timer) -> tuple[torch.Tensor, bool]:
+def run_fused_before(
+    self: Pipeline, obs: Observation, noise: torch.Tensor, timer, hold=None
+) -> tuple[torch.Tensor, bool]:
     """Pipeline._run_fused and FusedPi0.set_inputs as they were at e8a30fe."""
     fused, dev, cache = self.fused, self.policy.device, self.prefix_cache
     tokens, token_mask, state, key = self._host_inputs(obs)

@@ -3,7 +3,7 @@
 # torch 2.11 + CUDA 13, triton 3.6; no network). CI has no GPU, so these never run there.
 #
 #   bash scripts/gpu_check.sh [parts...]     parts: kernels kernels-all fused parity latency bench headline headline-pi0 step compile
-#                                            prefix-reuse adopt
+#                                            prefix-reuse adopt rtc
 #                                            profile micro experiments vision ncu
 #                                            (default: kernels fused parity latency bench step)
 #
@@ -38,7 +38,11 @@ for part in "${parts[@]}"; do
     fused)
       step "Fused path vs reference on the GPU (CUDA graphs captured), and its fall-back to the reference"
       python3 -m pytest -q -p no:cacheprovider test/test_fused.py test/test_capsule.py test/test_fallback.py \
-        test/test_prefix_cache.py 2>&1 | tee "$OUT/fused.log" | tail -15 || status=1
+        test/test_prefix_cache.py test/test_real_time_chunking.py 2>&1 | tee "$OUT/fused.log" | tail -15 || status=1
+      ;;
+    rtc)
+      step "real-time chunking: a guided decision's cost and parity on the fused path (bench/rtc_cost.py)"
+      python3 bench/rtc_cost.py --rounds 5 --iters 20 --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/rtc_cost.log" || status=1
       ;;
     adopt)
       # the device machine's own transformers (5.17 when last looked) serves: nothing to carry

@@ -282,6 +282,9 @@ def test_runtime_changes_allowed_and_refused():
         "command_rate_hz",
         "command_interpolation",
         "command_blend_steps",
+        "rtc_max_guidance",
+        "rtc_schedule",
+        "rtc_delay_steps",
     }
     assert check_update(cfg, {"rate_hz": 5, "prompt": "fold the towel"}) is None
     assert check_update(cfg, {"command_blend_steps": 3}) is None
@@ -490,3 +493,19 @@ def test_params_file_sections_reach_the_nodes_rcl_says_they_do(rclpy_context, tm
             assert ours == by_rcl and (unaddressed_params_files([str(path)], fqn) == []) == by_rcl, (text, fqn)
             applied.append(by_rcl)
     assert 0 < sum(applied) < len(applied)  # both outcomes were exercised
+
+
+def test_rtc_settings_are_checked():
+    """Real-time chunking's numbers and words, and the Jacobian only the reference can take."""
+    found = problems(rtc_max_guidance=0.0, rtc_schedule="cosine", rtc_delay_steps=-3, rtc_jacobian="full")
+    assert "rtc_max_guidance must be > 0 and <= 100, got 0.0" in found
+    assert "rtc_schedule must be one of exp, linear, ones, zeros, got 'cosine'" in found
+    assert "rtc_delay_steps must be -1 (from the latency) or 0..10000, got -3" in found
+    assert "rtc_jacobian must be one of identity, exact, got 'full'" in found
+    exact = problems(rtc=True, rtc_jacobian="exact")
+    assert exact == [
+        "rtc_jacobian 'exact' differentiates through the expert, which only backend 'reference' can (backend is "
+        "'auto'); expected rtc_jacobian 'identity' or backend 'reference'"
+    ]
+    assert problems(rtc=True, rtc_jacobian="exact", backend="reference") == []
+    assert problems(rtc_jacobian="exact") == []  # rtc off: nothing uses it

@@ -52,7 +52,7 @@ def test_guidance_weight_is_capped_and_pi0s_time() -> None:
 
 
 def test_exact_guidance_is_the_vector_jacobian_product() -> None:
-    """"exact" corrects by J^T e with J = d(x - t v)/dx: checked against a Jacobian built column by
+    """ "exact" corrects by J^T e with J = d(x - t v)/dx: checked against a Jacobian built column by
     column from finite differences of a nonlinear field; "identity" by e itself."""
     g = torch.Generator().manual_seed(0)
     m = torch.randn(6, 6, generator=g, dtype=torch.float64) * 0.5

@@ -18,6 +18,9 @@ PolicyKind = Literal["pi0", "pi05"]
 Precision = Literal["float32", "bfloat16"]
 # what the `fp8` setting may put in FP8 (FusedPi0's prefix_mlp_fp8): nothing, or the prefix LM's MLP
 FP8_PARTS = ("none", "prefix_mlp")
+# real-time chunking (guidance.py): how the hold fades over the overlap; how the correction is made
+RTC_SCHEDULES = ("exp", "linear", "ones", "zeros")
+RTC_JACOBIANS = ("identity", "exact")
 
 
 # Upper bounds of the sizes and counts, far above any pi0 / pi0.5 (chunk 50, 10 steps, prompt 200,

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-SCHEDULES = ("exp", "linear", "ones", "zeros")
-JACOBIANS = ("identity", "exact")
+from .config import RTC_JACOBIANS as JACOBIANS
+from .config import RTC_SCHEDULES as SCHEDULES
 
 
 def prefix_weights(delay: int, overlap: int, horizon: int, schedule: str = "exp") -> Tensor:

@@ -47,6 +47,8 @@ def chunk_line(msg: ActionChunk, received_ns: int = 0, first: bool = False) -> s
         "  (the first one received: a node's first decision warms its caches up)" if first and msg.chunk_id == 1 else ""
     )
     reused = " (prefix re-used" + _frames_behind(msg) + ")" if msg.prefix_reused else ""
+    if msg.rtc_overlap:
+        reused += f" (rtc: {msg.rtc_held_actions} held, {msg.rtc_overlap} overlap)"
     return (
         f"chunk {msg.chunk_id:5d}  {msg.horizon}x{msg.action_dim}  latency {msg.inference_latency_ms:6.2f} ms{reused}  "
         f"newest input {age_ms:6.1f} ms old on arrival  first action [{row}]{note}"
@@ -84,7 +86,7 @@ def status_line(msg: PipelineStatus) -> str:
     return (
         f"status  {msg.policy} {msg.device} {msg.precision}:{paused} {msg.decisions} decisions ({rate:.1f} Hz), "
         f"{skipped} skipped, {msg.deadline_misses} deadline misses, {msg.prefix_reuses} re-used the prefix, "
-        f"invalid inputs: {invalid}\n"
+        f"{f'{msg.rtc_guided} guided (rtc), ' if msg.rtc_guided else ''}invalid inputs: {invalid}\n"
         f"        ms p50/p90/p99: {stages}"
     )
 

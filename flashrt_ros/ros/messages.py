@@ -54,9 +54,12 @@ def action_chunk(
     sources: Sequence[tuple[str, Time]],
     latency_ms: float,
     prefix_reused: bool = False,
+    rtc_held: int = 0,
+    rtc_overlap: int = 0,
 ) -> ActionChunk:
     """``actions`` [horizon, dof] float32 -> ActionChunk (row-major); ``sources`` are
-    (resolved topic, header stamp) of every observation the chunk was computed from."""
+    (resolved topic, header stamp) of every observation the chunk was computed from; ``rtc_*``
+    the real-time chunking hold it was guided by (0: none)."""
     horizon, dof = actions.shape
     msg = ActionChunk(
         horizon=horizon,
@@ -64,6 +67,8 @@ def action_chunk(
         chunk_id=chunk_id,
         inference_latency_ms=float(latency_ms),
         prefix_reused=bool(prefix_reused),
+        rtc_held_actions=int(rtc_held),
+        rtc_overlap=int(rtc_overlap),
     )
     msg.header.stamp = stamp
     msg.header.frame_id = frame_id
@@ -103,6 +108,7 @@ class StatusSnapshot:
     dropped_decisions: int
     dropped_inputs: int
     prefix_reuses: int = 0
+    rtc_guided: int = 0
     invalid: dict[tuple[str, str], int] = field(default_factory=dict)
     policy: str = ""
     device: str = ""
@@ -118,6 +124,7 @@ def pipeline_status(s: StatusSnapshot) -> PipelineStatus:
         deadline_misses=s.deadline_misses,
         dropped_inputs=s.dropped_inputs,
         prefix_reuses=s.prefix_reuses,
+        rtc_guided=s.rtc_guided,
         policy=s.policy,
         device=s.device,
         precision=s.precision,
@@ -182,6 +189,7 @@ def diagnostics(
         "dropped decisions": str(s.dropped_decisions),
         "deadline misses": str(s.deadline_misses),
         "prefix reuses": str(s.prefix_reuses),
+        "rtc guided": str(s.rtc_guided),
         "enabled": "yes" if s.enabled else "no (~/enable)",
     }
     for st in s.stages:

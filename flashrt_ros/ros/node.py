@@ -51,6 +51,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from flashrt_ros.engine.action_limits import ActionLimits
 from flashrt_ros.engine.action_stream import ActionStream, Command, Exhausted
+from flashrt_ros.engine.real_time_chunking import ExecutingChunk, Hold, LatencyWindow, RtcSettings, hold
 from flashrt_ros.engine.stats import PipelineStats
 from flashrt_ros.msg import ActionChunk, PipelineStatus
 from flashrt_ros.policies.listing import shown, some
@@ -258,6 +259,7 @@ class FlashRTNode(Node):
         self.dropped_decisions = 0
         self.dropped_inputs = 0
         self.prefix_reuses = 0
+        self.rtc_guided = 0
         self.commands_sent = 0  # command ticks that published (the stats line)
         self.invalid: Counter = Counter()  # (topic, reason) -> count
         self._dropped_streak = 0
@@ -314,6 +316,10 @@ class FlashRTNode(Node):
         self._chunk_pub = self.create_publisher(ActionChunk, "~/action_chunk", 10)
         self._traj_pub = self.create_publisher(JointTrajectory, "~/joint_trajectory", 10)
         self._last_trajectory: tuple[np.ndarray, int, int] | None = None  # actions, start, step (ns): a pause's hold
+        # real-time chunking (rtc): the chunk the robot executes (None after a reset or a pause) and
+        # the recent decisions' latencies, from which the next chunk's takeover is estimated
+        self._executing: ExecutingChunk | None = None
+        self._latency = LatencyWindow()
         # one per controller that owns some of the joints: (publisher, the joints' columns, names)
         names = self.cfg.output_joint_names
         self._group_pubs = [
@@ -419,6 +425,7 @@ class FlashRTNode(Node):
         if not self.enabled and not self.MANAGED:  # the lifecycle node says it once configured
             log.warning(self._paused_at_start())
         log.info(f"prefix stage (prefix_trigger {cfg.prefix_trigger}): {prefix_schedule(cfg)}")
+        log.info(describe_rtc(cfg))
         self._warn_fewer_joints_than_statistics()
         self._warn_chunk_gap(cfg)
 
@@ -643,9 +650,10 @@ class FlashRTNode(Node):
             # a message's stamp and arrival name its frame: the same ids, the same pixels (prefix re-use)
             frame_ids=tuple((stamp_to_ns(s.stamp), s.arrived_ns) for s in cameras) + tuple(empty),
         )
+        held = self._hold(samples[-1], now_ns, cfg)
         t0 = time.perf_counter_ns()
         try:
-            decision = self.state.decide(obs)
+            decision = self.state.decide(obs, hold=held)
         except (PromptTooLong, NonFiniteActions) as exc:
             reason = PROMPT_TOO_LONG if isinstance(exc, PromptTooLong) else NON_FINITE_ACTION
             self._count_node_wide(reason)
@@ -668,8 +676,21 @@ class FlashRTNode(Node):
         if not self.enabled:  # ~/enable false came while it was computed
             self.get_logger().info(f"{self.PAUSED_DROP}: chunk {decision.chunk_id}, computed meanwhile, not published")
             return
-        self._publish(decision, samples, latency_ms, cfg)
-        self._account(samples, decision, start, time.perf_counter_ns(), cfg)
+        self._publish(decision, samples, latency_ms, cfg, held)
+        end = time.perf_counter_ns()
+        self._latency.add(end - start)
+        self._account(samples, decision, start, end, cfg, guided=held is not None)
+
+    def _hold(self, joints: Sample, now_ns: int, cfg: NodeConfig) -> Hold | None:
+        """Real-time chunking: what of the executing chunk the next one is held to (None: rtc off,
+        or nothing executing that it overlaps). The new chunk starts at its stamp (the joint state's,
+        or its publication's) and takes over when published: now plus the slowest recent decision."""
+        settings = self.state.pipeline.rtc
+        if settings is None or self._executing is None:
+            return None
+        takeover_ns = now_ns + (self._latency.estimate_ns() or 0)
+        start_ns = stamp_to_ns(joints.stamp) if cfg.trajectory_stamp == "observation" else takeover_ns
+        return hold(self._executing, start_ns, takeover_ns, self.state.pipeline.policy.cfg.horizon, settings)
 
     def _limited(self, decision: Any, joints: Sample) -> Any:
         """The decision with its chunk within the action limits; a change counted and logged."""
@@ -779,7 +800,9 @@ class FlashRTNode(Node):
             )
         return text + f" from its {len(publishers)} publisher(s); is it publishing (ros2 topic hz)?"
 
-    def _publish(self, decision: Any, samples: list[Sample], latency_ms: float, cfg: NodeConfig) -> None:
+    def _publish(
+        self, decision: Any, samples: list[Sample], latency_ms: float, cfg: NodeConfig, held: Hold | None = None
+    ) -> None:
         stamp = self._chunk_stamp(samples[-1], cfg)
         step_ns = round(cfg.step_duration_s * 1e9)
         self._warn_if_ended(stamp, len(decision.actions) * step_ns, cfg)
@@ -799,12 +822,15 @@ class FlashRTNode(Node):
                 sources=sources,
                 latency_ms=latency_ms,
                 prefix_reused=decision.prefix_reused,
+                rtc_held=held.delay if held else 0,
+                rtc_overlap=held.overlap if held else 0,
             )
         )
         self._publish_trajectories(decision.actions, stamp, step_ns)
         # a zero stamp is the controller's "start now": the publication's now
         start_ns = stamp_to_ns(stamp) or self.get_clock().now().nanoseconds
         self._last_trajectory = (decision.actions, start_ns, step_ns)
+        self._executing = ExecutingChunk(decision.actions, start_ns, step_ns)
         if self._command_pubs:
             with self._command_lock:  # a pause clears the stream under it, after enabled went false
                 if not self.enabled:
@@ -857,7 +883,9 @@ class FlashRTNode(Node):
             return Time()
         return self.get_clock().now().to_msg()
 
-    def _account(self, samples: list[Sample], decision: Any, start_ns: int, end_ns: int, cfg: NodeConfig) -> None:
+    def _account(
+        self, samples: list[Sample], decision: Any, start_ns: int, end_ns: int, cfg: NodeConfig, guided: bool = False
+    ) -> None:
         """Times of one decision, from the arrival of the newest input it used to publication:
 
         - ``arrival_to_publish``: all of it, minus the policy's compute;
@@ -881,6 +909,7 @@ class FlashRTNode(Node):
         with self._lock:
             self.decisions += 1
             self.prefix_reuses += decision.prefix_reused
+            self.rtc_guided += guided
             self._last_decision_at = time.monotonic()
             self._last_decision_ros_ns = self.get_clock().now().nanoseconds
             self._decision_s.append((end_ns - start_ns) / 1e9)
@@ -954,6 +983,7 @@ class FlashRTNode(Node):
                 dropped_decisions=self.dropped_decisions,
                 dropped_inputs=self.dropped_inputs,
                 prefix_reuses=self.prefix_reuses,
+                rtc_guided=self.rtc_guided,
                 invalid=dict(self.invalid),
                 policy=d["policy"],
                 device=d["device"],
@@ -1155,6 +1185,8 @@ class FlashRTNode(Node):
         # from the next chunk that takes over, both at once
         self.commands.set_take_over(new.command_blend_steps, new.command_interpolation)
         self.state.pipeline.set_prefix_trigger(new.prefix_trigger, new.prefix_period_s)  # read by the next decision
+        if self.state.pipeline.rtc is not None:  # read by the next decision
+            self.state.pipeline.rtc = rtc_settings(new)
         diff = ", ".join(
             f"{n} {getattr(old, n)!r} -> {getattr(new, n)!r}" for n in changes if getattr(old, n) != getattr(new, n)
         )
@@ -1191,6 +1223,7 @@ class FlashRTNode(Node):
             if self._refuse_while_stopping("~/reset", response):  # began while this call waited
                 return response
             self._stop_commands()  # before the counters: a tick between counts nothing
+            self._executing = None  # the next chunk is a fresh start, held to nothing
             with self._lock:
                 self.state.reset()
                 for slot in self.slots:
@@ -1237,6 +1270,7 @@ class FlashRTNode(Node):
             if was and not want:
                 self._stop_commands()  # what the decision in flight may have pushed before it saw the pause
                 held = self._hold_trajectories()
+                self._executing = None  # the robot stops: the first chunk after engaging is held to nothing
             elif want and not was:  # the idle time, the wait for inputs and the skips count from now
                 with self._lock:
                     self._last_decision_at = time.monotonic()
@@ -1404,6 +1438,7 @@ def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
             release_reference=True,
             prefix_trigger=cfg.prefix_trigger,
             prefix_period_s=cfg.prefix_period_s,
+            rtc=rtc_settings(cfg) if cfg.rtc else None,
         )
     except Exception as exc:  # backend "fused" that cannot be built: say why
         raise StartupError(f"could not build the {cfg.backend} pipeline: {type(exc).__name__}: {exc}") from exc
@@ -1535,6 +1570,28 @@ def _set_period(timer: Any, period_ns: int) -> None:
     until = timer.time_until_next_call()
     if until is None or until > period_ns:
         timer.reset()
+
+
+def rtc_settings(cfg: NodeConfig) -> RtcSettings:
+    """Real-time chunking's settings from the parameters (validated before)."""
+    delay = None if cfg.rtc_delay_steps < 0 else cfg.rtc_delay_steps
+    return RtcSettings(cfg.rtc_max_guidance, cfg.rtc_schedule, cfg.rtc_jacobian, delay)
+
+
+def describe_rtc(cfg: NodeConfig) -> str:
+    """One line for the start-up log."""
+    if not cfg.rtc:
+        return "real-time chunking off (rtc false): each chunk computed on its own"
+    delay = (
+        "the actions executed before it takes over (from the slowest of the last 10 decisions)"
+        if cfg.rtc_delay_steps < 0
+        else f"its first {cfg.rtc_delay_steps} actions"
+    )
+    return (
+        f"real-time chunking on: each chunk guided towards the executing one, {delay} held fully, the rest of "
+        f"the overlap fading ({cfg.rtc_schedule}); guidance weight at most {cfg.rtc_max_guidance:g}, "
+        f"{cfg.rtc_jacobian} Jacobian"
+    )
 
 
 def prefix_schedule(cfg: NodeConfig) -> str:

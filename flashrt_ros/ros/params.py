@@ -27,7 +27,7 @@ from typing import Any
 
 from flashrt_ros.engine.action_stream import INTERPOLATIONS
 from flashrt_ros.engine.prefix_cache import PREFIX_TRIGGERS
-from flashrt_ros.policies.config import FP8_PARTS, PolicyConfig
+from flashrt_ros.policies.config import FP8_PARTS, RTC_JACOBIANS, RTC_SCHEDULES, PolicyConfig
 from flashrt_ros.policies.listing import shown, some
 
 NODE_NAME = "flashrt_node"
@@ -125,6 +125,11 @@ class NodeConfig:
     command_groups: list[str] = field(default_factory=list)
     command_interpolation: str = "hold"
     command_blend_steps: int = 0
+    rtc: bool = False
+    rtc_max_guidance: float = 5.0
+    rtc_schedule: str = "exp"
+    rtc_delay_steps: int = -1
+    rtc_jacobian: str = "identity"
     frame_id: str = ""
     status_rate_hz: float = 1.0
     stats_log_period_s: float = 10.0
@@ -212,6 +217,7 @@ class NodeConfig:
             _check_text,
             _check_groups,
             _check_commands,
+            _check_rtc,
         ):
             problems += check(self)
         problems += _check_topics(self, resolve)
@@ -320,6 +326,31 @@ PARAMETERS: dict[str, ParamInfo] = {
         "chunks); 0 = switch at once; applies from the next chunk that takes over",
         runtime=True,
     ),
+    "rtc": ParamInfo(
+        "real-time chunking: each chunk is guided, during its denoise, towards the chunk the robot executes "
+        "(fully on the actions executed before it can take over, fading over the rest of their overlap), so "
+        "that consecutive chunks agree and the switch does not jump"
+    ),
+    "rtc_max_guidance": ParamInfo(
+        "with rtc: the cap of the guidance weight (the paper's beta), > 0 and <= 100; higher holds the new "
+        "chunk closer to the executing one",
+        runtime=True,
+    ),
+    "rtc_schedule": ParamInfo(
+        "with rtc: how the hold fades over the overlap after the delayed actions: exp (the paper's), linear, "
+        "ones (the whole overlap held) or zeros (only the delayed actions)",
+        runtime=True,
+    ),
+    "rtc_delay_steps": ParamInfo(
+        "with rtc: actions held with full weight (those executed before the new chunk takes over); -1 = from "
+        "the slowest of the last 10 decisions and the joint state's age",
+        runtime=True,
+    ),
+    "rtc_jacobian": ParamInfo(
+        "with rtc: identity (the correction drops the expert's Jacobian: elementwise, inside the fused "
+        "path's denoise at no measurable cost) or exact (autograd through the expert: backend reference "
+        "only, several times slower)"
+    ),
     "frame_id": ParamInfo("header.frame_id of the published chunks and trajectories"),
     "status_rate_hz": ParamInfo(
         f"PipelineStatus and /diagnostics rate in Hz, [{MIN_RATE_HZ:g}, {MAX_RATE_HZ:g}]", runtime=True
@@ -335,6 +366,7 @@ NUMBER_RANGES: dict[str, tuple[float, float, bool]] = {
     "max_age_s": (0.0, 3600.0, False),
     "step_duration_s": (MIN_STEP_DURATION_S, 60.0, True),
     "command_rate_hz": (0.0, MAX_RATE_HZ, True),
+    "rtc_max_guidance": (0.0, 100.0, False),
     "status_rate_hz": (MIN_RATE_HZ, MAX_RATE_HZ, True),
     "stats_log_period_s": (0.0, 86400.0, True),
     "log_throttle_s": (0.0, 86400.0, True),
@@ -344,6 +376,7 @@ descriptor declares, which `ros2 param describe` and rqt_reconfigure show (rclpy
 closed: max_age_s = 0 passes rclpy and is refused by the node)."""
 INTEGER_RANGES: dict[str, tuple[int, int]] = {
     "command_blend_steps": (0, MAX_BLEND_STEPS),
+    "rtc_delay_steps": (-1, 10_000),
 }
 """name -> (low, high), both allowed: the integers with a range to declare (an IntegerRange, step 1).
 Validation judges them too (the declared range is skipped for a start value outside it)."""
@@ -617,6 +650,8 @@ _CHOICES = {
     "trajectory_stamp": TRAJECTORY_STAMPS,
     "prefix_trigger": PREFIX_TRIGGERS,
     "command_interpolation": INTERPOLATIONS,
+    "rtc_schedule": RTC_SCHEDULES,
+    "rtc_jacobian": RTC_JACOBIANS,
 }
 
 
@@ -842,6 +877,20 @@ def _check_commands(cfg: NodeConfig) -> list[str]:
         )
     if not 0 <= cfg.command_blend_steps <= MAX_BLEND_STEPS:
         problems.append(f"command_blend_steps must be >= 0 and <= {MAX_BLEND_STEPS}, got {cfg.command_blend_steps}")
+    return problems
+
+
+def _check_rtc(cfg: NodeConfig) -> list[str]:
+    """Real-time chunking's delay is -1 (estimated) or a count; "exact" needs the reference."""
+    problems = []
+    low, high = INTEGER_RANGES["rtc_delay_steps"]
+    if not low <= cfg.rtc_delay_steps <= high:
+        problems.append(f"rtc_delay_steps must be -1 (from the latency) or 0..{high}, got {cfg.rtc_delay_steps}")
+    if cfg.rtc and cfg.rtc_jacobian == "exact" and cfg.backend != "reference":
+        problems.append(
+            f"rtc_jacobian 'exact' differentiates through the expert, which only backend 'reference' can (backend "
+            f"is {cfg.backend!r}); expected rtc_jacobian 'identity' or backend 'reference'"
+        )
     return problems
 
 

@@ -1,0 +1,74 @@
+"""Real-time chunking (``rtc``) over real DDS: with it on, each chunk's first actions (those the robot
+executes before it can take over) are the executing chunk's, shifted onto the new chunk's time, and
+the chunk says how many were held; a reset starts unheld; the delay can be fixed at runtime."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from node_harness import NODE, TEST_PARAMS, running_node_and_peer, stamp_ns
+from test_node_commands import rows_of
+
+pytestmark = pytest.mark.ros
+
+STEP_NS = round(TEST_PARAMS["step_duration_s"] * 1e9)
+
+
+@pytest.fixture(scope="module")
+def running(ros_env, ros_module_context, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("node_rtc")
+    with running_node_and_peer(ros_env, tmp, ros_module_context, rtc=True) as (node, peer):
+        yield node, peer
+
+
+def guided_pairs(chunks) -> list[tuple[object, object]]:
+    """(executing chunk, guided chunk) for each chunk that says it was held, with the one before it."""
+    return [(a, b) for a, b in zip(chunks, chunks[1:], strict=False) if b.rtc_overlap and b.chunk_id == a.chunk_id + 1]
+
+
+def test_each_chunk_starts_where_the_executing_one_goes(running):
+    node, peer = running
+    node.wait_for_line("real-time chunking on: each chunk guided towards the executing one")
+    assert peer.pump(10.0, until=lambda: len(guided_pairs(peer.chunks)) >= 5)
+    assert peer.chunks[0].chunk_id != 1 or not peer.chunks[0].rtc_overlap  # the first chunk: nothing to hold to
+    for a, b in guided_pairs(peer.chunks)[:5]:
+        shift = round((stamp_ns(b.header.stamp) - stamp_ns(a.header.stamp)) / STEP_NS)
+        held, overlap = b.rtc_held_actions, b.rtc_overlap
+        assert overlap == a.horizon - shift and 1 <= held <= overlap, (shift, held, overlap)
+        old, new = rows_of(a), rows_of(b)
+        # the random tiny policy's independent chunks differ by ~1-3 here; held ones by < 0.01
+        gap = np.abs(new[:held] - old[shift : shift + held]).max()
+        assert gap < 0.05, f"chunk {b.chunk_id}: its {held} held actions are {gap:.3f} from chunk {a.chunk_id}'s"
+    peer.assert_chunks_from_good_data()
+
+
+def test_status_counts_the_guided_decisions(running):
+    node, peer = running
+    assert peer.pump(5.0, until=lambda: bool(peer.statuses) and peer.statuses[-1].rtc_guided >= 3)
+    last = peer.statuses[-1]
+    assert 0 < last.rtc_guided <= last.decisions
+
+
+def test_a_fixed_delay_applies_from_the_next_decision(running):
+    node, peer = running
+    assert all(r.successful for r in peer.set_parameters(rtc_delay_steps=3))
+    node.wait_for_line("parameters changed: rtc_delay_steps -1 -> 3")
+    seen = len(peer.chunks)
+    assert peer.pump(5.0, until=lambda: len(guided_pairs(peer.chunks[seen + 1 :])) >= 2)
+    for _, b in guided_pairs(peer.chunks[seen + 1 :]):
+        assert b.rtc_held_actions == min(3, b.rtc_overlap)
+    refused = peer.set_parameters(rtc_delay_steps=-5)[0]
+    assert not refused.successful and "rtc_delay_steps" in refused.reason
+    assert all(r.successful for r in peer.set_parameters(rtc_delay_steps=-1))
+
+
+def test_after_a_reset_the_first_chunk_is_held_to_nothing(running):
+    from std_srvs.srv import Trigger
+
+    node, peer = running
+    assert peer.call(Trigger, f"{peer.namespace}/{NODE}/reset", Trigger.Request()).success
+    assert peer.pump(5.0, until=lambda: any(c.chunk_id == 2 for c in peer.chunks[-5:]))
+    after = [c for c in peer.chunks if c.chunk_id <= 2][-2:]  # ids restart at 1 after the reset
+    assert [c.chunk_id for c in after] == [1, 2]
+    assert after[0].rtc_overlap == 0 and after[0].rtc_held_actions == 0
+    assert after[1].rtc_overlap > 0
