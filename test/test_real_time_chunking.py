@@ -126,7 +126,7 @@ def _guide(cfg, held_rows: int, seed: int = 5, jacobian: str = "identity") -> Ch
     g = torch.Generator().manual_seed(seed)
     target = torch.randn(cfg.horizon, cfg.action_dim, generator=g)
     weights = torch.zeros(cfg.horizon, cfg.action_dim)
-    weights[:held_rows] = prefix_weights(2, held_rows, held_rows)[:, None]
+    weights[:held_rows] = torch.from_numpy(prefix_weights(2, held_rows, held_rows))[:, None]
     return ChunkGuide(target, weights, 5.0, jacobian)
 
 
@@ -197,7 +197,7 @@ def test_chunk_guide_reads_the_robots_actions_back_into_the_models_space() -> No
     state = rng.uniform(-1, 1, 14)
     state[[6, 13]] = [0.3, 0.7]
     target = rng.uniform(-1, 1, (cfg.horizon, 14)).astype(np.float32)
-    rows = prefix_weights(2, 6, cfg.horizon).numpy()
+    rows = prefix_weights(2, 6, cfg.horizon)
     guide = policy.chunk_guide(target, rows, state)
     assert guide.target.shape == guide.weights.shape == (cfg.horizon, cfg.action_dim)
     back = policy.postprocess(guide.target[None], state)

@@ -109,5 +109,5 @@ def hold(
         delay = max(0, math.ceil((takeover_ns - start_ns) / step))
     target = np.zeros((horizon, old.shape[1]), dtype=np.float32)
     target[:overlap] = old[shift : shift + overlap]
-    weights = prefix_weights(min(delay, overlap), overlap, horizon, settings.schedule).numpy()
+    weights = prefix_weights(min(delay, overlap), overlap, horizon, settings.schedule)
     return Hold(target, weights, shift, min(delay, overlap))

@@ -453,10 +453,12 @@ class FusedPi0:
         self.tokens, self.token_valid, self.state = (self._inputs.device[n] for n in ("tokens", "token_valid", "state"))
         self.noise = torch.zeros(cfg.horizon, cfg.action_dim, dtype=torch.float32, device=dev)
         self.actions = torch.zeros(cfg.horizon, cfg.action_dim, dtype=torch.float32, device=dev)
-        # real-time chunking's guide (guided): target and weights, (t, c) per Euler step
-        self.guide_target = torch.zeros_like(self.actions)
-        self.guide_weights = torch.zeros_like(self.actions)
-        self.guide_tc = step_table(cfg.num_steps, 5.0).to(dev)
+        # real-time chunking's guide (guided): target and weights, views of one buffer that one
+        # queued copy fills; (t, c) per Euler step, made again only when beta changes
+        self._guide = torch.zeros(2, cfg.horizon, cfg.action_dim, dtype=torch.float32, device=dev)
+        self.guide_target, self.guide_weights = self._guide[0], self._guide[1]
+        self._guide_beta = 5.0
+        self.guide_tc = step_table(cfg.num_steps, self._guide_beta).to(dev)
         self._guide_host = PinnedBuffers(dev)
         self.prefix_emb = torch.zeros(p, cfg.prefix.width, dtype=self.dtype, device=dev)
         self.prefix_k = torch.zeros(cfg.prefix.depth, p + sl, hd, dtype=self.dtype, device=dev)
@@ -634,16 +636,17 @@ class FusedPi0:
         want = tuple(self.guide_target.shape)
         if tuple(guide.target.shape) != want:
             raise ValueError(f"guide of shape {tuple(guide.target.shape)}, expected {list(want)} (horizon, action_dim)")
-        table = step_table(self.cfg.num_steps, guide.max_guidance)
-        self._guide_host.wait()  # the last decision's copies read these buffers
-        for name, src in (("target", guide.target), ("weights", guide.weights), ("tc", table)):
-            dst = getattr(self, f"guide_{name}")
-            if src.device == self.device:
-                dst.copy_(src)
-                continue
-            staged = self._guide_host.get(name, tuple(dst.shape), torch.float32)
-            staged.copy_(src)
-            self._guide_host.copy(dst, staged)
+        if guide.max_guidance != self._guide_beta:  # the graphs read the table: rewritten in place
+            self.guide_tc.copy_(step_table(self.cfg.num_steps, guide.max_guidance))
+            self._guide_beta = guide.max_guidance
+        if guide.target.device == self.device:
+            self.guide_target.copy_(guide.target)
+            self.guide_weights.copy_(guide.weights)
+            return
+        staged = self._guide_host.get("guide", tuple(self._guide.shape), torch.float32)  # waits for the last copy
+        host = staged.numpy()
+        host[0], host[1] = guide.target.cpu().numpy(), guide.weights.cpu().numpy()
+        self._guide_host.copy(self._guide, staged)
         self._guide_host.issued()
 
     def _euler_guide(self, step: int) -> EulerGuide | None:

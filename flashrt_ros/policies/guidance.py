@@ -30,6 +30,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -37,19 +38,20 @@ from .config import RTC_JACOBIANS as JACOBIANS
 from .config import RTC_SCHEDULES as SCHEDULES
 
 
-def prefix_weights(delay: int, overlap: int, horizon: int, schedule: str = "exp") -> Tensor:
+def prefix_weights(delay: int, overlap: int, horizon: int, schedule: str = "exp") -> np.ndarray:
     """Per action of the new chunk [horizon] fp32: how strongly it is held to the previous chunk.
 
     1 for the first `delay` actions (executed before the new chunk takes over), 0 from `overlap`
     on (the previous chunk has no action there), and between them by `schedule`: the paper's
     "exp" c * (e^c - 1) / (e - 1) or "linear" c, with c going from 1 towards 0 over the overlap;
-    "ones" holds the whole overlap, "zeros" only the delayed actions."""
+    "ones" holds the whole overlap, "zeros" only the delayed actions. (numpy: it is made on the
+    host for every decision.)"""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if not 0 <= overlap <= horizon or delay < 0:
         raise ValueError(f"need 0 <= overlap <= horizon and delay >= 0, got {delay}, {overlap}, {horizon}")
     delay = min(delay, overlap)
-    w = torch.zeros(horizon, dtype=torch.float32)
+    w = np.zeros(horizon, dtype=np.float32)
     w[:delay] = 1.0
     span = overlap - delay
     if span == 0 or schedule == "zeros":
@@ -57,8 +59,8 @@ def prefix_weights(delay: int, overlap: int, horizon: int, schedule: str = "exp"
     if schedule == "ones":
         w[delay:overlap] = 1.0
         return w
-    c = (overlap - torch.arange(delay, overlap, dtype=torch.float64)) / (span + 1)
-    w[delay:overlap] = (c * torch.expm1(c) / (math.e - 1) if schedule == "exp" else c).float()
+    c = (overlap - np.arange(delay, overlap, dtype=np.float64)) / (span + 1)
+    w[delay:overlap] = c * np.expm1(c) / (math.e - 1) if schedule == "exp" else c
     return w
 
 
@@ -103,11 +105,19 @@ class ChunkGuide:
                 f"target and weights must both be [horizon, action_dim], got {tuple(self.target.shape)} "
                 f"and {tuple(self.weights.shape)}"
             )
-        if not (torch.isfinite(self.target).all() and torch.isfinite(self.weights).all()):
+        if not all(_finite(t) for t in (self.target, self.weights)):
             raise ValueError("target and weights must be finite")
 
     def to(self, device: torch.device | str) -> ChunkGuide:
         return ChunkGuide(self.target.to(device), self.weights.to(device), self.max_guidance, self.jacobian)
+
+
+def _finite(t: Tensor) -> bool:
+    """Whether every value is finite; through numpy on the host (a tenth of torch's call time,
+    and a guide is built for every decision)."""
+    if t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64):
+        return bool(np.isfinite(t.numpy()).all())
+    return bool(torch.isfinite(t).all())
 
 
 def guided_velocity(velocity: Callable[[Tensor], Tensor], x: Tensor, t: float, guide: ChunkGuide) -> Tensor:
