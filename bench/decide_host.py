@@ -36,9 +36,7 @@ from flashrt_ros.engine import pipeline as pipeline_module
 from flashrt_ros.engine.pipeline import Pipeline
 from flashrt_ros.policies import fused as fused_module
 from flashrt_ros.policies import policy as policy_module
-from flashrt_ros.policies.config import PolicyConfig
-from flashrt_ros.policies.policy import Observation, build_policy
-from flashrt_ros.policies.tiny_tokenizer import tiny_tokenizer_path
+from flashrt_ros.policies.policy import Observation
 
 DOF = 14
 SPENT: dict[str, float] = defaultdict(float)  # step -> seconds in the current decision
@@ -160,16 +158,10 @@ def main() -> None:
     ap.add_argument("--gap-ms", type=float, default=20.0)
     ap.add_argument("--out", type=Path, default=Path("out"))
     args = ap.parse_args()
-    from prefix_reuse import long_prompt  # bench/ is on sys.path when this runs as a script
+    from prefix_reuse import full_size_observation  # bench/ is on sys.path when this runs as a script
 
     dev = torch.device("cuda")
-    cfg = PolicyConfig.preset(args.policy, num_views=args.views, dtype="bfloat16").replace(vocab_size=512)
-    policy = build_policy(cfg, tiny_tokenizer_path(), seed=0, device=dev, action_dof=DOF)
-    rng = np.random.default_rng(0)
-    state = rng.uniform(-1, 1, DOF).astype(np.float32)
-    frames = [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for _ in range(args.views)]
-    prompt, tokens = long_prompt(policy, frames, state)
-    obs = Observation(frames, state, prompt)
+    policy, obs, tokens = full_size_observation(args.policy, args.views, DOF, dev)
     pipe = Pipeline(policy, backend="fused", release_reference=True)
     for mode in ("before", "after"):  # warm-up, uninstrumented
         set_mode(pipe, mode)

@@ -55,6 +55,21 @@ def long_prompt(policy: Policy, frames: list[np.ndarray], state: np.ndarray, fil
     return prompt, used
 
 
+def full_size_observation(kind: str, views: int, dof: int, dev: torch.device) -> tuple[Policy, Observation, int]:
+    """pi0 / pi0.5 at full size in bf16 with random weights, and what a node would hand it: `views`
+    480x640 frames from the host and a prompt of ~3/4 of the prompt length (`long_prompt`); also
+    the prompt's token count. The vocabulary is the tiny tokenizer's 512 words (a policy refuses a
+    tokenizer that is not its own): the embedding table is the one part it shrinks, and a decision
+    only gathers rows of it."""
+    cfg = PolicyConfig.preset(kind, num_views=views, dtype="bfloat16").replace(vocab_size=512)
+    policy = build_policy(cfg, tiny_tokenizer_path(), seed=0, device=dev, action_dof=dof)
+    rng = np.random.default_rng(0)
+    state = rng.uniform(-1, 1, dof).astype(np.float32)
+    frames = [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for _ in range(views)]
+    prompt, tokens = long_prompt(policy, frames, state)
+    return policy, Observation(frames, state, prompt), tokens
+
+
 def timed(pipe: Pipeline, obs: Observation, noise: torch.Tensor, gap_s: float) -> tuple[Decision, float]:
     """One decision `gap_s` after the last, and its wall milliseconds."""
     time.sleep(gap_s)

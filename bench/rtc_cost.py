@@ -27,21 +27,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from flashrt_ros.bench.parity import compare
 from flashrt_ros.bench.timing import write_result
 from flashrt_ros.engine.pipeline import Pipeline
 from flashrt_ros.engine.real_time_chunking import ExecutingChunk, RtcSettings, hold
-from flashrt_ros.policies.config import PolicyConfig
-from flashrt_ros.policies.policy import Observation, build_policy
-from flashrt_ros.policies.tiny_tokenizer import tiny_tokenizer_path
+from flashrt_ros.policies.policy import Observation
 
 DOF = 14
 STEP_NS = 20_000_000
 MODES = ("plain", "guided, no hold", "guided, held")
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 def main() -> None:
@@ -52,16 +46,11 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20, help="decisions per round, mode and case")
     ap.add_argument("--out", type=Path, default=Path("out"))
     args = ap.parse_args()
-    from prefix_reuse import long_prompt  # bench/ is on sys.path when this runs as a script
+    from prefix_reuse import full_size_observation  # bench/ is on sys.path when this runs as a script
 
     dev = torch.device("cuda")
-    cfg = PolicyConfig.preset(args.policy, num_views=args.views, dtype="bfloat16").replace(vocab_size=512)
-    policy = build_policy(cfg, tiny_tokenizer_path(), seed=0, device=dev, action_dof=DOF)
-    rng = np.random.default_rng(0)
-    state = rng.uniform(-1, 1, DOF).astype(np.float32)
-    frames = [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for _ in range(args.views)]
-    prompt, tokens = long_prompt(policy, frames, state)
-    obs = Observation(frames, state, prompt)
+    policy, obs, tokens = full_size_observation(args.policy, args.views, DOF, dev)
+    cfg = policy.cfg
     noise = policy.model.noise(1, torch.Generator(device=dev).manual_seed(1), dev)
     pipes = {"plain": Pipeline(policy, backend="fused"), "guided": Pipeline(policy, backend="fused", rtc=RtcSettings())}
     executing = ExecutingChunk(pipes["plain"].decide(obs, noise).actions, 0, STEP_NS)
@@ -78,12 +67,14 @@ def main() -> None:
     ref = Pipeline(policy, backend="reference", rtc=RtcSettings())
     ref_plain = ref.decide(obs, noise).actions
     ref_held = ref.decide(obs, noise, hold=held).actions
+    held_vs_ref = compare(torch.from_numpy(chunks["guided, held"]), torch.from_numpy(ref_held))
+    plain_vs_ref = compare(torch.from_numpy(chunks["plain"]), torch.from_numpy(ref_plain))
     parity = {
         "no hold vs plain, max abs": float(np.abs(chunks["guided, no hold"] - chunks["plain"]).max()),
-        "held fused vs held reference, max abs": float(np.abs(chunks["guided, held"] - ref_held).max()),
-        "held fused vs held reference, cosine": cosine(chunks["guided, held"], ref_held),
-        "plain fused vs plain reference, max abs": float(np.abs(chunks["plain"] - ref_plain).max()),
-        "plain fused vs plain reference, cosine": cosine(chunks["plain"], ref_plain),
+        "held fused vs held reference, max abs": held_vs_ref["max_abs"],
+        "held fused vs held reference, cosine": held_vs_ref["cosine"],
+        "plain fused vs plain reference, max abs": plain_vs_ref["max_abs"],
+        "plain fused vs plain reference, cosine": plain_vs_ref["cosine"],
         "held rows from the executing chunk, max abs": float(
             np.abs(chunks["guided, held"][: held.delay] - held.target[: held.delay]).max()
         ),

@@ -32,6 +32,8 @@ EXPECTED_MSG_FIELDS = {
         "source_topics": "sequence<string>",
         "inference_latency_ms": "float",
         "prefix_reused": "boolean",
+        "rtc_held_actions": "uint32",
+        "rtc_overlap": "uint32",
     },
     "PipelineStatus": {
         "header": HEADER,
@@ -41,6 +43,7 @@ EXPECTED_MSG_FIELDS = {
         "invalid_inputs": "sequence<flashrt_ros/InputCounter>",
         "dropped_inputs": "uint64",
         "prefix_reuses": "uint64",
+        "rtc_guided": "uint64",
         "policy": "string",
         "device": "string",
         "precision": "string",

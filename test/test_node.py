@@ -714,8 +714,8 @@ def test_inputs_replaced_while_the_policy_runs_were_used_not_dropped(rclpy_conte
 
         decide = node.state.decide
 
-        def decide_while_inputs_arrive(observation):
-            decision = decide(observation)
+        def decide_while_inputs_arrive(observation, hold=None):
+            decision = decide(observation, hold=hold)
             feed()  # the cameras and joints publish during the policy's call
             return decision
 

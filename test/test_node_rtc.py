@@ -30,7 +30,6 @@ def test_each_chunk_starts_where_the_executing_one_goes(running):
     node, peer = running
     node.wait_for_line("real-time chunking on: each chunk guided towards the executing one")
     assert peer.pump(10.0, until=lambda: len(guided_pairs(peer.chunks)) >= 5)
-    assert peer.chunks[0].chunk_id != 1 or not peer.chunks[0].rtc_overlap  # the first chunk: nothing to hold to
     for a, b in guided_pairs(peer.chunks)[:5]:
         shift = round((stamp_ns(b.header.stamp) - stamp_ns(a.header.stamp)) / STEP_NS)
         held, overlap = b.rtc_held_actions, b.rtc_overlap
@@ -60,6 +59,22 @@ def test_a_fixed_delay_applies_from_the_next_decision(running):
     refused = peer.set_parameters(rtc_delay_steps=-5)[0]
     assert not refused.successful and "rtc_delay_steps" in refused.reason
     assert all(r.successful for r in peer.set_parameters(rtc_delay_steps=-1))
+
+
+def test_after_a_pause_the_first_chunk_is_held_to_nothing(running):
+    """A pause stops the robot where it is: the chunk after engaging again continues nothing."""
+    from std_srvs.srv import SetBool
+
+    node, peer = running
+    enable = f"{peer.namespace}/{NODE}/enable"
+    assert peer.call(SetBool, enable, SetBool.Request(data=False)).success
+    peer.pump(0.3)
+    paused_at = len(peer.chunks)
+    assert peer.call(SetBool, enable, SetBool.Request(data=True)).success
+    assert peer.pump(5.0, until=lambda: len(peer.chunks) >= paused_at + 2)
+    first, second = peer.chunks[paused_at : paused_at + 2]
+    assert (first.rtc_held_actions, first.rtc_overlap) == (0, 0)
+    assert second.rtc_overlap > 0 and second.chunk_id == first.chunk_id + 1
 
 
 def test_after_a_reset_the_first_chunk_is_held_to_nothing(running):

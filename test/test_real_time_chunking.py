@@ -42,10 +42,12 @@ def test_prefix_weights_follow_the_papers_schedule() -> None:
 
 
 def test_guidance_weight_is_capped_and_pi0s_time() -> None:
-    """(t^2 + (1 - t)^2) / (t (1 - t)): 2 at t = 1/2, unbounded at both ends, so the cap there."""
-    assert guidance_weight(0.5, 5.0) == pytest.approx(2.0)
-    assert guidance_weight(0.9, 100.0) == pytest.approx((0.81 + 0.01) / 0.09)
-    assert guidance_weight(1.0, 5.0) == guidance_weight(0.0, 5.0) == 5.0
+    """(t^2 + (1 - t)^2) / (t (1 - t)): 2 at t = 1/2, unbounded at both ends, so beta there, and
+    never above the number of steps (a step would overshoot the target)."""
+    assert guidance_weight(0.5, 5.0, 10) == pytest.approx(2.0)
+    assert guidance_weight(0.9, 100.0, 100) == pytest.approx((0.81 + 0.01) / 0.09)
+    assert guidance_weight(1.0, 5.0, 10) == guidance_weight(0.0, 5.0, 10) == 5.0
+    assert guidance_weight(0.9, 100.0, 4) == 4.0 and guidance_weight(1.0, 5.0, 1) == 1.0
     table = step_table(10, 5.0)
     assert table[:, 0].tolist() == pytest.approx([1.0 - k / 10 for k in range(10)])
     assert table[0, 1] == 5.0 and table[5, 1] == pytest.approx(2.0)
@@ -64,7 +66,7 @@ def test_exact_guidance_is_the_vector_jacobian_product() -> None:
     target = torch.randn(4, 6, generator=g, dtype=torch.float64)
     weights = torch.rand(4, 6, generator=g, dtype=torch.float64)
     t, beta = 0.4, 5.0
-    c = guidance_weight(t, beta)
+    c = guidance_weight(t, beta, 10)
     v = field(x)
     e = weights * (target - (x - t * v))
     n, eps = x.numel(), 1e-6
@@ -75,9 +77,9 @@ def test_exact_guidance_is_the_vector_jacobian_product() -> None:
         xp, xm = x + d.view_as(x), x - d.view_as(x)
         jac[:, j] = (((xp - t * field(xp)) - (xm - t * field(xm))) / (2 * eps)).flatten()
     want = v - c * (jac.T @ e.flatten()).view_as(x)
-    got = guided_velocity(field, x, t, ChunkGuide(target, weights, beta, "exact"))
+    got = guided_velocity(field, x, t, ChunkGuide(target, weights, beta, "exact"), 10)
     torch.testing.assert_close(got, want, atol=1e-7, rtol=1e-7)
-    identity = guided_velocity(field, x, t, ChunkGuide(target, weights, beta, "identity"))
+    identity = guided_velocity(field, x, t, ChunkGuide(target, weights, beta, "identity"), 10)
     torch.testing.assert_close(identity, v - c * e)
 
 
@@ -91,23 +93,27 @@ def test_hold_lines_the_executing_chunk_up_with_the_new_one() -> None:
     executing = ExecutingChunk(old, start_ns=1_000_000_000, step_ns=20_000_000)
     start = 1_060_000_000
     held = hold(executing, start, start + 45_000_000, 10, RtcSettings())
-    assert (held.shift, held.delay, held.overlap) == (3, 3, 7)
+    assert (held.shift, held.delay, held.overlap) == (3, 3, 7) and np.count_nonzero(held.weights) == 7
     np.testing.assert_array_equal(held.target[:7], old[3:])
     assert not held.target[7:].any() and not held.weights[7:].any()
     assert held.weights[:3].tolist() == [1.0] * 3 and 0 < held.weights[3] < 1
     fixed = hold(executing, start, start + 45_000_000, 10, RtcSettings(delay_steps=1))
     assert fixed.delay == 1 and fixed.weights[1] < 1
+    only_delayed = hold(executing, start, start + 45_000_000, 10, RtcSettings(schedule="zeros"))
+    assert (only_delayed.delay, only_delayed.overlap) == (3, 7) and np.count_nonzero(only_delayed.weights) == 3
+    # nothing held at all (no delay, schedule zeros): no hold, not a hold of zero weights
+    assert hold(executing, start, start, 10, RtcSettings(schedule="zeros")) is None
     # nothing left of the old chunk, or a new chunk before it (the clock went back): no hold
     assert hold(executing, 1_200_000_000, 1_250_000_000, 10, RtcSettings()) is None
     assert hold(executing, 900_000_000, 950_000_000, 10, RtcSettings()) is None
 
 
-def test_latency_window_estimates_from_the_slowest_recent_decision() -> None:
+def test_latency_window_gives_the_slowest_and_the_median_recent_decision() -> None:
     window = LatencyWindow(size=3)
-    assert window.estimate_ns() is None
+    assert window.slowest_ns() == window.typical_ns() == 0
     for ns in (10, 40, 20, 15, 12):
         window.add(ns)
-    assert window.estimate_ns() == 20  # 40 left the window of 3
+    assert window.slowest_ns() == 20 and window.typical_ns() == 15  # 40 left the window of 3
 
 
 def test_settings_are_checked() -> None:
@@ -145,6 +151,19 @@ def test_guided_denoise_pulls_the_held_actions_to_the_target(jacobian) -> None:
     assert torch.equal(model.sample_actions(**x, guide=none)[0], plain)
 
 
+@pytest.mark.parametrize("beta", [5.0, 100.0])
+def test_one_step_lands_on_the_target_however_strong_the_guidance(beta) -> None:
+    """A policy of one denoise step: the cap c <= N makes the fully held actions the target itself
+    (uncapped, beta 5 would throw them four gaps past it); the rows not held are the plain ones."""
+    model = tiny_model("pi05", seed=2, num_steps=1).to(DEVICE)
+    x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1).items()}
+    guide = _guide(model.cfg, held_rows=4)
+    guide = ChunkGuide(guide.target, guide.weights, beta).to(DEVICE)
+    out = model.sample_actions(**x, guide=guide)[0]
+    torch.testing.assert_close(out[:2], guide.target[:2], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[4:], model.sample_actions(**x)[0][4:])
+
+
 @pytest.mark.parametrize("kind", ["pi05", "pi0"])
 def test_fused_guided_denoise_matches_the_reference(kind) -> None:
     """The step kernel's guided Euler tail against the reference's identity guidance; the guided
@@ -171,7 +190,7 @@ def test_fused_guided_denoise_matches_the_reference(kind) -> None:
 # ---- the executing chunk in the model's space ------------------------------------------------------
 
 
-def _aloha_policy():
+def _aloha_policy(mode: str, convention: str):
     from flashrt_ros.policies.config import PolicyConfig
     from flashrt_ros.policies.policy import build_policy
     from flashrt_ros.policies.tiny_tokenizer import tiny_tokenizer_path
@@ -180,18 +199,24 @@ def _aloha_policy():
     policy = build_policy(cfg, tiny_tokenizer_path(), seed=0, action_dof=14)
     rng = np.random.default_rng(4)
     lo = rng.uniform(-2, 0, cfg.action_dim).astype(np.float32)
-    hi = lo + rng.uniform(0.5, 3, cfg.action_dim).astype(np.float32)
-    hi[3] = lo[3]  # a dim the statistics pin to one value: a robot value maps to ~1e8 in the model's space
-    stats = Stats(q01=lo, q99=hi)
-    policy.normalizer = Normalizer("quantile", state=stats, actions=stats, convention="lerobot")
+    width = rng.uniform(0.5, 3, cfg.action_dim).astype(np.float32)
+    width[3] = 0.0  # a dim the statistics pin to one value: a robot value maps to inf or ~1e8 in the model's space
+    if mode == "quantile":
+        stats = Stats(q01=lo, q99=lo + width)
+    else:
+        stats = Stats(mean=lo, std=width)
+    policy.normalizer = Normalizer(mode, state=stats, actions=stats, convention=convention)
     return policy
 
 
-def test_chunk_guide_reads_the_robots_actions_back_into_the_models_space() -> None:
-    """Deltas against the new state, ALOHA's joint and gripper conversion and quantile statistics:
-    the guide's target, post-processed as a chunk would be, gives back the robot's actions on every
-    held dim; the padded dims and the dim whose statistics have no width get no weight."""
-    policy = _aloha_policy()
+@pytest.mark.parametrize("convention", ["lerobot", "openpi"])
+@pytest.mark.parametrize("mode", ["quantile", "mean_std"])
+def test_chunk_guide_reads_the_robots_actions_back_into_the_models_space(mode, convention) -> None:
+    """Deltas against the new state, ALOHA's joint and gripper conversion and both statistics in
+    both conventions: the guide's target, post-processed as a chunk would be, gives back the
+    robot's actions on every held dim; the padded dims and the dim whose statistics have no width
+    get no weight."""
+    policy = _aloha_policy(mode, convention)
     cfg = policy.cfg
     rng = np.random.default_rng(5)
     state = rng.uniform(-1, 1, 14)

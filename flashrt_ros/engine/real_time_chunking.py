@@ -65,16 +65,14 @@ class Hold:
     weights: np.ndarray
     shift: int
     delay: int
-
-    @property
-    def overlap(self) -> int:
-        return int(np.count_nonzero(self.weights))
+    overlap: int
 
 
 class LatencyWindow:
-    """The slowest of the last `size` decisions' latencies (ns): a delay estimated from it holds
-    every action the robot executes before the new chunk arrives, unless a decision is slower than
-    all of the recent ones."""
+    """The last `size` decisions' latencies (ns). The slowest gives the takeover for the delay: it
+    holds every action the robot executes before the new chunk arrives, unless a decision is
+    slower than all of the recent ones. The median gives a chunk stamped at its publication its
+    likely start."""
 
     def __init__(self, size: int = 10):
         self._recent: deque[int] = deque(maxlen=size)
@@ -82,8 +80,11 @@ class LatencyWindow:
     def add(self, latency_ns: int) -> None:
         self._recent.append(max(0, int(latency_ns)))
 
-    def estimate_ns(self) -> int | None:
-        return max(self._recent) if self._recent else None
+    def slowest_ns(self) -> int:
+        return max(self._recent) if self._recent else 0
+
+    def typical_ns(self) -> int:
+        return int(np.median(self._recent)) if self._recent else 0
 
     def clear(self) -> None:
         self._recent.clear()
@@ -94,7 +95,7 @@ def hold(
 ) -> Hold | None:
     """What a new chunk starting at `start_ns` and taking over at `takeover_ns` is held to, or
     None where it overlaps nothing of `executing` (the old chunk has ended by then, or starts
-    after it: a clock that went back)."""
+    after it: a clock that went back), or holds nothing (schedule "zeros" with no delay)."""
     step = executing.step_ns
     if step <= 0:
         raise ValueError(f"step_ns must be > 0, got {step}")
@@ -110,4 +111,6 @@ def hold(
     target = np.zeros((horizon, old.shape[1]), dtype=np.float32)
     target[:overlap] = old[shift : shift + overlap]
     weights = prefix_weights(min(delay, overlap), overlap, horizon, settings.schedule)
-    return Hold(target, weights, shift, min(delay, overlap))
+    if not weights.any():
+        return None
+    return Hold(target, weights, shift, min(delay, overlap), overlap)

@@ -158,7 +158,10 @@ class EulerGuide:
     weights: torch.Tensor
     tc: torch.Tensor
 
-    def check(self, H: int, A: int) -> None:
+    def check(self, H: int, A: int, device: torch.device) -> None:
+        for name in ("target", "weights", "tc"):
+            if getattr(self, name).device != device:
+                raise ValueError(f"guide {name} is on {getattr(self, name).device}, the update on {device}")
         for name in ("target", "weights"):
             t = getattr(self, name)
             if tuple(t.shape) != (H, A) or t.dtype != torch.float32 or not t.is_contiguous():
@@ -206,7 +209,7 @@ class DenoiseUpdate:
             if t is not None and (t.dtype != torch.float32 or not t.is_contiguous()):
                 raise ValueError(f"{name} must be contiguous fp32")
         if self.guide is not None:
-            self.guide.check(H, A)
+            self.guide.check(H, A, self.x.device)
 
     def launch_args(self) -> tuple[tuple, UpdateConsts]:
         """(x, w_out, b_out, w_in, b_in, h_next, guide target, weights, tc, dt) pointers (unused

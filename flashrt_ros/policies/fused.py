@@ -639,7 +639,7 @@ class FusedPi0:
         if guide.max_guidance != self._guide_beta:  # the graphs read the table: rewritten in place
             self.guide_tc.copy_(step_table(self.cfg.num_steps, guide.max_guidance))
             self._guide_beta = guide.max_guidance
-        if guide.target.device == self.device:
+        if guide.target.device.type != "cpu":
             self.guide_target.copy_(guide.target)
             self.guide_weights.copy_(guide.weights)
             return

@@ -13,10 +13,13 @@ In pi0's convention (t = 1 noise -> t = 0 actions, x += dt * v with dt = -1/N) o
     x1  = x - t * v(x, t)                       the clean chunk the step predicts
     e   = W * (Y - x1)                          weighted disagreement with the previous chunk Y
     g   = J^T e,  J = d x1 / d x                ("exact") or g = e (J taken as identity)
-    c   = min(beta, (t^2 + (1 - t)^2) / (t (1 - t)))
+    c   = min(beta, (t^2 + (1 - t)^2) / (t (1 - t)), N)
     x  += dt * (v - c * g)
 
-The paper's pseudo-inverse guidance weight c is written here in pi0's time (its tau = 1 - t).
+The paper's pseudo-inverse guidance weight c is written here in pi0's time (its tau = 1 - t). The
+cap N = 1 / |dt| is ours: a step moves x (and with the identity Jacobian x1) by c / N of the gap,
+so a larger c would throw the held actions past the target (with one step and beta 5, four times
+the gap beyond it).
 "exact" needs the gradient of the action expert (autograd, the reference path only, several
 times slower); "identity" drops the expert's Jacobian, which keeps the update elementwise, so
 the fused path does it inside the step kernel's Euler tail at no measurable cost. For an ideal
@@ -64,18 +67,20 @@ def prefix_weights(delay: int, overlap: int, horizon: int, schedule: str = "exp"
     return w
 
 
-def guidance_weight(t: float, max_guidance: float) -> float:
-    """c(t) = min(beta, (t^2 + (1 - t)^2) / (t (1 - t))): infinite at both ends, so beta there."""
+def guidance_weight(t: float, max_guidance: float, num_steps: int) -> float:
+    """c(t) = min(beta, (t^2 + (1 - t)^2) / (t (1 - t)), num_steps): the paper's weight is infinite
+    at both ends, so beta there; at most num_steps, so that a step never overshoots."""
+    cap = min(float(max_guidance), float(num_steps))
     if t <= 0.0 or t >= 1.0:
-        return float(max_guidance)
-    return float(min(max_guidance, (t * t + (1 - t) ** 2) / (t * (1 - t))))
+        return cap
+    return float(min(cap, (t * t + (1 - t) ** 2) / (t * (1 - t))))
 
 
 def step_table(num_steps: int, max_guidance: float) -> Tensor:
     """[num_steps, 2] fp32: (t, c) of each Euler step, as the fused path's kernels read them."""
     dt = -1.0 / num_steps
     ts = [1.0 + k * dt for k in range(num_steps)]
-    return torch.tensor([[t, guidance_weight(t, max_guidance)] for t in ts], dtype=torch.float32)
+    return torch.tensor([[t, guidance_weight(t, max_guidance, num_steps)] for t in ts], dtype=torch.float32)
 
 
 @dataclass(frozen=True)
@@ -120,10 +125,12 @@ def _finite(t: Tensor) -> bool:
     return bool(torch.isfinite(t).all())
 
 
-def guided_velocity(velocity: Callable[[Tensor], Tensor], x: Tensor, t: float, guide: ChunkGuide) -> Tensor:
+def guided_velocity(
+    velocity: Callable[[Tensor], Tensor], x: Tensor, t: float, guide: ChunkGuide, num_steps: int
+) -> Tensor:
     """v(x) corrected towards `guide` (the reference path): v - c(t) * g, g as the module says.
     `velocity` maps x [B, H, A] to v [B, H, A]; with "exact" it must be differentiable."""
-    c = guidance_weight(t, guide.max_guidance)
+    c = guidance_weight(t, guide.max_guidance, num_steps)
     if guide.jacobian == "identity":
         v = velocity(x)
         return v - c * guide.weights * (guide.target - (x - t * v))

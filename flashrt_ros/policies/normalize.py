@@ -104,14 +104,16 @@ class Normalizer:
         return self._apply(np.asarray(x, dtype=np.float32), self.state, forward=True)
 
     def normalize_actions(self, x: np.ndarray) -> np.ndarray:
-        """Actions into the model's space, as training normalised them (real-time chunking reads
-        the executing chunk back with it)."""
-        return self._apply(np.asarray(x, dtype=np.float32), self.actions, forward=True)
+        """The exact inverse of `unnormalize_actions`, with its own scale (LeRobot un-normalises
+        mean / std with std, without the 1e-8 its normalisation adds): real-time chunking reads the
+        executing chunk back into the model's space with it. A dim of zero scale gives inf or NaN,
+        which the caller masks."""
+        return self._apply(np.asarray(x, dtype=np.float32), self.actions, forward=True, divide_by_inverse=True)
 
     def unnormalize_actions(self, x: np.ndarray) -> np.ndarray:
         return self._apply(np.asarray(x, dtype=np.float32), self.actions, forward=False)
 
-    def _apply(self, x: np.ndarray, s: Stats, forward: bool) -> np.ndarray:
+    def _apply(self, x: np.ndarray, s: Stats, forward: bool, divide_by_inverse: bool = False) -> np.ndarray:
         if self.mode == "identity":
             return x.copy()
         lerobot = self.convention == "lerobot"
@@ -126,6 +128,8 @@ class Normalizer:
         d = min(shift.shape[-1], x.shape[-1])
         out = x.copy()
         a, f, i = shift[:d], fwd[:d], inv[:d]
+        if divide_by_inverse:
+            f = i
         if self.mode == "mean_std":
             out[..., :d] = (x[..., :d] - a) / f if forward else x[..., :d] * i + a
         else:

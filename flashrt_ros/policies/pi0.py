@@ -209,7 +209,7 @@ class Pi0Model(nn.Module):
             if guide is None:
                 v = self.velocity(kv, x, t, state)
             else:
-                v = guided_velocity(lambda xs, kv=kv, t=t: self.velocity(kv, xs, t, state), x, t_now, guide)
+                v = guided_velocity(lambda xs, kv=kv, t=t: self.velocity(kv, xs, t, state), x, t_now, guide, steps)
             x = x + dt * v
         return x
 

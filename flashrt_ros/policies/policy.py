@@ -180,8 +180,8 @@ class Policy:
         """Real-time chunking's guide in the model's space from a chunk in robot units: `target`
         [horizon, dof] (the executing chunk on the new chunk's time), `row_weights` [horizon],
         `state` the new decision's raw robot state (delta dims are taken against it). Every step
-        back (ALOHA's conversion, the deltas, the statistics) is the exact inverse of an affine
-        step of `postprocess`, so the target post-processes to the robot's actions again. The
+        back (ALOHA's conversion, the deltas, the statistics) is the inverse of an affine step of
+        `postprocess`, so the target post-processes to the robot's actions again. The
         padded dims get weight 0, and so does any dim whose held values are not finite or lie
         beyond GUIDE_LIMIT in the model's space (a statistic of almost no width maps a robot value
         to ~1e8): the guide never pulls the model far outside what it was trained to output."""

@@ -650,7 +650,7 @@ class FlashRTNode(Node):
             # a message's stamp and arrival name its frame: the same ids, the same pixels (prefix re-use)
             frame_ids=tuple((stamp_to_ns(s.stamp), s.arrived_ns) for s in cameras) + tuple(empty),
         )
-        held = self._hold(samples[-1], now_ns, cfg)
+        held = self._hold(samples[-1], now_ns, cfg)  # before t0: part of the node's overhead
         t0 = time.perf_counter_ns()
         try:
             decision = self.state.decide(obs, hold=held)
@@ -677,20 +677,29 @@ class FlashRTNode(Node):
             self.get_logger().info(f"{self.PAUSED_DROP}: chunk {decision.chunk_id}, computed meanwhile, not published")
             return
         self._publish(decision, samples, latency_ms, cfg, held)
-        end = time.perf_counter_ns()
-        self._latency.add(end - start)
-        self._account(samples, decision, start, end, cfg, guided=held is not None)
+        self._latency.add(self.get_clock().now().nanoseconds - now_ns)  # on the clock the chunks are stamped on
+        self._account(samples, decision, start, time.perf_counter_ns(), cfg, guided=held is not None)
 
     def _hold(self, joints: Sample, now_ns: int, cfg: NodeConfig) -> Hold | None:
         """Real-time chunking: what of the executing chunk the next one is held to (None: rtc off,
-        or nothing executing that it overlaps). The new chunk starts at its stamp (the joint state's,
-        or its publication's) and takes over when published: now plus the slowest recent decision."""
+        or nothing executing that it overlaps). The new chunk takes over when published: now plus
+        the slowest recent decision. It starts at its stamp: the joint state's, exact; stamped at
+        its publication (or zero: the controller's receipt), likely now plus the median decision.
+        A failure here is a bug of ours: logged, and the decision goes on unguided."""
         settings = self.state.pipeline.rtc
         if settings is None or self._executing is None:
             return None
-        takeover_ns = now_ns + (self._latency.estimate_ns() or 0)
-        start_ns = stamp_to_ns(joints.stamp) if cfg.trajectory_stamp == "observation" else takeover_ns
-        return hold(self._executing, start_ns, takeover_ns, self.state.pipeline.policy.cfg.horizon, settings)
+        try:
+            takeover_ns = now_ns + self._latency.slowest_ns()
+            if cfg.trajectory_stamp == "observation":
+                start_ns = stamp_to_ns(joints.stamp)
+            else:
+                start_ns = now_ns + self._latency.typical_ns()
+            horizon = self.state.pipeline.policy.cfg.horizon
+            return hold(self._executing, start_ns, takeover_ns, horizon, settings)
+        except Exception as exc:
+            self._throttle(("rtc_failed",), "error", f"real-time chunking failed, deciding unguided: {exc!r}")
+            return None
 
     def _limited(self, decision: Any, joints: Sample) -> Any:
         """The decision with its chunk within the action limits; a change counted and logged."""
