@@ -7,6 +7,7 @@
     ros2 launch flashrt_ros flashrt.launch.py params_file:=/path/robot.yaml \\
         checkpoint:=/models/pi05_aloha tokenizer:=/models/paligemma_tokenizer.model prompt:="fold the towel"
     ros2 launch flashrt_ros flashrt.launch.py lifecycle:=true           # managed: ros2 lifecycle set ...
+    ros2 launch flashrt_ros flashrt.launch.py lifecycle:=true autostart:=true  # managed, configures itself
 
 Arguments:
     params_file            flashrt_node parameters (default: the package's config/flashrt.yaml)
@@ -21,6 +22,9 @@ Arguments:
     lifecycle              true: flashrt_lifecycle_node, the managed (lifecycle) node, instead of
                            flashrt_node: it starts unconfigured, for a lifecycle manager or
                            `ros2 lifecycle set /flashrt_node configure` then `activate`
+    autostart              true / false over params_file (the parameter autostart): with lifecycle:=true
+                           the node configures and activates itself at start; empty (default): as
+                           params_file says
     fastdds_profile        a Fast DDS XML profile for both nodes (FASTRTPS_DEFAULT_PROFILES_FILE), e.g.
                            the package's config/fastdds_large_messages.xml for 640x480 cameras at 30 Hz
                            (empty, default: that one with use_synthetic:=true unless
@@ -116,6 +120,9 @@ def _nodes(context):
     start_enabled = parse_flag("start_enabled", arg("start_enabled"), empty="unset")
     if start_enabled != "unset":
         overrides["start_enabled"] = start_enabled
+    autostart = parse_flag("autostart", arg("autostart"), empty="unset")
+    if autostart != "unset":
+        overrides["autostart"] = autostart
     synthetic = parse_flag("use_synthetic", arg("use_synthetic"))
     profile = arg("fastdds_profile").strip()
     # three 640x480 cameras at 30 Hz lose frames on the default transport; a profile the user
@@ -196,6 +203,12 @@ def generate_launch_description():
                 "lifecycle",
                 default_value="false",
                 description="true: the managed (lifecycle) node, which starts unconfigured (true / false, any case)",
+            ),
+            DeclareLaunchArgument(
+                "autostart",
+                default_value="",
+                description="true: with lifecycle:=true the node configures and activates itself at start; "
+                "empty: as params_file says",
             ),
             DeclareLaunchArgument(
                 "fastdds_profile",

@@ -78,7 +78,7 @@ def test_launch_file_parses_and_declares_its_arguments():
         ast.literal_eval(c.args[0]) for c in calls(tree, "DeclareLaunchArgument") if isinstance(c.args[0], ast.Constant)
     }
     expected = {"params_file", "namespace", "use_synthetic", "synthetic_params_file", "remappings"}
-    expected |= {"use_sim_time", "start_enabled", "lifecycle", "fastdds_profile", "log_level"}
+    expected |= {"use_sim_time", "start_enabled", "lifecycle", "autostart", "fastdds_profile", "log_level"}
     assert declared == expected, declared
     overrides = launch_function("NODE_OVERRIDES")  # declared in a loop, one argument each
     docs = (REPO / "docs" / "ros.md").read_text()

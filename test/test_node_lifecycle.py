@@ -157,6 +157,31 @@ def test_shutdown_from_inactive_exits_cleanly(lifecycle_node):
     node.wait_for_line("shutting down from inactive; stats:")
 
 
+@pytest.mark.parametrize("good", [True, False], ids=["configures-and-activates", "bad-parameter-stays-unconfigured"])
+def test_autostart(ros_env, ros_module_context, tmp_path, good):
+    """autostart: the node configures and activates itself (chunks flow, no transition called);
+    a bad parameter stops it unconfigured with the reason, and a fixed one configures by hand."""
+    params = {**TEST_PARAMS, "autostart": True, **({} if good else {"policy": "nope"})}
+    node = NodeProcess(ros_env, tmp_path, new_namespace(), params, module=LIFECYCLE)
+    peer = Peer(ros_module_context, node.namespace)
+    try:
+        node.wait_for_line("autostart: configure and activate follow", timeout=60.0)
+        if good:
+            assert peer.pump(60.0, until=lambda: len(peer.chunks) >= 3)
+            assert state(peer) == "active"
+            peer.assert_chunks_from_good_data()
+        else:
+            node.wait_for_line("policy must be one of pi05, pi0, pi05_tiny, pi0_tiny, got 'nope'", timeout=60.0)
+            node.wait_for_line("autostart: configure failed, staying unconfigured", timeout=10.0)
+            assert state(peer) == "unconfigured"
+            assert peer.set_parameters(policy=NodeConfig().policy)[0].successful
+            assert change(peer, "configure") and state(peer) == "inactive"
+    finally:
+        peer.close()
+        code = node.stop()
+    assert code == 0, f"exit code {code}\n{node.tail()}"
+
+
 def in_process_lifecycle_node(context, **params):
     from rclpy.parameter import Parameter
 

@@ -16,6 +16,10 @@ and the transitions do the rest:
   given back; the parameters stay.
 - shutdown (from any state): as cleanup, then the process exits (code 0).
 
+With the parameter ``autostart`` the node configures and activates itself at start, for a launch
+without a lifecycle manager (as ouster_ros's ``auto_start``); a failed configure leaves it
+unconfigured, as a failed ``ros2 lifecycle set`` would.
+
 Same name (``flashrt_node``), parameters, topics and services as flashrt_node otherwise.
 """
 
@@ -75,7 +79,10 @@ class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
         super().__init__(set_up=False, **kwargs)
         self.finalized = threading.Event()  # shutdown done: main stops spinning and exits
         fqn = self.get_fully_qualified_name()
-        self.get_logger().info(f"unconfigured, no policy loaded; next: ros2 lifecycle set {fqn} configure")
+        if self.get_parameter("autostart").value is True:
+            self.get_logger().info("unconfigured, no policy loaded; autostart: configure and activate follow")
+        else:
+            self.get_logger().info(f"unconfigured, no policy loaded; next: ros2 lifecycle set {fqn} configure")
 
     @_logs_errors
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -128,6 +135,20 @@ class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
         self.tear_down()
         return SUCCESS
 
+    def autostart(self) -> None:
+        """Configure, then activate (parameter autostart), before the executor spins: the
+        transitions run as `ros2 lifecycle set` runs them, and a failure stops there."""
+        log = self.get_logger()
+        log.info("autostart: configuring")
+        if self.trigger_configure() != SUCCESS:
+            fqn = self.get_fully_qualified_name()
+            log.error(
+                f"autostart: configure failed, staying unconfigured; once fixed: ros2 lifecycle set {fqn} configure"
+            )
+            return
+        if self.trigger_activate() != SUCCESS:
+            log.error("autostart: activate failed, staying inactive")
+
     def _activate_hint(self) -> str:
         return f": ros2 lifecycle set {self.get_fully_qualified_name()} activate"
 
@@ -152,6 +173,8 @@ def main(args: list[str] | None = None) -> int:
         node = FlashRTLifecycleNode(params_files=params_files(argv))
         with signals_held():  # the threads are counted from the parameters at start (a floor for more cameras later)
             executor = MultiThreadedExecutor(num_threads=max(node.callback_threads, MIN_THREADS))
+        if node.get_parameter("autostart").value is True:  # a signal during it: "not starting" below
+            node.autostart()
     except KeyboardInterrupt:
         stopping()
         log.info("not starting: stopped by a signal")

@@ -112,6 +112,7 @@ class NodeConfig:
     action_upper_limits: list[float] = field(default_factory=list)
     action_max_step: list[float] = field(default_factory=list)
     start_enabled: bool = True
+    autostart: bool = False
     rate_hz: float = 10.0
     prefix_trigger: str = "new_inputs"
     prefix_period_s: float = 0.1
@@ -267,6 +268,11 @@ PARAMETERS: dict[str, ParamInfo] = {
     "start_enabled": ParamInfo(
         "decide and publish from the start; false = load and warm up, take inputs, but publish no chunk, "
         "trajectory or command until ~/enable is called with true (an operator engages the policy)"
+    ),
+    "autostart": ParamInfo(
+        "flashrt_lifecycle_node: configure and activate itself at start, for a launch without a lifecycle "
+        "manager (a failed configure leaves it unconfigured, the reason logged); flashrt_node starts "
+        "configured anyway (start_enabled decides whether it decides)"
     ),
     "rate_hz": ParamInfo(f"decision rate in Hz, [{MIN_RATE_HZ:g}, {MAX_RATE_HZ:g}]", runtime=True),
     "prefix_trigger": ParamInfo(
