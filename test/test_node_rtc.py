@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from node_harness import NODE, TEST_PARAMS, running_node_and_peer, stamp_ns
+from node_harness import NODE, TEST_PARAMS, in_process_node, running_node_and_peer, stamp_ns
 from test_node_commands import rows_of
 
 pytestmark = pytest.mark.ros
@@ -87,3 +87,16 @@ def test_after_a_reset_the_first_chunk_is_held_to_nothing(running):
     assert [c.chunk_id for c in after] == [1, 2]
     assert after[0].rtc_overlap == 0 and after[0].rtc_held_actions == 0
     assert after[1].rtc_overlap > 0
+
+
+@pytest.mark.parametrize("blend", [0, 3])
+def test_a_blend_beside_rtc_is_warned_at_start(rclpy_context, capfd, blend):
+    """The chunks already continue each other: a command blend would only delay each new one."""
+    node = in_process_node(rclpy_context, rtc=True, command_rate_hz=50.0, command_blend_steps=blend)
+    try:
+        err = capfd.readouterr().err
+        assert "real-time chunking on" in err
+        warned = "rtc with command_blend_steps 3: the chunks already continue each other" in err
+        assert warned == (blend == 3)
+    finally:
+        node.destroy_node()

@@ -426,6 +426,11 @@ class FlashRTNode(Node):
             log.warning(self._paused_at_start())
         log.info(f"prefix stage (prefix_trigger {cfg.prefix_trigger}): {prefix_schedule(cfg)}")
         log.info(describe_rtc(cfg))
+        if cfg.rtc and cfg.command_blend_steps > 0 and self._command_pubs:
+            log.warning(
+                f"rtc with command_blend_steps {cfg.command_blend_steps}: the chunks already continue each other; "
+                "the blend only delays each new one (command_blend_steps 0 is meant for rtc)"
+            )
         self._warn_fewer_joints_than_statistics()
         self._warn_chunk_gap(cfg)
 
