@@ -59,7 +59,8 @@ class ExecutingChunk:
 @dataclass(frozen=True)
 class Hold:
     """What the next decision is held to: `target` [horizon, dof] robot units (the executing
-    chunk shifted onto the new chunk's time, zeros past its end), `weights` [horizon]."""
+    chunk shifted onto the new chunk's time, zeros past its end), `weights` [horizon]; the shift
+    in actions, the actions held fully (`delay`) and the overlap (what the ActionChunk reports)."""
 
     target: np.ndarray
     weights: np.ndarray
@@ -85,9 +86,6 @@ class LatencyWindow:
 
     def typical_ns(self) -> int:
         return int(np.median(self._recent)) if self._recent else 0
-
-    def clear(self) -> None:
-        self._recent.clear()
 
 
 def hold(
