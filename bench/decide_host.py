@@ -21,12 +21,10 @@ be equal.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import statistics
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -150,15 +148,11 @@ def one_round(pipe: Pipeline, obs: Observation, n: int, gap_s: float, reuse: boo
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--policy", default="pi05", choices=["pi05", "pi0"])
-    ap.add_argument("--views", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--iters", type=int, default=20, help="decisions per round, mode and case")
+    from prefix_reuse import full_size_observation, rounds_parser  # bench/ is on sys.path when run as a script
+
+    ap = rounds_parser(__doc__)
     ap.add_argument("--gap-ms", type=float, default=20.0)
-    ap.add_argument("--out", type=Path, default=Path("out"))
     args = ap.parse_args()
-    from prefix_reuse import full_size_observation  # bench/ is on sys.path when this runs as a script
 
     dev = torch.device("cuda")
     policy, obs, tokens = full_size_observation(args.policy, args.views, DOF, dev)

@@ -55,6 +55,18 @@ def long_prompt(policy: Policy, frames: list[np.ndarray], state: np.ndarray, fil
     return prompt, used
 
 
+def rounds_parser(doc: str) -> argparse.ArgumentParser:
+    """The arguments of the benches that compare modes of one decision in alternating rounds on a
+    full-size policy (decide_host.py, rtc_cost.py); a script adds its own."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--policy", default="pi05", choices=["pi05", "pi0"])
+    ap.add_argument("--views", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=20, help="decisions per round, mode and case")
+    ap.add_argument("--out", type=Path, default=Path("out"))
+    return ap
+
+
 def full_size_observation(kind: str, views: int, dof: int, dev: torch.device) -> tuple[Policy, Observation, int]:
     """pi0 / pi0.5 at full size in bf16 with random weights, and what a node would hand it: `views`
     480x640 frames from the host and a prompt of ~3/4 of the prompt length (`long_prompt`); also

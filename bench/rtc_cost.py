@@ -19,10 +19,8 @@ hold): max abs error and cosine, beside the unguided pair's.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -39,14 +37,9 @@ MODES = ("plain", "guided, no hold", "guided, held")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--policy", default="pi05", choices=["pi05", "pi0"])
-    ap.add_argument("--views", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--iters", type=int, default=20, help="decisions per round, mode and case")
-    ap.add_argument("--out", type=Path, default=Path("out"))
-    args = ap.parse_args()
-    from prefix_reuse import full_size_observation  # bench/ is on sys.path when this runs as a script
+    from prefix_reuse import full_size_observation, rounds_parser  # bench/ is on sys.path when run as a script
+
+    args = rounds_parser(__doc__).parse_args()
 
     dev = torch.device("cuda")
     policy, obs, tokens = full_size_observation(args.policy, args.views, DOF, dev)
