@@ -32,6 +32,7 @@ from ._common import needs_rtne_fix, round_bf16_rtne
 __all__ = [
     "DenoiseUpdate",
     "EulerGuide",
+    "guided_velocity_ref",
     "UpdateConsts",
     "denoise_update",
     "denoise_update_ref",
@@ -280,9 +281,17 @@ def denoise_update_ref(
     v = F.linear(y.float(), w_out, b_out)
     if guide is not None:
         t, c = guide.tc.tolist()
-        v = v - c * (guide.weights * (guide.target - (x - t * v)))
+        v = guided_velocity_ref(v, x, guide.target, guide.weights, t, c)
     x = x + dt * v
     if w_in is None:
         return x, None
     h = F.linear(x, w_in, b_in)
     return x, (F.silu(h) if silu else h).to(h_dtype)
+
+
+def guided_velocity_ref(
+    v: torch.Tensor, x: torch.Tensor, target: torch.Tensor, weights: torch.Tensor, t, c
+) -> torch.Tensor:
+    """`euler`'s GUIDE correction in torch: v - c * W * (Y - (x - t * v)). `t` and `c` may be
+    numbers or device scalars (the fused path's per-op expert reads them from its table)."""
+    return v - c * (weights * (target - (x - t * v)))

@@ -37,7 +37,7 @@ from tqdm import tqdm
 from flashrt_ros.kernels._common import is_interpreting
 from flashrt_ros.kernels.ada_rms_norm import ada_rms_norm, gated_residual_ada_rms_norm
 from flashrt_ros.kernels.attention import attention
-from flashrt_ros.kernels.denoise_update import DenoiseUpdate, EulerGuide
+from flashrt_ros.kernels.denoise_update import DenoiseUpdate, EulerGuide, guided_velocity_ref
 from flashrt_ros.kernels.euler import euler_step
 from flashrt_ros.kernels.expert_step import (
     UPDATE_MAX_ACTIONS,
@@ -454,11 +454,12 @@ class FusedPi0:
         self.noise = torch.zeros(cfg.horizon, cfg.action_dim, dtype=torch.float32, device=dev)
         self.actions = torch.zeros(cfg.horizon, cfg.action_dim, dtype=torch.float32, device=dev)
         # real-time chunking's guide (guided): target and weights, views of one buffer that one
-        # queued copy fills; (t, c) per Euler step, made again only when beta changes
+        # queued copy fills; (t, c) per Euler step, written by the first guide and again only when
+        # beta changes (until then the weights are zero and the table unread)
         self._guide = torch.zeros(2, cfg.horizon, cfg.action_dim, dtype=torch.float32, device=dev)
         self.guide_target, self.guide_weights = self._guide[0], self._guide[1]
-        self._guide_beta = 5.0
-        self.guide_tc = step_table(cfg.num_steps, self._guide_beta).to(dev)
+        self._guide_beta: float | None = None
+        self.guide_tc = torch.zeros(cfg.num_steps, 2, dtype=torch.float32, device=dev)
         self._guide_host = PinnedBuffers(dev)
         self.prefix_emb = torch.zeros(p, cfg.prefix.width, dtype=self.dtype, device=dev)
         self.prefix_k = torch.zeros(cfg.prefix.depth, p + sl, hd, dtype=self.dtype, device=dev)
@@ -845,9 +846,9 @@ class FusedPi0:
         if self.step_plan is None:
             for step in range(cfg.num_steps):
                 v = self.velocity(step, x)
-                if self.guided:  # as the kernels' guided Euler step (kernels/denoise_update.py)
+                if self.guided:  # as the kernels' guided Euler step
                     t, c = self.guide_tc[step, 0], self.guide_tc[step, 1]
-                    v = v - c * (self.guide_weights * (self.guide_target - (x - t * v)))
+                    v = guided_velocity_ref(v, x, self.guide_target, self.guide_weights, t, c)
                 euler_step(x, v, dt)
             return
         # one launch per step: the step kernel, ending with velocity + Euler step + the next
