@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from node_harness import CAMERAS, JOINTS, NODE, running_node_and_peer, stamp_ns
 
+from flashrt_ros.engine.real_time_chunking import ExecutingChunk
+
 pytestmark = pytest.mark.ros
 
 
@@ -116,7 +118,8 @@ def test_a_pause_holds_the_last_chunk_once(rclpy_context):
         assert "none to stop" in pause()
         horizon, dof, step_ns = 10, len(JOINTS), 50_000_000
         now_ns = node.get_clock().now().nanoseconds
-        node._last_trajectory = (np.arange(horizon * dof, dtype=np.float64).reshape(horizon, dof), now_ns, step_ns)
+        actions = np.arange(horizon * dof, dtype=np.float64).reshape(horizon, dof)
+        node._last_trajectory = ExecutingChunk(actions, now_ns, step_ns)
         assert "one point, one step ahead, where the last chunk has them now" in pause()
         assert "none to stop" in pause()
     finally:

@@ -315,9 +315,10 @@ class FlashRTNode(Node):
     def _create_outputs(self) -> None:
         self._chunk_pub = self.create_publisher(ActionChunk, "~/action_chunk", 10)
         self._traj_pub = self.create_publisher(JointTrajectory, "~/joint_trajectory", 10)
-        self._last_trajectory: tuple[np.ndarray, int, int] | None = None  # actions, start, step (ns): a pause's hold
-        # real-time chunking (rtc): the chunk the robot executes (None after a reset or a pause) and
-        # the recent decisions' latencies, from which the next chunk's takeover is estimated
+        # the last chunk published: where a pause holds the trajectory controllers (None once held)
+        self._last_trajectory: ExecutingChunk | None = None
+        # real-time chunking (rtc): the same chunk, what the robot executes (None after a reset or a
+        # pause), and the recent decisions' latencies, from which the next chunk's takeover is estimated
         self._executing: ExecutingChunk | None = None
         self._latency = LatencyWindow()
         # one per controller that owns some of the joints: (publisher, the joints' columns, names)
@@ -843,8 +844,7 @@ class FlashRTNode(Node):
         self._publish_trajectories(decision.actions, stamp, step_ns)
         # a zero stamp is the controller's "start now": the publication's now
         start_ns = stamp_to_ns(stamp) or self.get_clock().now().nanoseconds
-        self._last_trajectory = (decision.actions, start_ns, step_ns)
-        self._executing = ExecutingChunk(decision.actions, start_ns, step_ns)
+        self._last_trajectory = self._executing = ExecutingChunk(decision.actions, start_ns, step_ns)
         if self._command_pubs:
             with self._command_lock:  # a pause clears the stream under it, after enabled went false
                 if not self.enabled:
@@ -1317,14 +1317,14 @@ class FlashRTNode(Node):
         """A one-point trajectory, starting now, to where the last published chunk has the
         trajectory controllers now (its trajectory interpolated; past its end, its last point):
         they stop there. What was done, in words, for the reply."""
-        if self._last_trajectory is None:
+        last = self._last_trajectory
+        if last is None:
             return "no trajectory published since the node started or was last paused: none to stop"
-        actions, start_ns, step_ns = self._last_trajectory
         self._last_trajectory = None  # the controllers are held; the next pause has nothing newer to stop
         now_ns = self.get_clock().now().nanoseconds
-        times = start_ns + step_ns * np.arange(1, len(actions) + 1)  # point i at (i + 1) steps
-        here = np.array([np.interp(now_ns, times, actions[:, j]) for j in range(actions.shape[1])])
-        self._publish_trajectories(here[None, :], messages.time_msg(0), step_ns)  # stamp 0: start now
+        times = last.start_ns + last.step_ns * np.arange(1, len(last.actions) + 1)  # point i at (i + 1) steps
+        here = np.array([np.interp(now_ns, times, last.actions[:, j]) for j in range(last.actions.shape[1])])
+        self._publish_trajectories(here[None, :], messages.time_msg(0), last.step_ns)  # stamp 0: start now
         return "the trajectory controllers are sent one point, one step ahead, where the last chunk has them now"
 
     def _capsule_call(self, service: str, response: Any, action: Callable[[], str]) -> Any:
