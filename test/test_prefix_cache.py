@@ -236,6 +236,79 @@ def test_new_frames_refused_after_their_upload_keep_the_cache_exact(monkeypatch)
     assert not decide_both(reusing, full, obs((None, "y"))).prefix_reused
 
 
+def test_builds_whatever_the_prompt_agrees_with_lookup() -> None:
+    """What lets the fused path start vision before the tokens exist: where the cache says the
+    stage runs whatever the prompt, `lookup` refuses every key on those frames; where it says it
+    depends, the held tokens are re-used."""
+    held_tokens = (torch.arange(4), torch.tensor([True, True, True, False]))
+    prompts = [held_tokens, (torch.arange(1, 5), held_tokens[1])]
+    images = [object(), object()]
+    frame_sets = [("x", "y"), ("x", "z"), (None, "y"), None]
+    for trigger in ("new_inputs", "period", "every_decision"):
+        for age in (0.5, 2.0, -1.0):
+            cache = PrefixCache(trigger, period_s=1.0, clock=lambda: 0.0)
+            cache.store(PrefixKey.of(("x", "y"), images, *held_tokens), "build 1", built_at=-age)
+            for frame_ids in frame_sets:
+                shown = [None if f is None else img for f, img in zip(frame_ids or ("x", "y"), images, strict=True)]
+                frames = PrefixKey.frames_of(frame_ids, shown)
+                keys = [PrefixKey.of(frame_ids, shown, *t) for t in prompts]
+                for build in ("build 1", "build 2"):
+                    found = [cache.lookup(k, build=build, now=0.0) for k in keys]
+                    sure = cache.builds_whatever_the_prompt(frames, build=build, now=0.0)
+                    case = (trigger, age, frame_ids, build, found)
+                    assert not (sure and any(found)), case
+                    if not sure:
+                        assert found[0], case
+    assert PrefixCache().builds_whatever_the_prompt(("x", "y"))  # nothing held
+
+
+def recorded(pipe: Pipeline) -> list[str]:
+    """The order in which `pipe`'s decisions queue their stages and make their tokens."""
+    calls: list[str] = []
+    run, host = pipe.fused.run, pipe._host_inputs
+
+    def run_stage(stage: str) -> None:
+        calls.append(stage)
+        run(stage)
+
+    def host_inputs(o: Observation):
+        calls.append("tokens")
+        return host(o)
+
+    pipe.fused.run, pipe._host_inputs = run_stage, host_inputs
+    return calls
+
+
+def test_new_frames_start_vision_before_the_tokens_and_change_nothing() -> None:
+    """On new frames the fused path queues vision first and makes the tokens while it runs; a
+    decision that may re-use the prefix makes its tokens first. The chunks are those of a
+    pipeline that does all host work first (`vision_first` off)."""
+    policy = default_policy("pi05", device=DEVICE, num_views=2, action_dof=6)
+    first, serial = (Pipeline(policy, seed=3, backend="fused") for _ in range(2))
+    serial.vision_first = False
+    early, late = recorded(first), recorded(serial)
+    for o in (obs(), obs(), obs(prompt="open the drawer"), obs(("a", "c"))):
+        assert first.decide(o).actions.tobytes() == serial.decide(o).actions.tobytes()
+    new_frames, same, new_prompt = ["vision", "tokens", "language", "denoise"], ["tokens", "denoise"], ["tokens"]
+    assert early == new_frames + same + new_prompt + ["prefix", "vision", "language", "denoise"] + new_frames
+    serial_full = ["tokens", "prefix", "vision", "language", "denoise"]  # "prefix" runs the two
+    assert late == serial_full + same + serial_full + serial_full
+
+
+def test_a_decision_refused_after_its_vision_ran_loses_nothing() -> None:
+    """New frames with a NaN joint: vision has run into the prefix's image rows when the state
+    check refuses. The K/V is untouched, so the held prefix is re-used exactly, and the new
+    frames then give a full decision's chunk."""
+    reusing, full = pair(backend="fused")
+    decide_both(reusing, full, obs())
+    calls = recorded(reusing)
+    with pytest.raises(ValueError, match="state has non-finite values"):
+        reusing.decide(obs(("x", "y"), state=(0.1, float("nan"), 0.3, 0.0, 0.2, -0.1)))
+    assert calls == ["vision", "tokens"]
+    assert decide_both(reusing, full, obs()).prefix_reused
+    assert not decide_both(reusing, full, obs(("x", "y"))).prefix_reused
+
+
 def test_the_benchmark_runs_and_finds_the_chunks_identical(tmp_path) -> None:
     """bench/prefix_reuse.py's smoke mode (tiny, CPU, reference only): its parity line and JSON."""
     import json

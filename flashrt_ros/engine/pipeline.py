@@ -2,7 +2,8 @@
 
 preprocess (tokenise + images -> pixels) -> prefix (vision + prefix LM -> prefix_kv)
 -> denoise (Euler loop over the cached prefix) -> postprocess (un-pad, un-normalise, the state
-added back to delta dims).
+added back to delta dims). On the fused path a decision on new frames tokenises while its
+vision runs on the GPU, so there that host work is inside the prefix stage's time.
 Timing uses CUDA events on a GPU (no host sync inside the decision; one at the end to read
 the chunk) and the monotonic clock on a CPU.
 """
@@ -179,6 +180,9 @@ class Pipeline:
         if fp8 != "none" and self.fused is None:
             log.warning("fp8 %r applies to the fused path only: the reference runs in %s", fp8, policy.cfg.dtype)
         self.backend = "fused" if self.fused is not None else "reference"
+        # the fused path starts a decision's vision before the host makes its prompt tokens
+        # (`_run_fused`); off, all host work comes first (bench/decide_host.py compares the two)
+        self.vision_first = True
         self.released_gib: float | None = None  # device memory freed by `release_reference`
         # page-locked memory for the frames the caller converts (the node: as they arrive), which
         # the fused path then uploads with a queued copy; None where nothing would gain from it
@@ -336,19 +340,32 @@ class Pipeline:
     def _run_fused(
         self, obs: Observation, noise: torch.Tensor, timer: _Timer, hold: Hold | None = None
     ) -> tuple[torch.Tensor, bool]:
+        """Where the prefix stage will run whatever the prompt (new frames), its vision half is
+        queued first and the host makes the tokens, checks the state and builds the guide while
+        the GPU runs it: that host work then counts in the "prefix" stage's time, not in
+        "preprocess". Otherwise (`vision_first` off, or a decision that may re-use the prefix)
+        all host work comes first."""
         fused, cache = self.fused, self.prefix_cache
+        now = cache.clock()
+        frames = PrefixKey.frames_of(obs.frame_ids, obs.images)
+        early = self.vision_first and cache.builds_whatever_the_prompt(frames, build=fused.prefix_serial, now=now)
+        if early:  # vision reads no token; what it writes is read only by the language stage
+            self.policy.check_frames(obs)
+            fused.set_frames(list(obs.images))
+            timer.mark("preprocess")
+            fused.run("vision")
         tokens, token_mask, state, key = self._host_inputs(obs)
         guide = self._guide(obs, hold)
-        now = cache.clock()
-        reuse = cache.lookup(key, build=fused.prefix_serial, now=now)
-        if not reuse:
+        reuse = not early and cache.lookup(key, build=fused.prefix_serial, now=now)
+        if not reuse and not early:
             fused.set_frames(list(obs.images))  # queued copies where they are page-locked (frame_pool.py)
         fused.set_inputs(tokens, token_mask, state, noise[0])  # host tensors: the bucket choice needs no sync
         fused.set_guide(guide)  # None: weights of zero (the plain step), where the path is guided
-        timer.mark("preprocess")
+        if not early:
+            timer.mark("preprocess")
         if not reuse:
             cache.forget()
-            fused.run("prefix")
+            fused.run("language" if early else "prefix")
             cache.store(key, fused.prefix_serial, built_at=now)
             timer.mark("prefix")
         fused.run("denoise")

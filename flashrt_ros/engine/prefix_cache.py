@@ -56,6 +56,13 @@ class PrefixKey:
         token_mask: torch.Tensor,
     ) -> PrefixKey | None:
         """The key of one decision's prefix inputs; None when the frames carry no ids."""
+        frames = cls.frames_of(frame_ids, images)
+        return None if frames is None else cls(frames, _bytes(tokens), _bytes(token_mask))
+
+    @staticmethod
+    def frames_of(frame_ids: Sequence[Hashable] | None, images: Sequence[object | None]) -> tuple[Hashable, ...] | None:
+        """The frames part of a key (checked): one id per view, None where the view is absent;
+        None when the frames carry no ids."""
         if frame_ids is None:
             return None
         if isinstance(frame_ids, str | bytes) or len(frame_ids) != len(images):
@@ -66,7 +73,7 @@ class PrefixKey:
         if any(fid is None for fid, img in zip(frames, images, strict=True) if img is not None):
             raise ValueError(f"frame_ids has None for a present camera view: {frame_ids!r}; no action computed")
         hash(frames)  # an unhashable id (a list) fails here, before any work, with Python's own message
-        return cls(frames, _bytes(tokens), _bytes(token_mask))
+        return frames
 
     def differs_in_frames_only(self, other: PrefixKey) -> bool:
         """Same prompt tokens and mask, and the same views present: only frames are newer."""
@@ -109,6 +116,25 @@ class PrefixCache:
             return False
         age = (self.clock() if now is None else now) - self._built_at
         return 0.0 <= age < self.period_s  # negative: the clock went back (sim time), so no age is known
+
+    def builds_whatever_the_prompt(
+        self, frames: tuple[Hashable, ...] | None, build: object = None, now: float | None = None
+    ) -> bool:
+        """Whether a decision on `frames` (`PrefixKey.frames_of`) runs the prefix stage whatever
+        its prompt tokens turn out to be: then `lookup` refuses every key with these frames, and
+        the caller may start the stage before the tokens are made (the fused path's vision).
+        False where the answer depends on the tokens."""
+        held = self._key
+        if self.trigger == "every_decision" or frames is None or held is None:
+            return True
+        if build is not None and build != self._held:
+            return True
+        if frames == held.frames:
+            return False  # re-used if the tokens are the same
+        if self.trigger != "period" or [f is None for f in frames] != [f is None for f in held.frames]:
+            return True  # new frames (or other views present) always run it
+        age = (self.clock() if now is None else now) - self._built_at
+        return not 0.0 <= age < self.period_s
 
     @property
     def held(self) -> object:

@@ -13,11 +13,13 @@ What changes against the reference (and why it is exact or where it rounds):
 * the last prefix layer stops after its K/V (its attention/MLP output is never read);
 * persistent named buffers (`pixels`, `tokens`, `token_valid`, `state`, `noise`, `prefix_k`,
   `prefix_v`, `actions`): a decision writes inputs into them, replays the captured graphs
-  (prefix stage: vision + prefix LM; denoise stage: all Euler steps) and reads `actions`.
+  (the prefix stage as vision, then the prefix LM ("language"), so that the host can tokenise
+  while vision runs; the denoise stage: all Euler steps) and reads `actions`.
   Inside a replay nothing is allocated, nothing syncs with the host and no Python runs per op;
 * shape buckets: present cameras are packed to the front and the prompt is cut to the smallest
-  length bucket that holds it, with graphs per (view count, bucket), so absent cameras and
-  prompt padding cost nothing (exactly: neither is visible to any query nor takes a position).
+  length bucket that holds it, with graphs per view count (vision) and per (view count, bucket),
+  so absent cameras and prompt padding cost nothing (exactly: neither is visible to any query
+  nor takes a position).
 On a CPU the same code runs eagerly (Triton interpreter), which is how CI checks parity.
 """
 
@@ -271,7 +273,7 @@ class FusedPi0:
         # (views, bucket) of the prefix in the K/V cache: the denoise reads that layout, which new
         # inputs (set_images / set_inputs) do not change until the prefix runs again
         self.cached: tuple[int, int] | None = None
-        # prefix stages that wrote the K/V cache (each call of `prefix`, each replay of its graph):
+        # prefix stages that wrote the K/V cache (each call of `language`, each replay of its graph):
         # a holder of the cache's key checks that none ran since it stored it (engine/prefix_cache.py)
         self.prefix_serial = 0
         dev = self.device = next(model.parameters()).device
@@ -300,7 +302,8 @@ class FusedPi0:
             self._precompute_time(model)
         self._allocate(dev)
         self.inv_freq = rope_inv_freq(cfg.prefix.head_dim, cfg.rope_base, dev)  # before any capture
-        self.graphs: dict[tuple[str, int, int], torch.cuda.CUDAGraph] = {}
+        # ("vision", views), ("language" | "denoise", views, bucket) -> the stage's graph
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
 
     # ---- load-time work ----------------------------------------------------------------------
     def _quantize_prefix_mlp(self) -> None:
@@ -720,7 +723,20 @@ class FusedPi0:
         return a.transpose(1, 2).reshape(v * n, -1)
 
     def prefix(self) -> None:
-        """Vision + prompt -> prefix_k / prefix_v of every layer (+ the suffix's positions).
+        """Vision + prompt -> prefix_k / prefix_v of every layer (+ the suffix's positions): the
+        vision stage, then the language stage."""
+        self.vision_stage()
+        self.language()
+
+    def vision_stage(self) -> None:
+        """The current views' pixels -> their rows of `prefix_emb` (the image tokens). It reads
+        no prompt token, so it can run while the host still tokenises the prompt
+        (engine/pipeline.py); nothing but the next `language` reads what it writes."""
+        self.vision(out=self.prefix_emb[: self.views * self.cfg.vision.num_tokens])
+
+    def language(self) -> None:
+        """Image tokens (from `vision_stage`) + prompt -> prefix_k / prefix_v of every layer (+ the
+        suffix's positions).
 
         Only the first `self.bucket` prompt tokens are used: the rest are padding (right-padded
         prompts), which no query may see, so leaving them out changes nothing."""
@@ -728,7 +744,6 @@ class FusedPi0:
         cfg, b = self.cfg, self.bucket
         p = self.prefix_rows
         n_img = p - b
-        self.vision(out=self.prefix_emb[:n_img])
         prompt = torch.index_select(self.embed, 0, self.tokens[:b], out=self.prefix_emb[n_img:p])
         prompt.mul_(self.embed_scale)  # the same bf16 product as embedding(...) * scale
         valid = torch.cat(
@@ -951,7 +966,8 @@ class FusedPi0:
             expert += "; the Euler step guided (real-time chunking)" if self.guided else ""
         else:
             expert = f"the expert as separate kernels ({gemm} GEMMs + Triton norms / RoPE / attention / GeGLU)"
-        graphs = f"CUDA graphs per (views 1..{self.cfg.num_views}, prompt bucket {self.buckets})"
+        views = f"views 1..{self.cfg.num_views}"
+        graphs = f"CUDA graphs: vision per {views}, language and denoise per ({views}, prompt bucket {self.buckets})"
         graphs = graphs if cuda else "no graphs (CPU)"
         vision_attn = "Triton packed attention" if VISION_ATTENTION == "triton" else "torch SDPA (cuDNN first)"
         mlp = "gate|up GEMM with the GeGLU epilogue (Triton)" if self._prefix_mlp_fused() else f"{gemm} gate|up + geglu"
@@ -973,8 +989,10 @@ class FusedPi0:
 
     # ---- graphs ------------------------------------------------------------------------------
     def capture(self, warmup: int = 2) -> None:
-        """Record the prefix and denoise stages of every (view count, prompt bucket) as CUDA
-        graphs (after a warm-up that compiles the kernels); the graphs share one memory pool."""
+        """Record the vision stage of every view count and the language and denoise stages of
+        every (view count, prompt bucket) as CUDA graphs (after a warm-up that compiles the
+        kernels); the graphs share one memory pool (they replay one after another, and each
+        writes its results into the static buffers only)."""
         check_settings()
         if self.device.type != "cuda":
             return
@@ -984,34 +1002,46 @@ class FusedPi0:
         for views, bucket in tqdm(shapes, desc="capturing CUDA graphs", disable=len(shapes) < 4, leave=False):
             self.views, self.bucket = views, bucket
             cuda_graphs.warm_up(lambda: (self.prefix(), self.denoise()), self.device, warmup)
-            for name, fn in (("prefix", self.prefix), ("denoise", self.denoise)):
-                self.graphs[(name, views, bucket)] = cuda_graphs.capture(fn, self.device, pool=pool, warmup=0)
+            stages = (("language", self.language), ("denoise", self.denoise))
+            if ("vision", views) not in self.graphs:
+                stages = (("vision", self.vision_stage), *stages)
+            for name, fn in stages:
+                key = ("vision", views) if name == "vision" else (name, views, bucket)
+                self.graphs[key] = cuda_graphs.capture(fn, self.device, pool=pool, warmup=0)
         self.views, self.bucket = chosen
         self.cached = None  # the cache holds the warm-ups' last shape, not a prefix of these inputs
         log.info(
-            "captured CUDA graphs: prefix + denoise for views 1..%d x prompt buckets %s",
+            "captured CUDA graphs: vision for views 1..%d, language + denoise for views 1..%d x prompt buckets %s",
+            self.cfg.num_views,
             self.cfg.num_views,
             self.buckets,
         )
 
     def run(self, stage: str) -> None:
-        """One stage, from its graph where one was captured: `prefix` at the current inputs'
-        shape, `denoise` at the shape of the prefix in the cache."""
+        """One stage, from its graph where one was captured: `vision` at the current inputs' view
+        count, `language` at their shape, `prefix` (the two), `denoise` at the shape of the
+        prefix in the cache."""
         if stage == "prefix":
-            shape = (self.views, self.bucket)
-        elif stage == "denoise":
-            shape = self.cached_shape
-        else:
-            raise ValueError(f"unknown stage {stage!r}; expected 'prefix' or 'denoise'")
-        graph = self.graphs.get((stage, *shape))
-        if graph is None:
-            getattr(self, stage)()
+            self.run("vision")
+            self.run("language")
             return
-        if stage == "prefix":  # a replay runs no Python: count and record what the graph builds
+        if stage == "vision":
+            key = ("vision", self.views)
+        elif stage == "language":
+            key = ("language", self.views, self.bucket)
+        elif stage == "denoise":
+            key = ("denoise", *self.cached_shape)
+        else:
+            raise ValueError(f"unknown stage {stage!r}; expected 'vision', 'language', 'prefix' or 'denoise'")
+        graph = self.graphs.get(key)
+        if graph is None:
+            {"vision": self.vision_stage, "language": self.language, "denoise": self.denoise}[stage]()
+            return
+        if stage == "language":  # a replay runs no Python: count and record what the graph builds
             self.prefix_serial += 1
         graph.replay()
-        if stage == "prefix":
-            self.cached = shape
+        if stage == "language":
+            self.cached = key[1:]
 
     def sample_actions(self, noise: Tensor | None = None) -> Tensor:
         """Prefix + denoise on the current inputs; returns the `actions` buffer [H, A] fp32."""

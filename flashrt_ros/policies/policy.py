@@ -95,15 +95,10 @@ class Policy:
         )
 
     def prepare_prompt_state(self, obs: Observation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Host side of an observation: (token ids [L], token mask [L], padded normalised state)."""
+        """Host side of an observation: (token ids [L], token mask [L], padded normalised state),
+        after checking its frames (`check_frames`) and its state and prompt."""
         cfg = self.cfg
-        if len(obs.images) != cfg.num_views:
-            raise ValueError(f"expected {cfg.num_views} camera views, got {len(obs.images)}")
-        require_a_view(obs.images)  # both backends: the fused one would run prompt-only
-        for i, img in enumerate(obs.images):  # the same frames for both backends, checked before any work
-            problem = None if img is None else frame_error(img, cfg.vision.image_size)
-            if problem:
-                raise ValueError(f"camera view {i}: {problem}; no action computed")
+        self.check_frames(obs)
         state = np.asarray(obs.state, dtype=np.float32)
         if state.ndim != 1 or state.shape[0] > cfg.state_dim:
             raise ValueError(f"state must be a vector of at most {cfg.state_dim} values, got shape {state.shape}")
@@ -135,6 +130,18 @@ class Policy:
         padded = np.zeros(cfg.state_dim, dtype=np.float32)
         padded[: norm_state.shape[0]] = norm_state
         return torch.from_numpy(tokens.ids), torch.from_numpy(tokens.mask), torch.from_numpy(padded)
+
+    def check_frames(self, obs: Observation) -> None:
+        """An observation's camera views, checked before any work (the same for both backends):
+        one entry per configured view, at least one present, each a frame the pre-processing takes."""
+        cfg = self.cfg
+        if len(obs.images) != cfg.num_views:
+            raise ValueError(f"expected {cfg.num_views} camera views, got {len(obs.images)}")
+        require_a_view(obs.images)  # both backends: the fused one would run prompt-only
+        for i, img in enumerate(obs.images):
+            problem = None if img is None else frame_error(img, cfg.vision.image_size)
+            if problem:
+                raise ValueError(f"camera view {i}: {problem}; no action computed")
 
     def prompt_problem(self, prompt: str, state_dims: int) -> str | None:
         return prompt_problem(self.cfg, self.tokenizer, prompt, state_dims)
@@ -285,6 +292,18 @@ class PolicySource:
     normalizer: Normalizer
     checkpoint: Path | None = None
     seed: int = 0
+
+    def check_frames(self, obs: Observation) -> None:
+        """An observation's camera views, checked before any work (the same for both backends):
+        one entry per configured view, at least one present, each a frame the pre-processing takes."""
+        cfg = self.cfg
+        if len(obs.images) != cfg.num_views:
+            raise ValueError(f"expected {cfg.num_views} camera views, got {len(obs.images)}")
+        require_a_view(obs.images)  # both backends: the fused one would run prompt-only
+        for i, img in enumerate(obs.images):
+            problem = None if img is None else frame_error(img, cfg.vision.image_size)
+            if problem:
+                raise ValueError(f"camera view {i}: {problem}; no action computed")
 
     def prompt_problem(self, prompt: str, state_dims: int) -> str | None:
         return prompt_problem(self.cfg, self.tokenizer, prompt, state_dims)
