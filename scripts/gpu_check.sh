@@ -3,7 +3,7 @@
 # torch 2.11 + CUDA 13, triton 3.6; no network). CI has no GPU, so these never run there.
 #
 #   bash scripts/gpu_check.sh [parts...]     parts: kernels kernels-all fused parity latency bench headline headline-pi0 step compile
-#                                            prefix-reuse adopt rtc
+#                                            prefix-reuse adopt rtc host
 #                                            profile micro experiments vision ncu
 #                                            (default: kernels fused parity latency bench step)
 #
@@ -68,6 +68,10 @@ for part in "${parts[@]}"; do
       step "The issue's headline: $pol at 3 views, $modes in one run (~5 min)"
       python3 -m flashrt_ros.cli bench --policy "$pol" --views 3 --modes "$modes" "${extra[@]}" --iters 100 \
         --warmup 3 --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/$part.log" || status=1
+      ;;
+    host)
+      step "the node's decide(): host work serial vs overlapped with vision (bench/decide_host.py, ~3 min)"
+      python3 bench/decide_host.py --rounds 5 --iters 20 --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/decide_host.log" || status=1
       ;;
     prefix-reuse)
       step "The node's decide() with the prefix run and re-used (fused, eager, compile; pi0.5 then pi0, 3 views; ~4 min)"
