@@ -62,3 +62,38 @@ def test_a_message_sets_the_prompt_and_a_bad_one_is_refused(running):
     start = len(peer.chunks)
     assert peer.pump(5.0, until=lambda: len(peer.chunks) > start + 2), "decisions stopped after a refused prompt"
     peer.assert_chunks_from_good_data()
+
+
+def test_a_latched_prompt_reaches_a_node_started_after_it(ros_env, ros_module_context, tmp_path):
+    """prompt_durability transient_local: the prompt a latched (transient_local) publisher sent
+    before the node started is applied at start, as any message; a volatile publisher on the
+    topic cannot match such a subscription, and the node says so."""
+    import rclpy
+    from node_harness import TEST_PARAMS, NodeProcess, Peer, new_namespace
+    from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+    from std_msgs.msg import String
+
+    namespace = new_namespace()
+    planner = rclpy.create_node("planner", namespace=namespace, context=ros_module_context)
+    latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+    planner.create_publisher(String, TOPIC, latched).publish(String(data="fold the towel"))
+    params = {**TEST_PARAMS, "prompt_topic": TOPIC, "prompt_durability": "transient_local"}
+    node = NodeProcess(ros_env, tmp_path, namespace, params)
+    peer = Peer(ros_module_context, namespace)
+    try:
+        line = node.wait_for_line("deciding at 10 Hz", timeout=60.0)
+        assert f"(then each message on {namespace}/{TOPIC}, a latched one too)" in line, line
+        node.wait_for_line("parameters changed: prompt 'pick up the cube' -> 'fold the towel'")
+        assert peer.get_parameters("prompt") == ["fold the towel"]
+        mark = node.mark()
+        volatile = planner.create_publisher(String, TOPIC, 10)
+        line = node.wait_for_line(f"a publisher on {namespace}/{TOPIC} does not match prompt_durability", since=mark)
+        assert "'transient_local' (incompatible durability" in line and "[WARN]" in line, line
+        volatile.publish(String(data="open the drawer"))
+        peer.pump(1.0)
+        assert peer.get_parameters("prompt") == ["fold the towel"]
+    finally:
+        peer.close()
+        code = node.stop()
+        planner.destroy_node()
+    assert code == 0, node.tail()

@@ -85,6 +85,7 @@ def test_defaults_are_the_embedded_demo():
         ({"prompt_topic": "task prompt"}, "prompt_topic: 'task prompt' is not a valid ROS topic name"),
         ({"prompt_topic": "joint_states"}, "joint_state_topic 'joint_states' and prompt_topic 'joint_states' both"),
         ({"trajectory_stamp": "now"}, "trajectory_stamp must be one of observation, publication, zero, got 'now'"),
+        ({"prompt_durability": "latched"}, "prompt_durability must be one of volatile, transient_local, got 'latched'"),
         (
             {"trajectory_groups": ["arm/joint_trajectory: left_waist"]},  # a ':' where '=' belongs
             "trajectory_groups[0] 'arm/joint_trajectory: left_waist': expected 'TOPIC=joint, joint, ...'",

@@ -43,7 +43,13 @@ from rclpy.executors import MultiThreadedExecutor
 from rclpy.logging import get_logger
 from rclpy.node import Node
 from rclpy.parameter import Parameter
-from rclpy.qos import qos_profile_sensor_data
+from rclpy.qos import (
+    DurabilityPolicy,
+    QoSPolicyKind,
+    QoSProfile,
+    ReliabilityPolicy,
+    qos_profile_sensor_data,
+)
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 from std_srvs.srv import SetBool, Trigger
@@ -190,6 +196,7 @@ class FlashRTNode(Node):
             self._create_services()
         with self._live:  # the callbacks of what was just made run from here on
             self.is_set_up = True
+        self._subscribe_prompt()
         self._log_startup()
 
     def tear_down(self) -> None:
@@ -288,10 +295,20 @@ class FlashRTNode(Node):
         self._subscribe(JointState, cfg.joint_state_topic, self._on_joint_state)
         self._prompt_sub = None
         self._refused_prompt: tuple[str | None, str] = (None, "")  # the last text refused, and why
-        if cfg.prompt_topic:  # reliable: an instruction must not be lost; volatile: any publisher fits;
-            # depth 1: only the newest matters. In the node's default group, with the parameter
-            # services: one parameter change at a time (self.cfg is replaced in their callbacks)
-            self._prompt_sub = self.create_subscription(String, cfg.prompt_topic, self._guarded(self._on_prompt), 1)
+
+    def _subscribe_prompt(self) -> None:
+        """prompt_topic's subscription, made once the node is set up: a prompt latched by a
+        transient_local publisher is delivered once, at once, and the guard would drop it before.
+        In the node's default group, with the parameter services: one parameter change at a time
+        (self.cfg is replaced in their callbacks)."""
+        if self.cfg.prompt_topic:
+            self._prompt_sub = self.create_subscription(
+                String,
+                self.cfg.prompt_topic,
+                self._guarded(self._on_prompt),
+                prompt_qos(self.cfg.prompt_durability),
+                event_callbacks=SubscriptionEventCallbacks(incompatible_qos=self._on_incompatible_prompt_publisher),
+            )
 
     def _subscribe(self, msg_type: type, topic: str, handler: Callable) -> None:
         """One input: a slot for its latest good sample, and a best-effort subscription."""
@@ -418,7 +435,8 @@ class FlashRTNode(Node):
             + (unbounded_start if self._limits.max_step is not None else "")
             + (held if self.commands.max_move is not None else "")
         )
-        from_topic = f" (then each message on {self._prompt_sub.topic_name})" if self._prompt_sub else ""
+        latched = ", a latched one too" if cfg.prompt_durability == "transient_local" else ""
+        from_topic = f" (then each message on {self._prompt_sub.topic_name}{latched})" if self._prompt_sub else ""
         log.info(
             f"deciding at {cfg.rate_hz:g} Hz on inputs at most {cfg.max_age_s:g} s old; "
             f"prompt {cfg.prompt!r}{from_topic}"
@@ -581,6 +599,16 @@ class FlashRTNode(Node):
             else f"keeping the previous good message ({_stamp_str(held.stamp)})"
         )
         self._throttle(("rejected", slot.topic, err.reason), "warning", f"input rejected: {err}; {keep}")
+
+    def _on_incompatible_prompt_publisher(self, event: Any) -> None:
+        """A publisher on prompt_topic that this subscription cannot match (under transient_local,
+        a volatile one): its prompts never arrive, so say so once per such publisher."""
+        policy = QoSPolicyKind(event.last_policy_kind).name.lower()
+        self.get_logger().warning(
+            f"a publisher on {self._prompt_sub.topic_name} does not match prompt_durability "
+            f"{self.cfg.prompt_durability!r} (incompatible {policy}; {event.total_count} so far): its prompts are "
+            "not received; publish them transient_local, or set prompt_durability volatile"
+        )
 
     def _on_prompt(self, msg: String) -> None:
         """A task instruction on prompt_topic: set as the prompt parameter, so that it is checked,
@@ -1616,6 +1644,13 @@ def prefix_schedule(cfg: NodeConfig) -> str:
     if cfg.prefix_trigger == "period":
         return f"runs {exact}, and on new frames at most every {cfg.prefix_period_s:g} s (frames held <= max_age_s)"
     return f"runs {exact} or any camera sends a new frame; otherwise the decision re-uses it (the same chunk)"
+
+
+def prompt_qos(durability: str) -> QoSProfile:
+    """prompt_topic's subscription: reliable (an instruction must not be lost), depth 1 (only the
+    newest matters), volatile or transient_local (`prompt_durability`)."""
+    kind = DurabilityPolicy.TRANSIENT_LOCAL if durability == "transient_local" else DurabilityPolicy.VOLATILE
+    return QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=kind)
 
 
 def _stamp_str(stamp: Time) -> str:

@@ -38,6 +38,7 @@ PRECISIONS = ("float32", "bfloat16")
 BACKENDS = ("auto", "fused", "reference")
 TRANSPORTS = ("raw", "compressed")
 TRAJECTORY_STAMPS = ("observation", "publication", "zero")
+PROMPT_DURABILITIES = ("volatile", "transient_local")
 MAX_RATE_HZ = 1000.0
 MIN_RATE_HZ = 0.01
 """Slowest decision and status rate (one per 100 s): no robot needs less, and rcl timers take
@@ -119,6 +120,7 @@ class NodeConfig:
     max_age_s: float = 0.5
     prompt: str = "pick up the cube"
     prompt_topic: str = ""
+    prompt_durability: str = "volatile"
     step_duration_s: float = 0.02
     trajectory_stamp: str = "observation"
     trajectory_groups: list[str] = field(default_factory=list)
@@ -294,6 +296,11 @@ PARAMETERS: dict[str, ParamInfo] = {
         "std_msgs/String topic whose messages set prompt, as ros2 param set does (checked; one that does not "
         "fit is refused, counted as invalid_prompt on the topic and logged; the prompt in force stays); "
         "'' = none"
+    ),
+    "prompt_durability": ParamInfo(
+        "durability of prompt_topic's subscription: volatile (every publisher matches; a prompt published "
+        "before the node subscribed is not received) or transient_local (the last prompt a transient_local "
+        "publisher latched is received at start; volatile publishers do not match, which is logged)"
     ),
     "step_duration_s": ParamInfo(f"time between consecutive actions of a chunk, s >= {MIN_STEP_DURATION_S:g}"),
     "trajectory_stamp": ParamInfo(
@@ -654,6 +661,7 @@ _CHOICES = {
     "backend": BACKENDS,
     "fp8": FP8_PARTS,
     "trajectory_stamp": TRAJECTORY_STAMPS,
+    "prompt_durability": PROMPT_DURABILITIES,
     "prefix_trigger": PREFIX_TRIGGERS,
     "command_interpolation": INTERPOLATIONS,
     "rtc_schedule": RTC_SCHEDULES,
