@@ -3,7 +3,7 @@
 # torch 2.11 + CUDA 13, triton 3.6; no network). CI has no GPU, so these never run there.
 #
 #   bash scripts/gpu_check.sh [parts...]     parts: kernels kernels-all fused parity latency bench headline headline-pi0 step compile
-#                                            prefix-reuse adopt rtc host
+#                                            prefix-reuse adopt rtc host startup
 #                                            profile micro experiments vision ncu
 #                                            (default: kernels fused parity latency bench step)
 #
@@ -72,6 +72,10 @@ for part in "${parts[@]}"; do
     host)
       step "the node's decide(): host work serial vs overlapped with vision (bench/decide_host.py, ~3 min)"
       python3 bench/decide_host.py --rounds 5 --iters 20 --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/decide_host.log" || status=1
+      ;;
+    startup)
+      step "the node's start-up to its first chunk, Triton's cache empty then filled (bench/startup.py, ~4 min)"
+      python3 bench/startup.py --policy pi05 --views 3 --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/startup.log" || status=1
       ;;
     prefix-reuse)
       step "The node's decide() with the prefix run and re-used (fused, eager, compile; pi0.5 then pi0, 3 views; ~4 min)"

@@ -316,3 +316,28 @@ def test_a_refused_run_leaves_no_out_folder_behind(tmp_path, capsys) -> None:
     assert main(["bench", "--tiny", "--device", "cpu", "--modes", "eager", "--steps", "0", "--out", str(out)]) == 2
     assert "cannot set up the benchmark: invalid PolicyConfig: num_steps" in capsys.readouterr().out
     assert tmp_path.is_dir() and list(tmp_path.iterdir()) == []
+
+
+def test_the_startup_benchmark_times_each_step(tmp_path) -> None:
+    """bench/startup.py's smoke mode (tiny, CPU): a checkpoint written in LeRobot's layout, then
+    two start-ups in fresh processes over one Triton cache folder, each step timed."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "startup.py"
+    run = subprocess.run(
+        [sys.executable, str(script), "--tiny", "--views", "1", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "pi05 1 views, tiny, CPU" in run.stdout
+    (path,) = tmp_path.glob("startup_*.json")
+    found = json.loads(path.read_text())["results"]
+    for case in ("cold", "warm"):
+        steps = found[case]
+        assert steps["checkpoint load s"] > 0 and steps["first decision ms"] > 0, steps
+        assert steps["to the first chunk s"] >= steps["checkpoint load s"] + steps["first decision ms"] / 1e3, steps

@@ -1,0 +1,178 @@
+"""How long the node takes from its parameters to its first chunk: the checkpoint's load, the
+fused path's build (weights re-laid out), the kernels' compile and the CUDA graphs' capture, and
+the first decision; with Triton's cache empty (the first start on a machine) and filled (every
+later start). GPU (`--tiny`: a CPU smoke run of the same steps).
+
+    python bench/startup.py [--policy pi05] [--views 3] [--out DIR] [--tiny]
+
+The parent writes a random checkpoint in LeRobot's layout (fp32 weights; the tiny tokenizer's
+512-row token embedding, where PaliGemma's 257,152 rows would add 2.1 GB in fp32) with identity
+statistics, then starts one process per case with TRITON_CACHE_DIR on one folder: "cold" finds
+it empty, "warm" finds what "cold" left there. Each process does what the node's start-up does
+(`read_policy`, `PolicySource.build`, `Pipeline(backend="fused", release_reference=True)`), times
+each step, then decides on three 480x640 frames and a ~150-token prompt: the first decision, and
+the median of the next ten. The checkpoint is read from the page cache (the parent has just
+written it): a robot's first read from its disk comes on top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+DOF = 14
+CASES = ("cold", "warm")
+
+
+def write_checkpoint(kind: str, views: int, folder: Path, tiny: bool) -> float:
+    """A random policy saved as LeRobot saves one, with identity statistics; returns its GB."""
+    from flashrt_ros.policies.checkpoint import WEIGHTS_FILE, save_model
+    from flashrt_ros.policies.policy import build_policy
+
+    cfg = policy_config(kind, views, tiny).replace(dtype="float32")
+    dev = "cpu" if tiny or not torch.cuda.is_available() else "cuda"
+    policy = build_policy(cfg, tokenizer(), seed=0, device=dev, action_dof=DOF)
+    save_model(policy.model, folder, layout="lerobot", robot_dof=DOF)
+    stats = {"mode": "identity", "norm_stats": {"state": {}, "actions": {}}}
+    (folder / "norm_stats.json").write_text(json.dumps(stats))
+    return (folder / WEIGHTS_FILE).stat().st_size / 1e9
+
+
+def policy_config(kind: str, views: int, tiny: bool):
+    from flashrt_ros.policies.config import PolicyConfig
+
+    if tiny:
+        return PolicyConfig.tiny(kind, num_views=views)
+    return PolicyConfig.preset(kind, num_views=views, dtype="bfloat16").replace(vocab_size=512)
+
+
+def tokenizer() -> str:
+    from flashrt_ros.policies.tiny_tokenizer import tiny_tokenizer_path
+
+    return str(tiny_tokenizer_path())
+
+
+def start(kind: str, views: int, folder: Path, tiny: bool, later: int = 10) -> dict[str, float]:
+    """The node's start-up steps, timed (seconds), then its first decisions (milliseconds)."""
+    from flashrt_ros.policies import fused as fused_module
+
+    spent: dict[str, float] = {}
+    capture = fused_module.FusedPi0.capture
+
+    def timed_capture(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return capture(self, *args, **kwargs)
+        finally:
+            spent["kernels + graphs (capture) s"] = time.perf_counter() - t0
+
+    fused_module.FusedPi0.capture = timed_capture
+    t0 = time.perf_counter()
+    dev = torch.device("cpu" if tiny or not torch.cuda.is_available() else "cuda")
+    torch.zeros(1, device=dev)
+    spent["torch + CUDA context s"] = time.perf_counter() - t0
+
+    from flashrt_ros.engine.pipeline import Pipeline
+    from flashrt_ros.policies.policy import read_policy
+
+    t = time.perf_counter()
+    source = read_policy(policy_config(kind, views, tiny), tokenizer(), checkpoint=folder)
+    policy = source.build(dev, action_dof=DOF)
+    spent["checkpoint load s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    pipe = Pipeline(policy, backend="fused", release_reference=True)
+    spent["fused build (re-layout + capture) s"] = time.perf_counter() - t
+    spent["fused build without the capture s"] = spent.pop("fused build (re-layout + capture) s") - spent.get(
+        "kernels + graphs (capture) s", 0.0
+    )
+    obs = observation(policy, views)
+    t = time.perf_counter()
+    pipe.decide(obs.with_ids(0))
+    spent["first decision ms"] = (time.perf_counter() - t) * 1e3
+    spent["to the first chunk s"] = time.perf_counter() - t0
+    times = []
+    for i in range(1, later + 1):
+        t = time.perf_counter()
+        pipe.decide(obs.with_ids(i))
+        times.append((time.perf_counter() - t) * 1e3)
+    spent["later decisions, median ms"] = statistics.median(times)
+    return spent
+
+
+class _Frames:
+    """An observation whose frame ids change per decision (the prefix runs each time)."""
+
+    def __init__(self, obs):
+        self.obs = obs
+
+    def with_ids(self, i: int):
+        import dataclasses
+
+        return dataclasses.replace(self.obs, frame_ids=tuple((i, v) for v in range(len(self.obs.images))))
+
+
+def observation(policy, views: int) -> _Frames:
+    import numpy as np
+    from prefix_reuse import long_prompt  # bench/ is on sys.path when run as a script
+
+    from flashrt_ros.policies.policy import Observation
+
+    rng = np.random.default_rng(0)
+    state = rng.uniform(-1, 1, DOF).astype(np.float32)
+    frames = [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for _ in range(views)]
+    prompt, _ = long_prompt(policy, frames, state)
+    return _Frames(Observation(frames, state, prompt))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--policy", default="pi05", choices=["pi05", "pi0"])
+    ap.add_argument("--views", type=int, default=3)
+    ap.add_argument("--out", default="bench_results")
+    ap.add_argument("--tiny", action="store_true", help="tiny config on the CPU: a smoke run of the steps")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # a checkpoint folder: time one start
+    args = ap.parse_args()
+    if args.child:
+        spent = start(args.policy, args.views, Path(args.child), args.tiny, later=2 if args.tiny else 10)
+        print("STARTUP " + json.dumps(spent), flush=True)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        folder, cache = Path(tmp) / "checkpoint", Path(tmp) / "triton_cache"
+        t = time.perf_counter()
+        gb = write_checkpoint(args.policy, args.views, folder, args.tiny)
+        print(f"wrote a random {args.policy} checkpoint ({gb:.2f} GB, fp32) in {time.perf_counter() - t:.0f} s")
+        found = {case: run_child(args, folder, cache) for case in CASES}
+    rows = list(found["cold"])
+    print(f"\n{args.policy} {args.views} views, {'tiny, CPU' if args.tiny else 'full size, bf16 fused'}")
+    print(f"{'step':42}" + "".join(f"{c:>12}" for c in CASES))
+    for row in rows:
+        print(f"{row:42}" + "".join(f"{found[c][row]:>12.2f}" for c in CASES))
+    from flashrt_ros.bench.timing import write_result
+
+    dev = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    write_result(Path(args.out), "startup", dev, policy=args.policy, views=args.views, checkpoint_gb=gb, results=found)
+
+
+def run_child(args: argparse.Namespace, folder: Path, cache: Path) -> dict[str, float]:
+    env = dict(os.environ, TRITON_CACHE_DIR=str(cache))
+    if args.tiny:  # the kernels on a CPU
+        env["TRITON_INTERPRET"] = "1"
+    cmd = [sys.executable, __file__, "--child", str(folder), "--policy", args.policy, "--views", str(args.views)]
+    run = subprocess.run(cmd + (["--tiny"] if args.tiny else []), env=env, capture_output=True, text=True)
+    line = next((ln for ln in run.stdout.splitlines() if ln.startswith("STARTUP ")), None)
+    if run.returncode != 0 or line is None:
+        raise SystemExit(f"start-up run failed ({run.returncode}):\n{run.stderr[-3000:]}")
+    return json.loads(line.removeprefix("STARTUP "))
+
+
+if __name__ == "__main__":
+    main()
