@@ -42,6 +42,9 @@ def write_checkpoint(kind: str, views: int, folder: Path, tiny: bool) -> float:
     dev = "cpu" if tiny or not torch.cuda.is_available() else "cuda"
     policy = build_policy(cfg, tokenizer(), seed=0, device=dev, action_dof=DOF)
     save_model(policy.model, folder, layout="lerobot", robot_dof=DOF)
+    del policy
+    if dev == "cuda":  # the children need the memory, not this process's allocator cache
+        torch.cuda.empty_cache()
     stats = {"mode": "identity", "norm_stats": {"state": {}, "actions": {}}}
     (folder / "norm_stats.json").write_text(json.dumps(stats))
     return (folder / WEIGHTS_FILE).stat().st_size / 1e9
