@@ -293,18 +293,6 @@ class PolicySource:
     checkpoint: Path | None = None
     seed: int = 0
 
-    def check_frames(self, obs: Observation) -> None:
-        """An observation's camera views, checked before any work (the same for both backends):
-        one entry per configured view, at least one present, each a frame the pre-processing takes."""
-        cfg = self.cfg
-        if len(obs.images) != cfg.num_views:
-            raise ValueError(f"expected {cfg.num_views} camera views, got {len(obs.images)}")
-        require_a_view(obs.images)  # both backends: the fused one would run prompt-only
-        for i, img in enumerate(obs.images):
-            problem = None if img is None else frame_error(img, cfg.vision.image_size)
-            if problem:
-                raise ValueError(f"camera view {i}: {problem}; no action computed")
-
     def prompt_problem(self, prompt: str, state_dims: int) -> str | None:
         return prompt_problem(self.cfg, self.tokenizer, prompt, state_dims)
 
