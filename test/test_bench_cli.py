@@ -321,23 +321,11 @@ def test_a_refused_run_leaves_no_out_folder_behind(tmp_path, capsys) -> None:
 def test_the_startup_benchmark_times_each_step(tmp_path) -> None:
     """bench/startup.py's smoke mode (tiny, CPU): a checkpoint written in LeRobot's layout, then
     two start-ups in fresh processes over one Triton cache folder, each step timed."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
+    from bench_script import run_bench_script
 
-    script = Path(__file__).resolve().parents[1] / "bench" / "startup.py"
-    run = subprocess.run(
-        [sys.executable, str(script), "--tiny", "--views", "1", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert "pi05 1 views, tiny, CPU" in run.stdout
-    (path,) = tmp_path.glob("startup_*.json")
-    found = json.loads(path.read_text())["results"]
+    stdout, written = run_bench_script("startup", tmp_path, "--tiny", "--views", "1")
+    assert "pi05 1 views, tiny, CPU" in stdout
     for case in ("cold", "warm"):
-        steps = found[case]
+        steps = written["results"][case]
         assert steps["checkpoint load s"] > 0 and steps["first decision ms"] > 0, steps
         assert steps["to the first chunk s"] >= steps["checkpoint load s"] + steps["first decision ms"] / 1e3, steps

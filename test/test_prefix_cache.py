@@ -9,6 +9,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
+from bench_script import run_bench_script
 from kernel_fixtures import DEVICE
 
 from flashrt_ros.engine.capsule import PipelineState
@@ -311,22 +312,9 @@ def test_a_decision_refused_after_its_vision_ran_loses_nothing() -> None:
 
 def test_the_benchmark_runs_and_finds_the_chunks_identical(tmp_path) -> None:
     """bench/prefix_reuse.py's smoke mode (tiny, CPU, reference only): its parity line and JSON."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "bench" / "prefix_reuse.py"
-    run = subprocess.run(
-        [sys.executable, str(script), "--tiny", "--eager-iters", "2", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert "on the same inputs and noise: max abs diff 0, min cosine 1.0000" in run.stdout
-    (path,) = tmp_path.glob("prefix_reuse_*.json")
-    result = json.loads(path.read_text())["results"]["eager"]
+    stdout, written = run_bench_script("prefix_reuse", tmp_path, "--tiny", "--eager-iters", "2", timeout=300)
+    assert "on the same inputs and noise: max abs diff 0, min cosine 1.0000" in stdout
+    result = written["results"]["eager"]
     assert result["max_abs_diff"] == 0 and result["prefix_run"]["n"] == result["prefix_reused"]["n"] == 2
 
 
