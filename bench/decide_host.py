@@ -55,6 +55,9 @@ def timed_step(owner: object, name: str, label: str) -> None:
 def instrument() -> None:
     timed_step(pipeline_module.Pipeline, "_host_inputs", "tokens + checks + prefix key")
     timed_step(pipeline_module.PrefixCache, "lookup", "prefix cache lookup")
+    timed_step(pipeline_module.PrefixCache, "builds_whatever_the_prompt", "prefix cache: runs whatever the prompt?")
+    timed_step(pipeline_module.PrefixKey, "frames_of", "frame ids checked")
+    timed_step(policy_module.Policy, "check_frames", "frames checked")
     timed_step(fused_module.FusedPi0, "set_frames", "frames: upload + pre-processing launch")
     timed_step(fused_module.FusedPi0, "set_inputs", "tokens / state / noise to the GPU")
     timed_step(fused_module.FusedPi0, "run", "graph launches")

@@ -325,7 +325,16 @@ def test_the_startup_benchmark_times_each_step(tmp_path) -> None:
 
     stdout, written = run_bench_script("startup", tmp_path, "--tiny", "--views", "1")
     assert "pi05 1 views, tiny, CPU" in stdout
+    wanted = {
+        "torch + CUDA context s",
+        "checkpoint load s",
+        "fused build without the capture s",
+        "first decision ms",
+        "to the first chunk s",
+        "later decisions, median ms",
+    }
     for case in ("cold", "warm"):
         steps = written["results"][case]
-        assert steps["checkpoint load s"] > 0 and steps["first decision ms"] > 0, steps
-        assert steps["to the first chunk s"] >= steps["checkpoint load s"] + steps["first decision ms"] / 1e3, steps
+        assert set(steps) >= wanted and all(v >= 0 for v in steps.values()), steps
+        assert steps["checkpoint load s"] > 0 and steps["later decisions, median ms"] > 0, steps
+    assert f"{'first decision ms':42}" in stdout  # the table

@@ -172,18 +172,25 @@ def test_vision_and_language_graphs_make_the_eager_prefix():
     model = tiny_model("pi05", seed=2, num_views=2).to(DEVICE)
     x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1).items()}
     fused, _ = _run_fused(model, x, torch.float32)
-    assert {k for k in fused.graphs if k[0] == "vision"} == {("vision", 1), ("vision", 2)}
-    assert {k[:2] for k in fused.graphs if k[0] == "language"} == {("language", 1), ("language", 2)}
-    fused.run("vision")
-    time.sleep(0.05)  # the host's tokens in the pipeline: the language stage is queued later
-    fused.run("language")
-    fused.run("denoise")
-    replayed = fused.prefix_k.clone(), fused.actions.clone()
-    fused.graphs.clear()
-    fused.prefix()
-    fused.denoise()
-    torch.testing.assert_close(replayed[0], fused.prefix_k, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(replayed[1], fused.actions, rtol=1e-5, atol=1e-5)
+    graphs = fused.graphs
+    assert {k for k in graphs if k[0] == "vision"} == {("vision", 1), ("vision", 2)}
+    assert {k[:2] for k in graphs if k[0] == "language"} == {("language", 1), ("language", 2)}
+    for present in ([True, True], [False, True]):
+        fused.set_pixels(x["pixels"][0], present)
+        fused.prefix_emb.zero_()  # what the vision graph must write, gone
+        fused.patches.zero_()
+        fused.graphs = graphs
+        fused.run("vision")
+        time.sleep(0.05)  # the host's tokens in the pipeline: the language stage is queued later
+        fused.run("language")
+        fused.run("denoise")
+        replayed = fused.prefix_k.clone(), fused.actions.clone()
+        fused.graphs = {}
+        fused.prefix_emb.zero_()
+        fused.prefix()
+        fused.denoise()
+        torch.testing.assert_close(replayed[0], fused.prefix_k, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(replayed[1], fused.actions, rtol=1e-5, atol=1e-5)
 
 
 def _host_frames(rng, shapes) -> list:

@@ -64,6 +64,20 @@ def test_a_message_sets_the_prompt_and_a_bad_one_is_refused(running):
     peer.assert_chunks_from_good_data()
 
 
+def test_a_best_effort_publisher_is_named(running):
+    """The prompt subscription is reliable (an instruction must not be lost): a best-effort
+    publisher cannot match it, whatever prompt_durability, and the node says why."""
+    from rclpy.qos import QoSProfile, ReliabilityPolicy
+    from std_msgs.msg import String
+
+    node, peer, _ = running
+    mark = node.mark()
+    best_effort = QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT)
+    peer.node.create_publisher(String, f"{peer.namespace}/{TOPIC}", best_effort)
+    line = node.wait_for_line(f"a publisher on {peer.topic(TOPIC)} cannot be received", since=mark)
+    assert "(it is best effort;" in line and "publish them reliable" in line, line
+
+
 def test_a_latched_prompt_reaches_a_node_started_after_it(ros_env, ros_module_context, tmp_path):
     """prompt_durability transient_local: the prompt a latched (transient_local) publisher sent
     before the node started is applied at start, as any message; a volatile publisher on the
@@ -87,8 +101,9 @@ def test_a_latched_prompt_reaches_a_node_started_after_it(ros_env, ros_module_co
         assert peer.get_parameters("prompt") == ["fold the towel"]
         mark = node.mark()
         volatile = planner.create_publisher(String, TOPIC, 10)
-        line = node.wait_for_line(f"a publisher on {namespace}/{TOPIC} does not match prompt_durability", since=mark)
-        assert "'transient_local' (incompatible durability" in line and "[WARN]" in line, line
+        line = node.wait_for_line(f"a publisher on {namespace}/{TOPIC} cannot be received", since=mark)
+        assert "its durability does not match prompt_durability 'transient_local'" in line, line
+        assert "publish them transient_local" in line and "[WARN]" in line, line
         volatile.publish(String(data="open the drawer"))
         peer.pump(1.0)
         assert peer.get_parameters("prompt") == ["fold the towel"]

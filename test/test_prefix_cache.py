@@ -303,10 +303,14 @@ def test_a_decision_refused_after_its_vision_ran_loses_nothing() -> None:
     reusing, full = pair(backend="fused")
     decide_both(reusing, full, obs())
     calls = recorded(reusing)
-    with pytest.raises(ValueError, match="state has non-finite values"):
-        reusing.decide(obs(("x", "y"), state=(0.1, float("nan"), 0.3, 0.0, 0.2, -0.1)))
-    assert calls == ["vision", "tokens"]
-    assert decide_both(reusing, full, obs()).prefix_reused
+    nan = (0.1, float("nan"), 0.3, 0.0, 0.2, -0.1)
+    for frame_ids in (("x", "y"), (None, "z")):  # the second with another view count
+        with pytest.raises(ValueError, match="state has non-finite values"):
+            reusing.decide(obs(frame_ids, state=nan))
+        assert calls == ["vision", "tokens"]
+        calls.clear()
+        assert decide_both(reusing, full, obs()).prefix_reused
+        calls.clear()
     assert not decide_both(reusing, full, obs(("x", "y"))).prefix_reused
 
 

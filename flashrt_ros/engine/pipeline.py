@@ -347,10 +347,10 @@ class Pipeline:
         all host work comes first."""
         fused, cache = self.fused, self.prefix_cache
         now = cache.clock()
+        self.policy.check_frames(obs)  # first, as the reference's prepare_prompt_state does
         frames = PrefixKey.frames_of(obs.frame_ids, obs.images)
         early = self.vision_first and cache.builds_whatever_the_prompt(frames, build=fused.prefix_serial, now=now)
         if early:  # vision reads no token; what it writes is read only by the language stage
-            self.policy.check_frames(obs)
             fused.set_frames(list(obs.images))
             timer.mark("preprocess")
             fused.run("vision")

@@ -999,11 +999,12 @@ class FusedPi0:
         chosen = self.views, self.bucket
         pool = torch.cuda.graph_pool_handle()
         shapes = [(v, b) for v in range(1, self.cfg.num_views + 1) for b in self.buckets]
+        self.graphs = {}  # none of an earlier capture's pool stays
         for views, bucket in tqdm(shapes, desc="capturing CUDA graphs", disable=len(shapes) < 4, leave=False):
             self.views, self.bucket = views, bucket
             cuda_graphs.warm_up(lambda: (self.prefix(), self.denoise()), self.device, warmup)
             stages = (("language", self.language), ("denoise", self.denoise))
-            if ("vision", views) not in self.graphs:
+            if ("vision", views) not in self.graphs:  # one per view count
                 stages = (("vision", self.vision_stage), *stages)
             for name, fn in stages:
                 key = ("vision", views) if name == "vision" else (name, views, bucket)

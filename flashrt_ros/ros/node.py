@@ -302,12 +302,14 @@ class FlashRTNode(Node):
         In the node's default group, with the parameter services: one parameter change at a time
         (self.cfg is replaced in their callbacks)."""
         if self.cfg.prompt_topic:
+            topic = self.resolve_topic_name(self.cfg.prompt_topic)
+            mismatch = self._guarded(partial(self._on_incompatible_prompt_publisher, topic))
             self._prompt_sub = self.create_subscription(
                 String,
                 self.cfg.prompt_topic,
                 self._guarded(self._on_prompt),
                 prompt_qos(self.cfg.prompt_durability),
-                event_callbacks=SubscriptionEventCallbacks(incompatible_qos=self._on_incompatible_prompt_publisher),
+                event_callbacks=SubscriptionEventCallbacks(incompatible_qos=mismatch),
             )
 
     def _subscribe(self, msg_type: type, topic: str, handler: Callable) -> None:
@@ -600,14 +602,21 @@ class FlashRTNode(Node):
         )
         self._throttle(("rejected", slot.topic, err.reason), "warning", f"input rejected: {err}; {keep}")
 
-    def _on_incompatible_prompt_publisher(self, event: Any) -> None:
-        """A publisher on prompt_topic that this subscription cannot match (under transient_local,
-        a volatile one): its prompts never arrive, so say so once per such publisher."""
-        policy = QoSPolicyKind(event.last_policy_kind).name.lower()
+    def _on_incompatible_prompt_publisher(self, topic: str, event: Any) -> None:
+        """A publisher on prompt_topic that this subscription cannot match: its prompts never
+        arrive, so say which policy differs (under transient_local, a volatile publisher's
+        durability; a best-effort publisher's reliability in either)."""
+        policy = QoSPolicyKind(event.last_policy_kind)
+        if policy == QoSPolicyKind.DURABILITY:
+            fix = "publish them transient_local, or set prompt_durability volatile"
+            what = f"its durability does not match prompt_durability {self.cfg.prompt_durability!r}"
+        elif policy == QoSPolicyKind.RELIABILITY:
+            fix, what = "publish them reliable (an instruction must not be lost)", "it is best effort"
+        else:
+            fix, what = "match the subscription's QoS", f"its {policy.name.lower()} policy does not match"
         self.get_logger().warning(
-            f"a publisher on {self._prompt_sub.topic_name} does not match prompt_durability "
-            f"{self.cfg.prompt_durability!r} (incompatible {policy}; {event.total_count} so far): its prompts are "
-            "not received; publish them transient_local, or set prompt_durability volatile"
+            f"a publisher on {topic} cannot be received ({what}; {event.total_count} such so far): its prompts do "
+            f"not arrive; {fix}"
         )
 
     def _on_prompt(self, msg: String) -> None:
