@@ -240,7 +240,7 @@ def require_kernel_device(device: torch.device) -> None:
 
 
 class FusedPi0:
-    """A Pi0Model compiled into re-laid-out weights, static buffers and (on CUDA) two graphs."""
+    """A Pi0Model compiled into re-laid-out weights, static buffers and (on CUDA) graphs of its stages."""
 
     def __init__(
         self,
