@@ -272,6 +272,7 @@ class Pipeline:
     ) -> tuple[np.ndarray, dict[str, float], bool]:
         """Run one decision: the finite actions, the stage timings and whether the cached prefix
         was re-used, or raise."""
+        self.policy.check_frames(obs)  # before any work, on both backends
         with torch.no_grad():
             run = self._run_fused if self.fused is not None else self._run_reference
             chunk, reused = run(obs, noise, timer, hold)
@@ -307,8 +308,8 @@ class Pipeline:
 
     def _host_inputs(self, obs: Observation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, PrefixKey | None]:
         """The checked prompt tokens, their mask and the state (host tensors), and the key of the
-        prefix they and the frames make (None without frame ids)."""
-        tokens, token_mask, state = self.policy.prepare_prompt_state(obs)
+        prefix they and the frames make (None without frame ids); the frames were checked in `_decide`."""
+        tokens, token_mask, state = self.policy.prompt_state(obs)
         return tokens, token_mask, state, PrefixKey.of(obs.frame_ids, obs.images, tokens, token_mask)
 
     # Both backends forget the cached key before the prefix stage runs and store the new one after
@@ -347,7 +348,6 @@ class Pipeline:
         all host work comes first."""
         fused, cache = self.fused, self.prefix_cache
         now = cache.clock()
-        self.policy.check_frames(obs)  # first, as the reference's prepare_prompt_state does
         frames = PrefixKey.frames_of(obs.frame_ids, obs.images)
         early = self.vision_first and cache.builds_whatever_the_prompt(frames, build=fused.prefix_serial, now=now)
         if early:  # vision reads no token; what it writes is read only by the language stage

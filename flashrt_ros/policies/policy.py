@@ -97,8 +97,12 @@ class Policy:
     def prepare_prompt_state(self, obs: Observation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Host side of an observation: (token ids [L], token mask [L], padded normalised state),
         after checking its frames (`check_frames`) and its state and prompt."""
-        cfg = self.cfg
         self.check_frames(obs)
+        return self.prompt_state(obs)
+
+    def prompt_state(self, obs: Observation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`prepare_prompt_state` for an observation whose frames were checked already."""
+        cfg = self.cfg
         state = np.asarray(obs.state, dtype=np.float32)
         if state.ndim != 1 or state.shape[0] > cfg.state_dim:
             raise ValueError(f"state must be a vector of at most {cfg.state_dim} values, got shape {state.shape}")
