@@ -75,11 +75,17 @@ def full_size_observation(kind: str, views: int, dof: int, dev: torch.device) ->
     only gathers rows of it."""
     cfg = PolicyConfig.preset(kind, num_views=views, dtype="bfloat16").replace(vocab_size=512)
     policy = build_policy(cfg, tiny_tokenizer_path(), seed=0, device=dev, action_dof=dof)
+    return policy, *node_observation(policy, views, dof)
+
+
+def node_observation(policy: Policy, views: int, dof: int) -> tuple[Observation, int]:
+    """What a node hands `policy`: `views` random 480x640 frames, a random `dof` state and a
+    prompt of ~3/4 of the prompt length (`long_prompt`); also the prompt's token count."""
     rng = np.random.default_rng(0)
     state = rng.uniform(-1, 1, dof).astype(np.float32)
     frames = [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for _ in range(views)]
     prompt, tokens = long_prompt(policy, frames, state)
-    return policy, Observation(frames, state, prompt), tokens
+    return Observation(frames, state, prompt), tokens
 
 
 def timed(pipe: Pipeline, obs: Observation, noise: torch.Tensor, gap_s: float) -> tuple[Decision, float]:
