@@ -3,7 +3,7 @@
 # torch 2.11 + CUDA 13, triton 3.6; no network). CI has no GPU, so these never run there.
 #
 #   bash scripts/gpu_check.sh [parts...]     parts: kernels kernels-all fused parity latency bench headline headline-pi0 step compile
-#                                            prefix-reuse adopt rtc host startup
+#                                            prefix-reuse adopt rtc host startup frame-kernel
 #                                            profile micro experiments vision ncu
 #                                            (default: kernels fused parity latency bench step)
 #
@@ -75,6 +75,10 @@ for part in "${parts[@]}"; do
     host)
       step "the node's decide(): host work serial vs overlapped with vision (bench/decide_host.py, ~3 min)"
       python3 bench/decide_host.py --rounds 5 --iters 20 --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/decide_host.log" || status=1
+      ;;
+    frame-kernel)
+      step "the frame kernel: one geometry-free compile against one per camera kind (bench/frame_kernel.py)"
+      python3 bench/frame_kernel.py --rounds 5 --out "$OUT" 2>&1 | tee "$OUT/frame_kernel.log" || status=1
       ;;
     startup)
       step "the node's start-up to its first chunk, Triton's cache empty then filled (bench/startup.py, ~4 min)"

@@ -303,6 +303,29 @@ def test_set_frames_refuses_frames_that_are_not_uint8():
 
 
 @pytest.mark.gpu
+def test_capture_compiles_the_frame_kernel_that_every_camera_uses():
+    """The frame kernel runs outside the graphs; capture compiles it, and frames of other sizes,
+    channel orders (a flipped BGR view), 4 channels or row padding (a crop) need no new compile
+    at a decision: the kernel is not specialised on the frame's geometry or strides."""
+    from flashrt_ros.kernels import preprocess
+
+    def compiled() -> int:
+        return sum(len(caches[0]) for caches in preprocess._preprocess_kernel.device_caches.values())
+
+    model = tiny_model("pi05", seed=2, num_views=2).to(DEVICE)
+    fused, _ = _run_fused(model, tiny_inputs(model.cfg, batch=1), torch.float32)
+    preprocess._preprocess_kernel.device_caches.clear()  # what earlier tests compiled
+    fused.capture()
+    assert compiled() == 1
+    rng = np.random.default_rng(9)
+    for shapes in ([(480, 640, 3), (480, 640, 3)], [(720, 1280, 4), (24, 32, 3)], [None, (37, 53, 3)]):
+        fused.set_frames(_host_frames(rng, shapes))
+        fused.set_images(_on_device(_host_frames(rng, shapes)))
+    torch.cuda.synchronize()
+    assert compiled() == 1
+
+
+@pytest.mark.gpu
 def test_dropping_a_nodes_pipeline_gives_its_gpu_memory_back():
     """A lifecycle node's cleanup: the state it holds (policy, fused path with its captured graphs
     and static buffers, capsules) dropped, then `release_device_memory`: nothing stays allocated

@@ -36,7 +36,15 @@ def resize_with_pad_geometry(height: int, width: int, out_h: int = 224, out_w: i
     return rh, rw, (out_h - rh) // 2, (out_w - rw) // 2
 
 
-@triton.jit
+# The frame's geometry and strides are not specialised on (Triton would otherwise compile one
+# variant per camera size, encoding and row padding it meets, ~0.6 s each at a decision): one
+# compile serves every camera, so the fused path compiles it before its first decision
+# (`FusedPi0.capture`). The output's strides stay specialised: the model's pixel buffer fixes them.
+FRAME_ARGS = ("H", "W", "rh", "rw", "pad_top", "pad_left")
+FRAME_ARGS += ("stride_ib", "stride_ih", "stride_iw", "chan_base", "stride_ic")
+
+
+@triton.jit(do_not_specialize=FRAME_ARGS)
 def _preprocess_kernel(
     img_ptr,
     out_ptr,

@@ -1000,6 +1000,7 @@ class FusedPi0:
         pool = torch.cuda.graph_pool_handle()
         shapes = [(v, b) for v in range(1, self.cfg.num_views + 1) for b in self.buckets]
         self.graphs = {}  # none of an earlier capture's pool stays
+        self._compile_frame_kernel()
         for views, bucket in tqdm(shapes, desc="capturing CUDA graphs", disable=len(shapes) < 4, leave=False):
             self.views, self.bucket = views, bucket
             cuda_graphs.warm_up(lambda: (self.prefix(), self.denoise()), self.device, warmup)
@@ -1017,6 +1018,14 @@ class FusedPi0:
             self.cfg.num_views,
             self.buckets,
         )
+
+    def _compile_frame_kernel(self) -> None:
+        """The frame pre-processing kernel runs outside the graphs, so no warm-up compiles it: the
+        first decision would (~0.6 s with Triton's cache empty). One tiny frame into the first
+        view's pixels compiles the variant every camera size uses (kernels/preprocess.py); the
+        decisions' frames overwrite those pixels."""
+        frame = torch.zeros((1, 2, 2, 3), dtype=torch.uint8, device=self.device)
+        preprocess_image(frame, self.cfg.vision.image_size, out=self.pixels[:1])
 
     def run(self, stage: str) -> None:
         """One stage, from its graph where one was captured: `vision` at the current inputs' view
