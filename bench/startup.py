@@ -3,7 +3,7 @@ fused path's build (weights re-laid out), the kernels' compile and the CUDA grap
 the first decision; with Triton's cache empty (the first start on a machine) and filled (every
 later start). GPU (`--tiny`: a CPU smoke run of the same steps).
 
-    python bench/startup.py [--policy pi05] [--views 3] [--out DIR] [--tiny]
+    python bench/startup.py [--policy pi05] [--views 3] [--out DIR] [--tiny] [--profile]
 
 The parent writes a random checkpoint in LeRobot's layout (fp32 weights; the tiny tokenizer's
 512-row token embedding, where PaliGemma's 257,152 rows would add 2.1 GB in fp32) with identity
@@ -18,9 +18,12 @@ written it): a robot's first read from its disk comes on top.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import cProfile
 import dataclasses
 import json
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -32,6 +35,7 @@ import torch
 
 DOF = 14
 CASES = ("cold", "warm")
+PROFILE_MARK = "first decision, slowest calls (cProfile):"
 
 
 def write_checkpoint(kind: str, views: int, folder: Path, tiny: bool) -> float:
@@ -65,8 +69,9 @@ def tokenizer() -> str:
     return str(tiny_tokenizer_path())
 
 
-def start(kind: str, views: int, folder: Path, tiny: bool, later: int = 10) -> dict[str, float]:
-    """The node's start-up steps, timed (seconds), then its first decisions (milliseconds)."""
+def start(kind: str, views: int, folder: Path, tiny: bool, later: int = 10, profile: bool = False) -> dict[str, float]:
+    """The node's start-up steps, timed (seconds), then its first decisions (milliseconds); with
+    `profile`, the first decision's slowest calls go to stderr (what a first decision does once)."""
     from flashrt_ros.policies import fused as fused_module
 
     spent: dict[str, float] = {}
@@ -102,7 +107,8 @@ def start(kind: str, views: int, folder: Path, tiny: bool, later: int = 10) -> d
 
     obs, _ = node_observation(policy, views, DOF)
     t = time.perf_counter()
-    pipe.decide(with_ids(obs, 0))
+    with first_decision_profile(profile):
+        pipe.decide(with_ids(obs, 0))
     spent["first decision ms"] = (time.perf_counter() - t) * 1e3
     spent["to the first chunk s"] = time.perf_counter() - t0
     times = []
@@ -112,6 +118,22 @@ def start(kind: str, views: int, folder: Path, tiny: bool, later: int = 10) -> d
         times.append((time.perf_counter() - t) * 1e3)
     spent["later decisions, median ms"] = statistics.median(times)
     return spent
+
+
+@contextlib.contextmanager
+def first_decision_profile(on: bool):
+    """cProfile around the first decision; its 15 largest cumulative times printed to stderr."""
+    if not on:
+        yield
+        return
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        yield
+    finally:
+        prof.disable()
+        print(PROFILE_MARK, file=sys.stderr)
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(15)
 
 
 def with_ids(obs, i: int):
@@ -125,10 +147,12 @@ def main() -> None:
     ap.add_argument("--views", type=int, default=3)
     ap.add_argument("--out", default="bench_results")
     ap.add_argument("--tiny", action="store_true", help="tiny config on the CPU: a smoke run of the steps")
+    ap.add_argument("--profile", action="store_true", help="print the first decision's slowest calls (cProfile)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # a checkpoint folder: time one start
     args = ap.parse_args()
     if args.child:
-        spent = start(args.policy, args.views, Path(args.child), args.tiny, later=2 if args.tiny else 10)
+        later = 2 if args.tiny else 10
+        spent = start(args.policy, args.views, Path(args.child), args.tiny, later=later, profile=args.profile)
         print("STARTUP " + json.dumps(spent), flush=True)
         return
     with tempfile.TemporaryDirectory() as tmp:
@@ -136,7 +160,7 @@ def main() -> None:
         t = time.perf_counter()
         gb = write_checkpoint(args.policy, args.views, folder, args.tiny)
         print(f"wrote a random {args.policy} checkpoint ({gb:.2f} GB, fp32) in {time.perf_counter() - t:.0f} s")
-        found = {case: run_child(args, folder, cache) for case in CASES}
+        found = {case: run_child(args, folder, cache, case) for case in CASES}
     rows = list(found["cold"])
     print(f"\n{args.policy} {args.views} views, {'tiny, CPU' if args.tiny else 'full size, bf16 fused'}")
     print(f"{'step':42}" + "".join(f"{c:>12}" for c in CASES))
@@ -148,15 +172,18 @@ def main() -> None:
     write_result(Path(args.out), "startup", dev, policy=args.policy, views=args.views, checkpoint_gb=gb, results=found)
 
 
-def run_child(args: argparse.Namespace, folder: Path, cache: Path) -> dict[str, float]:
+def run_child(args: argparse.Namespace, folder: Path, cache: Path, case: str) -> dict[str, float]:
     env = dict(os.environ, TRITON_CACHE_DIR=str(cache))
     if args.tiny:  # the kernels on a CPU
         env["TRITON_INTERPRET"] = "1"
     cmd = [sys.executable, __file__, "--child", str(folder), "--policy", args.policy, "--views", str(args.views)]
-    run = subprocess.run(cmd + (["--tiny"] if args.tiny else []), env=env, capture_output=True, text=True)
+    cmd += (["--tiny"] if args.tiny else []) + (["--profile"] if args.profile else [])
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True)
     line = next((ln for ln in run.stdout.splitlines() if ln.startswith("STARTUP ")), None)
     if run.returncode != 0 or line is None:
         raise SystemExit(f"start-up run failed ({run.returncode}):\n{run.stderr[-3000:]}")
+    if args.profile:  # the child's profile, after its marker
+        print(f"\n{case}: " + run.stderr[run.stderr.find(PROFILE_MARK) :])
     return json.loads(line.removeprefix("STARTUP "))
 
 

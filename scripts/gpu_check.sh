@@ -82,7 +82,7 @@ for part in "${parts[@]}"; do
       ;;
     startup)
       step "the node's start-up to its first chunk, Triton's cache empty then filled (bench/startup.py, ~4 min)"
-      python3 bench/startup.py --policy pi05 --views 3 --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/startup.log" || status=1
+      python3 bench/startup.py --policy pi05 --views 3 --profile --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/startup.log" || status=1
       ;;
     prefix-reuse)
       step "The node's decide() with the prefix run and re-used (fused, eager, compile; pi0.5 then pi0, 3 views; ~4 min)"
