@@ -1021,11 +1021,11 @@ class FusedPi0:
 
     def _compile_frame_kernel(self) -> None:
         """The frame pre-processing kernel runs outside the graphs, so no warm-up compiles it: the
-        first decision would (~0.6 s with Triton's cache empty). One tiny frame into the first
-        view's pixels compiles the variant every camera size uses (kernels/preprocess.py); the
-        decisions' frames overwrite those pixels."""
+        first decision would (~0.6 s with Triton's cache empty). One tiny frame compiles the
+        variant every camera size uses (kernels/preprocess.py), written into a buffer laid out as
+        one view's pixels (the variant depends on the output's layout), not into the inputs."""
         frame = torch.zeros((1, 2, 2, 3), dtype=torch.uint8, device=self.device)
-        preprocess_image(frame, self.cfg.vision.image_size, out=self.pixels[:1])
+        preprocess_image(frame, self.cfg.vision.image_size, out=torch.empty_like(self.pixels[:1]))
 
     def run(self, stage: str) -> None:
         """One stage, from its graph where one was captured: `vision` at the current inputs' view
