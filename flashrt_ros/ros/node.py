@@ -785,10 +785,12 @@ class FlashRTNode(Node):
                 for slot in self.slots:
                     slot.used = True
                 return [slot.latest for slot in self.slots]
+            # the rejections as they are now: camera threads change the counters once the lock is
+            # let go, and the details are only built (lazily) after that
             problems: list[tuple[InputSlot, str, Callable[[], str]]] = [
-                (slot, ABSENT, partial(self._absent_detail, slot))
+                (slot, ABSENT, partial(self._absent_detail, slot, Counter(slot.rejected_since_good)))
                 if err is None
-                else (slot, err.reason, partial(_stale_detail, err, slot))
+                else (slot, err.reason, partial(_stale_detail, err, Counter(slot.rejected_since_good)))
                 for slot, err in found
             ]
             self.dropped_decisions += 1
@@ -832,13 +834,13 @@ class FlashRTNode(Node):
         # negative: the clock changed source since (use_sim_time switched); not a fresh start then
         return 0.0 <= since < max(self.cfg.max_age_s, 2.0 / self.cfg.rate_hz)
 
-    def _absent_detail(self, slot: InputSlot) -> str:
-        """Why nothing usable arrived, from what was rejected or from the ROS graph (only
-        computed for lines that are logged)."""
+    def _absent_detail(self, slot: InputSlot, rejected: Counter) -> str:
+        """Why nothing usable arrived, from what was rejected (a copy taken under the lock) or from
+        the ROS graph (only computed for lines that are logged)."""
         since = self._since_reset(slot)
         text = "no good message received yet" if since is None else f"no good message since ~/reset {since:.1f} s ago"
-        if slot.rejected_since_good:
-            return text + _rejected_hint(slot)
+        if rejected:
+            return text + _rejected_hint(rejected)
         if self._just_emptied(slot):
             return text + ("; waiting for the first one" if since is None else "; waiting for the next one")
         publishers = self.get_publishers_info_by_topic(slot.topic)
@@ -1666,13 +1668,14 @@ def _stamp_str(stamp: Time) -> str:
     return f"stamp {stamp_to_ns(stamp) / 1e9:.3f}"
 
 
-def _stale_detail(err: InputError, slot: InputSlot) -> str:
-    return err.detail + _rejected_hint(slot)
+def _stale_detail(err: InputError, rejected: Counter) -> str:
+    return err.detail + _rejected_hint(rejected)
 
 
-def _rejected_hint(slot: InputSlot) -> str:
-    rejected = ", ".join(f"{r} x{n}" for r, n in slot.rejected_since_good.items())
-    return f" (newer messages were rejected: {rejected})" if rejected else ""
+def _rejected_hint(rejected: Counter) -> str:
+    """What was refused since the last good message, from a copy of the slot's counts."""
+    text = ", ".join(f"{r} x{n}" for r, n in rejected.items())
+    return f" (newer messages were rejected: {text})" if text else ""
 
 
 class _ForwardToRos(logging.Handler):
