@@ -793,10 +793,36 @@ def test_a_failing_status_is_logged_and_the_timer_goes_on(rclpy_context, monkeyp
 
         monkeypatch.setattr(node_module.messages, "pipeline_status", fail)
         node._on_status()
-        assert errors == ["status not published: RuntimeError('deque mutated during iteration')"]
+        assert errors == ["[node_error] status not published: RuntimeError('deque mutated during iteration')"]
         monkeypatch.setattr(node_module.messages, "pipeline_status", real)
-        node._on_status()  # publishes again
-        assert len(errors) == 1
+        node._on_status()  # publishes again, with the failure counted
+        assert len(errors) == 1 and node.invalid[("", "node_error")] == 1
+    finally:
+        node.destroy_node()
+
+
+def test_a_failing_decision_tick_is_logged_counted_and_the_timer_goes_on(rclpy_context, monkeypatch):
+    """A failure of ours in a decision tick outside the policy (which has its own guard), e.g.
+    while the skip reasons are logged: raised, it would end the executor and every decision after
+    it; it is logged, counted as node_error, and the next tick decides."""
+    errors, skipped = [], []
+    node = in_process_node(rclpy_context)
+    try:
+        logger = {"error": lambda _, text: errors.append(text), "info": lambda _, text: skipped.append(text)}
+        monkeypatch.setattr(node._throttle, "logger", type("L", (), logger)())
+        real = node._fresh_samples
+
+        def fail(*args):
+            raise RuntimeError("dictionary changed size during iteration")
+
+        node._fresh_samples = fail
+        node._on_decision()
+        assert errors == ["[node_error] decision tick failed: RuntimeError('dictionary changed size during iteration')"]
+        assert node.invalid[("", "node_error")] == 1
+        node._fresh_samples = real
+        node._on_decision()  # all inputs absent: skipped as such, no error
+        assert len(errors) == 1 and node.invalid[("", "node_error")] == 1
+        assert len(skipped) == 3 and all(line.startswith("decision skipped: [absent]") for line in skipped)
     finally:
         node.destroy_node()
 
@@ -853,11 +879,11 @@ def test_the_trajectory_stamp_parameter_picks_where_a_chunk_starts(rclpy_context
         now = node.get_clock().now().nanoseconds
         old = TimeMsg(sec=(now - 700_000_000) // 1_000_000_000, nanosec=(now - 700_000_000) % 1_000_000_000)
         node._warn_if_ended(old, 500_000_000, node.cfg)  # 0.5 s of actions from 0.7 s ago
-        assert len(warned) == 1 and warned[0].startswith("published a chunk that ended 2"), warned
-        assert "a controller refuses it" in warned[0]
+        assert len(warned) == 1 and warned[0].startswith("[chunk_ended] published a chunk that ended 2"), warned
+        assert "a controller refuses it" in warned[0] and node.invalid[("", "chunk_ended")] == 1
         node._warn_if_ended(old, 900_000_000, node.cfg)  # still running: nothing said
         node._warn_if_ended(TimeMsg(), 500_000_000, node.cfg.with_values({"trajectory_stamp": "zero"}))
-        assert len(warned) == 1
+        assert len(warned) == 1 and node.invalid[("", "chunk_ended")] == 1
     finally:
         node.destroy_node()
     problems = NodeConfig(trajectory_stamp="now").validate(check_paths=False)

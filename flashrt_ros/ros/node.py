@@ -106,6 +106,11 @@ MAX_PROMPT_CHARS = 4096
 """Longer messages on prompt_topic are refused before they are tokenised (no policy takes them)."""
 CHUNK_EXHAUSTED = "chunk_exhausted"
 """The command stream reached the end of its chunk with no newer one: no command (once per chunk)."""
+CHUNK_ENDED = "chunk_ended"
+"""A chunk published whose last point was already past (joint_trajectory_controller refuses it)."""
+NODE_ERROR = "node_error"
+"""A failure of ours caught where it cannot stop the node: real-time chunking, the command stream,
+the status, or a decision tick outside the policy (the policy's own is policy_error)."""
 
 
 class StartupError(RuntimeError):
@@ -671,7 +676,11 @@ class FlashRTNode(Node):
     def _on_decision(self) -> None:
         with self._state_lock:  # a reset or capsule call waits for this decision, and the other way
             if self.enabled and not self.stopping.is_set():
-                self._decide()
+                try:
+                    self._decide()
+                except Exception as exc:  # raised, it would end the executor and every decision after it
+                    self._count_node_wide(NODE_ERROR)
+                    self._throttle((NODE_ERROR, "decision"), "error", f"[{NODE_ERROR}] decision tick failed: {exc!r}")
 
     def _decide(self) -> None:
         start = time.perf_counter_ns()
@@ -741,7 +750,10 @@ class FlashRTNode(Node):
             horizon = self.state.pipeline.policy.cfg.horizon
             return hold(self._executing, start_ns, takeover_ns, horizon, settings)
         except Exception as exc:
-            self._throttle(("rtc_failed",), "error", f"real-time chunking failed, deciding unguided: {exc!r}")
+            self._count_node_wide(NODE_ERROR)
+            self._throttle(
+                ("rtc_failed",), "error", f"[{NODE_ERROR}] real-time chunking failed, deciding unguided: {exc!r}"
+            )
             return None
 
     def _limited(self, decision: Any, joints: Sample) -> Any:
@@ -891,7 +903,10 @@ class FlashRTNode(Node):
                 try:  # the policy's checks make a refusal unreachable; if one comes, the node goes on
                     self.commands.push(decision.actions, start_ns, step_ns, decision.chunk_id)
                 except ValueError as exc:
-                    self._throttle(("command_failed",), "error", f"chunk {decision.chunk_id} not streamed: {exc}")
+                    self._count_node_wide(NODE_ERROR)
+                    self._throttle(
+                        ("command_failed",), "error", f"[{NODE_ERROR}] chunk {decision.chunk_id} not streamed: {exc}"
+                    )
 
     def _publish_trajectories(self, actions: np.ndarray, stamp: Any, step_ns: int) -> None:
         """``actions`` [points, action joints] on ~/joint_trajectory, and each trajectory group's
@@ -915,10 +930,11 @@ class FlashRTNode(Node):
         ends_ns = stamp_to_ns(stamp) + lasts_ns
         now_ns = self.get_clock().now().nanoseconds
         if cfg.trajectory_stamp != "zero" and ends_ns < now_ns:
+            self._count_node_wide(CHUNK_ENDED)
             self._throttle(
-                ("chunk_ended",),
+                (CHUNK_ENDED,),
                 "warning",
-                f"published a chunk that ended {(now_ns - ends_ns) / 1e6:.1f} ms ago (trajectory_stamp "
+                f"[{CHUNK_ENDED}] published a chunk that ended {(now_ns - ends_ns) / 1e6:.1f} ms ago (trajectory_stamp "
                 f"{cfg.trajectory_stamp}, {lasts_ns / 1e9:g} s of actions): a controller refuses it; expected "
                 "a fresher joint state (max_age_s below the chunk's length), a faster decision or a longer chunk",
             )
@@ -989,7 +1005,8 @@ class FlashRTNode(Node):
         try:
             self._publish_command(self.get_clock().now().nanoseconds)
         except Exception as exc:
-            self._throttle(("command_failed",), "error", f"command not published: {exc!r}")
+            self._count_node_wide(NODE_ERROR)
+            self._throttle(("command_failed",), "error", f"[{NODE_ERROR}] command not published: {exc!r}")
 
     def _publish_command(self, now_ns: int) -> None:
         """The command due now on each command topic; past the end of the chunk its last action
@@ -1051,7 +1068,8 @@ class FlashRTNode(Node):
         try:
             self._publish_status()
         except Exception as exc:
-            self._throttle(("status_failed",), "error", f"status not published: {exc!r}")
+            self._count_node_wide(NODE_ERROR)
+            self._throttle(("status_failed",), "error", f"[{NODE_ERROR}] status not published: {exc!r}")
 
     def _publish_status(self) -> None:
         self._watch_ros_time()
