@@ -352,20 +352,24 @@ def test_topics_rcl_refuses_or_of_clashing_types_exit_2_with_the_reasons(ros_env
         assert reason in output, f"missing reason {reason!r} in:\n{output}"
 
 
-def test_compressed_cameras_without_simplejpeg_exit_1_saying_so(ros_env, tmp_path):
-    """JPEG is decoded strictly by simplejpeg only: a node without it would refuse every JPEG
-    frame, so it says so at start. sitecustomize hides the installed package from the node."""
+@pytest.mark.parametrize(
+    "module,said",
+    [
+        ("simplejpeg", "whose JPEG frames need the simplejpeg package (strict decoding): pip install simplejpeg"),
+        ("PIL", "whose PNG frames need the pillow package: pip install pillow"),
+    ],
+)
+def test_compressed_cameras_without_a_decoder_exit_1_saying_so(ros_env, tmp_path, module, said):
+    """JPEG is decoded strictly by simplejpeg only, PNG by pillow: a node without one would refuse
+    every such frame, so it says so at start. sitecustomize hides the installed package."""
     hide = tmp_path / "hide"
     hide.mkdir()
-    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['simplejpeg'] = None\n")
+    (hide / "sitecustomize.py").write_text(f"import sys\nsys.modules[{module!r}] = None\n")
     env = {**ros_env, "PYTHONPATH": f"{hide}:{ros_env.get('PYTHONPATH', '')}"}
     params = {**TEST_PARAMS, "camera_transports": ["raw", "compressed"]}
     code, output = exit_output(NodeProcess(env, tmp_path, new_namespace(), params))
     assert code == 1 and "Traceback" not in output, output
-    assert (
-        "not starting: camera_transports has compressed cameras, whose JPEG frames need the simplejpeg package "
-        "(strict decoding): pip install simplejpeg" in output
-    ), output
+    assert f"not starting: camera_transports has compressed cameras, {said}" in output, output
 
 
 def test_params_file_rcl_cannot_parse_exits_2_without_a_traceback(ros_env, tmp_path):

@@ -1528,13 +1528,23 @@ def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
     return PipelineState(pipeline, cfg.seed), description
 
 
+DECODERS = {
+    "simplejpeg": ("simplejpeg", "JPEG frames need the simplejpeg package (strict decoding)"),
+    "PIL": ("pillow", "PNG frames need the pillow package"),
+}
+"""module -> (pip package, what needs it): the decoders of compressed cameras (image_convert)."""
+
+
 def check_decoders(cfg: NodeConfig) -> None:
-    """Compressed cameras need simplejpeg (JPEG strictly decoded, see image_convert): say so at
-    start (exit 1, like a missing PyTorch) rather than refusing every frame later."""
-    if "compressed" in cfg.transports and importlib.util.find_spec("simplejpeg") is None:
+    """Compressed cameras need simplejpeg (JPEG strictly decoded, see image_convert) and pillow
+    (PNG): say so at start (exit 1, like a missing PyTorch) rather than refusing every frame later."""
+    if "compressed" not in cfg.transports:
+        return
+    missing = [DECODERS[m] for m in DECODERS if importlib.util.find_spec(m) is None]
+    if missing:
+        needs = "; ".join(why for _, why in missing)
         raise StartupError(
-            "camera_transports has compressed cameras, whose JPEG frames need the simplejpeg package "
-            "(strict decoding): pip install simplejpeg"
+            f"camera_transports has compressed cameras, whose {needs}: pip install {' '.join(p for p, _ in missing)}"
         )
 
 
