@@ -312,9 +312,11 @@ class Pipeline:
         tokens, token_mask, state = self.policy.prompt_state(obs)
         return tokens, token_mask, state, PrefixKey.of(obs.frame_ids, obs.images, tokens, token_mask)
 
-    # Both backends forget the cached key before the prefix stage runs and store the new one after
-    # it: a stage that fails half-way leaves no key. A failed denoise leaves the prefix as it was
-    # (the reference's K/V is not written by it; the fused denoise writes only the rows after it).
+    # Both backends forget the cached key before the prefix stage writes its K/V and store the new
+    # one after it: a stage that fails half-way leaves no key. (The fused path's vision may run
+    # before the key is forgotten: it writes only the image rows of the prefix's input, which no
+    # re-used prefix reads.) A failed denoise leaves the prefix as it was (the reference's K/V is
+    # not written by it; the fused denoise writes only the rows after it).
     def _run_reference(
         self, obs: Observation, noise: torch.Tensor, timer: _Timer, hold: Hold | None = None
     ) -> tuple[torch.Tensor, bool]:

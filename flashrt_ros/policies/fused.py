@@ -1001,17 +1001,19 @@ class FusedPi0:
         shapes = [(v, b) for v in range(1, self.cfg.num_views + 1) for b in self.buckets]
         self.graphs = {}  # none of an earlier capture's pool stays
         self._compile_frame_kernel()
-        for views, bucket in tqdm(shapes, desc="capturing CUDA graphs", disable=len(shapes) < 4, leave=False):
-            self.views, self.bucket = views, bucket
-            cuda_graphs.warm_up(lambda: (self.prefix(), self.denoise()), self.device, warmup)
-            stages = (("language", self.language), ("denoise", self.denoise))
-            if ("vision", views) not in self.graphs:  # one per view count
-                stages = (("vision", self.vision_stage), *stages)
-            for name, fn in stages:
-                key = ("vision", views) if name == "vision" else (name, views, bucket)
-                self.graphs[key] = cuda_graphs.capture(fn, self.device, pool=pool, warmup=0)
-        self.views, self.bucket = chosen
-        self.cached = None  # the cache holds the warm-ups' last shape, not a prefix of these inputs
+        try:
+            for views, bucket in tqdm(shapes, desc="capturing CUDA graphs", disable=len(shapes) < 4, leave=False):
+                self.views, self.bucket = views, bucket
+                cuda_graphs.warm_up(lambda: (self.prefix(), self.denoise()), self.device, warmup)
+                stages = (("language", self.language), ("denoise", self.denoise))
+                if ("vision", views) not in self.graphs:  # one per view count
+                    stages = (("vision", self.vision_stage), *stages)
+                for name, fn in stages:
+                    key = ("vision", views) if name == "vision" else (name, views, bucket)
+                    self.graphs[key] = cuda_graphs.capture(fn, self.device, pool=pool, warmup=0)
+        finally:  # also after a failed capture: the inputs' shape back, and no claim on the K/V
+            self.views, self.bucket = chosen
+            self.cached = None  # the cache holds the warm-ups' last shape, not a prefix of these inputs
         log.info(
             "captured CUDA graphs: vision for views 1..%d, language + denoise for views 1..%d x prompt buckets %s",
             self.cfg.num_views,
