@@ -586,7 +586,7 @@ class FlashRTNode(Node):
             STALE,
             slot.topic,
             f"stamp is {(held_ns - new_ns) / 1e9:.3f} s older than the sample already held; the newer one is "
-            "kept (two publishers on this topic?)",
+            "kept (two publishers on this topic, a reordered message, or ROS time gone back by less than max_age_s?)",
         )
 
     def _clock_jumped_back(self, stamp_ns: int, now_ns: int) -> bool:
