@@ -498,6 +498,30 @@ def test_lerobot_relative_actions_are_added_back_to_the_raw_state(tmp_path, toke
     assert np.abs(actions - unnormalised)[:, [6, 13]].max() == 0  # the grippers stay absolute
 
 
+def test_lerobot_folder_with_openpi_tensor_names_is_read_as_lerobot(tmp_path):
+    """LeRobot's loader adds its "model." prefix to tensors saved without it, so a folder of such
+    weights beside LeRobot's config.json and processor files is a LeRobot policy: it was read as
+    openpi, which dropped its relative actions (absolute joint targets published as offsets) and
+    the config.json's chunk and prompt lengths, without a word."""
+    from safetensors.torch import load_file, save_file
+
+    from flashrt_ros.bench.parity import reference_config
+    from flashrt_ros.policies.checkpoint import LEROBOT_PREFIX, detect_layout, load_model, read_config
+
+    data, folder = _lerobot_relative(tmp_path / "prefixed", relative=True, absolute=True)
+    _, stripped = _lerobot_relative(tmp_path / "stripped", relative=True, absolute=True)
+    tensors = load_file(str(stripped / "model.safetensors"))
+    save_file({k.removeprefix(LEROBOT_PREFIX): v for k, v in tensors.items()}, str(stripped / "model.safetensors"))
+    assert detect_layout(stripped) == detect_layout(folder) == "lerobot"
+    assert read_config(stripped, "lerobot") == read_config(folder, "lerobot")
+    cfg = reference_config(json.loads((data / "io_float32.json").read_text()), stripped, "float32")  # tiny dims
+    assert any(cfg.delta_action_mask)
+    ours, _ = load_model(stripped, cfg)
+    theirs, _ = load_model(folder, cfg)
+    for (name, a), (_, b) in zip(ours.state_dict().items(), theirs.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
 def _lerobot_copy(tmp_path):
     import shutil
     from pathlib import Path

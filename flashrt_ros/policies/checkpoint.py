@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .config import GEMMA_2B, GEMMA_300M, PolicyConfig
-from .lerobot_relative import lerobot_delta_mask
+from .lerobot_relative import POSTPROCESSOR, PREPROCESSOR, lerobot_delta_mask
 from .listing import bounded, some
 from .normalize import file_present, read_json
 from .pi0 import Pi0Model, param_dtype
@@ -95,6 +95,9 @@ def from_openpi_key(theirs: str, kind: str) -> str:
 
 # ---- layout and config detection -------------------------------------------------------------
 def detect_layout(folder: Path) -> str:
+    """ "lerobot" where every tensor carries LeRobot's prefix, or where none does but LeRobot's
+    processor files are there (LeRobot's loader adds the prefix: such a folder is a LeRobot policy,
+    whose config.json and relative actions must be read as LeRobot's); else "openpi"."""
     weights = folder / WEIGHTS_FILE
     if not weights.is_file():
         raise CheckpointError(f"no {WEIGHTS_FILE} in {folder}")
@@ -108,6 +111,8 @@ def detect_layout(folder: Path) -> str:
             f"do not ({', '.join(stray[:5])}{', ...' if len(stray) > 5 else ''}); expected one layout: all with "
             "the prefix (LeRobot) or none (openpi)"
         )
+    if any(_present(folder / name) for name in (PREPROCESSOR, POSTPROCESSOR)):
+        return "lerobot"
     return "openpi"
 
 
