@@ -376,9 +376,10 @@ def test_dtype_converted_on_load(tmp_path, dtype):
 
 def test_lerobot_config_json_maps_to_full_size_config():
     cfg = config_from_lerobot(lerobot_config_dict(PolicyConfig.pi05(), ["a", "b", "c"], robot_dof=14))
-    assert cfg == PolicyConfig.pi05()
+    assert cfg == PolicyConfig.pi05(prompt_style="lerobot")
     cfg0 = config_from_lerobot(lerobot_config_dict(PolicyConfig.pi0(num_views=2, horizon=30)))
     assert cfg0.kind == "pi0" and cfg0.num_views == 2 and cfg0.horizon == 30 and cfg0.prompt_len == 48
+    assert cfg0.prompt_format == "pi0_lerobot"
     with pytest.raises(CheckpointError, match="not a pi0/pi05 policy"):
         config_from_lerobot({"type": "act"})
     # the time embedding's periods, which LeRobot's model reads from its config (they were ignored)

@@ -54,6 +54,27 @@ def test_tokenize_pi0_ends_with_newline_token(tokenizer_file):
     assert out.ids[:n].tolist() == tok.encode("push the button", add_bos=True) + tok.encode("\n")
 
 
+def test_tokenize_pi0_as_lerobot_writes_the_task_as_it_is(tokenizer_file):
+    """LeRobot's pi0 pre-processing appends "\\n" where it is missing and tokenises the task
+    uncleaned in one piece, where openpi strips it and turns "_" and newlines into spaces: a
+    LeRobot pi0 checkpoint gets its own way, pi0.5 (the same prompt in both) keeps openpi's."""
+    from pathlib import Path
+
+    from flashrt_ros.policies.checkpoint import read_config
+
+    tok = PromptTokenizer(tokenizer_file, prompt_len=24)
+    task = " pick_up the cube "
+    assert tok.token_ids("pi0_lerobot", task) == tok.encode(task + "\n", add_bos=True)
+    assert tok.token_ids("pi0_lerobot", "push it\n") == tok.encode("push it\n", add_bos=True)
+    assert tok.token_ids("pi0_lerobot", task) != tok.token_ids("pi0", task)
+    data = Path(__file__).parent / "data" / "lerobot_tiny"
+    assert read_config(data / "pi0" / "checkpoint", "lerobot").prompt_format == "pi0_lerobot"
+    assert read_config(data / "pi05" / "checkpoint", "lerobot").prompt_format == "pi05"
+    assert PolicyConfig.pi0().prompt_format == "pi0"
+    with pytest.raises(ValueError, match="prompt_style must be one of openpi, lerobot, got 'hf'"):
+        PolicyConfig.pi0().replace(prompt_style="hf")
+
+
 def test_long_prompt_is_truncated_and_flagged_every_time(tokenizer_file):
     tok = PromptTokenizer(tokenizer_file, prompt_len=8)
     full = tok.token_ids("pi05", "pick up the cup and then place it", np.zeros(14))

@@ -299,6 +299,7 @@ def config_from_lerobot(data: dict) -> PolicyConfig:
         vision=base.vision.__class__(image_size=_lerobot_resolution(data)),
         num_views=max(1, cameras) + empty,
         empty_cameras=empty,
+        prompt_style="lerobot",
         dtype=data.get("dtype", "float32"),
         **ints,
         **periods,

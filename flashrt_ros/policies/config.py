@@ -16,6 +16,8 @@ from .robot_space import ALOHA_DOF, counted_dims, mask_from_spec
 
 PolicyKind = Literal["pi0", "pi05"]
 Precision = Literal["float32", "bfloat16"]
+PromptStyle = Literal["openpi", "lerobot"]
+PROMPT_STYLES = ("openpi", "lerobot")
 # what the `fp8` setting may put in FP8 (FusedPi0's prefix_mlp_fp8): nothing, or the prefix LM's MLP
 FP8_PARTS = ("none", "prefix_mlp")
 # real-time chunking (guidance.py): how the hold fades over the overlap; how the correction is made
@@ -137,6 +139,11 @@ class PolicyConfig:
     # openpi's ALOHA adapt_to_pi: the state into, the actions out of the pi runtime's joint signs
     # and gripper units (14 joints: per arm 6 joints and a gripper)
     aloha_adapt_to_pi: bool = False
+    # whose pre-processing wrote the prompts the model was trained on. pi0: openpi cleans the task
+    # (strip, "_" and newlines to spaces) and appends "\n" as its own piece; LeRobot tokenises the
+    # task as it is, with "\n" appended where it is missing (its Pi0NewLineProcessor). pi0.5's
+    # prompt is the same in both. LeRobot's config.json sets "lerobot".
+    prompt_style: PromptStyle = "openpi"
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -150,9 +157,12 @@ class PolicyConfig:
         return self.kind == "pi05" if self.discrete_state_input is None else self.discrete_state_input
 
     @property
-    def prompt_format(self) -> PolicyKind:
-        """The prompt layout the tokenizer writes: pi0.5's (task and state) or pi0's (task only)."""
-        return "pi05" if self.state_in_prompt else "pi0"
+    def prompt_format(self) -> str:
+        """The prompt layout the tokenizer writes: pi0.5's (task and state), or pi0's (task only)
+        as openpi ("pi0") or LeRobot ("pi0_lerobot") writes it."""
+        if self.state_in_prompt:
+            return "pi05"
+        return "pi0_lerobot" if self.prompt_style == "lerobot" else "pi0"
 
     @property
     def camera_views(self) -> int:
@@ -211,6 +221,8 @@ class PolicyConfig:
                 f"delta_action_mask must be a list of booleans or of openpi's make_bool_mask counts "
                 f"(non-zero integers, e.g. [6, -1, 6, -1]), got {mask!r}"[:300]
             )
+        if self.prompt_style not in PROMPT_STYLES:
+            problems.append(f"prompt_style must be one of {', '.join(PROMPT_STYLES)}, got {self.prompt_style!r}")
         if not isinstance(self.aloha_adapt_to_pi, bool):
             problems.append(f"aloha_adapt_to_pi must be true or false, got {self.aloha_adapt_to_pi!r}")
         if not isinstance(self.extra, dict):

@@ -2,7 +2,8 @@
 
 pi0.5: the normalised state is discretised into 256 bins over [-1, 1] and written into the
 prompt: "Task: <task>, State: <bins>;\\nAction: ". pi0: "<task>" then "\\n" as its own
-piece (the start-of-answer token); the state goes to the state token instead.
+piece (the start-of-answer token); the state goes to the state token instead. LeRobot's pi0
+("pi0_lerobot") tokenises the task as it is, uncleaned, with "\\n" appended where missing.
 Tokens are right-padded with 0 to the prompt length; the mask marks real tokens.
 """
 
@@ -85,11 +86,14 @@ class PromptTokenizer:
     def token_ids(self, layout: str, task: str, state: np.ndarray | None = None) -> list[int]:
         """The prompt's tokens before padding. `layout` is `PolicyConfig.prompt_format`: "pi05" writes
         the task and the discretised state, "pi0" the task alone (pi0, and pi0.5 trained without
-        the state in its prompt)."""
+        the state in its prompt), "pi0_lerobot" the task alone as LeRobot's pi0 pre-processing
+        writes it."""
         if layout == "pi05":
             if state is None:
                 raise ValueError("pi0.5 writes the discretised state into the prompt: state is required")
             return self.encode(pi05_prompt(task, state), add_bos=True)
+        if layout == "pi0_lerobot":
+            return self.encode(task if task.endswith("\n") else task + "\n", add_bos=True)
         return self.encode(clean_task(task), add_bos=True) + self.encode("\n")
 
     def tokenize(self, layout: str, task: str, state: np.ndarray | None = None) -> Tokens:
