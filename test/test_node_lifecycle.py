@@ -195,6 +195,44 @@ def counts(node) -> tuple[int, ...]:
     return tuple(len(list(entities)) for entities in (node.timers, node.subscriptions, node.publishers, node.services))
 
 
+def test_a_failed_configure_lets_the_half_built_policy_go_before_memory_is_given_back(rclpy_context, monkeypatch):
+    """A configure that fails after the weights are on the device (the fused build running out of
+    memory): the error's traceback held the policy while the tear-down gave memory back, so the
+    allocator kept it reserved afterwards. The policy is gone by then."""
+    import gc
+    import weakref
+
+    from rclpy.lifecycle import TransitionCallbackReturn
+
+    from flashrt_ros.engine import pipeline as pipeline_module
+    from flashrt_ros.policies.policy import PolicySource
+
+    built, alive_at_release = [], []
+    build = PolicySource.build
+
+    def tracked(self, *args, **kwargs):
+        policy = build(self, *args, **kwargs)
+        built.append(weakref.ref(policy))
+        return policy
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    def release() -> None:
+        gc.collect()
+        alive_at_release.append([ref() is not None for ref in built])
+
+    monkeypatch.setattr(PolicySource, "build", tracked)
+    monkeypatch.setattr(pipeline_module, "Pipeline", out_of_memory)
+    monkeypatch.setattr(pipeline_module, "release_device_memory", release)
+    node = in_process_lifecycle_node(rclpy_context)
+    try:
+        assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+        assert alive_at_release == [[False]] and not node.is_set_up
+    finally:
+        node.destroy_node()
+
+
 def test_cleanup_lets_the_policy_go_and_configure_builds_a_new_one(rclpy_context):
     """Nothing of ours keeps the pipeline after cleanup (its GPU memory can only come back if
     that holds; the GPU test in test_fused.py measures that part), and the callbacks the executor

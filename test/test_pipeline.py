@@ -146,3 +146,19 @@ def test_delta_actions_are_published_with_the_state_added_back() -> None:
     added = np.where([*mask, False, False], obs.state, 0.0)
     assert np.abs(added).min(initial=1.0, where=added != 0) > 0.01  # the state is not ~0 on those dims
     np.testing.assert_allclose(got.actions - base.actions, np.broadcast_to(added, got.actions.shape), atol=1e-6)
+
+
+def test_giving_gpu_memory_back_after_a_cuda_error_logs_instead_of_raising(monkeypatch, caplog):
+    """After a sticky CUDA error (an illegal address in a kernel) every CUDA call raises: the
+    tear-down's memory release must not, or a lifecycle shutdown fails and the node never ends."""
+    from flashrt_ros.engine import pipeline as pipeline_module
+
+    def sticky() -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", sticky)
+    with caplog.at_level("ERROR", logger=pipeline_module.__name__):
+        pipeline_module.release_device_memory()
+    assert "could not give the GPU memory back: CUDA error: an illegal memory access" in caplog.text

@@ -105,8 +105,15 @@ def release_device_memory() -> None:
     allocator's free blocks back, so that other processes on the robot's GPU can use them."""
     gc.collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        except RuntimeError as exc:  # raised, it would fail the tear-down too (a lifecycle shutdown)
+            log.error(
+                "could not give the GPU memory back: %s (after a CUDA error the device is unusable in this "
+                "process: restart it)",
+                exc,
+            )
 
 
 def release_weights(policy: Policy) -> float:

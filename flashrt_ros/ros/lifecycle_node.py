@@ -88,9 +88,12 @@ class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         try:
             self.set_up()
+            failure = None
         except (ConfigError, StartupError) as exc:
+            failure = str(exc)  # not the error: its traceback holds the frames that built the policy
+        if failure is not None:
             self.tear_down()  # gives back what a policy that failed half-way had allocated
-            self.get_logger().error(f"configure failed, still unconfigured: {exc}")
+            self.get_logger().error(f"configure failed, still unconfigured: {failure}")
             return FAILURE
         if self.stopping.is_set():
             self.get_logger().info("configured, but a stop signal came meanwhile: stopping")

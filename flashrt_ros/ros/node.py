@@ -227,6 +227,7 @@ class FlashRTNode(Node):
                 self.destroy_publisher(pub)
         self._no_entities()
         self.capsules = self.state = None  # the policy, its buffers, graphs and capsules
+        self.slots = []  # the held samples: on a GPU, page-locked frames of the pipeline's pool
         if "torch" in sys.modules:  # also what a set-up that failed half-way had allocated
             from flashrt_ros.engine.pipeline import release_device_memory
 
