@@ -292,6 +292,30 @@ def test_max_move_is_a_speed_whatever_the_command_rate(interpolation):
     assert (got[window:] - got[:-window]).max() <= 0.1 + 1e-9
 
 
+@pytest.mark.parametrize("tick_ms", [10, 100])
+def test_a_switch_after_a_gap_moves_no_more_than_two_ticks_allow(tick_ms):
+    """A chunk runs out and the decisions stop (a stale camera): ticks send nothing, the robot
+    stays at the last command. Two seconds later a new chunk, far away, takes over: the budget
+    once counted the whole gap (a hundred steps' worth at once). With the command timer's period
+    known it counts at most two ticks' time: max_move per step of that, at 100 Hz and at 10 Hz."""
+    tick = tick_ms * MS
+    stream = ActionStream(max_move=np.array([0.1]), tick_ns=tick)
+    stream.push(np.zeros((5, 1)), start_ns=0, step_ns=STEP, chunk_id=1)
+    t = 0
+    while not isinstance(stream.command(t), Exhausted):
+        t += tick
+    gap_end = t + 2_000 * MS
+    stream.push(np.full((50, 1), 5.0), start_ns=gap_end - 3 * STEP, step_ns=STEP, chunk_id=2)
+    first = stream.command(gap_end)
+    allowed = 0.1 * max(1.0, 2 * tick / STEP)
+    assert first.limited and first.values[0] <= allowed + 1e-9, (first, allowed)
+    unbounded = ActionStream(max_move=np.array([0.1]))  # no period known: the whole gap counts
+    unbounded.push(np.zeros((5, 1)), start_ns=0, step_ns=STEP, chunk_id=1)
+    unbounded.command(0)
+    unbounded.push(np.full((50, 1), 5.0), start_ns=gap_end - 3 * STEP, step_ns=STEP, chunk_id=2)
+    assert unbounded.command(gap_end).values[0] == 5.0
+
+
 def test_a_held_chunk_within_its_steps_is_never_limited_at_any_rate():
     """A float32 chunk whose steps are action_max_step (as action_limits makes them) passes whole:
     a held step in one tick, at 500 Hz and at 10 Hz (five actions a tick)."""

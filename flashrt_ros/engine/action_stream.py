@@ -34,8 +34,12 @@ limited against an older joint state, is not; with ``max_move`` the stream gets 
 ``max_move`` per step of time, up to one step's move (a tick longer than a step: that many steps'),
 and each command spends what it moves: a held action's whole step in one tick passes, as does a
 linear one's share per tick, but at any command rate a switch moves at most ``max_move`` at once
-and then ``max_move`` per step. Interpolated and blended values are clipped to the values they are
-made from: a chunk within joint limits gives commands within them, to the last bit.
+and then ``max_move`` per step. The time a refill counts is at most two ticks of ``tick_ns`` (the
+command timer's period): after a gap with no command (a chunk ran out and decisions were skipped,
+a stalled timer, ROS time jumping ahead) the robot stood where the last command left it, and the
+next switch may not move a gap's worth of steps at once. Interpolated and blended values are
+clipped to the values they are made from: a chunk within joint limits gives commands within them,
+to the last bit.
 
 Plain numpy and a lock: the node pushes chunks from its decision thread and asks for commands
 from its command timer's.
@@ -120,10 +124,17 @@ class ActionStream:
     ``start_ns`` are on (the node's ROS clock). Chunks are held in push order, which is start
     order: the ones the blend still reads, the governing one, then those not started yet."""
 
-    def __init__(self, blend_steps: int = 0, interpolation: str = "hold", max_move: np.ndarray | None = None):
+    def __init__(
+        self,
+        blend_steps: int = 0,
+        interpolation: str = "hold",
+        max_move: np.ndarray | None = None,
+        tick_ns: int | None = None,
+    ):
         self.blend_steps = blend_steps
         self.interpolation = interpolation
         self.max_move = max_move
+        self.tick_ns = tick_ns  # the command timer's period (None: a refill counts all the time since)
         self._chunks: list[_Chunk] = []
         self._last: np.ndarray | None = None  # the last command: where "linear" starts a chunk from
         self._last_ns = 0  # when it was sent
@@ -234,7 +245,10 @@ class ActionStream:
         whether that held them back."""
         if self.max_move is None or self._last is None:
             return values, False
-        steps = max(now_ns - self._last_ns, 0) / step_ns  # none when the clock went back
+        elapsed = max(now_ns - self._last_ns, 0)  # none when the clock went back
+        if self.tick_ns is not None:  # a late tick refills in full; a gap, two ticks' worth
+            elapsed = min(elapsed, 2 * self.tick_ns)
+        steps = elapsed / step_ns
         cap = self.max_move * max(1.0, steps)  # a tick longer than a step may move each step's worth
         self._budget = np.minimum(cap, self._budget + self.max_move * steps)
         move = values - self._last

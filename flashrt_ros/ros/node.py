@@ -354,7 +354,12 @@ class FlashRTNode(Node):
         ]
         # the command stream: all the action joints, then one per controller that owns some; depth 1,
         # as a command that waited behind a newer one is of no use to a controller
-        self.commands = ActionStream(self.cfg.command_blend_steps, self.cfg.command_interpolation, self._max_move())
+        self.commands = ActionStream(
+            self.cfg.command_blend_steps,
+            self.cfg.command_interpolation,
+            self._max_move(),
+            self._command_tick_ns(self.cfg),
+        )
         self._limited_chunk: int | None = None  # the chunk whose held-back commands were counted
         self._exhausted_counted: Exhausted | None = None  # the chunk whose end was counted (once each)
         self._command_lock = threading.Lock()  # a tick's command and count, or a reset: one at a time
@@ -1256,6 +1261,7 @@ class FlashRTNode(Node):
         self._throttle.period_s = new.log_throttle_s
         # from the next chunk that takes over, both at once
         self.commands.set_take_over(new.command_blend_steps, new.command_interpolation)
+        self.commands.tick_ns = self._command_tick_ns(new)  # bounds max_move's refill after a gap
         self.state.pipeline.set_prefix_trigger(new.prefix_trigger, new.prefix_period_s)  # read by the next decision
         if self.state.pipeline.rtc is not None:  # read by the next decision
             self.state.pipeline.rtc = rtc_settings(new)
@@ -1266,6 +1272,10 @@ class FlashRTNode(Node):
             self.get_logger().info(f"parameters changed: {diff}")
         if "rate_hz" in changes and new.rate_hz != old.rate_hz:
             self._warn_chunk_gap(new)
+
+    @staticmethod
+    def _command_tick_ns(cfg: NodeConfig) -> int | None:
+        return round(1e9 / cfg.command_rate_hz) if cfg.command_rate_hz > 0 else None
 
     def _apply_timer_rates(self, old: NodeConfig, new: NodeConfig) -> None:
         """Every timer to its new rate, or none: every period is computed (and range-checked)
