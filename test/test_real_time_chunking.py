@@ -108,6 +108,20 @@ def test_hold_lines_the_executing_chunk_up_with_the_new_one() -> None:
     assert hold(executing, 900_000_000, 950_000_000, 10, RtcSettings()) is None
 
 
+def test_hold_between_two_actions_follows_the_old_trajectory() -> None:
+    """Stamps are joint states' or publications', not a whole number of steps apart: a chunk that
+    starts 1.5 steps after the executing one was held to the old action 2 steps on (the nearest),
+    a jump of half a step's move at the takeover. It is held to the old trajectory at its own times."""
+    old = np.stack([np.arange(10.0), -2.0 * np.arange(10.0)], axis=1).astype(np.float32)  # a ramp
+    executing = ExecutingChunk(old, start_ns=0, step_ns=20_000_000)
+    held = hold(executing, 30_000_000, 40_000_000, 10, RtcSettings())
+    assert (held.shift, held.overlap) == (2, 8)  # 1.5 steps on: old actions 1.5 .. 8.5
+    np.testing.assert_allclose(held.target[:8], old[1:9] + 0.5 * (old[2:10] - old[1:9]), rtol=0, atol=1e-6)
+    assert not held.target[8:].any() and not held.weights[8:].any()
+    almost_whole = hold(executing, 59_999_999, 60_000_000, 10, RtcSettings())  # 3 steps less a nanosecond
+    assert almost_whole.overlap == 7 and np.abs(almost_whole.target[:7] - old[3:]).max() < 1e-6
+
+
 def test_latency_window_gives_the_slowest_and_the_median_recent_decision() -> None:
     window = LatencyWindow(size=3)
     assert window.slowest_ns() == window.typical_ns() == 0

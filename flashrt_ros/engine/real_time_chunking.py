@@ -3,11 +3,12 @@ agree with, and how strongly (the guidance itself: policies/guidance.py).
 
 A chunk's action i is due at ``start + i * step``. A decision for a new chunk starting at
 ``start'`` lines its actions up with the executing chunk's by the shift ``k = (start' - start) /
-step``: new action i is old action ``i + k``, for the ``overlap = horizon - k`` actions the old
-chunk still has. The new chunk takes over at ``takeover`` (its publication); its actions before
-that are never executed, and the ones the robot executes meanwhile come from the old chunk, so the
-first ``delay = ceil((takeover - start') / step)`` of them are held to it with full weight, the
-rest of the overlap with a weight that decays (`prefix_weights`).
+step``: new action i is old action ``i + k`` (where k is not whole, the old chunk's trajectory
+between two actions, linear), for the ``overlap`` actions the old chunk still has. The new chunk
+takes over at ``takeover`` (its publication); its actions before that are never executed, and the
+ones the robot executes meanwhile come from the old chunk, so the first
+``delay = ceil((takeover - start') / step)`` of them are held to it with full weight, the rest of
+the overlap with a weight that decays (`prefix_weights`).
 
 The takeover is not known before the decision ends: it is estimated from the slowest of the last
 decisions' latencies (`LatencyWindow`), or fixed by the caller (`delay_steps`).
@@ -97,9 +98,10 @@ def hold(
     step = executing.step_ns
     if step <= 0:
         raise ValueError(f"step_ns must be > 0, got {step}")
-    shift = round((start_ns - executing.start_ns) / step)
-    old = executing.actions
-    overlap = min(horizon, old.shape[0] - shift)
+    at = (start_ns - executing.start_ns) / step  # in actions: the stamps need not be whole steps apart
+    shift, old = round(at), executing.actions
+    last = old.shape[0] - 1
+    overlap = min(horizon, math.floor(last - max(at, 0.0)) + 1)
     if shift < 0 or overlap <= 0:
         return None
     if settings.delay_steps is not None:
@@ -107,8 +109,19 @@ def hold(
     else:
         delay = max(0, math.ceil((takeover_ns - start_ns) / step))
     target = np.zeros((horizon, old.shape[1]), dtype=np.float32)
-    target[:overlap] = old[shift : shift + overlap]
+    target[:overlap] = _along(old, max(at, 0.0) + np.arange(overlap))
     weights = prefix_weights(min(delay, overlap), overlap, horizon, settings.schedule)
     if not weights.any():
         return None
     return Hold(target, weights, shift, min(delay, overlap), overlap)
+
+
+def _along(actions: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The chunk's trajectory at fractional action indices (linear between its actions, as a
+    trajectory controller follows it): a new chunk stamped a fraction of a step after the old one
+    is held to where the old one is at its own times, not to the nearest action (up to half a step
+    off, which is a jump at the takeover). Whole indices give the actions exactly."""
+    lo = np.floor(at).astype(np.int64)
+    hi = np.minimum(lo + 1, actions.shape[0] - 1)
+    frac = (at - lo)[:, None]
+    return (1.0 - frac) * actions[lo] + frac * actions[hi]
