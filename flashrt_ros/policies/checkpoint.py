@@ -95,9 +95,9 @@ def from_openpi_key(theirs: str, kind: str) -> str:
 
 # ---- layout and config detection -------------------------------------------------------------
 def detect_layout(folder: Path) -> str:
-    """ "lerobot" where every tensor carries LeRobot's prefix, or where none does but LeRobot's
-    processor files are there (LeRobot's loader adds the prefix: such a folder is a LeRobot policy,
-    whose config.json and relative actions must be read as LeRobot's); else "openpi"."""
+    """The weights' layout: LeRobot's where every tensor carries its prefix, or where none does but
+    its processor files are there (LeRobot's loader adds the prefix: such a folder is a LeRobot
+    policy, whose config.json and relative actions must be read as LeRobot's); else openpi's."""
     weights = folder / WEIGHTS_FILE
     if not weights.is_file():
         raise CheckpointError(f"no {WEIGHTS_FILE} in {folder}")
