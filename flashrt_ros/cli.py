@@ -1,9 +1,11 @@
 """`flashrt` command line: the decision-latency benchmark, without ROS.
 
-flashrt bench [--policy pi05] [--views 1,2,3] [--modes eager,compile,fused,fused-fp8,realtime-vla]
+flashrt bench [--policy pi05] [--views 1,2,3] [--modes eager,compile,compile-bf16,fused,fused-fp8,realtime-vla]
               [--realtime-vla PATH] [--out DIR]
 
-Modes: eager (the reference), compile (the reference's stages under torch.compile), fused (the
+Modes: eager (the reference), compile (the reference's stages under torch.compile), compile-bf16
+(the same with the reference's SigLIP and projector in bf16 too: LeRobot's bf16 mode, which the
+reference follows, keeps them fp32), fused (the
 bf16 fused path), fused-fp8 (the same with the prefix LM's MLP GEMMs in FP8), realtime-vla
 (Dexmal's realtime-vla v2 pi0 / pi0.5 Triton backends on the same weights, from a checkout given with
 --realtime-vla PATH; third-party code, not in this repository).
@@ -22,9 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-MODES = ("eager", "compile", "fused", "fused-fp8", "realtime-vla")
+MODES = ("eager", "compile", "compile-bf16", "fused", "fused-fp8", "realtime-vla")
 POLICIES = ("pi05", "pi0")
-BASELINES = ("eager", "compile", "realtime-vla")  # what the fused modes' speed-ups are over
+BASELINES = ("eager", "compile", "compile-bf16", "realtime-vla")  # what the fused modes' speed-ups are over
 
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -33,7 +35,9 @@ FUSED_PRECISION = {
     "fused": "bfloat16",
     "fused-fp8": "bfloat16, prefix LM MLP in FP8",
     "realtime-vla": "bfloat16 (realtime-vla's kernels)",
+    "compile-bf16": "bfloat16, SigLIP and projector too",
 }
+REFERENCE_BF16_NOTE = "SigLIP and projector in fp32, as LeRobot 0.6.1's bf16 mode keeps them"
 
 
 def _device(name: str | None):
@@ -180,7 +184,9 @@ def _bench(args: argparse.Namespace) -> int:
     if problem is not None:
         print(problem)
         return 2
-    modes = sorted(modes, key=lambda m: m == "compile")  # the slow baseline last: a cut-short run keeps the rest
+    modes = sorted(
+        modes, key=lambda m: m.startswith("compile")
+    )  # the slow baselines last: a cut-short run keeps the rest
     settings = vars(args).copy() | {"modes_run": ",".join(modes), "modes_skipped": ",".join(skipped)}
     results: dict = {"env": environment(device), "settings": settings, "runs": []}
     try:
@@ -246,8 +252,10 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
         resident = torch.cuda.memory_allocated(device) / 2**30
     extra: dict = {"precision": FUSED_PRECISION.get(mode, args.dtype)}
-    if mode == "compile":  # the prefix (large GEMMs) always in inductor's default mode; the step as asked
+    if mode.startswith("compile"):  # the prefix (large GEMMs) always in inductor's default mode; the step as asked
         extra["compile_mode"] = {"prefix": "default", "denoise_step": args.compile_mode}
+    if mode in ("eager", "compile") and args.dtype == "bfloat16":
+        extra["notes"] = [REFERENCE_BF16_NOTE]
     if mode == "realtime-vla":
         from .bench.realtime_vla import revision
 
@@ -269,12 +277,14 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
             )
             extra["fused_path"] = built.describe  # what ran: a kernel that fell back shows here
             extra["precision"] = built.precision
-        elif mode == "compile":
+        elif mode.startswith("compile"):
+            from .bench.reference import vision_in
             from .bench.stages import measure_compiled
 
-            lat, extra["parity"], extra["compile_s"] = measure_compiled(
-                model, case, args.iters, args.warmup, label, args.compile_mode, ref
-            )
+            with vision_in(model, getattr(torch, args.dtype) if mode == "compile-bf16" else None):
+                lat, extra["parity"], extra["compile_s"] = measure_compiled(
+                    model, case, args.iters, args.warmup, label, args.compile_mode, ref
+                )
         elif mode == "realtime-vla":
             from .bench.realtime_vla import measure_realtime_vla
 

@@ -3,7 +3,7 @@
 # torch 2.11 + CUDA 13, triton 3.6; no network). CI has no GPU, so these never run there.
 #
 #   bash scripts/gpu_check.sh [parts...]     parts: kernels kernels-all fused parity latency bench headline headline-pi0 step compile
-#                                            prefix-reuse adopt rtc host startup frame-kernel
+#                                            prefix-reuse adopt rtc host startup frame-kernel baseline-bf16
 #                                            profile micro experiments vision ncu
 #                                            (default: kernels fused parity latency bench step)
 #
@@ -75,6 +75,11 @@ for part in "${parts[@]}"; do
     host)
       step "the node's decide(): host work serial vs overlapped with vision (bench/decide_host.py, ~3 min)"
       python3 bench/decide_host.py --rounds 5 --iters 20 --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/decide_host.log" || status=1
+      ;;
+    baseline-bf16)
+      step "pi0.5 3 views: fused against torch.compile of the reference as LeRobot runs bf16 (SigLIP fp32) and with SigLIP in bf16 too"
+      python3 -m flashrt_ros.cli bench --policy pi05 --views 3 --modes fused,compile,compile-bf16 --iters 50 \
+        --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/bench_baseline_bf16.log" || status=1
       ;;
     frame-kernel)
       step "the frame kernel: one geometry-free compile against one per camera kind (bench/frame_kernel.py)"

@@ -128,7 +128,10 @@ def test_full_size_on_the_cpu_is_refused_pointing_to_tiny(capsys) -> None:
 
 def test_unknown_mode_is_refused(capsys) -> None:
     assert main(["bench", "--policy", "pi05", "--tiny", "--modes", "eager,fp8"]) == 2
-    assert "unknown mode(s) fp8: expected a comma list of eager, compile, fused, fused-fp8" in capsys.readouterr().out
+    assert (
+        "unknown mode(s) fp8: expected a comma list of eager, compile, compile-bf16, fused, fused-fp8"
+        in capsys.readouterr().out
+    )
 
 
 def test_unknown_policy_is_refused_without_a_traceback(tmp_path, capsys) -> None:
@@ -258,14 +261,34 @@ def test_chunk_parity_compares_the_chunk_and_the_chunk_minus_the_noise() -> None
 
 
 def test_only_gpu_modes_on_a_cpu_run_nothing_and_say_so(tmp_path, capsys) -> None:
-    argv = ["bench", "--policy", "pi05", "--tiny", "--modes", "compile,fused", "--device", "cpu"]
+    argv = ["bench", "--policy", "pi05", "--tiny", "--modes", "compile,compile-bf16,fused", "--device", "cpu"]
     argv += ["--out", str(tmp_path)]
     assert main(argv) == 2
     assert capsys.readouterr().out.splitlines() == [
-        "skipped on cpu (they need a CUDA GPU): compile, fused",
+        "skipped on cpu (they need a CUDA GPU): compile, compile-bf16, fused",
         "nothing to run: every mode asked for needs a CUDA GPU (add eager, or run on a GPU)",
     ]
     assert not list(tmp_path.iterdir())
+
+
+def test_the_bf16_vision_baseline_runs_the_reference_with_siglip_in_bf16_and_gives_it_back() -> None:
+    """compile-bf16 times the reference with its SigLIP and projector in bf16 too (LeRobot's bf16
+    mode, which the reference follows, keeps them fp32): inside the block they are bf16 and the
+    decision runs; after it the model has its own fp32 tensors back, bit for bit."""
+    from flashrt_ros.bench.reference import Case, build_random, vision_in
+    from flashrt_ros.policies.config import PolicyConfig
+
+    cfg = PolicyConfig.preset("pi05_tiny", dtype="float32", num_steps=2, horizon=4).replace(num_views=1)
+    model = build_random(cfg, torch.device("cpu"), seed=0).set_precision(torch.bfloat16)
+    case = Case.make(model.cfg, torch.device("cpu"), 1, seed=0)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    mixed = model.sample_actions(*case.args(), noise=case.noise)
+    with vision_in(model, torch.bfloat16):
+        assert {p.dtype for p in (*model.vision.parameters(), *model.vision_proj.parameters())} == {torch.bfloat16}
+        all_bf16 = model.sample_actions(*case.args(), noise=case.noise)
+    assert all(torch.equal(p, before[n]) and p.dtype == before[n].dtype for n, p in model.named_parameters())
+    assert torch.isfinite(all_bf16).all() and not torch.equal(all_bf16, mixed)
+    assert torch.nn.functional.cosine_similarity(all_bf16.flatten(), mixed.flatten(), dim=0) > 0.999
 
 
 @pytest.mark.gpu

@@ -35,6 +35,25 @@ def true_fp32() -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
 
 
+@contextlib.contextmanager
+def vision_in(model: Pi0Model, dtype: torch.dtype | None) -> Iterator[None]:
+    """The reference's SigLIP and projector in `dtype` inside the block (None: as they are), then
+    back to their own tensors. LeRobot's bf16 mode keeps them fp32, and so does the reference; a
+    compile baseline with them in bf16 as well is the stronger one for the fused path to beat."""
+    if dtype is None:
+        yield
+        return
+    params = [p for module in (model.vision, model.vision_proj) for p in module.parameters()]
+    kept = [p.data for p in params]
+    try:
+        for p in params:
+            p.data = p.data.to(dtype)
+        yield
+    finally:
+        for p, data in zip(params, kept, strict=True):
+            p.data = data
+
+
 @dataclass
 class Case:
     """The benchmark inputs of one decision (batch 1), built on the device."""
