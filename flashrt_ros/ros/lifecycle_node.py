@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -44,6 +45,10 @@ from flashrt_ros.ros.usage import command_line
 EXECUTABLE = "flashrt_lifecycle_node"
 SUCCESS, FAILURE = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE
 MIN_THREADS = 9  # what 3 cameras with commands take (flashrt_node.callback_threads)
+REPLY_GRACE_S = 0.5
+"""After a shutdown transition, how long the process keeps its DDS participant before it goes: the
+transition's reply is written after our callback returns, and a reliable reply that needs a resend
+is lost with the participant. (A CI run under load once saw no reply in 60 s; not reproduced.)"""
 LIFECYCLE_USAGE = (
     " This is the managed (lifecycle) node: it starts unconfigured; configure loads the policy, activate "
     "decides and publishes, deactivate pauses, cleanup unloads, shutdown exits (ros2 lifecycle set ...)."
@@ -185,7 +190,9 @@ def main(args: list[str] | None = None) -> int:
         return 0
 
     def on_stop() -> None:  # after a shutdown transition its own line said it all
-        if not node.finalized.is_set():
+        if node.finalized.is_set():
+            time.sleep(REPLY_GRACE_S)
+        else:
             node.get_logger().info(f"shutting down; {node.stats_line() if node.is_set_up else 'unconfigured'}")
 
     return run_until_signal(node, executor, on_signal=node.begin_shutdown, on_stop=on_stop, done=node.finalized.is_set)
