@@ -184,9 +184,8 @@ def _bench(args: argparse.Namespace) -> int:
     if problem is not None:
         print(problem)
         return 2
-    modes = sorted(
-        modes, key=lambda m: m.startswith("compile")
-    )  # the slow baselines last: a cut-short run keeps the rest
+    # the slow baselines last: a cut-short run keeps the rest
+    modes = sorted(modes, key=lambda m: m.startswith("compile"))
     settings = vars(args).copy() | {"modes_run": ",".join(modes), "modes_skipped": ",".join(skipped)}
     results: dict = {"env": environment(device), "settings": settings, "runs": []}
     try:
