@@ -77,10 +77,14 @@ class PrefixKey:
 
     def differs_in_frames_only(self, other: PrefixKey) -> bool:
         """Same prompt tokens and mask, and the same views present: only frames are newer."""
-        present = [f is not None for f in self.frames]
-        return (self.tokens, self.token_mask) == (other.tokens, other.token_mask) and present == [
-            f is not None for f in other.frames
-        ]
+        return (self.tokens, self.token_mask) == (other.tokens, other.token_mask) and _same_views(
+            self.frames, other.frames
+        )
+
+
+def _same_views(a: Sequence[Hashable], b: Sequence[Hashable]) -> bool:
+    """The same views present (an id) and absent (None) in two keys' frames."""
+    return [f is None for f in a] == [f is None for f in b]
 
 
 def _bytes(t: torch.Tensor) -> bytes:
@@ -114,8 +118,7 @@ class PrefixCache:
             return True
         if self.trigger != "period" or not key.differs_in_frames_only(self._key):
             return False
-        age = (self.clock() if now is None else now) - self._built_at
-        return 0.0 <= age < self.period_s  # negative: the clock went back (sim time), so no age is known
+        return self._within_period(now)
 
     def builds_whatever_the_prompt(
         self, frames: tuple[Hashable, ...] | None, build: object = None, now: float | None = None
@@ -131,10 +134,15 @@ class PrefixCache:
             return True
         if frames == held.frames:
             return False  # re-used if the tokens are the same
-        if self.trigger != "period" or [f is None for f in frames] != [f is None for f in held.frames]:
+        if self.trigger != "period" or not _same_views(frames, held.frames):
             return True  # new frames (or other views present) always run it
+        return not self._within_period(now)
+
+    def _within_period(self, now: float | None) -> bool:
+        """Whether the held prefix is younger than the period at `now` (read from the clock when
+        not given); a negative age, the clock gone back (sim time), is no known age."""
         age = (self.clock() if now is None else now) - self._built_at
-        return not 0.0 <= age < self.period_s
+        return 0.0 <= age < self.period_s
 
     @property
     def held(self) -> object:
