@@ -685,8 +685,7 @@ class FlashRTNode(Node):
                 try:
                     self._decide()
                 except Exception as exc:  # raised, it would end the executor and every decision after it
-                    self._count_node_wide(NODE_ERROR)
-                    self._throttle((NODE_ERROR, "decision"), "error", f"[{NODE_ERROR}] decision tick failed: {exc!r}")
+                    self._our_failure("decision_failed", f"decision tick failed: {exc!r}")
 
     def _decide(self) -> None:
         start = time.perf_counter_ns()
@@ -756,10 +755,7 @@ class FlashRTNode(Node):
             horizon = self.state.pipeline.policy.cfg.horizon
             return hold(self._executing, start_ns, takeover_ns, horizon, settings)
         except Exception as exc:
-            self._count_node_wide(NODE_ERROR)
-            self._throttle(
-                ("rtc_failed",), "error", f"[{NODE_ERROR}] real-time chunking failed, deciding unguided: {exc!r}"
-            )
+            self._our_failure("rtc_failed", f"real-time chunking failed, deciding unguided: {exc!r}")
             return None
 
     def _limited(self, decision: Any, joints: Sample) -> Any:
@@ -909,10 +905,7 @@ class FlashRTNode(Node):
                 try:  # the policy's checks make a refusal unreachable; if one comes, the node goes on
                     self.commands.push(decision.actions, start_ns, step_ns, decision.chunk_id)
                 except ValueError as exc:
-                    self._count_node_wide(NODE_ERROR)
-                    self._throttle(
-                        ("command_failed",), "error", f"[{NODE_ERROR}] chunk {decision.chunk_id} not streamed: {exc}"
-                    )
+                    self._our_failure("command_failed", f"chunk {decision.chunk_id} not streamed: {exc}")
 
     def _publish_trajectories(self, actions: np.ndarray, stamp: Any, step_ns: int) -> None:
         """``actions`` [points, action joints] on ~/joint_trajectory, and each trajectory group's
@@ -996,6 +989,12 @@ class FlashRTNode(Node):
         if streak:
             self.get_logger().info(f"decisions resumed (chunk {decision.chunk_id}) after {streak} skipped")
 
+    def _our_failure(self, what: str, text: str) -> None:
+        """A failure of ours caught where it cannot stop the node: counted as node_error and logged
+        at ERROR, throttled per `what`."""
+        self._count_node_wide(NODE_ERROR)
+        self._throttle((what,), "error", f"[{NODE_ERROR}] {text}")
+
     def _count_node_wide(self, reason: str) -> None:
         if not self.is_set_up:  # no counters and no status before set-up (a lifecycle node): logged only
             return
@@ -1011,8 +1010,7 @@ class FlashRTNode(Node):
         try:
             self._publish_command(self.get_clock().now().nanoseconds)
         except Exception as exc:
-            self._count_node_wide(NODE_ERROR)
-            self._throttle(("command_failed",), "error", f"[{NODE_ERROR}] command not published: {exc!r}")
+            self._our_failure("command_failed", f"command not published: {exc!r}")
 
     def _publish_command(self, now_ns: int) -> None:
         """The command due now on each command topic; past the end of the chunk its last action
@@ -1074,8 +1072,7 @@ class FlashRTNode(Node):
         try:
             self._publish_status()
         except Exception as exc:
-            self._count_node_wide(NODE_ERROR)
-            self._throttle(("status_failed",), "error", f"[{NODE_ERROR}] status not published: {exc!r}")
+            self._our_failure("status_failed", f"status not published: {exc!r}")
 
     def _publish_status(self) -> None:
         self._watch_ros_time()
