@@ -100,8 +100,8 @@ def hold(
         raise ValueError(f"step_ns must be > 0, got {step}")
     at = (start_ns - executing.start_ns) / step  # in actions: the stamps need not be whole steps apart
     shift, old = round(at), executing.actions
-    last = old.shape[0] - 1
-    overlap = min(horizon, math.floor(last - max(at, 0.0)) + 1)
+    at = max(at, 0.0)  # less than half a step before the old chunk (shift 0): from its first action
+    overlap = min(horizon, math.floor(old.shape[0] - 1 - at) + 1)
     if shift < 0 or overlap <= 0:
         return None
     if settings.delay_steps is not None:
@@ -109,7 +109,7 @@ def hold(
     else:
         delay = max(0, math.ceil((takeover_ns - start_ns) / step))
     target = np.zeros((horizon, old.shape[1]), dtype=np.float32)
-    target[:overlap] = _along(old, max(at, 0.0) + np.arange(overlap))
+    target[:overlap] = _along(old, at + np.arange(overlap))
     weights = prefix_weights(min(delay, overlap), overlap, horizon, settings.schedule)
     if not weights.any():
         return None
