@@ -57,6 +57,24 @@ def test_the_pool_stops_growing_at_its_limit_and_skips_other_dtypes():
     assert pool.copy(floats) is floats
 
 
+def test_a_full_pool_lets_free_arrays_of_other_shapes_go_for_a_new_shape():
+    """A camera that changed its resolution: its old arrays, once free, make room for the new size
+    instead of the pool refusing every new frame; arrays still referenced are never let go."""
+    small, big = np.ones((10, 10, 3), dtype=np.uint8), np.ones((20, 10, 3), dtype=np.uint8)
+    pool = FramePool(pinned=False, max_bytes=3 * small.nbytes)
+    held = pool.copy(small)
+    old = [pool.copy(small), pool.copy(small)]
+    del old
+    gc.collect()
+    assert pool.free_count((10, 10, 3)) == 2 and pool.held_bytes == 3 * small.nbytes
+    new = pool.copy(big)  # needs 2 small arrays' bytes: both free ones go, the held one stays
+    assert new is not big and np.array_equal(new, big)
+    assert pool.free_count((10, 10, 3)) == 0 and pool.held_bytes == small.nbytes + big.nbytes
+    assert np.array_equal(held, small)
+    beyond = pool.copy(big)  # nothing free left to let go: the frame as it is
+    assert beyond is big and pool.held_bytes == small.nbytes + big.nbytes
+
+
 def test_threads_copying_at_once_never_share_a_live_array():
     """Camera threads copy at once, each keeping its last few frames alive (a held sample, a
     decision): no two live arrays share memory, and each holds its own frame."""

@@ -9,7 +9,9 @@ path (DESIGN.md: "camera msgs --(copy stream, pinned)--> img/<cam>").
 An array goes back to the pool when the last reference to it goes (the held sample was replaced
 and no decision holds it), and is then handed out again for a frame of its shape. A decision
 keeps its frames referenced until their copies are done (`FusedPi0.set_frames`). The pool holds
-at most `max_bytes`; past that, `copy` returns the frame as it is (pageable: slower, still right).
+at most `max_bytes`. A frame that does not fit first lets free arrays of other shapes go (a camera
+that changed its resolution leaves arrays no frame will use again); past that, `copy` returns the
+frame as it is (pageable: slower, still right).
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class FramePool:
             buf = free.pop() if free else None
             if buf is None:
                 if self.held_bytes + frame.nbytes > self.max_bytes:
+                    self._let_go_of_other_shapes(shape, self.held_bytes + frame.nbytes - self.max_bytes)
+                if self.held_bytes + frame.nbytes > self.max_bytes:
                     return frame
                 self.held_bytes += frame.nbytes
         if buf is None:
@@ -64,6 +68,20 @@ class FramePool:
     def free_count(self, shape: tuple[int, ...]) -> int:
         with self._lock:
             return len(self._free[tuple(shape)])
+
+    def _let_go_of_other_shapes(self, shape: tuple[int, ...], need: int) -> None:
+        """Free arrays of shapes other than `shape` go until `need` bytes are released (or none is
+        left). Called under the lock."""
+        for other in [k for k in self._free if k != shape]:
+            free = self._free[other]
+            while free and need > 0:
+                nbytes = free.pop().numel()
+                self.held_bytes -= nbytes
+                need -= nbytes
+            if not free:
+                del self._free[other]
+            if need <= 0:
+                return
 
     def _give_back(self, shape: tuple[int, ...], buf: torch.Tensor) -> None:
         with self._lock:
