@@ -201,6 +201,38 @@ def test_the_end_of_a_chunk_is_counted_once_and_reset_stops_the_stream(rclpy_con
         node.destroy_node()
 
 
+def test_held_back_commands_are_counted_per_chunk_even_when_a_restore_repeats_its_id(rclpy_context):
+    """A restored capsule numbers chunks from its own count again, so a later chunk can carry the id
+    of one already counted: commands held to action_max_step are counted once per chunk published,
+    not once per id."""
+    from types import SimpleNamespace
+
+    from builtin_interfaces.msg import Time as TimeMsg
+
+    from flashrt_ros.ros.inputs import Sample
+
+    node = in_process_node(rclpy_context, command_rate_hz=COMMAND_RATE_HZ, action_max_step=[0.5])
+    try:
+        node._command_pubs = [(SimpleNamespace(publish=lambda _: None), [0, 1, 2, 3], JOINTS)]
+
+        def chunk_at(sec: int, value: float) -> None:
+            samples = [Sample(None, TimeMsg(sec=sec), 0, 0) for _ in node.slots]
+            actions = np.full((10, len(JOINTS)), value, dtype=np.float32)
+            decision = SimpleNamespace(actions=actions, chunk_id=1, prefix_reused=False, prefix_frames=None)
+            node._publish(decision, samples, 1.0, node.cfg)
+            node._publish_command(sec * 10**9 + STEP_NS)
+            node._publish_command(sec * 10**9 + STEP_NS)  # a second tick of the same chunk: not counted again
+
+        chunk_at(7, 0.0)
+        assert node.invalid[("", "command_limited")] == 0
+        chunk_at(8, 10.0)  # 10 from the last command: held back
+        assert node.invalid[("", "command_limited")] == 1
+        chunk_at(9, -10.0)  # the same id after a restore, held back again: its own count
+        assert node.invalid[("", "command_limited")] == 2
+    finally:
+        node.destroy_node()
+
+
 def test_the_command_rate_changes_at_runtime_but_not_on_or_off(running):
     node, peer, all_joints, _ = running
     result = peer.set_parameters(command_rate_hz=0.0)[0]

@@ -64,6 +64,7 @@ class Command:
     index: int  # its action that is due
     weight: float  # the governing chunk's share of `values`: below 1 during a blend
     limited: bool = False  # max_move held the command back from the chunk's value
+    start_ns: int = 0  # the governing chunk's start: with chunk_id, which chunk (a restore repeats ids)
 
 
 @dataclass(frozen=True)
@@ -238,7 +239,7 @@ class ActionStream:
             newest.end_sent = ended and not limited  # an end point held back is sent again
             self._remember(now_ns, values)
             index = min(newest.index(now_ns), len(newest.actions) - 1)
-            return Command(values.copy(), newest.chunk_id, index, weight, limited)
+            return Command(values.copy(), newest.chunk_id, index, weight, limited, newest.start_ns)
 
     def _bounded_move(self, values: np.ndarray, now_ns: int, step_ns: int) -> tuple[np.ndarray, bool]:
         """``values`` moved from the last command within the budget (see the module docstring);

@@ -360,7 +360,8 @@ class FlashRTNode(Node):
             self._max_move(),
             self._command_tick_ns(self.cfg),
         )
-        self._limited_chunk: int | None = None  # the chunk whose held-back commands were counted
+        # the chunk (id, start) whose held-back commands were counted: a restored capsule repeats ids
+        self._limited_chunk: tuple[int, int] | None = None
         self._exhausted_counted: Exhausted | None = None  # the chunk whose end was counted (once each)
         self._command_lock = threading.Lock()  # a tick's command and count, or a reset: one at a time
         commands = [("~/joint_command", names)] + self.cfg.parsed_groups("command_groups")
@@ -1021,8 +1022,8 @@ class FlashRTNode(Node):
                 for pub, columns, _ in self._command_pubs:
                     pub.publish(messages.joint_command(due.values[columns]))
                 self.commands_sent += 1
-                if due.limited and due.chunk_id != self._limited_chunk:
-                    self._limited_chunk = due.chunk_id
+                if due.limited and (due.chunk_id, due.start_ns) != self._limited_chunk:
+                    self._limited_chunk = (due.chunk_id, due.start_ns)
                     self._count_node_wide(COMMAND_LIMITED)
                     self._throttle(
                         (COMMAND_LIMITED,),
