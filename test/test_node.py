@@ -602,6 +602,62 @@ def test_a_joint_state_older_than_the_one_held_is_refused_as_stale(rclpy_context
         node.destroy_node()
 
 
+def test_ros_time_going_back_drops_held_inputs_and_the_decision_under_way(rclpy_context, monkeypatch):
+    """Sim time jumps back (a simulator reset) by less than max_age_s: the held samples, stamped on
+    the old timeline, would still pass as fresh. They are dropped and counted, the slot says why it
+    is empty, a forward jump changes nothing, and a decision that took inputs before the jump does
+    not publish its chunk."""
+    from builtin_interfaces.msg import Time as TimeMsg
+    from rclpy.time import Time
+    from sensor_msgs.msg import JointState
+
+    from flashrt_ros.ros.inputs import Sample
+
+    node = in_process_node(rclpy_context)
+    try:
+        clock = node.get_clock()
+        clock._set_ros_time_is_active(True)
+        clock.set_ros_time_override(Time(seconds=100))
+        slot = node.slots[-1]
+        msg = JointState(name=list(JOINTS), position=[0.1] * len(JOINTS))
+        msg.header.stamp = TimeMsg(sec=100)
+        node._on_joint_state(slot, msg)
+        assert slot.latest is not None
+        clock.set_ros_time_override(Time(seconds=100.5))  # forward: nothing dropped
+        assert slot.latest is not None and node.invalid[("", "clock_jumped_back")] == 0
+        clock.set_ros_time_override(Time(seconds=100.3))  # back 0.2 s, within max_age_s (0.4)
+        assert slot.latest is None and node.invalid[("", "clock_jumped_back")] == 1
+        assert node._absent_detail(slot, node.slots[-1].rejected_since_good).startswith(
+            "no good message since ROS time went back 0.0 s ago"
+        )
+
+        def fill_inputs() -> None:
+            stamp = TimeMsg(sec=100, nanosec=300_000_000)
+            for cam in node.slots[:-1]:
+                cam.latest = Sample(np.zeros((24, 32, 3), np.uint8), stamp, 0, 0)
+            node.slots[-1].latest = Sample(np.zeros(len(JOINTS), np.float32), stamp, 0, 0)
+
+        published = []
+        monkeypatch.setattr(node, "_publish", lambda decision, *args, **kwargs: published.append(decision))
+        fill_inputs()
+        node._decide()
+        assert len(published) == 1  # the same inputs, no jump: published
+        decide = node.state.decide
+
+        def decide_across_a_jump(*args, **kwargs):
+            out = decide(*args, **kwargs)
+            clock.set_ros_time_override(Time(seconds=100.31))
+            return out
+
+        monkeypatch.setattr(node.state, "decide", decide_across_a_jump)
+        clock.set_ros_time_override(Time(seconds=100.32))
+        fill_inputs()
+        node._decide()
+        assert len(published) == 1 and node.invalid[("", "clock_jumped_back")] == 2
+    finally:
+        node.destroy_node()
+
+
 def test_a_reset_while_a_joint_state_is_converted_drops_it(rclpy_context, monkeypatch):
     """~/reset clears the held inputs: a joint state whose conversion began before the reset is
     not stored after it (as for a camera frame), or the reset would leave pre-reset data held."""

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 CLOCK_STALLED = "clock_stalled"
 """Node-wide reason, counted once per stall: ROS time (simulated) stopped advancing."""
+CLOCK_JUMPED_BACK = "clock_jumped_back"
+"""Node-wide reason, counted per jump: ROS time (simulated) went back, a simulator reset or a bag
+loop; the held inputs and chunks, stamped on the old timeline, were dropped."""
 
 
 @dataclass

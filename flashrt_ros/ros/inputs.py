@@ -37,13 +37,14 @@ class InputSlot:
     frame_hw: tuple[int, int] | None = None  # cameras: the size frames have had since the first
     newest_frame_stamp_ns: int = 0  # newest header stamp of a fresh frame, taken or refused (restart gaps)
     cleared_at: float | None = None  # when ~/reset emptied it, on the decision timer's clock (s)
-    generation: int = 0  # how many times ~/reset emptied it: a message converted across one is dropped
+    cleared_by: str = "~/reset"  # what emptied it: ~/reset, or ROS time going back
+    generation: int = 0  # how many times it was emptied: a message converted across one is dropped
 
-    def clear(self, now_s: float) -> None:
+    def clear(self, now_s: float, by: str = "~/reset") -> None:
         self.latest, self.used, self.frame_hw, self.newest_frame_stamp_ns = None, True, None, 0
         self.generation += 1
         self.rejected_since_good.clear()
-        self.cleared_at = now_s
+        self.cleared_at, self.cleared_by = now_s, by
 
 
 class ThrottledLog:

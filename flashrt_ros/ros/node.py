@@ -37,7 +37,8 @@ from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
-from rclpy.clock import Clock, ClockType
+from rclpy.clock import Clock, ClockType, JumpThreshold, TimeJump
+from rclpy.duration import Duration
 from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.logging import get_logger
@@ -63,7 +64,7 @@ from flashrt_ros.msg import ActionChunk, PipelineStatus
 from flashrt_ros.policies.listing import shown, some
 from flashrt_ros.policies.prompt import PromptTooLong
 from flashrt_ros.ros import messages
-from flashrt_ros.ros.clock_watch import CLOCK_STALLED, ClockWatch
+from flashrt_ros.ros.clock_watch import CLOCK_JUMPED_BACK, CLOCK_STALLED, ClockWatch
 from flashrt_ros.ros.image_convert import check_frame_size, compressed_to_rgb, image_to_rgb
 from flashrt_ros.ros.input_error import STALE, InputError
 from flashrt_ros.ros.inputs import InputSlot, Sample, ThrottledLog
@@ -130,6 +131,7 @@ class FlashRTNode(Node):
     PAUSED_STATE = "paused by ~/enable"  # how diagnostics, stats and logs name a pause
     PAUSED_STATS = "PAUSED (~/enable)"
     PAUSED_DROP = "~/enable paused the policy"
+    TIME_JUMP_DROP = "ROS time went back"
 
     def __init__(
         self,
@@ -159,8 +161,17 @@ class FlashRTNode(Node):
         self.add_pre_set_parameters_callback(self._before_set_parameters)
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self.add_post_set_parameters_callback(self._after_set_parameters)
+        self._time_epoch = 0  # times ROS time went back: a decision across one is not published
+        self._jump_handle = self.get_clock().create_jump_callback(  # kept: the callback lives with it
+            JumpThreshold(min_forward=None, min_backward=Duration(nanoseconds=-1), on_clock_change=False),
+            post_callback=self._guarded(self._on_time_jump),
+        )
         if set_up:
             self.set_up()
+
+    def destroy_node(self) -> None:
+        self._jump_handle.unregister()  # the clock is not destroyed with the node: no call into it after
+        super().destroy_node()
 
     def set_up(self) -> None:
         """Read and check the parameters, build the pipeline (load the policy, warm it up) and
@@ -691,6 +702,7 @@ class FlashRTNode(Node):
     def _decide(self) -> None:
         start = time.perf_counter_ns()
         cfg = self.cfg
+        epoch = self._time_epoch
         now_ns = self.get_clock().now().nanoseconds
         samples = self._fresh_samples(now_ns, cfg)
         if samples is None:
@@ -733,6 +745,10 @@ class FlashRTNode(Node):
             return
         if not self.enabled:  # ~/enable false came while it was computed
             self.get_logger().info(f"{self.PAUSED_DROP}: chunk {decision.chunk_id}, computed meanwhile, not published")
+            return
+        if epoch != self._time_epoch:  # its inputs and stamps are on the timeline before the jump
+            chunk = decision.chunk_id
+            self.get_logger().info(f"{self.TIME_JUMP_DROP}: chunk {chunk}, computed meanwhile, not published")
             return
         self._publish(decision, samples, latency_ms, cfg, held)
         self._latency.add(self.get_clock().now().nanoseconds - now_ns)  # on the clock the chunks are stamped on
@@ -836,7 +852,8 @@ class FlashRTNode(Node):
         return found
 
     def _since_reset(self, slot: InputSlot) -> float | None:
-        """Seconds since ~/reset emptied the slot, on the decision timer's clock (None: never)."""
+        """Seconds since ~/reset (or ROS time going back) emptied the slot, on the decision timer's
+        clock (None: never)."""
         return None if slot.cleared_at is None else self._timer_seconds() - slot.cleared_at
 
     def _just_emptied(self, slot: InputSlot) -> bool:
@@ -853,7 +870,11 @@ class FlashRTNode(Node):
         """Why nothing usable arrived, from what was rejected (a copy taken under the lock) or from
         the ROS graph (only computed for lines that are logged)."""
         since = self._since_reset(slot)
-        text = "no good message received yet" if since is None else f"no good message since ~/reset {since:.1f} s ago"
+        text = (
+            "no good message received yet"
+            if since is None
+            else f"no good message since {slot.cleared_by} {since:.1f} s ago"
+        )
         if rejected:
             return text + _rejected_hint(rejected)
         if self._just_emptied(slot):
@@ -1085,6 +1106,32 @@ class FlashRTNode(Node):
         extra = {"backend": d["backend"], "prompt": self.cfg.prompt, "actions": d["actions"]}
         self._diag_pub.publish(messages.diagnostics(snap, name=name, level=level, message=text, extra=extra))
         self._maybe_log_stats(snap)
+
+    def _on_time_jump(self, jump: TimeJump) -> None:
+        """ROS time went back (use_sim_time: a simulator reset, a bag loop). The held samples, the
+        chunk executing and the commands are stamped on the timeline before the jump: acted on,
+        they would look fresh for as long as the jump (up to max_age_s ahead is let in). They are
+        dropped, as by ~/reset but keeping the counters, chunk ids and noise; a decision under way
+        is not published. Called on the thread that sets the time (/clock): nothing here waits on
+        a decision."""
+        back_s = -jump.delta.nanoseconds / 1e9
+        if back_s <= 0 or self.stopping.is_set():
+            return
+        try:
+            self._time_epoch += 1  # before the inputs go: a decision that took them is not published
+            self._stop_commands()
+            self._executing = self._last_trajectory = None
+            with self._lock:
+                for slot in self.slots:
+                    slot.clear(self._timer_seconds(), by="ROS time went back")
+                self.invalid[("", CLOCK_JUMPED_BACK)] += 1
+            self.get_logger().warning(
+                f"[{CLOCK_JUMPED_BACK}] ROS time went back {back_s:.3f} s (a simulator reset or a bag loop?): "
+                "held inputs, the executing chunk and the commands dropped; deciding again on messages "
+                "stamped on the new timeline"
+            )
+        except Exception as exc:
+            self._our_failure("clock_jump_failed", f"ROS time went back {back_s:.3f} s, not handled: {exc!r}")
 
     def _watch_ros_time(self) -> None:
         clock = self.get_clock()
