@@ -73,6 +73,10 @@ def test_a_full_pool_lets_free_arrays_of_other_shapes_go_for_a_new_shape():
     assert np.array_equal(held, small)
     beyond = pool.copy(big)  # nothing free left to let go: the frame as it is
     assert beyond is big and pool.held_bytes == small.nbytes + big.nbytes
+    del held
+    gc.collect()
+    beyond = pool.copy(np.ones((30, 10, 3), dtype=np.uint8))  # the free small one would not make room: kept
+    assert beyond.shape == (30, 10, 3) and pool.free_count((10, 10, 3)) == 1
 
 
 def test_threads_copying_at_once_never_share_a_live_array():

@@ -605,31 +605,57 @@ def test_a_joint_state_older_than_the_one_held_is_refused_as_stale(rclpy_context
 def test_ros_time_going_back_drops_held_inputs_and_the_decision_under_way(rclpy_context, monkeypatch):
     """Sim time jumps back (a simulator reset) by less than max_age_s: the held samples, stamped on
     the old timeline, would still pass as fresh. They are dropped and counted, the slot says why it
-    is empty, a forward jump changes nothing, and a decision that took inputs before the jump does
-    not publish its chunk."""
+    is empty, a message still queued from before the jump is refused, one on the new timeline is
+    taken, a forward jump changes nothing, the command stream and the executing chunk go, and a
+    decision that took inputs before the jump does not publish its chunk."""
+    from types import SimpleNamespace
+
     from builtin_interfaces.msg import Time as TimeMsg
     from rclpy.time import Time
     from sensor_msgs.msg import JointState
 
     from flashrt_ros.ros.inputs import Sample
 
-    node = in_process_node(rclpy_context)
+    node = in_process_node(rclpy_context, command_rate_hz=40.0)
     try:
         clock = node.get_clock()
         clock._set_ros_time_is_active(True)
         clock.set_ros_time_override(Time(seconds=100))
         slot = node.slots[-1]
-        msg = JointState(name=list(JOINTS), position=[0.1] * len(JOINTS))
-        msg.header.stamp = TimeMsg(sec=100)
-        node._on_joint_state(slot, msg)
+
+        def joints(sec: float) -> JointState:
+            msg = JointState(name=list(JOINTS), position=[0.1] * len(JOINTS))
+            msg.header.stamp = Time(nanoseconds=round(sec * 1e9)).to_msg()
+            return msg
+
+        node._on_joint_state(slot, joints(100.0))
         assert slot.latest is not None
         clock.set_ros_time_override(Time(seconds=100.5))  # forward: nothing dropped
-        assert slot.latest is not None and node.invalid[("", "clock_jumped_back")] == 0
+        node._on_joint_state(slot, joints(100.5))
+        assert slot.latest.stamp == TimeMsg(sec=100, nanosec=500_000_000)
+        node.commands.push(np.zeros((10, len(JOINTS))), 100 * 10**9, 50_000_000, chunk_id=1)
+        node._executing = "the chunk before the jump"
         clock.set_ros_time_override(Time(seconds=100.3))  # back 0.2 s, within max_age_s (0.4)
+        node._publish_command(clock.now().nanoseconds)  # the command tick settles the commands
+        assert node.commands.command(clock.now().nanoseconds) is None and node._executing is None
+        with node._lock:
+            node._settle_jump_inputs()
         assert slot.latest is None and node.invalid[("", "clock_jumped_back")] == 1
-        assert node._absent_detail(slot, node.slots[-1].rejected_since_good).startswith(
-            "no good message since ROS time went back 0.0 s ago"
-        )
+        detail = node._absent_detail(slot, slot.rejected_since_good)
+        assert detail.startswith("no good message since ROS time went back 0.0 s ago"), detail
+        node._on_joint_state(slot, joints(100.45))  # sent before the jump, delivered after it
+        assert slot.latest is None and node.invalid[(slot.topic, "stale")] == 1
+        node._on_joint_state(slot, joints(100.3))  # on the new timeline
+        assert slot.latest is not None and node.invalid[("", "clock_jumped_back")] == 1
+
+        # a publication whose decision took its inputs before the jump: no executing chunk, no commands
+        decision = SimpleNamespace(actions=np.ones((10, len(JOINTS)), np.float32), chunk_id=7, prefix_frames=None)
+        decision.prefix_reused = False
+        samples = [Sample(None, TimeMsg(sec=100, nanosec=300_000_000), 0, 0) for _ in node.slots]
+        node._publish(decision, samples, 1.0, node.cfg, epoch=node._time_epoch - 1)
+        assert node._executing is None and node.commands.command(clock.now().nanoseconds + 10**8) is None
+        node._publish(decision, samples, 1.0, node.cfg, epoch=node._time_epoch)
+        assert node._executing is not None and node.commands.command(clock.now().nanoseconds + 10**8) is not None
 
         def fill_inputs() -> None:
             stamp = TimeMsg(sec=100, nanosec=300_000_000)
@@ -653,7 +679,10 @@ def test_ros_time_going_back_drops_held_inputs_and_the_decision_under_way(rclpy_
         clock.set_ros_time_override(Time(seconds=100.32))
         fill_inputs()
         node._decide()
-        assert len(published) == 1 and node.invalid[("", "clock_jumped_back")] == 2
+        assert len(published) == 1
+        with node._lock:
+            node._settle_jump_inputs()
+        assert node.invalid[("", "clock_jumped_back")] == 2
     finally:
         node.destroy_node()
 

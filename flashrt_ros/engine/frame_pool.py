@@ -11,7 +11,8 @@ and no decision holds it), and is then handed out again for a frame of its shape
 keeps its frames referenced until their copies are done (`FusedPi0.set_frames`). The pool holds
 at most `max_bytes`. A frame that does not fit first lets free arrays of other shapes go (a camera
 that changed its resolution leaves arrays no frame will use again); past that, `copy` returns the
-frame as it is (pageable: slower, still right).
+frame as it is (pageable: slower, still right). (An array let go returns its page-locked memory
+to PyTorch's host cache, which keeps it for later pinned tensors: not to the system.)
 """
 
 from __future__ import annotations
@@ -70,9 +71,13 @@ class FramePool:
             return len(self._free[tuple(shape)])
 
     def _let_go_of_other_shapes(self, shape: tuple[int, ...], need: int) -> None:
-        """Free arrays of shapes other than `shape` go until `need` bytes are released (or none is
-        left). Called under the lock."""
-        for other in [k for k in self._free if k != shape]:
+        """Free arrays of shapes other than `shape` go until `need` bytes are released; none goes
+        when all of them would not release that much (the frame is not pooled anyway). Called
+        under the lock."""
+        others = [k for k in self._free if k != shape]
+        if sum(buf.numel() for k in others for buf in self._free[k]) < need:
+            return
+        for other in others:
             free = self._free[other]
             while free and need > 0:
                 nbytes = free.pop().numel()

@@ -109,6 +109,8 @@ CHUNK_EXHAUSTED = "chunk_exhausted"
 """The command stream reached the end of its chunk with no newer one: no command (once per chunk)."""
 CHUNK_ENDED = "chunk_ended"
 """A chunk published whose last point was already past (joint_trajectory_controller refuses it)."""
+MIN_JUMP_BACK_S = 0.001
+"""ROS time going back by less is not a jump (rcl reports every backward step: two /clock sources)."""
 NODE_ERROR = "node_error"
 """A failure of ours caught where it cannot stop the node: real-time chunking, the command stream,
 the status, or a decision tick outside the policy (the policy's own is policy_error)."""
@@ -161,10 +163,14 @@ class FlashRTNode(Node):
         self.add_pre_set_parameters_callback(self._before_set_parameters)
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self.add_post_set_parameters_callback(self._after_set_parameters)
-        self._time_epoch = 0  # times ROS time went back: a decision across one is not published
+        # ROS time going back (_on_time_jump): how often, from where, by how much; read by the
+        # inputs and the commands, which settle on it at their next use
+        self._time_epoch = self._inputs_epoch = self._commands_epoch = 0
+        self._jump_from_ns = self._jump_back_ns = 0
+        self._jumps_back_ns: deque[int] = deque()  # not yet counted and logged
         self._jump_handle = self.get_clock().create_jump_callback(  # kept: the callback lives with it
-            JumpThreshold(min_forward=None, min_backward=Duration(nanoseconds=-1), on_clock_change=False),
-            post_callback=self._guarded(self._on_time_jump),
+            JumpThreshold(min_forward=None, min_backward=Duration(seconds=-MIN_JUMP_BACK_S), on_clock_change=False),
+            post_callback=self._on_time_jump,
         )
         if set_up:
             self.set_up()
@@ -194,6 +200,8 @@ class FlashRTNode(Node):
         self._lock = threading.Lock()  # counters and conversion stats (sensor threads)
         self._throttle = ThrottledLog(self.cfg.log_throttle_s, self.get_logger())
         self._reset_counters()
+        self._inputs_epoch = self._commands_epoch = self._time_epoch  # a jump before set-up held nothing
+        self._jumps_back_ns.clear()
         if self._unknown:
             self.invalid[("", UNKNOWN_PARAMETER)] += len(self._unknown)
         # decisions, status and services each in their own group, so that a decision rate the
@@ -509,6 +517,7 @@ class FlashRTNode(Node):
         try:
             now_ns = self.get_clock().now().nanoseconds
             check_fresh(msg.header.stamp, now_ns, cfg.max_age_s, slot.topic)
+            self._check_timeline(msg.header.stamp, now_ns, slot.topic)
             gap_s, held_hw = self._held_frame_size(slot, msg.header.stamp, now_ns)
             # the held size goes to the converter so that another size is refused from the header,
             # before a compressed frame is decoded (8000x8000 PNGs at 10 Hz cut the decisions 5x)
@@ -553,7 +562,9 @@ class FlashRTNode(Node):
         generation = slot.generation  # a ~/reset from here on drops this sample, as for a frame
         cfg = self.cfg
         try:
-            check_fresh(msg.header.stamp, self.get_clock().now().nanoseconds, cfg.max_age_s, slot.topic)
+            now_ns = self.get_clock().now().nanoseconds
+            check_fresh(msg.header.stamp, now_ns, cfg.max_age_s, slot.topic)
+            self._check_timeline(msg.header.stamp, now_ns, slot.topic)
             state = joint_state_to_vector(msg, cfg.joint_names, source=slot.topic)
         except InputError as err:
             self._reject(slot, err)
@@ -572,22 +583,23 @@ class FlashRTNode(Node):
         that a frame refused here changes nothing; a frame whose conversion began before a
         `~/reset` (`generation`) is dropped, so the reset clears what it says. Returns the size the
         camera had before (None when nothing was stored, or no size was held)."""
-        older = self._older_than_held(slot, sample)
-        if older is not None:
-            self._reject(slot, older)
-            return None
         with self._lock:
-            if generation is not None and generation != slot.generation:
-                return None
-            if not slot.used and self.enabled:  # paused, no decision is there to take it
-                self.dropped_inputs += 1
-            slot.latest, slot.used = sample, False
-            previous = slot.frame_hw
-            if frame_hw is not None:
-                slot.frame_hw = frame_hw
-            slot.rejected_since_good.clear()
-            self.conversion_stats.add({slot.topic: (sample.ready_ns - sample.arrived_ns) / 1e6})
-        return previous
+            self._settle_jump_inputs()  # first: a sample held from before ROS time went back goes
+            older = self._older_than_held(slot, sample)
+            if older is None:
+                if generation is not None and generation != slot.generation:
+                    return None
+                if not slot.used and self.enabled:  # paused, no decision is there to take it
+                    self.dropped_inputs += 1
+                slot.latest, slot.used = sample, False
+                previous = slot.frame_hw
+                if frame_hw is not None:
+                    slot.frame_hw = frame_hw
+                slot.rejected_since_good.clear()
+                self.conversion_stats.add({slot.topic: (sample.ready_ns - sample.arrived_ns) / 1e6})
+                return previous
+        self._reject(slot, older)
+        return None
 
     def _older_than_held(self, slot: InputSlot, sample: Sample) -> InputError | None:
         """A sample stamped before the one already held (two publishers on a topic, or a
@@ -708,6 +720,8 @@ class FlashRTNode(Node):
         if samples is None:
             return
         self._forget_old_prefix(now_ns, cfg)
+        with self._command_lock:  # the executing chunk guides this one (rtc): not one from before a jump
+            self._settle_jump_commands()
         from flashrt_ros.engine.pipeline import NonFiniteActions
         from flashrt_ros.policies.policy import Observation
 
@@ -750,7 +764,7 @@ class FlashRTNode(Node):
             chunk = decision.chunk_id
             self.get_logger().info(f"{self.TIME_JUMP_DROP}: chunk {chunk}, computed meanwhile, not published")
             return
-        self._publish(decision, samples, latency_ms, cfg, held)
+        self._publish(decision, samples, latency_ms, cfg, held, epoch)
         self._latency.add(self.get_clock().now().nanoseconds - now_ns)  # on the clock the chunks are stamped on
         self._account(samples, decision, start, time.perf_counter_ns(), cfg, guided=held is not None)
 
@@ -760,8 +774,8 @@ class FlashRTNode(Node):
         the slowest recent decision. It starts at its stamp: the joint state's, exact; stamped at
         its publication (or zero: the controller's receipt), likely now plus the median decision.
         A failure here is a bug of ours: logged, and the decision goes on unguided."""
-        settings = self.state.pipeline.rtc
-        if settings is None or self._executing is None:
+        settings, executing = self.state.pipeline.rtc, self._executing  # read once: a jump clears it
+        if settings is None or executing is None:
             return None
         try:
             takeover_ns = now_ns + self._latency.slowest_ns()
@@ -770,7 +784,7 @@ class FlashRTNode(Node):
             else:
                 start_ns = now_ns + self._latency.typical_ns()
             horizon = self.state.pipeline.policy.cfg.horizon
-            return hold(self._executing, start_ns, takeover_ns, horizon, settings)
+            return hold(executing, start_ns, takeover_ns, horizon, settings)
         except Exception as exc:
             self._our_failure("rtc_failed", f"real-time chunking failed, deciding unguided: {exc!r}")
             return None
@@ -809,6 +823,7 @@ class FlashRTNode(Node):
         if self._started_at is None:  # the wait for first inputs runs from the first tick, once spinning
             self._started_at = self._timer_seconds()
         with self._lock:  # read, judged and marked taken at once: a sample replaced meanwhile was not used
+            self._settle_jump_inputs()
             found = self._held_problems(now_ns, cfg.max_age_s)
             if not found:  # nothing stops this tick: a failure now is the policy's, not an input's
                 self._blocking = frozenset()
@@ -891,8 +906,16 @@ class FlashRTNode(Node):
         return text + f" from its {len(publishers)} publisher(s); is it publishing (ros2 topic hz)?"
 
     def _publish(
-        self, decision: Any, samples: list[Sample], latency_ms: float, cfg: NodeConfig, held: Hold | None = None
+        self,
+        decision: Any,
+        samples: list[Sample],
+        latency_ms: float,
+        cfg: NodeConfig,
+        held: Hold | None = None,
+        epoch: int | None = None,
     ) -> None:
+        """The chunk on every output; `epoch`: ROS time's jump count when the decision took its
+        inputs (the executing chunk and the commands are not set from a decision across a jump)."""
         stamp = self._chunk_stamp(samples[-1], cfg)
         step_ns = round(cfg.step_duration_s * 1e9)
         self._warn_if_ended(stamp, len(decision.actions) * step_ns, cfg)
@@ -919,15 +942,20 @@ class FlashRTNode(Node):
         self._publish_trajectories(decision.actions, stamp, step_ns)
         # a zero stamp is the controller's "start now": the publication's now
         start_ns = stamp_to_ns(stamp) or self.get_clock().now().nanoseconds
-        self._last_trajectory = self._executing = ExecutingChunk(decision.actions, start_ns, step_ns)
-        if self._command_pubs:
-            with self._command_lock:  # a pause clears the stream under it, after enabled went false
-                if not self.enabled:
-                    return
-                try:  # the policy's checks make a refusal unreachable; if one comes, the node goes on
-                    self.commands.push(decision.actions, start_ns, step_ns, decision.chunk_id)
-                except ValueError as exc:
-                    self._our_failure("command_failed", f"chunk {decision.chunk_id} not streamed: {exc}")
+        self._last_trajectory = executing = ExecutingChunk(decision.actions, start_ns, step_ns)
+        # a pause clears the stream under this lock after enabled went false; ROS time going back
+        # after the epoch was read, before the settle here
+        with self._command_lock:
+            self._settle_jump_commands()
+            if epoch is not None and epoch != self._time_epoch:
+                return
+            self._executing = executing
+            if not self._command_pubs or not self.enabled:
+                return
+            try:  # the policy's checks make a refusal unreachable; if one comes, the node goes on
+                self.commands.push(decision.actions, start_ns, step_ns, decision.chunk_id)
+            except ValueError as exc:
+                self._our_failure("command_failed", f"chunk {decision.chunk_id} not streamed: {exc}")
 
     def _publish_trajectories(self, actions: np.ndarray, stamp: Any, step_ns: int) -> None:
         """``actions`` [points, action joints] on ~/joint_trajectory, and each trajectory group's
@@ -1038,6 +1066,7 @@ class FlashRTNode(Node):
         """The command due now on each command topic; past the end of the chunk its last action
         once, then nothing, counted once per chunk: the controller holds its last command."""
         with self._command_lock:  # one tick or a reset at a time: no command after a reset's reply
+            self._settle_jump_commands()
             due = self.commands.command(now_ns)
             if isinstance(due, Command):
                 for pub, columns, _ in self._command_pubs:
@@ -1110,28 +1139,63 @@ class FlashRTNode(Node):
     def _on_time_jump(self, jump: TimeJump) -> None:
         """ROS time went back (use_sim_time: a simulator reset, a bag loop). The held samples, the
         chunk executing and the commands are stamped on the timeline before the jump: acted on,
-        they would look fresh for as long as the jump (up to max_age_s ahead is let in). They are
-        dropped, as by ~/reset but keeping the counters, chunk ids and noise; a decision under way
-        is not published. Called on the thread that sets the time (/clock): nothing here waits on
-        a decision."""
-        back_s = -jump.delta.nanoseconds / 1e9
-        if back_s <= 0 or self.stopping.is_set():
+        they would pass as fresh for as long as the jump (up to max_age_s ahead is let in). They
+        are dropped, as by ~/reset but keeping the counters, chunk ids and noise, when the inputs
+        and the commands are next used (`_settle_jump_inputs`, `_settle_jump_commands`); a decision
+        under way is not published. rcl calls this while it walks the clock's callbacks, on the
+        thread that sets the time: it takes no lock and waits on nothing, so that no other thread
+        runs (and adds or removes a timer's callback) in the middle of the walk."""
+        back_ns = -jump.delta.nanoseconds
+        if back_ns <= 0:
             return
-        try:
-            self._time_epoch += 1  # before the inputs go: a decision that took them is not published
-            self._stop_commands()
-            self._executing = self._last_trajectory = None
-            with self._lock:
-                for slot in self.slots:
-                    slot.clear(self._timer_seconds(), by="ROS time went back")
-                self.invalid[("", CLOCK_JUMPED_BACK)] += 1
+        self._jump_back_ns = back_ns
+        self._jump_from_ns = max(self._jump_from_ns, self.get_clock().now().nanoseconds + back_ns)
+        self._jumps_back_ns.append(back_ns)
+        self._time_epoch += 1  # last: whoever sees the new epoch sees the rest
+
+    def _settle_jump_inputs(self) -> None:
+        """After ROS time went back: the held samples go, the jumps are counted and logged. With
+        self._lock held, by whatever reads or stores a sample next."""
+        if self._inputs_epoch == self._time_epoch:
+            return
+        self._inputs_epoch = self._time_epoch
+        for slot in self.slots:
+            slot.clear(self._timer_seconds(), by="ROS time went back")
+        while self._jumps_back_ns:
+            back_s = self._jumps_back_ns.popleft() / 1e9
+            self.invalid[("", CLOCK_JUMPED_BACK)] += 1
             self.get_logger().warning(
                 f"[{CLOCK_JUMPED_BACK}] ROS time went back {back_s:.3f} s (a simulator reset or a bag loop?): "
                 "held inputs, the executing chunk and the commands dropped; deciding again on messages "
                 "stamped on the new timeline"
             )
-        except Exception as exc:
-            self._our_failure("clock_jump_failed", f"ROS time went back {back_s:.3f} s, not handled: {exc!r}")
+
+    def _settle_jump_commands(self) -> None:
+        """After ROS time went back: the command stream and the executing chunk (rtc) go. With
+        self._command_lock held, by the command tick, a decision or a publication."""
+        if self._commands_epoch == self._time_epoch:
+            return
+        self._commands_epoch = self._time_epoch
+        self._clear_commands()
+        self._executing = None
+
+    def _check_timeline(self, stamp: Time, now_ns: int, topic: str) -> None:
+        """Soon after ROS time went back, a message still queued from before the jump is stamped
+        ahead of the clock by about the jump; check_fresh lets it in when the jump was below
+        max_age_s. Until the clock is back where it jumped from, a stamp ahead by more than half
+        the jump is refused as from the old timeline (one on the new timeline is at most a little
+        ahead)."""
+        if now_ns >= self._jump_from_ns:
+            return
+        ahead_ns = stamp_to_ns(stamp) - now_ns
+        if ahead_ns > self._jump_back_ns / 2:
+            raise InputError(
+                STALE,
+                topic,
+                f"stamped {ahead_ns / 1e9:.3f} s ahead of the clock, which went back {self._jump_back_ns / 1e9:.3f} s: "
+                "a message from before the jump (queued across a simulator reset?); expected one stamped on the "
+                "new timeline",
+            )
 
     def _watch_ros_time(self) -> None:
         clock = self.get_clock()
@@ -1423,8 +1487,12 @@ class FlashRTNode(Node):
 
     def _stop_commands(self) -> None:
         with self._command_lock:
-            self.commands.clear()
-            self._exhausted_counted = self._limited_chunk = None
+            self._clear_commands()
+
+    def _clear_commands(self) -> None:
+        """With self._command_lock held."""
+        self.commands.clear()
+        self._exhausted_counted = self._limited_chunk = None
 
     def _hold_trajectories(self) -> str:
         """A one-point trajectory, starting now, to where the last published chunk has the
