@@ -319,6 +319,35 @@ def test_corrupt_jpeg_data_is_refused_not_decoded_to_garbage() -> None:
     assert "Corrupt JPEG data" in str(err), str(err)
 
 
+def _png_with_a_flipped_bit_pillow_decodes() -> bytes:
+    """A PNG with one bit flipped in its pixel data (IDAT) that Pillow decodes without an error to
+    other pixels: Pillow checks no IDAT CRC and stops inflating once it has every row, so the
+    zlib stream's own checksum goes unread. The first such flip, searched from the chunk's start."""
+    data = _compressed(Image.fromarray(_smooth_rgb()), "PNG").data
+    start = data.index(b"IDAT") + 4
+    length = int.from_bytes(data[start - 8 : start - 4], "big")
+    for i in range(start + 2, start + length):  # past the zlib header
+        for bit in range(8):
+            flipped = bytearray(data)
+            flipped[i] ^= 1 << bit
+            try:
+                with Image.open(io.BytesIO(bytes(flipped))) as lenient:
+                    pixels = np.asarray(lenient.convert("RGB"))
+            except Exception:
+                continue
+            with Image.open(io.BytesIO(data)) as good:
+                if not np.array_equal(pixels, np.asarray(good.convert("RGB"))):
+                    return bytes(flipped)
+    raise AssertionError("no flipped bit that Pillow decodes to other pixels: Pillow now checks them")
+
+
+def test_corrupt_png_data_is_refused_not_decoded_to_garbage() -> None:
+    msg = SimpleNamespace(header=None, format="png", data=_png_with_a_flipped_bit_pillow_decodes())
+    err = _compressed_refusal(msg)
+    assert err.reason == ie.DECODE_FAILED, err
+    assert "IDAT" in str(err), str(err)  # the chunk whose checksum failed
+
+
 def test_other_codecs_are_not_decoded() -> None:
     tiff = _compressed(Image.fromarray(RGB), "TIFF")
     assert _compressed_refusal(tiff).reason == ie.BAD_ENCODING

@@ -647,6 +647,11 @@ def test_ros_time_going_back_drops_held_inputs_and_the_decision_under_way(rclpy_
         assert slot.latest is None and node.invalid[(slot.topic, "stale")] == 1
         node._on_joint_state(slot, joints(100.3))  # on the new timeline
         assert slot.latest is not None and node.invalid[("", "clock_jumped_back")] == 1
+        clock.set_ros_time_override(Time(seconds=100.2))  # a second jump, first noticed by a message
+        node._on_joint_state(slot, joints(100.2))  # on the newest timeline: kept, not dropped as before it
+        assert slot.latest.stamp == TimeMsg(sec=100, nanosec=200_000_000)
+        assert node.invalid[("", "clock_jumped_back")] == 2
+        clock.set_ros_time_override(Time(seconds=100.3))
 
         # a publication whose decision took its inputs before the jump: no executing chunk, no commands
         decision = SimpleNamespace(actions=np.ones((10, len(JOINTS)), np.float32), chunk_id=7, prefix_frames=None)
@@ -682,7 +687,7 @@ def test_ros_time_going_back_drops_held_inputs_and_the_decision_under_way(rclpy_
         assert len(published) == 1
         with node._lock:
             node._settle_jump_inputs()
-        assert node.invalid[("", "clock_jumped_back")] == 2
+        assert node.invalid[("", "clock_jumped_back")] == 3
     finally:
         node.destroy_node()
 

@@ -169,7 +169,8 @@ def compressed_to_rgb(
 
     JPEG is decoded strictly (libjpeg-turbo through simplejpeg): libjpeg *warns* about
     corrupt entropy-coded data and goes on, and Pillow then returns garbage pixels without
-    an error; here any such warning refuses the frame. PNG (CRC-checked) goes to Pillow.
+    an error; here any such warning refuses the frame. PNG goes to Pillow, after every chunk's
+    CRC is checked (Pillow's decode checks none of the pixel data's).
     """
     _check_compressed_format(str(msg.format), source)
     expected = _expected_hw(expected_hw, out)
@@ -214,8 +215,12 @@ def _decode_png(data: Any, check_size: Callable[[tuple[int, int]], None]) -> np.
     head = bytes(memoryview(data)[:24])
     if head[:8] == _PNG_SIGNATURE and head[12:16] == b"IHDR":  # else Pillow says what is wrong
         check_size((int.from_bytes(head[20:24], "big"), int.from_bytes(head[16:20], "big")))
-    with Image.open(io.BytesIO(data), formats=("PNG",)) as img:
-        check_size((img.height, img.width))
+    with Image.open(io.BytesIO(data), formats=("PNG",)) as whole:
+        check_size((whole.height, whole.width))
+        # every chunk's CRC: decoding checks none of the pixel data's (IDAT), and stops inflating
+        # once it has every row, so a flipped bit there decodes to other pixels without an error
+        whole.verify()
+    with Image.open(io.BytesIO(data), formats=("PNG",)) as img:  # verify() leaves its image unusable
         return _pil_to_rgb(img)
 
 

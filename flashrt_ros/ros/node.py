@@ -513,7 +513,7 @@ class FlashRTNode(Node):
     def _on_image(self, convert: Callable, slot: InputSlot, msg: Image | CompressedImage) -> None:
         arrived = time.perf_counter_ns()
         cfg = self.cfg
-        generation = slot.generation  # a ~/reset while this frame is converted drops it (_accept)
+        generation = self._generation(slot)  # a ~/reset while this frame is converted drops it (_accept)
         try:
             now_ns = self.get_clock().now().nanoseconds
             check_fresh(msg.header.stamp, now_ns, cfg.max_age_s, slot.topic)
@@ -559,7 +559,7 @@ class FlashRTNode(Node):
 
     def _on_joint_state(self, slot: InputSlot, msg: JointState) -> None:
         arrived = time.perf_counter_ns()
-        generation = slot.generation  # a ~/reset from here on drops this sample, as for a frame
+        generation = self._generation(slot)  # a ~/reset from here on drops this sample, as for a frame
         cfg = self.cfg
         try:
             now_ns = self.get_clock().now().nanoseconds
@@ -570,6 +570,13 @@ class FlashRTNode(Node):
             self._reject(slot, err)
             return
         self._accept(slot, Sample(state, msg.header.stamp, arrived, time.perf_counter_ns()), generation=generation)
+
+    def _generation(self, slot: InputSlot) -> int:
+        """The slot's generation as a message's handling starts, after any jump of ROS time back
+        is settled: settled later, in `_accept`, it would drop this message as from before it."""
+        with self._lock:
+            self._settle_jump_inputs()
+            return slot.generation
 
     def _accept(
         self,
