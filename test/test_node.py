@@ -692,6 +692,25 @@ def test_ros_time_going_back_drops_held_inputs_and_the_decision_under_way(rclpy_
         node.destroy_node()
 
 
+def test_a_prompt_from_the_topic_is_checked_in_the_nodes_own_namespace(rclpy_context):
+    """Topics judged in the root namespace can clash where the node's own do not (a relative and an
+    absolute name): a prompt from prompt_topic is checked as `ros2 param set` checks it."""
+    from rclpy.parameter import Parameter
+    from std_msgs.msg import String
+
+    from flashrt_ros.ros.node import FlashRTNode
+
+    params = {**TEST_PARAMS, "camera_topics": ["cam0/image_raw", "/cam0/image_raw"], "prompt_topic": "task"}
+    overrides = [Parameter(name, value=value) for name, value in params.items()]
+    node = FlashRTNode(context=rclpy_context, namespace="/robot1", parameter_overrides=overrides)
+    try:
+        node._on_prompt(String(data="open the drawer"))
+        assert node.cfg.prompt == "open the drawer", node._refused_prompt
+        assert node.invalid[("/robot1/task", "invalid_prompt")] == 0
+    finally:
+        node.destroy_node()
+
+
 def test_a_reset_while_a_joint_state_is_converted_drops_it(rclpy_context, monkeypatch):
     """~/reset clears the held inputs: a joint state whose conversion began before the reset is
     not stored after it (as for a camera frame), or the reset would leave pre-reset data held."""

@@ -182,6 +182,19 @@ def test_autostart(ros_env, ros_module_context, tmp_path, good):
     assert code == 0, f"exit code {code}\n{node.tail()}"
 
 
+def test_an_autostart_that_is_not_a_bool_is_refused_at_start(ros_env, tmp_path):
+    """`autostart: 1` in a params file left the node unconfigured without a word: it is refused
+    at start, exit 2, naming the value, as flashrt_node refuses a parameter of the wrong type."""
+    node = NodeProcess(ros_env, tmp_path, new_namespace(), {**TEST_PARAMS, "autostart": 1}, module=LIFECYCLE)
+    try:
+        code = node.proc.wait(60.0)
+    finally:
+        node.stop()
+    assert code == 2, node.tail()
+    tail = node.tail()
+    assert "not starting: invalid parameters:" in tail and "autostart must be true or false, got 1 (int)" in tail
+
+
 def in_process_lifecycle_node(context, **params):
     from rclpy.parameter import Parameter
 

@@ -262,6 +262,27 @@ def test_paths_must_exist_when_checked(tmp_path):
     assert cfg.validate(check_paths=False) == []
 
 
+def test_more_cameras_than_any_policy_has_views_are_refused_by_name():
+    """17 cameras passed the check and then failed building the policy with a traceback that
+    named no parameter (exit 1, not 2)."""
+    topics = [f"cam{i}/image_raw" for i in range(17)]
+    assert problems(camera_topics=topics) == ["camera_topics has 17 topics; expected at most 16 (one per view)"]
+    assert problems(camera_topics=topics[:16]) == []
+
+
+def test_a_leading_tilde_in_a_path_is_the_home_folder_for_the_check_and_the_loader(tmp_path, monkeypatch):
+    """YAML, -p and launch arguments pass `~/models/pi05` as it is: the config holds it expanded,
+    so the start-up check and the loader read the same path (the check used to expand it and the
+    loader not, which failed the start on a file that exists)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "tok.model").write_bytes(b"")
+    cfg = NodeConfig.from_values({"checkpoint": "~/ckpt", "tokenizer": "~/tok.model"})
+    assert cfg.checkpoint == str(tmp_path / "ckpt") and cfg.tokenizer == str(tmp_path / "tok.model")
+    assert cfg.validate() == []
+    assert NodeConfig.from_values({"checkpoint": "ckpt~"}).checkpoint == "ckpt~"  # only a leading ~
+
+
 def test_limits_take_integers_one_value_for_all_or_one_per_joint():
     assert problems(action_lower_limits=[-1], action_upper_limits=[1], action_max_step=[1]) == []
     cfg = NodeConfig.from_values({"action_lower_limits": [-1], "action_max_step": [0.5] * 14})

@@ -84,10 +84,18 @@ class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
         super().__init__(set_up=False, **kwargs)
         self.finalized = threading.Event()  # shutdown done: main stops spinning and exits
         fqn = self.get_fully_qualified_name()
-        if self.get_parameter("autostart").value is True:
+        if self.wants_autostart():
             self.get_logger().info("unconfigured, no policy loaded; autostart: configure and activate follow")
         else:
             self.get_logger().info(f"unconfigured, no policy loaded; next: ros2 lifecycle set {fqn} configure")
+
+    def wants_autostart(self) -> bool:
+        """The autostart parameter; ConfigError for a value that is not a bool (a params file's
+        `autostart: 1` or `"true"` would otherwise leave the node unconfigured without a word)."""
+        value = self.get_parameter("autostart").value
+        if not isinstance(value, bool):
+            raise ConfigError([f"autostart must be true or false, got {value!r} ({type(value).__name__})"])
+        return value
 
     @_logs_errors
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -168,7 +176,7 @@ class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
 
 def main(args: list[str] | None = None) -> int:
     """Entry point of ``ros2 run flashrt_ros flashrt_lifecycle_node``. Exit codes: 0 after a
-    shutdown transition or a signal, 2 for invalid ROS arguments."""
+    shutdown transition or a signal, 2 for invalid ROS arguments or autostart."""
     argv = args if args is not None else sys.argv
     code = command_line(EXECUTABLE, argv, lambda: node_usage(EXECUTABLE, LIFECYCLE_USAGE))
     if code is not None:
@@ -181,8 +189,13 @@ def main(args: list[str] | None = None) -> int:
         node = FlashRTLifecycleNode(params_files=params_files(argv))
         with signals_held():  # the threads are counted from the parameters at start (a floor for more cameras later)
             executor = MultiThreadedExecutor(num_threads=max(node.callback_threads, MIN_THREADS))
-        if node.get_parameter("autostart").value is True:  # a signal during it: "not starting" below
+        if node.wants_autostart():  # a signal during it: "not starting" below
             node.autostart()
+    except ConfigError as exc:
+        stopping()
+        log.error(f"not starting: {exc}")
+        rclpy.try_shutdown()
+        return 2
     except KeyboardInterrupt:
         stopping()
         log.info("not starting: stopped by a signal")

@@ -676,9 +676,8 @@ class FlashRTNode(Node):
         elif len(text) > MAX_PROMPT_CHARS:
             reason = f"it is {len(text)} characters; expected at most {MAX_PROMPT_CHARS}"
         else:
-            reason = check_update(self.cfg, {"prompt": text}) or self.state.pipeline.policy.prompt_problem(
-                text, len(self.cfg.joint_names)
-            )
+            reason = check_update(self.cfg, {"prompt": text}, resolve=node_resolver(self))
+            reason = reason or self.state.pipeline.policy.prompt_problem(text, len(self.cfg.joint_names))
         if reason is None:
             result = self.set_parameters([Parameter("prompt", Parameter.Type.STRING, text)])[0]
             reason = None if result.successful else result.reason

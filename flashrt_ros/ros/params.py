@@ -27,7 +27,7 @@ from typing import Any
 
 from flashrt_ros.engine.action_stream import INTERPOLATIONS
 from flashrt_ros.engine.prefix_cache import PREFIX_TRIGGERS
-from flashrt_ros.policies.config import FP8_PARTS, RTC_JACOBIANS, RTC_SCHEDULES, PolicyConfig
+from flashrt_ros.policies.config import FP8_PARTS, MAX_INTS, RTC_JACOBIANS, RTC_SCHEDULES, PolicyConfig
 from flashrt_ros.policies.listing import shown, some
 
 NODE_NAME = "flashrt_node"
@@ -634,10 +634,17 @@ def _flatten(params: dict, prefix: str = "") -> dict[str, Any]:
 # ---- normalisation and checks --------------------------------------------------------------
 
 
+PATH_PARAMETERS = ("checkpoint", "tokenizer")
+
+
 def _normalise(f: dataclasses.Field, value: Any) -> Any:
     """Lossless conversions only: int -> float for float fields, sequences -> list, NOT_SET
-    (an empty YAML list reaches rclpy as NOT_SET) -> []. Anything else is kept for validate()."""
+    (an empty YAML list reaches rclpy as NOT_SET) -> [], a leading ~ of a file path expanded
+    (YAML, -p and launch arguments leave it: the check and the loader then see one path). Anything
+    else is kept for validate()."""
     kind = f.type
+    if f.name in PATH_PARAMETERS and isinstance(value, str) and value.startswith("~"):
+        return str(Path(value).expanduser())
     if kind == "float" and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if kind in ("list[str]", "list[float]"):
@@ -749,6 +756,9 @@ def _check_cameras(cfg: NodeConfig) -> list[str]:
     problems = []
     if not cfg.camera_topics:
         problems.append("camera_topics is empty; expected at least one camera topic")
+    most = MAX_INTS["num_views"]
+    if len(cfg.camera_topics) > most:
+        problems.append(f"camera_topics has {len(cfg.camera_topics)} topics; expected at most {most} (one per view)")
     if cfg.camera_transports and len(cfg.camera_transports) != len(cfg.camera_topics):
         problems.append(
             f"camera_transports has {len(cfg.camera_transports)} entries for {len(cfg.camera_topics)} "
@@ -914,9 +924,9 @@ def _check_text(cfg: NodeConfig) -> list[str]:
 
 def _check_paths(cfg: NodeConfig) -> list[str]:
     problems = []
-    if cfg.checkpoint and not Path(cfg.checkpoint).expanduser().is_dir():
+    if cfg.checkpoint and not Path(cfg.checkpoint).is_dir():
         problems.append(f"checkpoint {cfg.checkpoint!r} is not a folder; expected one with model.safetensors")
-    if cfg.tokenizer and not Path(cfg.tokenizer).expanduser().is_file():
+    if cfg.tokenizer and not Path(cfg.tokenizer).is_file():
         problems.append(f"tokenizer {cfg.tokenizer!r} is not a file; expected PaliGemma's tokenizer.model")
     return problems
 
