@@ -13,7 +13,7 @@ from bench_script import run_bench_script
 from kernel_fixtures import DEVICE
 
 from flashrt_ros.engine.capsule import PipelineState
-from flashrt_ros.engine.pipeline import Pipeline
+from flashrt_ros.engine.pipeline import NonFiniteActions, Pipeline
 from flashrt_ros.engine.prefix_cache import PrefixCache, PrefixKey
 from flashrt_ros.policies.policy import Observation, default_policy
 
@@ -399,6 +399,25 @@ def test_period_ages_from_the_decision_that_built_the_prefix() -> None:
     assert reused == [True, True, False, True, True]  # built at 0 and 0.12; 0.16 and 0.2 are within 0.1
     clock.now -= 50.0
     assert not periodic.decide(obs(("a9", "b"))).prefix_reused
+
+
+def test_a_refused_decision_leaves_no_prefix_for_the_period() -> None:
+    """A decision refused after it built the prefix (non-finite actions) publishes nothing: its
+    prefix must not hold the next decisions to its frames for the period (if the prefix made the
+    NaN, all of them would be refused too). The next one builds its own, on its own frames."""
+    periodic, full, clock = period_pair(period_s=0.1)
+    weight = next(p for n, p in periodic.policy.model.named_parameters() if "action_out" in n)
+    good = weight.detach().clone()
+    with torch.no_grad():
+        weight.view(-1)[0] = float("nan")
+    with pytest.raises(NonFiniteActions):
+        periodic.decide(obs(("x", "x")))
+    with torch.no_grad():
+        weight.copy_(good)
+    clock.now += 0.03
+    after = periodic.decide(obs(("y", "y")))
+    assert not after.prefix_reused and after.prefix_frames == ("y", "y")
+    assert after.actions.tobytes() == full.decide(obs(("y", "y"))).actions.tobytes()
 
 
 def test_a_reset_forgets_the_held_prefix() -> None:

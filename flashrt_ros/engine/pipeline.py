@@ -240,9 +240,14 @@ class Pipeline:
         `hold` (real-time chunking), the chunk is guided towards the executing one.
 
         A refusal of any kind gives the drawn noise back (the generator is restored), so the next
-        good decision is the one a run without the refusal makes: capsules replay it exactly."""
+        good decision is the one a run without the refusal makes: capsules replay it exactly. A
+        prefix the refused decision built is not held (the K/V it replaced cannot come back): the
+        next decision builds its own, as it would have on frames the refused one did not see
+        (under "period" it would otherwise act on the refused decision's frames, or, when the
+        prefix made the NaN, be refused too)."""
         policy = self.policy
         rng = self.generator.get_state() if noise is None else None
+        stores = self.prefix_cache.stores
         try:
             with on_device(policy.device):
                 timer = _Timer(policy.device, self._events)
@@ -256,6 +261,8 @@ class Pipeline:
         except Exception:
             if rng is not None:  # no chunk: the next decision draws what this one would have
                 self.generator.set_state(rng)
+            if self.prefix_cache.stores != stores:
+                self.prefix_cache.forget()
             raise
         self.stats.add(timings)
         chunk_id, self.next_chunk_id = self.next_chunk_id, self.next_chunk_id + 1

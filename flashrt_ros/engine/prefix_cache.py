@@ -105,6 +105,7 @@ class PrefixCache:
         self._key: PrefixKey | None = None
         self._held: object = None
         self._built_at = 0.0
+        self.stores = 0  # prefixes built so far: whether a decision built one (a refused one forgets it)
 
     def lookup(self, key: PrefixKey | None, build: object = None, now: float | None = None) -> bool:
         """Whether the trigger lets a decision with prefix inputs `key` re-use the held prefix
@@ -158,6 +159,7 @@ class PrefixCache:
         """Hold `key`'s prefix, built by the decision that began at `built_at` on the clock."""
         self._key, self._held = (key, held) if key is not None else (None, None)
         self._built_at = self.clock() if built_at is None else built_at
+        self.stores += 1
 
     def forget(self) -> None:
         """Before the prefix stage writes the K/V (should it fail half-way, no key claims it), and
