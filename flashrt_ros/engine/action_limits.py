@@ -15,7 +15,8 @@ In that order the steps are always bounded, and the positions stay within the li
 joint state is: each limited action lies between the one before and its clamped target. A state
 outside the limits (an arm parked beyond them) is stepped back in at ``max_step``, not jumped.
 The result is in the chunk's own dtype, with the bounds rounded inwards to it, so no published
-value is past a limit by a rounding.
+value is past a limit by a rounding. A step is bounded in float64, before the cast: in float32 it
+may pass max_step by the positions' rounding (~1e-7 near 1).
 """
 
 from __future__ import annotations
