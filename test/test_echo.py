@@ -60,6 +60,30 @@ def test_the_first_chunk_and_a_status_before_any_decision_say_so():
     assert "(prefix re-used, frames 10.0 ms after the joint state)" in chunk_line(msg)
 
 
+def test_a_malformed_chunk_is_said_and_a_services_refusals_are_node_wide():
+    """Another publisher's chunk whose sizes disagree is a line saying so, not a traceback that
+    ends the console; a capsule service's refusals are not listed as invalid inputs."""
+    from flashrt_ros.msg import ActionChunk, InputCounter, PipelineStatus
+
+    from flashrt_ros.ros.echo import chunk_line, status_line
+
+    msg = ActionChunk(chunk_id=3, horizon=2, action_dim=3)
+    msg.actions = array.array("f", [0.0] * 5)
+    assert chunk_line(msg) == "chunk     3  malformed: 5 action values for horizon 2 x action_dim 3"
+    msg.horizon, msg.action_dim, msg.actions = 0, 0, array.array("f")
+    assert chunk_line(msg) == "chunk     3  malformed: 0 action values for horizon 0 x action_dim 0"
+    status = PipelineStatus(policy="pi05_tiny", device="cpu", precision="float32")
+    status.invalid_inputs = [
+        InputCounter(topic="/joints", reason="stale", count=2),
+        InputCounter(topic="/flashrt_node/capsule/restore", reason="unknown_capsule", count=4),
+        InputCounter(topic="", reason="clock_jumped_back", count=1),
+    ]
+    line = status_line(status).splitlines()[0]
+    assert line.endswith(
+        "invalid inputs: stale /joints: 2; node: unknown_capsule /flashrt_node/capsule/restore: 4, clock_jumped_back: 1"
+    ), line
+
+
 def test_the_command_line_shows_count_rate_and_the_last_command():
     from std_msgs.msg import Float64MultiArray
 

@@ -766,6 +766,77 @@ def test_under_sim_time_idle_is_measured_on_the_ros_clock(rclpy_context):
         node.destroy_node()
 
 
+def test_under_sim_time_a_deadline_is_judged_in_sim_time_and_a_reset_does_not_hide_idleness(rclpy_context, monkeypatch):
+    """rate_hz's periods are on the decision timer's clock: under sim time a decision that takes
+    longer than a period in wall time but not in sim time (a slow simulator) is no deadline miss,
+    and one that takes more sim time than a period (a fast one) is. After ROS time went back past
+    the last decision, idleness is read on wall time (it was negative, so never an ERROR)."""
+    from diagnostic_msgs.msg import DiagnosticStatus
+    from rclpy.time import Time
+
+    from flashrt_ros.ros.inputs import Sample
+
+    node = in_process_node(rclpy_context)
+    try:
+        clock = node.get_clock()
+        clock._set_ros_time_is_active(True)
+        sim_ns = [100 * 10**9]
+        clock.set_ros_time_override(Time(nanoseconds=sim_ns[0]))
+        decide = node.state.decide
+
+        def decide_taking(sim_s: float, wall_s: float):
+            def run(*args, **kwargs):
+                out = decide(*args, **kwargs)
+                time.sleep(wall_s)
+                sim_ns[0] += round(sim_s * 1e9)
+                clock.set_ros_time_override(Time(nanoseconds=sim_ns[0]))
+                return out
+
+            return run
+
+        def one_decision(sim_s: float, wall_s: float) -> None:
+            stamp = Time(nanoseconds=sim_ns[0]).to_msg()
+            for cam in node.slots[:-1]:
+                cam.latest = Sample(np.zeros((24, 32, 3), np.uint8), stamp, 0, 0)
+            node.slots[-1].latest = Sample(np.zeros(len(JOINTS), np.float32), stamp, 0, 0)
+            monkeypatch.setattr(node.state, "decide", decide_taking(sim_s, wall_s))
+            node._decide()
+
+        one_decision(sim_s=0.05, wall_s=0.15)  # a slow simulator: 0.15 s of wall time, half a period of sim time
+        assert node.decisions == 1 and node.deadline_misses == 0
+        one_decision(sim_s=0.2, wall_s=0.0)  # a fast one: two periods of sim time in no wall time
+        assert node.decisions == 2 and node.deadline_misses == 1
+        clock.set_ros_time_override(Time(seconds=1))  # a simulator reset, far behind the last decision
+        node._last_decision_at = time.monotonic() - 30.0
+        assert node._idle_s() == pytest.approx(30.0, abs=1.0)
+        level, message = node._health(node.snapshot())
+        assert level == DiagnosticStatus.ERROR and message.startswith("no decision for 30"), message
+    finally:
+        node.destroy_node()
+
+
+def test_a_reset_between_a_status_snapshot_and_its_health_hides_nothing_after(rclpy_context):
+    """The status timer takes a snapshot, then judges its health against the last one: a ~/reset
+    in between must not make the old counts the next baseline (the misses after it were hidden)."""
+    from std_srvs.srv import Trigger
+
+    node = in_process_node(rclpy_context)
+    try:
+        node._last_decision_at = time.monotonic()
+        node.deadline_misses = 50
+        resets = node._counter_resets
+        snap = node.snapshot()
+        assert node._on_reset(Trigger.Request(), Trigger.Response()).success
+        node._last_decision_at = time.monotonic()
+        _, message = node._health(snap, resets)
+        assert "50 deadline misses since the last status" in message, message
+        node.deadline_misses += 3
+        _, message = node._health(node.snapshot(), node._counter_resets)
+        assert "3 deadline misses since the last status" in message, message
+    finally:
+        node.destroy_node()
+
+
 def test_the_error_names_the_inputs_that_still_stop_decisions(rclpy_context):
     """Every input is absent on the first tick; then the joints arrive and the cameras do not. The
     ERROR names the cameras, not the joints that were absent only for a moment."""

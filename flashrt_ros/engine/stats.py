@@ -57,13 +57,14 @@ class StageStats:
         the last 3 of the window), so that a new rate shows within that span and not only
         after a whole window of decisions (200 at 2 Hz: 100 s). Once the stage stops for
         longer than its mean interval, the span is taken to reach `now`, so the rate falls
-        towards 0 instead of showing the last value for ever. A clock behind the last
-        completion went back since: no rate until completions on its new timeline."""
+        towards 0 instead of showing the last value for ever, and is 0 once nothing completed in
+        the last RATE_SPAN_S. A clock behind the last completion went back since: no rate until
+        completions on its new timeline."""
         if len(self._done_at) < 2:
             return 0.0
         last = self._done_at[-1]
         now = self._clock() if now is None else now
-        if now < last:
+        if now < last or now - last > RATE_SPAN_S:
             return 0.0
         recent = [t for t in self._done_at if t >= last - RATE_SPAN_S]
         if len(recent) < 3:

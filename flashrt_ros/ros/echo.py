@@ -26,9 +26,12 @@ from rclpy.utilities import remove_ros_args
 from std_msgs.msg import Float64MultiArray
 
 from flashrt_ros.msg import ActionChunk, PipelineStatus
+from flashrt_ros.ros.input_error import REASONS
 from flashrt_ros.ros.joint_convert import stamp_to_ns
 from flashrt_ros.ros.params import rcl_reason
 
+INPUT_REASONS = REASONS | {"absent"}
+"""What an input topic's counters are; anything else keyed by a name is a service's or the prompt's."""
 SILENT_S = 3.0
 """After this long with no chunk, say whether anything publishes them (a wrong --node is silent)."""
 
@@ -36,7 +39,14 @@ SILENT_S = 3.0
 def chunk_line(msg: ActionChunk, received_ns: int = 0, first: bool = False) -> str:
     """One line per chunk; `received_ns`: this console's clock when it arrived (0: unknown), against
     which the newest input's stamp gives the age of what the chunk was computed from."""
-    actions = np.frombuffer(msg.actions, dtype=np.float32).reshape(msg.horizon, msg.action_dim)
+    values = np.frombuffer(msg.actions, dtype=np.float32)
+    if msg.horizon < 1 or msg.action_dim < 1 or values.size != msg.horizon * msg.action_dim:
+        # another publisher on the topic (this node's chunks always match): say so, do not crash
+        return (
+            f"chunk {msg.chunk_id:5d}  malformed: {values.size} action values for horizon {msg.horizon} x "
+            f"action_dim {msg.action_dim}"
+        )
+    actions = values.reshape(msg.horizon, msg.action_dim)
     newest_input_ns = max((stamp_to_ns(s) for s in msg.source_stamps), default=0)
     age_ms = (received_ns - newest_input_ns) / 1e6 if newest_input_ns and received_ns else float("nan")
     row = " ".join(f"{v:+.3f}" for v in actions[0, :7]) + (" ..." if msg.action_dim > 7 else "")
@@ -71,11 +81,16 @@ def status_line(msg: PipelineStatus) -> str:
     skipped = sum(c.count for c in msg.invalid_inputs if c.reason == "dropped_decision")
     # absent: waits for a topic with nothing good yet, not rejected messages (the node's stats line
     # counts them apart too)
-    counts = [c for c in msg.invalid_inputs if c.topic]
+    # an input's refusals (a service's, e.g. unknown_capsule on ~/capsule/restore, are node-wide)
+    counts = [c for c in msg.invalid_inputs if c.topic and c.reason in INPUT_REASONS]
     invalid = ", ".join(f"{c.reason} {c.topic}: {c.count}" for c in counts if c.reason != "absent") or "none"
     waits = ", ".join(f"{c.topic}: {c.count}" for c in counts if c.reason == "absent")
     invalid += f"; waits for absent {waits}" if waits else ""
-    node_wide = [f"{c.reason}: {c.count}" for c in msg.invalid_inputs if not c.topic and c.reason != "dropped_decision"]
+    node_wide = [
+        f"{c.reason}: {c.count}" if not c.topic else f"{c.reason} {c.topic}: {c.count}"
+        for c in msg.invalid_inputs
+        if (not c.topic or c.reason not in INPUT_REASONS) and c.reason != "dropped_decision"
+    ]
     invalid += f"; node: {', '.join(node_wide)}" if node_wide else ""
     stages = " | ".join(
         f"{s.name} {s.latency_p50_ms:.2f}/{s.latency_p90_ms:.2f}/{s.latency_p99_ms:.2f}" for s in msg.stages

@@ -286,6 +286,7 @@ class FlashRTNode(Node):
         return unknown
 
     def _reset_counters(self) -> None:
+        self._counter_resets = getattr(self, "_counter_resets", 0) + 1  # a status taken across it: _health
         self.decisions = 0
         self.deadline_misses = 0
         self.dropped_decisions = 0
@@ -302,7 +303,7 @@ class FlashRTNode(Node):
         self.state.pipeline.stats = PipelineStats(self.stats_window, self._timer_seconds)
         self._last_health = (0, 0)
         self._last_decision_at = time.monotonic()
-        self._decision_s: deque[float] = deque(maxlen=8)  # how long the last decisions took (wall time)
+        self._decision_s: deque[float] = deque(maxlen=8)  # how long the last decisions took (timer clock)
         self._last_invalid: dict[tuple[str, str], int] = {}
         self._invalid_at_decision: dict[tuple[str, str], int] = {}  # the counts when the last decision ran
         self._blocking: frozenset[str] = frozenset()  # the inputs that stopped the last decision tick
@@ -719,6 +720,7 @@ class FlashRTNode(Node):
 
     def _decide(self) -> None:
         start = time.perf_counter_ns()
+        began_s = self._timer_seconds()  # the decision's length in the periods of rate_hz (sim time too)
         cfg = self.cfg
         epoch = self._time_epoch
         now_ns = self.get_clock().now().nanoseconds
@@ -772,7 +774,7 @@ class FlashRTNode(Node):
             return
         self._publish(decision, samples, latency_ms, cfg, held, epoch)
         self._latency.add(self.get_clock().now().nanoseconds - now_ns)  # on the clock the chunks are stamped on
-        self._account(samples, decision, start, time.perf_counter_ns(), cfg, guided=held is not None)
+        self._account(samples, decision, start, time.perf_counter_ns(), cfg, guided=held is not None, began_s=began_s)
 
     def _hold(self, joints: Sample, now_ns: int, cfg: NodeConfig) -> Hold | None:
         """Real-time chunking: what of the executing chunk the next one is held to (None: rtc off,
@@ -1008,9 +1010,18 @@ class FlashRTNode(Node):
         return self.get_clock().now().to_msg()
 
     def _account(
-        self, samples: list[Sample], decision: Any, start_ns: int, end_ns: int, cfg: NodeConfig, guided: bool = False
+        self,
+        samples: list[Sample],
+        decision: Any,
+        start_ns: int,
+        end_ns: int,
+        cfg: NodeConfig,
+        guided: bool = False,
+        began_s: float | None = None,
     ) -> None:
-        """Times of one decision, from the arrival of the newest input it used to publication:
+        """Times of one decision, from the arrival of the newest input it used to publication
+        (wall time), and its length on the decision timer's clock from `began_s` (ROS time under
+        sim time, as rate_hz's periods: a deadline miss and the idle limit are judged on it):
 
         - ``arrival_to_publish``: all of it, minus the policy's compute;
         - ``input_wait``: the part the converted input waited for the decision timer - set by
@@ -1036,10 +1047,13 @@ class FlashRTNode(Node):
             self.rtc_guided += guided
             self._last_decision_at = time.monotonic()
             self._last_decision_ros_ns = self.get_clock().now().nanoseconds
-            self._decision_s.append((end_ns - start_ns) / 1e9)
+            took_s = (end_ns - start_ns) / 1e9 if began_s is None else self._timer_seconds() - began_s
+            if took_s < 0:  # ROS time went back meanwhile: wall time instead
+                took_s = (end_ns - start_ns) / 1e9
+            self._decision_s.append(took_s)
             self._invalid_at_decision = dict(self.invalid)
             self._blocking = frozenset()
-            if end_ns - start_ns > 1e9 / cfg.rate_hz:
+            if took_s > 1.0 / cfg.rate_hz:
                 self.deadline_misses += 1
             streak, self._dropped_streak = self._dropped_streak, 0
         if streak:
@@ -1133,9 +1147,10 @@ class FlashRTNode(Node):
 
     def _publish_status(self) -> None:
         self._watch_ros_time()
+        resets = self._counter_resets
         snap = self.snapshot()
         self._status_pub.publish(messages.pipeline_status(snap))
-        level, text = self._health(snap)
+        level, text = self._health(snap, resets)
         name = f"{self.get_fully_qualified_name()}: pipeline"
         d = self.description
         extra = {"backend": d["backend"], "prompt": self.cfg.prompt, "actions": d["actions"]}
@@ -1219,12 +1234,15 @@ class FlashRTNode(Node):
         parameters, a stalled clock, refused capsule calls)."""
         return frozenset(slot.topic for slot in self.slots)
 
-    def _health(self, snap: messages.StatusSnapshot) -> tuple[bytes, str]:
-        """Level and message from what changed since the last status."""
+    def _health(self, snap: messages.StatusSnapshot, resets: int | None = None) -> tuple[bytes, str]:
+        """Level and message from what changed since the last status. `resets`: how many times
+        the counters had been reset when `snap` was taken; after a ~/reset since, its counts are
+        not the baseline of the next status (they would hide what the next period counts)."""
         now = (snap.dropped_decisions, snap.deadline_misses)
         dropped, missed = (a - b for a, b in zip(now, self._last_health, strict=True))
         new_invalid = counts_since(snap.invalid, self._last_invalid)
-        self._last_health, self._last_invalid = now, dict(snap.invalid)
+        if resets is None or resets == self._counter_resets:
+            self._last_health, self._last_invalid = now, dict(snap.invalid)
         idle_s = self._idle_s()
         if self.enabled and (self._clock_watch.stalled or idle_s > self._idle_limit_s()):
             # what went wrong since the last decision, on the inputs that still stop one (an input
@@ -1287,7 +1305,11 @@ class FlashRTNode(Node):
         not a fault (a stalled clock is reported by the clock watch)."""
         clock = self.get_clock()
         if clock.ros_time_is_active:
-            return (clock.now().nanoseconds - self._last_decision_ros_ns) / 1e9
+            idle_ns = clock.now().nanoseconds - self._last_decision_ros_ns
+            if idle_ns >= 0:
+                return idle_ns / 1e9
+            # the last decision is ahead: ROS time went back since (a simulator reset); wall time
+            # then, or the idle ERROR could not fire for as long as the simulator had run
         return time.monotonic() - self._last_decision_at
 
     def _maybe_log_stats(self, snap: messages.StatusSnapshot) -> None:
