@@ -519,6 +519,27 @@ def test_lerobot_relative_actions_are_added_back_to_the_raw_state(tmp_path, toke
     assert np.abs(actions - unnormalised)[:, [6, 13]].max() == 0  # the grippers stay absolute
 
 
+def test_a_mask_against_lerobots_absolute_actions_is_refused(tmp_path):
+    """LeRobot's processor files (and config.json) say the actions are absolute: a
+    flashrt_config.json delta_action_mask would add the state to them (every position offset).
+    It was kept because "off" read as "nothing said"; a mask in a folder that says nothing stands."""
+    from flashrt_ros.policies.checkpoint import CheckpointError, read_config
+
+    _, folder = _lerobot_relative(tmp_path, relative=False, absolute=False)
+    (folder / "flashrt_config.json").write_text(json.dumps({"delta_action_mask": [True] * 6}))
+    refused = r"flashrt_config\.json: delta_action_mask .* say the actions are absolute"
+    with pytest.raises(CheckpointError, match=refused):
+        read_config(folder, "lerobot")
+    for name in ("policy_preprocessor.json", "policy_postprocessor.json"):
+        content = json.loads((folder / name).read_text())
+        content["steps"] = [s for s in content["steps"] if "actions_processor" not in s["registry_name"]]
+        (folder / name).write_text(json.dumps(content))
+    config = json.loads((folder / "config.json").read_text())
+    del config["use_relative_actions"]
+    (folder / "config.json").write_text(json.dumps(config))
+    assert read_config(folder, "lerobot").delta_action_mask == (True,) * 6  # nothing said: the mask stands
+
+
 def test_lerobot_folder_with_openpi_tensor_names_is_read_as_lerobot(tmp_path):
     """LeRobot's loader adds its "model." prefix to tensors saved without it, so a folder of such
     weights beside LeRobot's config.json and processor files is a LeRobot policy: it was read as

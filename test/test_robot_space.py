@@ -165,7 +165,8 @@ def _save_lerobot(tmp_path: Path, relative: bool, **space) -> Path:
 
 def test_lerobot_processors_count_whatever_flashrt_config_json_says(tmp_path):
     """A LeRobot folder with a flashrt_config.json of every field (as save_model writes it) still
-    gets the processors' relative actions; a flashrt_config.json mask that differs is refused."""
+    gets the processors' relative actions; a flashrt_config.json mask that differs is refused, and
+    so is one where the processors say the actions are absolute."""
     from flashrt_ros.policies.checkpoint import FLASHRT_CONFIG_FILE, CheckpointError, read_config
 
     folder = _save_lerobot(tmp_path, relative=True)
@@ -176,8 +177,9 @@ def test_lerobot_processors_count_whatever_flashrt_config_json_says(tmp_path):
     with pytest.raises(CheckpointError, match=r"delta_action_mask \(dims 0-4\) differs from the relative actions"):
         read_config(folder, "lerobot")
     processor = {"enabled": False, "exclude_joints": [], "action_names": None}
-    lerobot_folder(folder, processor, 6, absolute=False)  # processors off: the file's own mask stands
-    assert read_config(folder, "lerobot").delta_action_mask == (True,) * 5 + (False,)
+    lerobot_folder(folder, processor, 6, absolute=False)  # processors off: the actions are absolute
+    with pytest.raises(CheckpointError, match=r"delta_action_mask \(dims 0-4\), but the LeRobot processor files"):
+        read_config(folder, "lerobot")
 
 
 def test_openpi_export_states_its_mask_in_flashrt_config_json(tmp_path):

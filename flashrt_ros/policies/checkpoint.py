@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .config import GEMMA_2B, GEMMA_300M, PolicyConfig
-from .lerobot_relative import POSTPROCESSOR, PREPROCESSOR, lerobot_delta_mask
+from .lerobot_relative import POSTPROCESSOR, PREPROCESSOR, lerobot_delta_mask, lerobot_states_relative_actions
 from .listing import bounded, some
 from .normalize import file_present, read_json
 from .pi0 import Pi0Model, param_dtype
@@ -172,14 +172,24 @@ def read_config(folder: Path, layout: str, fallback: PolicyConfig | None = None)
 
 def _with_relative_actions(cfg: PolicyConfig, folder: Path, layout: str) -> PolicyConfig:
     """A LeRobot checkpoint's relative actions, from the processor files LeRobot runs, whatever
-    else the folder holds; a flashrt_config.json mask that says otherwise is refused."""
+    else the folder holds; a flashrt_config.json mask that says otherwise is refused (also one
+    where the files say the actions are absolute: LeRobot 0.6.1 writes the steps disabled). A
+    mask stands only where the folder says nothing about relative actions (older exports)."""
     if layout != "lerobot":
         return cfg
     try:
         mask = lerobot_delta_mask(folder)
+        stated = lerobot_states_relative_actions(folder)
     except ValueError as exc:
         raise CheckpointError(str(exc)) from exc
-    if not mask:  # off: a flashrt_config.json's own mask, if any, stands
+    if not mask:  # off: a flashrt_config.json's own mask stands where LeRobot's files say nothing
+        if any(cfg.delta_action_mask) and stated:
+            raise CheckpointError(
+                f"{folder / FLASHRT_CONFIG_FILE}: delta_action_mask ({describe_mask(cfg.delta_action_mask)}), but the "
+                "LeRobot processor files (or config.json's use_relative_actions) say the actions are absolute: "
+                "relative actions disabled; expected no mask (the state would be added to absolute actions), or, "
+                "for weights trained on relative actions, those processors enabled (LeRobot needs them too)"
+            )
         return cfg
     if cfg.delta_action_mask and cfg.delta_action_mask != mask:
         raise CheckpointError(

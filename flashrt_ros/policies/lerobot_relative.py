@@ -56,6 +56,17 @@ def lerobot_delta_mask(folder: str | Path) -> tuple[bool, ...]:
     return tuple(mask + [True] * (dof - len(mask)))
 
 
+def lerobot_states_relative_actions(folder: str | Path) -> bool:
+    """Whether the folder says anything about relative actions: a relative or absolute step in the
+    processor files, or config.json's `use_relative_actions`. Said and off (lerobot_delta_mask
+    empty), the actions are absolute: a mask from elsewhere contradicts it."""
+    folder = Path(folder)
+    if _steps_named(folder / PREPROCESSOR, RELATIVE_STEP) or _steps_named(folder / POSTPROCESSOR, ABSOLUTE_STEP):
+        return True
+    path = folder / "config.json"
+    return file_present(path) and isinstance(read_json(path).get("use_relative_actions"), bool)
+
+
 def _steps_named(path: Path, name: str) -> list[dict]:
     return [s for s in pipeline_steps(path) if s.get("registry_name") == name] if file_present(path) else []
 
