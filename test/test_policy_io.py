@@ -540,6 +540,18 @@ def test_a_mask_against_lerobots_absolute_actions_is_refused(tmp_path):
     assert read_config(folder, "lerobot").delta_action_mask == (True,) * 6  # nothing said: the mask stands
 
 
+def test_a_lerobot_folder_without_its_config_json_is_refused(tmp_path):
+    """Without config.json a LeRobot folder ran on the node's preset: chunk, steps, prompt length,
+    cameras and the prompt's style (LeRobot's pi0 adds "\n") guessed, without a word."""
+    from flashrt_ros.policies.checkpoint import CheckpointError, read_config
+
+    folder = _lerobot_copy(tmp_path)
+    (folder / "config.json").unlink()
+    (folder / "flashrt_config.json").unlink(missing_ok=True)
+    with pytest.raises(CheckpointError, match=r"holds a LeRobot policy without its config\.json; expected the"):
+        read_config(folder, "lerobot", PolicyConfig.tiny("pi05"))
+
+
 def test_lerobot_folder_with_openpi_tensor_names_is_read_as_lerobot(tmp_path):
     """LeRobot's loader adds its "model." prefix to tensors saved without it, so a folder of such
     weights beside LeRobot's config.json and processor files is a LeRobot policy: it was read as

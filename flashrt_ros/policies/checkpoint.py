@@ -209,8 +209,14 @@ def _base_config(folder: Path, layout: str, fallback: PolicyConfig | None, kind:
     """The config from LeRobot's or openpi's config.json, else the fallback; `kind` (stated by a
     flashrt_config.json) overrides what the weights' names say."""
     theirs = folder / CONFIG_FILE
-    if layout == "lerobot" and _present(theirs):
-        return _config_from_file(theirs, config_from_lerobot)
+    if layout == "lerobot":
+        if _present(theirs):
+            return _config_from_file(theirs, config_from_lerobot)
+        # the caller's preset would stand in for chunk, steps, prompt length and style, cameras
+        raise CheckpointError(
+            f"{folder} holds a LeRobot policy without its {CONFIG_FILE}; expected the {CONFIG_FILE} saved with "
+            f"its weights (LeRobot cannot load the folder without it either), or a {FLASHRT_CONFIG_FILE} of every field"
+        )
     found = kind_from_keys(weight_names(folder / WEIGHTS_FILE))
     if kind is None and found and fallback is not None and found[0] != fallback.kind:
         raise CheckpointError(
