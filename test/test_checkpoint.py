@@ -171,6 +171,26 @@ def test_a_stray_tensor_name_in_a_lerobot_file_is_named(tmp_path):
         detect_layout(tmp_path)
 
 
+def test_a_flashrt_config_json_that_differs_from_lerobots_says_so(tmp_path, caplog):
+    """save_model writes both files: one that then changed (config.json edited, or ours written by
+    hand for fewer steps) runs ours, field by field said in a warning; agreeing files say nothing."""
+    save_model(tiny_model("pi05"), tmp_path, layout="lerobot")
+    with caplog.at_level("WARNING", logger=checkpoint.__name__):
+        read_config(tmp_path, "lerobot")
+    assert not caplog.records
+    data = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**data, "chunk_size": 5, "num_inference_steps": 2}))
+    with caplog.at_level("WARNING", logger=checkpoint.__name__):
+        cfg = read_config(tmp_path, "lerobot")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert lines[0].endswith(
+        f"horizon is {cfg.horizon}, where {tmp_path / 'config.json'} says 5: this runs "
+        f"{cfg.horizon} (LeRobot would run 5)"
+    ), lines
+    assert f"num_steps is {cfg.num_steps}, where {tmp_path / 'config.json'} says 2" in lines[1], lines
+
+
 def test_a_field_of_config_json_is_blamed_on_config_json(tmp_path):
     """A partial flashrt_config.json reads config.json for the rest: a bad field there names
     config.json alone (it was prefixed with flashrt_config.json's path too, blaming a good file)."""

@@ -167,7 +167,36 @@ def read_config(folder: Path, layout: str, fallback: PolicyConfig | None = None)
         base = _base_config(folder, layout, fallback, kind=data.get("kind"))
         return PolicyConfig.from_dict({**base.to_dict(), **data})
 
-    return _with_relative_actions(_config_from_file(ours, parse), folder, layout)
+    cfg = _config_from_file(ours, parse)
+    if layout == "lerobot":
+        _warn_where_lerobot_differs(cfg, folder)
+    return _with_relative_actions(cfg, folder, layout)
+
+
+def _warn_where_lerobot_differs(cfg: PolicyConfig, folder: Path) -> None:
+    """A flashrt_config.json that sets what LeRobot's config.json states otherwise (chunk, steps,
+    prompt length, cameras, resolution, periods): ours runs, LeRobot would run theirs. A choice
+    (fewer steps) or a stale file: said, field by field, not refused."""
+    theirs = folder / CONFIG_FILE
+    if not _present(theirs):
+        return
+    data = _config_from_file(theirs, lambda d: d if isinstance(d, dict) else {})
+    said = {ours: data[key] for key, ours in _LEROBOT_INTS.items() if key in data}
+    said |= {key: data[key] for key in ("empty_cameras", "min_period", "max_period") if key in data}
+    ours = {key: getattr(cfg, key) for key in said}
+    if "image_resolution" in data:
+        said["image_size"], ours["image_size"] = data["image_resolution"], [cfg.vision.image_size] * 2
+    for key in sorted(k for k in said if said[k] != ours[k]):
+        log.warning(
+            "%s: %s is %r, where %s says %r: this runs %r (LeRobot would run %r)",
+            folder / FLASHRT_CONFIG_FILE,
+            key,
+            ours[key],
+            theirs,
+            said[key],
+            ours[key],
+            said[key],
+        )
 
 
 def _with_relative_actions(cfg: PolicyConfig, folder: Path, layout: str) -> PolicyConfig:
