@@ -374,6 +374,29 @@ def test_lerobot_statistics_without_a_norm_map_are_refused(tmp_path, config):
     assert Normalizer.find(tmp_path).unnormalize_actions(np.full((1, 6), 0.5)).tolist() == [[1.0] * 6]
 
 
+QUANTILES = {"STATE": "QUANTILES", "ACTION": "QUANTILES"}
+
+
+@pytest.mark.parametrize(
+    ("config", "refused"),
+    [
+        ({"norm_map": {**QUANTILES, "VISUAL": "MEAN_STD"}}, r" normalises the images \(MEAN_STD\); expected VISUAL"),
+        ({"norm_map": QUANTILES, "eps": 0.5}, r"'s eps is 0\.5; expected LeRobot's default 1e-08"),
+        ({"norm_map": QUANTILES, "normalize_observation_keys": []}, r" leaves observation\.state out of its features"),
+        ({"norm_map": QUANTILES, "features": {"action": {}}}, r" leaves observation\.state out of its features"),
+    ],
+    ids=["images-normalised", "another-eps", "state-not-in-keys", "state-not-a-feature"],
+)
+def test_lerobot_normaliser_settings_not_applied_here_are_refused(tmp_path, config, refused):
+    """What LeRobot's normaliser step would do otherwise (images normalised, another eps, the state
+    left as it is) was accepted and the state normalised as usual: the chunk differed from LeRobot's."""
+    pipeline = _lerobot_normalizer(tmp_path, config)
+    with pytest.raises(ValueError, match=rf"^{pipeline}: the normalizer_processor step" + refused):
+        Normalizer.find(tmp_path)
+    _lerobot_normalizer(tmp_path, {"norm_map": {**QUANTILES, "VISUAL": "IDENTITY"}, "eps": 1e-8})
+    assert Normalizer.find(tmp_path).mode == "quantile"
+
+
 def test_malformed_policy_preprocessor_json_names_the_file_and_step(tmp_path):
     pipeline = tmp_path / "policy_preprocessor.json"
     not_a_step = "steps[0] must be an object with a 'config' object, got "

@@ -278,7 +278,35 @@ def _lerobot_mode(pipeline: Path, step: dict) -> str:
     state_mode, action_mode = norm_map.get("STATE", "IDENTITY"), norm_map.get("ACTION", "IDENTITY")
     if state_mode != action_mode or state_mode not in modes:
         raise ValueError(f"{pipeline}: unsupported normalisation STATE={state_mode} ACTION={action_mode}")
+    _check_lerobot_step(pipeline, step)
     return modes[state_mode]
+
+
+def _check_lerobot_step(pipeline: Path, step: dict) -> None:
+    """What else LeRobot's (un)normalizer step would do that is not done here: images normalised,
+    another eps, the state (or the actions) left out of what it normalises. Refused, named: the
+    chunk would otherwise differ from LeRobot's without a word."""
+    config, name = step.get("config", {}), step.get("registry_name")
+    where = f"{pipeline}: the {name} step"
+    visual = config["norm_map"].get("VISUAL", "IDENTITY")
+    if visual != "IDENTITY":
+        raise ValueError(
+            f"{where} normalises the images ({visual}); expected VISUAL IDENTITY (pi0 / pi0.5 scale the pixels "
+            "to [-1, 1] themselves)"
+        )
+    eps = config.get("eps", LEROBOT_EPS)
+    if eps != LEROBOT_EPS:
+        raise ValueError(f"{where}'s eps is {eps!r}; expected LeRobot's default {LEROBOT_EPS:g}, the one applied here")
+    key = "observation.state" if name == "normalizer_processor" else "action"
+    features, keys = config.get("features"), config.get("normalize_observation_keys")
+    left_out = (isinstance(features, dict) and key not in features) or (
+        name == "normalizer_processor" and isinstance(keys, list) and key not in keys
+    )
+    if left_out:
+        raise ValueError(
+            f"{where} leaves {key} out of its features / normalize_observation_keys, so LeRobot does not normalise "
+            f"it; expected it in (it is normalised here with the statistics)"
+        )
 
 
 def file_present(path: Path) -> bool:
