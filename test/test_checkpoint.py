@@ -334,6 +334,25 @@ def test_openpi_converter_config_json_sets_the_chunk_and_variants(tmp_path):
             read_config(tmp_path, "openpi", PolicyConfig.tiny("pi05"))
 
 
+def test_openpi_config_fields_that_some_converters_copy_are_followed(tmp_path):
+    """Pi0Config's max_token_len and discrete_state_input, where a converter copies them into
+    config.json (pi05_libero: no state in the prompt), were dropped; a pi05 flag that contradicts
+    the weights is refused."""
+    save_model(tiny_model("pi05"), tmp_path, layout="openpi")
+    (tmp_path / "flashrt_config.json").unlink()
+    config_json = tmp_path / "config.json"
+    fields = {"action_dim": 32, "action_horizon": 10, "max_token_len": 100, "discrete_state_input": False}
+    config_json.write_text(json.dumps({**fields, "pi05": True}))
+    cfg = read_config(tmp_path, "openpi", PolicyConfig.tiny("pi05"))
+    assert (cfg.prompt_len, cfg.discrete_state_input, cfg.state_in_prompt) == (100, False, False)
+    config_json.write_text(json.dumps({**fields, "pi05": False}))
+    with pytest.raises(CheckpointError, match=r"config.json: field 'pi05' is False, but the weights are a pi05"):
+        read_config(tmp_path, "openpi", PolicyConfig.tiny("pi05"))
+    config_json.write_text(json.dumps({**fields, "discrete_state_input": "no"}))
+    with pytest.raises(CheckpointError, match=r"field 'discrete_state_input' must be true or false, got 'no'"):
+        read_config(tmp_path, "openpi", PolicyConfig.tiny("pi05"))
+
+
 def test_a_partial_flashrt_config_changes_what_the_other_files_say(tmp_path):
     """What no export records (openpi's discrete_state_input, LIBERO / DROID's blank third view)
     goes into a flashrt_config.json of a few fields, on top of the converter's config.json and

@@ -284,7 +284,21 @@ def config_from_openpi(data: dict, base: PolicyConfig) -> PolicyConfig:
             raise CheckpointError(f"field {key!r} is {name!r}; expected one of {sorted(variants)} (or their _lora)")
         specs[ours] = spec
     ints = {ours: _lerobot_int(data, key, getattr(base, ours)) for key, ours in _OPENPI_INTS.items()}
-    return base.replace(state_dim=ints["action_dim"], **ints, **specs)
+    # what openpi's Pi0Config holds and some converters copy too (openpi's own writes none of them)
+    if "pi05" in data and data["pi05"] is not (base.kind == "pi05"):
+        raise CheckpointError(
+            f"field 'pi05' is {data['pi05']!r}, but the weights are a {base.kind} policy; expected "
+            f"{str(base.kind == 'pi05').lower()}"
+        )
+    extra = {}
+    if "max_token_len" in data:
+        extra["prompt_len"] = _lerobot_int(data, "max_token_len", base.prompt_len)
+    if "discrete_state_input" in data:
+        value = data["discrete_state_input"]
+        if not isinstance(value, bool):
+            raise CheckpointError(f"field 'discrete_state_input' must be true or false, got {value!r}")
+        extra["discrete_state_input"] = value
+    return base.replace(state_dim=ints["action_dim"], **ints, **specs, **extra)
 
 
 def _present(path: Path) -> bool:
