@@ -634,10 +634,11 @@ def test_ros_time_going_back_drops_held_inputs_and_the_decision_under_way(rclpy_
         node._on_joint_state(slot, joints(100.5))
         assert slot.latest.stamp == TimeMsg(sec=100, nanosec=500_000_000)
         node.commands.push(np.zeros((10, len(JOINTS))), 100 * 10**9, 50_000_000, chunk_id=1)
-        node._executing = "the chunk before the jump"
+        node._executing = node._last_trajectory = "the chunk before the jump"
         clock.set_ros_time_override(Time(seconds=100.3))  # back 0.2 s, within max_age_s (0.4)
         node._publish_command(clock.now().nanoseconds)  # the command tick settles the commands
         assert node.commands.command(clock.now().nanoseconds) is None and node._executing is None
+        assert node._last_trajectory is None  # a pause would hold the arm to a pose from before the reset
         with node._lock:
             node._settle_jump_inputs()
         assert slot.latest is None and node.invalid[("", "clock_jumped_back")] == 1
@@ -1058,12 +1059,25 @@ def test_the_trajectory_stamp_parameter_picks_where_a_chunk_starts(rclpy_context
         node._throttle.logger = SimpleNamespace(warning=warned.append)
         now = node.get_clock().now().nanoseconds
         old = TimeMsg(sec=(now - 700_000_000) // 1_000_000_000, nanosec=(now - 700_000_000) % 1_000_000_000)
-        node._warn_if_ended(old, 500_000_000, node.cfg)  # 0.5 s of actions from 0.7 s ago
+        assert node._warn_if_ended(old, 500_000_000, node.cfg)  # 0.5 s of actions from 0.7 s ago
         assert len(warned) == 1 and warned[0].startswith("[chunk_ended] published a chunk that ended 2"), warned
         assert "a controller refuses it" in warned[0] and node.invalid[("", "chunk_ended")] == 1
-        node._warn_if_ended(old, 900_000_000, node.cfg)  # still running: nothing said
-        node._warn_if_ended(TimeMsg(), 500_000_000, node.cfg.with_values({"trajectory_stamp": "zero"}))
+        assert not node._warn_if_ended(old, 900_000_000, node.cfg)  # still running: nothing said
+        assert not node._warn_if_ended(TimeMsg(), 500_000_000, node.cfg.with_values({"trajectory_stamp": "zero"}))
         assert len(warned) == 1 and node.invalid[("", "chunk_ended")] == 1
+        # published whole, the ended chunk: the arm goes on with the one before, which stays the
+        # chunk a pause holds the controllers in and rtc guides the next one to
+        running = SimpleNamespace(actions=np.zeros((10, len(JOINTS)), np.float32), chunk_id=1, prefix_frames=None)
+        running.prefix_reused = False
+        fresh = TimeMsg(sec=now // 10**9, nanosec=now % 10**9)
+        node._publish(running, [Sample(None, fresh, 0, 0)] * len(node.slots), 1.0, node.cfg)
+        before = node._executing
+        assert before is not None and node._last_trajectory is before
+        ended = SimpleNamespace(actions=np.ones((10, len(JOINTS)), np.float32), chunk_id=2, prefix_frames=None)
+        ended.prefix_reused = False
+        node._publish(ended, [Sample(None, old, 0, 0)] * len(node.slots), 1.0, node.cfg)
+        assert node.invalid[("", "chunk_ended")] == 2
+        assert node._executing is before and node._last_trajectory is before
     finally:
         node.destroy_node()
     problems = NodeConfig(trajectory_stamp="now").validate(check_paths=False)

@@ -146,6 +146,16 @@ def test_a_blend_moves_between_chunks_and_is_set_at_runtime(running):
     assert peer.set_parameters(command_blend_steps=0)[0].successful
 
 
+def on_the_chunks_clock(node, sec: int) -> None:
+    """The node's ROS time at `sec` (sim time): chunks stamped there are published as current
+    (one that had ended would not be executed, nor streamed)."""
+    from rclpy.time import Time
+
+    clock = node.get_clock()
+    clock._set_ros_time_is_active(True)
+    clock.set_ros_time_override(Time(seconds=sec))
+
+
 def test_the_end_of_a_chunk_is_counted_once_and_reset_stops_the_stream(rclpy_context):
     """Driven by hand (nothing spinning): a chunk whose actions have all passed is counted once
     however many ticks find it so; ~/reset forgets it, and the next chunk starts afresh. Without
@@ -166,6 +176,7 @@ def test_the_end_of_a_chunk_is_counted_once_and_reset_stops_the_stream(rclpy_con
         off.destroy_node()
     node = in_process_node(rclpy_context, command_rate_hz=COMMAND_RATE_HZ)
     try:
+        on_the_chunks_clock(node, 7)  # a chunk stamped 7 s is not one that ended when published
         sent = []
         node._command_pubs = [(SimpleNamespace(publish=sent.append), [0, 1, 2, 3], JOINTS)]
         actions = np.arange(10 * len(JOINTS), dtype=np.float32).reshape(10, len(JOINTS))
@@ -216,6 +227,7 @@ def test_held_back_commands_are_counted_per_chunk_even_when_a_restore_repeats_it
         node._command_pubs = [(SimpleNamespace(publish=lambda _: None), [0, 1, 2, 3], JOINTS)]
 
         def chunk_at(sec: int, value: float) -> None:
+            on_the_chunks_clock(node, sec)
             samples = [Sample(None, TimeMsg(sec=sec), 0, 0) for _ in node.slots]
             actions = np.full((10, len(JOINTS)), value, dtype=np.float32)
             decision = SimpleNamespace(actions=actions, chunk_id=1, prefix_reused=False, prefix_frames=None)

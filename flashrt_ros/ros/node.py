@@ -926,7 +926,7 @@ class FlashRTNode(Node):
         inputs (the executing chunk and the commands are not set from a decision across a jump)."""
         stamp = self._chunk_stamp(samples[-1], cfg)
         step_ns = round(cfg.step_duration_s * 1e9)
-        self._warn_if_ended(stamp, len(decision.actions) * step_ns, cfg)
+        ended = self._warn_if_ended(stamp, len(decision.actions) * step_ns, cfg)
         names = cfg.output_joint_names
         sources = [(slot.topic, s.stamp) for slot, s in zip(self.slots, samples, strict=True)]
         for i, frame in enumerate((decision.prefix_frames or ())[: len(samples) - 1]):
@@ -950,14 +950,16 @@ class FlashRTNode(Node):
         self._publish_trajectories(decision.actions, stamp, step_ns)
         # a zero stamp is the controller's "start now": the publication's now
         start_ns = stamp_to_ns(stamp) or self.get_clock().now().nanoseconds
-        self._last_trajectory = executing = ExecutingChunk(decision.actions, start_ns, step_ns)
+        executing = ExecutingChunk(decision.actions, start_ns, step_ns)
         # a pause clears the stream under this lock after enabled went false; ROS time going back
         # after the epoch was read, before the settle here
         with self._command_lock:
             self._settle_jump_commands()
             if epoch is not None and epoch != self._time_epoch:
                 return
-            self._executing = executing
+            if ended:  # the controllers refuse it and the stream skips it: the arm goes on with the one before
+                return  # so neither a pause's hold point nor rtc's target may come from it
+            self._last_trajectory = self._executing = executing
             if not self._command_pubs or not self.enabled:
                 return
             try:  # the policy's checks make a refusal unreachable; if one comes, the node goes on
@@ -979,11 +981,11 @@ class FlashRTNode(Node):
                 )
             )
 
-    def _warn_if_ended(self, stamp: Any, lasts_ns: int, cfg: NodeConfig) -> None:
-        """A chunk whose last point is already past when published: joint_trajectory_controller
-        refuses it ("ends in the past"), and only its own log would say so. Stamped at the joint
-        state, that is a state older than the chunk lasts (max_age_s above it) or a decision
-        slower than that."""
+    def _warn_if_ended(self, stamp: Any, lasts_ns: int, cfg: NodeConfig) -> bool:
+        """Whether the chunk's last point is already past when published: joint_trajectory_controller
+        refuses it ("ends in the past"), and only its own log would say so; counted and warned.
+        Stamped at the joint state, that is a state older than the chunk lasts (max_age_s above
+        it) or a decision slower than that."""
         ends_ns = stamp_to_ns(stamp) + lasts_ns
         now_ns = self.get_clock().now().nanoseconds
         if cfg.trajectory_stamp != "zero" and ends_ns < now_ns:
@@ -995,6 +997,8 @@ class FlashRTNode(Node):
                 f"{cfg.trajectory_stamp}, {lasts_ns / 1e9:g} s of actions): a controller refuses it; expected "
                 "a fresher joint state (max_age_s below the chunk's length), a faster decision or a longer chunk",
             )
+            return True
+        return False
 
     def _chunk_stamp(self, joints: Sample, cfg: NodeConfig) -> Any:
         """Where the chunk's time starts. The policy computed it for the moment of its joint state
@@ -1192,13 +1196,16 @@ class FlashRTNode(Node):
             )
 
     def _settle_jump_commands(self) -> None:
-        """After ROS time went back: the command stream and the executing chunk (rtc) go. With
-        self._command_lock held, by the command tick, a decision or a publication."""
+        """After ROS time went back: the command stream, the executing chunk (rtc) and the last
+        trajectory (a pause's hold point) go. With self._command_lock held, by the command tick, a
+        decision, a publication or a pause."""
         if self._commands_epoch == self._time_epoch:
             return
         self._commands_epoch = self._time_epoch
         self._clear_commands()
-        self._executing = None
+        # a pause's hold point too: interpolated on the new clock, the last chunk would send the
+        # arm back towards where it was before a simulator reset
+        self._executing = self._last_trajectory = None
 
     def _check_timeline(self, stamp: Time, now_ns: int, topic: str) -> None:
         """Soon after ROS time went back, a message still queued from before the jump is stamped
@@ -1526,7 +1533,9 @@ class FlashRTNode(Node):
         """A one-point trajectory, starting now, to where the last published chunk has the
         trajectory controllers now (its trajectory interpolated; past its end, its last point):
         they stop there. What was done, in words, for the reply."""
-        last = self._last_trajectory
+        with self._command_lock:
+            self._settle_jump_commands()
+            last = self._last_trajectory
         if last is None:
             return "no trajectory published since the node started or was last paused: none to stop"
         self._last_trajectory = None  # the controllers are held; the next pause has nothing newer to stop
