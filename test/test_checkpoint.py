@@ -348,6 +348,9 @@ def test_openpi_config_fields_that_some_converters_copy_are_followed(tmp_path):
     config_json.write_text(json.dumps({**fields, "pi05": False}))
     with pytest.raises(CheckpointError, match=r"config.json: field 'pi05' is False, but the weights are a pi05"):
         read_config(tmp_path, "openpi", PolicyConfig.tiny("pi05"))
+    config_json.write_text(json.dumps({**fields, "pi05": 1}))
+    with pytest.raises(CheckpointError, match=r"field 'pi05' must be true or false, got 1"):
+        read_config(tmp_path, "openpi", PolicyConfig.tiny("pi05"))
     config_json.write_text(json.dumps({**fields, "discrete_state_input": "no"}))
     with pytest.raises(CheckpointError, match=r"field 'discrete_state_input' must be true or false, got 'no'"):
         read_config(tmp_path, "openpi", PolicyConfig.tiny("pi05"))

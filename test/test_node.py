@@ -771,7 +771,7 @@ def test_under_sim_time_a_deadline_is_judged_in_sim_time_and_a_reset_does_not_hi
     """rate_hz's periods are on the decision timer's clock: under sim time a decision that takes
     longer than a period in wall time but not in sim time (a slow simulator) is no deadline miss,
     and one that takes more sim time than a period (a fast one) is. After ROS time went back past
-    the last decision, idleness is read on wall time (it was negative, so never an ERROR)."""
+    the last decision, idleness counts from where it landed (it was negative, so never an ERROR)."""
     from diagnostic_msgs.msg import DiagnosticStatus
     from rclpy.time import Time
 
@@ -808,10 +808,10 @@ def test_under_sim_time_a_deadline_is_judged_in_sim_time_and_a_reset_does_not_hi
         one_decision(sim_s=0.2, wall_s=0.0)  # a fast one: two periods of sim time in no wall time
         assert node.decisions == 2 and node.deadline_misses == 1
         clock.set_ros_time_override(Time(seconds=1))  # a simulator reset, far behind the last decision
-        node._last_decision_at = time.monotonic() - 30.0
-        assert node._idle_s() == pytest.approx(30.0, abs=1.0)
+        assert node._idle_s() == pytest.approx(0.0)  # counted from where ROS time landed
+        clock.set_ros_time_override(Time(seconds=31))  # 30 s of sim time since, no decision
         level, message = node._health(node.snapshot())
-        assert level == DiagnosticStatus.ERROR and message.startswith("no decision for 30"), message
+        assert level == DiagnosticStatus.ERROR and message.startswith("no decision for 30.0 s"), message
     finally:
         node.destroy_node()
 
@@ -824,15 +824,16 @@ def test_a_reset_between_a_status_snapshot_and_its_health_hides_nothing_after(rc
     node = in_process_node(rclpy_context)
     try:
         node._last_decision_at = time.monotonic()
+        node.deadline_misses = 20
+        node._health(*node._snapshot_with_baseline(advance=True))  # a status before: 20 reported
         node.deadline_misses = 50
-        resets = node._counter_resets
-        snap = node.snapshot()
+        snap, baseline = node._snapshot_with_baseline(advance=True)
         assert node._on_reset(Trigger.Request(), Trigger.Response()).success
         node._last_decision_at = time.monotonic()
-        _, message = node._health(snap, resets)
-        assert "50 deadline misses since the last status" in message, message
+        _, message = node._health(snap, baseline)
+        assert "30 deadline misses since the last status" in message, message  # not every one since the start
         node.deadline_misses += 3
-        _, message = node._health(node.snapshot(), node._counter_resets)
+        _, message = node._health(*node._snapshot_with_baseline(advance=True))
         assert "3 deadline misses since the last status" in message, message
     finally:
         node.destroy_node()

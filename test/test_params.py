@@ -281,6 +281,10 @@ def test_a_leading_tilde_in_a_path_is_the_home_folder_for_the_check_and_the_load
     assert cfg.checkpoint == str(tmp_path / "ckpt") and cfg.tokenizer == str(tmp_path / "tok.model")
     assert cfg.validate() == []
     assert NodeConfig.from_values({"checkpoint": "ckpt~"}).checkpoint == "ckpt~"  # only a leading ~
+    nobody = NodeConfig.from_values({"checkpoint": "~no_such_user_here/ckpt"})  # no traceback: named
+    assert nobody.validate() == [
+        "checkpoint '~no_such_user_here/ckpt' is not a folder; expected one with model.safetensors"
+    ]
 
 
 def test_limits_take_integers_one_value_for_all_or_one_per_joint():

@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .config import GEMMA_2B, GEMMA_300M, PolicyConfig
-from .lerobot_relative import POSTPROCESSOR, PREPROCESSOR, lerobot_delta_mask, lerobot_states_relative_actions
+from .lerobot_relative import POSTPROCESSOR, PREPROCESSOR, lerobot_delta_mask, lerobot_says_relative_or_absolute
 from .listing import bounded, some
 from .normalize import file_present, read_json
 from .pi0 import Pi0Model, param_dtype
@@ -208,7 +208,7 @@ def _with_relative_actions(cfg: PolicyConfig, folder: Path, layout: str) -> Poli
         return cfg
     try:
         mask = lerobot_delta_mask(folder)
-        stated = lerobot_states_relative_actions(folder)
+        stated = lerobot_says_relative_or_absolute(folder)
     except ValueError as exc:
         raise CheckpointError(str(exc)) from exc
     if not mask:  # off: a flashrt_config.json's own mask stands where LeRobot's files say nothing
@@ -285,6 +285,8 @@ def config_from_openpi(data: dict, base: PolicyConfig) -> PolicyConfig:
         specs[ours] = spec
     ints = {ours: _lerobot_int(data, key, getattr(base, ours)) for key, ours in _OPENPI_INTS.items()}
     # what openpi's Pi0Config holds and some converters copy too (openpi's own writes none of them)
+    if "pi05" in data and not isinstance(data["pi05"], bool):
+        raise CheckpointError(f"field 'pi05' must be true or false, got {data['pi05']!r}")
     if "pi05" in data and data["pi05"] is not (base.kind == "pi05"):
         raise CheckpointError(
             f"field 'pi05' is {data['pi05']!r}, but the weights are a {base.kind} policy; expected "

@@ -56,7 +56,7 @@ def lerobot_delta_mask(folder: str | Path) -> tuple[bool, ...]:
     return tuple(mask + [True] * (dof - len(mask)))
 
 
-def lerobot_states_relative_actions(folder: str | Path) -> bool:
+def lerobot_says_relative_or_absolute(folder: str | Path) -> bool:
     """Whether the folder says anything about relative actions: a relative or absolute step in the
     processor files, or config.json's `use_relative_actions`. Said and off (lerobot_delta_mask
     empty), the actions are absolute: a mask from elsewhere contradicts it."""

@@ -13,6 +13,7 @@ Statistics may cover fewer dims than the padded model vector: extra dims pass th
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -278,14 +279,15 @@ def _lerobot_mode(pipeline: Path, step: dict) -> str:
     state_mode, action_mode = norm_map.get("STATE", "IDENTITY"), norm_map.get("ACTION", "IDENTITY")
     if state_mode != action_mode or state_mode not in modes:
         raise ValueError(f"{pipeline}: unsupported normalisation STATE={state_mode} ACTION={action_mode}")
-    _check_lerobot_step(pipeline, step)
+    _check_lerobot_step(pipeline, step, applied=modes[state_mode] != "identity")
     return modes[state_mode]
 
 
-def _check_lerobot_step(pipeline: Path, step: dict) -> None:
+def _check_lerobot_step(pipeline: Path, step: dict, applied: bool) -> None:
     """What else LeRobot's (un)normalizer step would do that is not done here: images normalised,
-    another eps, the state (or the actions) left out of what it normalises. Refused, named: the
-    chunk would otherwise differ from LeRobot's without a word."""
+    another eps, the state (or the actions) left out of what it normalises (the last two matter
+    only where statistics are `applied`). Refused, named: the chunk would otherwise differ from
+    LeRobot's without a word."""
     config, name = step.get("config", {}), step.get("registry_name")
     where = f"{pipeline}: the {name} step"
     visual = config["norm_map"].get("VISUAL", "IDENTITY")
@@ -294,8 +296,10 @@ def _check_lerobot_step(pipeline: Path, step: dict) -> None:
             f"{where} normalises the images ({visual}); expected VISUAL IDENTITY (pi0 / pi0.5 scale the pixels "
             "to [-1, 1] themselves)"
         )
+    if not applied:
+        return
     eps = config.get("eps", LEROBOT_EPS)
-    if eps != LEROBOT_EPS:
+    if not (isinstance(eps, int | float) and math.isclose(eps, LEROBOT_EPS, rel_tol=1e-6)):
         raise ValueError(f"{where}'s eps is {eps!r}; expected LeRobot's default {LEROBOT_EPS:g}, the one applied here")
     key = "observation.state" if name == "normalizer_processor" else "action"
     features, keys = config.get("features"), config.get("normalize_observation_keys")

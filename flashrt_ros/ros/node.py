@@ -166,7 +166,7 @@ class FlashRTNode(Node):
         # ROS time going back (_on_time_jump): how often, from where, by how much; read by the
         # inputs and the commands, which settle on it at their next use
         self._time_epoch = self._inputs_epoch = self._commands_epoch = 0
-        self._jump_from_ns = self._jump_back_ns = 0
+        self._jump_from_ns = self._jump_to_ns = self._jump_back_ns = 0
         self._jumps_back_ns: deque[int] = deque()  # not yet counted and logged
         self._jump_handle = self.get_clock().create_jump_callback(  # kept: the callback lives with it
             JumpThreshold(min_forward=None, min_backward=Duration(seconds=-MIN_JUMP_BACK_S), on_clock_change=False),
@@ -286,7 +286,6 @@ class FlashRTNode(Node):
         return unknown
 
     def _reset_counters(self) -> None:
-        self._counter_resets = getattr(self, "_counter_resets", 0) + 1  # a status taken across it: _health
         self.decisions = 0
         self.deadline_misses = 0
         self.dropped_decisions = 0
@@ -516,9 +515,7 @@ class FlashRTNode(Node):
         cfg = self.cfg
         generation = self._generation(slot)  # a ~/reset while this frame is converted drops it (_accept)
         try:
-            now_ns = self.get_clock().now().nanoseconds
-            check_fresh(msg.header.stamp, now_ns, cfg.max_age_s, slot.topic)
-            self._check_timeline(msg.header.stamp, now_ns, slot.topic)
+            now_ns = self._check_stamp(msg.header.stamp, slot.topic, cfg.max_age_s)
             gap_s, held_hw = self._held_frame_size(slot, msg.header.stamp, now_ns)
             # the held size goes to the converter so that another size is refused from the header,
             # before a compressed frame is decoded (8000x8000 PNGs at 10 Hz cut the decisions 5x)
@@ -563,9 +560,7 @@ class FlashRTNode(Node):
         generation = self._generation(slot)  # a ~/reset from here on drops this sample, as for a frame
         cfg = self.cfg
         try:
-            now_ns = self.get_clock().now().nanoseconds
-            check_fresh(msg.header.stamp, now_ns, cfg.max_age_s, slot.topic)
-            self._check_timeline(msg.header.stamp, now_ns, slot.topic)
+            self._check_stamp(msg.header.stamp, slot.topic, cfg.max_age_s)
             state = joint_state_to_vector(msg, cfg.joint_names, source=slot.topic)
         except InputError as err:
             self._reject(slot, err)
@@ -624,7 +619,7 @@ class FlashRTNode(Node):
             STALE,
             slot.topic,
             f"stamp is {(held_ns - new_ns) / 1e9:.3f} s older than the sample already held; the newer one is "
-            "kept (two publishers on this topic, a reordered message, or ROS time gone back by less than max_age_s?)",
+            "kept (two publishers on this topic, or a reordered message?)",
         )
 
     def _clock_jumped_back(self, stamp_ns: int, now_ns: int) -> bool:
@@ -720,7 +715,7 @@ class FlashRTNode(Node):
 
     def _decide(self) -> None:
         start = time.perf_counter_ns()
-        began_s = self._timer_seconds()  # the decision's length in the periods of rate_hz (sim time too)
+        began = self._timer_seconds(), self.get_clock().ros_time_is_active  # its length in rate_hz's periods
         cfg = self.cfg
         epoch = self._time_epoch
         now_ns = self.get_clock().now().nanoseconds
@@ -774,7 +769,7 @@ class FlashRTNode(Node):
             return
         self._publish(decision, samples, latency_ms, cfg, held, epoch)
         self._latency.add(self.get_clock().now().nanoseconds - now_ns)  # on the clock the chunks are stamped on
-        self._account(samples, decision, start, time.perf_counter_ns(), cfg, guided=held is not None, began_s=began_s)
+        self._account(samples, decision, start, time.perf_counter_ns(), cfg, guided=held is not None, began=began)
 
     def _hold(self, joints: Sample, now_ns: int, cfg: NodeConfig) -> Hold | None:
         """Real-time chunking: what of the executing chunk the next one is held to (None: rtc off,
@@ -1021,10 +1016,10 @@ class FlashRTNode(Node):
         end_ns: int,
         cfg: NodeConfig,
         guided: bool = False,
-        began_s: float | None = None,
+        began: tuple[float, bool] | None = None,
     ) -> None:
         """Times of one decision, from the arrival of the newest input it used to publication
-        (wall time), and its length on the decision timer's clock from `began_s` (ROS time under
+        (wall time), and its length on the decision timer's clock from `began` (ROS time under
         sim time, as rate_hz's periods: a deadline miss and the idle limit are judged on it):
 
         - ``arrival_to_publish``: all of it, minus the policy's compute;
@@ -1051,9 +1046,7 @@ class FlashRTNode(Node):
             self.rtc_guided += guided
             self._last_decision_at = time.monotonic()
             self._last_decision_ros_ns = self.get_clock().now().nanoseconds
-            took_s = (end_ns - start_ns) / 1e9 if began_s is None else self._timer_seconds() - began_s
-            if took_s < 0:  # ROS time went back meanwhile: wall time instead
-                took_s = (end_ns - start_ns) / 1e9
+            took_s = self._took_s(began, (end_ns - start_ns) / 1e9)
             self._decision_s.append(took_s)
             self._invalid_at_decision = dict(self.invalid)
             self._blocking = frozenset()
@@ -1062,6 +1055,15 @@ class FlashRTNode(Node):
             streak, self._dropped_streak = self._dropped_streak, 0
         if streak:
             self.get_logger().info(f"decisions resumed (chunk {decision.chunk_id}) after {streak} skipped")
+
+    def _took_s(self, began: tuple[float, bool] | None, wall_s: float) -> float:
+        """A decision's length on the decision timer's clock from `began` (its reading then, and
+        whether ROS time was active); its wall time where that clock changed meanwhile
+        (use_sim_time switched, ROS time gone back): the two readings are then on two clocks."""
+        if began is None or began[1] != self.get_clock().ros_time_is_active:
+            return wall_s
+        took_s = self._timer_seconds() - began[0]
+        return took_s if took_s >= 0 else wall_s
 
     def _our_failure(self, what: str, text: str) -> None:
         """A failure of ours caught where it cannot stop the node: counted as node_error and logged
@@ -1120,10 +1122,17 @@ class FlashRTNode(Node):
 
     # ---- status ----------------------------------------------------------------------------
     def snapshot(self) -> messages.StatusSnapshot:
+        return self._snapshot_with_baseline()[0]
+
+    def _snapshot_with_baseline(self, advance: bool = False) -> tuple[messages.StatusSnapshot, tuple]:
+        """The snapshot and the health baseline (the counts the last status judged), read - and,
+        with `advance`, the baseline replaced by this snapshot's counts - under one lock: a
+        ~/reset, which zeroes both, falls before or after the pair, never between (the next
+        status then hid what it counted, or this one reported every count since the start)."""
         d = self.description
         node_stage = [s for s in self.node_stats.summaries() if s.name == "node_overhead"]
         with self._lock:
-            return messages.StatusSnapshot(
+            snap = messages.StatusSnapshot(
                 stamp=self.get_clock().now().to_msg(),
                 stages=self.state.pipeline.stats.summaries() + node_stage,
                 target_rate_hz=self.cfg.rate_hz,
@@ -1139,6 +1148,11 @@ class FlashRTNode(Node):
                 precision=d["precision"],
                 enabled=self.enabled,
             )
+            baseline = (self._last_health, self._last_invalid)
+            if advance:
+                self._last_health = (snap.dropped_decisions, snap.deadline_misses)
+                self._last_invalid = dict(snap.invalid)
+        return snap, baseline
 
     def _on_status(self) -> None:
         """The status timer. A failure here is a bug of ours, not the robot's: it is logged (with
@@ -1151,10 +1165,9 @@ class FlashRTNode(Node):
 
     def _publish_status(self) -> None:
         self._watch_ros_time()
-        resets = self._counter_resets
-        snap = self.snapshot()
+        snap, baseline = self._snapshot_with_baseline(advance=True)
         self._status_pub.publish(messages.pipeline_status(snap))
-        level, text = self._health(snap, resets)
+        level, text = self._health(snap, baseline)
         name = f"{self.get_fully_qualified_name()}: pipeline"
         d = self.description
         extra = {"backend": d["backend"], "prompt": self.cfg.prompt, "actions": d["actions"]}
@@ -1174,7 +1187,8 @@ class FlashRTNode(Node):
         if back_ns <= 0:
             return
         self._jump_back_ns = back_ns
-        self._jump_from_ns = max(self._jump_from_ns, self.get_clock().now().nanoseconds + back_ns)
+        self._jump_to_ns = self.get_clock().now().nanoseconds
+        self._jump_from_ns = self._jump_to_ns + back_ns
         self._jumps_back_ns.append(back_ns)
         self._time_epoch += 1  # last: whoever sees the new epoch sees the rest
 
@@ -1206,6 +1220,14 @@ class FlashRTNode(Node):
         # a pause's hold point too: interpolated on the new clock, the last chunk would send the
         # arm back towards where it was before a simulator reset
         self._executing = self._last_trajectory = None
+
+    def _check_stamp(self, stamp: Time, topic: str, max_age_s: float) -> int:
+        """A message's stamp judged on the node's clock (fresh, and on its timeline after ROS time
+        went back), or InputError; the clock's reading it was judged at."""
+        now_ns = self.get_clock().now().nanoseconds
+        check_fresh(stamp, now_ns, max_age_s, topic)
+        self._check_timeline(stamp, now_ns, topic)
+        return now_ns
 
     def _check_timeline(self, stamp: Time, now_ns: int, topic: str) -> None:
         """Soon after ROS time went back, a message still queued from before the jump is stamped
@@ -1241,15 +1263,15 @@ class FlashRTNode(Node):
         parameters, a stalled clock, refused capsule calls)."""
         return frozenset(slot.topic for slot in self.slots)
 
-    def _health(self, snap: messages.StatusSnapshot, resets: int | None = None) -> tuple[bytes, str]:
-        """Level and message from what changed since the last status. `resets`: how many times
-        the counters had been reset when `snap` was taken; after a ~/reset since, its counts are
-        not the baseline of the next status (they would hide what the next period counts)."""
+    def _health(self, snap: messages.StatusSnapshot, baseline: tuple | None = None) -> tuple[bytes, str]:
+        """Level and message from what changed since the last status: since `baseline`, taken
+        with `snap` (`_snapshot_with_baseline`); None: the node's, then replaced by `snap`'s."""
         now = (snap.dropped_decisions, snap.deadline_misses)
-        dropped, missed = (a - b for a, b in zip(now, self._last_health, strict=True))
-        new_invalid = counts_since(snap.invalid, self._last_invalid)
-        if resets is None or resets == self._counter_resets:
+        if baseline is None:
+            baseline = (self._last_health, self._last_invalid)
             self._last_health, self._last_invalid = now, dict(snap.invalid)
+        dropped, missed = (a - b for a, b in zip(now, baseline[0], strict=True))
+        new_invalid = counts_since(snap.invalid, baseline[1])
         idle_s = self._idle_s()
         if self.enabled and (self._clock_watch.stalled or idle_s > self._idle_limit_s()):
             # what went wrong since the last decision, on the inputs that still stop one (an input
@@ -1312,11 +1334,14 @@ class FlashRTNode(Node):
         not a fault (a stalled clock is reported by the clock watch)."""
         clock = self.get_clock()
         if clock.ros_time_is_active:
-            idle_ns = clock.now().nanoseconds - self._last_decision_ros_ns
-            if idle_ns >= 0:
-                return idle_ns / 1e9
-            # the last decision is ahead: ROS time went back since (a simulator reset); wall time
-            # then, or the idle ERROR could not fire for as long as the simulator had run
+            now_ns = clock.now().nanoseconds
+            if now_ns >= self._last_decision_ros_ns:
+                return (now_ns - self._last_decision_ros_ns) / 1e9
+            # the last decision is ahead: ROS time went back since (a simulator reset), and the
+            # idle ERROR could not fire for as long as the simulator had run. From where it
+            # landed; where no jump explains it (use_sim_time switched on), wall time
+            if self._jump_to_ns and self._jump_to_ns <= now_ns:
+                return (now_ns - self._jump_to_ns) / 1e9
         return time.monotonic() - self._last_decision_at
 
     def _maybe_log_stats(self, snap: messages.StatusSnapshot) -> None:

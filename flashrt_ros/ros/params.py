@@ -644,7 +644,10 @@ def _normalise(f: dataclasses.Field, value: Any) -> Any:
     else is kept for validate()."""
     kind = f.type
     if f.name in PATH_PARAMETERS and isinstance(value, str) and value.startswith("~"):
-        return str(Path(value).expanduser())
+        try:
+            return str(Path(value).expanduser())
+        except RuntimeError:  # ~user of no such user: kept, for the check to name it
+            return value
     if kind == "float" and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if kind in ("list[str]", "list[float]"):
