@@ -171,6 +171,16 @@ def test_a_stray_tensor_name_in_a_lerobot_file_is_named(tmp_path):
         detect_layout(tmp_path)
 
 
+def test_lerobots_n_action_steps_is_kept_for_the_node_to_say(tmp_path):
+    """How many actions LeRobot executes per chunk (config.json's n_action_steps) is kept in the
+    config's extra; more than the chunk is refused."""
+    good = lerobot_config_dict(PolicyConfig.pi05())
+    assert checkpoint.config_from_lerobot({**good, "n_action_steps": 10}).extra == {"n_action_steps": 10}
+    assert checkpoint.config_from_lerobot({**good, "n_action_steps": 50}).extra == {"n_action_steps": 50}
+    with pytest.raises(CheckpointError, match=r"field 'n_action_steps' is 51, more than chunk_size 50"):
+        checkpoint.config_from_lerobot({**good, "n_action_steps": 51})
+
+
 def test_a_flashrt_config_json_that_differs_from_lerobots_says_so(tmp_path, caplog):
     """save_model writes both files: one that then changed (config.json edited, or ours written by
     hand for fewer steps) runs ours, field by field said in a warning; agreeing files say nothing."""

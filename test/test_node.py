@@ -693,6 +693,36 @@ def test_ros_time_going_back_drops_held_inputs_and_the_decision_under_way(rclpy_
         node.destroy_node()
 
 
+def test_a_lerobot_n_action_steps_is_said_against_the_decision_rate(rclpy_context, monkeypatch):
+    """LeRobot executes n_action_steps of a chunk, then decides again: a rate_hz that replans less
+    often runs the policy differently, which the start-up log says (with the rate that would not)."""
+    from types import SimpleNamespace
+
+    node = in_process_node(rclpy_context)  # rate_hz 10, step_duration_s 0.05: a chunk every 2 actions
+    try:
+        said: list[tuple[str, str]] = []
+        logger = SimpleNamespace(**{level: partial_log(said, level) for level in ("info", "warning")})
+        monkeypatch.setattr(node, "get_logger", lambda: logger)
+        policy = node.state.pipeline.policy
+        policy.cfg = policy.cfg.replace(extra={"n_action_steps": 1})
+        node._say_how_often_lerobot_replans(node.cfg)
+        assert said[-1][0] == "warning" and said[-1][1].endswith(
+            "a chunk comes every 2 actions: more than LeRobot runs it with; expected rate_hz >= 20"
+        ), said
+        policy.cfg = policy.cfg.replace(extra={"n_action_steps": 5})
+        node._say_how_often_lerobot_replans(node.cfg)
+        assert said[-1][0] == "info" and "n_action_steps is 5 of its" in said[-1][1], said
+        policy.cfg = policy.cfg.replace(extra={})
+        node._say_how_often_lerobot_replans(node.cfg)
+        assert len(said) == 2  # not a LeRobot checkpoint: nothing to say
+    finally:
+        node.destroy_node()
+
+
+def partial_log(lines: list, level: str):
+    return lambda text: lines.append((level, text))
+
+
 def test_a_prompt_from_the_topic_is_checked_in_the_nodes_own_namespace(rclpy_context):
     """Topics judged in the root namespace can clash where the node's own do not (a relative and an
     absolute name): a prompt from prompt_topic is checked as `ros2 param set` checks it."""

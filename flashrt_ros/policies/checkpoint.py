@@ -354,6 +354,10 @@ def config_from_lerobot(data: dict) -> PolicyConfig:
     periods = {key: data.get(key, getattr(base, key)) for key in ("min_period", "max_period")}
     empty = _lerobot_int(data, "empty_cameras", 0, minimum=0)
     cameras = _lerobot_cameras(data.get("input_features", {}), empty)
+    # how many of a chunk's actions LeRobot executes before it decides again: the node says so
+    executed = _lerobot_int(data, "n_action_steps", ints["horizon"])
+    if executed > ints["horizon"]:
+        raise CheckpointError(f"field 'n_action_steps' is {executed}, more than chunk_size {ints['horizon']}")
     return base.replace(
         prefix=variants[chosen["paligemma_variant"]],
         expert=variants[chosen["action_expert_variant"]],
@@ -362,6 +366,7 @@ def config_from_lerobot(data: dict) -> PolicyConfig:
         empty_cameras=empty,
         prompt_style="lerobot",
         dtype=data.get("dtype", "float32"),
+        extra={"n_action_steps": executed},
         **ints,
         **periods,
     )

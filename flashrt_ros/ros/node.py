@@ -485,6 +485,7 @@ class FlashRTNode(Node):
             )
         self._warn_fewer_joints_than_statistics()
         self._warn_chunk_gap(cfg)
+        self._say_how_often_lerobot_replans(cfg)
 
     def _warn_chunk_gap(self, cfg: NodeConfig) -> None:
         """A decision period longer than a chunk lasts leaves the controller without points
@@ -497,6 +498,25 @@ class FlashRTNode(Node):
                 f"({horizon} actions x step_duration_s {cfg.step_duration_s:g}): the controller runs out of "
                 f"points between chunks; expected rate_hz >= {1.0 / lasts:g}"
             )
+
+    def _say_how_often_lerobot_replans(self, cfg: NodeConfig) -> None:
+        """A LeRobot checkpoint says how many of a chunk's actions LeRobot executes before it
+        decides again (n_action_steps): the node publishes whole chunks and replans at rate_hz, so
+        a slower rate executes more of each chunk than the policy was run with there."""
+        policy_cfg = self.state.pipeline.policy.cfg
+        executed = policy_cfg.extra.get("n_action_steps")
+        if not executed or executed >= policy_cfg.horizon:
+            return
+        per_decision = 1.0 / (cfg.rate_hz * cfg.step_duration_s)
+        said = (
+            f"the checkpoint's n_action_steps is {executed} of its {policy_cfg.horizon} actions (LeRobot executes "
+            f"{executed}, then decides again); at rate_hz {cfg.rate_hz:g} a chunk comes every {per_decision:g} actions"
+        )
+        if per_decision > executed:
+            wanted = 1.0 / (executed * cfg.step_duration_s)
+            self.get_logger().warning(f"{said}: more than LeRobot runs it with; expected rate_hz >= {wanted:g}")
+        else:
+            self.get_logger().info(said)
 
     def _warn_fewer_joints_than_statistics(self) -> None:
         """Fewer joints than the checkpoint's statistics cover runs (a robot that is a subset of
