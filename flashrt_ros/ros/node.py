@@ -590,9 +590,10 @@ class FlashRTNode(Node):
     def _generation(self, slot: InputSlot) -> int:
         """The slot's generation as a message's handling starts, after any jump of ROS time back
         is settled: settled later, in `_accept`, it would drop this message as from before it."""
-        with self._lock:
-            self._settle_jump_inputs()
-            return slot.generation
+        if self._inputs_epoch != self._time_epoch:  # rare: not a lock per message for it
+            with self._lock:
+                self._settle_jump_inputs()
+        return slot.generation
 
     def _accept(
         self,
@@ -743,8 +744,9 @@ class FlashRTNode(Node):
         if samples is None:
             return
         self._forget_old_prefix(now_ns, cfg)
-        with self._command_lock:  # the executing chunk guides this one (rtc): not one from before a jump
-            self._settle_jump_commands()
+        if self._commands_epoch != self._time_epoch:  # the executing chunk guides this one (rtc): not one
+            with self._command_lock:  # from before a jump
+                self._settle_jump_commands()
         from flashrt_ros.engine.pipeline import NonFiniteActions
         from flashrt_ros.policies.policy import Observation
 
