@@ -788,10 +788,10 @@ def test_under_sim_time_idle_is_measured_on_the_ros_clock(rclpy_context):
         node._last_decision_at = time.monotonic() - 30.0  # 30 s of wall time
         assert node._idle_s() == pytest.approx(0.05)
         assert node.state.pipeline.stats.clock() == pytest.approx(100.0)  # stage rates on the ROS clock too
-        level, message = node._health(node.snapshot())
+        level, message = node._health(*node._snapshot_with_baseline(advance=True))
         assert level != DiagnosticStatus.ERROR, message
         clock.set_ros_time_override(Time(seconds=103))  # 3 s of sim time with no decision
-        level, message = node._health(node.snapshot())
+        level, message = node._health(*node._snapshot_with_baseline(advance=True))
         assert level == DiagnosticStatus.ERROR and message.startswith("no decision for 3.0 s"), message
     finally:
         node.destroy_node()
@@ -840,7 +840,7 @@ def test_under_sim_time_a_deadline_is_judged_in_sim_time_and_a_reset_does_not_hi
         clock.set_ros_time_override(Time(seconds=1))  # a simulator reset, far behind the last decision
         assert node._idle_s() == pytest.approx(0.0)  # counted from where ROS time landed
         clock.set_ros_time_override(Time(seconds=31))  # 30 s of sim time since, no decision
-        level, message = node._health(node.snapshot())
+        level, message = node._health(*node._snapshot_with_baseline(advance=True))
         assert level == DiagnosticStatus.ERROR and message.startswith("no decision for 30.0 s"), message
     finally:
         node.destroy_node()
@@ -885,7 +885,7 @@ def test_the_error_names_the_inputs_that_still_stop_decisions(rclpy_context):
         joints.latest = Sample(np.zeros(len(JOINTS), np.float32), now.to_msg(), 0, 0)
         assert node._fresh_samples(now.nanoseconds, node.cfg) is None  # the cameras still are
         node._last_decision_at = time.monotonic() - 30.0
-        level, message = node._health(node.snapshot())
+        level, message = node._health(*node._snapshot_with_baseline(advance=True))
         cameras = ", ".join(f"absent {s.topic}" for s in sorted(node.slots[:-1], key=lambda s: s.topic))
         assert level == DiagnosticStatus.ERROR and message.endswith(f"({cameras})"), message
         assert joints.topic not in message
@@ -894,7 +894,7 @@ def test_the_error_names_the_inputs_that_still_stop_decisions(rclpy_context):
             slot.latest = Sample(np.zeros((*HW, 3), np.uint8), now.to_msg(), 0, 0)
         assert node._fresh_samples(now.nanoseconds, node.cfg) is not None
         node._count_node_wide("non_finite_action")
-        level, message = node._health(node.snapshot())
+        level, message = node._health(*node._snapshot_with_baseline(advance=True))
         assert level == DiagnosticStatus.ERROR and message.endswith("(non_finite_action)"), message
     finally:
         node.destroy_node()
@@ -976,14 +976,14 @@ def test_a_policy_slower_than_the_rate_is_no_error_and_an_error_names_its_cause(
     try:
         node._decision_s.extend([0.5] * 8)  # long: a loaded machine's pause is far shorter
         node._last_decision_at = time.monotonic() - 0.8  # inside the next 0.5 s decision (limit 1 s)
-        level, message = node._health(node.snapshot())
+        level, message = node._health(*node._snapshot_with_baseline(advance=True))
         assert level != DiagnosticStatus.ERROR, message
         topic = node.slots[0].topic
         node.invalid[(topic, "stale")] += 3
         node._blocking = frozenset({topic})  # as the three skipped ticks leave it
         node._last_decision_at = time.monotonic() - 5.0  # ten decisions' time: stopped
         for _ in range(2):  # the second status sees no new count since the first: the cause stays
-            level, message = node._health(node.snapshot())
+            level, message = node._health(*node._snapshot_with_baseline(advance=True))
             assert level == DiagnosticStatus.ERROR and f"(stale {topic})" in message, message
     finally:
         node.destroy_node()

@@ -1285,13 +1285,10 @@ class FlashRTNode(Node):
         parameters, a stalled clock, refused capsule calls)."""
         return frozenset(slot.topic for slot in self.slots)
 
-    def _health(self, snap: messages.StatusSnapshot, baseline: tuple | None = None) -> tuple[bytes, str]:
+    def _health(self, snap: messages.StatusSnapshot, baseline: tuple) -> tuple[bytes, str]:
         """Level and message from what changed since the last status: since `baseline`, taken
-        with `snap` (`_snapshot_with_baseline`); None: the node's, then replaced by `snap`'s."""
+        with `snap` (`_snapshot_with_baseline`)."""
         now = (snap.dropped_decisions, snap.deadline_misses)
-        if baseline is None:
-            baseline = (self._last_health, self._last_invalid)
-            self._last_health, self._last_invalid = now, dict(snap.invalid)
         dropped, missed = (a - b for a, b in zip(now, baseline[0], strict=True))
         new_invalid = counts_since(snap.invalid, baseline[1])
         idle_s = self._idle_s()
