@@ -1011,7 +1011,6 @@ class FusedPi0:
                 for name, fn in stages:
                     key = ("vision", views) if name == "vision" else (name, views, bucket)
                     self.graphs[key] = cuda_graphs.capture(fn, self.device, pool=pool, warmup=0)
-            self._replay_each_graph_once()
         finally:  # also after a failed capture: the inputs' shape back, and no claim on the K/V
             self.views, self.bucket = chosen
             self.cached = None  # the cache holds the warm-ups' last shape, not a prefix of these inputs
@@ -1021,15 +1020,6 @@ class FusedPi0:
             self.cfg.num_views,
             self.buckets,
         )
-
-    def _replay_each_graph_once(self) -> None:
-        """A graph's first replay also uploads it to the GPU, which holds the host for a few
-        milliseconds: the first decision took ~4 ms longer than later ones. Done here, at start,
-        for every shape, on what the warm-ups left in the buffers (the K/V they write is not a
-        prefix of any inputs: `capture` drops the cache after)."""
-        for graph in self.graphs.values():
-            graph.replay()
-        torch.cuda.synchronize(self.device)
 
     def _compile_frame_kernel(self) -> None:
         """The frame pre-processing kernel runs outside the graphs, so no warm-up compiles it: the
