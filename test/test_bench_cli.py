@@ -352,6 +352,7 @@ def test_the_startup_benchmark_times_each_step(tmp_path) -> None:
         "torch + CUDA context s",
         "checkpoint load s",
         "fused build without the capture s",
+        "warm-up decision ms",
         "first decision ms",
         "to the first chunk s",
         "later decisions, median ms",

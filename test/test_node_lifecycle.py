@@ -7,6 +7,8 @@ ends the process with code 0."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from node_harness import JOINTS, NODE, TEST_PARAMS, NodeProcess, Peer, new_namespace, stamp_ns
 
@@ -131,8 +133,10 @@ def test_lifecycle_transitions(lifecycle_node):
     chunks = len(peer.chunks)
     assert change(peer, "configure") and change(peer, "activate")
     assert peer.pump(10.0, until=lambda: len(peer.chunks) >= chunks + 3)
-    assert peer.chunks[chunks].chunk_id == 1  # a new pipeline: its ids start again
+    assert peer.chunks[chunks].chunk_id == 1  # a new pipeline: its ids start again (its warm-up used none)
     node.wait_for_line("deciding at 20 Hz", since=mark)
+    warmed = node.wait_for_line("warm-up decision: ", since=mark)  # on the configured cameras and size
+    assert re.search(r"warm-up decision: \d+\.\d ms on 2 black 24x32 frames$", warmed), warmed
 
     mark = node.mark()
     assert change(peer, "active_shutdown")

@@ -162,3 +162,41 @@ def test_giving_gpu_memory_back_after_a_cuda_error_logs_instead_of_raising(monke
     with caplog.at_level("ERROR", logger=pipeline_module.__name__):
         pipeline_module.release_device_memory()
     assert "could not give the GPU memory back: CUDA error: an illegal memory access" in caplog.text
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("fused", marks=pytest.mark.slow)])
+def test_a_warm_up_leaves_the_live_state_as_it_was(backend: str) -> None:
+    """The warm-up decision (the node's, at start) runs the whole path but leaves nothing a live
+    decision sees: the next chunk is the one a pipeline without it makes, byte for byte, with id
+    1, the statistics count no decision, the live generator is where it was, and no prefix is
+    held (under "period" one of the black frames would be re-used by the next decision)."""
+    from kernel_fixtures import DEVICE
+
+    policy = default_policy("pi0", device=DEVICE if backend == "fused" else "cpu", num_views=2, action_dof=6)
+    settings = dict(seed=3, backend=backend, prefix_trigger="period", prefix_period_s=60.0)
+    warmed, cold = Pipeline(policy, **settings), Pipeline(policy, **settings)
+    rng = warmed.generator.get_state()
+    assert warmed.warm_up(6, "pick up the cube", (24, 32)) > 0
+    assert torch.equal(warmed.generator.get_state(), rng)
+    assert warmed.stats.summaries() == []
+    assert warmed.prefix_cache.held_frames is None
+    o = observation()
+    o.frame_ids = ("a", "b")
+    got, want = warmed.decide(o), cold.decide(o)
+    assert (got.chunk_id, got.prefix_reused) == (1, False)
+    assert got.actions.tobytes() == want.actions.tobytes()
+
+
+def test_a_warm_up_that_fails_says_why_and_holds_no_prefix() -> None:
+    """A warm-up refused after its prefix was built (here NaN actions) raises what the decision
+    raises, and forgets that prefix like any refused decision."""
+    policy = default_policy(num_views=2, action_dof=6)
+    pipeline = Pipeline(policy, prefix_trigger="period", prefix_period_s=60.0)
+    weight = next(p for n, p in policy.model.named_parameters() if "action_out" in n)
+    with torch.no_grad():
+        weight.view(-1)[0] = float("nan")
+    with pytest.raises(NonFiniteActions):
+        pipeline.warm_up(6, "pick up the cube")
+    assert pipeline.prefix_cache.held_frames is None and pipeline.next_chunk_id == 1
+    with pytest.raises(ValueError, match="state must be a vector of at most"):
+        pipeline.warm_up(99, "pick up the cube")

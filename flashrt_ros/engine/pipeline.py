@@ -269,6 +269,29 @@ class Pipeline:
         frames = self.prefix_cache.held_frames  # the ones this decision stored or re-used
         return Decision(chunk_id, actions, timings, prefix_reused=reused, prefix_frames=frames)
 
+    def warm_up(self, state_dim: int, prompt: str, frame_size: tuple[int, int] = (224, 224)) -> float:
+        """One decision on black frames, a zero state and `prompt`, whose chunk goes nowhere; its
+        wall milliseconds. A process's first decision also loads the CUDA kernels that run outside
+        the graphs (the noise draw, the frames' copies and pre-processing, the chunk's read-back)
+        and touches the host buffers for the first time: on an H100 it took 19.5-26 ms against
+        15.8 for the later ones (docs/results/README.md). Done at start, the robot's first chunk is
+        not late. Nothing of the live state changes: no chunk id is used, the noise comes from a
+        generator of its own (the live one draws what it would have, so capsules replay alike),
+        the statistics do not count it, and the prefix it built is forgotten. Raises what the
+        decision raises (the prefix is forgotten then too)."""
+        policy = self.policy
+        h, w = frame_size
+        frames = [np.zeros((h, w, 3), dtype=np.uint8) for _ in range(policy.cfg.camera_views)]
+        obs = Observation([*frames, *[None] * policy.cfg.empty_cameras], np.zeros(state_dim, np.float32), prompt)
+        t0 = time.perf_counter()
+        try:
+            with on_device(policy.device):
+                noise = policy.model.noise(1, torch.Generator(device=policy.device).manual_seed(0), policy.device)
+                self._decide(obs, noise, _Timer(policy.device, self._events))
+        finally:
+            self.prefix_cache.forget()
+        return (time.perf_counter() - t0) * 1e3
+
     def set_prefix_trigger(self, trigger: str, period_s: float | None = None) -> None:
         """When the prefix stage runs from the next decision on (engine/prefix_cache.py)."""
         cache = self.prefix_cache

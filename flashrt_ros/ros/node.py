@@ -441,6 +441,8 @@ class FlashRTNode(Node):
             f"policy {d['policy']}: {d['weights']}; tokenizer {d['tokenizer']}; "
             f"{d['device']}, {d['precision']}, {d['backend']} path"
         )
+        warmed = d["warm_up"]
+        (log.warning if warmed.startswith("failed") else log.info)(f"warm-up decision: {warmed}")
         size = f"{cfg.image_height}x{cfg.image_width}" if cfg.expected_hw else "any size"
         cams = ", ".join(f"{s.topic} ({t})" for s, t in zip(self.slots, cfg.transports, strict=False))
         log.info(
@@ -1719,6 +1721,7 @@ def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
     except Exception as exc:  # backend "fused" that cannot be built: say why
         raise StartupError(f"could not build the {cfg.backend} pipeline: {type(exc).__name__}: {exc}") from exc
     description = {
+        "warm_up": warm_up(pipeline, cfg),
         "policy": cfg.policy,
         "weights": f"checkpoint {cfg.checkpoint}"
         if cfg.checkpoint
@@ -1731,6 +1734,19 @@ def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
         "actions": robot_space.describe(policy.cfg, cfg.output_joint_names, cfg.joint_names),
     }
     return PipelineState(pipeline, cfg.seed), description
+
+
+def warm_up(pipeline: Any, cfg: NodeConfig) -> str:
+    """Run the pipeline's warm-up decision (`Pipeline.warm_up`: the first decision's one-time
+    costs paid at start) on frames of the configured size, or 224x224; say how it went. A failure
+    is said, not raised: the live decisions check their own inputs and are refused by name."""
+    h, w = cfg.expected_hw or (224, 224)
+    views = pipeline.policy.cfg.camera_views
+    try:
+        ms = pipeline.warm_up(len(cfg.joint_names), cfg.prompt, (h, w))
+    except Exception as exc:
+        return f"failed ({type(exc).__name__}: {exc}): the first decision pays the one-time costs"
+    return f"{ms:.1f} ms on {views} black {h}x{w} frames"
 
 
 DECODERS = {
