@@ -1243,7 +1243,7 @@ class FlashRTNode(Node):
         self._clear_commands()
         # a pause's hold point too: interpolated on the new clock, the last chunk would send the
         # arm back towards where it was before a simulator reset
-        self._executing = self._last_trajectory = None
+        self._last_trajectory = None
 
     def _check_stamp(self, stamp: Time, topic: str, max_age_s: float) -> int:
         """A message's stamp judged on the node's clock (fresh, and on its timeline after ROS time
@@ -1495,7 +1495,6 @@ class FlashRTNode(Node):
             if self._refuse_while_stopping("~/reset", response):  # began while this call waited
                 return response
             self._stop_commands()  # before the counters: a tick between counts nothing
-            self._executing = None  # the next chunk is a fresh start, held to nothing
             with self._lock:
                 self.state.reset()
                 for slot in self.slots:
@@ -1542,7 +1541,6 @@ class FlashRTNode(Node):
             if was and not want:
                 self._stop_commands()  # what the decision in flight may have pushed before it saw the pause
                 held = self._hold_trajectories()
-                self._executing = None  # the robot stops: the first chunk after engaging is held to nothing
             elif want and not was:  # the idle time, the wait for inputs and the skips count from now
                 with self._lock:
                     self._last_decision_at = time.monotonic()
@@ -1571,9 +1569,10 @@ class FlashRTNode(Node):
             self._clear_commands()
 
     def _clear_commands(self) -> None:
-        """With self._command_lock held."""
+        """The command stream and the executing chunk go (a reset, a pause, ROS time going back):
+        the robot's next chunk is a fresh start, held to nothing by rtc. With self._command_lock held."""
         self.commands.clear()
-        self._exhausted_counted = self._limited_chunk = None
+        self._exhausted_counted = self._limited_chunk = self._executing = None
 
     def _hold_trajectories(self) -> str:
         """A one-point trajectory, starting now, to where the last published chunk has the
