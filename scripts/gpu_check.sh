@@ -3,7 +3,7 @@
 # torch 2.11 + CUDA 13, triton 3.6; no network). CI has no GPU, so these never run there.
 #
 #   bash scripts/gpu_check.sh [parts...]     parts: kernels kernels-all fused parity latency bench headline headline-pi0 step compile
-#                                            prefix-reuse adopt rtc host startup frame-kernel baseline-bf16
+#                                            prefix-reuse adopt rtc host startup frame-kernel baseline-bf16 idle-gap
 #                                            profile micro experiments vision ncu
 #                                            (default: kernels fused parity latency bench step)
 #
@@ -88,6 +88,10 @@ for part in "${parts[@]}"; do
     startup)
       step "the node's start-up to its first chunk, Triton's cache empty then filled (bench/startup.py, ~4 min)"
       python3 bench/startup.py --policy pi05 --views 3 --profile --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/startup.log" || status=1
+      ;;
+    idle-gap)
+      step "A decision's latency against the idle time before it (bench/idle_gap.py, ~2 min)"
+      python3 bench/idle_gap.py --policy pi05 --views 3 --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/idle_gap.log" || status=1
       ;;
     prefix-reuse)
       step "The node's decide() with the prefix run and re-used (fused, eager, compile; pi0.5 then pi0, 3 views; ~4 min)"
