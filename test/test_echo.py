@@ -18,7 +18,7 @@ def test_the_first_chunk_and_a_status_before_any_decision_say_so():
     actions = np.arange(2 * 3, dtype=np.float32).reshape(2, 3) / 10
     msg = ActionChunk(chunk_id=1, horizon=2, action_dim=3, inference_latency_ms=933.6)
     msg.actions = array.array("f", actions.ravel().tobytes())
-    first = chunk_line(msg, first=True)
+    first = chunk_line(msg)
     assert "latency 933.60 ms" in first and "newest input    nan ms old" in first  # no source stamps
     # the inputs' age on arrival, on the console's clock (the chunk's own stamp is its joint state's)
     from builtin_interfaces.msg import Time
@@ -26,9 +26,7 @@ def test_the_first_chunk_and_a_status_before_any_decision_say_so():
     msg.header.stamp, msg.source_stamps = Time(sec=5), [Time(sec=6), Time(sec=5, nanosec=900_000_000)]
     assert "newest input   42.0 ms old on arrival" in chunk_line(msg, 6_042_000_000)
     msg.source_stamps = []
-    note = "(the first one received: a node's first decision warms its caches up)"
-    assert first.endswith(f"[+0.000 +0.100 +0.200]  {note}")
-    assert chunk_line(msg).endswith("[+0.000 +0.100 +0.200]")  # id 1 again after a ~/reset: no note
+    assert first.endswith("[+0.000 +0.100 +0.200]")
     status = PipelineStatus(policy="pi05_tiny", device="cpu", precision="float32")
     assert status_line(status).endswith("ms p50/p90/p99: (no decision yet)")
     assert "PAUSED" not in status_line(status)  # enabled unless the node says otherwise
@@ -37,9 +35,6 @@ def test_the_first_chunk_and_a_status_before_any_decision_say_so():
     status.enabled = True
     status.stages = [StageStats(name="full", latency_p50_ms=20.0, latency_p90_ms=21.0, latency_p99_ms=22.5)]
     assert status_line(status).endswith("ms p50/p90/p99: full 20.00/21.00/22.50")
-    # joining a running node: its first chunk received is no warm-up decision
-    msg.chunk_id = 55
-    assert chunk_line(msg, first=True).endswith("[+0.000 +0.100 +0.200]")
     # waits for a topic with nothing yet are not rejected messages: listed apart
     from flashrt_ros.msg import InputCounter
 

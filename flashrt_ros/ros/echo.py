@@ -36,7 +36,7 @@ SILENT_S = 3.0
 """After this long with no chunk, say whether anything publishes them (a wrong --node is silent)."""
 
 
-def chunk_line(msg: ActionChunk, received_ns: int = 0, first: bool = False) -> str:
+def chunk_line(msg: ActionChunk, received_ns: int = 0) -> str:
     """One line per chunk; `received_ns`: this console's clock when it arrived (0: unknown), against
     which the newest input's stamp gives the age of what the chunk was computed from."""
     values = np.frombuffer(msg.actions, dtype=np.float32)
@@ -50,18 +50,12 @@ def chunk_line(msg: ActionChunk, received_ns: int = 0, first: bool = False) -> s
     newest_input_ns = max((stamp_to_ns(s) for s in msg.source_stamps), default=0)
     age_ms = (received_ns - newest_input_ns) / 1e6 if newest_input_ns and received_ns else float("nan")
     row = " ".join(f"{v:+.3f}" for v in actions[0, :7]) + (" ..." if msg.action_dim > 7 else "")
-    # `first`: the first chunk this console received. Chunk 1 of a node just started is its first
-    # decision, which warms the caches up (after a ~/reset ids restart at 1 with the caches warm);
-    # joining a running node, the first chunk received is an ordinary one
-    note = (
-        "  (the first one received: a node's first decision warms its caches up)" if first and msg.chunk_id == 1 else ""
-    )
     reused = " (prefix re-used" + _frames_behind(msg) + ")" if msg.prefix_reused else ""
     if msg.rtc_overlap:
         reused += f" (rtc: {msg.rtc_held_actions} held, {msg.rtc_overlap} overlap)"
     return (
         f"chunk {msg.chunk_id:5d}  {msg.horizon}x{msg.action_dim}  latency {msg.inference_latency_ms:6.2f} ms{reused}  "
-        f"newest input {age_ms:6.1f} ms old on arrival  first action [{row}]{note}"
+        f"newest input {age_ms:6.1f} ms old on arrival  first action [{row}]"
     )
 
 
@@ -141,7 +135,7 @@ class Echo(Node):
         self.chunks.append((msg.chunk_id, msg.inference_latency_ms))
         if not self.quiet and (len(self.chunks) - 1) % self.every == 0:
             now = self.get_clock().now().nanoseconds
-            print(chunk_line(msg, now, first=len(self.chunks) == 1), flush=True)
+            print(chunk_line(msg, now), flush=True)
 
     def _on_status(self, msg: PipelineStatus) -> None:
         now = time.monotonic()
