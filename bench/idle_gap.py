@@ -3,21 +3,25 @@
     python bench/idle_gap.py [--policy pi05] [--views 3] [--gaps-ms 0,20,100,500] [--rounds 3] [--iters 20] [--out DIR]
 
 The benchmarks time decisions back to back; a node deciding at `rate_hz` leaves the GPU and its
-own thread idle between them (90 ms at 10 Hz with a 10 ms decision). At 4954422 a decision
-20 ms after the last was ~1 ms slower than back to back, and the node's first decision, 0.5 s
+own thread idle between them (90 ms at 10 Hz with a 10 ms decision). Decisions 20 ms
+apart were 0.3-1 ms slower than back to back (4954422, 274ea44), and the node's first decision, 0.5 s
 after its warm-up, ~2.7 ms slower (docs/results/README.md). This separates where that goes.
 After sleeping each gap, on one fused pipeline (bench/prefix_reuse.py's full-size set-up, its
-warm-up made):
+warm-up made; the frames copied into the frame pool first, untimed, as the node's camera threads
+do):
 
 - "decide wall": `Pipeline.decide` on new frame ids (the prefix runs), wall clock, as the node
   times it;
-- "denoise graph, GPU": the denoise graph replayed behind a 2 ms `torch.cuda._sleep`, which keeps
-  the GPU busy while the host launches it, timed by CUDA events around the replay only: the
-  GPU's own speed at that moment (its clocks), without the host's launch;
+then, after the same gap again:
+- "first launch, host": the host time of the first two CUDA calls after the idle time (an event
+  record and a launch);
+- "fixed-cycle kernel, GPU": that launch, `torch.cuda._sleep` of a fixed number of SM clock
+  cycles (~2 ms at full clock), timed by CUDA events: longer where the GPU woke at a lower clock;
+- "denoise graph, GPU": the denoise graph replayed right behind it (queued while it runs, so the
+  host's launch is hidden), timed by events around the replay only: the GPU's speed once awake;
 - "denoise launch, host": the host time of that `replay()` call.
 
-Gaps run in turn within each round (every gap sees the same drift). A GPU that clocks down when
-idle shows in the second row; a host that is slow to wake, in the first and third only.
+Gaps run in turn within each round (every gap sees the same drift).
 """
 
 from __future__ import annotations
@@ -35,28 +39,34 @@ from flashrt_ros.bench.timing import HEADER, Latency, write_result
 from flashrt_ros.engine.pipeline import Pipeline
 
 DOF = 14
-COVER_CYCLES = 4_000_000  # torch.cuda._sleep: ~2 ms at ~2 GHz, longer than the replay's host call
+FIXED_CYCLES = 4_000_000  # torch.cuda._sleep: ~2 ms at ~2 GHz, longer than the replay's host call
 
 
-def after_gap(pipe: Pipeline, obs, gap_s: float, i: int) -> tuple[float, float, float]:
-    """(decide wall, denoise graph GPU, denoise launch host) in ms, each measured `gap_s` after
-    the work before it ended."""
+ROWS = ("decide wall", "first launch, host", "fixed-cycle kernel, GPU", "denoise graph, GPU", "denoise launch, host")
+
+
+def after_gap(pipe: Pipeline, obs, gap_s: float, i: int) -> dict[str, float]:
+    """Each row's milliseconds (ROWS), the decision and the probes each `gap_s` after the work
+    before them ended."""
+    frames = [pipe.frame_pool.copy(f) for f in obs.images]  # the camera threads' copy: untimed
     time.sleep(gap_s)
-    ids = tuple((i, v) for v in range(len(obs.images)))
+    ids = tuple((i, v) for v in range(len(frames)))
     t0 = time.perf_counter()
-    pipe.decide(dataclasses.replace(obs, frame_ids=ids))
+    pipe.decide(dataclasses.replace(obs, images=frames, frame_ids=ids))
     wall = (time.perf_counter() - t0) * 1e3
-    fused = pipe.fused
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a, b, c = (torch.cuda.Event(enable_timing=True) for _ in range(3))
     time.sleep(gap_s)
-    torch.cuda._sleep(COVER_CYCLES)
-    start.record()
     t0 = time.perf_counter()
-    fused.run("denoise")
+    a.record()
+    torch.cuda._sleep(FIXED_CYCLES)
+    first = (time.perf_counter() - t0) * 1e3
+    b.record()
+    t0 = time.perf_counter()
+    pipe.fused.run("denoise")
     launch = (time.perf_counter() - t0) * 1e3
-    end.record()
-    end.synchronize()
-    return wall, start.elapsed_time(end), launch
+    c.record()
+    c.synchronize()
+    return dict(zip(ROWS, (wall, first, a.elapsed_time(b), b.elapsed_time(c), launch), strict=True))
 
 
 def main() -> None:
@@ -75,14 +85,14 @@ def main() -> None:
     policy, obs, _ = full_size_observation(args.policy, args.views, DOF, dev)
     pipe = Pipeline(policy, backend="fused", release_reference=True)
     print(f"warm-up decision: {pipe.warm_up(DOF, obs.prompt, (480, 640)):.2f} ms")
-    rows = ("decide wall", "denoise graph, GPU", "denoise launch, host")
+    rows = ROWS
     samples = {(g, r): [] for g in gaps for r in rows}
     i = 0
     for _ in tqdm(range(args.rounds), desc="rounds"):
         for gap in gaps:
             for _ in range(args.iters):
                 i += 1
-                for row, ms in zip(rows, after_gap(pipe, obs, gap / 1e3, i), strict=True):
+                for row, ms in after_gap(pipe, obs, gap / 1e3, i).items():
                     samples[(gap, row)].append(ms)
     tag = f"{args.policy} {args.views}v"
     print(HEADER)
@@ -98,8 +108,7 @@ def main() -> None:
             f"{row} {results[f'{tag} {row}, {gap:g} ms idle']['median_ms'] / base[row]:.3f}x" for row in rows
         )
         print(f"{tag} {gap:g} ms idle against {gaps[0]:g}: {ratios}")
-    path = write_result(args.out, "idle_gap", dev, policy=args.policy, views=args.views, gaps_ms=gaps, results=results)
-    print(f"wrote {path}")
+    write_result(args.out, "idle_gap", dev, policy=args.policy, views=args.views, gaps_ms=gaps, results=results)
 
 
 if __name__ == "__main__":

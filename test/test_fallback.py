@@ -3,7 +3,8 @@
 A Triton kernel that cannot be built here (as Triton 3.6's ptxas cannot build sm_110 for Thor)
 leaves the pipeline on the reference, with a warning that says why, and its chunks are the
 reference's. A kernel that faults leaves no working device: then there is no fall-back but one
-clear error at start-up, instead of every later decision failing. Each case runs in a process of
+clear error at start-up (in the capture or in the warm-up decision), instead of every later
+decision failing. Each case runs in a process of
 its own: a faulted CUDA context cannot be used again, and Triton's compiler settings are read
 from the environment."""
 
@@ -34,16 +35,25 @@ SCRIPT = textwrap.dedent(
                       rng.normal(size=6).astype(np.float32) * 0.3, "pick up the cube")
     policy = lambda: default_policy(device="cuda", num_views=2, action_dof=6)
 
+    @triton.jit
+    def wild_store(p):
+        tl.store(p + (1 << 40), 1.0)  # 4 TB past a 4-byte buffer: an illegal address
+
+    def fault(*_):
+        wild_store[(1,)](torch.zeros(1, device="cuda"))
+        torch.cuda.synchronize()
+
+    if sys.argv[1] == "warm-up-fault":  # built, then a stage faults in the warm-up decision
+        pipeline = Pipeline(policy(), backend="fused")
+        fused.FusedPi0.run = fault
+        try:
+            pipeline.warm_up(6, "pick up the cube")
+        except Exception as exc:
+            print("WARM-UP REFUSED:", type(exc).__name__, exc)
+        sys.exit(0)
+
     if sys.argv[1] == "fault":
-        @triton.jit
-        def wild_store(p):
-            tl.store(p + (1 << 40), 1.0)  # 4 TB past a 4-byte buffer: an illegal address
-
-        def faulting_capture(self):
-            wild_store[(1,)](torch.zeros(1, device="cuda"))
-            torch.cuda.synchronize()
-
-        fused.FusedPi0.capture = faulting_capture
+        fused.FusedPi0.capture = fault
         try:
             Pipeline(policy(), backend="auto")
         except RuntimeError as exc:
@@ -107,6 +117,15 @@ def test_a_kernel_fault_is_not_covered_by_a_fall_back(tmp_path):
     out = run_case("fault", tmp_path)
     assert "REFUSED: the fused path failed (" in out, out
     assert "left the GPU unusable" in out and "not falling back to the reference" in out, out
+
+
+@pytest.mark.gpu
+def test_a_kernel_fault_in_the_warm_up_says_the_gpu_is_unusable(tmp_path):
+    """The node turns this into a failed start (test_node.py), not a warning and a node whose
+    every decision fails."""
+    out = run_case("warm-up-fault", tmp_path)
+    assert "WARM-UP REFUSED: DeviceUnusable the warm-up decision failed (" in out, out
+    assert "left the GPU unusable" in out and "restart the process" in out, out
 
 
 @pytest.mark.gpu

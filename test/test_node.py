@@ -1155,3 +1155,31 @@ def test_trajectory_groups_publish_each_controllers_joints(rclpy_context):
         executor.shutdown()
         listener.destroy_node()
         node.destroy_node()
+
+
+def test_the_warm_up_is_said_and_one_that_broke_the_gpu_stops_the_start(monkeypatch) -> None:
+    """`warm_up` (the node's, in `build_pipeline_state`): its time on the configured cameras and
+    size; a failure said, not raised (the live decisions are refused by name); one that left the
+    GPU broken a StartupError, since every decision after it would fail."""
+    from flashrt_ros.engine.pipeline import DeviceUnusable, Pipeline
+    from flashrt_ros.policies.policy import default_policy
+    from flashrt_ros.ros.node import StartupError, warm_up
+    from flashrt_ros.ros.params import NodeConfig
+
+    cfg = dataclasses.replace(NodeConfig(), image_height=24, image_width=32)
+    pipeline = Pipeline(default_policy(num_views=len(cfg.camera_topics), action_dof=len(cfg.output_joint_names)))
+    assert re.fullmatch(r"\d+\.\d ms on 3 black 24x32 frames", warm_up(pipeline, cfg))
+
+    def refused(*_):
+        raise ValueError("state must be a vector of at most 32 values")
+
+    monkeypatch.setattr(pipeline, "warm_up", refused)
+    said = warm_up(pipeline, cfg)
+    assert said.startswith("failed (ValueError: state must be a vector of at most 32 values)"), said
+
+    def broke(*_):
+        raise DeviceUnusable("the warm-up decision failed (...) and left the GPU unusable (...): restart the process")
+
+    monkeypatch.setattr(pipeline, "warm_up", broke)
+    with pytest.raises(StartupError, match="left the GPU unusable"):
+        warm_up(pipeline, cfg)

@@ -169,7 +169,7 @@ def test_a_warm_up_leaves_the_live_state_as_it_was(backend: str) -> None:
     """The warm-up decision (the node's, at start) runs the whole path but leaves nothing a live
     decision sees: the next chunk is the one a pipeline without it makes, byte for byte, with id
     1, the statistics count no decision, the live generator is where it was, and no prefix is
-    held (under "period" one of the black frames would be re-used by the next decision)."""
+    held."""
     from kernel_fixtures import DEVICE
 
     policy = default_policy("pi0", device=DEVICE if backend == "fused" else "cpu", num_views=2, action_dof=6)
@@ -189,7 +189,7 @@ def test_a_warm_up_leaves_the_live_state_as_it_was(backend: str) -> None:
 
 def test_a_warm_up_that_fails_says_why_and_holds_no_prefix() -> None:
     """A warm-up refused after its prefix was built (here NaN actions) raises what the decision
-    raises, and forgets that prefix like any refused decision."""
+    raises, and leaves no prefix held and no chunk id used."""
     policy = default_policy(num_views=2, action_dof=6)
     pipeline = Pipeline(policy, prefix_trigger="period", prefix_period_s=60.0)
     weight = next(p for n, p in policy.model.named_parameters() if "action_out" in n)

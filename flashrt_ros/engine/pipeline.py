@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 STAGES = ("preprocess", "prefix", "denoise", "postprocess")
 
 
+class DeviceUnusable(RuntimeError):
+    """A CUDA error left the device's context broken: nothing more runs on it in this process."""
+
+
 class NonFiniteActions(ValueError):
     """The policy produced NaN or inf actions (a bad checkpoint or statistics, an overflow):
     the chunk must not reach the robot."""
@@ -212,23 +216,23 @@ class Pipeline:
         except Exception as exc:
             if backend == "fused":
                 raise
-            self._check_device_after(exc)
+            self._check_device_after(exc, "the fused path", "not falling back to the reference")
             log.warning("fused path unavailable (%s): running the reference path", one_line(exc))
             return None
         log.info("fused path active: %s", fused.describe())
         return fused
 
-    def _check_device_after(self, exc: Exception) -> None:
-        """The reference may take over only on a working device: a kernel fault during the fused
-        path's capture leaves the CUDA context broken, and every later decision would fail."""
+    def _check_device_after(self, exc: Exception, what: str, then: str) -> None:
+        """After `what` raised `exc`: DeviceUnusable where it left the CUDA context broken (a kernel
+        fault), since every later decision would fail. The reference may take over from a fused
+        path that could not be built only on a working device."""
         if self.policy.device.type != "cuda":
             return
         try:
             torch.cuda.synchronize(self.policy.device)
         except Exception as broken:
-            raise RuntimeError(
-                f"the fused path failed ({one_line(exc)}) and left the GPU unusable ({one_line(broken)}): "
-                "not falling back to the reference"
+            raise DeviceUnusable(
+                f"{what} failed ({one_line(exc)}) and left the GPU unusable ({one_line(broken)}): {then}"
             ) from exc
 
     @property
@@ -273,23 +277,26 @@ class Pipeline:
         """One decision on black frames, a zero state and `prompt`, whose chunk goes nowhere; its
         wall milliseconds. A process's first decision also loads the CUDA kernels that run outside
         the graphs (the noise draw, the frames' copies and pre-processing, the chunk's read-back)
-        and touches the host buffers for the first time: on an H100 it took 19.5-26 ms against
-        15.8 for the later ones (docs/results/README.md). Done at start, the robot's first chunk is
-        not late. Nothing of the live state changes: no chunk id is used, the noise comes from a
-        generator of its own (the live one draws what it would have, so capsules replay alike),
-        the statistics do not count it, and the prefix it built is forgotten. Raises what the
-        decision raises (the prefix is forgotten then too)."""
-        policy = self.policy
+        and touches the host buffers for the first time: with Triton's cache empty it took 26.0 ms
+        on an H100, and the first live decision after the warm-up 18.7 (docs/results/README.md).
+        The frames go through the frame pool, as the node's do. Nothing of the live state changes:
+        no chunk id is used, the noise comes from a generator of its own (the live one draws what
+        it would have, so capsules replay alike), the statistics do not count it, and it holds no
+        prefix (its frames have no ids). Raises what the decision raises; DeviceUnusable where
+        that left the GPU broken."""
+        policy, pool = self.policy, self.frame_pool
         h, w = frame_size
-        frames = [np.zeros((h, w, 3), dtype=np.uint8) for _ in range(policy.cfg.camera_views)]
+        black = np.zeros((h, w, 3), dtype=np.uint8)
+        frames = [pool.copy(black) if pool is not None else black for _ in range(policy.cfg.camera_views)]
         obs = Observation([*frames, *[None] * policy.cfg.empty_cameras], np.zeros(state_dim, np.float32), prompt)
         t0 = time.perf_counter()
         try:
             with on_device(policy.device):
                 noise = policy.model.noise(1, torch.Generator(device=policy.device).manual_seed(0), policy.device)
                 self._decide(obs, noise, _Timer(policy.device, self._events))
-        finally:
-            self.prefix_cache.forget()
+        except Exception as exc:
+            self._check_device_after(exc, "the warm-up decision", "restart the process")
+            raise
         return (time.perf_counter() - t0) * 1e3
 
     def set_prefix_trigger(self, trigger: str, period_s: float | None = None) -> None:

@@ -1738,11 +1738,16 @@ def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
 def warm_up(pipeline: Any, cfg: NodeConfig) -> str:
     """Run the pipeline's warm-up decision (`Pipeline.warm_up`: the first decision's one-time
     costs paid at start) on frames of the configured size, or 224x224; say how it went. A failure
-    is said, not raised: the live decisions check their own inputs and are refused by name."""
+    is said, not raised: the live decisions check their own inputs and are refused by name. One
+    that left the GPU broken (a kernel fault) is a StartupError: every decision would fail."""
+    from flashrt_ros.engine.pipeline import DeviceUnusable
+
     h, w = cfg.expected_hw or (224, 224)
     views = pipeline.policy.cfg.camera_views
     try:
         ms = pipeline.warm_up(len(cfg.joint_names), cfg.prompt, (h, w))
+    except DeviceUnusable as exc:
+        raise StartupError(str(exc)) from exc
     except Exception as exc:
         return f"failed ({type(exc).__name__}: {exc}): the first decision pays the one-time costs"
     return f"{ms:.1f} ms on {views} black {h}x{w} frames"
