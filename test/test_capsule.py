@@ -138,6 +138,9 @@ def test_write_checks_every_buffer_before_changing_any(state):
         ({**good, "next_chunk_id": np.zeros(0, np.int64)}, r"next_chunk_id must be one integer >= 1, got int64\[0\]"),
         ({**good, "next_chunk_id": np.array([0])}, r"next_chunk_id must be one integer >= 1, got int64\[1\]=\[0\]"),
         ({**good, "rng": good["rng"][:-1]}, r"rng must be uint8\[\d+\], got uint8\[\d+\]"),
+        # the right size, but bytes the CPU's mt19937 refuses (torch raised RuntimeError, past the
+        # services' refusals)
+        ({**good, "rng": np.zeros_like(good["rng"])}, r"rng is not a state of this cpu generator \(Invalid mt19937"),
         ({**good, "last_actions": np.zeros((h, 5), np.float32)}, rf"last_actions must be \[{h}, 6\] .*, got \[{h}, 5"),
         # another pipeline's chunk (another horizon): not this pipeline's previous chunk
         ({**good, "last_actions": np.zeros((h + 3, 6), np.float32)}, rf"last_actions must be \[{h}, 6\] \(or \[0, 6\]"),

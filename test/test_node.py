@@ -392,6 +392,8 @@ def test_a_change_that_cannot_be_applied_leaves_everything_as_it_was(rclpy_conte
 def test_capsule_services(running):
     from flashrt_ros.srv import DropCapsule, ForkCapsule, ListCapsules, RestoreCapsule, SnapshotCapsule
 
+    from flashrt_ros.ros.node import FlashRTNode
+
     node, peer = running
     base = f"{peer.namespace}/{NODE}/capsule"
     snap = peer.call(SnapshotCapsule, f"{base}/snapshot", SnapshotCapsule.Request(name="warm"))
@@ -428,6 +430,12 @@ def test_capsule_services(running):
     assert restored.success, restored.message
     # The chunk counter went back: the id the snapshot would have given next comes again.
     assert peer.pump(3.0, until=lambda: any(c.chunk_id == next_id for c in peer.chunks[start:]))
+    assert "prefix_trigger period" not in restored.message, restored.message
+    # under "period" a replay depends on where the first run built its prefix: the reply says so
+    assert peer.set_parameters(prefix_trigger="period")[0].successful
+    restored = peer.call(RestoreCapsule, f"{base}/restore", RestoreCapsule.Request(name="copy"))
+    assert restored.success and restored.message.endswith(FlashRTNode.PERIOD_RESTORE), restored.message
+    assert peer.set_parameters(prefix_trigger="new_inputs")[0].successful
 
     # The node keeps at most 100 capsules: a new name past them is refused and counted.
     more = [SnapshotCapsule.Request(name=f"n{i:02d}") for i in range(99)]

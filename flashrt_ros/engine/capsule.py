@@ -57,7 +57,8 @@ class PipelineState:
 
     ``rng``            uint8[n]   state of the generator the decision noise is drawn from
     ``next_chunk_id``  int64[1]   id the next decision will get
-    ``last_actions``   float32[horizon, dof] the previous chunk ([0, dof] before the first)
+    ``last_actions``   float32[horizon, dof] the previous chunk ([0, dof] before the first): for
+                       inspection; nothing decides from it (rtc holds to the node's executing chunk)
 
     Route decisions through :meth:`decide` so the last chunk is kept.
     """
@@ -94,6 +95,8 @@ class PipelineState:
         problems = []
         if rng.dtype != live.dtype or rng.shape != live.shape:
             problems.append(f"rng must be {live.dtype}[{live.size}], got {rng.dtype}{list(rng.shape)}")
+        else:
+            problems += _rng_problems(rng, self.pipeline.generator.device)
         if ids.shape != (1,) or ids.dtype.kind not in "iu" or ids[0] < 1:
             value = f"={ids.tolist()}" if ids.size == 1 else ""
             problems.append(f"next_chunk_id must be one integer >= 1, got {ids.dtype}{list(ids.shape)}{value}")
@@ -115,6 +118,16 @@ class PipelineState:
 
     def _no_actions(self) -> np.ndarray:
         return np.zeros((0, self.pipeline.policy.action_dof), dtype=np.float32)
+
+
+def _rng_problems(rng: np.ndarray, device: torch.device) -> list[str]:
+    """A generator state of the right size that the generator still refuses (the CPU's mt19937
+    checks its bytes): found on a scratch generator, so a refused state changes nothing."""
+    try:
+        torch.Generator(device=device).set_state(torch.from_numpy(rng.copy()))
+    except RuntimeError as exc:
+        return [f"rng is not a state of this {device.type} generator ({exc})"]
+    return []
 
 
 def _actions_problems(actions: np.ndarray, horizon: int, dof: int) -> list[str]:

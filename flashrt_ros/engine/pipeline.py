@@ -282,8 +282,9 @@ class Pipeline:
         The frames go through the frame pool, as the node's do. Nothing of the live state changes:
         no chunk id is used, the noise comes from a generator of its own (the live one draws what
         it would have, so capsules replay alike), the statistics do not count it, and it holds no
-        prefix (its frames have no ids). Raises what the decision raises; DeviceUnusable where
-        that left the GPU broken."""
+        prefix (its frames have no ids). Made for the start: a prefix held from earlier decisions
+        is dropped (the next decision builds its own). Raises what the decision raises;
+        DeviceUnusable where that left the GPU broken."""
         policy, pool = self.policy, self.frame_pool
         h, w = frame_size
         black = np.zeros((h, w, 3), dtype=np.uint8)

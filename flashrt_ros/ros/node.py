@@ -1624,10 +1624,17 @@ class FlashRTNode(Node):
 
         return self._capsule_call("~/capsule/snapshot", response, snapshot)
 
+    PERIOD_RESTORE = (
+        "; under prefix_trigger period a chunk repeats the first run's only where that run built its prefix at "
+        "the same decision (the capsule holds no prefix)"
+    )
+
     def _on_restore(self, request: Any, response: Any) -> Any:
-        return self._capsule_call(
-            "~/capsule/restore", response, lambda: "restored " + self.capsules.restore(request.name).summary()
-        )
+        def restore() -> str:
+            said = "restored " + self.capsules.restore(request.name).summary()
+            return said + (self.PERIOD_RESTORE if self.state.pipeline.prefix_cache.trigger == "period" else "")
+
+        return self._capsule_call("~/capsule/restore", response, restore)
 
     def _on_fork(self, request: Any, response: Any) -> Any:
         return self._capsule_call(
