@@ -17,7 +17,8 @@ Arguments:
     remappings             "from:=to" pairs separated by ";" (or ","), applied to both nodes
     use_sim_time           true / false for both nodes; empty (default): as the params files say
     start_enabled          true / false over params_file; false: flashrt_node starts paused (loaded
-                           and warm, nothing published until ~/enable true); empty (default): as
+                           and warm, nothing published until ~/enable true; the lifecycle node
+                           with autostart configures and stays inactive); empty (default): as
                            params_file says
     lifecycle              true: flashrt_lifecycle_node, the managed (lifecycle) node, instead of
                            flashrt_node: it starts unconfigured, for a lifecycle manager or

@@ -2,7 +2,7 @@
 # The main job (README): the node with the embedded default policy on synthetic cameras and joint
 # states, printing the action chunks it publishes and the per-stage latency.
 #
-#   bash scripts/demo.sh [DURATION_S]        (or DURATION=30 bash scripts/demo.sh; default 15)
+#   bash scripts/demo.sh [SECONDS]        (or DURATION=30 bash scripts/demo.sh; default 15)
 #
 # Sets up .venv itself (scripts/setup_env.sh), keeps DDS on this machine with its own
 # ROS_DOMAIN_ID, starts synthetic_sensors, flashrt_node (config/flashrt.yaml) and a console
@@ -13,7 +13,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 DURATION="${1:-${DURATION:-15}}"
 if ! [[ "$DURATION" =~ ^[0-9]+([.][0-9]+)?$ ]] || [[ "$DURATION" =~ ^0+([.]0+)?$ ]]; then
-  echo "demo.sh: DURATION_S must be a number of seconds > 0, got '$DURATION'" >&2
+  echo "demo.sh: the duration (first argument, or DURATION) must be a number of seconds > 0, got '$DURATION'" >&2
   exit 2
 fi
 

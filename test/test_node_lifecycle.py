@@ -186,6 +186,25 @@ def test_autostart(ros_env, ros_module_context, tmp_path, good):
     assert code == 0, f"exit code {code}\n{node.tail()}"
 
 
+def test_autostart_with_start_enabled_false_configures_and_stays_inactive(ros_env, ros_module_context, tmp_path):
+    """A paused start asked for (start_enabled false, as the launch argument gives it) is kept by
+    autostart: configured and warm, inactive, nothing published, until the operator activates."""
+    params = {**TEST_PARAMS, "autostart": True, "start_enabled": False}
+    node = NodeProcess(ros_env, tmp_path, new_namespace(), params, module=LIFECYCLE)
+    peer = Peer(ros_module_context, node.namespace)
+    try:
+        line = node.wait_for_line("autostart: start_enabled false: configured, staying inactive until", timeout=60.0)
+        assert line.endswith(f"ros2 lifecycle set {node.namespace}/{NODE} activate"), line
+        assert state(peer) == "inactive"
+        assert not peer.pump(2.0, until=lambda: len(peer.chunks) > 0)
+        assert change(peer, "activate")
+        assert peer.pump(30.0, until=lambda: len(peer.chunks) >= 2)
+    finally:
+        peer.close()
+        code = node.stop()
+    assert code == 0, f"exit code {code}\n{node.tail()}"
+
+
 def test_an_autostart_that_is_not_a_bool_is_refused_at_start(ros_env, tmp_path):
     """`autostart: 1` in a params file left the node unconfigured without a word: it is refused
     at start, exit 2, naming the value, as flashrt_node refuses a parameter of the wrong type."""

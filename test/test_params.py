@@ -46,6 +46,12 @@ def test_defaults_are_the_embedded_demo():
         ({"prompt": "  "}, "prompt is empty"),
         ({"policy": "pi1"}, "policy must be one of pi05, pi0, pi05_tiny, pi0_tiny, got 'pi1'"),
         ({"policy": "pi05"}, "tokenizer is empty: policy 'pi05' needs PaliGemma's tokenizer.model"),
+        # a misspelt `checkpoint` key leaves it empty: random weights on a real arm, unless said
+        (
+            {"policy": "pi0", "tokenizer": "t.model"},
+            "checkpoint is empty: policy 'pi0' needs its weights (a folder with model.safetensors); random weights "
+            "move a robot without meaning: set checkpoint: random for that (benchmarks)",
+        ),
         ({"device": "gpu"}, "device must be auto, cpu, cuda or cuda:N, got 'gpu'"),
         ({"precision": "fp16"}, "precision must be one of float32, bfloat16, got 'fp16'"),
         ({"fp8": "all"}, "fp8 must be one of none, prefix_mlp, got 'all'"),
@@ -260,6 +266,16 @@ def test_paths_must_exist_when_checked(tmp_path):
     assert any("checkpoint" in p and "is not a folder" in p for p in found)
     assert any("tokenizer" in p and "is not a file" in p for p in found)
     assert cfg.validate(check_paths=False) == []
+
+
+def test_random_weights_for_a_full_size_policy_are_asked_for_by_name(tmp_path):
+    """`checkpoint: random` is no path: not checked as one, and the loader gets none."""
+    (tmp_path / "t.model").write_bytes(b"")
+    for policy in ("pi05", "pi0"):
+        cfg = NodeConfig.from_values({"policy": policy, "checkpoint": "random", "tokenizer": str(tmp_path / "t.model")})
+        assert cfg.validate() == [] and cfg.checkpoint_folder is None
+    assert NodeConfig().checkpoint_folder is None and NodeConfig().validate(check_paths=False) == []  # tiny
+    assert NodeConfig.from_values({"checkpoint": str(tmp_path)}).checkpoint_folder == str(tmp_path)
 
 
 def test_more_cameras_than_any_policy_has_views_are_refused_by_name():

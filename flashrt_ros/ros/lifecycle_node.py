@@ -18,7 +18,9 @@ and the transitions do the rest:
 
 With the parameter ``autostart`` the node configures and activates itself at start, for a launch
 without a lifecycle manager (as ouster_ros's ``auto_start``); a failed configure leaves it
-unconfigured, as a failed ``ros2 lifecycle set`` would.
+unconfigured, as a failed ``ros2 lifecycle set`` would. With ``start_enabled: false`` too, it
+configures only and stays inactive (a paused start, as flashrt_node's): activating is then the
+operator's.
 
 Same name (``flashrt_node``), parameters, topics and services as flashrt_node otherwise.
 """
@@ -161,6 +163,9 @@ class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
             log.error(
                 f"autostart: configure failed, staying unconfigured; once fixed: ros2 lifecycle set {fqn} configure"
             )
+            return
+        if not self.cfg.start_enabled:  # the operator asked for a paused start: activation is theirs
+            log.warning(f"autostart: start_enabled false: configured, staying inactive until{self._activate_hint()}")
             return
         if self.trigger_activate() != SUCCESS:
             log.error("autostart: activate failed, staying inactive")

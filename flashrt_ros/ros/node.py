@@ -1703,7 +1703,7 @@ def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
         raise StartupError(f"the embedded policy's tokenizer: {exc}") from exc
     failed = f"could not build policy {cfg.policy!r}"
     try:  # the files only: every mismatch below is found before the weights' load (a minute at full size)
-        source = read_policy(model_cfg, tokenizer, checkpoint=cfg.checkpoint or None, seed=cfg.seed)
+        source = read_policy(model_cfg, tokenizer, checkpoint=cfg.checkpoint_folder, seed=cfg.seed)
     except Exception as exc:  # a bad checkpoint, statistics or tokenizer: the node says why and exits
         raise StartupError(f"{failed}: {type(exc).__name__}: {exc}") from exc
     problems = policy_problems(source, model_cfg.kind, cfg)
@@ -1729,8 +1729,8 @@ def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
     description = {
         "warm_up": warm_up(pipeline, cfg),
         "policy": cfg.policy,
-        "weights": f"checkpoint {cfg.checkpoint}"
-        if cfg.checkpoint
+        "weights": f"checkpoint {cfg.checkpoint_folder}"
+        if cfg.checkpoint_folder
         else f"RANDOM weights (seed {cfg.seed}, no checkpoint): the actions mean nothing",
         "tokenizer": cfg.tokenizer or "built-in tiny tokenizer",
         "device": str(device),
@@ -1786,7 +1786,7 @@ def policy_problems(policy: Any, kind: str, cfg: NodeConfig) -> list[str]:
     frame size, joints against the checkpoint's statistics and its delta / ALOHA action space, the
     prompt."""
     problems = []
-    where = f"checkpoint {cfg.checkpoint}" if cfg.checkpoint else "the policy"
+    where = f"checkpoint {cfg.checkpoint_folder}" if cfg.checkpoint_folder else "the policy"
     if policy.cfg.kind != kind:
         problems.append(
             f"policy {cfg.policy!r} is a {kind} policy but {where} holds a {policy.cfg.kind} one; "

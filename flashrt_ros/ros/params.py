@@ -46,6 +46,7 @@ their period as int64 nanoseconds, which a rate like 1e-10 Hz (a 1e19 ns period)
 MAX_BLEND_STEPS = 1000
 """Longest blend between chunks, in actions: far beyond any chunk (pi0's is 50)."""
 MIN_STEP_DURATION_S = 1e-6
+RANDOM_WEIGHTS = "random"  # `checkpoint`'s word for random weights, which pi05 / pi0 need said
 """Shortest time between the actions of a chunk: the trajectory's points are then at least 1 us
 apart (its time_from_start is in ns), so controllers see strictly increasing times."""
 
@@ -161,6 +162,11 @@ class NodeConfig:
     def is_tiny(self) -> bool:
         return self.policy in TINY_PRESETS
 
+    @property
+    def checkpoint_folder(self) -> str | None:
+        """The checkpoint's folder; None for random weights ("random", or "" for a tiny policy)."""
+        return None if self.checkpoint in ("", RANDOM_WEIGHTS) else self.checkpoint
+
     # ---- construction ----------------------------------------------------------------------
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> NodeConfig:
@@ -238,7 +244,10 @@ class ParamInfo:
 
 PARAMETERS: dict[str, ParamInfo] = {
     "policy": ParamInfo(f"policy preset: {', '.join(PRESETS)}; *_tiny = small random-weight CPU demo"),
-    "checkpoint": ParamInfo('folder with model.safetensors (openpi or LeRobot layout); "" = random weights'),
+    "checkpoint": ParamInfo(
+        'folder with model.safetensors (openpi or LeRobot layout); "random" = random weights (benchmarks: the '
+        'actions mean nothing); "" = random weights for the tiny policies, refused for pi05 and pi0'
+    ),
     "tokenizer": ParamInfo('PaliGemma SentencePiece tokenizer.model; "" only for *_tiny presets'),
     "device": ParamInfo("auto (cuda if available, else cpu), cpu, cuda or cuda:N"),
     "precision": ParamInfo("float32 or bfloat16"),
@@ -743,6 +752,11 @@ def _check_policy(cfg: NodeConfig) -> list[str]:
             f"tokenizer is empty: policy {cfg.policy!r} needs PaliGemma's tokenizer.model "
             f"(only {', '.join(TINY_PRESETS)} use the built-in tiny tokenizer)"
         )
+    if not cfg.checkpoint and cfg.policy in ("pi05", "pi0"):  # a typo'd key leaves it so: a real arm on noise
+        problems.append(
+            f"checkpoint is empty: policy {cfg.policy!r} needs its weights (a folder with model.safetensors); "
+            f"random weights move a robot without meaning: set checkpoint: {RANDOM_WEIGHTS} for that (benchmarks)"
+        )
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
         problems.append(f"device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     if cfg.fp8 in FP8_PARTS and cfg.fp8 != "none" and (cfg.precision != "bfloat16" or cfg.backend == "reference"):
@@ -927,7 +941,7 @@ def _check_text(cfg: NodeConfig) -> list[str]:
 
 def _check_paths(cfg: NodeConfig) -> list[str]:
     problems = []
-    if cfg.checkpoint and not Path(cfg.checkpoint).is_dir():
+    if cfg.checkpoint_folder and not Path(cfg.checkpoint_folder).is_dir():
         problems.append(f"checkpoint {cfg.checkpoint!r} is not a folder; expected one with model.safetensors")
     if cfg.tokenizer and not Path(cfg.tokenizer).is_file():
         problems.append(f"tokenizer {cfg.tokenizer!r} is not a file; expected PaliGemma's tokenizer.model")
