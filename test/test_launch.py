@@ -217,6 +217,16 @@ def test_config_yaml_loads(path):
         assert "ros__parameters" in section
 
 
+@pytest.mark.parametrize("name", ["flashrt.yaml", "pi05_example.yaml"])
+def test_node_config_files_name_only_its_parameters(name):
+    """`from_yaml` drops names it does not know: a misspelt key in an example would pass the
+    checks above and be ignored by the node (with a warning) on every robot that copies it."""
+    from flashrt_ros.ros.params import load_yaml_parameters, unknown_names
+
+    given = load_yaml_parameters(REPO / "config" / name)
+    assert given and unknown_names(set(given)) == []
+
+
 def test_default_config_validates_including_paths():
     cfg = NodeConfig.from_yaml(REPO / "config" / "flashrt.yaml")
     assert cfg.validate() == []

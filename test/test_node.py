@@ -41,7 +41,9 @@ def running(ros_env, ros_module_context, tmp_path_factory):
 
 def test_unknown_parameter_at_start_is_named_counted_and_ignored(running):
     node, peer = running
-    line = node.wait_for_line("ignoring unknown parameters ['rate_h'] (typo in the params file?); known: ")
+    line = node.wait_for_line(
+        "ignoring unknown parameters ['rate_h'] (typo in the params file? did you mean rate_hz for rate_h?); known: "
+    )
     assert "rate_hz" in line
     assert peer.pump(3.0, until=lambda: bool(peer.statuses))
     # 1 from the start (later tests add a refused run-time one, and ~/reset clears counters)

@@ -76,6 +76,7 @@ from flashrt_ros.ros.params import (
     NodeConfig,
     check_update,
     declare_parameters,
+    did_you_mean,
     floats_as_doubles,
     node_resolver,
     params_files,
@@ -281,7 +282,8 @@ class FlashRTNode(Node):
         unknown = unknown_names(set(getattr(self, "_parameter_overrides", {})))
         if unknown:
             self.get_logger().warning(
-                f"ignoring unknown parameters {unknown} (typo in the params file?); known: {', '.join(PARAMETERS)}"
+                f"ignoring unknown parameters {unknown} (typo in the params file?{did_you_mean(unknown)}); "
+                f"known: {', '.join(PARAMETERS)}"
             )
         return unknown
 

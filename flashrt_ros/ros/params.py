@@ -17,6 +17,7 @@ launch test does that).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -542,6 +543,13 @@ def unknown_names(names: list[str] | set[str], runtime: bool = False) -> list[st
         for n in names
         if n not in PARAMETERS and n != "use_sim_time" and (runtime or not n.startswith("qos_overrides."))
     )
+
+
+def did_you_mean(unknown: list[str]) -> str:
+    """ " did you mean checkpoint for checkpiont?" for the unknown names close to one of ours."""
+    close = [(n, difflib.get_close_matches(n, list(PARAMETERS), n=1, cutoff=0.75)) for n in unknown]
+    pairs = [f"{match[0]} for {name}" for name, match in close if match]
+    return f" did you mean {', '.join(pairs)}?" if pairs else ""
 
 
 def load_yaml_parameters(path: str | Path, node_name: str = NODE_NAME, namespace: str = "/") -> dict[str, Any]:
