@@ -537,6 +537,30 @@ def test_params_file_sections_reach_the_nodes_rcl_says_they_do(rclpy_context, tm
     assert 0 < sum(applied) < len(applied)  # both outcomes were exercised
 
 
+def test_a_params_file_only_shared_sections_reach_is_refused(tmp_path):
+    """A shared `/**` section (use_sim_time) beside a misspelt node key: a section applies, but
+    none that sets this node's parameters; it would run its defaults. A `/**` section that sets
+    them, or another file that names the node, addresses it."""
+    from flashrt_ros.ros.params import unaddressed_params_files
+
+    shared = tmp_path / "shared.yaml"
+    shared.write_text(
+        "/**:\n  ros__parameters:\n    use_sim_time: true\nflashrt_nod:\n  ros__parameters:\n    rate_hz: 5.0\n"
+    )
+    fqn = "/robot1/flashrt_node"
+    (problem,) = unaddressed_params_files([str(shared)], fqn)
+    assert problem == (
+        f"params files {shared}: only sections for every node ('/**' and the like) apply to this node {fqn}, and "
+        "they set none of its parameters, so it would run its defaults; expected a section keyed "
+        f"'/**/flashrt_node' or '{fqn}'"
+    )
+    ours = tmp_path / "ours.yaml"
+    ours.write_text("/**/flashrt_node:\n  ros__parameters:\n    rate_hz: 5.0\n")
+    assert unaddressed_params_files([str(shared), str(ours)], fqn) == []
+    shared.write_text("/**:\n  ros__parameters:\n    use_sim_time: true\n    rate_hz: 5.0\n")
+    assert unaddressed_params_files([str(shared)], fqn) == []
+
+
 def test_rtc_settings_are_checked():
     """Real-time chunking's numbers and words, and the Jacobian only the reference can take."""
     found = problems(rtc_max_guidance=0.0, rtc_schedule="cosine", rtc_delay_steps=-3, rtc_jacobian="full")

@@ -615,25 +615,44 @@ def params_files(argv: list[str]) -> list[str]:
 
 
 def unaddressed_params_files(files: list[str], fqn: str) -> list[str]:
-    """One sentence per params file with no section for the node ``fqn``. rcl ignores such a
+    """One sentence per params file with no section for the node ``fqn``, and one where only
+    sections for every node (``/**``) reach it and set none of its parameters. rcl ignores such a
     file without a word, and the node would run its defaults (random weights) on the robot: a
-    section keyed ``flashrt_node:`` reaches only ``/flashrt_node``, not ``/robot1/flashrt_node``."""
+    section keyed ``flashrt_node:`` reaches only ``/flashrt_node``, not ``/robot1/flashrt_node``;
+    a misspelt node key beside a shared ``/**: {use_sim_time: true}`` reaches nothing."""
     import yaml
 
-    problems = []
+    problems, addressed = [], False
+    expected = f"expected a section keyed '/**/{fqn.rsplit('/', 1)[-1]}' or '{fqn}'"
     for path in files:
         try:
-            keys = [name for name, _ in node_sections(_yaml_sections(path))]
+            sections = node_sections(_yaml_sections(path))
         except (OSError, ValueError, yaml.YAMLError) as exc:  # rcl has read it already; say if we cannot
             problems.append(f"params file {path}: cannot check its sections ({exc})")
             continue
-        if not any(section_applies(key, fqn) for key in keys):
-            shown = some([repr(k) for k in keys], SHOWN_SECTIONS) or "none"
+        applying = [(key, params) for key, params in sections if section_applies(key, fqn)]
+        if not applying:
+            shown = some([repr(k) for k, _ in sections], SHOWN_SECTIONS) or "none"
             problems.append(
                 f"params file {path} has no section for this node {fqn} (its sections: {shown}), so none "
-                f"of its parameters apply; expected a section keyed '/**/{fqn.rsplit('/', 1)[-1]}' or '{fqn}'"
+                f"of its parameters apply; {expected}"
             )
+        addressed |= any(not _is_wildcard(key) or _sets_ours(params) for key, params in applying)
+    if files and not problems and not addressed:  # e.g. `/**: {use_sim_time}` beside a misspelt node key
+        problems.append(
+            f"params files {', '.join(files)}: only sections for every node ('/**' and the like) apply to this node "
+            f"{fqn}, and they set none of its parameters, so it would run its defaults; {expected}"
+        )
     return problems
+
+
+def _is_wildcard(key: str) -> bool:
+    """A section for every node (of a namespace): `/**`, `/robot1/*`."""
+    return key.rstrip("/").rsplit("/", 1)[-1] in ("*", "**")
+
+
+def _sets_ours(params: object) -> bool:
+    return isinstance(params, dict) and any(name in PARAMETERS for name in _flatten(params))
 
 
 SHOWN_SECTIONS = 8
