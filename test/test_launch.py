@@ -285,6 +285,9 @@ def test_help_prints_the_parameters_and_starts_nothing(ros_env, exe, flag):
         for name in names:
             assert f"\n  {name} " in done.stdout, (name, done.stdout)
         assert "publishing" not in done.stdout + done.stderr and "[INFO]" not in done.stdout + done.stderr
+        if exe != "synthetic_sensors":  # defaults as a params file writes them, not as Python prints them
+            assert re.search(r"\n  start_enabled +true: ", done.stdout), done.stdout
+            assert "True" not in done.stdout and "False" not in done.stdout, done.stdout
 
 
 @pytest.mark.parametrize("exe", ["flashrt_node", "flashrt_lifecycle_node", "synthetic_sensors"])

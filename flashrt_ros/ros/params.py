@@ -283,7 +283,8 @@ PARAMETERS: dict[str, ParamInfo] = {
     ),
     "autostart": ParamInfo(
         "flashrt_lifecycle_node: configure and activate itself at start, for a launch without a lifecycle "
-        "manager (a failed configure leaves it unconfigured, the reason logged); flashrt_node starts "
+        "manager (with start_enabled false: configure only, and stay inactive; a failed configure leaves it "
+        "unconfigured, the reason logged); flashrt_node starts "
         "configured anyway (start_enabled decides whether it decides)"
     ),
     "rate_hz": ParamInfo(f"decision rate in Hz, [{MIN_RATE_HZ:g}, {MAX_RATE_HZ:g}]", runtime=True),

@@ -72,6 +72,15 @@ def usage(executable: str, summary: str, parameters: Mapping[str, tuple[object, 
         "",
         "parameters (default: description):",
     ]
-    lines += [f"  {name:<{width}}  {default!r}: {text}" for name, (default, text) in parameters.items()]
+    lines += [f"  {name:<{width}}  {_as_ros(default)}: {text}" for name, (default, text) in parameters.items()]
     lines += ["", f"example: {example}"]
     return "\n".join(lines)
+
+
+def _as_ros(value: object) -> str:
+    """A default as it is written in a params file or after -p NAME:= (true, not Python's True)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ", ".join(_as_ros(v) for v in value) + "]"
+    return repr(value)
