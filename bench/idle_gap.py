@@ -85,8 +85,7 @@ def main() -> None:
     policy, obs, _ = full_size_observation(args.policy, args.views, DOF, dev)
     pipe = Pipeline(policy, backend="fused", release_reference=True)
     print(f"warm-up decision: {pipe.warm_up(DOF, obs.prompt, (480, 640)):.2f} ms")
-    rows = ROWS
-    samples = {(g, r): [] for g in gaps for r in rows}
+    samples = {(g, r): [] for g in gaps for r in ROWS}
     i = 0
     for _ in tqdm(range(args.rounds), desc="rounds"):
         for gap in gaps:
@@ -97,15 +96,15 @@ def main() -> None:
     tag = f"{args.policy} {args.views}v"
     print(HEADER)
     results = {}
-    for row in rows:
+    for row in ROWS:
         for gap in gaps:
             lat = Latency.from_samples(f"{tag} {row}, {gap:g} ms idle", samples[(gap, row)])
             results[lat.name] = lat.to_dict()
             print(lat.row())
-    base = {row: results[f"{tag} {row}, {gaps[0]:g} ms idle"]["median_ms"] for row in rows}
+    base = {row: results[f"{tag} {row}, {gaps[0]:g} ms idle"]["median_ms"] for row in ROWS}
     for gap in gaps[1:]:
         ratios = ", ".join(
-            f"{row} {results[f'{tag} {row}, {gap:g} ms idle']['median_ms'] / base[row]:.3f}x" for row in rows
+            f"{row} {results[f'{tag} {row}, {gap:g} ms idle']['median_ms'] / base[row]:.3f}x" for row in ROWS
         )
         print(f"{tag} {gap:g} ms idle against {gaps[0]:g}: {ratios}")
     write_result(args.out, "idle_gap", dev, policy=args.policy, views=args.views, gaps_ms=gaps, results=results)

@@ -208,11 +208,12 @@ def _with_relative_actions(cfg: PolicyConfig, folder: Path, layout: str) -> Poli
         return cfg
     try:
         mask = lerobot_delta_mask(folder)
-        stated = lerobot_says_relative_or_absolute(folder)
+        # the files read again only where a mask of ours meets theirs switched off
+        contradicted = not mask and any(cfg.delta_action_mask) and lerobot_says_relative_or_absolute(folder)
     except ValueError as exc:
         raise CheckpointError(str(exc)) from exc
     if not mask:  # off: a flashrt_config.json's own mask stands where LeRobot's files say nothing
-        if any(cfg.delta_action_mask) and stated:
+        if contradicted:
             raise CheckpointError(
                 f"{folder / FLASHRT_CONFIG_FILE}: delta_action_mask ({describe_mask(cfg.delta_action_mask)}), but the "
                 "LeRobot processor files (or config.json's use_relative_actions) say the actions are absolute: "
