@@ -458,8 +458,8 @@ def test_chunk_is_the_policy_applied_to_the_messages_it_names(running):
     from std_srvs.srv import Trigger
 
     from flashrt_ros.policies.policy import Observation
-    from flashrt_ros.ros.node import build_pipeline_state
     from flashrt_ros.ros.params import NodeConfig
+    from flashrt_ros.ros.startup import build_pipeline_state
 
     node, peer = running
     (old_prompt,) = peer.get_parameters("prompt")
@@ -1173,8 +1173,8 @@ def test_the_warm_up_is_said_and_one_that_broke_the_gpu_stops_the_start(monkeypa
     GPU broken a StartupError, since every decision after it would fail."""
     from flashrt_ros.engine.pipeline import DeviceUnusable, Pipeline
     from flashrt_ros.policies.policy import default_policy
-    from flashrt_ros.ros.node import StartupError, warm_up
     from flashrt_ros.ros.params import NodeConfig
+    from flashrt_ros.ros.startup import StartupError, warm_up
 
     cfg = dataclasses.replace(NodeConfig(), image_height=24, image_width=32)
     pipeline = Pipeline(default_policy(num_views=len(cfg.camera_topics), action_dof=len(cfg.output_joint_names)))

@@ -39,9 +39,10 @@ import rclpy
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 
-from flashrt_ros.ros.node import FlashRTNode, StartupError, forward_python_logs, node_usage
+from flashrt_ros.ros.node import FlashRTNode, forward_python_logs, node_usage
 from flashrt_ros.ros.params import NODE_NAME, ConfigError, params_files
 from flashrt_ros.ros.process import init_rclpy, interrupt_on_signals, run_until_signal, signals_held, stopping
+from flashrt_ros.ros.startup import StartupError
 from flashrt_ros.ros.usage import command_line
 
 EXECUTABLE = "flashrt_lifecycle_node"
