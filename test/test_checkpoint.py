@@ -175,8 +175,8 @@ def test_lerobots_n_action_steps_is_kept_for_the_node_to_say(tmp_path):
     """How many actions LeRobot executes per chunk (config.json's n_action_steps) is kept in the
     config's extra; more than the chunk is refused."""
     good = lerobot_config_dict(PolicyConfig.pi05())
-    assert checkpoint.config_from_lerobot({**good, "n_action_steps": 10}).extra == {"n_action_steps": 10}
-    assert checkpoint.config_from_lerobot({**good, "n_action_steps": 50}).extra == {"n_action_steps": 50}
+    assert checkpoint.config_from_lerobot({**good, "n_action_steps": 10}).extra["n_action_steps"] == 10
+    assert checkpoint.config_from_lerobot({**good, "n_action_steps": 50}).extra["n_action_steps"] == 50
     with pytest.raises(CheckpointError, match=r"field 'n_action_steps' is 51, more than chunk_size 50"):
         checkpoint.config_from_lerobot({**good, "n_action_steps": 51})
 
@@ -483,3 +483,43 @@ def test_lerobot_normaliser_files_and_a_truncated_one(tmp_path):
     (tmp_path / stats_file).write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match=f"cannot read normalisation statistics {tmp_path / stats_file}: "):
         Normalizer.find(tmp_path)
+
+
+def test_a_lerobot_config_json_makes_a_folder_lerobot_without_its_processor_files(tmp_path):
+    """Weights and config.json only (the processor files not downloaded), the tensors without the
+    `model.` prefix: LeRobot's config is read as LeRobot's. Read as openpi's converter's, its chunk,
+    prompt length and steps fell back to openpi's defaults (horizon 50, 200 tokens, 10 steps)."""
+    save_file({"action_in_proj.weight": torch.zeros(2, 2)}, str(tmp_path / "model.safetensors"))
+    theirs = PolicyConfig.pi05(horizon=10, num_steps=5).replace(prompt_len=64)
+    (tmp_path / "config.json").write_text(json.dumps(lerobot_config_dict(theirs)))
+    assert detect_layout(tmp_path) == "lerobot"
+    cfg = read_config(tmp_path, "lerobot")
+    assert (cfg.horizon, cfg.prompt_len, cfg.num_steps, cfg.prompt_style) == (10, 64, 5, "lerobot")
+    (tmp_path / "config.json").write_text(json.dumps({"action_horizon": 10, "paligemma_variant": "gemma_2b"}))
+    assert detect_layout(tmp_path) == "openpi"  # what openpi's converter writes: no "type"
+
+
+def test_lerobot_names_without_the_prefix_and_the_embedding_saved_as_the_lm_head_load(tmp_path):
+    """As openpi exports converted for LeRobot are saved: LeRobot's loader adds the prefix and
+    takes the LM head for the tied embedding; so does ours (the head's key was looked up with the
+    prefix only, and the embedding was "missing")."""
+    model = tiny_model("pi05")
+    save_model(model, tmp_path, layout="lerobot")
+    path = tmp_path / "model.safetensors"
+    t = {k.removeprefix("model."): v for k, v in load_file(str(path)).items()}
+    t["paligemma_with_expert.paligemma.lm_head.weight"] = t.pop(
+        "paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
+    )
+    save_file(t, str(path))
+    assert detect_layout(tmp_path) == "lerobot"
+    loaded, info = load_model(tmp_path)
+    assert info.layout == "lerobot"
+    assert torch.equal(loaded.prefix_lm.embed_tokens.weight, model.prefix_lm.embed_tokens.weight)
+
+
+def test_lerobot_camera_names_are_kept_in_the_order_lerobot_stacks_the_views():
+    """The node logs which camera topic feeds which of the checkpoint's cameras: LeRobot stacks
+    the views in its input_features' order, and the topics feed them in camera_topics' order."""
+    saved = lerobot_config_dict(PolicyConfig.pi05(num_views=3, empty_cameras=1), ["wrist", "top"])
+    cfg = config_from_lerobot(saved)
+    assert cfg.extra["camera_names"] == ["observation.images.wrist", "observation.images.top"]

@@ -719,3 +719,42 @@ def test_a_flipped_view_is_the_same_image(tokenizer_file):
         return policy.infer(obs, noise=noise)
 
     np.testing.assert_array_equal(act(bgr[..., ::-1]), act(np.ascontiguousarray(bgr[..., ::-1])))
+
+
+def test_statistics_under_an_asset_id_with_a_slash_are_found(tmp_path):
+    """openpi saves statistics under assets/<asset_id>/, and its asset ids are repo ids
+    (pi05_libero: physical-intelligence/libero); only one directory level was searched."""
+    norm = Normalizer("quantile", Stats(q01=np.zeros(2), q99=np.ones(2)), Stats(q01=np.zeros(2), q99=np.ones(2)))
+    norm.save(tmp_path / "assets" / "physical-intelligence" / "libero" / "norm_stats.json")
+    found = Normalizer.find(tmp_path)
+    assert found is not None and found.mode == "quantile"
+    norm.save(tmp_path / "assets" / "trossen" / "norm_stats.json")
+    with pytest.raises(ValueError, match=r"2 asset ids \(physical-intelligence/libero, trossen\)"):
+        Normalizer.find(tmp_path)
+
+
+def test_openpi_statistics_beside_lerobots_processor_files_are_not_guessed_between(tmp_path):
+    """A LeRobot folder converted from an openpi export may keep openpi's assets/: which of the
+    two sets the policy was trained with is not for the loader to guess (openpi's won silently)."""
+    from safetensors.numpy import save_file as save_numpy
+
+    stats_file = "policy_preprocessor_step_2_normalizer_processor.safetensors"
+    norm_map = {"VISUAL": "IDENTITY", "STATE": "QUANTILES", "ACTION": "QUANTILES"}
+    step = {"registry_name": "normalizer_processor", "state_file": stats_file, "config": {"norm_map": norm_map}}
+    (tmp_path / "policy_preprocessor.json").write_text(json.dumps({"steps": [step]}))
+    q = {
+        f"{k}.{s}": np.full(2, v, np.float32)
+        for k in ("observation.state", "action")
+        for s, v in [("q01", -2.0), ("q99", 2.0)]
+    }
+    save_numpy(q, str(tmp_path / stats_file))
+    assert Normalizer.find(tmp_path).convention == "lerobot"
+    openpi = Normalizer("quantile", Stats(q01=np.zeros(2), q99=np.ones(2)), Stats(q01=np.zeros(2), q99=np.ones(2)))
+    openpi.save(tmp_path / "assets" / "libero" / "norm_stats.json")
+    with pytest.raises(
+        ValueError,
+        match=r"statistics both in .*assets/libero/norm_stats.json .* and in LeRobot's policy_preprocessor.json",
+    ):
+        Normalizer.find(tmp_path)
+    openpi.save(tmp_path / "norm_stats.json")  # the user's choice decides
+    assert Normalizer.find(tmp_path).convention == "openpi"

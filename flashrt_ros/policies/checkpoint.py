@@ -113,7 +113,19 @@ def detect_layout(folder: Path) -> str:
         )
     if any(_present(folder / name) for name in (PREPROCESSOR, POSTPROCESSOR)):
         return "lerobot"
+    if _present(folder / CONFIG_FILE) and _lerobot_type(folder / CONFIG_FILE):
+        return "lerobot"  # its weights and config.json alone (processor files not downloaded)
     return "openpi"
+
+
+def _lerobot_type(path: Path) -> bool:
+    """Whether a config.json is LeRobot's: it names the policy `type`; openpi's converter writes
+    none (read as openpi's, LeRobot's chunk, prompt length, steps and prompt style would be lost)."""
+    try:
+        data = read_json(path)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {path}: {exc}" if isinstance(exc, OSError) else str(exc)) from exc
+    return "type" in data
 
 
 def weight_names(path: Path) -> tuple[str, ...]:
@@ -354,7 +366,7 @@ def config_from_lerobot(data: dict) -> PolicyConfig:
     # from the config); PolicyConfig checks them (finite, > 0, min <= max)
     periods = {key: data.get(key, getattr(base, key)) for key in ("min_period", "max_period")}
     empty = _lerobot_int(data, "empty_cameras", 0, minimum=0)
-    cameras = _lerobot_cameras(data.get("input_features", {}), empty)
+    cameras = _lerobot_cameras(data.get("input_features", {}), empty)  # in the order LeRobot feeds them
     # how many of a chunk's actions LeRobot executes before it decides again: the node says so
     executed = _lerobot_int(data, "n_action_steps", ints["horizon"])
     if executed > ints["horizon"]:
@@ -363,11 +375,11 @@ def config_from_lerobot(data: dict) -> PolicyConfig:
         prefix=variants[chosen["paligemma_variant"]],
         expert=variants[chosen["action_expert_variant"]],
         vision=base.vision.__class__(image_size=_lerobot_resolution(data)),
-        num_views=max(1, cameras) + empty,
+        num_views=max(1, len(cameras)) + empty,
         empty_cameras=empty,
         prompt_style="lerobot",
         dtype=data.get("dtype", "float32"),
-        extra={"n_action_steps": executed},
+        extra={"n_action_steps": executed, "camera_names": cameras},
         **ints,
         **periods,
     )
@@ -380,15 +392,17 @@ def _lerobot_int(data: dict, key: str, default: int, minimum: int = 1) -> int:
     return value
 
 
-def _lerobot_cameras(features: object, empty: int) -> int:
-    """How many cameras the config's VISUAL input features name. LeRobot saves its empty cameras
-    among them too (`observation.images.empty_camera_<i>`, added by validate_features): not cameras."""
+def _lerobot_cameras(features: object, empty: int) -> list[str]:
+    """The cameras the config's VISUAL input features name, in their order (the order LeRobot
+    stacks the views in, so the order camera_topics must feed them in). LeRobot saves its empty
+    cameras among them too (`observation.images.empty_camera_<i>`, added by validate_features): not
+    cameras."""
     if not isinstance(features, dict) or not all(isinstance(v, dict) for v in features.values()):
         raise CheckpointError(
             f"field 'input_features' must be an object of feature name -> {{\"type\": ...}}, got {features!r}"[:300]
         )
     placeholders = {f"{EMPTY_CAMERA_PREFIX}{i}" for i in range(empty)}
-    return sum(v.get("type") == "VISUAL" and name not in placeholders for name, v in features.items())
+    return [name for name, v in features.items() if v.get("type") == "VISUAL" and name not in placeholders]
 
 
 def _lerobot_resolution(data: dict) -> int:
@@ -493,17 +507,19 @@ def _plan(f, layout: str, cfg: PolicyConfig, expected: dict[str, tuple]) -> dict
     prefix = LEROBOT_PREFIX if layout == "lerobot" else ""
     sources: dict[str, list[str]] = {}
     unexpected, ignored = [], []
+    tied = None  # the key the LM head was saved under, with or without LeRobot's prefix
     for key in f.keys():
         theirs = key[len(prefix) :] if prefix and key.startswith(prefix) else key
         if theirs in _IGNORED:
             ignored.append(key)
+            tied = key if theirs == _TIED_EMBEDDING else tied
             continue
         ours = from_openpi_key(theirs, cfg.kind)
         (sources.setdefault(ours, []).append(key) if ours in expected else unexpected.append(key))
     available = {ours: keys[0] for ours, keys in sources.items()}
     embed = "prefix_lm.embed_tokens.weight"
-    if embed not in available and prefix + _TIED_EMBEDDING in ignored:
-        available[embed] = prefix + _TIED_EMBEDDING  # tied weights saved under the LM head's name
+    if embed not in available and tied is not None:
+        available[embed] = tied  # tied weights saved under the LM head's name
     missing = sorted(set(expected) - set(available))
     problems = bounded(_collisions(sources), SHOWN, " such")
     if missing:

@@ -13,6 +13,7 @@ Statistics may cover fewer dims than the padded model vector: extra dims pass th
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections.abc import Callable
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 EPS = 1e-6
 LEROBOT_EPS = 1e-8
@@ -184,21 +187,36 @@ class Normalizer:
 
     @classmethod
     def find(cls, folder: str | Path, mode: str | None = None, kind: str | None = None) -> Normalizer | None:
-        """openpi's norm_stats.json (in the folder, else under its one assets/<id>/) or LeRobot's
-        processor files; None when there are none."""
+        """openpi's norm_stats.json (in the folder, else under its one assets/<asset id>/, whose id
+        may hold a `/`: openpi's repo ids) or LeRobot's processor files; None when there are none.
+        A norm_stats.json in the folder is the user's choice and wins; statistics under assets/
+        beside LeRobot's processor files (an openpi export converted) are refused as a guess."""
         folder = Path(folder)
         if file_present(folder / "norm_stats.json"):
-            return cls.load(folder / "norm_stats.json", mode, kind)
-        assets = sorted(p for p in folder.glob("assets/*/norm_stats.json") if file_present(p))
+            return _said(cls.load(folder / "norm_stats.json", mode, kind), folder / "norm_stats.json")
+        assets = sorted(p for p in folder.glob("assets/**/norm_stats.json") if file_present(p))
+        ids = ", ".join(str(p.parent.relative_to(folder / "assets")) for p in assets)
         if len(assets) > 1:  # statistics of several robots: picking one would be a guess
-            names = ", ".join(p.parent.name for p in assets)
             raise ValueError(
-                f"{folder}: normalisation statistics for {len(assets)} asset ids ({names}); copy the one "
+                f"{folder}: normalisation statistics for {len(assets)} asset ids ({ids}); copy the one "
                 f"of your robot to {folder / 'norm_stats.json'} (it takes precedence)"
             )
+        processor, lerobot = folder / "policy_preprocessor.json", cls.from_lerobot(folder)
+        if assets and lerobot is not None:  # which of the two the policy was trained with is a guess
+            raise ValueError(
+                f"{folder}: normalisation statistics both in {assets[0]} (openpi's, asset id {ids}) and in "
+                f"LeRobot's {processor.name}; copy the ones the policy was trained with to "
+                f"{folder / 'norm_stats.json'} (it takes precedence) or remove the other"
+            )
         if assets:
-            return cls.load(assets[0], mode, kind)
-        return cls.from_lerobot(folder)
+            return _said(cls.load(assets[0], mode, kind), assets[0])
+        return None if lerobot is None else _said(lerobot, processor)
+
+
+def _said(normalizer: Normalizer, path: Path) -> Normalizer:
+    """Log where the statistics came from: the start-up log names the file that scales the robot."""
+    log.info("normalisation statistics: %s (%s, %s convention)", path, normalizer.mode, normalizer.convention)
+    return normalizer
 
 
 def _lerobot_stats(folder: Path, pipeline: Path, step_name: str) -> tuple[str, Callable[[str], Stats], Path] | None:

@@ -4,6 +4,12 @@ uint8 HxWx3 RGB (or float in [0, 1]) -> float [0, 1] -> resize-with-pad to SxS (
 no antialias, centred black padding) -> [-1, 1], CHW. An absent camera becomes an all -1
 image with its mask False, so its tokens are never attended to.
 
+The resize is LeRobot's and openpi's PyTorch port's (`resize_with_pad_torch`): bilinear without
+antialiasing. openpi's JAX `resize_with_pad` antialiases when it shrinks (and rounds to uint8), and
+so does PIL's BILINEAR, which openpi's example clients resize with before sending: a 480x640 frame
+shrunk here differs from theirs by up to ~0.4 on the [-1, 1] scale at sharp edges. Frames already
+at the model's size (224x224: resized where the training data were) pass through unchanged.
+
 A policy's frames are uint8 only (`frame_error`): that is what the node converts every camera
 encoding to and what the fused path's kernel reads, so both backends refuse the same frames.
 Anything else is refused, never reinterpreted: a uint16 or 0..255 float frame read as [0, 1]

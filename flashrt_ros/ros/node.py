@@ -450,7 +450,11 @@ class FlashRTNode(Node):
         warmed = d["warm_up"]
         (log.warning if warmed.startswith("failed") else log.info)(f"warm-up decision: {warmed}")
         size = f"{cfg.image_height}x{cfg.image_width}" if cfg.expected_hw else "any size"
-        cams = ", ".join(f"{s.topic} ({t})" for s, t in zip(self.slots, cfg.transports, strict=False))
+        names = self.state.pipeline.policy.cfg.extra.get("camera_names") or []  # a LeRobot checkpoint's
+        cams = ", ".join(
+            f"{s.topic} ({t})" + (f" as {names[i]}" if i < len(names) else "")
+            for i, (s, t) in enumerate(zip(self.slots, cfg.transports, strict=False))
+        )
         log.info(
             f"inputs: {len(cfg.camera_topics)} cameras [{cams}], {size}; joints {self.slots[-1].topic} "
             f"({len(cfg.joint_names)}: {', '.join(cfg.joint_names)})"
