@@ -862,6 +862,7 @@ def test_checkpoint_with_an_empty_camera_runs_on_the_cameras_it_has(ros_env, rcl
     overrides = {"checkpoint": str(folder), "camera_topics": CAMERAS[:1]}
     with running_node_and_peer(ros_env, tmp_path, rclpy_context, **overrides) as (node, peer):
         node.wait_for_line(f"loaded pi05 lerobot checkpoint {folder}")  # the line a refusal must come before
+        node.wait_for_line(" as observation.images.top], ")  # the topic that feeds the checkpoint's camera
         assert peer.pump(10.0, until=lambda: len(peer.chunks) >= 3), node.tail()
         peer.assert_chunks_from_good_data()
         assert all(len(c.source_stamps) == 2 for c in peer.chunks)  # the one camera and the joints

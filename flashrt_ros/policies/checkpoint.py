@@ -181,18 +181,34 @@ def read_config(folder: Path, layout: str, fallback: PolicyConfig | None = None)
 
     cfg = _config_from_file(ours, parse)
     if layout == "lerobot":
-        _warn_where_lerobot_differs(cfg, folder)
+        cfg = _beside_lerobots(cfg, folder)
     return _with_relative_actions(cfg, folder, layout)
 
 
-def _warn_where_lerobot_differs(cfg: PolicyConfig, folder: Path) -> None:
-    """A flashrt_config.json that sets what LeRobot's config.json states otherwise (chunk, steps,
+def _beside_lerobots(cfg: PolicyConfig, folder: Path) -> PolicyConfig:
+    """`cfg` (from a flashrt_config.json) with the camera names of LeRobot's config.json beside it,
+    for the start-up log, where they are as many as its camera views.
+
+    A flashrt_config.json that sets what LeRobot's config.json states otherwise (chunk, steps,
     prompt length, cameras, resolution, periods): ours runs, LeRobot would run theirs. A choice
     (fewer steps) or a stale file: said, field by field, not refused."""
     theirs = folder / CONFIG_FILE
     if not _present(theirs):
-        return
+        return cfg
     data = _config_from_file(theirs, lambda d: d if isinstance(d, dict) else {})
+    _warn_where_lerobot_differs(cfg, folder, data)
+    try:  # only named in the log: a config.json that ours overrides need not be well formed
+        names = _lerobot_cameras(data.get("input_features", {}), _lerobot_int(data, "empty_cameras", 0, minimum=0))
+    except CheckpointError:
+        return cfg
+    if "camera_names" in cfg.extra or len(names) != cfg.camera_views:
+        return cfg
+    return cfg.replace(extra={**cfg.extra, "camera_names": names})
+
+
+def _warn_where_lerobot_differs(cfg: PolicyConfig, folder: Path, data: dict) -> None:
+    """Each field where `cfg` differs from what LeRobot's config.json (`data`) says, as a warning."""
+    theirs = folder / CONFIG_FILE
     said = {ours: data[key] for key, ours in _LEROBOT_INTS.items() if key in data}
     said |= {key: data[key] for key in ("empty_cameras", "min_period", "max_period") if key in data}
     ours = {key: getattr(cfg, key) for key in said}
