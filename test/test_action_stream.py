@@ -316,18 +316,55 @@ def test_a_switch_after_a_gap_moves_no_more_than_two_ticks_allow(tick_ms):
     assert unbounded.command(gap_end).values[0] == 5.0
 
 
-def test_a_held_chunk_within_its_steps_is_never_limited_at_any_rate():
+@pytest.mark.parametrize("tick", [2 * MS, 15 * MS, 50 * MS // 3, 25 * MS, 100 * MS / 3, 100 * MS])
+@pytest.mark.parametrize("step", [STEP, 100 * MS // 3])
+def test_a_held_chunk_within_its_steps_is_never_limited_at_any_rate(tick, step):
     """A float32 chunk whose steps are action_max_step (as action_limits makes them) passes whole:
-    a held step in one tick, at 500 Hz and at 10 Hz (five actions a tick)."""
+    a held step in the tick it falls due, at 500 Hz, at 10 Hz (several actions a tick), and at rates
+    that are no multiple or divisor of the step (60 Hz commands on 50 Hz actions): there the budget
+    refilled in proportion to time lagged the held steps (43 of 66 commands limited)."""
     actions = (np.arange(40, dtype=np.float32) * np.float32(0.05)).reshape(-1, 1).astype(np.float64)
-    for tick in (2 * MS, 100 * MS):
-        stream = ActionStream(max_move=np.array([0.05]))
-        stream.push(actions, start_ns=0, step_ns=STEP, chunk_id=1)
-        got = [stream.command(t) for t in range(0, 40 * STEP, tick)]
-        assert not any(c.limited for c in got), tick
-        np.testing.assert_array_equal(
-            [c.values[0] for c in got], actions[[t // STEP for t in range(0, 40 * STEP, tick)], 0]
-        )
+    stream = ActionStream(max_move=np.array([0.05]), tick_ns=round(tick))
+    stream.push(actions, start_ns=0, step_ns=step, chunk_id=1)
+    times = [round(i * tick) for i in range(int(40 * step / tick))]
+    got = [stream.command(t) for t in times]
+    assert not any(c.limited for c in got), [c.index for c in got if c.limited][:5]
+    np.testing.assert_array_equal([c.values[0] for c in got], actions[[t // step for t in times], 0])
+
+
+def test_the_first_command_moves_from_where_the_robot_is():
+    """A chunk stamped at its observation is due several actions in by the first tick (the state's
+    age plus the decision): the first command after a start, pause or reset moved straight to it,
+    four max_move from the robot here. With robot_at it moves max_move from the joint state, then
+    max_move per step; a joint robot_at does not know is free, as without it."""
+    actions = np.stack([0.05 * (1 + np.arange(20))] * 2, axis=1)  # within max_move of 0 at action 0
+    robot = np.array([0.0, np.nan])
+    stream = ActionStream(max_move=np.array([0.05, 0.05]))
+    stream.push(actions, start_ns=0, step_ns=STEP, chunk_id=1, robot_at=robot)
+    first = stream.command(3 * STEP + MS)  # due: action 3, 0.2
+    assert first.limited and first.values.tolist() == [0.05, 0.2], first
+    later = [stream.command(k * STEP + MS).values[0] for k in range(4, 8)]
+    np.testing.assert_allclose(later, [0.1, 0.15, 0.2, 0.25])  # max_move per step behind the chunk
+    stream.clear()  # a pause or reset: the next chunk starts from the robot again
+    stream.push(actions + 1.0, start_ns=10 * STEP, step_ns=STEP, chunk_id=2, robot_at=np.array([1.0, 1.0]))
+    np.testing.assert_allclose(stream.command(13 * STEP).values, [1.05, 1.05])
+    unbounded = ActionStream(max_move=np.array([0.05, 0.05]))  # without robot_at: nothing to move from
+    unbounded.push(actions, start_ns=0, step_ns=STEP, chunk_id=1)
+    assert unbounded.command(3 * STEP).values.tolist() == [0.2, 0.2]
+
+
+def test_linear_approaches_the_first_chunks_action_0_from_the_robot():
+    """With no command in force, "linear" goes from the joint state to action 0 over its step (it
+    jumped to action 0); a joint without a state starts at action 0, as before."""
+    stream = ActionStream(interpolation="linear")
+    stream.push(np.ones((5, 2)), start_ns=0, step_ns=STEP, chunk_id=1, robot_at=np.array([0.0, np.nan]))
+    np.testing.assert_allclose(stream.command(STEP // 4).values, [0.25, 1.0])
+
+
+@pytest.mark.parametrize("robot_at", [np.zeros(3), np.array([0.0, np.inf])])
+def test_robot_at_must_be_a_position_per_action_dim(robot_at):
+    with pytest.raises(ValueError, match=r"robot_at must be \[2\] finite or NaN \(unknown\)"):
+        ActionStream().push(np.zeros((5, 2)), start_ns=0, step_ns=STEP, chunk_id=1, robot_at=robot_at)
 
 
 @pytest.mark.parametrize("interpolation", ["hold", "linear"])

@@ -667,7 +667,8 @@ def test_ros_time_going_back_drops_held_inputs_and_the_decision_under_way(rclpy_
         # a publication whose decision took its inputs before the jump: no executing chunk, no commands
         decision = SimpleNamespace(actions=np.ones((10, len(JOINTS)), np.float32), chunk_id=7, prefix_frames=None)
         decision.prefix_reused = False
-        samples = [Sample(None, TimeMsg(sec=100, nanosec=300_000_000), 0, 0) for _ in node.slots]
+        stamp = TimeMsg(sec=100, nanosec=300_000_000)
+        samples = [Sample(None, stamp, 0, 0) for _ in node.slots[:-1]] + [Sample(np.zeros(len(JOINTS)), stamp, 0, 0)]
         node._publish(decision, samples, 1.0, node.cfg, epoch=node._time_epoch - 1)
         assert node._executing is None and node.commands.command(clock.now().nanoseconds + 10**8) is None
         node._publish(decision, samples, 1.0, node.cfg, epoch=node._time_epoch)

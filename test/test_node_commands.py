@@ -180,7 +180,9 @@ def test_the_end_of_a_chunk_is_counted_once_and_reset_stops_the_stream(rclpy_con
         sent = []
         node._command_pubs = [(SimpleNamespace(publish=sent.append), [0, 1, 2, 3], JOINTS)]
         actions = np.arange(10 * len(JOINTS), dtype=np.float32).reshape(10, len(JOINTS))
-        samples = [Sample(None, TimeMsg(sec=7), 0, 0) for _ in node.slots]
+        samples = [Sample(None, TimeMsg(sec=7), 0, 0) for _ in node.slots[:-1]] + [
+            Sample(np.zeros(len(JOINTS)), TimeMsg(sec=7), 0, 0)
+        ]
         decision = SimpleNamespace(actions=actions, chunk_id=1, prefix_reused=False, prefix_frames=None)
         node._publish(decision, samples, 1.0, node.cfg)
         node._publish_command(7 * 10**9 + 3 * STEP_NS)
@@ -228,7 +230,9 @@ def test_held_back_commands_are_counted_per_chunk_even_when_a_restore_repeats_it
 
         def chunk_at(sec: int, value: float) -> None:
             on_the_chunks_clock(node, sec)
-            samples = [Sample(None, TimeMsg(sec=sec), 0, 0) for _ in node.slots]
+            samples = [Sample(None, TimeMsg(sec=sec), 0, 0) for _ in node.slots[:-1]] + [
+                Sample(np.zeros(len(JOINTS)), TimeMsg(sec=sec), 0, 0)
+            ]
             actions = np.full((10, len(JOINTS)), value, dtype=np.float32)
             decision = SimpleNamespace(actions=actions, chunk_id=1, prefix_reused=False, prefix_frames=None)
             node._publish(decision, samples, 1.0, node.cfg)

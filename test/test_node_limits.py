@@ -82,3 +82,71 @@ def test_a_step_limit_slows_the_chunk_from_the_joint_state(rclpy_context):
         assert node.cfg.action_max_step == [0.1]
     finally:
         node.destroy_node()
+
+
+def _samples_at(node: object, joints: np.ndarray, stamp_ns: int) -> list:
+    """One held sample per input (the cameras' black frames, then `joints`), all stamped at `stamp_ns`."""
+    from flashrt_ros.ros.inputs import Sample
+    from flashrt_ros.ros.messages import time_msg
+
+    frame = np.zeros((*node.cfg.expected_hw, 3), np.uint8)
+    cameras = [Sample(frame, time_msg(stamp_ns), 0, 0) for _ in node.cfg.camera_topics]
+    return [*cameras, Sample(joints.astype(np.float32), time_msg(stamp_ns), 0, 0)]
+
+
+def test_the_first_command_moves_at_most_a_step_from_the_joint_state(rclpy_context, monkeypatch):
+    """A chunk stamped at its observation, here 4 steps old when published, is due at its action 4
+    by the first command tick: after a start (or a pause, reset or clock jump) the command went
+    straight there, 5 x action_max_step from the arm. Now it moves action_max_step from the joint
+    state the chunk was decided on, then action_max_step per step."""
+    from flashrt_ros.engine.pipeline import Decision
+
+    node = in_process_node(rclpy_context, action_max_step=[0.1], command_rate_hz=100.0)
+    try:
+        sent = []
+        for pub, _, _ in node._command_pubs:
+            monkeypatch.setattr(pub, "publish", sent.append)
+        step_ns = round(node.cfg.step_duration_s * 1e9)
+        now = node.get_clock().now().nanoseconds
+        state = np.array([0.0, 1.0, 2.0, 3.0])
+        actions = state + 0.1 * np.arange(1, 11)[:, None]  # within action_max_step from the state on
+        decision = Decision(chunk_id=1, actions=actions.astype(np.float32), timings_ms={})
+        node._publish(decision, _samples_at(node, state, now - 4 * step_ns), 1.0, node.cfg)
+        node._publish_command(now)
+        node._publish_command(now + step_ns)
+        first, second = (np.array(m.data) for m in sent)
+        np.testing.assert_allclose(first, state + 0.1, rtol=1e-6)  # not action 4's state + 0.5
+        np.testing.assert_allclose(second, state + 0.2, rtol=1e-6)
+        assert node.invalid[("", "command_limited")] == 1
+    finally:
+        node.destroy_node()
+
+
+def test_a_decision_across_a_time_jump_publishes_nothing(rclpy_context, monkeypatch):
+    """ROS time went back after the decision took its inputs and checked the jump count: its chunk
+    and trajectories are on the old timeline. They were published (only the commands and rtc's
+    executing chunk were kept from it); now nothing is."""
+    from flashrt_ros.engine.pipeline import Decision
+
+    node = in_process_node(rclpy_context)
+    try:
+        published = []
+        for pub in (node._chunk_pub, node._traj_pub):
+            monkeypatch.setattr(pub, "publish", published.append)
+        epoch = node._time_epoch
+        node._time_epoch += 1  # what _on_time_jump leaves, between the decision's check and _publish
+        decision = Decision(chunk_id=1, actions=np.zeros((10, 4), np.float32), timings_ms={})
+        node._publish(
+            decision, _samples_at(node, np.zeros(4), node.get_clock().now().nanoseconds), 1.0, node.cfg, epoch=epoch
+        )
+        assert published == [] and node._executing is None
+        node._publish(
+            decision,
+            _samples_at(node, np.zeros(4), node.get_clock().now().nanoseconds),
+            1.0,
+            node.cfg,
+            epoch=node._time_epoch,
+        )
+        assert len(published) == 2  # the same decision on the current timeline: the chunk and the trajectory
+    finally:
+        node.destroy_node()

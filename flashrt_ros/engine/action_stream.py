@@ -9,7 +9,9 @@ reaches at ``start + (k + 1) * step``. With ``interpolation="hold"`` it is comma
 until then (zero-order hold, as LeRobot executes its action queue); with ``"linear"`` the command
 follows the chunk's trajectory, a straight line from action ``k - 1`` to action ``k`` over that
 interval, for controllers that tick faster than the actions come. Action 0 is approached from
-the command in force when the chunk took over (after a ``clear()``, none: from action 0 itself).
+the command in force when the chunk took over; with none in force (the first chunk, or after a
+``clear()``), from where the robot is (``push``'s ``robot_at``: the joint state the chunk was
+decided on), else from action 0 itself.
 
 The newest chunk that has started governs; one whose last action has passed by the first tick
 after it arrived is skipped, as a trajectory controller refuses it. The first tick past the
@@ -30,11 +32,17 @@ a change applies from the next chunk on.
 ``max_move`` (per joint, action_max_step) bounds how fast the commands move: a chunk's own steps
 are limited when it is made (engine/action_limits.py), but a switch to a newer chunk, which was
 limited against an older joint state, is not; with ``max_move`` the stream gets there at
-``max_move`` per step instead (``Command.limited``). It is a budget per joint that refills at
-``max_move`` per step of time, up to one step's move (a tick longer than a step: that many steps'),
-and each command spends what it moves: a held action's whole step in one tick passes, as does a
-linear one's share per tick, but at any command rate a switch moves at most ``max_move`` at once
-and then ``max_move`` per step. The time a refill counts is at most two ticks of ``tick_ns`` (the
+``max_move`` per step instead (``Command.limited``). It is a budget per joint that refills by
+``max_move`` per step, up to one step's move (a tick longer than a step: that many steps'), and
+each command spends what it moves. Under "linear" the refill is in proportion to time, and an
+action's share per tick passes; under "hold" it comes whole with each action that falls due, and
+so does the held step, whatever the command rate against the step (60 Hz commands on 50 Hz
+actions). At any command rate a switch moves at most ``max_move`` at once and then ``max_move``
+per step (under "hold", a switch to a chunk whose steps fall due at other times than the old
+one's may move one step's more, once). The first
+command with none in force moves at most ``max_move`` from ``robot_at`` (joints it has: a chunk
+stamped at its observation may be due several actions in by then). The time a refill counts is at
+most two ticks of ``tick_ns`` (the
 command timer's period): after a gap with no command (a chunk ran out and decisions were skipped,
 a stalled timer, ROS time jumping ahead) the robot stood where the last command left it, and the
 next switch may not move a gap's worth of steps at once. Interpolated and blended values are
@@ -85,6 +93,7 @@ class _Chunk:
     took_over_ns: int | None = None
     blend_steps: int = 0
     linear: bool = False
+    robot_at: np.ndarray | None = None  # the joint state it was decided on (NaN: a joint without one)
     origin: np.ndarray | None = None  # where "linear" approaches action 0 from
     end_sent: bool = False  # its last action was commanded once past its end
 
@@ -173,13 +182,22 @@ class ActionStream:
                 self._blend_steps, self._interpolation = before
                 raise
 
-    def push(self, actions: np.ndarray, start_ns: int, step_ns: int, chunk_id: int) -> None:
+    def push(
+        self, actions: np.ndarray, start_ns: int, step_ns: int, chunk_id: int, robot_at: np.ndarray | None = None
+    ) -> None:
         """A new chunk, ``actions[k]`` due from ``start_ns + k * step_ns``; it governs from the
-        first ``command`` at or after ``start_ns``."""
+        first ``command`` at or after ``start_ns``. ``robot_at`` [dof]: where the robot was when it
+        was decided (NaN for a joint not known), the start of the commands if none is in force."""
         actions = np.array(actions, dtype=np.float64)  # a copy: the caller's buffer may be re-used
         start_ns, step_ns = int(start_ns), int(step_ns)
         if actions.ndim != 2 or actions.shape[0] == 0 or actions.shape[1] == 0:
             raise ValueError(f"actions must be [horizon, dof] with both > 0, got shape {actions.shape}")
+        if robot_at is not None:
+            robot_at = np.array(robot_at, dtype=np.float64)
+            if robot_at.shape != actions.shape[1:] or np.isinf(robot_at).any():
+                raise ValueError(
+                    f"robot_at must be [{actions.shape[1]}] finite or NaN (unknown), got {robot_at.tolist()}"
+                )
         if not np.isfinite(actions).all():
             raise ValueError(f"chunk {chunk_id} has non-finite actions: not streamed")
         if step_ns <= 0:
@@ -198,7 +216,7 @@ class ActionStream:
                 for c in self._chunks
                 if c.start_ns < start_ns or (c.start_ns == start_ns and c.took_over_ns is not None)
             ]
-            self._chunks.append(_Chunk(actions, start_ns, step_ns, chunk_id))
+            self._chunks.append(_Chunk(actions, start_ns, step_ns, chunk_id, robot_at=robot_at))
             pending = [c for c in self._chunks if c.took_over_ns is None]
             dropped = pending[: max(len(pending) - MAX_PENDING, 0)]
             self._chunks = [c for c in self._chunks if c not in dropped]
@@ -235,13 +253,13 @@ class ActionStream:
             values, weight, used = _blended(live, now_ns)
             # what the blend did not reach it never will: weights only grow with time
             self._chunks = live[len(live) - used :] + pending
-            values, limited = self._bounded_move(values, now_ns, newest.step_ns)
+            values, limited = self._bounded_move(values, now_ns, newest)
             newest.end_sent = ended and not limited  # an end point held back is sent again
             self._remember(now_ns, values)
             index = min(newest.index(now_ns), len(newest.actions) - 1)
             return Command(values.copy(), newest.chunk_id, index, weight, limited, newest.start_ns)
 
-    def _bounded_move(self, values: np.ndarray, now_ns: int, step_ns: int) -> tuple[np.ndarray, bool]:
+    def _bounded_move(self, values: np.ndarray, now_ns: int, governing: _Chunk) -> tuple[np.ndarray, bool]:
         """``values`` moved from the last command within the budget (see the module docstring);
         whether that held them back."""
         if self.max_move is None or self._last is None:
@@ -249,17 +267,21 @@ class ActionStream:
         elapsed = max(now_ns - self._last_ns, 0)  # none when the clock went back
         if self.tick_ns is not None:  # a late tick refills in full; a gap, two ticks' worth
             elapsed = min(elapsed, 2 * self.tick_ns)
-        steps = elapsed / step_ns
+        if governing.linear:
+            steps = elapsed / governing.step_ns
+        else:  # held actions move in whole steps: one step's move per action that fell due since
+            steps = governing.index(now_ns) - governing.index(now_ns - elapsed)
         cap = self.max_move * max(1.0, steps)  # a tick longer than a step may move each step's worth
         self._budget = np.minimum(cap, self._budget + self.max_move * steps)
-        move = values - self._last
+        last = np.where(np.isnan(self._last), values, self._last)  # a joint robot_at did not know: free
+        move = values - last
         # a hair of slack: a float32 chunk within its steps comes out a float32 rounding or two
         # over (chunks are float32 on the wire), and the refills add up a float64 one under
-        slack = 1e-6 * self._budget + 2.5e-7 * np.maximum(np.abs(self._last), np.abs(values))
+        slack = 1e-6 * self._budget + 2.5e-7 * np.maximum(np.abs(last), np.abs(values))
         over = np.abs(move) > self._budget + slack
         if over.any():
-            values = np.where(over, self._last + np.sign(move) * self._budget, values)
-        self._budget = np.maximum(self._budget - np.abs(values - self._last), 0.0)
+            values = np.where(over, last + np.sign(move) * self._budget, values)
+        self._budget = np.maximum(self._budget - np.abs(values - last), 0.0)
         return values, bool(over.any())
 
     def _remember(self, now_ns: int, values: np.ndarray) -> None:
@@ -271,7 +293,13 @@ class ActionStream:
         chunk.took_over_ns = now_ns
         chunk.blend_steps = self._blend_steps
         chunk.linear = self._interpolation == "linear"
-        chunk.origin = chunk.actions[0] if self._last is None else self._last
+        if self._last is None and chunk.robot_at is not None:  # no command in force: from the robot
+            self._last, self._last_ns = chunk.robot_at, now_ns
+            self._budget = None if self.max_move is None else np.array(self.max_move, dtype=np.float64)
+        if self._last is None:
+            chunk.origin = chunk.actions[0]
+        else:  # a joint robot_at did not know: from action 0
+            chunk.origin = np.where(np.isnan(self._last), chunk.actions[0], self._last)
 
 
 def _blended(live: list[_Chunk], now_ns: int) -> tuple[np.ndarray, float, int]:

@@ -826,12 +826,15 @@ class FlashRTNode(Node):
             self._our_failure("rtc_failed", f"real-time chunking failed, deciding unguided: {exc!r}")
             return None
 
+    def _robot_at(self, joints: Sample) -> np.ndarray:
+        """Each action joint's position in the joint state (NaN: the state has no such joint)."""
+        return np.array([np.nan if i is None else joints.value[i] for i in self._state_columns], dtype=np.float64)
+
     def _limited(self, decision: Any, joints: Sample) -> Any:
         """The decision with its chunk within the action limits; a change counted and logged."""
         if not self._limits.active:
             return decision
-        state = np.array([np.nan if i is None else joints.value[i] for i in self._state_columns])
-        actions, clamped = self._limits.apply(decision.actions, state)
+        actions, clamped = self._limits.apply(decision.actions, self._robot_at(joints))
         if clamped is None:
             return decision
         self._count_node_wide(ACTION_CLAMPED)
@@ -955,6 +958,13 @@ class FlashRTNode(Node):
         inputs (the executing chunk and the commands are not set from a decision across a jump)."""
         stamp = self._chunk_stamp(samples[-1], cfg)
         step_ns = round(cfg.step_duration_s * 1e9)
+        with self._command_lock:  # ROS time went back since `_decide` looked: its stamps are on the old timeline
+            self._settle_jump_commands()
+            if epoch is not None and epoch != self._time_epoch:
+                self.get_logger().info(
+                    f"{self.TIME_JUMP_DROP}: chunk {decision.chunk_id}, computed meanwhile, not published"
+                )
+                return
         ended = self._warn_if_ended(stamp, len(decision.actions) * step_ns, cfg)
         names = cfg.output_joint_names
         sources = [(slot.topic, s.stamp) for slot, s in zip(self.slots, samples, strict=True)]
@@ -992,7 +1002,9 @@ class FlashRTNode(Node):
             if not self._command_pubs or not self.enabled:
                 return
             try:  # the policy's checks make a refusal unreachable; if one comes, the node goes on
-                self.commands.push(decision.actions, start_ns, step_ns, decision.chunk_id)
+                self.commands.push(
+                    decision.actions, start_ns, step_ns, decision.chunk_id, robot_at=self._robot_at(samples[-1])
+                )
             except ValueError as exc:
                 self._our_failure("command_failed", f"chunk {decision.chunk_id} not streamed: {exc}")
 
