@@ -124,3 +124,25 @@ def test_a_pause_holds_the_last_chunk_once(rclpy_context):
         assert "none to stop" in pause()
     finally:
         node.destroy_node()
+
+
+def test_a_stop_signal_holds_the_trajectory_controllers_as_a_pause_does(ros_env, rclpy_context, tmp_path):
+    """SIGINT (ros2 launch's stop) while chunks play: the node sent nothing more, and the trajectory
+    controller played the rest of the last chunk (up to a chunk's length of motion with no policy
+    running). Now it gets one point where the last chunk has the arm, as on a pause, and then the
+    node stops; the final stats line comes last."""
+    import signal
+
+    with running_node_and_peer(ros_env, tmp_path, rclpy_context) as (node, peer):
+        assert peer.pump(10.0, until=lambda: len(peer.trajectories) >= 2)
+        node.proc.send_signal(signal.SIGINT)
+        assert peer.pump(15.0, until=lambda: node.proc.poll() is not None), node.tail()
+        peer.pump(0.5)  # what the node wrote before it went
+        assert node.proc.returncode == 0, node.tail()
+        hold = peer.trajectories[-1]
+        assert len(hold.points) == 1 and stamp_ns(hold.header.stamp) == 0, hold
+        rows = np.array([p.positions for p in peer.trajectories[-2].points])
+        point = np.array(hold.points[0].positions)
+        assert (rows.min(axis=0) - 1e-9 <= point).all() and (point <= rows.max(axis=0) + 1e-9).all(), (point, rows)
+        stopping = node.wait_for_line("stopping: the trajectory controllers are sent one point")
+        assert node.lines.index(stopping) < node.lines.index(node.wait_for_line("shutting down; stats")), node.tail()

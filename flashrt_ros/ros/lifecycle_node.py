@@ -212,6 +212,7 @@ def main(args: list[str] | None = None) -> int:
         if node.finalized.is_set():
             time.sleep(REPLY_GRACE_S)
         else:
+            node.hold_at_stop()
             node.get_logger().info(f"shutting down; {node.stats_line() if node.is_set_up else 'unconfigured'}")
 
     return run_until_signal(node, executor, on_signal=node.begin_shutdown, on_stop=on_stop, done=node.finalized.is_set)

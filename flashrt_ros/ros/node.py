@@ -738,6 +738,18 @@ class FlashRTNode(Node):
         state, so that nothing happens after the node said it is shutting down."""
         self.stopping.set()
 
+    def hold_at_stop(self) -> None:
+        """After a signal, the callbacks in flight done: the arm stops with the node, as on a pause
+        (the trajectory controllers get one point where the last chunk has them now, the command
+        controllers hold their last command), rather than play the rest of the last chunk out."""
+        if not (self.is_set_up and self.enabled):
+            return
+        try:
+            self._stop_commands()
+            self.get_logger().info(f"stopping: {self._hold_trajectories()}")
+        except Exception as exc:  # the stop goes on whatever this does
+            self.get_logger().warning(f"stopping: could not hold the trajectory controllers: {exc!r}")
+
     def _on_decision(self) -> None:
         with self._state_lock:  # a reset or capsule call waits for this decision, and the other way
             if self.enabled and not self.stopping.is_set():
@@ -1823,12 +1835,12 @@ def main(args: list[str] | None = None) -> int:
         _FORWARD.ros_logger.info("not starting: stopped by a signal while the pipeline was being built")
         rclpy.try_shutdown()
         return 0
-    return run_until_signal(
-        node,
-        executor,
-        on_signal=node.begin_shutdown,
-        on_stop=lambda: node.get_logger().info(f"shutting down; {node.stats_line()}"),
-    )
+
+    def on_stop() -> None:
+        node.hold_at_stop()
+        node.get_logger().info(f"shutting down; {node.stats_line()}")
+
+    return run_until_signal(node, executor, on_signal=node.begin_shutdown, on_stop=on_stop)
 
 
 if __name__ == "__main__":
