@@ -82,6 +82,13 @@ def test_lifecycle_transitions(lifecycle_node):
     assert state(peer) == "unconfigured"
     peer.pump(1.5)  # inputs arrive, but nothing is subscribed to them yet
     assert not peer.statuses and not peer.chunks and not peer.trajectories
+    reset = peer.call(Trigger, f"{peer.namespace}/{NODE}/reset", Trigger.Request())
+    assert not reset.success and reset.message == NOT_CONFIGURED  # the services answer from the start
+    # a transition this state has not (by id, as a lifecycle manager sends them): refused, and the
+    # node goes on (rclpy's RCLError ended the process)
+    mark = node.mark()
+    assert not change(peer, "activate") and state(peer) == "unconfigured"
+    node.wait_for_line("change_state: transition 3 (by id) is not one of state unconfigured's: refused", since=mark)
 
     mark = node.mark()
     assert change(peer, "configure")
@@ -102,6 +109,7 @@ def test_lifecycle_transitions(lifecycle_node):
     assert peer.pump(5.0, until=lambda: peer.statuses[-1].enabled is True)
     peer.assert_chunks_from_good_data()
     assert list(peer.chunks[0].joint_names) == JOINTS and peer.chunks[0].chunk_id == 1
+    assert not change(peer, "configure") and state(peer) == "active"  # configure once autostarted, say
 
     trajectories = len(peer.trajectories)
     assert change(peer, "deactivate") and state(peer) == "inactive"

@@ -12,8 +12,9 @@ and the transitions do the rest:
   which this node does not offer): inactive, the inputs are still checked and the status and
   diagnostics still published, and a deactivation stops the trajectory controllers where the
   last chunk has them.
-- cleanup: every topic, timer and service of the pipeline goes and the policy's GPU memory is
-  given back; the parameters stay.
+- cleanup: every topic and timer of the pipeline goes and the policy's GPU memory is given back;
+  the parameters stay, and so do the services, which answer that the node is not configured (as
+  they do from the start until the first configure).
 - shutdown (from any state): as cleanup, then the process exits (code 0).
 
 With the parameter ``autostart`` the node configures and activates itself at start, for a launch
@@ -37,6 +38,7 @@ from typing import Any
 
 import rclpy
 from rclpy.executors import MultiThreadedExecutor
+from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 
 from flashrt_ros.ros.node import FlashRTNode, forward_python_logs, node_usage
@@ -86,11 +88,36 @@ class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
     def __init__(self, **kwargs: Any):
         super().__init__(set_up=False, **kwargs)
         self.finalized = threading.Event()  # shutdown done: main stops spinning and exits
+        self._refuse_invalid_transitions()
         fqn = self.get_fully_qualified_name()
         if self.wants_autostart():
             self.get_logger().info("unconfigured, no policy loaded; autostart: configure and activate follow")
         else:
             self.get_logger().info(f"unconfigured, no policy loaded; next: ros2 lifecycle set {fqn} configure")
+
+    def _refuse_invalid_transitions(self) -> None:
+        """A `change_state` request by id for a transition the current state does not have (configure
+        when autostart already activated, as a lifecycle manager may send) is refused (success false,
+        logged), as rclcpp refuses it. rclpy (Jazzy) raises RCLError out of the executor instead,
+        which ended the process with no hold point for the trajectory controllers."""
+        service = getattr(self, "_service_change_state", None)  # rclpy's own; absent: leave it be
+        if service is None:
+            return
+        change = service.callback
+
+        def refusing(request: Any, response: Any) -> Any:
+            try:
+                return change(request, response)
+            except _rclpy.RCLError as exc:
+                _, label = self._state_machine.current_state
+                self.get_logger().warning(
+                    f"change_state: transition {request.transition.id} ({request.transition.label or 'by id'}) "
+                    f"is not one of state {label}'s: refused ({str(exc).splitlines()[0]})"
+                )
+                response.success = False
+                return response
+
+        service.callback = refusing
 
     def wants_autostart(self) -> bool:
         """The autostart parameter; ConfigError for a value that is not a bool (a params file's
@@ -134,7 +161,7 @@ class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
     @_logs_errors
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
         self.tear_down()
-        self.get_logger().info("cleaned up (unconfigured): the policy and its topics, timers and services are gone")
+        self.get_logger().info("cleaned up (unconfigured): the policy and its topics and timers are gone")
         return SUCCESS
 
     @_logs_errors

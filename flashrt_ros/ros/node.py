@@ -162,7 +162,7 @@ class FlashRTNode(Node):
         self.enabled = False  # ~/enable (or the lifecycle): decide and publish, or only take inputs
         self._live = threading.Condition()  # is_set_up and the callbacks running (tear_down waits for them)
         self._running = 0
-        self._own_services: list = []  # made at the first set-up and kept (see tear_down)
+        self._own_services: list = []  # made here, kept through tear_down (see there)
         self.capsules = self.state = None
         self._no_entities()
         self.add_pre_set_parameters_callback(self._before_set_parameters)
@@ -177,6 +177,7 @@ class FlashRTNode(Node):
             JumpThreshold(min_forward=None, min_backward=Duration(seconds=-MIN_JUMP_BACK_S), on_clock_change=False),
             post_callback=self._on_time_jump,
         )
+        self._create_services()  # unconfigured (a lifecycle node's start) they answer "not configured"
         if set_up:
             self.set_up()
 
@@ -221,8 +222,6 @@ class FlashRTNode(Node):
         self._create_inputs()
         self._create_outputs()
         self._create_timers()
-        if not self._own_services:
-            self._create_services()
         with self._live:  # the callbacks of what was just made run from here on
             self.is_set_up = True
         self._subscribe_prompt()
