@@ -85,6 +85,8 @@ def test_fork_is_independent(state, store):
     assert run(state, range(1, 3)) == expected
     with pytest.raises(ValueError, match="already exists"):
         store.fork("copy", "copy")
+    with pytest.raises(ValueError, match=r"^fork target \(the new capsule's name\) must be a non-empty string"):
+        store.fork("copy", "")  # which of the two names is wrong
 
 
 def test_list_sorted_with_sizes_and_stamps(state, store):

@@ -217,7 +217,7 @@ class CapsuleStore:
 
     def fork(self, source: str, target: str) -> Capsule:
         """Copy capsule ``source`` to a new capsule ``target``; the live state is not touched."""
-        _check_name(target)
+        _check_name(target, "fork target (the new capsule's name)")
         original = self._get(source)
         if target in self._capsules:
             raise ValueError(f"capsule {shown(target)} already exists; drop it first or pick another name")
@@ -257,9 +257,10 @@ class CapsuleStore:
 SHOWN_NAMES = 10  # a refusal names this many of the capsules kept: its reply and log line stay short
 
 
-def _check_name(name: str) -> None:
+def _check_name(name: str, what: str = "capsule name") -> None:
+    """`what`: the request's field, where there are two (fork's source and target)."""
     if not isinstance(name, str) or not name.strip() or len(name) > 256:
-        raise ValueError(f"capsule name must be a non-empty string of at most 256 characters, got {shown(name)}")
+        raise ValueError(f"{what} must be a non-empty string of at most 256 characters, got {shown(name)}")
 
 
 def _frozen(name: str, buffers: Mapping[str, np.ndarray], created_ns: int) -> Capsule:
