@@ -332,6 +332,20 @@ def test_a_held_chunk_within_its_steps_is_never_limited_at_any_rate(tick, step):
     np.testing.assert_array_equal([c.values[0] for c in got], actions[[t // step for t in times], 0])
 
 
+def test_a_switch_just_after_a_held_step_gets_no_second_step():
+    """Held steps pass whole (the test above), but only the governing chunk's own: a chunk that
+    takes over 5 ms after the old one's step, one action ahead, moves what 5 ms refill (a quarter
+    step), not a second whole step within 5 ms (two steps' move in 10 ms, as one fix allowed)."""
+    tick, m = 5 * MS, 0.05
+    stream = ActionStream(max_move=np.array([m]), tick_ns=tick)
+    stream.push(m * np.arange(40.0).reshape(-1, 1), start_ns=0, step_ns=STEP, chunk_id=1)
+    got = [stream.command(t).values[0] for t in range(0, 101 * MS, tick)]
+    assert got[-1] == pytest.approx(5 * m)  # its own held steps, whole
+    stream.push(m * (np.arange(40.0) + 6).reshape(-1, 1), start_ns=105 * MS, step_ns=STEP, chunk_id=2)
+    switch = stream.command(105 * MS)
+    assert switch.limited and switch.values[0] == pytest.approx(5.25 * m), switch
+
+
 def test_the_first_command_moves_from_where_the_robot_is():
     """A chunk stamped at its observation is due several actions in by the first tick (the state's
     age plus the decision): the first command after a start, pause or reset moved straight to it,

@@ -523,3 +523,14 @@ def test_lerobot_camera_names_are_kept_in_the_order_lerobot_stacks_the_views():
     saved = lerobot_config_dict(PolicyConfig.pi05(num_views=3, empty_cameras=1), ["wrist", "top"])
     cfg = config_from_lerobot(saved)
     assert cfg.extra["camera_names"] == ["observation.images.wrist", "observation.images.top"]
+
+
+def test_the_camera_names_come_from_lerobots_config_json_beside_a_flashrt_config(tmp_path):
+    """Our flashrt_config.json keeps the config's extra, names of an earlier save included: the
+    names LeRobot stacks the views by are config.json's."""
+    folder = save_model(tiny_model("pi05", num_views=2), tmp_path, layout="lerobot", camera_names=["wrist", "top"])
+    ours = json.loads((folder / "flashrt_config.json").read_text())
+    ours["extra"] = {"camera_names": ["observation.images.top", "observation.images.wrist"]}  # stale
+    (folder / "flashrt_config.json").write_text(json.dumps(ours))
+    cfg = read_config(folder, "lerobot")
+    assert cfg.extra["camera_names"] == ["observation.images.wrist", "observation.images.top"]

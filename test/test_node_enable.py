@@ -5,6 +5,8 @@ without calling the pause an error."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from node_harness import CAMERAS, JOINTS, NODE, running_node_and_peer, stamp_ns
@@ -146,3 +148,38 @@ def test_a_stop_signal_holds_the_trajectory_controllers_as_a_pause_does(ros_env,
         assert (rows.min(axis=0) - 1e-9 <= point).all() and (point <= rows.max(axis=0) + 1e-9).all(), (point, rows)
         stopping = node.wait_for_line("stopping: the trajectory controllers are sent one point")
         assert node.lines.index(stopping) < node.lines.index(node.wait_for_line("shutting down; stats")), node.tail()
+
+
+def test_a_pause_that_the_stop_signal_cut_short_still_holds_the_arm(rclpy_context, monkeypatch):
+    """A pause waits for the decision in flight; a signal meanwhile makes it return without its
+    hold point. The stop then held nothing either (it looked only at an enabled node): the trajectory
+    controllers played the last chunk out. Now the stop sends the hold point the pause did not."""
+    import threading
+
+    from node_harness import in_process_node
+    from std_srvs.srv import SetBool
+
+    node = in_process_node(rclpy_context)
+    try:
+        sent = []
+        monkeypatch.setattr(node._traj_pub, "publish", sent.append)
+        actions = np.arange(10.0 * len(JOINTS)).reshape(10, len(JOINTS))
+        node._last_trajectory = ExecutingChunk(actions, node.get_clock().now().nanoseconds, 50_000_000)
+        node._state_lock.acquire()  # a decision in flight
+        replies = []
+        pausing = threading.Thread(
+            target=lambda: replies.append(node._on_enable(SetBool.Request(data=False), SetBool.Response()))
+        )
+        pausing.start()
+        while node.enabled:  # the pause has begun, and waits for the decision
+            time.sleep(0.01)
+        node.begin_shutdown()
+        node._state_lock.release()
+        pausing.join(5.0)
+        assert sent == [], "the pause sent its hold point after all"
+        node.hold_at_stop()
+        assert len(sent) == 1 and len(sent[0].points) == 1, sent
+        node.hold_at_stop()  # nothing newer since: nothing more
+        assert len(sent) == 1
+    finally:
+        node.destroy_node()

@@ -112,9 +112,9 @@ def test_the_first_command_moves_at_most_a_step_from_the_joint_state(rclpy_conte
         actions = state + 0.1 * np.arange(1, 11)[:, None]  # within action_max_step from the state on
         decision = Decision(chunk_id=1, actions=actions.astype(np.float32), timings_ms={})
         node._publish(decision, _samples_at(node, state, now - 4 * step_ns), 1.0, node.cfg)
-        node._publish_command(now)
-        node._publish_command(now + step_ns)
-        first, second = (np.array(m.data) for m in sent)
+        for tick in range(6):  # the command timer's 100 Hz, over one step
+            node._publish_command(now + tick * step_ns // 5)
+        first, second = np.array(sent[0].data), np.array(sent[-1].data)
         np.testing.assert_allclose(first, state + 0.1, rtol=1e-6)  # not action 4's state + 0.5
         np.testing.assert_allclose(second, state + 0.2, rtol=1e-6)
         assert node.invalid[("", "command_limited")] == 1
@@ -136,11 +136,10 @@ def test_a_decision_across_a_time_jump_publishes_nothing(rclpy_context, monkeypa
         epoch = node._time_epoch
         node._time_epoch += 1  # what _on_time_jump leaves, between the decision's check and _publish
         decision = Decision(chunk_id=1, actions=np.zeros((10, 4), np.float32), timings_ms={})
-        node._publish(
-            decision, _samples_at(node, np.zeros(4), node.get_clock().now().nanoseconds), 1.0, node.cfg, epoch=epoch
-        )
-        assert published == [] and node._executing is None
-        node._publish(
+        stamp_ns = node.get_clock().now().nanoseconds
+        assert not node._publish(decision, _samples_at(node, np.zeros(4), stamp_ns), 1.0, node.cfg, epoch=epoch)
+        assert published == [] and node._executing is None  # and, returning False, not counted as a decision
+        assert node._publish(
             decision,
             _samples_at(node, np.zeros(4), node.get_clock().now().nanoseconds),
             1.0,

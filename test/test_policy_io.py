@@ -728,6 +728,8 @@ def test_statistics_under_an_asset_id_with_a_slash_are_found(tmp_path):
     norm.save(tmp_path / "assets" / "physical-intelligence" / "libero" / "norm_stats.json")
     found = Normalizer.find(tmp_path)
     assert found is not None and found.mode == "quantile"
+    norm.save(tmp_path / "assets" / "norm_stats.json")  # under no asset id: not openpi's, not counted
+    assert Normalizer.find(tmp_path) is not None
     norm.save(tmp_path / "assets" / "trossen" / "norm_stats.json")
     with pytest.raises(ValueError, match=r"2 asset ids \(physical-intelligence/libero, trossen\)"):
         Normalizer.find(tmp_path)

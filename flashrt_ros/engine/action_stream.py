@@ -32,14 +32,14 @@ a change applies from the next chunk on.
 ``max_move`` (per joint, action_max_step) bounds how fast the commands move: a chunk's own steps
 are limited when it is made (engine/action_limits.py), but a switch to a newer chunk, which was
 limited against an older joint state, is not; with ``max_move`` the stream gets there at
-``max_move`` per step instead (``Command.limited``). It is a budget per joint that refills by
-``max_move`` per step, up to one step's move (a tick longer than a step: that many steps'), and
-each command spends what it moves. Under "linear" the refill is in proportion to time, and an
-action's share per tick passes; under "hold" it comes whole with each action that falls due, and
-so does the held step, whatever the command rate against the step (60 Hz commands on 50 Hz
-actions). At any command rate a switch moves at most ``max_move`` at once and then ``max_move``
-per step (under "hold", a switch to a chunk whose steps fall due at other times than the old
-one's may move one step's more, once). The first
+``max_move`` per step instead (``Command.limited``). It is a budget per joint that refills at
+``max_move`` per step of time, up to one step's move (a tick longer than a step: that many
+steps'), and each command spends what it moves: a linear action's share per tick passes, but at
+any command rate a switch moves at most ``max_move`` at once and then ``max_move`` per step. A
+held chunk's own steps, once the commands are on its values (after the switch is made up), may
+also move ``max_move`` per action that fell due since the last tick: held actions move in whole
+steps, and where the ticks fall at other times than the steps (60 Hz commands on 50 Hz actions)
+two can fall due a tick apart, which the time's refill would hold back. The first
 command with none in force moves at most ``max_move`` from ``robot_at`` (joints it has: a chunk
 stamped at its observation may be due several actions in by then). The time a refill counts is at
 most two ticks of ``tick_ns`` (the
@@ -149,6 +149,7 @@ class ActionStream:
         self._last: np.ndarray | None = None  # the last command: where "linear" starts a chunk from
         self._last_ns = 0  # when it was sent
         self._budget: np.ndarray | None = None  # max_move's: how far the next command may move
+        self._tracking: _Chunk | None = None  # the chunk whose own value the last command was
         self._lock = threading.Lock()
 
     @property
@@ -228,7 +229,7 @@ class ActionStream:
             self._forget_commands()
 
     def _forget_commands(self) -> None:
-        self._last, self._budget = None, None
+        self._last, self._budget, self._tracking = None, None, None
 
     def command(self, now_ns: int) -> Command | Exhausted | None:
         """What is due at ``now_ns``; None before any chunk has started."""
@@ -254,6 +255,7 @@ class ActionStream:
             # what the blend did not reach it never will: weights only grow with time
             self._chunks = live[len(live) - used :] + pending
             values, limited = self._bounded_move(values, now_ns, newest)
+            self._tracking = newest if weight >= 1.0 and not limited else None  # on its own values
             newest.end_sent = ended and not limited  # an end point held back is sent again
             self._remember(now_ns, values)
             index = min(newest.index(now_ns), len(newest.actions) - 1)
@@ -267,20 +269,21 @@ class ActionStream:
         elapsed = max(now_ns - self._last_ns, 0)  # none when the clock went back
         if self.tick_ns is not None:  # a late tick refills in full; a gap, two ticks' worth
             elapsed = min(elapsed, 2 * self.tick_ns)
-        if governing.linear:
-            steps = elapsed / governing.step_ns
-        else:  # held actions move in whole steps: one step's move per action that fell due since
-            steps = governing.index(now_ns) - governing.index(now_ns - elapsed)
+        steps = elapsed / governing.step_ns
         cap = self.max_move * max(1.0, steps)  # a tick longer than a step may move each step's worth
         self._budget = np.minimum(cap, self._budget + self.max_move * steps)
+        allowed = self._budget
+        if governing is self._tracking and not governing.linear:  # its own held steps (see the docstring)
+            due = governing.index(now_ns) - governing.index(now_ns - elapsed)
+            allowed = np.maximum(allowed, self.max_move * due)
         last = np.where(np.isnan(self._last), values, self._last)  # a joint robot_at did not know: free
         move = values - last
         # a hair of slack: a float32 chunk within its steps comes out a float32 rounding or two
         # over (chunks are float32 on the wire), and the refills add up a float64 one under
-        slack = 1e-6 * self._budget + 2.5e-7 * np.maximum(np.abs(last), np.abs(values))
-        over = np.abs(move) > self._budget + slack
+        slack = 1e-6 * allowed + 2.5e-7 * np.maximum(np.abs(last), np.abs(values))
+        over = np.abs(move) > allowed + slack
         if over.any():
-            values = np.where(over, last + np.sign(move) * self._budget, values)
+            values = np.where(over, last + np.sign(move) * allowed, values)
         self._budget = np.maximum(self._budget - np.abs(values - last), 0.0)
         return values, bool(over.any())
 

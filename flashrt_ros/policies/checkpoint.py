@@ -201,7 +201,7 @@ def _beside_lerobots(cfg: PolicyConfig, folder: Path) -> PolicyConfig:
         names = _lerobot_cameras(data.get("input_features", {}), _lerobot_int(data, "empty_cameras", 0, minimum=0))
     except CheckpointError:
         return cfg
-    if "camera_names" in cfg.extra or len(names) != cfg.camera_views:
+    if len(names) != cfg.camera_views:  # config.json's, over ours: a re-saved policy keeps the names it had
         return cfg
     return cfg.replace(extra={**cfg.extra, "camera_names": names})
 

@@ -194,7 +194,9 @@ class Normalizer:
         folder = Path(folder)
         if file_present(folder / "norm_stats.json"):
             return _said(cls.load(folder / "norm_stats.json", mode, kind), folder / "norm_stats.json")
-        assets = sorted(p for p in folder.glob("assets/**/norm_stats.json") if file_present(p))
+        assets = sorted(  # under an asset id: not assets/norm_stats.json itself
+            p for p in folder.glob("assets/**/norm_stats.json") if p.parent != folder / "assets" and file_present(p)
+        )
         ids = ", ".join(str(p.parent.relative_to(folder / "assets")) for p in assets)
         if len(assets) > 1:  # statistics of several robots: picking one would be a guess
             raise ValueError(

@@ -741,7 +741,7 @@ class FlashRTNode(Node):
         """After a signal, the callbacks in flight done: the arm stops with the node, as on a pause
         (the trajectory controllers get one point where the last chunk has them now, the command
         controllers hold their last command), rather than play the rest of the last chunk out."""
-        if not (self.is_set_up and self.enabled):
+        if not self.is_set_up:  # paused: a pause that the signal cut short has not held them yet
             return
         try:
             self._stop_commands()
@@ -812,7 +812,8 @@ class FlashRTNode(Node):
             chunk = decision.chunk_id
             self.get_logger().info(f"{self.TIME_JUMP_DROP}: chunk {chunk}, computed meanwhile, not published")
             return
-        self._publish(decision, samples, latency_ms, cfg, held, epoch)
+        if not self._publish(decision, samples, latency_ms, cfg, held, epoch):
+            return
         self._latency.add(self.get_clock().now().nanoseconds - now_ns)  # on the clock the chunks are stamped on
         self._account(samples, decision, start, time.perf_counter_ns(), cfg, guided=held is not None, began=began)
 
@@ -964,9 +965,9 @@ class FlashRTNode(Node):
         cfg: NodeConfig,
         held: Hold | None = None,
         epoch: int | None = None,
-    ) -> None:
+    ) -> bool:
         """The chunk on every output; `epoch`: ROS time's jump count when the decision took its
-        inputs (the executing chunk and the commands are not set from a decision across a jump)."""
+        inputs (nothing is published from a decision across a jump). Whether it was published."""
         stamp = self._chunk_stamp(samples[-1], cfg)
         step_ns = round(cfg.step_duration_s * 1e9)
         with self._command_lock:  # ROS time went back since `_decide` looked: its stamps are on the old timeline
@@ -975,7 +976,7 @@ class FlashRTNode(Node):
                 self.get_logger().info(
                     f"{self.TIME_JUMP_DROP}: chunk {decision.chunk_id}, computed meanwhile, not published"
                 )
-                return
+                return False
         ended = self._warn_if_ended(stamp, len(decision.actions) * step_ns, cfg)
         names = cfg.output_joint_names
         sources = [(slot.topic, s.stamp) for slot, s in zip(self.slots, samples, strict=True)]
@@ -1006,18 +1007,19 @@ class FlashRTNode(Node):
         with self._command_lock:
             self._settle_jump_commands()
             if epoch is not None and epoch != self._time_epoch:
-                return
+                return True
             if ended:  # the controllers refuse it and the stream skips it: the arm goes on with the one before
-                return  # so neither a pause's hold point nor rtc's target may come from it
+                return True  # so neither a pause's hold point nor rtc's target may come from it
             self._last_trajectory = self._executing = executing
             if not self._command_pubs or not self.enabled:
-                return
+                return True
             try:  # the policy's checks make a refusal unreachable; if one comes, the node goes on
                 self.commands.push(
                     decision.actions, start_ns, step_ns, decision.chunk_id, robot_at=self._robot_at(samples[-1])
                 )
             except ValueError as exc:
                 self._our_failure("command_failed", f"chunk {decision.chunk_id} not streamed: {exc}")
+        return True
 
     def _publish_trajectories(self, actions: np.ndarray, stamp: Any, step_ns: int) -> None:
         """``actions`` [points, action joints] on ~/joint_trajectory, and each trajectory group's
@@ -1162,7 +1164,8 @@ class FlashRTNode(Node):
                         (COMMAND_LIMITED,),
                         "warning",
                         f"commands held to action_max_step while chunk {due.chunk_id} took over: it starts further "
-                        "from the last command than one command may move (the arm lags the chunk, or chunks disagree)",
+                        "from the last command (the first after a start, pause or reset: from the joint state) than "
+                        "one command may move (the arm lags the chunk, or chunks disagree)",
                     )
                 return
             if not isinstance(due, Exhausted) or due == self._exhausted_counted:
