@@ -518,6 +518,10 @@ def test_camera_that_changes_size_or_sends_a_sliver(ros_env, rclpy_context, tmp_
 
         mark = node.mark()
         peer.pump(1.0, skip={CAMERAS[1]})  # the camera restarts: stamps 1 s apart (max_age_s 0.4)
+        cut = peer.image(hw=(h, w))  # and its first frame comes cut short (as USB cameras' often do):
+        cut.data = bytes(cut.data)[: 3 * h * w // 2]  # refused, it must not close the gap (its next
+        peer.publish_camera(1, cut, good=False)  # frames were refused as bad_size until a ~/reset)
+        node.wait_for_line(f"input rejected: [truncated_data] {topic}: ", since=mark)
         used_from_now_on((h, w))
         line = node.wait_for_line(f"{topic}: frames are now {h}x{w} (were {HW[0]}x{HW[1]}), stamped 1.", since=mark)
         assert line.endswith("s after its previous frame: taken as a camera restart"), line

@@ -35,7 +35,7 @@ class InputSlot:
     used: bool = True  # latest was fed to a decision (replacing an unused one counts as dropped)
     rejected_since_good: Counter = field(default_factory=Counter)
     frame_hw: tuple[int, int] | None = None  # cameras: the size frames have had since the first
-    newest_frame_stamp_ns: int = 0  # newest header stamp of a fresh frame, taken or refused (restart gaps)
+    newest_frame_stamp_ns: int = 0  # newest header stamp of a fresh frame checked or taken (restart gaps)
     cleared_at: float | None = None  # when ~/reset emptied it, on the decision timer's clock (s)
     cleared_by: str = "~/reset"  # what emptied it: ~/reset, or ROS time going back
     generation: int = 0  # how many times it was emptied: a message converted across one is dropped

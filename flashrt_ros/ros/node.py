@@ -573,18 +573,23 @@ class FlashRTNode(Node):
         mid-stream is a fault; a frame stamped more than max_age_s after every earlier one is a
         restart (e.g. a new driver profile) and may bring a new size. Judged by the publisher's
         stamps, not by arrival: the node's own slow processing delays arrivals while the camera
-        goes on. Every frame with a usable stamp counts, taken or refused (a camera that goes on
-        sending a wrong size has no gap), and only the newest (a frame stamped in the past opens
-        no gap); unusable stamps were refused by check_fresh before this. A newest stamp further
+        goes on. Every frame with a usable stamp checked against the held size counts, taken or
+        refused (a camera that goes on sending a wrong size has no gap); after a gap, only a frame
+        taken closes it (`_accept`): a restarted camera's first frame, refused as truncated, must not
+        hold the next ones to the old size. Only the newest counts (a frame stamped in the past
+        opens no gap); unusable stamps were refused by check_fresh before this. A newest stamp further
         ahead of the clock than any stamp is let in (sim time jumped back: a simulator reset, a bag
         loop) is no history; one ahead by less is a camera whose clock runs a little early."""
         stamp_ns = stamp_to_ns(stamp)
         newest_ns = slot.newest_frame_stamp_ns  # the newest such stamp; 0 since start or ~/reset
         if self._clock_jumped_back(newest_ns, now_ns):
             newest_ns = 0
-        slot.newest_frame_stamp_ns = max(newest_ns, stamp_ns)  # one callback at a time per topic
         gap_s = (stamp_ns - newest_ns) / 1e9 if newest_ns else math.inf
-        return gap_s, None if gap_s > self.cfg.max_age_s else slot.frame_hw
+        if gap_s > self.cfg.max_age_s:  # any size; open until a frame is taken
+            slot.newest_frame_stamp_ns = newest_ns  # 0 where the clock went back: no history
+            return gap_s, None
+        slot.newest_frame_stamp_ns = max(newest_ns, stamp_ns)  # one callback at a time per topic
+        return gap_s, slot.frame_hw
 
     def _on_joint_state(self, slot: InputSlot, msg: JointState) -> None:
         arrived = time.perf_counter_ns()
@@ -628,8 +633,9 @@ class FlashRTNode(Node):
                     self.dropped_inputs += 1
                 slot.latest, slot.used = sample, False
                 previous = slot.frame_hw
-                if frame_hw is not None:
+                if frame_hw is not None:  # a camera's frame: its size, and the end of a gap (_held_frame_size)
                     slot.frame_hw = frame_hw
+                    slot.newest_frame_stamp_ns = max(slot.newest_frame_stamp_ns, stamp_to_ns(sample.stamp))
                 slot.rejected_since_good.clear()
                 self.conversion_stats.add({slot.topic: (sample.ready_ns - sample.arrived_ns) / 1e6})
                 return previous
