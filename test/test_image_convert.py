@@ -348,6 +348,52 @@ def test_corrupt_png_data_is_refused_not_decoded_to_garbage() -> None:
     assert "IDAT" in str(err), str(err)  # the chunk whose checksum failed
 
 
+def _png_of_rows(rgb: np.ndarray, rows: int, interlace: bool = False) -> bytes:
+    """An RGB PNG whose header says rgb's size, its image data the first `rows` rows only (a
+    closed zlib stream, every CRC right): what an encoder cut short can write."""
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return len(body).to_bytes(4, "big") + kind + body + zlib.crc32(kind + body).to_bytes(4, "big")
+
+    h, w, _ = rgb.shape
+    ihdr = w.to_bytes(4, "big") + h.to_bytes(4, "big") + bytes([8, 2, 0, 0, int(interlace)])
+    if interlace:  # Adam7: seven passes of sub-images, each row with its filter byte
+        passes = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
+        subs = [rgb[y0:rows:dy, x0::dx] for x0, y0, dx, dy in passes]
+        raw = b"".join(b"\x00" + row.tobytes() for sub in subs if sub.shape[1] for row in sub)
+    else:
+        raw = b"".join(b"\x00" + rgb[y].tobytes() for y in range(rows))  # filter 0 (none) per row
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+def test_a_png_with_rows_missing_is_refused_not_decoded_half_black() -> None:
+    """Pillow decodes a well-formed PNG that holds only its first rows, the rest black, without an
+    error; the rows' bytes are counted against the header's size."""
+    rgb = _smooth_rgb()
+    for interlace in (False, True):  # the hand-made PNGs are PNGs (Adam7's passes counted too)
+        whole = SimpleNamespace(header=None, format="png", data=_png_of_rows(rgb, 48, interlace))
+        np.testing.assert_array_equal(compressed_to_rgb(whole), rgb)
+    odd = _smooth_rgb(13, 21)  # passes of part-filled rows and columns
+    odd_png = SimpleNamespace(header=None, format="png", data=_png_of_rows(odd, 13, interlace=True))
+    np.testing.assert_array_equal(compressed_to_rgb(odd_png), odd)
+    half = _png_of_rows(rgb, 24)
+    with Image.open(io.BytesIO(half)) as lenient:  # why: Pillow says nothing
+        assert (np.asarray(lenient.convert("RGB"))[24:] == 0).all()
+    err = _compressed_refusal(SimpleNamespace(header=None, format="png", data=half))
+    assert err.reason == ie.DECODE_FAILED, err
+    assert "PNG image data holds 4632 bytes of rows; its 64x48 header needs 9264" in str(err), str(err)
+
+
+@pytest.mark.parametrize("mode", ["1", "L", "P", "RGB", "RGBA", "I;16"])
+def test_pngs_of_every_pixel_layout_pass_the_row_count(mode: str) -> None:
+    """Bits per pixel from 1 (a row's last byte part-filled) to 32, palettes included."""
+    image = Image.fromarray(_smooth_rgb(13, 21)).convert("L" if mode in ("1", "I;16") else mode)
+    image = image.convert(mode) if mode in ("1", "I;16") else image
+    out = compressed_to_rgb(_compressed(image, "PNG"))
+    assert out.shape == (13, 21, 3)
+
+
 def test_other_codecs_are_not_decoded() -> None:
     tiff = _compressed(Image.fromarray(RGB), "TIFF")
     assert _compressed_refusal(tiff).reason == ie.BAD_ENCODING

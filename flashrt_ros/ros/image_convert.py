@@ -34,6 +34,7 @@ a pinned staging buffer) to have the pixels written there in one pass with no al
 from __future__ import annotations
 
 import io
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -170,7 +171,8 @@ def compressed_to_rgb(
     JPEG is decoded strictly (libjpeg-turbo through simplejpeg): libjpeg *warns* about
     corrupt entropy-coded data and goes on, and Pillow then returns garbage pixels without
     an error; here any such warning refuses the frame. PNG goes to Pillow, after every chunk's
-    CRC is checked (Pillow's decode checks none of the pixel data's).
+    CRC is checked (Pillow's decode checks none of the pixel data's), and its rows counted against its
+    header (Pillow decodes a PNG holding only its first rows, the rest black).
     """
     _check_compressed_format(str(msg.format), source)
     expected = _expected_hw(expected_hw, out)
@@ -220,8 +222,56 @@ def _decode_png(data: Any, check_size: Callable[[tuple[int, int]], None]) -> np.
         # every chunk's CRC: decoding checks none of the pixel data's (IDAT), and stops inflating
         # once it has every row, so a flipped bit there decodes to other pixels without an error
         whole.verify()
+    _check_png_rows(bytes(data))
     with Image.open(io.BytesIO(data), formats=("PNG",)) as img:  # verify() leaves its image unusable
         return _pil_to_rgb(img)
+
+
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # colour type -> samples per pixel
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
+
+
+def _check_png_rows(data: bytes) -> None:
+    """Every row the header promises is in the image data, and its compressed stream ends: an
+    encoder cut short can write a well-formed file (every CRC right, the stream closed) that holds
+    only the first rows, which Pillow decodes with the rest black, without an error."""
+    width, height, depth, colour, interlace, idat = _png_parts(data)
+    bits = depth * _PNG_CHANNELS.get(colour, 0)
+    passes = _ADAM7 if interlace else ((0, 0, 1, 1),)
+    expected = 0
+    for x0, y0, dx, dy in passes:
+        cols, rows = -(-max(width - x0, 0) // dx), -(-max(height - y0, 0) // dy)
+        if cols and rows:
+            expected += rows * (1 + -(-cols * bits // 8))  # a filter byte, then the row's bytes
+    inflate, got, rest = zlib.decompressobj(), 0, idat
+    while rest and got <= expected:  # in pieces: the rows are counted, not kept
+        got += len(inflate.decompress(rest, 1 << 20))
+        rest = inflate.unconsumed_tail
+    if not inflate.eof or got != expected:
+        raise ValueError(
+            f"PNG image data holds {got} bytes of rows{'' if inflate.eof else ' and its stream does not end'}; "
+            f"its {width}x{height} header needs {expected} (an encoder cut short?)"
+        )
+
+
+def _png_parts(data: bytes) -> tuple[int, int, int, int, int, bytes]:
+    """(width, height, bit depth, colour type, interlace, the IDAT chunks' data joined) of a PNG
+    whose chunks Pillow's verify() has read."""
+    pos, idat, header = 8, [], b""
+    while pos + 8 <= len(data):
+        length, kind = int.from_bytes(data[pos : pos + 4], "big"), data[pos + 4 : pos + 8]
+        body = data[pos + 8 : pos + 8 + length]
+        if kind == b"IHDR":
+            header = body
+        elif kind == b"IDAT":
+            idat.append(body)
+        elif kind == b"IEND":
+            break
+        pos += 12 + length
+    if len(header) < 13:
+        raise ValueError("PNG has no IHDR chunk of 13 bytes")
+    width, height = int.from_bytes(header[0:4], "big"), int.from_bytes(header[4:8], "big")
+    return width, height, header[8], header[9], header[12], b"".join(idat)
 
 
 # --- validation -------------------------------------------------------------------
