@@ -747,8 +747,9 @@ class FlashRTNode(Node):
         """After a signal, the callbacks in flight done: the arm stops with the node, as on a pause
         (the trajectory controllers get one point where the last chunk has them now, the command
         controllers hold their last command), rather than play the rest of the last chunk out."""
-        if not self.is_set_up:  # paused: a pause that the signal cut short has not held them yet
+        if not self.is_set_up:
             return
+        # paused too: a pause the signal cut short has not held them (one that did left nothing to hold)
         try:
             self._stop_commands()
             self.get_logger().info(f"stopping: {self._hold_trajectories()}")
