@@ -192,6 +192,9 @@ def test_autostart(ros_env, ros_module_context, tmp_path, good):
         peer.close()
         code = node.stop()
     assert code == 0, f"exit code {code}\n{node.tail()}"
+    if good:  # stopped active by SIGINT: the arm held as on deactivate, before the stats line
+        stopping = node.wait_for_line("stopping: the trajectory controllers are sent one point")
+        assert node.lines.index(stopping) < node.lines.index(node.wait_for_line("shutting down; stats")), node.tail()
 
 
 def test_autostart_with_start_enabled_false_configures_and_stays_inactive(ros_env, ros_module_context, tmp_path):
