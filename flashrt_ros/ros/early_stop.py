@@ -1,0 +1,26 @@
+"""A stop signal in a node process's first second, while Python imports rclpy, torch and the
+node's modules: Python's defaults would end it with a KeyboardInterrupt traceback (SIGINT) or
+status 143 and no word (SIGTERM). The entry scripts install this before those imports; the node's
+own handling (process.interrupt_on_signals) takes over in main(). Standard library only: it must
+load in milliseconds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+
+def stop_cleanly_while_importing(executable: str) -> None:
+    """Until main() takes the signals over, SIGINT or SIGTERM ends the process with status 0 and
+    one line, as a stop while the pipeline is built does. At once (os._exit): nothing is made yet
+    that needs closing, and an exception raised into an import can be caught there and lost."""
+
+    def stopped(signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        print(f"[{executable}] not starting: stopped by {name} while starting", file=sys.stderr, flush=True)
+        os._exit(0)
+
+    signal.signal(signal.SIGINT, stopped)
+    signal.signal(signal.SIGTERM, stopped)
