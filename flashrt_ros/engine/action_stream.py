@@ -33,21 +33,20 @@ a change applies from the next chunk on.
 are limited when it is made (engine/action_limits.py), but a switch to a newer chunk, which was
 limited against an older joint state, is not; with ``max_move`` the stream gets there at
 ``max_move`` per step instead (``Command.limited``). It is a budget per joint that refills at
-``max_move`` per step of time, up to one step's move (a tick longer than a step: that many
-steps'), and each command spends what it moves: a linear action's share per tick passes, but at
-any command rate a switch moves at most ``max_move`` at once and then ``max_move`` per step. A
-held chunk's own steps, once the commands are on its values (after the switch is made up), may
-also move ``max_move`` per action that fell due since the last tick: held actions move in whole
-steps, and where the ticks fall at other times than the steps (60 Hz commands on 50 Hz actions)
-two can fall due a tick apart, which the time's refill would hold back. The first
-command with none in force moves at most ``max_move`` from ``robot_at`` (joints it has: a chunk
-stamped at its observation may be due several actions in by then). The time a refill counts is at
-most two ticks of ``tick_ns`` (the
-command timer's period): after a gap with no command (a chunk ran out and decisions were skipped,
-a stalled timer, ROS time jumping ahead) the robot stood where the last command left it, and the
-next switch may not move a gap's worth of steps at once. Interpolated and blended values are
-clipped to the values they are made from: a chunk within joint limits gives commands within them,
-to the last bit.
+``max_move`` per step of time, up to one step's move (a tick longer than a step: that many steps'),
+and each command spends what it moves: a linear action's share per tick passes, but at any command
+rate a switch moves at most ``max_move`` at once and then ``max_move`` per step. A held chunk's own
+steps, once the commands are on its values (after the switch is made up), may also move
+``max_move`` per action that fell due since the last tick: held actions move in whole steps, and
+where the ticks fall at other times than the steps (60 Hz commands on 50 Hz actions) two can fall
+due a tick apart, which the time's refill would hold back. The first command with none in force
+moves at most ``max_move`` from ``robot_at`` (joints it has: a chunk stamped at its observation may
+be due several actions in by then). The time a refill counts is at most two ticks of ``tick_ns``
+(the command timer's period): after a gap with no command (a chunk ran out and decisions were
+skipped, a stalled timer, ROS time jumping ahead) the robot stood where the last command left it,
+and the next switch may not move a gap's worth of steps at once. Interpolated and blended values
+are clipped to the values they are made from: a chunk within joint limits gives commands within
+them, to the last bit.
 
 Plain numpy and a lock: the node pushes chunks from its decision thread and asks for commands
 from its command timer's.
