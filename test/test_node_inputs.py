@@ -976,13 +976,14 @@ def test_a_params_file_with_no_section_for_the_node_stops_the_start(ros_env, tmp
 def test_inputs_absent_just_after_start_are_an_expected_wait_then_a_warning(ros_env, tmp_path):
     """The first decision ticks come before any sensor message can: logged at INFO as a wait, not
     as a fault. Once the wait is over (max_age_s), an input still absent is warned about with the
-    reason (here: nothing publishes on the topic)."""
+    reason (here: nothing publishes on the topic). The wait's INFO line does not hold the warning
+    back for a throttle period (30 s here; the warning comes after max_age_s, 0.4 s)."""
     ns = new_namespace()
-    node = NodeProcess(ros_env, tmp_path, ns, TEST_PARAMS)
+    node = NodeProcess(ros_env, tmp_path, ns, TEST_PARAMS | {"log_throttle_s": 30.0})
     try:
         first = node.wait_for_line("decision skipped: [absent]", timeout=60.0)
         assert "[INFO]" in first and "no good message received yet; waiting for the first one" in first, first
-        line = node.wait_for_line(r"\[WARN\].*decision skipped: \[absent\]", regex=True, timeout=30.0)
+        line = node.wait_for_line(r"\[WARN\].*decision skipped: \[absent\]", regex=True, timeout=15.0)
         assert "no good message received yet; no publisher on this topic" in line, line
     finally:
         node.stop()

@@ -904,9 +904,12 @@ class FlashRTNode(Node):
             for slot, reason, _ in problems:
                 self.invalid[(slot.topic, reason)] += 1
         for slot, reason, detail in problems:
+            # the expected wait's info line has its own key: the warning once the wait is over
+            # must not be held back by it for a throttle period
+            level = "info" if reason == ABSENT and self._just_emptied(slot) else "warning"
             self._throttle(
-                ("skipped", slot.topic, reason),
-                "info" if reason == ABSENT and self._just_emptied(slot) else "warning",
+                ("skipped", slot.topic, reason, level),
+                level,
                 lambda r=reason, s=slot, d=detail: f"decision skipped: [{r}] {s.topic}: {d()}",
             )
         return None
