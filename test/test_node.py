@@ -808,6 +808,43 @@ def test_under_sim_time_idle_is_measured_on_the_ros_clock(rclpy_context):
         node.destroy_node()
 
 
+def test_diagnostics_name_only_what_can_stop_a_decision(rclpy_context):
+    """/diagnostics' ERROR says why no decision ran: the inputs that stop them and node-wide
+    failures (a policy error), not a refused parameter, prompt or capsule call or the commands'
+    own events during the outage. With the inputs good again and the first decision computing, it
+    says so rather than "no decision ran"."""
+    from diagnostic_msgs.msg import DiagnosticStatus
+
+    node = in_process_node(rclpy_context)
+    try:
+        cam = node.slots[0].topic
+        node._last_decision_at = time.monotonic() - 30.0
+        node._invalid_at_decision = dict(node.invalid)
+        node._blocking = frozenset({cam})
+        for key in [
+            (cam, "stale"),
+            ("", "invalid_parameter"),
+            ("", "chunk_exhausted"),
+            ("", "command_limited"),
+            ("/prompt", "invalid_prompt"),
+            ("/flashrt_node/capsule/restore", "unknown_capsule"),
+            ("", "policy_error"),
+        ]:
+            node.invalid[key] += 1
+        level, message = node._health(*node._snapshot_with_baseline(advance=True))
+        assert level == DiagnosticStatus.ERROR, message
+        assert message.endswith(f"(policy_error, stale {cam})"), message
+        node._invalid_at_decision = dict(node.invalid)  # the cause's counts as of a decision
+        node._blocking, node._deciding = frozenset(), True
+        level, message = node._health(*node._snapshot_with_baseline(advance=True))
+        assert message.endswith("(the inputs are good again; a decision is computing)"), message
+        node._deciding = False
+        level, message = node._health(*node._snapshot_with_baseline(advance=True))
+        assert message.endswith("(no decision ran)"), message
+    finally:
+        node.destroy_node()
+
+
 def test_under_sim_time_a_deadline_is_judged_in_sim_time_and_a_reset_does_not_hide_idleness(rclpy_context, monkeypatch):
     """rate_hz's periods are on the decision timer's clock: under sim time a decision that takes
     longer than a period in wall time but not in sim time (a slow simulator) is no deadline miss,

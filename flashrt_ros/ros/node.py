@@ -123,6 +123,12 @@ MIN_JUMP_BACK_S = 0.001
 NODE_ERROR = "node_error"
 """A failure of ours caught where it cannot stop the node: real-time chunking, the command stream,
 the status, or a decision tick outside the policy (the policy's own is policy_error)."""
+STOPS_DECISIONS = frozenset(
+    {POLICY_ERROR, PROMPT_TOO_LONG, NON_FINITE_ACTION, NODE_ERROR, CLOCK_STALLED, CLOCK_JUMPED_BACK}
+)
+"""The node-wide events that can stop a decision: /diagnostics names them (with the inputs that
+did) as why none ran; a refused parameter, prompt or capsule call, a limited command or an
+exhausted chunk stop none, or follow from the outage itself."""
 
 
 # ---- the node ------------------------------------------------------------------------------
@@ -311,6 +317,7 @@ class FlashRTNode(Node):
         self._last_invalid: dict[tuple[str, str], int] = {}
         self._invalid_at_decision: dict[tuple[str, str], int] = {}  # the counts when the last decision ran
         self._blocking: frozenset[str] = frozenset()  # the inputs that stopped the last decision tick
+        self._deciding = False  # a decision past its inputs' checks is computing (the first after an outage)
         self._last_stats_log = time.monotonic()
         self._clock_watch = ClockWatch()
         self._last_decision_ros_ns = self.get_clock().now().nanoseconds
@@ -763,6 +770,8 @@ class FlashRTNode(Node):
                     self._decide()
                 except Exception as exc:  # raised, it would end the executor and every decision after it
                     self._our_failure("decision_failed", f"decision tick failed: {exc!r}")
+                finally:
+                    self._deciding = False
 
     def _decide(self) -> None:
         start = time.perf_counter_ns()
@@ -773,6 +782,7 @@ class FlashRTNode(Node):
         samples = self._fresh_samples(now_ns, cfg)
         if samples is None:
             return
+        self._deciding = True  # for the status: nothing blocks now, a decision is on its way
         self._forget_old_prefix(now_ns, cfg)
         if self._commands_epoch != self._time_epoch:  # the executing chunk guides this one (rtc): not one
             with self._command_lock:  # from before a jump
@@ -1348,9 +1358,9 @@ class FlashRTNode(Node):
             why = ", ".join(
                 f"{r} {t}".strip()
                 for (t, r) in sorted(since)
-                if (t in blocking or t not in inputs) and r != INVALID_PROMPT  # a prompt refused stops nothing
+                if t in blocking or (t not in inputs and r in STOPS_DECISIONS)
             )
-            why = why or "no decision ran"
+            why = why or ("the inputs are good again; a decision is computing" if self._deciding else "no decision ran")
             if self._clock_watch.stalled:
                 why = self._clock_watch.describe(time.monotonic())
                 idle_s = time.monotonic() - self._last_decision_at
