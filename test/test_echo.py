@@ -31,7 +31,8 @@ def test_the_first_chunk_and_a_status_before_any_decision_say_so():
     assert status_line(status).endswith("ms p50/p90/p99: (no decision yet)")
     assert "PAUSED" not in status_line(status)  # enabled unless the node says otherwise
     status.enabled = False
-    assert status_line(status).startswith("status  pi05_tiny cpu float32: PAUSED (~/enable false), 0 decisions")
+    paused = "PAUSED (~/enable false, or a lifecycle node inactive)"
+    assert status_line(status).startswith(f"status  pi05_tiny cpu float32: {paused}, 0 decisions")
     status.enabled = True
     status.stages = [StageStats(name="full", latency_p50_ms=20.0, latency_p90_ms=21.0, latency_p99_ms=22.5)]
     assert status_line(status).endswith("ms p50/p90/p99: full 20.00/21.00/22.50")

@@ -98,6 +98,8 @@ def test_lifecycle_transitions(lifecycle_node):
     start = len(peer.diagnostics)
     ready = "inactive (lifecycle) (no decisions): ready"
     assert peer.pump(10.0, until=lambda: bool(diagnostics_with(peer, start, ready)))
+    values = {kv.key: kv.value for kv in diagnostics_with(peer, start, ready)[-1].values}
+    assert values["enabled"] == "no (inactive: activate it)", values  # not ~/enable: it has none
     assert not peer.chunks and peer.statuses[-1].enabled is False and peer.statuses[-1].decisions == 0
     # activate / deactivate take the place of ~/enable, which this node does not offer
     assert service_available(peer, "reset", 10.0) and not service_available(peer, "enable", 1.0)

@@ -91,7 +91,7 @@ def status_line(msg: PipelineStatus) -> str:
     )
     stages = stages or "(no decision yet)"
     rate = msg.stages[0].rate_hz if msg.stages else 0.0
-    paused = " PAUSED (~/enable false)," if not msg.enabled else ""
+    paused = " PAUSED (~/enable false, or a lifecycle node inactive)," if not msg.enabled else ""
     return (
         f"status  {msg.policy} {msg.device} {msg.precision}:{paused} {msg.decisions} decisions ({rate:.1f} Hz), "
         f"{skipped} skipped, {msg.deadline_misses} deadline misses, {msg.prefix_reuses} re-used the prefix, "

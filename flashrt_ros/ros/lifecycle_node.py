@@ -83,6 +83,7 @@ class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
     MANAGED = True
     PAUSED_STATE = "inactive (lifecycle)"
     PAUSED_STATS = "INACTIVE (lifecycle)"
+    PAUSED_DIAG = "no (inactive: activate it)"  # it has no ~/enable
     PAUSED_DROP = "deactivated"
 
     def __init__(self, **kwargs: Any):

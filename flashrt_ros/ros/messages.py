@@ -177,9 +177,16 @@ def input_counts(invalid: dict[tuple[str, str], int], absent: str, inputs: froze
 
 
 def diagnostics(
-    s: StatusSnapshot, *, name: str, level: bytes, message: str, extra: dict[str, str] | None = None
+    s: StatusSnapshot,
+    *,
+    name: str,
+    level: bytes,
+    message: str,
+    extra: dict[str, str] | None = None,
+    paused: str = "no (~/enable)",
 ) -> DiagnosticArray:
-    """One DiagnosticStatus for the node (for rqt_robot_monitor / diagnostic_aggregator)."""
+    """One DiagnosticStatus for the node (for rqt_robot_monitor / diagnostic_aggregator).
+    `paused`: the value `enabled` takes while paused (what un-pauses this kind of node)."""
     values = {
         "policy": s.policy,
         "device": s.device,
@@ -190,7 +197,7 @@ def diagnostics(
         "deadline misses": str(s.deadline_misses),
         "prefix reuses": str(s.prefix_reuses),
         "rtc guided": str(s.rtc_guided),
-        "enabled": "yes" if s.enabled else "no (~/enable)",
+        "enabled": "yes" if s.enabled else paused,
     }
     for st in s.stages:
         values[f"{st.name} p50/p99 (ms)"] = f"{st.p50_ms:.2f}/{st.p99_ms:.2f}"

@@ -143,6 +143,7 @@ class FlashRTNode(Node):
     and activate / deactivate take the place of ~/enable."""
     PAUSED_STATE = "paused by ~/enable"  # how diagnostics, stats and logs name a pause
     PAUSED_STATS = "PAUSED (~/enable)"
+    PAUSED_DIAG = "no (~/enable)"  # /diagnostics' `enabled` while paused
     PAUSED_DROP = "~/enable paused the policy"
     TIME_JUMP_DROP = "ROS time went back"
 
@@ -1251,7 +1252,9 @@ class FlashRTNode(Node):
         name = f"{self.get_fully_qualified_name()}: pipeline"
         d = self.description
         extra = {"backend": d["backend"], "prompt": self.cfg.prompt, "actions": d["actions"]}
-        self._diag_pub.publish(messages.diagnostics(snap, name=name, level=level, message=text, extra=extra))
+        self._diag_pub.publish(
+            messages.diagnostics(snap, name=name, level=level, message=text, extra=extra, paused=self.PAUSED_DIAG)
+        )
         self._maybe_log_stats(snap)
 
     def _on_time_jump(self, jump: TimeJump) -> None:
