@@ -1447,7 +1447,7 @@ class FlashRTNode(Node):
             f"{messages.input_counts(snap.invalid, ABSENT, self._input_topics)}"
             + (f", {self.commands_sent} commands sent" if self._command_pubs else "")
             + (f" | {stages} (p50/p99)" if stages else "")
-            + f" | convert ms p50 (arrival rate): {conversions or '-'}"
+            + f" | convert ms p50 (accepted rate): {conversions or '-'}"
         )
 
     # ---- parameters ------------------------------------------------------------------------
