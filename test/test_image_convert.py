@@ -102,6 +102,19 @@ def test_big_endian_multibyte(encoding: str, pad: int) -> None:
     np.testing.assert_array_equal(image_to_rgb(msg), expected)
 
 
+def test_a_float_frame_without_a_finite_pixel_is_refused_one_with_some_is_not() -> None:
+    """NaN is a depth image's "no reading here" (0), but a frame of nothing else has nothing to
+    see: refused, not turned into a black image the policy would act on."""
+    for fill in (np.nan, np.inf, -np.inf):
+        with pytest.raises(InputError, match=r"\[non_finite_image\] /depth: 32FC1 frame of 5x7 has no finite") as info:
+            image_to_rgb(make_msg("32FC1", np.full((H, W, 1), fill, np.float32)), source="/depth")
+        assert info.value.reason == "non_finite_image"
+    holes = np.full((H, W, 1), np.nan, np.float32)
+    holes[1, 2] = 0.5
+    rgb = image_to_rgb(make_msg("32FC1", holes))
+    assert rgb[1, 2].tolist() == [128] * 3 and int(rgb.sum()) == 3 * 128
+
+
 def test_big_endian_flag_matters_for_mono16() -> None:
     gray = np.full((H, W, 1), 0x1234, dtype=np.uint16)
     msg = make_msg("mono16", gray, bigendian=True)

@@ -19,6 +19,10 @@ TRUNCATED_DATA = "truncated_data"
 """Fewer bytes (or joint positions) than the header/name list promises."""
 DECODE_FAILED = "decode_failed"
 """A compressed image that the decoder could not read."""
+NON_FINITE_IMAGE = "non_finite_image"
+"""A float (``32FC1``) frame with no finite pixel: a depth camera with no reading anywhere. Some
+NaN pixels are a depth image's way to say "no reading there" (they become 0); all of them leave
+nothing to see."""
 MISSING_JOINT = "missing_joint"
 """A configured joint name is not in the JointState message."""
 DUPLICATE_JOINT = "duplicate_joint"
@@ -39,6 +43,7 @@ REASONS: frozenset[str] = frozenset(
         BAD_SIZE,
         TRUNCATED_DATA,
         DECODE_FAILED,
+        NON_FINITE_IMAGE,
         MISSING_JOINT,
         DUPLICATE_JOINT,
         NON_FINITE_JOINT,
