@@ -45,7 +45,7 @@ def test_the_first_chunk_and_a_status_before_any_decision_say_so():
     ]
     status.prefix_reuses = 7
     line = status_line(status).splitlines()[0]
-    assert line.endswith("invalid inputs: stale /joints: 2; waits for absent /cam: 50"), line
+    assert line.endswith("input refusals: stale /joints: 2; waits for absent /cam: 50"), line
     assert "0 deadline misses, 7 re-used the prefix, invalid" in line
     assert "(prefix re-used)" not in chunk_line(msg)
     msg.prefix_reused = True
@@ -58,7 +58,7 @@ def test_the_first_chunk_and_a_status_before_any_decision_say_so():
 
 def test_a_malformed_chunk_is_said_and_a_services_refusals_are_node_wide():
     """Another publisher's chunk whose sizes disagree is a line saying so, not a traceback that
-    ends the console; a capsule service's refusals are not listed as invalid inputs."""
+    ends the console; a capsule service's refusals are not listed as input refusals."""
     from flashrt_ros.msg import ActionChunk, InputCounter, PipelineStatus
 
     from flashrt_ros.ros.echo import chunk_line, status_line
@@ -76,7 +76,7 @@ def test_a_malformed_chunk_is_said_and_a_services_refusals_are_node_wide():
     ]
     line = status_line(status).splitlines()[0]
     assert line.endswith(
-        "invalid inputs: stale /joints: 2; node: unknown_capsule /flashrt_node/capsule/restore: 4, clock_jumped_back: 1"
+        "input refusals: stale /joints: 2; node: unknown_capsule /flashrt_node/capsule/restore: 4, clock_jumped_back: 1"
     ), line
 
 

@@ -225,7 +225,7 @@ def test_diagnostics_levels_and_the_counts_behind_them(running):
 
     start = len(peer.diagnostics)
     bad_frame = lambda: peer.publish_camera(0, peer.image(encoding="yuv422"), good=False)  # noqa: E731
-    assert peer.pump(3.0, extra=bad_frame, until=lambda: level_since(start, DiagnosticStatus.WARN, "invalid inputs"))
+    assert peer.pump(3.0, extra=bad_frame, until=lambda: level_since(start, DiagnosticStatus.WARN, "input refusals"))
 
     misses = peer.statuses[-1].deadline_misses
     assert peer.set_parameters(rate_hz=500.0)[0].successful

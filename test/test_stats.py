@@ -117,8 +117,8 @@ def test_the_stats_line_tells_rejected_inputs_from_absent_ones_and_node_events()
     # each service's refusals named with it (they read "unknown_capsule x2, unknown_capsule x1")
     services = "unknown_capsule (/flashrt_node/capsule/drop) x2, unknown_capsule (/flashrt_node/capsule/restore) x1"
     node_wide = f"clock_stalled x1, invalid_parameter x2, {services}"
-    assert line == f"5 inputs rejected, 10 waits for absent inputs, node: {node_wide}"
-    assert input_counts({}, absent="absent", inputs=frozenset()) == "0 inputs rejected, 0 waits for absent inputs"
+    assert line == f"5 input refusals, 10 waits for absent inputs, node: {node_wide}"
+    assert input_counts({}, absent="absent", inputs=frozenset()) == "0 input refusals, 0 waits for absent inputs"
 
 
 def test_adding_while_another_thread_reads() -> None:

@@ -95,7 +95,7 @@ def status_line(msg: PipelineStatus) -> str:
     return (
         f"status  {msg.policy} {msg.device} {msg.precision}:{paused} {msg.decisions} decisions ({rate:.1f} Hz), "
         f"{skipped} skipped, {msg.deadline_misses} deadline misses, {msg.prefix_reuses} re-used the prefix, "
-        f"{f'{msg.rtc_guided} guided (rtc), ' if msg.rtc_guided else ''}invalid inputs: {invalid}\n"
+        f"{f'{msg.rtc_guided} guided (rtc), ' if msg.rtc_guided else ''}input refusals: {invalid}\n"
         f"        ms p50/p90/p99: {stages}"
     )
 

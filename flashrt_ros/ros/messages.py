@@ -172,7 +172,7 @@ def input_counts(invalid: dict[tuple[str, str], int], absent: str, inputs: froze
     """The stats line's counts (`split_counts`)."""
     rejected, waits, events = split_counts(invalid, absent, inputs)
     node_wide = ", ".join(f"{reason} x{n}" for reason, n in events)
-    line = f"{rejected} inputs rejected, {waits} waits for absent inputs"
+    line = f"{rejected} input refusals, {waits} waits for absent inputs"
     return line + (f", node: {node_wide}" if node_wide else "")
 
 

@@ -1372,7 +1372,7 @@ class FlashRTNode(Node):
         counts = (
             (dropped, "skipped decisions"),
             (missed, "deadline misses"),
-            (invalid, "invalid inputs"),
+            (invalid, "input refusals"),
             (absent, "waits for absent inputs"),
             *((n, reason) for reason, n in events),
         )
