@@ -46,7 +46,7 @@ def test_the_first_chunk_and_a_status_before_any_decision_say_so():
     status.prefix_reuses = 7
     line = status_line(status).splitlines()[0]
     assert line.endswith("input refusals: stale /joints: 2; waits for absent /cam: 50"), line
-    assert "0 deadline misses, 7 re-used the prefix, invalid" in line
+    assert "0 deadline misses, 7 re-used the prefix, input refusals" in line
     assert "(prefix re-used)" not in chunk_line(msg)
     msg.prefix_reused = True
     assert "latency 933.60 ms (prefix re-used)  newest input" in chunk_line(msg)
