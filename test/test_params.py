@@ -401,6 +401,53 @@ def test_declared_on_a_real_node_with_overrides(rclpy_context):
 
 
 @pytest.mark.ros
+def test_empty_lists_in_a_params_file_read_back_as_empty_lists(rclpy_context, tmp_path):
+    """rcl reads a params file's `[]` as "not set": declared as such, `ros2 param get` and
+    describe said "not set" for config/flashrt.yaml's empty limits and groups. Typed as the field
+    is: doubles for the limits, strings for the groups."""
+    from rclpy.node import Node
+    from rclpy.parameter import Parameter
+
+    from flashrt_ros.ros.params import declare_parameters
+
+    path = tmp_path / "p.yaml"
+    path.write_text("/**:\n  ros__parameters:\n    action_lower_limits: []\n    trajectory_groups: []\n")
+    node = Node("params_empty_test", context=rclpy_context, cli_args=["--ros-args", "--params-file", str(path)])
+    try:
+        declare_parameters(node)
+        lower, groups = node.get_parameter("action_lower_limits"), node.get_parameter("trajectory_groups")
+        assert (lower.type_, list(lower.value)) == (Parameter.Type.DOUBLE_ARRAY, [])
+        assert (groups.type_, list(groups.value)) == (Parameter.Type.STRING_ARRAY, [])
+        cfg = NodeConfig.from_parameters(node)
+        assert cfg.action_lower_limits == [] and cfg.trajectory_groups == [] and cfg.validate() == []
+    finally:
+        node.destroy_node()
+
+
+def test_a_restart_only_parameter_set_to_its_value_in_use_is_no_change():
+    """`ros2 param load` of the node's own params file sets every parameter: the restart-only
+    ones at their values in use are accepted (as numbers by value, arrays element by element),
+    only a real change is refused."""
+    import array
+
+    cfg = NodeConfig()
+    same = {
+        "policy": cfg.policy,
+        "camera_topics": list(cfg.camera_topics),
+        "image_height": cfg.image_height,
+        "action_lower_limits": array.array("d"),
+        "rate_hz": 5.0,
+    }
+    assert check_update(cfg, same) is None
+    assert check_update(cfg.with_values({"step_duration_s": 1.0}), {"step_duration_s": 1}) is None  # 1 is 1.0
+    assert check_update(cfg, {"policy": cfg.policy + "x"}).startswith("policy is read-only at runtime")
+    assert check_update(cfg, {"camera_topics": cfg.camera_topics[:1]}).startswith("camera_topics is read-only")
+    assert check_update(cfg, {"seed": cfg.seed + 1}).startswith("seed is read-only")
+    assert check_update(cfg, {"seed": True}).startswith("seed is read-only")  # a bool is not the int 1 or 0
+    assert check_update(cfg, {"image_height": float(cfg.image_height)}).startswith("image_height is read-only")
+
+
+@pytest.mark.ros
 def test_sets_rclpy_refuses_itself_are_named(rclpy_context):
     """use_sim_time has a fixed type: rclpy refuses a string for it before the node's callback,
     silently; refused_by_rclpy says so (for the node to log and count it), and only then."""

@@ -424,13 +424,23 @@ def declare_parameters(node: Any) -> None:
             # a params-file value outside the declared range: declared without it, so that the
             # node's validation names the value and the range and the start stops there
             declared = node.declare_parameter(name, defaults[name], descriptor(name, ranged=False))
-        if isinstance(defaults[name], list) and declared.type_ == Parameter.Type.BYTE_ARRAY:
-            # rclpy types an empty list as a byte array: `ros2 param get` would show bytes
-            node.set_parameters([Parameter(name, Parameter.Type.STRING_ARRAY, [])])
+        empty = (Parameter.Type.BYTE_ARRAY, Parameter.Type.NOT_SET)
+        if isinstance(defaults[name], list) and declared.type_ in empty and not list(declared.value or []):
+            # rclpy types an empty default as a byte array, and a params file's `[]` as not set:
+            # `ros2 param get` would show bytes, or "not set"; typed as the field is
+            node.set_parameters([Parameter(name, _array_type(name), [])])
     current = [node.get_parameter(name) for name in PARAMETERS]
     changed = [q for p, q in zip(current, floats_as_doubles(current), strict=True) if q is not p]
     if changed:
         node.set_parameters(changed)
+
+
+def _array_type(name: str) -> Any:
+    """The rclpy array type of a list parameter (its NodeConfig field's element type)."""
+    from rclpy.parameter import Parameter
+
+    floats = "float" in str(NodeConfig.__dataclass_fields__[name].type)
+    return Parameter.Type.DOUBLE_ARRAY if floats else Parameter.Type.STRING_ARRAY
 
 
 def descriptor(name: str, ranged: bool = True) -> Any:
@@ -514,7 +524,9 @@ def check_update(current: NodeConfig, changes: Mapping[str, Any], resolve: Resol
     Names that are not ours (use_sim_time) are left to rclpy. ``resolve``: as for validate
     (the running node's, so that its topics are judged in its namespace)."""
     ours = {name: value for name, value in changes.items() if name in PARAMETERS}
-    fixed = sorted(name for name in ours if name not in RUNTIME)
+    # a restart-only parameter set to the value in use is no change (`ros2 param load` of the
+    # node's own params file sets every one of them)
+    fixed = sorted(name for name in ours if name not in RUNTIME and not same_value(ours[name], getattr(current, name)))
     if fixed:
         return (
             f"{', '.join(fixed)} {'is' if len(fixed) == 1 else 'are'} read-only at runtime: "
@@ -531,6 +543,17 @@ def check_update(current: NodeConfig, changes: Mapping[str, Any], resolve: Resol
         )
     problems = current.with_values(ours).validate(check_paths=False, resolve=resolve)
     return "; ".join(problems) if problems else None
+
+
+def same_value(new: Any, old: Any) -> bool:
+    """Whether a parameter's new value is the one in use: of its type (an integer for a float
+    parameter by value: a params file's 5 is 5.0), sequences element by element (rclpy gives
+    arrays as array.array)."""
+    if isinstance(new, (list, tuple)) or type(new).__name__ == "array":
+        return isinstance(old, (list, tuple)) and len(new) == len(old) and all(map(same_value, new, old))
+    if type(old) is float and type(new) is int:
+        return float(new) == old
+    return type(new) is type(old) and new == old
 
 
 def unknown_names(names: list[str] | set[str], runtime: bool = False) -> list[str]:
