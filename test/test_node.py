@@ -279,6 +279,37 @@ def test_a_decision_period_longer_than_a_chunk_is_warned_about(running):
     assert not any("a chunk lasts" in line for line in node.lines[mark:])
 
 
+def test_runtime_changes_say_what_start_would_have_said(rclpy_context, monkeypatch):
+    """rtc with a blend, reached by a runtime change, is warned about as at start; a change that
+    fails in the node's own hands (a timer refusing its period) is logged as an error, not as a
+    refused request."""
+    from rclpy.parameter import Parameter
+
+    node = in_process_node(rclpy_context, rtc=True, command_rate_hz=50.0)
+    try:
+        said = []
+        logger = node.get_logger()
+        for level in ("warning", "error"):
+            monkeypatch.setattr(logger, level, lambda msg, _level=level, **_: said.append((_level, msg)))
+        assert node.set_parameters([Parameter("command_blend_steps", value=4)])[0].successful
+        assert [m for lvl, m in said if lvl == "warning" and m.startswith("rtc with command_blend_steps 4")], said
+        said.clear()
+
+        def refuse(*_):
+            raise RuntimeError("timer refused")
+
+        monkeypatch.setattr(node, "_apply_timer_rates", refuse)
+        assert not node.set_parameters([Parameter("rate_hz", value=20.0)])[0].successful
+        assert said == [
+            (
+                "error",
+                "parameter change refused: not applied (rate_hz keeps its previous value): RuntimeError: timer refused",
+            )
+        ], said
+    finally:
+        node.destroy_node()
+
+
 def test_invalid_runtime_parameters_are_refused_with_reasons(running):
     node, peer = running
     mark = node.mark()

@@ -497,14 +497,18 @@ class FlashRTNode(Node):
             log.warning(self._paused_at_start())
         log.info(f"prefix stage (prefix_trigger {cfg.prefix_trigger}): {prefix_schedule(cfg)}")
         log.info(describe_rtc(cfg))
-        if cfg.rtc and cfg.command_blend_steps > 0 and self._command_pubs:
-            log.warning(
-                f"rtc with command_blend_steps {cfg.command_blend_steps}: the chunks already continue each other; "
-                "the blend only delays each new one (command_blend_steps 0 is meant for rtc)"
-            )
+        self._warn_rtc_blend(cfg)
         self._warn_fewer_joints_than_statistics()
         self._warn_chunk_gap(cfg)
         self._say_how_often_lerobot_replans(cfg)
+
+    def _warn_rtc_blend(self, cfg: NodeConfig) -> None:
+        """rtc's chunks continue each other: a blend on top only delays each (allowed, but said)."""
+        if cfg.rtc and cfg.command_blend_steps > 0 and self._command_pubs:
+            self.get_logger().warning(
+                f"rtc with command_blend_steps {cfg.command_blend_steps}: the chunks already continue each other; "
+                "the blend only delays each new one (command_blend_steps 0 is meant for rtc)"
+            )
 
     def _warn_chunk_gap(self, cfg: NodeConfig) -> None:
         """A decision period longer than a chunk lasts leaves the controller without points
@@ -1478,12 +1482,13 @@ class FlashRTNode(Node):
             reason = self._restart_hint(reason)
         if reason is None and isinstance(changes.get("prompt"), str):
             reason = self.state.pipeline.policy.prompt_problem(changes["prompt"], len(self.cfg.joint_names))
+        level = "warning"  # the request's fault
         if reason is None:
-            reason = self._retime(changes)
+            reason, level = self._retime(changes), "error"  # ours: validation should have left nothing to fail
         if reason is None:
             return SetParametersResult(successful=True)
         self._count_node_wide(INVALID_PARAMETER)
-        self.get_logger().warning(f"parameter change refused: {reason}")
+        getattr(self.get_logger(), level)(f"parameter change refused: {reason}")
         return SetParametersResult(successful=False, reason=reason)
 
     def _restart_hint(self, reason: str) -> str:
@@ -1498,7 +1503,8 @@ class FlashRTNode(Node):
         try:
             self._apply_timer_rates(self.cfg, self.cfg.with_values(ours))
         except Exception as exc:
-            return f"not applied ({', '.join(sorted(ours))} keep their previous values): {type(exc).__name__}: {exc}"
+            keep = "keeps its previous value" if len(ours) == 1 else "keep their previous values"
+            return f"not applied ({', '.join(sorted(ours))} {keep}): {type(exc).__name__}: {exc}"
         return None
 
     def _after_set_parameters(self, params: list) -> None:
@@ -1521,6 +1527,8 @@ class FlashRTNode(Node):
             self.get_logger().info(f"parameters changed: {diff}")
         if "rate_hz" in changes and new.rate_hz != old.rate_hz:
             self._warn_chunk_gap(new)
+        if (new.rtc, new.command_blend_steps) != (old.rtc, old.command_blend_steps):
+            self._warn_rtc_blend(new)
 
     @staticmethod
     def _command_tick_ns(cfg: NodeConfig) -> int | None:
