@@ -84,9 +84,15 @@ def _check_args(args: argparse.Namespace) -> str | None:
     if policies:
         tiny = " (--tiny picks their small random-weight presets)" if args.tiny else ""
         return f"unknown policy {', '.join(map(repr, policies))}: expected a comma list of {', '.join(POLICIES)}{tiny}"
-    unknown = [m for m in args.modes.split(",") if m not in MODES]
+    modes = args.modes.split(",")
+    unknown = [m for m in modes if m not in MODES]
     if unknown:
-        return f"unknown mode(s) {', '.join(unknown)}: expected a comma list of {', '.join(MODES)}"
+        return f"unknown mode(s) {', '.join(map(repr, unknown))}: expected a comma list of {', '.join(MODES)}"
+    if "compile-bf16" in modes and args.dtype != "bfloat16":
+        return (
+            f"--modes compile-bf16 runs the reference in bf16 (SigLIP and projector too), not in --dtype "
+            f"{args.dtype}; drop one of them (--modes compile compiles the {args.dtype} reference)"
+        )
     if "realtime-vla" in args.modes.split(","):
         if not args.realtime_vla:
             return "mode realtime-vla needs --realtime-vla PATH (a checkout of github.com/dexmal/realtime-vla-v2)"
@@ -100,8 +106,8 @@ def _check_args(args: argparse.Namespace) -> str | None:
         views = _timed_views("realtime-vla", args)
         for kind in args.policy.split(","):
             preset = kind + ("_tiny" if args.tiny else "")
-            cfg = PolicyConfig.preset(preset, num_steps=args.steps, horizon=args.horizon)
             try:
+                cfg = PolicyConfig.preset(preset, num_steps=args.steps, horizon=args.horizon)
                 for n in views:
                     check_shapes(cfg, n)
             except ValueError as exc:
@@ -342,6 +348,8 @@ def _print_ratios(results: dict, kind: str) -> list[dict]:
 def _write(results: dict, out: Path | None, plot: bool = False) -> None:
     if out is None:
         return
+    from .bench.timing import finite_or_null
+
     out.mkdir(parents=True, exist_ok=True)
     if "stamp" not in results:  # two runs started in one second must not share (and overwrite) a file
         stamp = time.strftime("%Y%m%d_%H%M%S")
@@ -349,22 +357,10 @@ def _write(results: dict, out: Path | None, plot: bool = False) -> None:
         results["stamp"] = stamp if not taken else f"{stamp}_{os.getpid()}"
     stamp = results["stamp"]
     path = out / f"bench_{stamp}.json"
-    path.write_text(json.dumps(_finite_or_null(results), indent=2, allow_nan=False))
+    path.write_text(json.dumps(finite_or_null(results), indent=2, allow_nan=False))
     if plot:
         print(f"wrote {path}")
         _plot(results, out / f"bench_{stamp}.png")
-
-
-def _finite_or_null(value):
-    """The results with NaN / inf as null: json writes them as bare NaN, which strict JSON
-    readers (JavaScript's JSON.parse, many others) refuse, losing the whole file."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite_or_null(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite_or_null(v) for v in value]
-    return value
 
 
 def _plot(results: dict, path: Path) -> None:

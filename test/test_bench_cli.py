@@ -129,9 +129,29 @@ def test_full_size_on_the_cpu_is_refused_pointing_to_tiny(capsys) -> None:
 def test_unknown_mode_is_refused(capsys) -> None:
     assert main(["bench", "--policy", "pi05", "--tiny", "--modes", "eager,fp8"]) == 2
     assert (
-        "unknown mode(s) fp8: expected a comma list of eager, compile, compile-bf16, fused, fused-fp8"
+        "unknown mode(s) 'fp8': expected a comma list of eager, compile, compile-bf16, fused, fused-fp8"
         in capsys.readouterr().out
     )
+    assert main(["bench", "--policy", "pi05", "--tiny", "--modes", "eager,"]) == 2
+    assert "unknown mode(s) '': expected" in capsys.readouterr().out  # the empty name, quoted
+
+
+def test_compile_bf16_with_an_fp32_reference_is_refused(capsys) -> None:
+    """It ran the fp32 model under a bf16 label (parity 0 against the fp32 reference, a speed-up
+    of fp32 filed as bf16's)."""
+    argv = ["bench", "--policy", "pi05", "--tiny", "--modes", "eager,compile-bf16", "--dtype", "float32"]
+    assert main(argv) == 2
+    assert capsys.readouterr().out.startswith("--modes compile-bf16 runs the reference in bf16")
+
+
+def test_realtime_vla_with_bad_numbers_is_one_line_not_a_traceback(tmp_path, capsys) -> None:
+    server = tmp_path / "rtv" / "server"
+    server.mkdir(parents=True)
+    for name in ("pi05_infer.py", "pi0_infer.py"):
+        (server / name).write_text("")
+    argv = ["bench", "--policy", "pi05", "--tiny", "--modes", "eager,realtime-vla", "--steps", "0"]
+    assert main([*argv, "--realtime-vla", str(tmp_path / "rtv")]) == 2
+    assert "--modes realtime-vla with pi05_tiny: invalid PolicyConfig: num_steps" in capsys.readouterr().out
 
 
 def test_unknown_policy_is_refused_without_a_traceback(tmp_path, capsys) -> None:
@@ -175,6 +195,10 @@ def test_write_result_keeps_the_environment_beside_the_payload(tmp_path, capsys)
     assert data["rows"] == 3 and data["results"] == {"a": [1.5]}
     assert {"commit", "torch", "triton", "device"} <= set(data["env"]) and data["env"]["device"] == "cpu"
     assert f"wrote {path}" in capsys.readouterr().out
+    # a second result in the same second gets its own file; NaN is written as null (strict JSON)
+    again = write_result(tmp_path / "new", "probe", torch.device("cpu"), cosine=float("nan"))
+    assert again != path and json.loads(path.read_text())["rows"] == 3
+    assert json.loads(again.read_text(), parse_constant=lambda c: pytest.fail(f"bare {c}"))["cosine"] is None
 
 
 def test_random_fused_gives_a_loaded_fused_path_that_matches_its_model() -> None:
@@ -362,3 +386,25 @@ def test_the_startup_benchmark_times_each_step(tmp_path) -> None:
         assert set(steps) >= wanted and all(v >= 0 for v in steps.values()), steps
         assert steps["checkpoint load s"] > 0 and steps["later decisions, median ms"] > 0, steps
     assert f"{'first decision ms':42}" in stdout  # the table
+
+
+def test_lerobot_parity_script_says_what_input_is_missing_with_exit_2(tmp_path) -> None:
+    """Exit 1 is its parity gate's failure: a missing folder was a traceback with exit 1 and, for
+    the checkpoint, a message that the missing folder "holds a LeRobot policy"."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "lerobot_parity.py"
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, timeout=120)
+
+    done = run("--ref", str(tmp_path / "none"))
+    assert done.returncode == 2 and "no io.safetensors there" in done.stderr, done.stderr
+    for name in ("io.safetensors", "io.json"):
+        (tmp_path / name).write_bytes(b"")
+    done = run("--ref", str(tmp_path), "--checkpoint", str(tmp_path / "gone"))
+    assert done.returncode == 2 and done.stderr.strip().endswith(
+        "gone: no such folder; expected the checkpoint the reference was made from"
+    ), done.stderr

@@ -534,3 +534,15 @@ def test_the_camera_names_come_from_lerobots_config_json_beside_a_flashrt_config
     (folder / "flashrt_config.json").write_text(json.dumps(ours))
     cfg = read_config(folder, "lerobot")
     assert cfg.extra["camera_names"] == ["observation.images.wrist", "observation.images.top"]
+
+
+def test_a_checkpoint_path_that_is_no_folder_is_said_as_such(tmp_path):
+    """A wrong path said "holds a LeRobot policy without its config.json" (read_config with the
+    LeRobot layout) or "no model.safetensors in ...": it names what the path is."""
+    missing, a_file = tmp_path / "nope", tmp_path / "model.safetensors"
+    a_file.write_bytes(b"")
+    for call in (lambda p: read_config(p, "lerobot"), detect_layout, load_model):
+        with pytest.raises(CheckpointError, match=rf"checkpoint folder {missing} does not exist; expected a folder"):
+            call(missing)
+        with pytest.raises(CheckpointError, match=rf"checkpoint folder {a_file} is a file; expected a folder"):
+            call(a_file)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import re
@@ -186,7 +187,23 @@ def write_result(out_dir: Path, stem: str, device: torch.device, **payload) -> P
     if "env" in payload:
         raise ValueError("payload key 'env' is reserved for the run's environment")
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{stem}_{time.strftime('%Y%m%d_%H%M%S')}.json"
-    path.write_text(json.dumps(dict(env=environment(device), **payload), indent=1))
+    stamp = time.strftime("%Y%m%d_%H%M%S")
+    path, n = out_dir / f"{stem}_{stamp}.json", 1
+    while path.exists():  # two results in one second must not share (and overwrite) a file
+        n += 1
+        path = out_dir / f"{stem}_{stamp}_{n}.json"
+    path.write_text(json.dumps(finite_or_null(dict(env=environment(device), **payload)), indent=1, allow_nan=False))
     print("wrote", path)
     return path
+
+
+def finite_or_null(value):
+    """`value` with NaN / inf as null: json writes them as bare NaN, which strict JSON readers
+    (JavaScript's JSON.parse, many others) refuse, losing the whole file."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_null(v) for v in value]
+    return value

@@ -98,6 +98,7 @@ def detect_layout(folder: Path) -> str:
     """The weights' layout: LeRobot's where every tensor carries its prefix, or where none does but
     its processor files are there (LeRobot's loader adds the prefix: such a folder is a LeRobot
     policy, whose config.json and relative actions must be read as LeRobot's); else openpi's."""
+    _check_folder(folder)
     weights = folder / WEIGHTS_FILE
     if not weights.is_file():
         raise CheckpointError(f"no {WEIGHTS_FILE} in {folder}")
@@ -116,6 +117,14 @@ def detect_layout(folder: Path) -> str:
     if _present(folder / CONFIG_FILE) and _lerobot_type(folder / CONFIG_FILE):
         return "lerobot"  # its weights and config.json alone (processor files not downloaded)
     return "openpi"
+
+
+def _check_folder(folder: Path) -> None:
+    """A checkpoint is a folder: a path that is none is said as such, not read as a folder that
+    lacks its files (which named a layout for a path that does not exist)."""
+    if not Path(folder).is_dir():
+        what = "is a file" if Path(folder).exists() else "does not exist"
+        raise CheckpointError(f"checkpoint folder {folder} {what}; expected a folder with {WEIGHTS_FILE}")
 
 
 def _lerobot_type(path: Path) -> bool:
@@ -168,6 +177,7 @@ def read_config(folder: Path, layout: str, fallback: PolicyConfig | None = None)
     names the kind (openpi), the weights' names do, and a fallback of the other kind is refused
     here, before anything is loaded."""
     folder = Path(folder)
+    _check_folder(folder)
     ours = folder / FLASHRT_CONFIG_FILE
     if not _present(ours):
         return _with_relative_actions(_base_config(folder, layout, fallback), folder, layout)
