@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from flashrt_ros.bench.args import out_folder
+
 
 def build(tiny: bool, vision_layers: int, lm_layers: int) -> tuple[nn.Module, dict]:
     """SigLIP + Gemma as one module, and its example inputs."""
@@ -83,7 +85,7 @@ def main() -> None:
         "--iters", type=int, default=50, help="timed calls per mode (a multiple of 5: 5 alternating rounds)"
     )
     ap.add_argument("--compile-mode", default="default")
-    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default=Path("out"))
     args = ap.parse_args()
     if args.iters < 10 or args.iters % 5:
         ap.error(f"--iters must be a multiple of 5 (5 alternating rounds), at least 10, got {args.iters}")

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from flashrt_ros.bench.args import out_folder
 from flashrt_ros.bench.timing import graph_ms, write_result
 from flashrt_ros.kernels.attention import attention, attention_key_blocks, attention_ref
 from flashrt_ros.kernels.packed_attention import packed_attention
@@ -152,7 +153,7 @@ def prefix(args: argparse.Namespace) -> dict[str, dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default=Path("out"))
     ap.add_argument("--tokens", type=int, default=968)
     ap.add_argument("--valid", type=int, default=930, help="valid tokens; the rest are padded keys")
     ap.add_argument("--views", type=int, default=3)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from flashrt_ros.bench.args import out_folder
 from flashrt_ros.bench.timing import environment, graph_ms
 from flashrt_ros.kernels.denoise_update import DenoiseUpdate, denoise_update
 from flashrt_ros.kernels.expert_step import ExpertStepPlan, ExpertWeights, rope_table
@@ -95,7 +96,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--only", default="", help="comma-separated words: run only the variants naming one")
-    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default=Path("out"))
     args = ap.parse_args()
     dev = torch.device("cuda")
     plan, weights, h0, h, (k, v, kb, qb, rope), step = make_problem(dev)

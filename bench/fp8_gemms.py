@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 import flashrt_ros.kernels.gate_up_geglu as gu_mod
+from flashrt_ros.bench.args import out_folder
 from flashrt_ros.bench.timing import graph_ms, write_result
 from flashrt_ros.kernels.fp8 import dequantize_rows, quantize_rows
 from flashrt_ros.kernels.gate_up_geglu import (
@@ -135,7 +136,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--layers", type=int, default=2, help="distinct weights per GEMM (cold in L2)")
-    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default=Path("out"))
     args = ap.parse_args()
     dev = torch.device("cuda")
     if not supports_gate_up_geglu(dev):

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from fp8_sim import decide, fake_fp8, fake_fp8_blocks
 from torch import nn
 
+from flashrt_ros.bench.args import out_folder
 from flashrt_ros.bench.parity import compare
 from flashrt_ros.bench.reference import Case, build_random
 from flashrt_ros.bench.timing import write_result
@@ -83,7 +84,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--down", action="store_true", help="the down projection's sets (DOWN_SETS) instead")
     ap.add_argument("--attn", action="store_true", help="the attention projections' sets (ATTN_SETS) instead")
-    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default=Path("out"))
     args = ap.parse_args()
     dev = torch.device(args.device)
     cfg = PolicyConfig.preset(args.policy, num_views=args.views, dtype="float32")

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 import flashrt_ros.policies.fused as fused_mod
+from flashrt_ros.bench.args import out_folder
 from flashrt_ros.bench.parity import compare
 from flashrt_ros.bench.reference import Case, build_random, true_fp32
 from flashrt_ros.bench.stages import load_case
@@ -40,7 +41,7 @@ def main() -> None:
     ap.add_argument("--views", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--down-from", default="1,9", help="comma list of PREFIX_DOWN_FP8_FROM values to try")
-    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default=Path("out"))
     args = ap.parse_args()
     dev = torch.device("cuda")
     cfg = PolicyConfig.preset(args.policy, num_views=args.views, dtype="float32")

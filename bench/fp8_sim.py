@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from flashrt_ros.bench.args import out_folder
 from flashrt_ros.bench.parity import compare
 from flashrt_ros.bench.reference import Case, build_random
 from flashrt_ros.bench.timing import write_result
@@ -108,7 +109,7 @@ def main() -> None:
     ap.add_argument(
         "--only", default="", help="comma-separated linear names, e.g. q_proj,k_proj,v_proj,gate_proj,up_proj"
     )
-    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default=Path("out"))
     args = ap.parse_args()
     dev = torch.device(args.device)
     cfg = PolicyConfig.preset(args.policy, num_views=args.views, dtype="float32")

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import triton
 
+from flashrt_ros.bench.args import out_folder
 from flashrt_ros.bench.timing import graph_ms, write_result
 from flashrt_ros.kernels import preprocess
 
@@ -44,7 +45,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--views", type=int, default=3)
-    ap.add_argument("--out", default="bench_results")
+    ap.add_argument("--out", type=out_folder, default="bench_results")
     args = ap.parse_args()
     free = preprocess._preprocess_kernel
     variants = {"specialised": triton.jit(free.fn), "geometry-free": free}

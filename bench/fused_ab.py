@@ -22,6 +22,7 @@ from types import ModuleType
 import torch
 
 import flashrt_ros.policies.fused as fused_mod
+from flashrt_ros.bench.args import out_folder
 from flashrt_ros.bench.reference import Case, build_random
 from flashrt_ros.bench.stages import load_case
 from flashrt_ros.bench.timing import graph_ms, write_result
@@ -49,7 +50,7 @@ def main() -> None:
     ap.add_argument("settings", nargs="+", help="NAME=v1;v2: values to alternate (one setting at a time)")
     ap.add_argument("--views", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default=Path("out"))
     args = ap.parse_args()
     settings = [parse_setting(s) for s in args.settings]
     dev = torch.device("cuda")

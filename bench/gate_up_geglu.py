@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from flashrt_ros.bench.args import out_folder
 from flashrt_ros.bench.timing import graph_ms, write_result
 from flashrt_ros.kernels.gate_up_geglu import gate_up_geglu, interleave_gate_up, supports_gate_up_geglu
 from flashrt_ros.kernels.geglu import geglu
@@ -32,7 +33,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--layers", type=int, default=2, help="distinct weights (134 MB each: cold in L2)")
-    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default=Path("out"))
     args = ap.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
     if not supports_gate_up_geglu(dev):

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from flashrt_ros.bench.args import out_folder
 from flashrt_ros.bench.timing import graph_ms, write_result
 
 # name, rows, K, N, layers timed (distinct weights; together larger than the 50 MB L2), GELU epilogue
@@ -56,7 +57,7 @@ def time_shape(rows: int, k: int, n: int, layers: int, gelu: bool, dev: torch.de
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default=Path("out"))
     args = ap.parse_args()
     dev = torch.device("cuda")
     torch.manual_seed(0)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from flashrt_ros.bench.args import out_folder
 from flashrt_ros.bench.parity import compare
 from flashrt_ros.bench.stages import random_fused
 from flashrt_ros.bench.timing import time_call, write_result
@@ -96,7 +97,7 @@ def main() -> None:
     ap.add_argument("--views", type=int, default=3)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default=Path("out"))
     args = ap.parse_args()
     dev = torch.device("cuda")
     _, _, fused = random_fused(args.policy, args.views, dev)

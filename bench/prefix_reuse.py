@@ -21,6 +21,7 @@ alone over a cached prefix, which is what a re-using compiled decision would cos
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import time
 from pathlib import Path
@@ -29,8 +30,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from flashrt_ros.bench.args import at_least, out_folder
 from flashrt_ros.bench.parity import compare
-from flashrt_ros.bench.reference import Case
+from flashrt_ros.bench.reference import Case, true_fp32
 from flashrt_ros.bench.stages import measure_compiled
 from flashrt_ros.bench.timing import HEADER, Latency, write_result
 from flashrt_ros.engine.pipeline import Decision, Pipeline
@@ -60,10 +62,10 @@ def rounds_parser(doc: str) -> argparse.ArgumentParser:
     full-size policy (decide_host.py, rtc_cost.py); a script adds its own."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--policy", default="pi05", choices=["pi05", "pi0"])
-    ap.add_argument("--views", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--iters", type=int, default=20, help="decisions per round, mode and case")
-    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--views", type=at_least(1), default=3)
+    ap.add_argument("--rounds", type=at_least(1), default=5)
+    ap.add_argument("--iters", type=at_least(1), default=20, help="decisions per round, mode and case")
+    ap.add_argument("--out", type=out_folder, default=Path("out"))
     return ap
 
 
@@ -136,12 +138,17 @@ def rounds(pipe: Pipeline, obs: Observation, n: int, label: str, first_id: int, 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", default="pi05", choices=["pi05", "pi0"])
-    ap.add_argument("--views", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=100, help="rounds of fused decisions (and compiled decisions timed)")
-    ap.add_argument("--eager-iters", type=int, default=10, help="rounds of eager decisions (three of ~0.2-0.4 s each)")
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--views", type=at_least(1), default=3)
+    # percentiles need samples: one p99 of 2 samples is a single run
+    ap.add_argument(
+        "--iters", type=at_least(10), default=100, help="rounds of fused decisions (and compiled decisions timed)"
+    )
+    ap.add_argument(
+        "--eager-iters", type=at_least(3), default=10, help="rounds of eager decisions (three of ~0.2-0.4 s each)"
+    )
+    ap.add_argument("--warmup", type=at_least(1), default=3)
     ap.add_argument("--gap-ms", type=float, default=20.0, help="idle time before each decision (a 50 Hz node)")
-    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default=Path("out"))
     ap.add_argument("--tiny", action="store_true", help="tiny config on the CPU, reference only: a smoke test")
     args = ap.parse_args()
     dev = torch.device("cpu" if args.tiny else "cuda")
@@ -170,8 +177,11 @@ def main() -> None:
     compiled, compile_parity, compile_s = {}, None, 0.0
     if not args.tiny:
         case = Case.make(cfg, dev, args.views)
-        with torch.no_grad():
-            ref_chunk = policy.model.sample_actions(*case.args(), noise=case.noise)
+        # parity against the fp32 reference (the same weights in fp32, same noise), as `flashrt bench`
+        fp32 = copy.deepcopy(policy.model).set_precision(torch.float32)
+        with torch.no_grad(), true_fp32():
+            ref_chunk = fp32.sample_actions(*case.args(), noise=case.noise)
+        del fp32
         compiled, compile_parity, compile_s = measure_compiled(
             policy.model, case, args.iters, args.warmup, f"{label} compile", "reduce-overhead", ref_chunk
         )
@@ -198,12 +208,12 @@ def main() -> None:
     if compiled:
         print(
             f"   compile (reduce-overhead denoise step): compiled in {compile_s:.1f} s; its rows time the reference's "
-            f"stages on a Case, not decide(); vs the eager bf16 chunk: {compile_parity}"
+            f"stages on a Case, not decide(); vs the fp32 reference chunk: {compile_parity}"
         )
     payload = {m: {k: (v.to_dict() if isinstance(v, Latency) else v) for k, v in r.items()} for m, r in results.items()}
     payload["compile"] = {k: v.to_dict() for k, v in compiled.items()} | {
         "compile_s": compile_s,
-        "parity": str(compile_parity),
+        "parity": compile_parity,
     }
     write_result(
         args.out,

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from flashrt_ros.bench.args import out_folder
 from flashrt_ros.bench.stages import random_fused
 from flashrt_ros.bench.timing import environment, time_call
 
@@ -40,7 +41,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", default="pi05")
     ap.add_argument("--views", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default=Path("out"))
     args = ap.parse_args()
     dev = torch.device("cuda")
     _, _, fused = random_fused(args.policy, args.views, dev, model_dtype="bfloat16")

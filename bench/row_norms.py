@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from flashrt_ros.bench.args import out_folder
 from flashrt_ros.bench.timing import graph_ms, write_result
 from flashrt_ros.kernels.layer_norm import layer_norm
 from flashrt_ros.kernels.rms_norm import rms_norm
@@ -22,7 +23,7 @@ CASES = {"siglip layer_norm 768x1152": (768, 1152, "ln"), "gemma rms_norm 968x20
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default=Path("out"))
     args = ap.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
     torch.manual_seed(0)

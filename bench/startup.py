@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from flashrt_ros.bench.args import at_least, out_folder
+
 DOF = 14
 CASES = ("cold", "warm")
 PROFILE_MARK = "first decision, slowest calls (cProfile):"
@@ -146,8 +148,8 @@ def with_ids(obs, i: int):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policy", default="pi05", choices=["pi05", "pi0"])
-    ap.add_argument("--views", type=int, default=3)
-    ap.add_argument("--out", default="bench_results")
+    ap.add_argument("--views", type=at_least(1), default=3)
+    ap.add_argument("--out", type=out_folder, default="bench_results")
     ap.add_argument("--tiny", action="store_true", help="tiny config on the CPU: a smoke run of the steps")
     ap.add_argument("--profile", action="store_true", help="print the first decision's slowest calls (cProfile)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # a checkpoint folder: time one start

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flashrt_ros.bench.args import out_folder
 from flashrt_ros.bench.timing import time_call, write_result
 from flashrt_ros.kernels.expert_step import _arrive, _wait
 
@@ -68,7 +69,7 @@ def measure(iters: int, device: torch.device) -> dict[str, float]:
 if __name__ == "__main__":
     cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cli.add_argument("--iters", type=int, default=20000)
-    cli.add_argument("--out", type=Path, default=Path("out"))
+    cli.add_argument("--out", type=out_folder, default=Path("out"))
     opts = cli.parse_args()
     dev = torch.device("cuda")
     found = measure(opts.iters, dev)

@@ -77,9 +77,11 @@ def _check_args(args: argparse.Namespace) -> str | None:
         return f"--views must list view counts >= 1, got {','.join(map(str, args.views))}"
     if args.compile_mode not in COMPILE_MODES:
         return f"--compile-mode {args.compile_mode!r}: expected one of {', '.join(COMPILE_MODES)}"
-    out_problem = _out_problem(Path(args.out))
-    if out_problem:
-        return out_problem
+    from .bench.args import out_problem
+
+    problem = out_problem(Path(args.out))
+    if problem:
+        return problem
     policies = [p for p in args.policy.split(",") if p not in POLICIES]
     if policies:
         tiny = " (--tiny picks their small random-weight presets)" if args.tiny else ""
@@ -120,19 +122,6 @@ def _timed_views(mode: str, args: argparse.Namespace) -> list[int]:
     baselines (they take minutes) unless --baselines-all-views."""
     all_views = mode.startswith("fused") or args.baselines_all_views
     return args.views if all_views else [max(args.views)]
-
-
-def _out_problem(out: Path) -> str | None:
-    """Why the results could not be written to folder `out`, or None: checked up front, since a
-    run that takes minutes would otherwise end in FileExistsError with no JSON written."""
-    if out.exists() and not out.is_dir():
-        return f"--out {str(out)!r} is an existing file; expected a folder (existing or new) for the results"
-    existing = next(p for p in (out, *out.parents) if p.exists())
-    if not existing.is_dir():
-        return f"--out {str(out)!r}: {str(existing)!r} is a file, so the folder cannot be made there"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"--out {str(out)!r}: {str(existing)!r} is not writable; expected a folder this user can write"
-    return None
 
 
 def _remove_empty(made: list[Path]) -> None:

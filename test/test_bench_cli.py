@@ -408,3 +408,21 @@ def test_lerobot_parity_script_says_what_input_is_missing_with_exit_2(tmp_path) 
     assert done.returncode == 2 and done.stderr.strip().endswith(
         "gone: no such folder; expected the checkpoint the reference was made from"
     ), done.stderr
+
+
+def test_bench_scripts_refuse_an_unusable_out_and_too_few_samples_before_the_run(tmp_path) -> None:
+    """bench/startup.py ran a minute, then died in FileExistsError on --out /dev/null with its
+    results lost; prefix_reuse.py printed a p99 of 2 samples, or an IndexError for --warmup 0."""
+    import argparse
+
+    from flashrt_ros.bench.args import at_least, out_folder
+
+    assert out_folder(str(tmp_path / "new" / "deeper")) == tmp_path / "new" / "deeper"
+    taken = tmp_path / "file"
+    taken.write_text("")
+    with pytest.raises(argparse.ArgumentTypeError, match="is an existing file; expected a folder"):
+        out_folder(str(taken))
+    assert at_least(3)("3") == 3
+    for text, message in (("2", "expected an integer >= 3, got 2"), ("x", "expected an integer, got 'x'")):
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            at_least(3)(text)
