@@ -12,12 +12,13 @@ from torch import nn
 
 from flashrt_ros.adopt import Gates, accelerate, by_name
 from flashrt_ros.adopt import replacements as repl
-from flashrt_ros.adopt.gate import parity
+from flashrt_ros.adopt.gate import OutputsChanged, parity
 
 # scripts/setup_env.sh installs it (CI included); a bare venv without it cannot build the HF models
 transformers = pytest.importorskip("transformers", reason="they build tiny Hugging Face models (pip install)")
 from transformers.models.gemma.modeling_gemma import GemmaMLP  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
+from transformers.models.siglip.modeling_siglip import SiglipMLP  # noqa: E402
 
 PARITY_ONLY = Gates(latency=False)
 
@@ -475,3 +476,262 @@ def test_parity_holds_masked_values_apart_and_fails_new_ones() -> None:
     assert "non-finite" in parity([nan_ref], [torch.tensor([1.0, 0.0, 2.0])]).failure(PARITY_ONLY)
     far = parity([ref], [torch.tensor([1.0, -torch.inf, -2.0])])
     assert far.cos < 0 and far.failure(PARITY_ONLY).startswith("cosine")
+
+
+class BiasRMSNorm(nn.Module):
+    """An RMSNorm with a bias, still at zero when adopted: the probe cannot see it, a loaded one
+    would change the output."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.weight, self.bias, self.eps = nn.Parameter(torch.ones(width)), nn.Parameter(torch.zeros(width)), 1e-6
+
+    def forward(self, x):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight + self.bias).to(x.dtype)
+
+
+class StrictRMSNorm(LlamaRMSNorm):
+    """Takes only rows of its weight's dtype."""
+
+    def forward(self, x):
+        if x.dtype != self.weight.dtype:
+            raise TypeError("rows and weight must share a dtype")
+        return super().forward(x)
+
+
+class HalfOnMixRMSNorm(LlamaRMSNorm):
+    """Returns fp16 for rows of another dtype than its weight's: neither the input's nor the promoted dtype."""
+
+    def forward(self, x):
+        y = super().forward(x)
+        return y if x.dtype == self.weight.dtype else y.half()
+
+
+def _norm(cls, mean: float, seed: int = 5) -> nn.Module:
+    norm = cls(64, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(mean + 0.5 * torch.randn(64, generator=torch.Generator().manual_seed(seed)))
+    return norm.to(DEVICE).eval()
+
+
+MIXED_DTYPES = ((torch.float32, torch.bfloat16), (torch.bfloat16, torch.float16), (torch.float16, torch.bfloat16))
+"""(weight, rows): the input's dtype and the promoted one differ for each."""
+
+
+def _mixed_norm_cases() -> list[tuple[type[nn.Module], float, str]]:
+    """(class, weight mean, the dtype rule its probe must find)."""
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+
+    cases = [(nn.RMSNorm, 1.0, "input"), (GemmaRMSNorm, 0.0, "input"), (LlamaRMSNorm, 1.0, "promoted")]
+    try:
+        from transformers.models.helium.modeling_helium import HeliumRMSNorm
+    except ImportError:  # an older transformers
+        return cases
+    return [*cases, (HeliumRMSNorm, 1.0, "input")]
+
+
+@pytest.mark.parametrize("cls, mean, rule", _mixed_norm_cases(), ids=lambda c: getattr(c, "__name__", None))
+def test_rms_norm_returns_the_dtype_its_module_returns_for_mixed_dtypes(cls, mean, rule) -> None:
+    """torch.nn.RMSNorm, Gemma's and Helium's return the input's dtype, Llama's the promoted one;
+    the replacement returns what the module returns, for each weight dtype (found by a probe)."""
+    g = torch.Generator().manual_seed(8)
+    for w_dtype, x_dtype in MIXED_DTYPES:
+        norm = _norm(cls, mean).to(w_dtype)
+        x = torch.randn(3, 64, generator=g).to(DEVICE, x_dtype)
+        forward = repl.RMSNormReplacement().build(norm)
+        with torch.no_grad():
+            want, got = norm(x), forward(x)
+        assert got.dtype == want.dtype, (cls.__name__, w_dtype, x_dtype)
+        assert forward.runs == 1
+        torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
+        assert forward.convention.dtype_rule == rule
+
+
+def test_adopting_keeps_the_output_dtype_of_a_bf16_model_with_fp32_norm_weights() -> None:
+    model = nn.Sequential(nn.Linear(64, 64).to(torch.bfloat16), _norm(nn.RMSNorm, 1.0)).to(DEVICE).eval()
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(9)).to(DEVICE, torch.bfloat16)
+    report = accelerate(model, lambda: model(x), PARITY_ONLY, by_name(["rms_norm"]))
+    assert report.kept == ["rms_norm"], report.table()
+    with torch.no_grad():
+        assert model(x).dtype == torch.bfloat16
+
+
+def test_a_norm_that_takes_no_mixed_dtypes_runs_ours_only_where_they_agree() -> None:
+    norm = _norm(StrictRMSNorm, 1.0)  # fp32 weight
+    assert repl.RMSNormReplacement().fits(norm)
+    forward = repl.RMSNormReplacement().build(norm)
+    assert forward.convention.dtype_rule == "same"
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(10)).to(DEVICE)
+    with torch.no_grad():
+        torch.testing.assert_close(forward(x), norm(x), atol=1e-5, rtol=1e-5)
+        assert forward.runs == 1
+        with pytest.raises(TypeError, match="share a dtype"):  # its own forward, as unadopted
+            forward(x.bfloat16())
+    assert forward.runs == 1
+
+
+def test_parity_fails_on_a_change_of_output_dtype() -> None:
+    ref = torch.ones(3, dtype=torch.bfloat16)
+    with pytest.raises(OutputsChanged, match=r"dtypes changed: output 1 is torch.float32 instead of torch.bfloat16"):
+        parity([ref, ref], [ref, ref.float()])
+
+    class WideningForward(repl.AdoptedForward):
+        def kernel(self, x):
+            return self.own(x).double()
+
+    class Widening(repl.LayerNormReplacement):
+        name = "widening"
+
+        def build(self, module):
+            return WideningForward(module)
+
+    model = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16)).to(DEVICE).eval()
+    x = torch.randn(4, 16, device=DEVICE)
+    report = accelerate(model, lambda: model(x), PARITY_ONLY, (Widening(),))
+    (v,) = report.verdicts
+    assert not v.kept, v.row()
+    assert v.reason.startswith("parity: the outputs' dtypes changed: output 0 is torch.float64"), v.reason
+    assert _instance_forwards(model) == []
+
+
+def test_modules_with_parameters_the_kernels_do_not_read_do_not_fit() -> None:
+    """A bias at zero when adopted is a loaded one later: the kernel would ignore it."""
+    rms, geglu, gelu = repl.RMSNormReplacement(), repl.GegluMLPReplacement(), repl.GeluMLPReplacement()
+    norm = BiasRMSNorm(64)
+    assert not rms.fits(norm) and rms.refusal(norm) == "has parameters other than weight: bias"
+
+    cfg = gemma_config(vocab=256, width=64, mlp=128, heads=4, head_dim=16)
+    mlp = GemmaMLP(cfg)
+    mlp.register_buffer("cache", torch.zeros(1), persistent=False)  # not the module's state: fits
+    assert geglu.fits(mlp)
+    mlp.register_buffer("step", torch.zeros(()))
+    assert geglu.refusal(mlp) == "has buffers other than gate_proj.weight, up_proj.weight, down_proj.weight: step"
+
+    siglip_mlp = SiglipMLP(transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64))
+    assert gelu.fits(siglip_mlp)
+    siglip_mlp.fc1.register_parameter("lora_a", nn.Parameter(torch.zeros(4, 32)))  # an adapter the kernel ignores
+    assert gelu.refusal(siglip_mlp) == (
+        "has parameters other than fc1.weight, fc1.bias, fc2.weight, fc2.bias: fc1.lora_a"
+    )
+
+
+def test_kernels_that_never_run_in_the_example_are_not_kept() -> None:
+    """fp64 (the kernels take none): the forwards fall back on every call, so parity would only
+    compare the model with itself; nothing is kept, and the gate|up copy is freed. A fitted
+    module the example never calls proves nothing either."""
+    model, ids = tiny_gemma(torch.float64), _ids()
+    model.spare_ln = nn.LayerNorm(64).to(DEVICE)
+    report = accelerate(model, lambda: model(input_ids=ids).logits, PARITY_ONLY)
+    assert report.kept == [], report.table()
+    norms, spare, mlps, _ = report.verdicts
+    for v in (norms, mlps):
+        assert v.modules and v.reason.startswith(f"the kernels never ran in example() (inputs float64 on {DEVICE}")
+        assert v.extra_bytes == 0 and v.parity is None
+    assert "float32/bfloat16/float16" in mlps.reason
+    assert spare.reason == "the kernels never ran in example() (the modules it fits were not called)"
+    assert _instance_forwards(model) == []
+    assert not any(repl.GATE_UP_BUFFER in m._buffers for m in model.modules())
+
+
+def test_the_report_says_what_revert_undid_and_counts_memory_only_where_kept() -> None:
+    model, ids = tiny_gemma(mlp=NegatedGemmaMLP), _ids()
+    report = accelerate(model, lambda: model(input_ids=ids).logits, PARITY_ONLY)
+    norms, _, mlps, _ = report.verdicts
+    assert report.kept == ["rms_norm"] and mlps.reason.startswith("parity: ")
+    assert mlps.extra_bytes == 0  # its gate|up copy went with it
+
+    model, ids = tiny_gemma(), _ids()
+    report = accelerate(model, lambda: model(input_ids=ids).logits, PARITY_ONLY)
+    assert report.kept == ["rms_norm", "geglu_mlp"] and report.verdicts[2].extra_bytes > 0
+    report.revert()
+    assert report.kept == []
+    assert report.verdicts[0].reason == "reverted (was: parity passed (speed not gated))"
+    assert report.verdicts[2].extra_bytes == 0
+    assert "not kept: reverted (was: parity passed" in report.table() and " kept: parity" not in report.table()
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter is the case")
+def test_an_interpreter_switched_on_after_the_kernels_were_imported_is_reported() -> None:
+    """triton.jit decides at import whether a kernel is interpreted: TRITON_INTERPRET set later
+    would make the kernels look for a GPU driver. The report says to set it before the import."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os, torch\n"
+        "from torch import nn\n"
+        "from flashrt_ros.adopt import Gates, accelerate, by_name\n"
+        "os.environ['TRITON_INTERPRET'] = '1'\n"
+        "m = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16)).eval()\n"
+        "x = torch.randn(4, 16)\n"
+        "print(accelerate(m, lambda: m(x), Gates(latency=False), by_name(['layer_norm'])).verdicts[0].reason)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "the kernels do not run on cpu: TRITON_INTERPRET=1 was set after flashrt_ros's kernels were imported" in (
+        done.stdout
+    ), done.stdout
+
+
+class TwoArgRMSNorm(LlamaRMSNorm):
+    def forward(self, x, cond):
+        return super().forward(x) * cond
+
+
+class LayerNormNamedRMSNorm(nn.LayerNorm):
+    def __init__(self, width: int, eps: float):
+        super().__init__(width, eps=eps, bias=False)
+
+
+def test_refused_candidates_are_counted_with_their_reasons() -> None:
+    class Norms(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = nn.RMSNorm(16), nn.RMSNorm(16), BiasRMSNorm(16)
+
+        def forward(self, x):
+            return self.c(self.b(self.a(x)))
+
+    model = Norms().to(DEVICE).eval()
+    x = torch.randn(4, 16, device=DEVICE)
+    report = accelerate(model, lambda: model(x), PARITY_ONLY, by_name(["rms_norm"]))
+    assert report.verdicts[0].reason == (
+        "no module fits; 3 candidates refused: eps is None (2), has parameters other than weight: bias (1)"
+    )
+
+    # where some fit, the refused ones are named too
+    model, ids = tiny_gemma(), _ids()
+    model.spare_norm = nn.RMSNorm(64).to(DEVICE)
+    report = accelerate(model, lambda: model(input_ids=ids).logits, PARITY_ONLY, by_name(["rms_norm"]))
+    (v,) = report.verdicts
+    assert v.kept and v.modules == 5
+    assert v.reason == "parity passed (speed not gated); 1 candidate refused: eps is None (1)", v.reason
+
+
+def test_each_kind_says_why_a_candidate_does_not_fit() -> None:
+    rms, ln = repl.RMSNormReplacement(), repl.LayerNormReplacement()
+    geglu, gelu = repl.GegluMLPReplacement(), repl.GeluMLPReplacement()
+    cfg = gemma_config(vocab=256, width=64, mlp=128, heads=4, head_dim=16)
+    erf_mlp, biased_mlp = GemmaMLP(cfg), GemmaMLP(cfg)
+    erf_mlp.act_fn = nn.GELU()
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        old = getattr(biased_mlp, name)
+        setattr(biased_mlp, name, nn.Linear(old.in_features, old.out_features))
+    silu_mlp = SiglipMLP(transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64))
+    silu_mlp.activation_fn = nn.SiLU()
+    cases = [
+        (rms, TwoArgRMSNorm(64), "forward takes more than one tensor"),
+        (rms, LayerNormNamedRMSNorm(64, eps=1e-6), "probe output is neither (1+w) nor w scaling"),
+        (rms, _norm(HalfOnMixRMSNorm, 1.0), "mixed-dtype probe output is torch.float16, neither the input's"),
+        (ln, nn.LayerNorm((3, 16)), "normalizes more than the last dim"),
+        (geglu, erf_mlp, "act_fn is not tanh-GELU"),
+        (geglu, biased_mlp, "linears have biases"),
+        (gelu, silu_mlp, "activation_fn is not tanh-GELU"),
+    ]
+    for replacement, module, why in cases:
+        assert replacement.candidate(module), type(module).__name__
+        assert (replacement.refusal(module) or "").startswith(why), (type(module).__name__, replacement.refusal(module))
+        assert not replacement.fits(module)

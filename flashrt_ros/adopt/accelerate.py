@@ -12,21 +12,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from .gate import Gates, Parity, alternating_medians, floating_outputs, parity, seeded
-from .replacements import REPLACEMENTS, AdoptedForward, Replacement, kernels_run_on
+from .gate import Gates, OutputsChanged, Parity, alternating_medians, floating_outputs, parity, seeded
+from .replacements import KERNEL_DTYPES, REPLACEMENTS, AdoptedForward, Replacement, kernels_refusal
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Verdict:
-    """What became of one kind of replacement."""
+    """What became of one kind of replacement. `extra_bytes`: what it holds while kept (0 when
+    not kept, or once reverted: then it holds nothing)."""
 
     name: str
     modules: int
@@ -93,9 +95,13 @@ class AdoptReport:
         }
 
     def revert(self) -> None:
-        """Every kept replacement undone, newest first: the model runs its own code again."""
+        """Every kept replacement undone, newest first: the model runs its own code again, and
+        the verdicts say so (`kept` and the table would otherwise describe a model that is gone)."""
         while self._patches:
             self._patches.pop().drop()
+        for v in self.verdicts:
+            if v.kept:
+                v.kept, v.reason, v.extra_bytes = False, f"reverted (was: {v.reason})", 0
 
     @contextlib.contextmanager
     def unpatched(self) -> Iterator[None]:
@@ -151,14 +157,68 @@ class _Patch:
             forward.release()  # e.g. the concatenated weight's buffer
         self.forwards.clear()
 
+    def reset(self) -> None:
+        for forward in self.forwards:
+            forward.reset()
 
-def _fits(replacement: Replacement, module: nn.Module) -> bool:
-    """`replacement.fits(module)`, where a module that makes the check fail (weights on the meta
-    device, a probe it cannot take) does not fit."""
+    @property
+    def runs(self) -> int:
+        """Calls the kernels took since the last `reset`."""
+        return sum(forward.runs for forward in self.forwards)
+
+    def never_ran(self) -> str:
+        """Why the kernels took no call since the last `reset`, as far as the forwards saw."""
+        seen = {(dtype, device) for forward in self.forwards for dtype, device in forward.declined}
+        if not seen:
+            return "the modules it fits were not called"
+        inputs = ", ".join(sorted({f"{_dtype_name(d)} on {device}" for d, device in seen}))
+        weights = {p.dtype for m in self.modules for p in m.parameters()} - {d for d, _ in seen}
+        held = f" (weights {', '.join(sorted(map(_dtype_name, weights)))})" if weights else ""
+        takes = "/".join(map(_dtype_name, KERNEL_DTYPES))
+        return f"inputs {inputs}{held}; they take {takes} on a CUDA GPU or the interpreter, without gradients"
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _fitting(replacement: Replacement, model: nn.Module) -> tuple[list[nn.Module], Counter[str]]:
+    """The modules of `model` that `replacement` fits (not those adopted already), and how many
+    of its other candidates were refused for each reason."""
+    modules: list[nn.Module] = []
+    refused: Counter[str] = Counter()
+    for module in model.modules():
+        if _adopted(module) or not _candidate(replacement, module):
+            continue
+        why = _refusal(replacement, module)
+        if why is None:
+            modules.append(module)
+        else:
+            refused[why] += 1
+    return modules, refused
+
+
+def _candidate(replacement: Replacement, module: nn.Module) -> bool:
     try:
-        return replacement.fits(module)
-    except Exception:
+        return bool(replacement.candidate(module))
+    except Exception:  # a module whose attributes cannot be read is not one of ours
         return False
+
+
+def _refusal(replacement: Replacement, module: nn.Module) -> str | None:
+    """`replacement.refusal(module)`, where a module that makes the check fail (a probe it cannot
+    take) does not fit, with that as its reason."""
+    try:
+        return replacement.refusal(module)
+    except Exception as exc:
+        return f"its check raised {type(exc).__name__}"
+
+
+def _refused(refused: Counter[str]) -> str:
+    """E.g. "3 candidates refused: eps is None (2), has parameters other than weight: bias (1)"."""
+    n = sum(refused.values())
+    reasons = ", ".join(f"{why} ({count})" for why, count in refused.most_common())
+    return f"{n} candidate{'' if n == 1 else 's'} refused: {reasons}"
 
 
 def _adopted(module: nn.Module) -> bool:
@@ -213,25 +273,48 @@ def _try(
     gates: Gates,
     device: torch.device,
 ) -> tuple[Verdict, _Patch | None]:
-    """One replacement through the gates: its verdict, and its patch if kept (left on). On an
-    exception nothing of it stays installed."""
-    modules = [m for m in model.modules() if not _adopted(m) and _fits(replacement, m)]
+    """One replacement through the gates: its verdict, and its patch if kept (left on). The
+    verdict names the reasons its refused candidates did not fit. On an exception nothing of it
+    stays installed."""
+    modules, refused = _fitting(replacement, model)
+    verdict, patch = _gated(replacement, modules, example, reference, gates, device)
+    if refused:
+        verdict.reason += f"; {_refused(refused)}"
+    if patch is not None:
+        verdict.extra_bytes = patch.extra_bytes
+    return verdict, patch
+
+
+def _gated(
+    replacement: Replacement,
+    modules: list[nn.Module],
+    example: Callable[[], object],
+    reference: list,
+    gates: Gates,
+    device: torch.device,
+) -> tuple[Verdict, _Patch | None]:
+    """`replacement` on `modules` through the gates (see `_try`)."""
     verdict = Verdict(replacement.name, len(modules), False, "")
     if not modules:
         verdict.reason = "no module fits"
         return verdict, None
-    if not kernels_run_on(device):
-        verdict.reason = f"the kernels do not run on {device} (a CUDA GPU, or the CPU under TRITON_INTERPRET=1)"
+    cannot_run = kernels_refusal(device)
+    if cannot_run:
+        verdict.reason = cannot_run
         return verdict, None
     try:
         patch = _Patch(replacement, modules)
     except Exception as exc:  # e.g. a weight layout the kernel does not take
         verdict.reason = f"cannot build: {type(exc).__name__}: {exc}"
         return verdict, None
-    verdict.extra_bytes = patch.extra_bytes
     patch.on()
+    patch.reset()
     try:
         verdict.parity = parity(reference, floating_outputs(seeded(example, gates.seed, device)))
+    except OutputsChanged as exc:  # other shapes or dtypes: the replacement computes something else
+        patch.drop()
+        verdict.reason = f"parity: {exc}"
+        return verdict, None
     except Exception as exc:  # any failure of the patched call is a verdict, not a crash of the gate
         patch.drop()
         verdict.reason = f"the patched call failed: {type(exc).__name__}: {exc}"
@@ -239,6 +322,10 @@ def _try(
     except BaseException:  # Ctrl-C: nothing of it stays
         patch.drop()
         raise
+    if not patch.runs:  # the model's own code ran: parity proves nothing, and a weight copy would be waste
+        verdict.parity, verdict.reason = None, f"the kernels never ran in example() ({patch.never_ran()})"
+        patch.drop()
+        return verdict, None
     failure = verdict.parity.failure(gates)
     if failure:
         patch.drop()

@@ -109,17 +109,24 @@ def floating_outputs(result: object) -> list[Tensor]:
 
 
 class OutputsChanged(ValueError):
-    """The patched call returned outputs of other shapes than the unpatched one."""
+    """The patched call returned outputs of other shapes or dtypes than the unpatched one: what
+    the model returns changed, whatever the values (a bf16 model must not start returning fp32)."""
 
 
 def parity(reference: list[Tensor], outputs: list[Tensor]) -> Parity:
     """Cosine and max abs error of `outputs` against `reference`, in float64 sums over fp32 values.
 
-    Values the reference holds as inf or NaN (a masked score, say) count as matched where the
-    output holds the same there, and stay out of the sums; any other non-finite value fails."""
+    Outputs of other shapes or dtypes than the reference's raise `OutputsChanged`. Values the
+    reference holds as inf or NaN (a masked score, say) count as matched where the output holds
+    the same there, and stay out of the sums; any other non-finite value fails."""
     ref_shapes, out_shapes = [tuple(t.shape) for t in reference], [tuple(t.shape) for t in outputs]
     if ref_shapes != out_shapes:
         raise OutputsChanged(f"the outputs' shapes changed: {out_shapes} instead of {ref_shapes}")
+    changed = [i for i, (r, o) in enumerate(zip(reference, outputs, strict=True)) if r.dtype != o.dtype]
+    if changed:
+        i = changed[0]
+        first = f"output {i} is {outputs[i].dtype} instead of {reference[i].dtype}"
+        raise OutputsChanged(f"the outputs' dtypes changed: {first} ({len(changed)} of {len(outputs)} changed)")
     dot = ref_sq = out_sq = 0.0
     max_abs = max_ref = 0.0
     finite = True

@@ -1,10 +1,12 @@
 """The kernel replacements the adopt layer offers an unmodified model, one per kind of module.
 
-Each replacement says which modules it fits and builds a forward that runs our kernels on that
-module's own parameters. Fitting is judged by class, attributes and a probe of the activation;
-it is a guess that the module computes what the replacement computes. The parity gate
-(`adopt.gate`) is what proves it on the user's inputs, and `accelerate` keeps a replacement only
-where it passed.
+Each replacement says which modules look like its kind (`candidate`), why such a module does
+not fit after all (`refusal`: the report says it), and builds a forward that runs our kernels on
+that module's own parameters. Fitting is judged by class, attributes, the exact set of
+parameters, and probes of the activation and of RMSNorm modules themselves; it is a guess that
+the module computes what the replacement computes. The parity gate (`adopt.gate`) is what proves
+it on the user's inputs, and `accelerate` keeps a replacement only where it passed and where its
+kernels ran.
 
 The forwards are for inference. They fall back to the module's own forward where a kernel
 cannot run: on a CPU without Triton's interpreter, for a dtype the kernels do not store, and
@@ -15,11 +17,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..kernels import _common
 from ..kernels._common import is_interpreting
 from ..kernels.gate_up_geglu import gate_up_geglu, interleave_block, interleave_gate_up, supports_gate_up_geglu
 from ..kernels.geglu import geglu
@@ -37,18 +42,39 @@ GATE_UP_BUFFER = "_flashrt_adopt_gate_up"
 class AdoptedForward:
     """A replacement's forward for one module instance. An object rather than a closure, so that
     `copy.deepcopy` of an adopted model gives the copy forwards over the copy's own parameters,
-    and `torch.save` can pickle it."""
+    and `torch.save` can pickle it.
+
+    Subclasses implement `kernel`; the call runs the module's own forward where it declines, and
+    counts the calls the kernels took: a replacement whose kernels never ran on the example has
+    proven nothing, and the gate does not keep it."""
 
     def __init__(self, module: nn.Module):
         self.module = module
         self.before = module.__dict__.get("forward")  # another tool's forward on the instance, if any
+        self.reset()
 
     def __call__(self, x: Tensor) -> Tensor:
+        out = self.kernel(x)
+        if out is None:
+            self.declined.add((x.dtype, x.device))
+            return self.own(x)
+        self.runs += 1
+        return out
+
+    def kernel(self, x: Tensor) -> Tensor | None:
+        """The kernels' output for `x`; None where they cannot run on this call (device, dtype,
+        layout, a gradient asked for)."""
         raise NotImplementedError
 
     def own(self, x: Tensor) -> Tensor:
         """The module's own forward (or the one set on it before ours): where a kernel cannot run."""
         return self.before(x) if self.before is not None else type(self.module).forward(self.module, x)
+
+    def reset(self) -> None:
+        """Forget the calls counted so far: `runs` (the kernels ran) and `declined` (the
+        (dtype, device) of inputs they could not take)."""
+        self.runs = 0
+        self.declined: set[tuple[torch.dtype, torch.device]] = set()
 
     def extra_bytes(self) -> int:
         """Memory this forward holds beyond the module's own parameters."""
@@ -58,8 +84,13 @@ class AdoptedForward:
         """Remove what this forward added to the module (called once it is off for good)."""
 
 
+class Refused(ValueError):
+    """A module that looks like a replacement's kind but does not fit it; the message says why."""
+
+
 class Replacement:
-    """One kind of replacement: `fits` picks the modules, `build` makes each one's forward."""
+    """One kind of replacement: `candidate` picks the modules that look like its kind, `refusal`
+    says why such a module does not fit after all, `build` makes each fitting one's forward."""
 
     name = ""
     summary = ""
@@ -67,16 +98,45 @@ class Replacement:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
 
-    def fits(self, module: nn.Module) -> bool:
+    def candidate(self, module: nn.Module) -> bool:
+        """Whether `module` looks like this kind (by class or attributes); cheap, no probe."""
         raise NotImplementedError
+
+    def refusal(self, module: nn.Module) -> str | None:
+        """Why a candidate does not fit (None: it fits), so that the report can say it."""
+        return None
+
+    def fits(self, module: nn.Module) -> bool:
+        return self.candidate(module) and self.refusal(module) is None
 
     def build(self, module: nn.Module) -> AdoptedForward:
         raise NotImplementedError
 
 
+def interpreter_runs() -> bool:
+    """Triton's interpreter runs our kernels: TRITON_INTERPRET is set now and was set when the
+    kernels were imported (`triton.jit` decides at decoration; set later, they want a GPU)."""
+    return _common.INTERPRETING_AT_IMPORT and is_interpreting()
+
+
 def kernels_run_on(device: torch.device) -> bool:
     """Triton kernels run on a CUDA device, and on the CPU only under the interpreter."""
-    return device.type == "cuda" or (device.type == "cpu" and is_interpreting())
+    return device.type == "cuda" or (device.type == "cpu" and interpreter_runs())
+
+
+def kernels_refusal(device: torch.device) -> str | None:
+    """Why the kernels do not run on `device` (None: they do), with what would make them run."""
+    if kernels_run_on(device):
+        return None
+    if device.type == "cpu" and is_interpreting():
+        return (
+            f"the kernels do not run on {device}: TRITON_INTERPRET=1 was set after flashrt_ros's kernels were "
+            "imported (set it before they are imported)"
+        )
+    return (
+        f"the kernels do not run on {device} (a CUDA GPU, or the CPU under TRITON_INTERPRET=1 set before "
+        "flashrt_ros's kernels are imported)"
+    )
 
 
 def _kernel_input(x: Tensor, *params: Tensor | None) -> bool:
@@ -97,6 +157,35 @@ def _takes_one_tensor(module: nn.Module) -> bool:
     except (TypeError, ValueError):
         return False
     return len(params) == 1 and params[0].kind in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD)
+
+
+def _tensors_refusal(module: nn.Module, read: tuple[str, ...]) -> str | None:
+    """Why `module` does not fit if its parameters (recursively) and persistent buffers are not
+    exactly those the replacement reads: one it ignores (a bias still at zero when adopted, a
+    loaded one later) would change the result unseen; one it reads must be there."""
+    params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
+    buffers = {
+        f"{prefix}.{n}" if prefix else n
+        for prefix, m in module.named_modules(remove_duplicate=False)
+        for n, b in m._buffers.items()
+        if b is not None and n not in m._non_persistent_buffers_set
+    }
+    extra_params, extra_buffers = sorted(params - set(read)), sorted(buffers - set(read))
+    if extra_params:
+        return f"has parameters other than {', '.join(read)}: {', '.join(extra_params)}"
+    if extra_buffers:
+        return f"has buffers other than {', '.join(read)}: {', '.join(extra_buffers)}"
+    missing = [n for n in read if n not in params | buffers]
+    return f"lacks parameters {', '.join(missing)}" if missing else None
+
+
+def _first_refusal(*checks: Callable[[], str | None]) -> str | None:
+    """The first reason the checks give, in order (later checks may rely on earlier ones passing)."""
+    for check in checks:
+        why = check()
+        if why is not None:
+            return why
+    return None
 
 
 def is_tanh_gelu(act: object) -> bool:
@@ -125,7 +214,7 @@ def _contiguous_rows(x: Tensor) -> Tensor:
 
 def _fused_gate_up_runs_on(device: torch.device) -> bool:
     """`gate_up_geglu` runs there: sm_90+ with its shared memory (asked once per GPU), or the interpreter."""
-    return _cuda_runs_gate_up(device.index or 0) if device.type == "cuda" else is_interpreting()
+    return _cuda_runs_gate_up(device.index or 0) if device.type == "cuda" else interpreter_runs()
 
 
 @functools.cache
@@ -138,64 +227,154 @@ def _tma_rows(rows: Tensor) -> bool:
     return (rows.stride(0) * rows.element_size()) % 16 == 0 and rows.data_ptr() % 16 == 0
 
 
-class RMSNormForward(AdoptedForward):
-    def __init__(self, module: nn.Module, eps: float, unit_offset: bool):
-        super().__init__(module)
-        self.eps, self.unit_offset = eps, unit_offset
+@dataclass(frozen=True)
+class NormConvention:
+    """What an RMSNorm module computes, as its probe showed.
 
-    def __call__(self, x: Tensor) -> Tensor:
+    unit_offset: it scales by ``1 + w`` (Gemma's family), else by ``w`` (Llama's).
+    dtype_rule: the dtype it returns for input and weight of different dtypes: "input" (x's:
+        torch.nn.RMSNorm, Gemma's, Helium's), "promoted" (of x and w: Llama's), or "same" (its
+        forward raised on mixed dtypes: ours runs only where they agree).
+    """
+
+    unit_offset: bool
+    dtype_rule: str
+
+    def out_dtype(self, x: torch.dtype, w: torch.dtype) -> torch.dtype | None:
+        """The dtype the module returns for these; None where it takes no such mix."""
+        if x == w or self.dtype_rule == "input":
+            return x
+        return torch.promote_types(x, w) if self.dtype_rule == "promoted" else None
+
+
+MIXED_PROBE_DTYPE = {torch.float32: torch.bfloat16, torch.bfloat16: torch.float16, torch.float16: torch.bfloat16}
+"""The input dtype of the mixed-dtype probe, by weight dtype: one whose promotion with the
+weight's is neither (so that the output tells "input" from "promoted"); fp32 for other weights."""
+
+
+class RMSNormForward(AdoptedForward):
+    def __init__(self, module: nn.Module, eps: float, convention: NormConvention):
+        super().__init__(module)
+        self.eps, self.convention = eps, convention
+
+    def kernel(self, x: Tensor) -> Tensor | None:
         w = self.module.weight
         if not _kernel_input(x, w) or not w.is_contiguous() or w.device != x.device:
-            return self.own(x)
-        # Gemma's convention returns x's dtype, Llama's the product's (fp32 weights: fp32 out);
-        # a fresh output keeps permuted leading dims out of the kernel's row view
-        dtype = x.dtype if self.unit_offset else torch.promote_types(w.dtype, x.dtype)
-        out = torch.empty(x.shape, dtype=dtype, device=x.device)
-        return rms_norm(_contiguous_rows(x), w, self.eps, out=out, unit_offset=self.unit_offset)
+            return None
+        dtype = self.convention.out_dtype(x.dtype, w.dtype)  # the dtype the module itself returns
+        if dtype not in KERNEL_DTYPES:  # a mix its own forward rejects, or an fp64 product
+            return None
+        out = torch.empty(x.shape, dtype=dtype, device=x.device)  # keeps permuted leading dims out of the row view
+        return rms_norm(_contiguous_rows(x), w, self.eps, out=out, unit_offset=self.convention.unit_offset)
 
 
 class RMSNormReplacement(Replacement):
-    """RMSNorm over the last dim (HF's GemmaRMSNorm, LlamaRMSNorm and their kin) -> `kernels.rms_norm`.
+    """RMSNorm over the last dim (HF's GemmaRMSNorm, LlamaRMSNorm, torch.nn.RMSNorm and their
+    kin) -> `kernels.rms_norm`.
 
-    Two conventions are in use: Gemma's family (and others: Qwen3-Next) scales by ``1 + w``, Llama's
-    (Qwen2, Mistral, SmolLM) by ``w``. Names do not tell them apart reliably, so each module is
-    probed: it fits if its own forward on random rows (with a mean, so that a LayerNorm does not
-    pass for one) matches one of the two, and is then run with that one. The kernel computes in
-    fp32 and rounds once, into the dtype the module returns (Llama's casts the normed row to the
+    Two scalings are in use: Gemma's family (and others: Qwen3-Next) scales by ``1 + w``, Llama's
+    (Qwen2, Mistral, SmolLM) by ``w``; and two output dtypes where the weight's dtype is not the
+    input's (LeRobot keeps norm weights in fp32 beside bf16 activations): the input's
+    (torch.nn.RMSNorm, Gemma's, Helium's) or the promoted one (Llama's). Names tell neither apart
+    reliably, so each module is probed (`convention`) and then run the way it computes. The
+    kernel computes in fp32 and rounds once, into that dtype (Llama's casts the normed row to the
     input's dtype before scaling: one bf16 rounding less here)."""
 
     name = "rms_norm"
-    summary = "RMSNorm (1+w or w, probed) -> Triton rms_norm"
+    summary = "RMSNorm (1+w or w, output dtype probed) -> Triton rms_norm"
 
-    def fits(self, module: nn.Module) -> bool:
-        weight = getattr(module, "weight", None)
-        return (
-            type(module).__name__.endswith("RMSNorm")
-            and isinstance(weight, Tensor)
-            and weight.dim() == 1
-            and self._eps(module) is not None
-            and _takes_one_tensor(module)
-            and self._unit_offset(module) is not None
+    def candidate(self, module: nn.Module) -> bool:
+        return type(module).__name__.endswith("RMSNorm")
+
+    def refusal(self, module: nn.Module) -> str | None:
+        return _first_refusal(
+            lambda: self._weight_refusal(module),
+            lambda: _tensors_refusal(module, ("weight",)),
+            lambda: "forward takes more than one tensor" if not _takes_one_tensor(module) else None,
+            lambda: self._probe_refusal(module),
         )
 
     @staticmethod
-    def _eps(module: nn.Module) -> float | None:
+    def _weight_refusal(module: nn.Module) -> str | None:
+        weight = getattr(module, "weight", None)
+        if not (isinstance(weight, Tensor) and weight.dim() == 1 and weight.is_floating_point()):
+            return "weight is not a 1-D floating-point tensor"
+        if weight.is_meta:
+            return "weight is on the meta device"
         eps = getattr(module, "eps", getattr(module, "variance_epsilon", None))
-        return float(eps) if isinstance(eps, (int, float)) else None
+        if eps is None:
+            return "eps is None"
+        return None if isinstance(eps, (int, float)) else f"eps is a {type(eps).__name__}, not a number"
+
+    def _probe_refusal(self, module: nn.Module) -> str | None:
+        try:
+            self.convention(module)
+        except Refused as why:
+            return str(why)
+        return None
+
+    @staticmethod
+    def _eps(module: nn.Module) -> float:
+        return float(getattr(module, "eps", getattr(module, "variance_epsilon", None)))
+
+    def convention(self, module: nn.Module) -> NormConvention:
+        """How the module computes, from its own forward on random rows (with a mean, so that a
+        LayerNorm does not pass for one): first in the weight's dtype (the scaling), then in
+        another (the output dtype). Raises `Refused` for a module that computes neither."""
+        w = module.weight
+        rows = torch.randn(4, w.shape[0], generator=torch.Generator().manual_seed(0)) + 1.0
+        x = rows.to(w.device, w.dtype)
+        got = self._probed(module, x, "probe")
+        unit_offset = self._scaling(got, x, w, self._eps(module))
+        if unit_offset is None:
+            raise Refused("probe output is neither (1+w) nor w scaling")
+        if got.dtype != x.dtype:
+            raise Refused(f"probe output is {got.dtype} for {x.dtype} rows and weight")
+        return NormConvention(unit_offset, self._dtype_rule(module, rows, unit_offset))
 
     def _unit_offset(self, module: nn.Module) -> bool | None:
-        """True for ``1 + w``, False for ``w``, None if the module's output on a probe is neither."""
-        w, eps = module.weight, self._eps(module)
-        probe = torch.randn(4, w.shape[0], generator=torch.Generator().manual_seed(0)) + 1.0
-        x = probe.to(device=w.device, dtype=w.dtype if w.dtype in KERNEL_DTYPES else torch.float32)
+        """True for ``1 + w``, False for ``w``, None if the module does not fit (its convention's scaling)."""
+        try:
+            return self.convention(module).unit_offset
+        except Refused:
+            return None
+
+    def _dtype_rule(self, module: nn.Module, rows: Tensor, unit_offset: bool) -> str:
+        """The module's dtype rule: "input" or "promoted", the dtype it returns for rows of another
+        dtype than its weight's; "same" if its forward raises on them."""
+        w = module.weight
+        x = rows.to(w.device, MIXED_PROBE_DTYPE.get(w.dtype, torch.float32))
+        try:
+            got = self._probed(module, x, "mixed-dtype probe")
+        except Refused as why:
+            if isinstance(why.__cause__, Exception):
+                return "same"  # its forward takes no mix: ours runs only where the dtypes agree
+            raise
+        promoted = torch.promote_types(x.dtype, w.dtype)
+        rule = {x.dtype: "input", promoted: "promoted"}.get(got.dtype)
+        if rule is None:
+            raise Refused(f"mixed-dtype probe output is {got.dtype}, neither the input's {x.dtype} nor {promoted}")
+        if self._scaling(got, x, w, self._eps(module)) is not unit_offset:
+            raise Refused("mixed-dtype probe output is not the RMSNorm of the same-dtype probe")
+        return rule
+
+    @staticmethod
+    def _probed(module: nn.Module, x: Tensor, what: str) -> Tensor:
+        """The module's forward on `x`, which must be a tensor of x's shape."""
         try:
             with torch.no_grad():
                 got = module.forward(x)
-        except Exception:  # a forward that cannot take a plain row is not a plain RMSNorm
-            return None
+        except Exception as exc:
+            raise Refused(f"{what} raised {type(exc).__name__}") from exc
         if not isinstance(got, Tensor) or got.shape != x.shape:
-            return None
-        tol = 1e-5 if got.dtype == torch.float32 else 2e-2
+            raise Refused(f"{what} output is not a tensor of the input's shape")
+        return got
+
+    @staticmethod
+    def _scaling(got: Tensor, x: Tensor, w: Tensor, eps: float) -> bool | None:
+        """True if `got` is x normed and scaled by ``1 + w``, False if by ``w``, None if neither."""
+        exact = all(d in (torch.float32, torch.float64) for d in (got.dtype, x.dtype))  # else one 8- or 11-bit rounding
+        tol = 1e-5 if exact else 2e-2
         for unit_offset in (True, False):
             want = rms_norm_ref(x.float(), w.float(), eps, unit_offset=unit_offset)
             if torch.allclose(got.float(), want, rtol=tol, atol=tol):
@@ -203,31 +382,34 @@ class RMSNormReplacement(Replacement):
         return None
 
     def build(self, module: nn.Module) -> AdoptedForward:
-        unit_offset = self._unit_offset(module)
-        if unit_offset is None:
-            raise ValueError(f"{type(module).__name__} no longer computes an RMSNorm on the probe")
-        return RMSNormForward(module, self._eps(module), unit_offset)
+        return RMSNormForward(module, self._eps(module), self.convention(module))
 
 
 class LayerNormForward(AdoptedForward):
-    def __call__(self, x: Tensor) -> Tensor:
+    def kernel(self, x: Tensor) -> Tensor | None:
         m = self.module
         w, b = m.weight, m.bias
         params = [p for p in (w, b) if p is not None]
         if not _kernel_input(x, w, b) or any(not p.is_contiguous() or p.device != x.device for p in params):
-            return self.own(x)
+            return None
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         return layer_norm(_contiguous_rows(x), w, b, m.eps, out=out)
 
 
 class LayerNormReplacement(Replacement):
-    """`nn.LayerNorm` over the last dim (SigLIP's, and most vision encoders') -> `kernels.layer_norm`."""
+    """`nn.LayerNorm` over the last dim (SigLIP's, and most vision encoders') -> `kernels.layer_norm`.
+    Only the class itself: a subclass may compute something else with the same parameters."""
 
     name = "layer_norm"
     summary = "nn.LayerNorm -> Triton layer_norm"
 
-    def fits(self, module: nn.Module) -> bool:
-        return type(module) is nn.LayerNorm and len(module.normalized_shape) == 1
+    def candidate(self, module: nn.Module) -> bool:
+        return isinstance(module, nn.LayerNorm)
+
+    def refusal(self, module: nn.Module) -> str | None:
+        if type(module) is not nn.LayerNorm:
+            return f"a subclass of nn.LayerNorm ({type(module).__name__})"
+        return None if len(module.normalized_shape) == 1 else "normalizes more than the last dim"
 
     def build(self, module: nn.Module) -> AdoptedForward:
         return LayerNormForward(module)
@@ -249,12 +431,12 @@ class GegluForward(AdoptedForward):
         # (a copy of an adopted module made inside `unpatched()` holds one already: replaced)
         module.register_buffer(GATE_UP_BUFFER, w_gu, persistent=False)
 
-    def __call__(self, x: Tensor) -> Tensor:
+    def kernel(self, x: Tensor) -> Tensor | None:
         m = self.module
         w_gu = m._buffers[GATE_UP_BUFFER]
         runs = _kernel_input(x, m.gate_proj.weight, m.up_proj.weight)
         if not runs or x.dtype != w_gu.dtype or x.device != w_gu.device:
-            return self.own(x)
+            return None
         rows = x.reshape(-1, x.shape[-1]).contiguous()  # [T, K]
         if self.block and x.dtype != torch.float16 and _fused_gate_up_runs_on(x.device) and _tma_rows(rows):
             act = gate_up_geglu(rows, w_gu, self.block)  # [T, F]
@@ -282,25 +464,40 @@ class GegluMLPReplacement(Replacement):
 
     name = "geglu_mlp"
     summary = "Gemma MLP -> gate|up GEMM + GeGLU (Triton epilogue), copy of gate|up weights"
+    PARAMETERS = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
 
-    def fits(self, module: nn.Module) -> bool:
-        gate, up, down = (getattr(module, n, None) for n in ("gate_proj", "up_proj", "down_proj"))
+    def candidate(self, module: nn.Module) -> bool:
+        return all(getattr(module, n, None) is not None for n in ("gate_proj", "up_proj", "down_proj"))
+
+    def refusal(self, module: nn.Module) -> str | None:
+        return _first_refusal(
+            lambda: self._linears_refusal(module),
+            lambda: "act_fn is not tanh-GELU" if not is_tanh_gelu(getattr(module, "act_fn", None)) else None,
+            lambda: _tensors_refusal(module, self.PARAMETERS),
+            lambda: "forward takes more than one tensor" if not _takes_one_tensor(module) else None,
+        )
+
+    @staticmethod
+    def _linears_refusal(module: nn.Module) -> str | None:
+        gate, up, down = module.gate_proj, module.up_proj, module.down_proj
+        if not all(isinstance(m, nn.Linear) for m in (gate, up, down)):
+            return "gate_proj / up_proj / down_proj are not all nn.Linear"
         if not (_linear(gate, False) and _linear(up, False) and _linear(down, False)):
-            return False
-        shapes_agree = gate.weight.shape == up.weight.shape and down.in_features == gate.out_features
-        act = getattr(module, "act_fn", None)
-        return shapes_agree and _takes_one_tensor(module) and is_tanh_gelu(act)
+            return "linears have biases"
+        if gate.weight.shape != up.weight.shape or down.in_features != gate.out_features:
+            return "gate_proj / up_proj / down_proj shapes disagree"
+        return None
 
     def build(self, module: nn.Module) -> AdoptedForward:
         return GegluForward(module)
 
 
 class GeluForward(AdoptedForward):
-    def __call__(self, x: Tensor) -> Tensor:
+    def kernel(self, x: Tensor) -> Tensor | None:
         fc1 = self.module.fc1
         w, b = fc1.weight, fc1.bias
         if not _kernel_input(x, w, b) or x.dtype != w.dtype or b.dtype != w.dtype or x.device != w.device:
-            return self.own(x)
+            return None
         rows = x.reshape(-1, x.shape[-1])  # [T, K]
         b = b.contiguous()
         if rows.is_cuda:
@@ -317,12 +514,27 @@ class GeluMLPReplacement(Replacement):
 
     name = "gelu_mlp"
     summary = "SigLIP MLP -> fc1 with bias+GELU(tanh) epilogue"
+    PARAMETERS = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
 
-    def fits(self, module: nn.Module) -> bool:
-        fc1, fc2 = getattr(module, "fc1", None), getattr(module, "fc2", None)
-        if not (_linear(fc1, True) and _linear(fc2, True) and fc2.in_features == fc1.out_features):
-            return False
-        return _takes_one_tensor(module) and is_tanh_gelu(getattr(module, "activation_fn", None))
+    def candidate(self, module: nn.Module) -> bool:
+        return getattr(module, "fc1", None) is not None and getattr(module, "fc2", None) is not None
+
+    def refusal(self, module: nn.Module) -> str | None:
+        return _first_refusal(
+            lambda: self._linears_refusal(module),
+            lambda: None if is_tanh_gelu(getattr(module, "activation_fn", None)) else "activation_fn is not tanh-GELU",
+            lambda: _tensors_refusal(module, self.PARAMETERS),
+            lambda: "forward takes more than one tensor" if not _takes_one_tensor(module) else None,
+        )
+
+    @staticmethod
+    def _linears_refusal(module: nn.Module) -> str | None:
+        fc1, fc2 = module.fc1, module.fc2
+        if not (isinstance(fc1, nn.Linear) and isinstance(fc2, nn.Linear)):
+            return "fc1 / fc2 are not both nn.Linear"
+        if not (_linear(fc1, True) and _linear(fc2, True)):
+            return "linears lack biases"
+        return None if fc2.in_features == fc1.out_features else "fc1 / fc2 shapes disagree"
 
     def build(self, module: nn.Module) -> AdoptedForward:
         return GeluForward(module)

@@ -22,6 +22,12 @@ def is_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+INTERPRETING_AT_IMPORT = is_interpreting()
+"""Whether ``TRITON_INTERPRET`` was set when the kernels were imported (this module is imported by
+each of them first). ``triton.jit`` decides at decoration whether a kernel is interpreted: set
+later, the variable makes `is_interpreting` say yes while the kernels still want a GPU driver."""
+
+
 def row_block(width: int) -> int:
     """Power-of-two block that holds a whole row of ``width`` elements."""
     block = triton.next_power_of_2(max(int(width), 1))
