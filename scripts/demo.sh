@@ -61,7 +61,8 @@ pids+=($!)
 # the console in the background, waited for: bash runs the INT / TERM traps only between
 # commands, so a console in the foreground held off a SIGTERM until its duration ran out
 rc=0
-python -m flashrt_ros.ros.echo --node /flashrt_node --duration "$DURATION" --every 10 &
+# the node takes a few seconds to load its policy: no hint about a missing publisher meanwhile
+python -m flashrt_ros.ros.echo --node /flashrt_node --duration "$DURATION" --every 10 --hint-after 20 &
 console=$!
 pids+=("$console")
 wait "$console" || rc=$?

@@ -115,5 +115,5 @@ def test_bad_arguments_exit_2_with_one_line(ros_env):
     # nothing publishes there: said after a few seconds, not silence until the end
     done = echo("--node", "/nobody/", "--duration", "5")
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "echo: no publisher of /nobody/action_chunk (nodes seen: " in done.stdout, done.stdout
+    assert "echo: no publisher of /nobody/action_chunk yet (nodes seen: " in done.stdout, done.stdout
     assert done.stdout.rstrip().endswith("echo: no action chunks received")

@@ -32,7 +32,7 @@ from flashrt_ros.ros.params import rcl_reason
 
 INPUT_REASONS = REASONS | {"absent"}
 """What an input topic's counters are; anything else keyed by a name is a service's or the prompt's."""
-SILENT_S = 3.0
+SILENT_S = 3.0  # the default of --hint-after
 """After this long with no chunk, say whether anything publishes them (a wrong --node is silent)."""
 
 
@@ -164,7 +164,10 @@ class Echo(Node):
         if self.count_publishers(self.topic):
             return f"echo: {self.topic} has a publisher but no chunk came yet (inputs missing? see its ~/status)"
         seen = sorted(f"{ns.rstrip('/')}/{n}" for n, ns in self.get_node_names_and_namespaces() if n != self.get_name())
-        return f"echo: no publisher of {self.topic} (nodes seen: {', '.join(seen) or 'none'}); check --node"
+        return (
+            f"echo: no publisher of {self.topic} yet (nodes seen: {', '.join(seen) or 'none'}); "
+            "check --node, or the node is still starting (loading its policy)"
+        )
 
 
 def _seconds(text: str) -> float:
@@ -190,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=_seconds, default=0.0, help="exit after this many seconds (0 = Ctrl-C)")
     parser.add_argument("--every", type=_every, default=1, help="print every Nth chunk")
     parser.add_argument("--quiet", action="store_true", help="print only the summary at the end")
+    parser.add_argument(
+        "--hint-after",
+        type=_seconds,
+        default=SILENT_S,
+        help="seconds without a chunk before saying why (no publisher, or one that has not published)",
+    )
     try:
         rest = remove_ros_args(argv)[1:]
     except RCLError as exc:
@@ -211,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         while rclpy.ok() and time.monotonic() < deadline:
             executor.spin_once(timeout_sec=0.1)
-            if not hinted and not node.chunks and time.monotonic() - start > SILENT_S:
+            if not hinted and not node.chunks and time.monotonic() - start > args.hint_after:
                 print(node.silence_hint(), flush=True)
                 hinted = True
     except (KeyboardInterrupt, ExternalShutdownException):
