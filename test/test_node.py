@@ -862,10 +862,15 @@ def test_diagnostics_name_only_what_can_stop_a_decision(rclpy_context):
             ("", "policy_error"),
         ]:
             node.invalid[key] += 1
+        node._our_failure("command_failed", "a command stream failure stops no decision")
         level, message = node._health(*node._snapshot_with_baseline(advance=True))
         assert level == DiagnosticStatus.ERROR, message
         assert message.endswith(f"(policy_error, stale {cam})"), message
+        node._our_failure("decision_failed", "a decision tick's own failure stops it")
+        level, message = node._health(*node._snapshot_with_baseline(advance=True))
+        assert message.endswith(f"(policy_error, stale {cam}, node_error (decision tick))"), message
         node._invalid_at_decision = dict(node.invalid)  # the cause's counts as of a decision
+        node._tick_failures_at_decision = node._tick_failures
         node._blocking, node._deciding = frozenset(), True
         level, message = node._health(*node._snapshot_with_baseline(advance=True))
         assert message.endswith("(the inputs are good again; a decision is computing)"), message

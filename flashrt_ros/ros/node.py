@@ -123,12 +123,11 @@ MIN_JUMP_BACK_S = 0.001
 NODE_ERROR = "node_error"
 """A failure of ours caught where it cannot stop the node: real-time chunking, the command stream,
 the status, or a decision tick outside the policy (the policy's own is policy_error)."""
-STOPS_DECISIONS = frozenset(
-    {POLICY_ERROR, PROMPT_TOO_LONG, NON_FINITE_ACTION, NODE_ERROR, CLOCK_STALLED, CLOCK_JUMPED_BACK}
-)
+STOPS_DECISIONS = frozenset({POLICY_ERROR, PROMPT_TOO_LONG, NON_FINITE_ACTION, CLOCK_STALLED, CLOCK_JUMPED_BACK})
 """The node-wide events that can stop a decision: /diagnostics names them (with the inputs that
 did) as why none ran; a refused parameter, prompt or capsule call, a limited command or an
-exhausted chunk stop none, or follow from the outage itself."""
+exhausted chunk stop none, or follow from the outage itself. A node_error stops one only where
+the decision tick itself failed (counted apart: the command stream's and the status's do not)."""
 
 
 # ---- the node ------------------------------------------------------------------------------
@@ -319,6 +318,8 @@ class FlashRTNode(Node):
         self._invalid_at_decision: dict[tuple[str, str], int] = {}  # the counts when the last decision ran
         self._blocking: frozenset[str] = frozenset()  # the inputs that stopped the last decision tick
         self._deciding = False  # a decision past its inputs' checks is computing (the first after an outage)
+        self._tick_failures = 0  # decision ticks that failed outside the policy (node_error), and as of
+        self._tick_failures_at_decision = 0  # the last decision
         self._last_stats_log = time.monotonic()
         self._clock_watch = ClockWatch()
         self._last_decision_ros_ns = self.get_clock().now().nanoseconds
@@ -1133,6 +1134,7 @@ class FlashRTNode(Node):
             took_s = self._took_s(began, (end_ns - start_ns) / 1e9)
             self._decision_s.append(took_s)
             self._invalid_at_decision = dict(self.invalid)
+            self._tick_failures_at_decision = self._tick_failures
             self._blocking = frozenset()
             if took_s > 1.0 / cfg.rate_hz:
                 self.deadline_misses += 1
@@ -1153,6 +1155,8 @@ class FlashRTNode(Node):
         """A failure of ours caught where it cannot stop the node: counted as node_error and logged
         at ERROR, throttled per `what`."""
         self._count_node_wide(NODE_ERROR)
+        if what == "decision_failed":  # the one node_error that stops a decision: /diagnostics says it
+            self._tick_failures += 1
         self._throttle((what,), "error", f"[{NODE_ERROR}] {text}")
 
     def _count_node_wide(self, reason: str) -> None:
@@ -1362,11 +1366,14 @@ class FlashRTNode(Node):
             # absent just after a reset and arriving since is not named) and node-wide
             since = counts_since(snap.invalid, self._invalid_at_decision)
             blocking, inputs = self._blocking, self._input_topics
-            why = ", ".join(
+            causes = [
                 f"{r} {t}".strip()
                 for (t, r) in sorted(since)
                 if t in blocking or (t not in inputs and r in STOPS_DECISIONS)
-            )
+            ]
+            if self._tick_failures > self._tick_failures_at_decision:
+                causes.append(f"{NODE_ERROR} (decision tick)")
+            why = ", ".join(causes)
             why = why or ("the inputs are good again; a decision is computing" if self._deciding else "no decision ran")
             if self._clock_watch.stalled:
                 why = self._clock_watch.describe(time.monotonic())
