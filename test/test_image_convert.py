@@ -102,13 +102,15 @@ def test_big_endian_multibyte(encoding: str, pad: int) -> None:
     np.testing.assert_array_equal(image_to_rgb(msg), expected)
 
 
-def test_a_float_frame_without_a_finite_pixel_is_refused_one_with_some_is_not() -> None:
+def test_a_float_frame_of_nan_alone_is_refused_one_with_readings_is_not() -> None:
     """NaN is a depth image's "no reading here" (0), but a frame of nothing else has nothing to
-    see: refused, not turned into a black image the policy would act on."""
-    for fill in (np.nan, np.inf, -np.inf):
-        with pytest.raises(InputError, match=r"\[non_finite_image\] /depth: 32FC1 frame of 5x7 has no finite") as info:
-            image_to_rgb(make_msg("32FC1", np.full((H, W, 1), fill, np.float32)), source="/depth")
-        assert info.value.reason == "non_finite_image"
+    see: refused, not turned into a black image the policy would act on. +/-inf are readings
+    (REP 117: nothing in range, too close): a frame of them converts."""
+    with pytest.raises(InputError, match=r"\[non_finite_image\] /depth: 32FC1 frame of 5x7 is NaN everywhere") as info:
+        image_to_rgb(make_msg("32FC1", np.full((H, W, 1), np.nan, np.float32)), source="/depth")
+    assert info.value.reason == "non_finite_image"
+    for fill, grey in ((np.inf, 255), (-np.inf, 0)):
+        assert (image_to_rgb(make_msg("32FC1", np.full((H, W, 1), fill, np.float32))) == grey).all()
     holes = np.full((H, W, 1), np.nan, np.float32)
     holes[1, 2] = 0.5
     rgb = image_to_rgb(make_msg("32FC1", holes))

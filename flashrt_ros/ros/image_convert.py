@@ -15,8 +15,9 @@ Conversion rules (the policy sees what these say, so they are part of the contra
   full-scale 8-bit. For depth in millimetres that means ~0.26 m per grey level; a policy
   that wants metric depth must get it through another path, not this RGB one.
 - ``32FC1`` maps [0, 1] to 0..255 (rounded to nearest), clipping outside; NaN -> 0,
-  +inf -> 255, -inf -> 0 (a depth image's "no reading here"). A frame with no finite pixel at
-  all is refused (``non_finite_image``). Publishers of float depth in metres should normalise first.
+  +inf -> 255, -inf -> 0 (REP 117: NaN is "no reading", +inf "nothing in range", -inf "too
+  close"). A frame of NaN alone is refused (``non_finite_image``): no reading anywhere. Publishers
+  of float depth in metres should normalise first.
 - ``is_bigendian`` is honoured for the 16- and 32-bit encodings; ``step`` (row stride,
   may include padding) is honoured for all of them.
 
@@ -148,11 +149,11 @@ def image_to_rgb(
     if layout.dtype != "u1":
         rows = rows.view(np.dtype(layout.dtype).newbyteorder(">" if msg.is_bigendian else "<"))
     pixels = rows.reshape(height, width, layout.channels)
-    if layout.dtype == "f4" and not np.isfinite(pixels).any():
+    if layout.dtype == "f4" and np.isnan(pixels).all():
         raise InputError(
             NON_FINITE_IMAGE,
             source,
-            f"{encoding} frame of {height}x{width} has no finite pixel (NaN / inf everywhere: no reading); "
+            f"{encoding} frame of {height}x{width} is NaN everywhere (no reading at any pixel); "
             "expected values in [0, 1], NaN only where there is no reading",
         )
     return _finish(layout.to_rgb(pixels), out)

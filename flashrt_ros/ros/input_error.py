@@ -20,9 +20,9 @@ TRUNCATED_DATA = "truncated_data"
 DECODE_FAILED = "decode_failed"
 """A compressed image that the decoder could not read."""
 NON_FINITE_IMAGE = "non_finite_image"
-"""A float (``32FC1``) frame with no finite pixel: a depth camera with no reading anywhere. Some
-NaN pixels are a depth image's way to say "no reading there" (they become 0); all of them leave
-nothing to see."""
+"""A float (``32FC1``) frame that is NaN at every pixel: a depth camera with no reading anywhere.
+Some NaN pixels are a depth image's way to say "no reading there" (they become 0), and +/-inf
+are readings (REP 117: nothing in range / too close); NaN alone leaves nothing to see."""
 MISSING_JOINT = "missing_joint"
 """A configured joint name is not in the JointState message."""
 DUPLICATE_JOINT = "duplicate_joint"
