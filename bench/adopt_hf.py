@@ -18,7 +18,6 @@ import copy
 import os
 import time
 from collections.abc import Mapping
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -85,7 +84,7 @@ def main() -> None:
         "--iters", type=int, default=50, help="timed calls per mode (a multiple of 5: 5 alternating rounds)"
     )
     ap.add_argument("--compile-mode", default="default")
-    ap.add_argument("--out", type=out_folder, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
     if args.iters < 10 or args.iters % 5:
         ap.error(f"--iters must be a multiple of 5 (5 alternating rounds), at least 10, got {args.iters}")

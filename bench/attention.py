@@ -10,7 +10,6 @@ tokens, 16 heads of dim 72) under each SDPA backend and our packed kernel. GPU o
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -153,7 +152,7 @@ def prefix(args: argparse.Namespace) -> dict[str, dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=out_folder, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default="out")
     ap.add_argument("--tokens", type=int, default=968)
     ap.add_argument("--valid", type=int, default=930, help="valid tokens; the rest are padded keys")
     ap.add_argument("--views", type=int, default=3)

@@ -137,6 +137,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="folder for the JSON")
     parser.add_argument("--baseline-publisher", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from flashrt_ros.bench.args import out_problem  # stdlib only: checked before the run, not after
+
+    if args.out is not None and out_problem(args.out):
+        parser.error(out_problem(args.out))
     if args.baseline_publisher:
         baseline_publisher(args.command_rate, 14)
         return 0

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 import torch
 
@@ -96,7 +95,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--only", default="", help="comma-separated words: run only the variants naming one")
-    ap.add_argument("--out", type=out_folder, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
     dev = torch.device("cuda")
     plan, weights, h0, h, (k, v, kb, qb, rope), step = make_problem(dev)

@@ -9,7 +9,6 @@ cuBLAS bf16 and cuBLASLt's row-scaled `_scaled_mm`, cold weights, alternating ro
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 import triton
@@ -70,7 +69,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--out", type=out_folder, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
     dev = torch.device("cuda")
     torch.manual_seed(0)

@@ -13,7 +13,6 @@ scales). Each FP8 row's max abs is against its bf16 row (FP8's rounding, not a b
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
@@ -136,7 +135,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--layers", type=int, default=2, help="distinct weights per GEMM (cold in L2)")
-    ap.add_argument("--out", type=out_folder, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
     dev = torch.device("cuda")
     if not supports_gate_up_geglu(dev):

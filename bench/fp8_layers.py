@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import re
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -84,7 +83,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--down", action="store_true", help="the down projection's sets (DOWN_SETS) instead")
     ap.add_argument("--attn", action="store_true", help="the attention projections' sets (ATTN_SETS) instead")
-    ap.add_argument("--out", type=out_folder, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
     dev = torch.device(args.device)
     cfg = PolicyConfig.preset(args.policy, num_views=args.views, dtype="float32")

@@ -9,7 +9,6 @@ the fp32 reference (same inputs and noise). GPU only.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
@@ -41,7 +40,7 @@ def main() -> None:
     ap.add_argument("--views", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--down-from", default="1,9", help="comma list of PREFIX_DOWN_FP8_FROM values to try")
-    ap.add_argument("--out", type=out_folder, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
     dev = torch.device("cuda")
     cfg = PolicyConfig.preset(args.policy, num_views=args.views, dtype="float32")

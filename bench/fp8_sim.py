@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -109,7 +108,7 @@ def main() -> None:
     ap.add_argument(
         "--only", default="", help="comma-separated linear names, e.g. q_proj,k_proj,v_proj,gate_proj,up_proj"
     )
-    ap.add_argument("--out", type=out_folder, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
     dev = torch.device(args.device)
     cfg = PolicyConfig.preset(args.policy, num_views=args.views, dtype="float32")

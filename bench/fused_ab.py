@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from pathlib import Path
 from types import ModuleType
 
 import torch
@@ -50,7 +49,7 @@ def main() -> None:
     ap.add_argument("settings", nargs="+", help="NAME=v1;v2: values to alternate (one setting at a time)")
     ap.add_argument("--views", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", type=out_folder, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
     settings = [parse_setting(s) for s in args.settings]
     dev = torch.device("cuda")

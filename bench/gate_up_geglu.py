@@ -17,7 +17,6 @@ specialisation 197.6 / 211.4 / 217.5. Gate and up as two 128-column MMAs on the 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
@@ -33,7 +32,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--layers", type=int, default=2, help="distinct weights (134 MB each: cold in L2)")
-    ap.add_argument("--out", type=out_folder, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
     if not supports_gate_up_geglu(dev):

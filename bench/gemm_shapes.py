@@ -10,7 +10,6 @@ at 1024 rows shows what the 968-row tile tail costs. GPU only.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -57,7 +56,7 @@ def time_shape(rows: int, k: int, n: int, layers: int, gelu: bool, dev: torch.de
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", type=out_folder, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
     dev = torch.device("cuda")
     torch.manual_seed(0)

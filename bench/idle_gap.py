@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
-from pathlib import Path
 
 import torch
 from prefix_reuse import full_size_observation  # bench/ is on sys.path when run as a script
@@ -77,7 +76,7 @@ def main() -> None:
     ap.add_argument("--gaps-ms", default="0,20,100,500")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=20, help="decisions per gap and round")
-    ap.add_argument("--out", type=out_folder, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("idle_gap.py needs a CUDA GPU")

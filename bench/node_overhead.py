@@ -72,7 +72,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="keep Fast DDS's default 512 KiB shared-memory segment (frames then drop)",
     )
     p.add_argument("--out", default=None, help="folder for the JSON result")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    from flashrt_ros.bench.args import out_problem  # stdlib only: checked before the run, not after
+
+    if args.out is not None and out_problem(Path(args.out)):
+        p.error(out_problem(Path(args.out)))
+    return args
 
 
 def start_peers(args: argparse.Namespace, env: dict[str, str]) -> list[subprocess.Popen]:

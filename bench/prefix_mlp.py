@@ -9,7 +9,6 @@ GEMM accumulates the chunks (beta = 1). GPU only.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +31,7 @@ def chunked_weights(gate_up: torch.Tensor, down: torch.Tensor, chunks: int):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=968)
-    ap.add_argument("--out", type=out_folder, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
     torch.manual_seed(0)

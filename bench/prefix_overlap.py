@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 
@@ -97,7 +96,7 @@ def main() -> None:
     ap.add_argument("--views", type=int, default=3)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", type=out_folder, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
     dev = torch.device("cuda")
     _, _, fused = random_fused(args.policy, args.views, dev)

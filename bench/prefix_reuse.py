@@ -24,7 +24,6 @@ import argparse
 import copy
 import dataclasses
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -65,7 +64,7 @@ def rounds_parser(doc: str) -> argparse.ArgumentParser:
     ap.add_argument("--views", type=at_least(1), default=3)
     ap.add_argument("--rounds", type=at_least(1), default=5)
     ap.add_argument("--iters", type=at_least(1), default=20, help="decisions per round, mode and case")
-    ap.add_argument("--out", type=out_folder, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default="out")
     return ap
 
 
@@ -148,7 +147,7 @@ def main() -> None:
     )
     ap.add_argument("--warmup", type=at_least(1), default=3)
     ap.add_argument("--gap-ms", type=float, default=20.0, help="idle time before each decision (a 50 Hz node)")
-    ap.add_argument("--out", type=out_folder, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default="out")
     ap.add_argument("--tiny", action="store_true", help="tiny config on the CPU, reference only: a smoke test")
     args = ap.parse_args()
     dev = torch.device("cpu" if args.tiny else "cuda")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -41,7 +40,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", default="pi05")
     ap.add_argument("--views", type=int, default=3)
-    ap.add_argument("--out", type=out_folder, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
     dev = torch.device("cuda")
     _, _, fused = random_fused(args.policy, args.views, dev, model_dtype="bfloat16")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 from functools import partial
-from pathlib import Path
 
 import torch
 
@@ -23,7 +22,7 @@ CASES = {"siglip layer_norm 768x1152": (768, 1152, "ln"), "gemma rms_norm 968x20
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=out_folder, default=Path("out"))
+    ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
     torch.manual_seed(0)

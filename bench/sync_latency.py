@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 import triton
@@ -69,7 +68,7 @@ def measure(iters: int, device: torch.device) -> dict[str, float]:
 if __name__ == "__main__":
     cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cli.add_argument("--iters", type=int, default=20000)
-    cli.add_argument("--out", type=out_folder, default=Path("out"))
+    cli.add_argument("--out", type=out_folder, default="out")
     opts = cli.parse_args()
     dev = torch.device("cuda")
     found = measure(opts.iters, dev)

@@ -426,3 +426,16 @@ def test_bench_scripts_refuse_an_unusable_out_and_too_few_samples_before_the_run
     for text, message in (("2", "expected an integer >= 3, got 2"), ("x", "expected an integer, got 'x'")):
         with pytest.raises(argparse.ArgumentTypeError, match=message):
             at_least(3)(text)
+    # a script's default --out ("out" where it runs) is checked too: a file named out there
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    (tmp_path / "out").write_text("")
+    env = os.environ | {"PYTHONPATH": str(repo)}
+    for script, *args in (("prefix_reuse.py", "--tiny"), ("idle_gap.py",)):
+        argv = [sys.executable, str(repo / "bench" / script), *args]
+        done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and "--out 'out' is an existing file" in done.stderr, (script, done.stderr)
