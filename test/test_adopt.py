@@ -735,3 +735,30 @@ def test_each_kind_says_why_a_candidate_does_not_fit() -> None:
         assert replacement.candidate(module), type(module).__name__
         assert (replacement.refusal(module) or "").startswith(why), (type(module).__name__, replacement.refusal(module))
         assert not replacement.fits(module)
+
+
+def test_a_replacement_written_with_fits_alone_still_finds_its_modules() -> None:
+    """`Replacement` is public: one written before `candidate` / `refusal` were split says only
+    `fits` (and `build`); its modules are found, not reported as "no module fits"."""
+
+    class OwnLayerNorm(repl.Replacement):
+        name = "own_layer_norm"
+
+        def fits(self, module):
+            return type(module) is nn.LayerNorm
+
+        def build(self, module):
+            return repl.LayerNormForward(module)
+
+    model = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16)).to(DEVICE)
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    report = accelerate(model, lambda: model(x), PARITY_ONLY, (OwnLayerNorm(),))
+    (verdict,) = report.verdicts
+    assert verdict.modules == 1 and verdict.kept, verdict.row()
+    report.revert()
+
+    class Neither(repl.Replacement):
+        name = "neither"
+
+    with pytest.raises(NotImplementedError, match="Neither implements neither candidate"):
+        accelerate(model, lambda: model(x), PARITY_ONLY, (Neither(),))

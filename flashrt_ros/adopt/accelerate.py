@@ -201,6 +201,8 @@ def _fitting(replacement: Replacement, model: nn.Module) -> tuple[list[nn.Module
 def _candidate(replacement: Replacement, module: nn.Module) -> bool:
     try:
         return bool(replacement.candidate(module))
+    except NotImplementedError:  # a replacement without its checks: said, not read as "no module fits"
+        raise
     except Exception:  # a module whose attributes cannot be read is not one of ours
         return False
 

@@ -99,8 +99,12 @@ class Replacement:
         return f"{type(self).__name__}({self.name!r})"
 
     def candidate(self, module: nn.Module) -> bool:
-        """Whether `module` looks like this kind (by class or attributes); cheap, no probe."""
-        raise NotImplementedError
+        """Whether `module` looks like this kind (by class or attributes); cheap, no probe. A
+        replacement that says only `fits` (as before `candidate` and `refusal` were split) has
+        its candidates be the modules it fits."""
+        if type(self).fits is not Replacement.fits:
+            return self.fits(module)
+        raise NotImplementedError(f"{type(self).__name__} implements neither candidate() nor fits()")
 
     def refusal(self, module: nn.Module) -> str | None:
         """Why a candidate does not fit (None: it fits), so that the report can say it."""
