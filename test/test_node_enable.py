@@ -177,9 +177,56 @@ def test_a_pause_that_the_stop_signal_cut_short_still_holds_the_arm(rclpy_contex
         node._state_lock.release()
         pausing.join(5.0)
         assert sent == [], "the pause sent its hold point after all"
+        # the reply says what happened: the node was paused (it said "nothing was changed")
+        (reply,) = replies
+        assert reply.success and reply.message.startswith("paused and the commands stopped; the node is shutting down")
         node.hold_at_stop()
         assert len(sent) == 1 and len(sent[0].points) == 1, sent
         node.hold_at_stop()  # nothing newer since: nothing more
         assert len(sent) == 1
     finally:
         node.destroy_node()
+
+
+def test_a_pause_acts_at_once_also_behind_a_reset_waiting_for_the_decision(ros_env, rclpy_context, tmp_path):
+    """A reset waits for the decision in flight (1 s here) and held the services' one slot while
+    it did: a pause sent meanwhile did not start, the chunk in flight was published and the
+    commands went on for that decision. ~/enable has its own slot: the commands stop at once and
+    the chunk in flight is not published."""
+    import os
+    from pathlib import Path
+
+    from flashrt_ros.msg import ActionChunk
+    from node_harness import TEST_PARAMS, NodeProcess, Peer, new_namespace
+    from std_msgs.msg import Float64MultiArray
+    from std_srvs.srv import SetBool, Trigger
+
+    env = dict(ros_env, SLOW_DECIDE_S="1.0")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
+    params = TEST_PARAMS | {"command_rate_hz": 50.0, "max_age_s": 3.0, "step_duration_s": 0.5}
+    ns = new_namespace()
+    node = NodeProcess(env, tmp_path, ns, params, module="slow_policy_node")
+    peer = Peer(rclpy_context, ns)
+    try:
+        chunks, commands = [], []
+        sub = peer.node.create_subscription
+        sub(ActionChunk, f"{ns}/{NODE}/action_chunk", lambda m: chunks.append((time.monotonic(), m.chunk_id)), 50)
+        sub(Float64MultiArray, f"{ns}/{NODE}/joint_command", lambda m: commands.append(time.monotonic()), 500)
+        assert peer.pump(90.0, until=lambda: len(chunks) >= 2), node.tail()  # decisions back to back from here
+        reset = peer.node.create_client(Trigger, f"{ns}/{NODE}/reset")
+        pause = peer.node.create_client(SetBool, f"{ns}/{NODE}/enable")
+        assert reset.wait_for_service(timeout_sec=10.0) and pause.wait_for_service(timeout_sec=10.0)
+        peer.pump(0.2)
+        resetting = reset.call_async(Trigger.Request())
+        peer.pump(0.1)  # the reset is in, waiting for the decision in flight
+        asked = time.monotonic()
+        pausing = pause.call_async(SetBool.Request(data=False))
+        assert peer.pump(10.0, until=lambda: resetting.done() and pausing.done()), node.tail()
+        peer.pump(1.0)
+        assert pausing.result().success and resetting.result().success
+        assert [c for c in chunks if c[0] > asked] == [], (chunks, node.tail())
+        late = [t - asked for t in commands if t > asked + 0.3]  # one in flight may still land
+        assert late == [], f"commands {late} s after the pause was asked"
+    finally:
+        peer.close()
+        assert node.stop() == 0, node.tail()

@@ -435,9 +435,15 @@ class FlashRTNode(Node):
 
     def _create_services(self) -> None:
         group = MutuallyExclusiveCallbackGroup()  # one service at a time; each takes the state lock
+        # ~/enable has a group of its own: a pause acts at once (it stops the commands and the
+        # decision in flight before it waits for the state lock), also while a reset or capsule
+        # call holds the services' group waiting for that decision
+        enable_group = MutuallyExclusiveCallbackGroup()
         services = [
             (Trigger, "~/reset", self._on_reset),
-            *([] if self.MANAGED else [(SetBool, "~/enable", self._on_enable)]),  # the lifecycle's (de)activate
+            *(
+                [] if self.MANAGED else [(SetBool, "~/enable", self._on_enable, enable_group)]
+            ),  # lifecycle: (de)activate
             (SnapshotCapsule, "~/capsule/snapshot", self._on_snapshot),
             (RestoreCapsule, "~/capsule/restore", self._on_restore),
             (ForkCapsule, "~/capsule/fork", self._on_fork),
@@ -445,8 +451,8 @@ class FlashRTNode(Node):
             (DropCapsule, "~/capsule/drop", self._on_drop),
         ]
         self._own_services = [
-            self.create_service(srv, name, self._guarded(callback, service=True), callback_group=group)
-            for srv, name, callback in services
+            self.create_service(srv, name, self._guarded(callback, service=True), callback_group=(own or [group])[0])
+            for srv, name, callback, *own in services
         ]
 
     def _log_startup(self) -> None:
@@ -744,12 +750,13 @@ class FlashRTNode(Node):
     @property
     def callback_threads(self) -> int:
         """Executor threads for every group to run at once: one per input, decisions, status,
-        our services, the node's default group (parameter services, /clock) and the commands. Before
-        set-up (a lifecycle node), from the parameters as they are, commands counted."""
+        our services, ~/enable (not on the lifecycle node), the node's default group (parameter
+        services, /clock) and the commands. Before set-up (a lifecycle node), from the parameters
+        as they are, commands counted."""
         if not self.is_set_up:
             cameras = self.get_parameter("camera_topics").value
             return (len(cameras) if isinstance(cameras, list | tuple) else 3) + 1 + 4 + 1
-        return len(self.slots) + 4 + (self._command_timer is not None)
+        return len(self.slots) + 4 + (not self.MANAGED) + (self._command_timer is not None)
 
     def begin_shutdown(self) -> None:
         """A signal arrived: the callbacks still in flight finish without publishing or changing
@@ -1609,7 +1616,9 @@ class FlashRTNode(Node):
             self.enabled = False  # before the wait below: read by the decision in flight
             self._stop_commands()
         with self._state_lock:  # between decisions
-            if self.stopping.is_set():
+            if self.stopping.is_set():  # the stop holds the arm itself (hold_at_stop)
+                if was and not want:
+                    return "paused and the commands stopped; the node is shutting down, and its stop holds the arm"
                 return None
             held = ""
             if was and not want:
