@@ -881,6 +881,31 @@ def test_diagnostics_name_only_what_can_stop_a_decision(rclpy_context):
         node.destroy_node()
 
 
+def test_under_sim_time_idle_counts_from_the_first_clock_not_from_ros_time_0(rclpy_context):
+    """Started before /clock's first message, the node took its "last decision" at ROS time 0:
+    /diagnostics then said "no decision for 1003.1 s (clock_stalled, ...)" three seconds into a
+    simulation started at 1000 s, naming a stall that had ended."""
+    from diagnostic_msgs.msg import DiagnosticStatus
+    from rclpy.time import Time
+
+    node = in_process_node(rclpy_context)
+    try:
+        clock = node.get_clock()
+        clock._set_ros_time_is_active(True)
+        node._last_decision_ros_ns = 0  # as taken before any /clock message
+        node._invalid_at_decision = dict(node.invalid)
+        node.invalid[("", "clock_stalled")] += 1  # the wait for /clock, over now
+        clock.set_ros_time_override(Time(seconds=1000))
+        assert node._idle_s() == pytest.approx(0.0)
+        clock.set_ros_time_override(Time(seconds=1003))
+        assert node._idle_s() == pytest.approx(3.0)
+        level, message = node._health(*node._snapshot_with_baseline(advance=True))
+        assert level == DiagnosticStatus.ERROR and message.startswith("no decision for 3.0 s"), message
+        assert "clock_stalled" not in message, message
+    finally:
+        node.destroy_node()
+
+
 def test_under_sim_time_a_deadline_is_judged_in_sim_time_and_a_reset_does_not_hide_idleness(rclpy_context, monkeypatch):
     """rate_hz's periods are on the decision timer's clock: under sim time a decision that takes
     longer than a period in wall time but not in sim time (a slow simulator) is no deadline miss,

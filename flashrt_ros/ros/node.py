@@ -123,11 +123,12 @@ MIN_JUMP_BACK_S = 0.001
 NODE_ERROR = "node_error"
 """A failure of ours caught where it cannot stop the node: real-time chunking, the command stream,
 the status, or a decision tick outside the policy (the policy's own is policy_error)."""
-STOPS_DECISIONS = frozenset({POLICY_ERROR, PROMPT_TOO_LONG, NON_FINITE_ACTION, CLOCK_STALLED, CLOCK_JUMPED_BACK})
+STOPS_DECISIONS = frozenset({POLICY_ERROR, PROMPT_TOO_LONG, NON_FINITE_ACTION, CLOCK_JUMPED_BACK})
 """The node-wide events that can stop a decision: /diagnostics names them (with the inputs that
 did) as why none ran; a refused parameter, prompt or capsule call, a limited command or an
 exhausted chunk stop none, or follow from the outage itself. A node_error stops one only where
-the decision tick itself failed (counted apart: the command stream's and the status's do not)."""
+the decision tick itself failed (counted apart: the command stream's and the status's do not). A
+stalled clock is said by the clock watch while it lasts (a stall that has ended stops nothing)."""
 
 
 # ---- the node ------------------------------------------------------------------------------
@@ -1433,6 +1434,10 @@ class FlashRTNode(Node):
         clock = self.get_clock()
         if clock.ros_time_is_active:
             now_ns = clock.now().nanoseconds
+            if self._last_decision_ros_ns == 0 and now_ns > 0:
+                # taken before /clock's first message (ROS time 0): from the first time seen, not
+                # the simulation's (or a bag's) whole run
+                self._last_decision_ros_ns = now_ns
             if now_ns >= self._last_decision_ros_ns:
                 return (now_ns - self._last_decision_ros_ns) / 1e9
             # the last decision is ahead: ROS time went back since (a simulator reset), and the
