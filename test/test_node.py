@@ -881,6 +881,31 @@ def test_diagnostics_name_only_what_can_stop_a_decision(rclpy_context):
         node.destroy_node()
 
 
+def test_a_robot_wide_section_s_keys_for_other_nodes_are_not_counted_as_typos(rclpy_context, tmp_path):
+    """A `/**` section holding other nodes' parameters (robot_description, update_rate) is
+    ordinary ROS practice: those are said at INFO, not warned about and counted as
+    unknown_parameter for the whole run; a misspelt name in the node's own section still is."""
+    import yaml
+    from node_harness import TEST_PARAMS
+
+    from flashrt_ros.ros.node import FlashRTNode
+
+    path = tmp_path / "robot.yaml"
+    sections = {
+        "/**": {"ros__parameters": {"use_sim_time": False, "robot_description": "<robot/>", "update_rate": 100}},
+        "/**/flashrt_node": {"ros__parameters": {**TEST_PARAMS, "rate_hzz": 5.0}},
+    }
+    path.write_text(yaml.safe_dump(sections))
+    node = FlashRTNode(
+        context=rclpy_context, params_files=[str(path)], cli_args=["--ros-args", "--params-file", str(path)]
+    )
+    try:
+        assert node._unknown == ["rate_hzz"]
+        assert node.invalid[("", "unknown_parameter")] == 1
+    finally:
+        node.destroy_node()
+
+
 def test_under_sim_time_idle_counts_from_the_first_clock_not_from_ros_time_0(rclpy_context):
     """Started before /clock's first message, the node took its "last decision" at ROS time 0:
     /diagnostics then said "no decision for 1003.1 s (clock_stalled, ...)" three seconds into a

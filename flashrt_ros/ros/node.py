@@ -80,6 +80,7 @@ from flashrt_ros.ros.params import (
     node_resolver,
     params_files,
     refused_by_rclpy,
+    shared_only_names,
     unaddressed_params_files,
     unknown_names,
 )
@@ -161,8 +162,8 @@ class FlashRTNode(Node):
         super().__init__(NODE_NAME, **node_kwargs)
         _FORWARD.ros_logger = self.get_logger()  # the policy's logs under this node's name (and /rosout)
         declare_parameters(self)
-        self._unknown = self._warn_unknown_parameters()  # before the problems: a typo is often their cause
         self._params_files = list(params_files)
+        self._unknown = self._warn_unknown_parameters()  # before the problems: a typo is often their cause
         self.stats_window = stats_window
         self.stopping = threading.Event()  # set by begin_shutdown
         self.is_set_up = False
@@ -289,7 +290,15 @@ class FlashRTNode(Node):
 
     # ---- set-up ----------------------------------------------------------------------------
     def _warn_unknown_parameters(self) -> list[str]:
-        unknown = unknown_names(set(getattr(self, "_parameter_overrides", {})))
+        """Names given to this node that it does not know: warned about and counted. Those only a
+        section for every node (`/**`) sets are another node's (robot_description, update_rate in a
+        robot-wide file): said once, at INFO, and not counted."""
+        given = set(getattr(self, "_parameter_overrides", {}))
+        shared = shared_only_names(self._params_files, self.get_fully_qualified_name())
+        others = unknown_names(given & shared)
+        if others:
+            self.get_logger().info(f"not ours, from a section for every node ('/**'): {others}; for the other nodes")
+        unknown = unknown_names(given - shared)
         if unknown:
             self.get_logger().warning(
                 f"ignoring unknown parameters {unknown} (typo in the params file?{did_you_mean(unknown)}); "

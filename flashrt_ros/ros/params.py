@@ -670,6 +670,25 @@ def unaddressed_params_files(files: list[str], fqn: str) -> list[str]:
     return problems
 
 
+def shared_only_names(files: list[str], fqn: str) -> set[str]:
+    """The parameter names that only sections for every node (`/**` and the like) give the node
+    `fqn`, none of its own sections: a robot-wide section's keys for other nodes. Files that
+    cannot be read give none (unaddressed_params_files says so)."""
+    import yaml
+
+    shared: set[str] = set()
+    own: set[str] = set()
+    for path in files:
+        try:
+            sections = node_sections(_yaml_sections(path))
+        except (OSError, ValueError, yaml.YAMLError):
+            continue
+        for key, params in sections:
+            if section_applies(key, fqn) and isinstance(params, dict):
+                (shared if _is_wildcard(key) else own).update(_flatten(params))
+    return shared - own
+
+
 def _is_wildcard(key: str) -> bool:
     """A section for every node (of a namespace): `/**`, `/robot1/*`."""
     return key.rstrip("/").rsplit("/", 1)[-1] in ("*", "**")
