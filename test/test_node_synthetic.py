@@ -133,3 +133,30 @@ def test_synthetic_sensors_exit_2_on_a_params_file_rcl_cannot_parse(ros_env, tmp
     done = subprocess.run(cmd, env=ros_env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "[synthetic_sensors] not starting: the ROS arguments or a params file are invalid" in done.stderr
+
+
+def test_synthetic_sensors_refuse_a_params_file_for_another_node_and_name_each_camera_frame(ros_env, rclpy_context):
+    """Given flashrt_node's params file (no section for it), it ran its defaults without a word;
+    and every camera got the first token of its topic as frame_id (the namespace, for
+    /robot/camera/left/image_raw: one frame for all)."""
+    from pathlib import Path
+
+    from rclpy.parameter import Parameter
+
+    from flashrt_ros.ros.synthetic_sensors import SyntheticSensors
+
+    config = Path(__file__).resolve().parents[1] / "config" / "flashrt.yaml"
+    cmd = [sys.executable, "-m", "flashrt_ros.ros.synthetic_sensors", "--ros-args", "--params-file", str(config)]
+    done = subprocess.run(cmd, env=ros_env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "has no section for this node /synthetic_sensors" in done.stderr, done.stderr
+
+    topics = ["/robot/camera/left/image_raw", "camera/right/image_raw/compressed", "cam0/image_raw"]
+    sensors = SyntheticSensors(
+        context=rclpy_context,
+        namespace="/robot",
+        parameter_overrides=[Parameter("camera_topics", value=topics)],
+    )
+    try:
+        assert [sensors._frame_id(t, i) for i, t in enumerate(topics)] == ["camera_left", "camera_right", "cam0"]
+    finally:
+        sensors.destroy_node()

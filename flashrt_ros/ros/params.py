@@ -638,13 +638,16 @@ def params_files(argv: list[str]) -> list[str]:
     return files
 
 
-def unaddressed_params_files(files: list[str], fqn: str) -> list[str]:
+def unaddressed_params_files(files: list[str], fqn: str, known: Mapping[str, Any] | None = None) -> list[str]:
     """One sentence per params file with no section for the node ``fqn``, and one where only
     sections for every node (``/**``) reach it and set none of its parameters. rcl ignores such a
     file without a word, and the node would run its defaults (random weights) on the robot: a
     section keyed ``flashrt_node:`` reaches only ``/flashrt_node``, not ``/robot1/flashrt_node``;
-    a misspelt node key beside a shared ``/**: {use_sim_time: true}`` reaches nothing."""
+    a misspelt node key beside a shared ``/**: {use_sim_time: true}`` reaches nothing. `known`:
+    the node's parameter names (flashrt_node's by default)."""
     import yaml
+
+    known = PARAMETERS if known is None else known
 
     problems, addressed = [], False
     expected = f"expected a section keyed '/**/{fqn.rsplit('/', 1)[-1]}' or '{fqn}'"
@@ -661,7 +664,7 @@ def unaddressed_params_files(files: list[str], fqn: str) -> list[str]:
                 f"params file {path} has no section for this node {fqn} (its sections: {shown}), so none "
                 f"of its parameters apply; {expected}"
             )
-        addressed |= any(not _is_wildcard(key) or _sets_ours(params) for key, params in applying)
+        addressed |= any(not _is_wildcard(key) or _sets_ours(params, known) for key, params in applying)
     if files and not problems and not addressed:  # e.g. `/**: {use_sim_time}` beside a misspelt node key
         problems.append(
             f"params files {', '.join(files)}: only sections for every node ('/**' and the like) apply to this node "
@@ -694,8 +697,8 @@ def _is_wildcard(key: str) -> bool:
     return key.rstrip("/").rsplit("/", 1)[-1] in ("*", "**")
 
 
-def _sets_ours(params: object) -> bool:
-    return isinstance(params, dict) and any(name in PARAMETERS for name in _flatten(params))
+def _sets_ours(params: object, known: Mapping[str, Any]) -> bool:
+    return isinstance(params, dict) and any(name in known for name in _flatten(params))
 
 
 SHOWN_SECTIONS = 8

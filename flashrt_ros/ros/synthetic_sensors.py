@@ -27,7 +27,15 @@ from rclpy.node import Node
 from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import CompressedImage, Image, JointState
 
-from flashrt_ros.ros.params import ALOHA_JOINTS, DEFAULT_CAMERAS, ConfigError, invalid_topic, node_resolver
+from flashrt_ros.ros.params import (
+    ALOHA_JOINTS,
+    DEFAULT_CAMERAS,
+    ConfigError,
+    invalid_topic,
+    node_resolver,
+    params_files,
+    unaddressed_params_files,
+)
 from flashrt_ros.ros.process import init_rclpy, interrupt_on_signals, run_until_signal, signals_held, stopping
 from flashrt_ros.ros.usage import command_line, usage
 
@@ -140,13 +148,16 @@ class CameraStream:
 
 
 class SyntheticSensors(Node):
-    def __init__(self, **node_kwargs: Any):
+    def __init__(self, *, params_files: list[str] | tuple[str, ...] = (), **node_kwargs: Any):
         super().__init__(NODE_NAME, **node_kwargs)
         defaults = SensorConfig()
         for name in SensorConfig.__dataclass_fields__:
             self.declare_parameter(name, getattr(defaults, name), _descriptor(name))
         self.cfg = SensorConfig.from_values({n: self.get_parameter(n).value for n in SensorConfig.__dataclass_fields__})
-        problems = self.cfg.validate()
+        # a params file with no section for this node (flashrt.yaml given to it) would run the defaults
+        fields = SensorConfig.__dataclass_fields__
+        problems = unaddressed_params_files(list(params_files), self.get_fully_qualified_name(), fields)
+        problems += self.cfg.validate()
         if isinstance(self.cfg.camera_topics, list) and isinstance(self.cfg.joint_state_topic, str):
             problems += self._topic_problems()  # all at once, with the others
         if problems:
@@ -180,9 +191,17 @@ class SyntheticSensors(Node):
         for i, topic in enumerate(cfg.camera_topics):
             stream = CameraStream(cfg, i)
             pub = self.create_publisher(msg_type, topic, qos_profile_sensor_data)
-            frame_id = topic.strip("/").split("/")[0]
+            frame_id = self._frame_id(topic, i)
             self.create_timer(1.0 / cfg.camera_rate_hz, partial(self._publish_camera, stream, pub, frame_id))
             self.streams.append(stream)
+
+    def _frame_id(self, topic: str, index: int) -> str:
+        """The camera's frame: its topic under the node's namespace, without the image_transport
+        suffix (/robot/camera/left/image_raw in /robot: camera_left); one per camera."""
+        resolved, namespace = self.resolve_topic_name(topic), self.get_namespace().rstrip("/")
+        path = resolved[len(namespace) :] if resolved.startswith(namespace + "/") else resolved
+        parts = [p for p in path.strip("/").split("/") if p not in ("image_raw", "compressed", "image")]
+        return "_".join(parts) or f"camera{index}"
 
     def _create_joints(self) -> None:
         cfg = self.cfg
@@ -269,7 +288,7 @@ def main(args: list[str] | None = None) -> int:
     try:
         if not init_rclpy(argv, NODE_NAME):
             return 2
-        node = SyntheticSensors()
+        node = SyntheticSensors(params_files=params_files(argv))
         with signals_held():
             executor = SingleThreadedExecutor()
     except ConfigError as exc:
