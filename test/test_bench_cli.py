@@ -193,7 +193,7 @@ def test_write_result_keeps_the_environment_beside_the_payload(tmp_path, capsys)
     data = json.loads(path.read_text())
     assert path.parent == tmp_path / "new" and path.name.startswith("probe_") and path.suffix == ".json"
     assert data["rows"] == 3 and data["results"] == {"a": [1.5]}
-    assert {"commit", "torch", "triton", "device"} <= set(data["env"]) and data["env"]["device"] == "cpu"
+    assert {"commit", "flashrt_ros", "torch", "triton", "device"} <= set(data["env"]) and data["env"]["device"] == "cpu"
     assert f"wrote {path}" in capsys.readouterr().out
     # a second result in the same second gets its own file; NaN is written as null (strict JSON)
     again = write_result(tmp_path / "new", "probe", torch.device("cpu"), cosine=float("nan"))

@@ -121,10 +121,13 @@ def graph_ms(fn: Callable[[], object], calls: int = 1, replays: int = 10) -> flo
 
 def environment(device: torch.device) -> dict:
     """Commit, GPU, versions: enough to tell two result files apart."""
+    from .. import __version__
+
     commit, dirty = _commit()
     env = {
         "commit": commit,
         "dirty": dirty,
+        "flashrt_ros": __version__,  # what ran where no commit can be read (a copy outside git)
         "python": platform.python_version(),
         "torch": torch.__version__,
         "device": str(device),
