@@ -316,10 +316,10 @@ def test_a_decision_refused_after_its_vision_ran_loses_nothing() -> None:
 
 def test_the_benchmark_runs_and_finds_the_chunks_identical(tmp_path) -> None:
     """bench/prefix_reuse.py's smoke mode (tiny, CPU, reference only): its parity line and JSON."""
-    stdout, written = run_bench_script("prefix_reuse", tmp_path, "--tiny", "--eager-iters", "2", timeout=300)
+    stdout, written = run_bench_script("prefix_reuse", tmp_path, "--tiny", "--eager-iters", "3", timeout=300)
     assert "on the same inputs and noise: max abs diff 0, min cosine 1.0000" in stdout
     result = written["results"]["eager"]
-    assert result["max_abs_diff"] == 0 and result["prefix_run"]["n"] == result["prefix_reused"]["n"] == 2
+    assert result["max_abs_diff"] == 0 and result["prefix_run"]["n"] == result["prefix_reused"]["n"] == 3
 
 
 class Clock:
