@@ -445,24 +445,22 @@ class FlashRTNode(Node):
 
     def _create_services(self) -> None:
         group = MutuallyExclusiveCallbackGroup()  # one service at a time; each takes the state lock
-        # ~/enable has a group of its own: a pause acts at once (it stops the commands and the
-        # decision in flight before it waits for the state lock), also while a reset or capsule
-        # call holds the services' group waiting for that decision
-        enable_group = MutuallyExclusiveCallbackGroup()
         services = [
-            (Trigger, "~/reset", self._on_reset),
-            *(
-                [] if self.MANAGED else [(SetBool, "~/enable", self._on_enable, enable_group)]
-            ),  # lifecycle: (de)activate
-            (SnapshotCapsule, "~/capsule/snapshot", self._on_snapshot),
-            (RestoreCapsule, "~/capsule/restore", self._on_restore),
-            (ForkCapsule, "~/capsule/fork", self._on_fork),
-            (ListCapsules, "~/capsule/list", self._on_list),
-            (DropCapsule, "~/capsule/drop", self._on_drop),
+            (Trigger, "~/reset", self._on_reset, group),
+            (SnapshotCapsule, "~/capsule/snapshot", self._on_snapshot, group),
+            (RestoreCapsule, "~/capsule/restore", self._on_restore, group),
+            (ForkCapsule, "~/capsule/fork", self._on_fork, group),
+            (ListCapsules, "~/capsule/list", self._on_list, group),
+            (DropCapsule, "~/capsule/drop", self._on_drop, group),
         ]
+        if not self.MANAGED:  # the lifecycle node's (de)activate takes its place
+            # a group of its own: a pause acts at once (it stops the commands and the decision in
+            # flight before it waits for the state lock), also while a reset or capsule call holds
+            # the other services' group waiting for that decision
+            services.insert(1, (SetBool, "~/enable", self._on_enable, MutuallyExclusiveCallbackGroup()))
         self._own_services = [
-            self.create_service(srv, name, self._guarded(callback, service=True), callback_group=(own or [group])[0])
-            for srv, name, callback, *own in services
+            self.create_service(srv, name, self._guarded(callback, service=True), callback_group=callback_group)
+            for srv, name, callback, callback_group in services
         ]
 
     def _log_startup(self) -> None:
