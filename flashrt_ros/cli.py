@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from .bench.args import out_problem  # stdlib only: the arguments are checked before torch loads
+
 MODES = ("eager", "compile", "compile-bf16", "fused", "fused-fp8", "realtime-vla")
 POLICIES = ("pi05", "pi0")
 BASELINES = ("eager", "compile", "compile-bf16", "realtime-vla")  # what the fused modes' speed-ups are over
@@ -77,8 +79,6 @@ def _check_args(args: argparse.Namespace) -> str | None:
         return f"--views must list view counts >= 1, got {','.join(map(str, args.views))}"
     if args.compile_mode not in COMPILE_MODES:
         return f"--compile-mode {args.compile_mode!r}: expected one of {', '.join(COMPILE_MODES)}"
-    from .bench.args import out_problem
-
     problem = out_problem(Path(args.out))
     if problem:
         return problem
@@ -95,7 +95,7 @@ def _check_args(args: argparse.Namespace) -> str | None:
             f"--modes compile-bf16 runs the reference in bf16 (SigLIP and projector too), not in --dtype "
             f"{args.dtype}; drop one of them (--modes compile compiles the {args.dtype} reference)"
         )
-    if "realtime-vla" in args.modes.split(","):
+    if "realtime-vla" in modes:
         if not args.realtime_vla:
             return "mode realtime-vla needs --realtime-vla PATH (a checkout of github.com/dexmal/realtime-vla-v2)"
         from .bench.realtime_vla import check_shapes, server_dir
