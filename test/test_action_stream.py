@@ -346,6 +346,24 @@ def test_a_switch_just_after_a_held_step_gets_no_second_step():
     assert switch.limited and switch.values[0] == pytest.approx(5.25 * m), switch
 
 
+def test_a_switch_that_spends_the_budget_gets_no_held_step_within_the_same_step():
+    """The mirror of the test above: the command that reaches a chunk's values by spending the
+    switch's whole max_move marked the chunk as followed, and its next held step then passed in
+    full 10 ms later (two max_move within 10 ms of a 50 ms step, after a start as after a
+    switch). Its own held steps pass whole only a step after the commands reached its values."""
+    tick, step, m = 10 * MS, 50 * MS, 0.05
+    stream = ActionStream(max_move=np.array([m]), tick_ns=tick)
+    # after a start: the arm at 0, the chunk within its steps from there, stamped 45 ms before the tick
+    stream.push(m * np.arange(1, 11.0).reshape(-1, 1), start_ns=0, step_ns=step, chunk_id=1, robot_at=np.zeros(1))
+    got = [stream.command(t) for t in range(45 * MS, 300 * MS, tick)]
+    values = [c.values[0] for c in got]
+    assert values[0] == pytest.approx(m) and not got[0].limited  # action 0 reached with the whole budget
+    assert values[1] == pytest.approx(m + m * tick / step) and got[1].limited  # a tick's refill, not a step
+    moved = np.diff([0.0, *values])
+    window = step // tick  # no step's time holds more than a switch's max_move plus a step's refill
+    assert max(moved[i : i + window].sum() for i in range(len(moved))) <= 2 * m + 1e-9, values
+
+
 def test_the_first_command_moves_from_where_the_robot_is():
     """A chunk stamped at its observation is due several actions in by the first tick (the state's
     age plus the decision): the first command after a start, pause or reset moved straight to it,

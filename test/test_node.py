@@ -294,6 +294,16 @@ def test_runtime_changes_say_what_start_would_have_said(rclpy_context, monkeypat
         assert node.set_parameters([Parameter("command_blend_steps", value=4)])[0].successful
         assert [m for lvl, m in said if lvl == "warning" and m.startswith("rtc with command_blend_steps 4")], said
         said.clear()
+        node.state.pipeline.rtc = None  # as with rtc false: its settings change nothing
+        assert node.set_parameters([Parameter("rtc_delay_steps", value=3)])[0].successful
+        assert said == [
+            (
+                "warning",
+                "rtc_delay_steps changed, but real-time chunking is off (rtc false, read at "
+                "start): they take effect once the node starts with rtc true",
+            )
+        ], said
+        said.clear()
 
         def refuse(*_):
             raise RuntimeError("timer refused")

@@ -36,8 +36,8 @@ limited against an older joint state, is not; with ``max_move`` the stream gets 
 ``max_move`` per step of time, up to one step's move (a tick longer than a step: that many steps'),
 and each command spends what it moves: a linear action's share per tick passes, but at any command
 rate a switch moves at most ``max_move`` at once and then ``max_move`` per step. A held chunk's own
-steps, once the commands are on its values (after the switch is made up), may also move
-``max_move`` per action that fell due since the last tick: held actions move in whole steps, and
+steps, once the commands have been on its values for a step (after the switch is made up), may
+also move ``max_move`` per action that fell due since the last tick: held actions move in whole steps, and
 where the ticks fall at other times than the steps (60 Hz commands on 50 Hz actions) two can fall
 due a tick apart, which the time's refill would hold back. The first command with none in force
 moves at most ``max_move`` from ``robot_at`` (joints it has: a chunk stamped at its observation may
@@ -149,6 +149,7 @@ class ActionStream:
         self._last_ns = 0  # when it was sent
         self._budget: np.ndarray | None = None  # max_move's: how far the next command may move
         self._tracking: _Chunk | None = None  # the chunk whose own value the last command was
+        self._tracking_since_ns = 0  # the first command of that run on its values
         self._lock = threading.Lock()
 
     @property
@@ -254,7 +255,10 @@ class ActionStream:
             # what the blend did not reach it never will: weights only grow with time
             self._chunks = live[len(live) - used :] + pending
             values, limited = self._bounded_move(values, now_ns, newest)
-            self._tracking = newest if weight >= 1.0 and not limited else None  # on its own values
+            tracking = newest if weight >= 1.0 and not limited else None  # on its own values
+            if tracking is not self._tracking or tracking is None:
+                self._tracking_since_ns = now_ns
+            self._tracking = tracking
             newest.end_sent = ended and not limited  # an end point held back is sent again
             self._remember(now_ns, values)
             index = min(newest.index(now_ns), len(newest.actions) - 1)
@@ -274,7 +278,11 @@ class ActionStream:
         allowed = self._budget
         if governing is self._tracking and not governing.linear:  # its own held steps (see the docstring)
             due = governing.index(now_ns) - governing.index(now_ns - elapsed)
-            allowed = np.maximum(allowed, self.max_move * due)
+            # only a step after the run began: the command that reached its values may have spent
+            # a whole max_move on the switch, and one step's time must pass before the next
+            boundary_ns = governing.start_ns + governing.index(now_ns) * governing.step_ns
+            if due and self._tracking_since_ns <= boundary_ns - governing.step_ns:
+                allowed = np.maximum(allowed, self.max_move * due)
         last = np.where(np.isnan(self._last), values, self._last)  # a joint robot_at did not know: free
         move = values - last
         # a hair of slack: a float32 chunk within its steps comes out a float32 rounding or two

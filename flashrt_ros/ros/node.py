@@ -1555,6 +1555,12 @@ class FlashRTNode(Node):
             self._warn_chunk_gap(new)
         if (new.rtc, new.command_blend_steps) != (old.rtc, old.command_blend_steps):
             self._warn_rtc_blend(new)
+        rtc_changed = sorted(n for n in changes if n.startswith("rtc_") and getattr(old, n) != getattr(new, n))
+        if rtc_changed and self.state.pipeline.rtc is None:
+            self.get_logger().warning(
+                f"{', '.join(rtc_changed)} changed, but real-time chunking is off (rtc false, read at start): "
+                "they take effect once the node starts with rtc true"
+            )
 
     @staticmethod
     def _command_tick_ns(cfg: NodeConfig) -> int | None:
