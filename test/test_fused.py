@@ -468,6 +468,27 @@ def test_pipeline_fp8_option(caplog, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["pi05", "pi0"])
+def test_prefix_keys_and_values_are_the_references(kind):
+    """Every layer's prefix K/V on its valid rows against the reference's prefill, in fp32. The
+    chunk alone cannot tell: the tiny model's actions hardly depend on RoPE, and every prefix
+    position one off moved its chunk by under 1e-4 (the chunk tests' tolerance)."""
+    from flashrt_ros.policies.fused import VISIBLE
+
+    model = tiny_model(kind, seed=2, num_views=2).to(DEVICE)
+    x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1, valid_tokens=20).items()}
+    x["image_masks"][0, 1] = False  # an absent view: the fused path packs the present ones
+    fused, _ = _run_fused(model, x, torch.float32)
+    with torch.no_grad():
+        ref = model.prefill(*model.embed_prefix(x["pixels"], x["image_masks"], x["tokens"], x["token_masks"]))
+    rows = fused.prefix_rows
+    seen = fused.key_blocks[:rows] == VISIBLE  # the valid rows, in the reference's order
+    for layer, (k, v) in enumerate(zip(ref.keys, ref.values, strict=True)):
+        valid = ref.valid[0]  # k, v: [B, KV heads, T, head dim]
+        torch.testing.assert_close(fused.prefix_k[layer, :rows][seen], k[0, 0][valid], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fused.prefix_v[layer, :rows][seen], v[0, 0][valid], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["pi05", "pi0"])
 def test_suffix_positions_follow_each_decisions_prompt(kind):
     """Two decisions on one captured object with prompts of different lengths (same bucket): the
     suffix's positions, and the step kernel's RoPE table made from them, are redone per decision

@@ -102,6 +102,7 @@ except KeyboardInterrupt:
     os.kill(os.getpid(), signal.SIGINT)  # a double Ctrl-C, before the caller says it stops
     time.sleep(0.05)
     stopping()
+    time.sleep(REPEAT_S + 0.2)  # past the window that ignores a repeat anyway: only stopping() ignores it
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(0.05)
     print("stopped once")
