@@ -482,10 +482,12 @@ def test_prefix_keys_and_values_are_the_references(kind):
         ref = model.prefill(*model.embed_prefix(x["pixels"], x["image_masks"], x["tokens"], x["token_masks"]))
     rows = fused.prefix_rows
     seen = fused.key_blocks[:rows] == VISIBLE  # the valid rows, in the reference's order
+    # a position one off moves keys by ~0.3 here; the GPU's fp32 GEMMs may round through TF32
+    tol = 1e-5 if DEVICE == "cpu" else 5e-3
     for layer, (k, v) in enumerate(zip(ref.keys, ref.values, strict=True)):
         valid = ref.valid[0]  # k, v: [B, KV heads, T, head dim]
-        torch.testing.assert_close(fused.prefix_k[layer, :rows][seen], k[0, 0][valid], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(fused.prefix_v[layer, :rows][seen], v[0, 0][valid], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fused.prefix_k[layer, :rows][seen], k[0, 0][valid], rtol=tol, atol=tol)
+        torch.testing.assert_close(fused.prefix_v[layer, :rows][seen], v[0, 0][valid], rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("kind", ["pi05", "pi0"])
