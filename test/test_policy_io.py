@@ -290,6 +290,24 @@ def test_normalisation_round_trip_and_files(tmp_path, mode):
     np.testing.assert_allclose(again.normalize_state(x), y, rtol=1e-5, atol=1e-6)
 
 
+def test_lerobot_statistics_saved_to_norm_stats_keep_lerobots_rules(tmp_path):
+    """The way out of a LeRobot / openpi statistics conflict is a norm_stats.json; LeRobot's saved
+    there came back with openpi's eps rules (std + 1e-6 where LeRobot divides by std + 1e-8): 100x
+    on a zero-std dim. The file keeps the convention."""
+    s = Stats(mean=np.array([0.0, 1.0], np.float32), std=np.array([0.0, 0.5], np.float32))
+    lerobot = Normalizer("mean_std", s, s, convention="lerobot")
+    lerobot.save(tmp_path / "norm_stats.json")
+    again = Normalizer.find(tmp_path)
+    assert again.convention == "lerobot"
+    x = np.array([[1.0, 1.0]], np.float32)
+    np.testing.assert_array_equal(again.normalize_state(x), lerobot.normalize_state(x))
+    np.testing.assert_array_equal(again.unnormalize_actions(x), lerobot.unnormalize_actions(x))
+    Normalizer("mean_std", s, s).save(tmp_path / "norm_stats.json")  # openpi's: no convention needed
+    assert Normalizer.find(tmp_path).convention == "openpi"
+    with pytest.raises(ValueError, match="normalisation convention must be one of"):
+        Normalizer("mean_std", s, s, convention="jax")
+
+
 def test_normaliser_needs_its_statistics():
     with pytest.raises(ValueError, match=r"quantile normalisation needs state statistics \['q01', 'q99'\]"):
         Normalizer("quantile", state=Stats(mean=np.zeros(2), std=np.ones(2)), actions=Stats())

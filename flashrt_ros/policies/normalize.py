@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 EPS = 1e-6
 LEROBOT_EPS = 1e-8
 MODES = ("mean_std", "quantile", "identity")
+CONVENTIONS = ("openpi", "lerobot")  # whose eps rules (see the module docstring)
 
 
 def default_mode(kind: str | None) -> str:
@@ -62,6 +63,8 @@ class Normalizer:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"normalisation mode must be one of {MODES}, got {self.mode!r}")
+        if self.convention not in CONVENTIONS:
+            raise ValueError(f"normalisation convention must be one of {CONVENTIONS}, got {self.convention!r}")
         for name in ("state", "actions"):
             self._check(name, getattr(self, name))
 
@@ -142,14 +145,20 @@ class Normalizer:
 
     # ---- files ---------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
-        """openpi's norm_stats.json layout, plus the mode."""
-        data = {"norm_stats": {"state": self.state.to_dict(), "actions": self.actions.to_dict()}, "mode": self.mode}
+        """openpi's norm_stats.json layout, plus the mode and the convention (LeRobot's statistics
+        saved this way keep LeRobot's eps rules when loaded)."""
+        data = {
+            "norm_stats": {"state": self.state.to_dict(), "actions": self.actions.to_dict()},
+            "mode": self.mode,
+            "convention": self.convention,
+        }
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(data, indent=2))
 
     @classmethod
     def load(cls, path: str | Path, mode: str | None = None, kind: str | None = None) -> Normalizer:
-        """openpi's norm_stats.json; the mode: `mode`, else the file's, else `default_mode(kind)`."""
+        """openpi's norm_stats.json; the mode: `mode`, else the file's, else `default_mode(kind)`;
+        the convention: the file's ("lerobot" for LeRobot's statistics), else openpi's."""
         data = read_json(path)  # a dict
         stats = data.get("norm_stats", data)
         if not isinstance(stats, dict) or "state" not in stats or "actions" not in stats:
@@ -162,8 +171,9 @@ class Normalizer:
                     f"got {type(stats[name]).__name__}"
                 )
         mode = mode or data.get("mode") or default_mode(kind)
+        convention = data.get("convention", "openpi")
         try:
-            return cls(mode, Stats.from_dict(stats["state"]), Stats.from_dict(stats["actions"]))
+            return cls(mode, Stats.from_dict(stats["state"]), Stats.from_dict(stats["actions"]), convention)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{path}: {exc}") from exc
 
@@ -208,7 +218,8 @@ class Normalizer:
             raise ValueError(
                 f"{folder}: normalisation statistics both in {assets[0]} (openpi's, asset id {ids}) and in "
                 f"LeRobot's {processor.name}; copy the ones the policy was trained with to "
-                f"{folder / 'norm_stats.json'} (it takes precedence) or remove the other"
+                f'{folder / "norm_stats.json"} (it takes precedence; with "convention": "lerobot" for '
+                "LeRobot's) or remove the other"
             )
         if assets:
             return _said(cls.load(assets[0], mode, kind), assets[0])

@@ -360,8 +360,8 @@ def check_frame_size(
             BAD_SIZE,
             source,
             f"image is {h}x{w} (HxW); this topic's frames were {held_hw[0]}x{held_hw[1]} until now; expected "
-            "the same size (a new one is taken after a gap longer than max_age_s in the frames' stamps, a "
-            "camera restart, or a ~/reset; image_height / image_width fix one)",
+            "the same size (a new one is taken after a gap longer than max_age_s in the frames' stamps, as a "
+            "camera driver's restart makes, or after a ~/reset; image_height / image_width fix one)",
         )
 
 
