@@ -256,7 +256,7 @@ class ActionStream:
             self._chunks = live[len(live) - used :] + pending
             values, limited = self._bounded_move(values, now_ns, newest)
             tracking = newest if weight >= 1.0 and not limited else None  # on its own values
-            if tracking is not self._tracking or tracking is None:
+            if tracking is not self._tracking:  # a run on a chunk's values begins (read only while one lasts)
                 self._tracking_since_ns = now_ns
             self._tracking = tracking
             newest.end_sent = ended and not limited  # an end point held back is sent again

@@ -16,6 +16,7 @@ launch test does that).
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import difflib
 import math
@@ -549,7 +550,7 @@ def same_value(new: Any, old: Any) -> bool:
     """Whether a parameter's new value is the one in use: of its type (an integer for a float
     parameter by value: a params file's 5 is 5.0), sequences element by element (rclpy gives
     arrays as array.array)."""
-    if isinstance(new, (list, tuple)) or type(new).__name__ == "array":
+    if isinstance(new, (list, tuple, array.array)):
         return isinstance(old, (list, tuple)) and len(new) == len(old) and all(map(same_value, new, old))
     if type(old) is float and type(new) is int:
         return float(new) == old
