@@ -651,7 +651,7 @@ def test_the_report_says_what_revert_undid_and_counts_memory_only_where_kept() -
     assert "not kept: reverted (was: parity passed" in report.table() and " kept: parity" not in report.table()
 
 
-@pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter is the case")
+@pytest.mark.skipif(DEVICE == "cuda", reason="CPU-only case: Triton's interpreter switched on late (GPU runs use none)")
 def test_an_interpreter_switched_on_after_the_kernels_were_imported_is_reported() -> None:
     """triton.jit decides at import whether a kernel is interpreted: TRITON_INTERPRET set later
     would make the kernels look for a GPU driver. The report says to set it before the import."""
