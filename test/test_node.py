@@ -320,6 +320,30 @@ def test_runtime_changes_say_what_start_would_have_said(rclpy_context, monkeypat
         node.destroy_node()
 
 
+@pytest.mark.parametrize("set_up", [True, False])
+def test_a_parameter_cannot_be_deleted(rclpy_context, set_up):
+    """`ros2 param delete` (a NOT_SET value) is refused in every state, also before a lifecycle
+    node's configure: a deleted limits list would read as no limits, a deleted rate as nothing."""
+    from rclpy.parameter import Parameter
+
+    from flashrt_ros.ros.node import FlashRTNode
+
+    overrides = [Parameter(n, value=v) for n, v in {**TEST_PARAMS, "action_upper_limits": [3.0]}.items()]
+    node = FlashRTNode(context=rclpy_context, parameter_overrides=overrides, set_up=set_up)
+    try:
+        for name in ("action_upper_limits", "rate_hz"):
+            result = node.set_parameters([Parameter(name, Parameter.Type.NOT_SET)])[0]
+            assert not result.successful and result.reason.startswith(f"{name} cannot be deleted"), result.reason
+            assert node.has_parameter(name)
+        assert node.get_parameter("action_upper_limits").value == [3.0]
+        assert node.get_parameter("rate_hz").value == TEST_PARAMS["rate_hz"]
+        if set_up:  # before set-up there are no counters (logged only)
+            assert node.invalid[("", "invalid_parameter")] == 2
+        assert node.set_parameters([Parameter("rate_hz", value=12.0)])[0].successful  # a value: as before
+    finally:
+        node.destroy_node()
+
+
 def test_invalid_runtime_parameters_are_refused_with_reasons(running):
     node, peer = running
     mark = node.mark()
@@ -963,8 +987,9 @@ def test_under_sim_time_a_deadline_is_judged_in_sim_time_and_a_reset_does_not_hi
             def run(*args, **kwargs):
                 out = decide(*args, **kwargs)
                 time.sleep(wall_s)
-                sim_ns[0] += round(sim_s * 1e9)
-                clock.set_ros_time_override(Time(nanoseconds=sim_ns[0]))
+                for _ in range(10):  # /clock's ticks: one step of sim_s would be a jump forward
+                    sim_ns[0] += round(sim_s * 1e8)
+                    clock.set_ros_time_override(Time(nanoseconds=sim_ns[0]))
                 return out
 
             return run

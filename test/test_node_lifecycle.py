@@ -152,7 +152,7 @@ def test_lifecycle_transitions(lifecycle_node):
     assert change(peer, "active_shutdown")
     assert node.proc.wait(15.0) == 0, node.tail()
     line = node.wait_for_line("deactivated for the shutdown: paused", since=mark)
-    assert "the trajectory controllers are sent one point" in line, line
+    assert "the trajectory controllers are sent one point" in line and " from now on; " in line, line
     node.wait_for_line("shutting down from active; stats:", since=mark)
 
 

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from node_harness import NODE, TEST_PARAMS, in_process_node, running_node_and_peer, stamp_ns
+from node_harness import JOINTS, NODE, TEST_PARAMS, in_process_node, running_node_and_peer, stamp_ns
 from test_node_commands import rows_of
 
 pytestmark = pytest.mark.ros
@@ -103,5 +103,56 @@ def test_a_blend_beside_rtc_is_warned_at_start(rclpy_context, capfd, blend):
         assert "real-time chunking on" in err
         warned = "rtc with command_blend_steps 3: the chunks already continue each other" in err
         assert warned == (blend == 3)
+    finally:
+        node.destroy_node()
+
+
+def test_a_forward_jump_of_ros_time_is_no_decision_latency(rclpy_context, monkeypatch):
+    """Sim time jumps forward during a decision (a /clock source that resynced): that decision has
+    no length on ROS time. Taken as one, the jump would be the slowest recent decision, and the next
+    ten chunks would be held fully over their whole overlap; and it would count as a deadline miss."""
+    from rclpy.time import Time
+
+    from flashrt_ros.ros.inputs import Sample
+    from flashrt_ros.ros.node import MIN_JUMP_FORWARD_S
+
+    node = in_process_node(rclpy_context, rtc=True)
+    try:
+        clock = node.get_clock()
+        clock._set_ros_time_is_active(True)
+        now = [100.0]
+        clock.set_ros_time_override(Time(seconds=now[0]))
+        jump = [0.0]
+        decide = node.state.decide
+
+        def timed_decide(obs, hold=None, **kwargs):  # 30 ms of ROS time, plus the jump if any
+            out = decide(obs, hold=hold, **kwargs)
+            now[0] += 0.03 + jump[0]
+            clock.set_ros_time_override(Time(seconds=now[0]))
+            return out
+
+        def one_decision() -> None:
+            stamp = Time(nanoseconds=round(now[0] * 1e9)).to_msg()
+            for cam in node.slots[:-1]:
+                cam.latest = Sample(np.zeros((24, 32, 3), np.uint8), stamp, 0, 0)
+            node.slots[-1].latest = Sample(np.zeros(len(JOINTS), np.float32), stamp, 0, 0)
+            node._decide()
+            now[0] += 0.07
+            clock.set_ros_time_override(Time(seconds=now[0]))
+
+        monkeypatch.setattr(node.state, "decide", timed_decide)
+        for _ in range(3):
+            one_decision()
+        assert node.decisions == 3 and node._latency.slowest_ns() == pytest.approx(30e6, abs=1e6)
+        misses = node.deadline_misses
+        for size in (1.0, 2 * MIN_JUMP_FORWARD_S):
+            jump[0] = size
+            one_decision()
+            jump[0] = 0.0
+            assert node._latency.slowest_ns() == pytest.approx(30e6, abs=1e6), size
+        assert node.decisions == 5 and node.deadline_misses == misses
+        jump[0] = 0.1 / node.cfg.rate_hz  # slower than the rest, no jump: it counts
+        one_decision()
+        assert node._latency.slowest_ns() == pytest.approx(30e6 + 1e8 / node.cfg.rate_hz, abs=1e6)
     finally:
         node.destroy_node()

@@ -440,6 +440,9 @@ def test_a_restart_only_parameter_set_to_its_value_in_use_is_no_change():
     }
     assert check_update(cfg, same) is None
     assert check_update(cfg.with_values({"step_duration_s": 1.0}), {"step_duration_s": 1}) is None  # 1 is 1.0
+    home = cfg.with_values({"tokenizer": "~/tok.model"})  # held expanded; the parameter keeps the ~
+    assert home.tokenizer != "~/tok.model" and check_update(home, {"tokenizer": "~/tok.model"}) is None
+    assert check_update(home, {"tokenizer": "~/other.model"}).startswith("tokenizer is read-only")
     assert check_update(cfg, {"policy": cfg.policy + "x"}).startswith("policy is read-only at runtime")
     assert check_update(cfg, {"camera_topics": cfg.camera_topics[:1]}).startswith("camera_topics is read-only")
     assert check_update(cfg, {"seed": cfg.seed + 1}).startswith("seed is read-only")

@@ -73,7 +73,9 @@ def _indices(names: list[str], joint_names: Sequence[str], source: str) -> list[
         raise InputError(
             MISSING_JOINT,
             source,
-            f"joints {missing} are not in the message; it has {names}; expected all of {list(joint_names)}",
+            f"joints {missing} are not in the message; it has {names}; expected all of {list(joint_names)} "
+            "in each message (joints published apart: merge them onto one topic, as joint_state_publisher's "
+            "source_list does)",
         )
     duplicated = [n for n in joint_names if n in repeated]
     if duplicated:

@@ -169,7 +169,7 @@ class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
         if self.is_set_up:
             if self.enabled:  # as a deactivate: the trajectory controllers stop where the last chunk has them
-                self.get_logger().warning(f"deactivated for the shutdown: {self.set_enabled(False, 'never')}")
+                self.get_logger().warning(f"deactivated for the shutdown: {self.set_enabled(False, None)}")
             self.get_logger().info(f"shutting down from {state.label}; {self.stats_line()}")
             self.tear_down()
         else:

@@ -28,7 +28,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import rclpy
@@ -121,6 +121,10 @@ CHUNK_ENDED = "chunk_ended"
 """A chunk published whose last point was already past (joint_trajectory_controller refuses it)."""
 MIN_JUMP_BACK_S = 0.001
 """ROS time going back by less is not a jump (rcl reports every backward step: two /clock sources)."""
+MIN_JUMP_FORWARD_S = 0.1
+"""ROS time going forward by more in one step is a jump (a /clock source that resynced or skipped),
+not a tick of /clock (bag playback's 40 Hz, a simulator's frames): a decision it falls in has no
+length on ROS time, for real-time chunking's takeover estimate nor for a deadline miss."""
 NODE_ERROR = "node_error"
 """A failure of ours caught where it cannot stop the node: real-time chunking, the command stream,
 the status, or a decision tick outside the policy (the policy's own is policy_error)."""
@@ -133,6 +137,14 @@ stalled clock is said by the clock watch while it lasts (a stall that has ended 
 
 
 # ---- the node ------------------------------------------------------------------------------
+
+
+class ClockMark(NamedTuple):
+    """Where a decision began on the node's clocks, to tell its length on them."""
+
+    timer_s: float  # the decision timer's clock: ROS time under use_sim_time, else monotonic
+    sim: bool  # ROS time active (use_sim_time)
+    jumps_forward: int  # ROS time's jumps forward so far
 
 
 class FlashRTNode(Node):
@@ -181,8 +193,13 @@ class FlashRTNode(Node):
         self._time_epoch = self._inputs_epoch = self._commands_epoch = 0
         self._jump_from_ns = self._jump_to_ns = self._jump_back_ns = 0
         self._jumps_back_ns: deque[int] = deque()  # not yet counted and logged
+        self._jumps_forward = 0  # ROS time's jumps forward so far: no decision's length spans one
         self._jump_handle = self.get_clock().create_jump_callback(  # kept: the callback lives with it
-            JumpThreshold(min_forward=None, min_backward=Duration(seconds=-MIN_JUMP_BACK_S), on_clock_change=False),
+            JumpThreshold(
+                min_forward=Duration(seconds=MIN_JUMP_FORWARD_S),
+                min_backward=Duration(seconds=-MIN_JUMP_BACK_S),
+                on_clock_change=False,
+            ),
             post_callback=self._on_time_jump,
         )
         self._create_services()  # unconfigured (a lifecycle node's start) they answer "not configured"
@@ -796,7 +813,7 @@ class FlashRTNode(Node):
 
     def _decide(self) -> None:
         start = time.perf_counter_ns()
-        began = self._timer_seconds(), self.get_clock().ros_time_is_active  # its length in rate_hz's periods
+        began = self._clock_mark()  # its length in rate_hz's periods, and on the clock chunks are stamped on
         cfg = self.cfg
         epoch = self._time_epoch
         now_ns = self.get_clock().now().nanoseconds
@@ -852,7 +869,9 @@ class FlashRTNode(Node):
             return
         if not self._publish(decision, samples, latency_ms, cfg, held, epoch):
             return
-        self._latency.add(self.get_clock().now().nanoseconds - now_ns)  # on the clock the chunks are stamped on
+        took_s = self._elapsed_s(began)
+        if took_s is not None:  # none across a jump forward: the estimate would hold the jump's steps
+            self._latency.add(round(took_s * 1e9))
         self._account(samples, decision, start, time.perf_counter_ns(), cfg, guided=held is not None, began=began)
 
     def _hold(self, joints: Sample, now_ns: int, cfg: NodeConfig) -> Hold | None:
@@ -1116,7 +1135,7 @@ class FlashRTNode(Node):
         end_ns: int,
         cfg: NodeConfig,
         guided: bool = False,
-        began: tuple[float, bool] | None = None,
+        began: ClockMark | None = None,
     ) -> None:
         """Times of one decision, from the arrival of the newest input it used to publication
         (wall time), and its length on the decision timer's clock from `began` (ROS time under
@@ -1146,25 +1165,30 @@ class FlashRTNode(Node):
             self.rtc_guided += guided
             self._last_decision_at = time.monotonic()
             self._last_decision_ros_ns = self.get_clock().now().nanoseconds
-            took_s = self._took_s(began, (end_ns - start_ns) / 1e9)
+            timed_s = None if began is None else self._elapsed_s(began)
+            took_s = (end_ns - start_ns) / 1e9 if timed_s is None else timed_s
             self._decision_s.append(took_s)
             self._invalid_at_decision = dict(self.invalid)
             self._tick_failures_at_decision = self._tick_failures
             self._blocking = frozenset()
-            if took_s > 1.0 / cfg.rate_hz:
+            if timed_s is not None and timed_s > 1.0 / cfg.rate_hz:  # judged on the timer's clock only
                 self.deadline_misses += 1
             streak, self._dropped_streak = self._dropped_streak, 0
         if streak:
             self.get_logger().info(f"decisions resumed (chunk {decision.chunk_id}) after {streak} skipped")
 
-    def _took_s(self, began: tuple[float, bool] | None, wall_s: float) -> float:
-        """A decision's length on the decision timer's clock from `began` (its reading then, and
-        whether ROS time was active); its wall time where that clock changed meanwhile
-        (use_sim_time switched, ROS time gone back): the two readings are then on two clocks."""
-        if began is None or began[1] != self.get_clock().ros_time_is_active:
-            return wall_s
-        took_s = self._timer_seconds() - began[0]
-        return took_s if took_s >= 0 else wall_s
+    def _clock_mark(self) -> ClockMark:
+        return ClockMark(self._timer_seconds(), self.get_clock().ros_time_is_active, self._jumps_forward)
+
+    def _elapsed_s(self, mark: ClockMark) -> float | None:
+        """Seconds since `mark` on the decision timer's clock (ROS time under use_sim_time, else
+        monotonic: a step of the system clock is no part of it); None where that clock changed
+        meanwhile (use_sim_time switched, ROS time jumped forward or went back): the difference
+        would be the change."""
+        if mark.sim != self.get_clock().ros_time_is_active or mark.jumps_forward != self._jumps_forward:
+            return None
+        took_s = self._timer_seconds() - mark.timer_s
+        return took_s if took_s >= 0 else None
 
     def _our_failure(self, what: str, text: str) -> None:
         """A failure of ours caught where it cannot stop the node: counted as node_error and logged
@@ -1281,7 +1305,8 @@ class FlashRTNode(Node):
         self._maybe_log_stats(snap)
 
     def _on_time_jump(self, jump: TimeJump) -> None:
-        """ROS time went back (use_sim_time: a simulator reset, a bag loop). The held samples, the
+        """ROS time went back (use_sim_time: a simulator reset, a bag loop), or forward by
+        MIN_JUMP_FORWARD_S or more (counted only: no decision's length spans it). The held samples, the
         chunk executing and the commands are stamped on the timeline before the jump: acted on,
         they would pass as fresh for as long as the jump (up to max_age_s ahead is let in). They
         are dropped, as by ~/reset but keeping the counters, chunk ids and noise, when the inputs
@@ -1290,7 +1315,8 @@ class FlashRTNode(Node):
         thread that sets the time: it takes no lock and waits on nothing, so that no other thread
         runs (and adds or removes a timer's callback) in the middle of the walk."""
         back_ns = -jump.delta.nanoseconds
-        if back_ns <= 0:
+        if back_ns <= 0:  # forward by MIN_JUMP_FORWARD_S or more: only the decisions' lengths care
+            self._jumps_forward += 1
             return
         self._jump_back_ns = back_ns
         self._jump_to_ns = self.get_clock().now().nanoseconds
@@ -1501,6 +1527,12 @@ class FlashRTNode(Node):
             self._count_node_wide(UNKNOWN_PARAMETER)
             self.get_logger().warning(f"parameter change refused: {reason}")
             return SetParametersResult(successful=False, reason=reason)
+        unset = sorted(p.name for p in params if p.name in PARAMETERS and p.type_ == Parameter.Type.NOT_SET)
+        if unset:  # `ros2 param delete`: a list would read as [] (no limits), a number as nothing at all
+            reason = f"{', '.join(unset)} cannot be deleted (unset): set a value instead (an empty list is [])"
+            self._count_node_wide(INVALID_PARAMETER)
+            self.get_logger().warning(f"parameter change refused: {reason}")
+            return SetParametersResult(successful=False, reason=reason)
         if not self.is_set_up:  # a lifecycle node before configure: all of them are checked then
             return SetParametersResult(successful=True)
         reason = check_update(self.cfg, changes, resolve=node_resolver(self))
@@ -1622,13 +1654,14 @@ class FlashRTNode(Node):
         self.get_logger().warning(f"~/enable: {message}")
         return response
 
-    def set_enabled(self, want: bool, resume: str) -> str | None:
+    def set_enabled(self, want: bool, resume: str | None) -> str | None:
         """Engage (true) or pause (false) the policy; what was done, in words (None: the node is
         stopping, nothing changed). Paused, the node keeps its pipeline warm and checks its inputs,
         but decides nothing and publishes no chunk, trajectory or command. A pause acts at once:
         the commands stop, a decision in flight that has not begun to publish does not, and once it
         has ended a one-point trajectory holds the trajectory controllers where the last chunk has
-        them now (else they would play it to its end). `resume` names what engages it again."""
+        them now (else they would play it to its end). `resume` names what engages it again (None:
+        nothing will, the node is shutting down)."""
         was = self.enabled
         if was and not want:
             self.enabled = False  # before the wait below: read by the decision in flight
@@ -1653,8 +1686,9 @@ class FlashRTNode(Node):
             return f"already {'enabled' if was else 'paused'}: nothing changed"
         if want:
             return f"enabled: deciding at {self.cfg.rate_hz:g} Hz from the next tick"
+        until = "from now on" if resume is None else f"until {resume}"
         return (
-            f"paused: no decision, chunk, trajectory or command until {resume}; "
+            f"paused: no decision, chunk, trajectory or command {until}; "
             + held
             + ("; the command controllers hold their last command" if self._command_pubs else "")
         )

@@ -526,8 +526,13 @@ def check_update(current: NodeConfig, changes: Mapping[str, Any], resolve: Resol
     (the running node's, so that its topics are judged in its namespace)."""
     ours = {name: value for name, value in changes.items() if name in PARAMETERS}
     # a restart-only parameter set to the value in use is no change (`ros2 param load` of the
-    # node's own params file sets every one of them)
-    fixed = sorted(name for name in ours if name not in RUNTIME and not same_value(ours[name], getattr(current, name)))
+    # node's own params file sets every one of them; a path as written, ~ and all, is the one in use)
+    fields = {f.name: f for f in dataclasses.fields(NodeConfig)}
+    fixed = sorted(
+        name
+        for name in ours
+        if name not in RUNTIME and not same_value(_normalise(fields[name], ours[name]), getattr(current, name))
+    )
     if fixed:
         return (
             f"{', '.join(fixed)} {'is' if len(fixed) == 1 else 'are'} read-only at runtime: "
