@@ -382,8 +382,11 @@ def test_a_partial_flashrt_config_changes_what_the_other_files_say(tmp_path):
     assert (cfg.camera_views, cfg.state_in_prompt, cfg.prompt_format) == (2, False, "pi0")
     model, _ = load_model(tmp_path, cfg)
     assert model.cfg.num_views == 3
-    (tmp_path / "flashrt_config.json").write_text(json.dumps({"kind": "pi0"}))  # stated: no refusal here
-    assert read_config(tmp_path, "openpi", PolicyConfig.tiny("pi05")).kind == "pi0"  # the node names it
+    (tmp_path / "flashrt_config.json").write_text(json.dumps({"kind": "pi05"}))  # the weights' kind, stated
+    assert read_config(tmp_path, "openpi", PolicyConfig.tiny("pi0")).kind == "pi05"  # the node names the mismatch
+    (tmp_path / "flashrt_config.json").write_text(json.dumps({"kind": "pi0"}))  # not the weights' kind
+    with pytest.raises(CheckpointError, match=r"flashrt_config.json says kind 'pi0', but the weights are a pi05 "):
+        read_config(tmp_path, "openpi", PolicyConfig.tiny("pi05"))
     with pytest.raises(ValueError, match="has no LeRobot config .* save it in the openpi layout"):
         lerobot_config_dict(PolicyConfig.pi05(discrete_state_input=False))
 
@@ -429,6 +432,10 @@ def test_dtype_converted_on_load(tmp_path, dtype):
 def test_lerobot_config_json_maps_to_full_size_config():
     cfg = config_from_lerobot(lerobot_config_dict(PolicyConfig.pi05(), ["a", "b", "c"], robot_dof=14))
     assert cfg == PolicyConfig.pi05(prompt_style="lerobot")
+    named = config_from_lerobot(lerobot_config_dict(PolicyConfig.pi05(), ["a", "b", "c"], robot_dof=14))
+    assert named.extra == {"n_action_steps": 50, "camera_names": [f"observation.images.{c}" for c in "abc"]}
+    executed = named.replace(extra={**named.extra, "n_action_steps": 5})  # a re-saved LeRobot policy keeps both
+    assert config_from_lerobot(lerobot_config_dict(executed)).extra == {**named.extra, "n_action_steps": 5}
     cfg0 = config_from_lerobot(lerobot_config_dict(PolicyConfig.pi0(num_views=2, horizon=30)))
     assert cfg0.kind == "pi0" and cfg0.num_views == 2 and cfg0.horizon == 30 and cfg0.prompt_len == 48
     assert cfg0.prompt_format == "pi0_lerobot"
@@ -546,3 +553,30 @@ def test_a_checkpoint_path_that_is_no_folder_is_said_as_such(tmp_path):
             call(missing)
         with pytest.raises(CheckpointError, match=rf"checkpoint folder {a_file} is a file; expected a folder"):
             call(a_file)
+
+
+def test_a_folder_without_a_readable_weights_file_says_what_is_there(tmp_path):
+    """A link into a cache copied without its blobs, a directory, or a sharded checkpoint: each is
+    named as what it is, not as a folder with no weights at all."""
+    save_model(tiny_model("pi0"), tmp_path / "whole", layout="openpi")
+    for case in ("link", "directory", "sharded", "nothing"):
+        folder = tmp_path / case
+        folder.mkdir()
+        (folder / "flashrt_config.json").write_bytes((tmp_path / "whole" / "flashrt_config.json").read_bytes())
+        weights = folder / "model.safetensors"
+        if case == "link":
+            weights.symlink_to("../blobs/0123abcd")
+        elif case == "directory":
+            weights.mkdir()
+        elif case == "sharded":
+            (folder / "model.safetensors.index.json").write_text('{"weight_map": {}}')
+        with pytest.raises(CheckpointError) as err:
+            load_model(folder)
+        expected = {
+            "link": f"{weights} is a broken or looping link; expected the policy's weights file there",
+            "directory": f"{weights} is a directory; expected the policy's weights file there",
+            "sharded": f"{folder} holds a sharded checkpoint (model.safetensors.index.json and its shards); "
+            "expected one model.safetensors",
+            "nothing": f"no model.safetensors in {folder}",
+        }[case]
+        assert str(err.value).startswith(expected), str(err.value)

@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from torch import nn
 from .config import GEMMA_2B, GEMMA_300M, PolicyConfig
 from .lerobot_relative import POSTPROCESSOR, PREPROCESSOR, lerobot_delta_mask, lerobot_says_relative_or_absolute
 from .listing import bounded, some
-from .normalize import file_present, read_json
+from .normalize import file_present, read_json, what_is_there
 from .pi0 import Pi0Model, param_dtype
 from .robot_space import describe_mask
 
@@ -94,6 +95,19 @@ def from_openpi_key(theirs: str, kind: str) -> str:
 
 
 # ---- layout and config detection -------------------------------------------------------------
+def _no_weights(folder: Path) -> str:
+    """Why a folder has no weights file to read, for a message."""
+    weights, index = folder / WEIGHTS_FILE, folder / f"{WEIGHTS_FILE}.index.json"
+    if os.path.lexists(weights):  # a Hugging Face cache snapshot copied without its blobs
+        return f"{weights} is {what_is_there(weights)}; expected the policy's weights file there"
+    if os.path.lexists(index):
+        return (
+            f"{folder} holds a sharded checkpoint ({index.name} and its shards); expected one {WEIGHTS_FILE}: "
+            "merge the shards into one (safetensors' load_file of each, save_file of them all)"
+        )
+    return f"no {WEIGHTS_FILE} in {folder}"
+
+
 def detect_layout(folder: Path) -> str:
     """The weights' layout: LeRobot's where every tensor carries its prefix, or where none does but
     its processor files are there (LeRobot's loader adds the prefix: such a folder is a LeRobot
@@ -101,7 +115,7 @@ def detect_layout(folder: Path) -> str:
     _check_folder(folder)
     weights = folder / WEIGHTS_FILE
     if not weights.is_file():
-        raise CheckpointError(f"no {WEIGHTS_FILE} in {folder}")
+        raise CheckpointError(_no_weights(folder))
     keys = weight_names(weights)
     stray = [k for k in keys if not k.startswith(LEROBOT_PREFIX)]
     if keys and not stray:
@@ -286,6 +300,11 @@ def _base_config(folder: Path, layout: str, fallback: PolicyConfig | None, kind:
             f"its weights (LeRobot cannot load the folder without it either), or a {FLASHRT_CONFIG_FILE} of every field"
         )
     found = kind_from_keys(weight_names(folder / WEIGHTS_FILE))
+    if kind is not None and found and found[0] != kind:  # else: errors about the wrong size or tokenizer
+        raise CheckpointError(
+            f"{folder / FLASHRT_CONFIG_FILE} says kind {kind!r}, but the weights are a {found[0]} policy "
+            f"(they have {found[1]}); expected the weights' kind there"
+        )
     if kind is None and found and fallback is not None and found[0] != fallback.kind:
         raise CheckpointError(
             f"{folder} holds a {found[0]} policy (it has {found[1]}), not the {fallback.kind} one asked for; "
@@ -442,14 +461,16 @@ def _lerobot_resolution(data: dict) -> int:
 
 def lerobot_config_dict(cfg: PolicyConfig, camera_names: list[str] | None = None, robot_dof: int | None = None) -> dict:
     """A LeRobot-readable config.json for full-size models (ours is written beside it). LeRobot's
-    pi0.5 always writes the state into its prompt: a model trained otherwise has no LeRobot config."""
+    pi0.5 always writes the state into its prompt: a model trained otherwise has no LeRobot config.
+    A policy loaded from LeRobot's files keeps its camera names and n_action_steps (in cfg.extra)."""
     if cfg.state_in_prompt != (cfg.kind == "pi05"):
         raise ValueError(
             f"a {cfg.kind} model with discrete_state_input={cfg.discrete_state_input} has no LeRobot config "
             "(LeRobot's pi0.5 puts the state in its prompt, its pi0 never); save it in the openpi layout"
         )
     names = {GEMMA_2B: "gemma_2b", GEMMA_300M: "gemma_300m"}
-    cams = camera_names or [f"cam{i}" for i in range(cfg.camera_views)]
+    had = [str(name).removeprefix("observation.images.") for name in cfg.extra.get("camera_names") or []]
+    cams = camera_names or (had if len(had) == cfg.camera_views else [f"cam{i}" for i in range(cfg.camera_views)])
     size = cfg.vision.image_size
     visual = [f"observation.images.{c}" for c in cams] + [f"{EMPTY_CAMERA_PREFIX}{i}" for i in range(cfg.empty_cameras)]
     features = {name: {"type": "VISUAL", "shape": [3, size, size]} for name in visual}
@@ -460,7 +481,7 @@ def lerobot_config_dict(cfg: PolicyConfig, camera_names: list[str] | None = None
         "action_expert_variant": names.get(cfg.expert, "custom"),
         "dtype": cfg.dtype,
         "chunk_size": cfg.horizon,
-        "n_action_steps": cfg.horizon,
+        "n_action_steps": cfg.extra.get("n_action_steps") or cfg.horizon,
         "max_state_dim": cfg.state_dim,
         "max_action_dim": cfg.action_dim,
         "num_inference_steps": cfg.num_steps,
