@@ -762,3 +762,99 @@ def test_a_replacement_written_with_fits_alone_still_finds_its_modules() -> None
 
     with pytest.raises(NotImplementedError, match="Neither implements neither candidate"):
         accelerate(model, lambda: model(x), PARITY_ONLY, (Neither(),))
+
+
+def test_a_trained_mlp_runs_on_its_trained_weights(kernel_calls) -> None:
+    """geglu_mlp's gate|up copy is made again once the weights changed (an optimizer step, a
+    load): the kernels never run on the weights adoption saw."""
+    model, ids = tiny_gemma(), _ids()
+    report = accelerate(model, lambda: model(input_ids=ids).logits, PARITY_ONLY)
+    assert "geglu_mlp" in report.kept, report.table()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(input_ids=ids).logits.square().mean().backward()
+        optimizer.step()
+    kernel_calls.clear()
+    trained = _logits(model, ids)
+    assert kernel_calls.get("gate_up_geglu", 0) + kernel_calls.get("geglu", 0) == 2  # one per layer's MLP
+    with report.unpatched():
+        own = _logits(model, ids)
+    torch.testing.assert_close(trained, own, atol=1e-4, rtol=1e-4)
+    mlp = model.model.layers[0].mlp
+    with torch.no_grad():
+        mlp.gate_proj.weight.zero_()  # GeGLU of 0 is 0: the MLP's output is 0
+    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    with torch.no_grad():
+        assert mlp(x).abs().max().item() == 0.0
+
+
+class _DropoutMLP(nn.Module):
+    """SigLIP's MLP with a dropout after it, as many vision MLPs have."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 16)
+        self.activation_fn = nn.GELU(approximate="tanh")
+        self.dropout = nn.Dropout(0.5)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.fc2(self.activation_fn(self.fc1(hidden_states))))
+
+
+def test_inner_hooks_and_a_training_dropout_run_the_modules_own_forward() -> None:
+    """The MLP kernels skip fc1's and the activation's own calls: where a hook would see them, or
+    a dropout would act (training mode), the module's own forward runs instead."""
+    torch.manual_seed(0)
+    mlp = _DropoutMLP().to(DEVICE).eval()
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    report = accelerate(mlp, lambda: mlp(x), PARITY_ONLY)
+    assert report.kept == ["gelu_mlp"], report.table()
+
+    def run() -> torch.Tensor:
+        with torch.no_grad():
+            return mlp(x)
+
+    mlp.forward.reset()
+    run()
+    assert mlp.forward.runs == 1  # eval, no hooks: the kernels
+    seen = []
+    handle = mlp.fc1.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    mlp.forward.reset()
+    run()
+    assert seen == [torch.Size([4, 32])] and mlp.forward.runs == 0
+    handle.remove()
+    handle = nn.modules.module.register_module_forward_hook(lambda module, args, out: seen.append(type(module)))
+    try:
+        run()
+    finally:
+        handle.remove()
+    assert nn.Linear in seen and mlp.forward.runs == 0
+    mlp.train()
+    torch.manual_seed(7)
+    dropped = run()
+    assert mlp.forward.runs == 0 and (dropped == 0).sum().item() > 0
+    with report.unpatched():
+        torch.manual_seed(7)
+        with torch.no_grad():
+            own = mlp(x)
+    torch.testing.assert_close(dropped, own)  # the same dropout mask: the module's own forward ran
+
+
+def test_an_adopted_module_takes_its_argument_by_name_and_refuses_a_wrong_width(kernel_calls) -> None:
+    """Called by its forward's name for the argument (nn.LayerNorm's `input`, SigLIP's
+    `hidden_states`), the kernels run; an input of another width gets torch's own error."""
+    torch.manual_seed(0)
+    norm = nn.LayerNorm(64).to(DEVICE).eval()
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(6)).to(DEVICE)
+    report = accelerate(norm, lambda: norm(x), PARITY_ONLY)
+    assert report.kept == ["layer_norm"], report.table()
+    kernel_calls.clear()
+    with torch.no_grad():
+        by_name = norm(input=x)
+    assert kernel_calls.get("layer_norm") == 1
+    torch.testing.assert_close(by_name, torch.nn.functional.layer_norm(x, (64,), norm.weight, norm.bias))
+    with pytest.raises(TypeError):
+        norm(x, x)  # the module's own forward says what is wrong with the call
+    with pytest.raises(RuntimeError, match="normalized_shape"), torch.no_grad():
+        norm(x[:, :32])

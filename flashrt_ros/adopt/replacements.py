@@ -9,8 +9,10 @@ it on the user's inputs, and `accelerate` keeps a replacement only where it pass
 kernels ran.
 
 The forwards are for inference. They fall back to the module's own forward where a kernel
-cannot run: on a CPU without Triton's interpreter, for a dtype the kernels do not store, and
-where autograd would need a gradient (the kernels have no backward).
+cannot run: on a CPU without Triton's interpreter, for a dtype the kernels do not store, where
+autograd would need a gradient (the kernels have no backward), for an input of another width
+than the module's, and where the module's inner modules, which the kernels skip, would be
+looked at or act (a hook on one, a global module hook, a dropout in training mode).
 """
 
 from __future__ import annotations
@@ -51,24 +53,55 @@ class AdoptedForward:
     def __init__(self, module: nn.Module):
         self.module = module
         self.before = module.__dict__.get("forward")  # another tool's forward on the instance, if any
+        # the forward's one argument, which a caller may also pass by name (`input`, `hidden_states`)
+        self.arg_name = next(iter(inspect.signature(self.before or module.forward).parameters), None)
+        self.inner = [m for m in module.modules() if m is not module]  # what the kernels skip
         self.reset()
 
-    def __call__(self, x: Tensor) -> Tensor:
-        out = self.kernel(x)
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        x = self._the_tensor(args, kwargs)
+        out = None if x is None or self._inner_acts() else self.kernel(x)
         if out is None:
-            self.declined.add((x.dtype, x.device))
-            return self.own(x)
+            if x is not None:
+                self.declined.add((x.dtype, x.device))
+            return self.own(*args, **kwargs)
         self.runs += 1
         return out
+
+    def _the_tensor(self, args: tuple, kwargs: dict) -> Tensor | None:
+        """The activations, passed as the one argument by position or by the forward's name for it;
+        None for any other call (the module's own forward then says what is wrong with it)."""
+        if len(args) == 1 and not kwargs:
+            x = args[0]
+        elif not args and len(kwargs) == 1 and self.arg_name in kwargs:
+            x = kwargs[self.arg_name]
+        else:
+            return None
+        return x if isinstance(x, Tensor) else None
+
+    def _inner_acts(self) -> bool:
+        """Whether an inner module's own call, which the kernels skip, would be seen or change the
+        result: a hook on it (or a global one: an observer, a quantiser), a dropout in training."""
+        if not self.inner:
+            return False
+        hooks = nn.modules.module
+        if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
+            return True
+        if any(m._forward_hooks or m._forward_pre_hooks for m in self.inner):
+            return True
+        dropouts = (m for m in self.inner if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0)
+        return self.module.training and any(dropouts)
 
     def kernel(self, x: Tensor) -> Tensor | None:
         """The kernels' output for `x`; None where they cannot run on this call (device, dtype,
         layout, a gradient asked for)."""
         raise NotImplementedError
 
-    def own(self, x: Tensor) -> Tensor:
+    def own(self, *args: object, **kwargs: object) -> object:
         """The module's own forward (or the one set on it before ours): where a kernel cannot run."""
-        return self.before(x) if self.before is not None else type(self.module).forward(self.module, x)
+        if self.before is not None:
+            return self.before(*args, **kwargs)
+        return type(self.module).forward(self.module, *args, **kwargs)
 
     def reset(self) -> None:
         """Forget the calls counted so far: `runs` (the kernels ran) and `declined` (the
@@ -263,7 +296,7 @@ class RMSNormForward(AdoptedForward):
 
     def kernel(self, x: Tensor) -> Tensor | None:
         w = self.module.weight
-        if not _kernel_input(x, w) or not w.is_contiguous() or w.device != x.device:
+        if not _kernel_input(x, w) or not w.is_contiguous() or w.device != x.device or x.shape[-1] != w.numel():
             return None
         dtype = self.convention.out_dtype(x.dtype, w.dtype)  # the dtype the module itself returns
         if dtype not in KERNEL_DTYPES:  # a mix its own forward rejects, or an fp64 product
@@ -396,6 +429,8 @@ class LayerNormForward(AdoptedForward):
         params = [p for p in (w, b) if p is not None]
         if not _kernel_input(x, w, b) or any(not p.is_contiguous() or p.device != x.device for p in params):
             return None
+        if x.dim() == 0 or x.shape[-1] != m.normalized_shape[-1]:  # the module's own forward says what is wrong
+            return None
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         return layer_norm(_contiguous_rows(x), w, b, m.eps, out=out)
 
@@ -422,24 +457,39 @@ class LayerNormReplacement(Replacement):
 class GegluForward(AdoptedForward):
     def __init__(self, module: nn.Module):
         super().__init__(module)
-        gate, up = module.gate_proj, module.up_proj
-        self.width = gate.out_features
+        self.width = module.gate_proj.out_features
+        self._concatenate()
+
+    def _concatenate(self) -> None:
+        """The gate|up copy, from the weights as they are now."""
+        gate, up = self.module.gate_proj.weight, self.module.up_proj.weight
         with torch.no_grad():
-            w_gu = torch.cat([gate.weight, up.weight]).contiguous()  # [2F, K], gate first
-        # the layout suits the fused kernel on the device adopted on (0: plain [gate; up] where it
-        # cannot run there); whether it runs is decided per call, on the input's device and dtype
+            w_gu = torch.cat([gate, up]).contiguous()  # [2F, K], gate first
+        # the layout suits the fused kernel on the device the weights are on (0: plain [gate; up]
+        # where it cannot run there); whether it runs is decided per call, on the input
         self.block = interleave_block(self.width, w_gu.device)
         if self.block:
             w_gu = interleave_gate_up(w_gu, self.block)
         # a buffer, so that it follows the module's .to(); not persistent: not in its state_dict
         # (a copy of an adopted module made inside `unpatched()` holds one already: replaced)
-        module.register_buffer(GATE_UP_BUFFER, w_gu, persistent=False)
+        self.module.register_buffer(GATE_UP_BUFFER, w_gu, persistent=False)
+        self.source = self._source_now()
+
+    def _source_now(self) -> tuple[int, ...]:
+        """What tells the weights the copy was made from: their storage and in-place version
+        (an optimizer step, a load_state_dict, a .to(), a functional_call change them)."""
+        gate, up = self.module.gate_proj.weight, self.module.up_proj.weight
+        return gate.data_ptr(), gate._version, up.data_ptr(), up._version
 
     def kernel(self, x: Tensor) -> Tensor | None:
         m = self.module
-        w_gu = m._buffers[GATE_UP_BUFFER]
         runs = _kernel_input(x, m.gate_proj.weight, m.up_proj.weight)
-        if not runs or x.dtype != w_gu.dtype or x.device != w_gu.device:
+        if not runs or x.shape[-1] != m.gate_proj.in_features:
+            return None
+        if self._source_now() != self.source:  # trained or loaded since: the copy is made again
+            self._concatenate()
+        w_gu = m._buffers[GATE_UP_BUFFER]
+        if x.dtype != w_gu.dtype or x.device != w_gu.device:
             return None
         rows = x.reshape(-1, x.shape[-1]).contiguous()  # [T, K]
         if self.block and x.dtype != torch.float16 and _fused_gate_up_runs_on(x.device) and _tma_rows(rows):
@@ -461,10 +511,10 @@ class GegluMLPReplacement(Replacement):
     epilogue applies the GeGLU (`kernels.gate_up_geglu`, sm_90+ and the interpreter), else one
     cuBLAS GEMM + `kernels.geglu`; then the module's own down projection.
 
-    The gate and up weights are concatenated once, when the replacement is built, into a
+    The gate and up weights are concatenated when the replacement is built, into a
     non-persistent buffer of the module (it follows ``.to()``; not in the state_dict): a copy
-    that `accelerate` reports as extra memory and drops on revert. Weights changed after
-    `accelerate` are not seen by it (adopt after loading)."""
+    that `accelerate` reports as extra memory and drops on revert. Weights changed since (trained,
+    loaded, moved) are concatenated again at the next call the kernels take."""
 
     name = "geglu_mlp"
     summary = "Gemma MLP -> gate|up GEMM + GeGLU (Triton epilogue), copy of gate|up weights"
@@ -501,6 +551,8 @@ class GeluForward(AdoptedForward):
         fc1 = self.module.fc1
         w, b = fc1.weight, fc1.bias
         if not _kernel_input(x, w, b) or x.dtype != w.dtype or b.dtype != w.dtype or x.device != w.device:
+            return None
+        if x.shape[-1] != fc1.in_features:
             return None
         rows = x.reshape(-1, x.shape[-1])  # [T, K]
         b = b.contiguous()
