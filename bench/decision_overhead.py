@@ -17,6 +17,7 @@ weights) in alternating rounds:
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -29,7 +30,7 @@ from flashrt_ros.policies.fused import FusedPi0
 
 
 def median(xs: list[float]) -> float:
-    return sorted(xs)[len(xs) // 2]
+    return statistics.median(xs)
 
 
 def back_to_back_ms(fn, iters: int) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 import torch
@@ -39,7 +40,7 @@ def phase_table(plan: ExpertStepPlan, step) -> list[dict]:
     for p, name in enumerate(PHASE_NAMES):
         work = sorted(r["work"] for r in rows if r["phase"] == p and r["layer"] < LAYERS)
         bar = sorted(r["barrier"] for r in rows if r["phase"] == p and r["layer"] < LAYERS)
-        table.append(dict(phase=name, work_us=work[len(work) // 2], barrier_us=bar[len(bar) // 2]))
+        table.append(dict(phase=name, work_us=statistics.median(work), barrier_us=statistics.median(bar)))
         print(f"{name:<22} {table[-1]['work_us']:8.2f} {table[-1]['barrier_us']:10.2f}")
     last = rows[-1]  # after the last layer: the final norm (and, in a launch with it, the update tail)
     table.append(dict(phase="final norm (+ update tail)", work_us=last["work"], barrier_us=0.0))
@@ -154,7 +155,7 @@ def main() -> None:
     results["update rounds ms"] = laps
     print(f"alternating over {args.rounds} rounds (median):")
     for label in arrangements:
-        show(label, sorted(laps[label])[len(laps[label]) // 2])
+        show(label, statistics.median(laps[label]))
     step_then_update()
     two = (h.clone(), x.clone())
     step_with_update()
@@ -275,7 +276,7 @@ def main() -> None:
         if label in failed or not times[label]:
             continue
         plan.set_tiles(**{**default_tiles, **tiles})
-        show(f"{label} (rounds)", sorted(times[label])[len(times[label]) // 2])
+        show(f"{label} (rounds)", statistics.median(times[label]))
         try:
             graph_ms(step)
             results[f"{label} max abs diff vs default"] = float((h.float() - ref.float()).abs().max())

@@ -9,6 +9,7 @@ cuBLAS bf16 and cuBLASLt's row-scaled `_scaled_mm`, cold weights, alternating ro
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import torch
 import triton
@@ -106,7 +107,7 @@ def main() -> None:
             results[name]["us"].append(graph_ms(fn, replays=20) / args.layers * 1e3)
     print(f"{'down 968 x 16384 -> 2048 (cold weights)':<48} {'us':>8} {'cos vs bf16':>11}   rounds")
     for name, r in results.items():
-        r["median_us"] = sorted(r["us"])[len(r["us"]) // 2]
+        r["median_us"] = statistics.median(r["us"])
         print(
             f"{name:<48} {r['median_us']:8.2f} {r['cosine_vs_bf16']:11.6f}   " + " ".join(f"{v:.1f}" for v in r["us"])
         )

@@ -13,6 +13,7 @@ scales). Each FP8 row's max abs is against its bf16 row (FP8's rounding, not a b
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import torch
 
@@ -167,7 +168,7 @@ def main() -> None:
     for name, r in results.items():
         if name not in fns:
             continue
-        r["median_us"] = sorted(r["us"])[len(r["us"]) // 2]
+        r["median_us"] = statistics.median(r["us"])
         rounds = " ".join(f"{v:.1f}" for v in r["us"])
         cos = f"{r['cosine_vs_bf16']:11.6f} {r['max_abs_vs_bf16']:9.2e}" if "cosine_vs_bf16" in r else " " * 21
         print(f"{name:<42} {r['median_us']:8.2f}  {cos}   {rounds}")

@@ -9,6 +9,7 @@ the fp32 reference (same inputs and noise). GPU only.
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import torch
 
@@ -31,7 +32,7 @@ def _stage_ms(fused: FusedPi0, stage: str, replays: int = 20) -> float:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    return statistics.median(times)
 
 
 def main() -> None:
@@ -69,8 +70,8 @@ def main() -> None:
             results[name]["full_ms"].append(_stage_ms(fused, "prefix") + _stage_ms(fused, "denoise"))
     print(f"{args.policy} {args.views}v{'':<30} {'prefix ms':>10} {'prefix+denoise':>15} {'cosine':>9} {'max abs':>9}")
     for name, r in results.items():
-        r["prefix_median_ms"] = sorted(r["prefix_ms"])[len(r["prefix_ms"]) // 2]
-        r["full_median_ms"] = sorted(r["full_ms"])[len(r["full_ms"]) // 2]
+        r["prefix_median_ms"] = statistics.median(r["prefix_ms"])
+        r["full_median_ms"] = statistics.median(r["full_ms"])
         p = r["parity"]
         print(
             f"{name:<36} {r['prefix_median_ms']:10.3f} {r['full_median_ms']:15.3f} "

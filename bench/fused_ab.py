@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import statistics
 from types import ModuleType
 
 import torch
@@ -69,7 +70,7 @@ def main() -> None:
         setattr(module, name, default)
     print()
     for key, values in results.items():
-        print(f"{key:<36} median of rounds {sorted(values)[len(values) // 2]:.4f} ms")
+        print(f"{key:<36} median of rounds {statistics.median(values):.4f} ms")
     write_result(args.out, "fused_ab", dev, views=args.views, results=results)
 
 

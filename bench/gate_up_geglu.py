@@ -17,6 +17,7 @@ specialisation 197.6 / 211.4 / 217.5. Gate and up as two 128-column MMAs on the 
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import torch
 
@@ -67,7 +68,7 @@ def main() -> None:
     flops = 2 * ROWS * K * 2 * FF
     print(f"{'gate|up + GeGLU, 968 rows, cold weights':<40} {'us':>8} {'TFLOP/s':>8} {'max abs':>9}   rounds")
     for name, r in results.items():
-        r["median_us"] = sorted(r["us"])[len(r["us"]) // 2]
+        r["median_us"] = statistics.median(r["us"])
         rounds = " ".join(f"{v:.1f}" for v in r["us"])
         print(f"{name:<40} {r['median_us']:8.2f} {flops / r['median_us'] / 1e6:8.0f} {r['max_abs']:9.2e}   {rounds}")
     write_result(args.out, "gate_up_geglu", dev, rows=ROWS, k=K, ff=FF, results=results)

@@ -10,6 +10,7 @@ at 1024 rows shows what the 968-row tile tail costs. GPU only.
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import torch
 import torch.nn.functional as F
@@ -73,7 +74,7 @@ def main() -> None:
     for name, rows, k, n, _, _ in SHAPES:
         for backend in backends:
             key = f"{name} [{backend}]"
-            us = sorted(results[key])[len(results[key]) // 2]
+            us = statistics.median(results[key])
             tflops = 2 * rows * k * n / us / 1e6
             table[key] = dict(us=us, tflops=tflops, rounds=results[key])
             print(f"{key:<34} {us:9.2f} {tflops:8.0f}   {' '.join(f'{v:.2f}' for v in results[key])}")

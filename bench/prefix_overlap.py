@@ -18,6 +18,7 @@ in alternating rounds:
 from __future__ import annotations
 
 import argparse
+import statistics
 from contextlib import contextmanager
 
 import torch
@@ -34,7 +35,7 @@ from flashrt_ros.policies.fused import FusedPi0
 
 
 def median(xs: list[float]) -> float:
-    return sorted(xs)[len(xs) // 2]
+    return statistics.median(xs)
 
 
 def steps_from(fused: FusedPi0, start: int) -> None:

@@ -176,7 +176,8 @@ def main() -> None:
     compiled, compile_parity, compile_s = {}, None, 0.0
     if not args.tiny:
         case = Case.make(cfg, dev, args.views)
-        # parity against the fp32 reference (the same weights in fp32, same noise), as `flashrt bench`
+        # parity against an fp32 reference: the pipeline's bf16-rounded weights held in fp32, the same
+        # noise (their rounding is not in the error; `flashrt bench`'s reference is built before it)
         fp32 = copy.deepcopy(policy.model).set_precision(torch.float32)
         with torch.no_grad(), true_fp32():
             ref_chunk = fp32.sample_actions(*case.args(), noise=case.noise)

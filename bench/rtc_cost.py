@@ -49,11 +49,16 @@ def main() -> None:
     executing = ExecutingChunk(pipes["plain"].decide(obs, noise).actions, 0, STEP_NS)
     held = hold(executing, 2 * STEP_NS, 5 * STEP_NS, cfg.horizon, RtcSettings())
 
-    def decide(mode: str, o: Observation) -> tuple[float, float, np.ndarray]:
+    def decide(mode: str, o: Observation, reuse: bool | None = None) -> tuple[float, float, np.ndarray]:
+        """One decision's wall and denoise microseconds and its chunk; `reuse`: whether it must
+        have re-used the prefix (else the row it is timed for is not what it says)."""
         pipe = pipes["plain" if mode == "plain" else "guided"]
         t0 = time.perf_counter()
         d = pipe.decide(o, noise, hold=held if mode == "guided, held" else None)
-        return (time.perf_counter() - t0) * 1e6, d.timings_ms["denoise"] * 1e3, d.actions
+        wall = (time.perf_counter() - t0) * 1e6
+        if reuse is not None and d.prefix_reused != reuse:
+            raise SystemExit(f"{mode}: a decision timed as prefix_reused={reuse} had prefix_reused={d.prefix_reused}")
+        return wall, d.timings_ms["denoise"] * 1e3, d.actions
 
     # parity first (and warm-up): the chunks of each mode, and the reference backend's
     chunks = {m: decide(m, obs)[2] for m in MODES}
@@ -80,9 +85,11 @@ def main() -> None:
     for r in range(args.rounds):
         for m in MODES if r % 2 == 0 else tuple(reversed(MODES)):
             for reuse in (False, True):
+                if reuse:  # untimed: the prefix of the frames the re-used decisions see, built here
+                    decide(m, dataclasses.replace(obs, frame_ids=(0,) * args.views))
                 for i in range(args.iters):
                     ids = (0,) * args.views if reuse else tuple((r, i, v, m) for v in range(args.views))
-                    wall, den, _ = decide(m, dataclasses.replace(obs, frame_ids=ids))
+                    wall, den, _ = decide(m, dataclasses.replace(obs, frame_ids=ids), reuse)
                     found[(m, reuse)]["wall"].append(wall)
                     found[(m, reuse)]["denoise"].append(den)
     # (a line of its own: the progress bars before it end without a newline)

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import torch
 import triton
@@ -50,7 +51,7 @@ def _ping_pong(flag_ptr, N, LINE: tl.constexpr):
 def per_iteration_us(launch, counters: torch.Tensor, iterations: int) -> float:
     """Median microseconds per loop iteration of `launch` (one kernel of `iterations`) over 5 runs."""
     laps = time_call(lambda: (counters.zero_(), launch()), 5, 1, counters.device)
-    return sorted(laps)[len(laps) // 2] * 1e3 / iterations
+    return statistics.median(laps) * 1e3 / iterations
 
 
 def measure(iters: int, device: torch.device) -> dict[str, float]:

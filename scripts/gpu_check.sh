@@ -120,7 +120,7 @@ for part in "${parts[@]}"; do
       ;;
     latency)
       step "Reference eager latency, full size, bf16, batch 1"
-      python3 -m flashrt_ros.cli bench --policy pi05 --views 3 --modes eager --iters 20 --warmup 3 --out "$OUT" \
+      python3 -m flashrt_ros.cli bench --policy pi05 --views 3 --modes eager --iters 50 --warmup 3 --out "$OUT" \
         2>&1 | grep -v "it/s" | tee "$OUT/latency.log" || status=1
       ;;
     step)

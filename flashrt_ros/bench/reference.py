@@ -2,7 +2,8 @@
 
 Random weights (nothing to download), real shapes: pi0.5 with 3 views, 200 prompt tokens,
 chunk 50, 10 steps, batch 1 by default. Reports the full decision and denoise-only
-(cached prefix), median/p90/p99 over >= 20 decisions, and peak GPU memory.
+(cached prefix), median/p90/p99 over >= 10 decisions
+(`flashrt bench`'s minimum; 50 by default), and peak GPU memory.
 """
 
 from __future__ import annotations
