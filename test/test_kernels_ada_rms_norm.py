@@ -89,3 +89,20 @@ def test_ada_rms_norm_gpu_real_shapes() -> None:
     torch.testing.assert_close(y2.float(), y2_ref.float(), **TOL[torch.bfloat16])
     # adaRMS alone (the expert's first norm of a step): the same rows, the same modulation
     torch.testing.assert_close(ada_rms_norm(y, mod).float(), ada_rms_norm_ref(y, mod).float(), **TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ada_rms_norm_uses_the_eps_it_is_given(dtype: torch.dtype) -> None:
+    """Rows whose mean square is near eps, where eps is most of the denominator."""
+    g = torch.Generator().manual_seed(7)
+    T, D = 9, 130
+    x, res, y = (_rand(T, D, dtype=dtype, g=g, scale=2e-3) for _ in range(3))
+    mod, gate = _rand(3 * D, dtype=torch.float32, g=g, scale=0.5), _rand(D, dtype=dtype, g=g)
+    for eps in (1e-5, 1e-6):
+        got, want = ada_rms_norm(x, mod, eps), ada_rms_norm_ref(x, mod, eps)
+        torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
+        got = gated_residual_ada_rms_norm(res, y, gate, mod, eps)
+        want = gated_residual_ada_rms_norm_ref(res, y, gate, mod, eps)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a.float(), b.float(), **TOL[dtype])
+    assert (ada_rms_norm_ref(x, mod, 1e-5).float() - ada_rms_norm_ref(x, mod, 1e-6).float()).abs().max() > 0.1

@@ -67,3 +67,14 @@ def test_layer_norm_gpu_real_shape(with_x_bias: bool) -> None:
     y_ref, s_ref = layer_norm_ref(x, w, b, residual=r, x_bias=xb)
     torch.testing.assert_close(s, s_ref, atol=0, rtol=0)
     torch.testing.assert_close(y.float(), y_ref.float(), **TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_norm_uses_the_eps_it_is_given(dtype: torch.dtype) -> None:
+    """Rows whose variance is near eps, where eps is most of the denominator."""
+    x, r, w, b = _inputs(9, 130, dtype, seed=11)
+    small = ((x.float() - 3) * 1e-3).to(dtype)
+    for eps in (1e-5, 1e-6):
+        got, want = layer_norm(small, w, b, eps), layer_norm_ref(small, w, b, eps)
+        torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
+    assert (layer_norm_ref(small, w, b, 1e-5).float() - layer_norm_ref(small, w, b, 1e-6).float()).abs().max() > 0.1

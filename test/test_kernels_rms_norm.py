@@ -128,3 +128,17 @@ def test_quantize_rows_kernel_equals_the_torch_rounding(T: int, D: int, dtype: t
     assert bool((q[0].float() == 0).all())
     with pytest.raises(ValueError, match="out must be e4m3 and scale float32"):
         quantize_rows_kernel(x, out=torch.empty(T, D, device=DEVICE))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_uses_the_eps_it_is_given(dtype: torch.dtype) -> None:
+    """Rows whose mean square is near eps: there eps is most of the denominator, and a kernel that
+    used another eps (or its default) would be far off the reference."""
+    x, r, w = _inputs(9, 130, dtype, seed=3)
+    small = (x.float() * 1e-3).to(dtype)
+    for eps in (1e-5, 1e-6):
+        torch.testing.assert_close(rms_norm(small, w, eps).float(), rms_norm_ref(small, w, eps).float(), **TOL[dtype])
+        y, _ = rms_norm(small, w, eps, residual=(r.float() * 1e-3).to(dtype))
+        y_ref, _ = rms_norm_ref(small, w, eps, residual=(r.float() * 1e-3).to(dtype))
+        torch.testing.assert_close(y.float(), y_ref.float(), **TOL[dtype])
+    assert (rms_norm_ref(small, w, 1e-5).float() - rms_norm_ref(small, w, 1e-6).float()).abs().max() > 0.1

@@ -15,7 +15,9 @@ closes a sub-layer is always followed by the next adaRMS, so the fused kernel do
     y2 = rmsnorm_noweight(h) * (1 + scale) + shift       # written as the next sub-layer input
 
 Numerics: all in fp32; ``h`` is rounded to the residual dtype before it is normed (as the eager
-model, which stores ``h``). The modulation may be fp32 or bf16 and is used as stored.
+model, which stores ``h``). The modulation may be fp32 or bf16 and is used as stored; the product
+``y_prev * gate_prev`` is not rounded before the add (the eager model rounds it, and its gate, to
+bf16; kernels README, "Numerics").
 """
 
 from __future__ import annotations
@@ -236,7 +238,8 @@ def ada_rms_norm_ref(x: torch.Tensor, modulation: torch.Tensor, eps: float = 1e-
 
 
 def gated_residual_ref(residual: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """openpi ``_gated_residual``: ``residual + y * gate`` (fp32 math, stored in residual's dtype)."""
+    """openpi ``_gated_residual``'s ``residual + y * gate`` in fp32, rounded once to the residual's
+    dtype (openpi's eager bf16 model also rounds the product before the add)."""
     g = gate.float()  # [D] or [B, D]
     if g.dim() == 2 and residual.dim() == 3:
         g = g[:, None, :]  # [B, 1, D]
