@@ -187,6 +187,21 @@ def test_chunks_from_before_the_clock_went_back_are_dropped():
     assert (cmd.chunk_id, cmd.index) == (2, 47)
 
 
+def test_after_the_clock_went_back_no_chunk_from_before_it_goes_on_unbounded():
+    """A chunk that starts before those held (the clock went back) forgets the commands, so that
+    nothing bounds a move from them; a chunk from before it, mid-blend, then went on governing
+    with no bound when the new one ran out before it could take over (a 0.039 jump in a tick)."""
+    stream = ActionStream(blend_steps=3, max_move=np.array([0.01]), tick_ns=2 * MS)
+    stream.push(np.linspace(0.0, 0.09, 10)[:, None], start_ns=1000 * MS, step_ns=STEP, chunk_id=1)
+    stream.command(1000 * MS)
+    stream.push(np.full((10, 1), 0.5), start_ns=1100 * MS, step_ns=STEP, chunk_id=2)  # far: blended, bounded
+    stream.command(1102 * MS)
+    last = stream.command(1104 * MS).values
+    stream.push(np.zeros((2, 1)), start_ns=1060 * MS, step_ns=STEP, chunk_id=3)  # earlier, over by the next tick
+    cmd = stream.command(1106 * MS)
+    assert cmd is None or np.abs(cmd.values - last).max() <= 0.01 * 2 / 20 + 1e-12, (cmd, last)
+
+
 def test_a_change_of_blend_steps_applies_from_the_next_chunk():
     stream = ActionStream(blend_steps=1)
     stream.push(np.zeros((10, 1)), start_ns=0, step_ns=STEP, chunk_id=1)

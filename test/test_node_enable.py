@@ -124,6 +124,32 @@ def test_a_pause_holds_the_last_chunk_once(rclpy_context):
         node._last_trajectory = ExecutingChunk(actions, now_ns, step_ns)
         assert "one point, one step ahead, where the last chunk has them now" in pause()
         assert "none to stop" in pause()
+        node._ended_since_hold = True  # a chunk published since, refused by the controllers (chunk_ended)
+        assert "had all ended on arrival (chunk_ended): none to stop" in pause()
+        assert pause().startswith("paused") and "no trajectory published since" in pause()
+    finally:
+        node.destroy_node()
+
+
+def test_a_pause_in_a_chunks_first_step_holds_the_arm_near_where_it_started(rclpy_context, monkeypatch):
+    """In a chunk's first step the controller moves the joints from where they were to action 0:
+    the hold point is on that way (it was action 0 itself, a whole step's move away)."""
+    from node_harness import in_process_node
+    from std_srvs.srv import SetBool
+
+    node = in_process_node(rclpy_context)
+    try:
+        sent = []
+        monkeypatch.setattr(node._traj_pub, "publish", sent.append)
+        dof, step_ns = len(JOINTS), 10**9  # a long step: the pause comes early in it
+        actions = np.ones((10, dof)) + np.arange(10)[:, None]
+        origin = np.array([0.0] * (dof - 1) + [np.nan])  # the last joint is not in the joint state
+        node._last_trajectory = ExecutingChunk(actions, node.get_clock().now().nanoseconds, step_ns, origin=origin)
+        node._on_enable(SetBool.Request(data=False), SetBool.Response())
+        (point,) = sent[0].points
+        held = np.array(point.positions)
+        assert (0.0 < held[:-1]).all() and (held[:-1] < 0.1).all(), held  # near the start, towards action 0 (1.0)
+        assert held[-1] == 1.0  # no known start: action 0, as before
     finally:
         node.destroy_node()
 

@@ -283,3 +283,18 @@ def test_pipeline_refuses_what_it_cannot_guide() -> None:
         Pipeline(policy, backend="reference").decide(obs, hold=held)
     with pytest.raises(ValueError, match="'exact' differentiates through the expert.*backend 'fused'"):
         Pipeline(policy, backend="fused", rtc=RtcSettings(jacobian="exact"))
+
+
+def test_the_executing_chunks_trajectory_runs_from_its_origin_to_its_actions():
+    """As joint_trajectory_controller plays it: from where the joints were at the start to action 0
+    one step later, then action i at (i + 1) steps; before the start its origin, after the end its
+    last action; a joint of no known origin is at action 0 for the first step."""
+    actions = np.array([[1.0, 10.0], [2.0, 20.0], [4.0, 40.0]], np.float32)
+    chunk = ExecutingChunk(actions, start_ns=1000, step_ns=100, origin=np.array([0.0, np.nan]))
+    np.testing.assert_allclose(chunk.trajectory_at(1000), [0.0, 10.0])
+    np.testing.assert_allclose(chunk.trajectory_at(1050), [0.5, 10.0])
+    np.testing.assert_allclose(chunk.trajectory_at(1150), [1.5, 15.0])
+    np.testing.assert_allclose(chunk.trajectory_at(1300), [4.0, 40.0])
+    np.testing.assert_allclose(chunk.trajectory_at(5000), [4.0, 40.0])
+    np.testing.assert_allclose(chunk.trajectory_at(0), [0.0, 10.0])
+    np.testing.assert_allclose(ExecutingChunk(actions, 1000, 100).trajectory_at(1050), [1.0, 10.0])

@@ -209,9 +209,12 @@ class ActionStream:
                 raise ValueError(f"chunk {chunk_id} has {actions.shape[1]} action dims, the stream {dof}")
             # chunks that start after this one are from before the clock went back (a simulator
             # reset); one that starts with it and has not governed never will. After a reset the
-            # commands before it say nothing of where the robot is: nothing to start from or bound by
+            # commands before it say nothing of where the robot is: nothing to start from or bound by,
+            # and no chunk from before it goes on (one mid-blend would, unbounded, were this one to
+            # run out before it governs)
             if any(c.start_ns > start_ns for c in self._chunks):
                 self._forget_commands()
+                self._chunks = []
             self._chunks = [
                 c
                 for c in self._chunks

@@ -50,11 +50,24 @@ class RtcSettings:
 @dataclass(frozen=True)
 class ExecutingChunk:
     """The chunk the robot executes: actions [horizon, dof] in robot units, action 0 due at
-    `start_ns`, one every `step_ns`."""
+    `start_ns`, one every `step_ns`. `origin` [dof]: where the robot was at `start_ns`, from which
+    its trajectory runs to action 0 (NaN or None: not known)."""
 
     actions: np.ndarray
     start_ns: int
     step_ns: int
+    origin: np.ndarray | None = None
+
+    def trajectory_at(self, t_ns: int) -> np.ndarray:
+        """Where the chunk's trajectory has the joints at `t_ns` [dof]: from `origin` at the start
+        to action i at (i + 1) steps, linearly between; past its end, its last action (before its
+        start, or a joint of no known origin in the first step: action 0)."""
+        n, dof = self.actions.shape
+        times = self.start_ns + self.step_ns * np.arange(0, n + 1)
+        first = self.actions[0].astype(np.float64)
+        origin = first if self.origin is None else np.where(np.isfinite(self.origin), self.origin, first)
+        path = np.concatenate([origin[None, :], self.actions.astype(np.float64)])  # [n + 1, dof]
+        return np.array([np.interp(t_ns, times, path[:, j]) for j in range(dof)])
 
 
 @dataclass(frozen=True)

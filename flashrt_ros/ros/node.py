@@ -402,6 +402,7 @@ class FlashRTNode(Node):
         self._traj_pub = self.create_publisher(JointTrajectory, "~/joint_trajectory", 10)
         # the last chunk published: where a pause holds the trajectory controllers (None once held)
         self._last_trajectory: ExecutingChunk | None = None
+        self._ended_since_hold = False  # a chunk published since then had ended on arrival (chunk_ended)
         # real-time chunking (rtc): the same chunk, what the robot executes (None after a reset or a
         # pause), and the recent decisions' latencies, from which the next chunk's takeover is estimated
         self._executing: ExecutingChunk | None = None
@@ -1061,7 +1062,8 @@ class FlashRTNode(Node):
         self._publish_trajectories(decision.actions, stamp, step_ns)
         # a zero stamp is the controller's "start now": the publication's now
         start_ns = stamp_to_ns(stamp) or self.get_clock().now().nanoseconds
-        executing = ExecutingChunk(decision.actions, start_ns, step_ns)
+        robot_at = self._robot_at(samples[-1])
+        executing = ExecutingChunk(decision.actions, start_ns, step_ns, origin=robot_at)
         # a pause clears the stream under this lock after enabled went false; ROS time going back
         # after the epoch was read, before the settle here
         with self._command_lock:
@@ -1069,14 +1071,13 @@ class FlashRTNode(Node):
             if epoch is not None and epoch != self._time_epoch:
                 return True
             if ended:  # the controllers refuse it and the stream skips it: the arm goes on with the one before
-                return True  # so neither a pause's hold point nor rtc's target may come from it
+                self._ended_since_hold = True  # so neither a pause's hold point nor rtc's target may come from it
+                return True
             self._last_trajectory = self._executing = executing
             if not self._command_pubs or not self.enabled:
                 return True
             try:  # the policy's checks make a refusal unreachable; if one comes, the node goes on
-                self.commands.push(
-                    decision.actions, start_ns, step_ns, decision.chunk_id, robot_at=self._robot_at(samples[-1])
-                )
+                self.commands.push(decision.actions, start_ns, step_ns, decision.chunk_id, robot_at=robot_at)
             except ValueError as exc:
                 self._our_failure("command_failed", f"chunk {decision.chunk_id} not streamed: {exc}")
         return True
@@ -1711,17 +1712,21 @@ class FlashRTNode(Node):
 
     def _hold_trajectories(self) -> str:
         """A one-point trajectory, starting now, to where the last published chunk has the
-        trajectory controllers now (its trajectory interpolated; past its end, its last point):
-        they stop there. What was done, in words, for the reply."""
+        trajectory controllers now (its trajectory interpolated, from where the joints were at its
+        start; past its end, its last point): they stop there. What was done, in words, for the reply."""
         with self._command_lock:
             self._settle_jump_commands()
             last = self._last_trajectory
+            ended, self._ended_since_hold = self._ended_since_hold, False
         if last is None:
+            if ended:
+                return (
+                    "the trajectories published since the last hold had all ended on arrival "
+                    "(chunk_ended): none to stop"
+                )
             return "no trajectory published since the node started or was last paused: none to stop"
         self._last_trajectory = None  # the controllers are held; the next pause has nothing newer to stop
-        now_ns = self.get_clock().now().nanoseconds
-        times = last.start_ns + last.step_ns * np.arange(1, len(last.actions) + 1)  # point i at (i + 1) steps
-        here = np.array([np.interp(now_ns, times, last.actions[:, j]) for j in range(last.actions.shape[1])])
+        here = last.trajectory_at(self.get_clock().now().nanoseconds)
         self._publish_trajectories(here[None, :], messages.time_msg(0), last.step_ns)  # stamp 0: start now
         return "the trajectory controllers are sent one point, one step ahead, where the last chunk has them now"
 
