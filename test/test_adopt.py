@@ -839,6 +839,10 @@ def test_inner_hooks_and_a_training_dropout_run_the_modules_own_forward() -> Non
         with torch.no_grad():
             own = mlp(x)
     torch.testing.assert_close(dropped, own)  # the same dropout mask: the module's own forward ran
+    mlp.eval()
+    mlp.dropout.train()  # Monte-Carlo dropout: the model in eval, its dropouts on
+    mlp.forward.reset()
+    assert (run() == 0).sum().item() > 0 and mlp.forward.runs == 0
 
 
 def test_an_adopted_module_takes_its_argument_by_name_and_refuses_a_wrong_width(kernel_calls) -> None:
@@ -858,3 +862,12 @@ def test_an_adopted_module_takes_its_argument_by_name_and_refuses_a_wrong_width(
         norm(x, x)  # the module's own forward says what is wrong with the call
     with pytest.raises(RuntimeError, match="normalized_shape"), torch.no_grad():
         norm(x[:, :32])
+
+
+def test_a_model_made_under_inference_mode_is_adopted() -> None:
+    """Inference tensors keep no version counter: the gate|up copy then follows their storage."""
+    with torch.inference_mode():
+        model = tiny_gemma()
+    ids = _ids()
+    report = accelerate(model, lambda: model(input_ids=ids).logits, PARITY_ONLY)
+    assert "geglu_mlp" in report.kept, report.table()

@@ -436,6 +436,13 @@ def test_lerobot_config_json_maps_to_full_size_config():
     assert named.extra == {"n_action_steps": 50, "camera_names": [f"observation.images.{c}" for c in "abc"]}
     executed = named.replace(extra={**named.extra, "n_action_steps": 5})  # a re-saved LeRobot policy keeps both
     assert config_from_lerobot(lerobot_config_dict(executed)).extra == {**named.extra, "n_action_steps": 5}
+    keys = ["observation.image", "observation.images.b", "c"]  # a key of its own, LeRobot's usual one, a bare name
+    other = executed.replace(extra={**executed.extra, "camera_names": keys})
+    assert list(lerobot_config_dict(other)["input_features"])[:3] == [
+        "observation.image",
+        "observation.images.b",
+        "observation.images.c",
+    ]
     cfg0 = config_from_lerobot(lerobot_config_dict(PolicyConfig.pi0(num_views=2, horizon=30)))
     assert cfg0.kind == "pi0" and cfg0.num_views == 2 and cfg0.horizon == 30 and cfg0.prompt_len == 48
     assert cfg0.prompt_format == "pi0_lerobot"

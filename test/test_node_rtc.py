@@ -145,7 +145,7 @@ def test_a_forward_jump_of_ros_time_is_no_decision_latency(rclpy_context, monkey
             one_decision()
         assert node.decisions == 3 and node._latency.slowest_ns() == pytest.approx(30e6, abs=1e6)
         misses = node.deadline_misses
-        for size in (1.0, 2 * MIN_JUMP_FORWARD_S):
+        for size in (2 * MIN_JUMP_FORWARD_S, 1.0):  # (a smaller step soon after a bigger one: a tick)
             jump[0] = size
             one_decision()
             jump[0] = 0.0
@@ -154,5 +154,48 @@ def test_a_forward_jump_of_ros_time_is_no_decision_latency(rclpy_context, monkey
         jump[0] = 0.1 / node.cfg.rate_hz  # slower than the rest, no jump: it counts
         one_decision()
         assert node._latency.slowest_ns() == pytest.approx(30e6 + 1e8 / node.cfg.rate_hz, abs=1e6)
+    finally:
+        node.destroy_node()
+
+
+def test_a_coarse_clocks_ticks_are_no_jumps(rclpy_context, monkeypatch):
+    """A /clock of 10 Hz (a bag played with --clock 10, a coarse simulator) steps ROS time by
+    MIN_JUMP_FORWARD_S at every tick: regular steps of one size are ticks, and decisions spanning
+    them keep their length on ROS time (for rtc's takeover and for deadline misses)."""
+    from rclpy.time import Time
+
+    from flashrt_ros.ros.inputs import Sample
+    from flashrt_ros.ros.node import MIN_JUMP_FORWARD_S
+
+    node = in_process_node(rclpy_context, rtc=True)
+    try:
+        clock = node.get_clock()
+        clock._set_ros_time_is_active(True)
+        now = [100.0]
+
+        def tick() -> None:
+            now[0] += MIN_JUMP_FORWARD_S
+            clock.set_ros_time_override(Time(seconds=now[0]))
+
+        tick()
+        decide = node.state.decide
+
+        def three_ticks(obs, hold=None, **kwargs):
+            out = decide(obs, hold=hold, **kwargs)
+            for _ in range(3):
+                tick()
+            return out
+
+        monkeypatch.setattr(node.state, "decide", three_ticks)
+        for _ in range(4):
+            stamp = Time(nanoseconds=round(now[0] * 1e9)).to_msg()
+            for cam in node.slots[:-1]:
+                cam.latest = Sample(np.zeros((24, 32, 3), np.uint8), stamp, 0, 0)
+            node.slots[-1].latest = Sample(np.zeros(len(JOINTS), np.float32), stamp, 0, 0)
+            node._decide()
+            tick()
+        assert node.decisions == 4
+        assert node._latency.slowest_ns() == pytest.approx(3e8, abs=1e6)  # three ticks per decision
+        assert node.deadline_misses >= 3  # 0.3 s against rate_hz's 0.1 s period (the first tick ever: a jump)
     finally:
         node.destroy_node()

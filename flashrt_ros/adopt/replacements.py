@@ -89,8 +89,8 @@ class AdoptedForward:
             return True
         if any(m._forward_hooks or m._forward_pre_hooks for m in self.inner):
             return True
-        dropouts = (m for m in self.inner if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0)
-        return self.module.training and any(dropouts)
+        # a dropout's own mode (Monte-Carlo dropout: the model in eval, its dropouts in train)
+        return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0 for m in self.inner)
 
     def kernel(self, x: Tensor) -> Tensor | None:
         """The kernels' output for `x`; None where they cannot run on this call (device, dtype,
@@ -479,7 +479,7 @@ class GegluForward(AdoptedForward):
         """What tells the weights the copy was made from: their storage and in-place version
         (an optimizer step, a load_state_dict, a .to(), a functional_call change them)."""
         gate, up = self.module.gate_proj.weight, self.module.up_proj.weight
-        return gate.data_ptr(), gate._version, up.data_ptr(), up._version
+        return gate.data_ptr(), _version(gate), up.data_ptr(), _version(up)
 
     def kernel(self, x: Tensor) -> Tensor | None:
         m = self.module
@@ -506,6 +506,12 @@ class GegluForward(AdoptedForward):
         self.module._buffers.pop(GATE_UP_BUFFER, None)
 
 
+def _version(t: Tensor) -> int:
+    """The tensor's in-place version; -1 for one made under torch.inference_mode (it keeps none:
+    only its storage then tells a change)."""
+    return -1 if t.is_inference() else t._version
+
+
 class GegluMLPReplacement(Replacement):
     """Gemma's MLP, ``down(gelu_tanh(gate(x)) * up(x))`` without biases -> one gate|up GEMM whose
     epilogue applies the GeGLU (`kernels.gate_up_geglu`, sm_90+ and the interpreter), else one
@@ -514,7 +520,8 @@ class GegluMLPReplacement(Replacement):
     The gate and up weights are concatenated when the replacement is built, into a
     non-persistent buffer of the module (it follows ``.to()``; not in the state_dict): a copy
     that `accelerate` reports as extra memory and drops on revert. Weights changed since (trained,
-    loaded, moved) are concatenated again at the next call the kernels take."""
+    loaded, moved) are concatenated again at the next call the kernels take (a Python call: a CUDA
+    graph captured before keeps reading the copy it was captured with)."""
 
     name = "geglu_mlp"
     summary = "Gemma MLP -> gate|up GEMM + GeGLU (Triton epilogue), copy of gate|up weights"

@@ -60,8 +60,8 @@ class ExecutingChunk:
 
     def trajectory_at(self, t_ns: int) -> np.ndarray:
         """Where the chunk's trajectory has the joints at `t_ns` [dof]: from `origin` at the start
-        to action i at (i + 1) steps, linearly between; past its end, its last action (before its
-        start, or a joint of no known origin in the first step: action 0)."""
+        to action i at (i + 1) steps, linearly between; before its start, `origin`; past its end,
+        its last action (a joint of no known origin: action 0 until one step in)."""
         n, dof = self.actions.shape
         times = self.start_ns + self.step_ns * np.arange(0, n + 1)
         first = self.actions[0].astype(np.float64)

@@ -469,10 +469,11 @@ def lerobot_config_dict(cfg: PolicyConfig, camera_names: list[str] | None = None
             "(LeRobot's pi0.5 puts the state in its prompt, its pi0 never); save it in the openpi layout"
         )
     names = {GEMMA_2B: "gemma_2b", GEMMA_300M: "gemma_300m"}
-    had = [str(name).removeprefix("observation.images.") for name in cfg.extra.get("camera_names") or []]
+    had = [str(name) for name in cfg.extra.get("camera_names") or []]  # LeRobot's keys, as read
     cams = camera_names or (had if len(had) == cfg.camera_views else [f"cam{i}" for i in range(cfg.camera_views)])
     size = cfg.vision.image_size
-    visual = [f"observation.images.{c}" for c in cams] + [f"{EMPTY_CAMERA_PREFIX}{i}" for i in range(cfg.empty_cameras)]
+    keys = [c if c.startswith("observation.") else f"observation.images.{c}" for c in cams]
+    visual = keys + [f"{EMPTY_CAMERA_PREFIX}{i}" for i in range(cfg.empty_cameras)]
     features = {name: {"type": "VISUAL", "shape": [3, size, size]} for name in visual}
     features["observation.state"] = {"type": "STATE", "shape": [robot_dof or cfg.state_dim]}
     return {

@@ -122,9 +122,13 @@ CHUNK_ENDED = "chunk_ended"
 MIN_JUMP_BACK_S = 0.001
 """ROS time going back by less is not a jump (rcl reports every backward step: two /clock sources)."""
 MIN_JUMP_FORWARD_S = 0.1
-"""ROS time going forward by more in one step is a jump (a /clock source that resynced or skipped),
-not a tick of /clock (bag playback's 40 Hz, a simulator's frames): a decision it falls in has no
-length on ROS time, for real-time chunking's takeover estimate nor for a deadline miss."""
+"""ROS time going forward by this much or more in one step is a jump (a /clock source that resynced
+or skipped), not a tick of /clock (bag playback's 40 Hz, a simulator's frames): a decision it falls
+in has no length on ROS time, for real-time chunking's takeover estimate nor for a deadline miss.
+Unless such steps come regularly (TICK_REPEAT_S): then they are a coarse /clock's ticks."""
+TICK_REPEAT_S = 1.0
+"""A step forward of ROS time between half and twice the one before it, which came less than this
+long ago (steady time), is a tick of a coarse /clock (10 Hz, a bag played with --clock 10), not a jump."""
 NODE_ERROR = "node_error"
 """A failure of ours caught where it cannot stop the node: real-time chunking, the command stream,
 the status, or a decision tick outside the policy (the policy's own is policy_error)."""
@@ -194,6 +198,7 @@ class FlashRTNode(Node):
         self._jump_from_ns = self._jump_to_ns = self._jump_back_ns = 0
         self._jumps_back_ns: deque[int] = deque()  # not yet counted and logged
         self._jumps_forward = 0  # ROS time's jumps forward so far: no decision's length spans one
+        self._last_step_forward: tuple[float, int] | None = None  # (steady s, ns) of the last step seen
         self._jump_handle = self.get_clock().create_jump_callback(  # kept: the callback lives with it
             JumpThreshold(
                 min_forward=Duration(seconds=MIN_JUMP_FORWARD_S),
@@ -1074,6 +1079,7 @@ class FlashRTNode(Node):
                 self._ended_since_hold = True  # so neither a pause's hold point nor rtc's target may come from it
                 return True
             self._last_trajectory = self._executing = executing
+            self._ended_since_hold = False
             if not self._command_pubs or not self.enabled:
                 return True
             try:  # the policy's checks make a refusal unreachable; if one comes, the node goes on
@@ -1317,7 +1323,11 @@ class FlashRTNode(Node):
         runs (and adds or removes a timer's callback) in the middle of the walk."""
         back_ns = -jump.delta.nanoseconds
         if back_ns <= 0:  # forward by MIN_JUMP_FORWARD_S or more: only the decisions' lengths care
-            self._jumps_forward += 1
+            now_s, before, step_ns = time.monotonic(), self._last_step_forward, -back_ns
+            self._last_step_forward = now_s, step_ns
+            regular = before is not None and now_s - before[0] < TICK_REPEAT_S
+            if not (regular and before[1] <= 2 * step_ns <= 4 * before[1]):  # else a coarse /clock's tick
+                self._jumps_forward += 1
             return
         self._jump_back_ns = back_ns
         self._jump_to_ns = self.get_clock().now().nanoseconds
@@ -1353,6 +1363,7 @@ class FlashRTNode(Node):
         # a pause's hold point too: interpolated on the new clock, the last chunk would send the
         # arm back towards where it was before a simulator reset
         self._last_trajectory = None
+        self._ended_since_hold = False
 
     def _check_stamp(self, stamp: Time, topic: str, max_age_s: float) -> int:
         """A message's stamp judged on the node's clock (fresh, and on its timeline after ROS time
