@@ -1270,12 +1270,14 @@ def test_the_trajectory_stamp_parameter_picks_where_a_chunk_starts(rclpy_context
         running = SimpleNamespace(actions=np.zeros((10, len(JOINTS)), np.float32), chunk_id=1, prefix_frames=None)
         running.prefix_reused = False
         fresh = TimeMsg(sec=now // 10**9, nanosec=now % 10**9)
-        node._publish(running, [Sample(None, fresh, 0, 0)] * len(node.slots), 1.0, node.cfg)
+        joints = Sample(np.zeros(len(JOINTS), np.float32), fresh, 0, 0)
+        node._publish(running, [Sample(None, fresh, 0, 0)] * (len(node.slots) - 1) + [joints], 1.0, node.cfg)
         before = node._executing
         assert before is not None and node._last_trajectory is before
         ended = SimpleNamespace(actions=np.ones((10, len(JOINTS)), np.float32), chunk_id=2, prefix_frames=None)
         ended.prefix_reused = False
-        node._publish(ended, [Sample(None, old, 0, 0)] * len(node.slots), 1.0, node.cfg)
+        old_joints = Sample(np.zeros(len(JOINTS), np.float32), old, 0, 0)
+        node._publish(ended, [Sample(None, old, 0, 0)] * (len(node.slots) - 1) + [old_joints], 1.0, node.cfg)
         assert node.invalid[("", "chunk_ended")] == 2
         assert node._executing is before and node._last_trajectory is before
     finally:
@@ -1308,7 +1310,7 @@ def test_trajectory_groups_publish_each_controllers_joints(rclpy_context):
             listener.create_subscription(JointTrajectory, topic, store.append, 10)
         actions = np.arange(10 * len(JOINTS), dtype=np.float32).reshape(10, len(JOINTS))
         stamp = TimeMsg(sec=7)
-        samples = [Sample(None, stamp, 0, 0) for _ in node.slots]
+        samples = [Sample(None, stamp, 0, 0) for _ in node.slots[:-1]] + [Sample(np.zeros(len(JOINTS)), stamp, 0, 0)]
         deadline = time.monotonic() + 10.0
         while not all(got.values()) and time.monotonic() < deadline:  # until both subscriptions matched
             decision = SimpleNamespace(actions=actions, chunk_id=1, prefix_reused=False, prefix_frames=None)

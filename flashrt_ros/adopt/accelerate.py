@@ -19,7 +19,17 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .gate import Gates, OutputsChanged, Parity, alternating_medians, floating_outputs, parity, seeded
+from .gate import (
+    Gates,
+    OutputsChanged,
+    Parity,
+    alternating_rounds,
+    floating_outputs,
+    median_ms,
+    parity,
+    rounds_short_of,
+    seeded,
+)
 from .replacements import KERNEL_DTYPES, REPLACEMENTS, AdoptedForward, Replacement, kernels_refusal
 
 log = logging.getLogger(__name__)
@@ -337,9 +347,8 @@ def _gated(
         verdict.kept, verdict.reason = True, "parity passed (speed not gated)"
         return verdict, patch
     try:
-        verdict.patched_ms, verdict.unpatched_ms = alternating_medians(
-            [(patch.on, example), (patch.off, example)], gates, device
-        )
+        patched, unpatched = alternating_rounds([(patch.on, example), (patch.off, example)], gates, device)
+        verdict.patched_ms, verdict.unpatched_ms = median_ms(patched), median_ms(unpatched)
     except BaseException:
         patch.drop()
         raise
@@ -347,6 +356,11 @@ def _gated(
     if verdict.patched_ms > verdict.unpatched_ms * (1.0 - gates.min_gain):
         patch.drop()
         verdict.reason = f"not faster by {gates.min_gain:.0%}"
+        return verdict, None
+    short = rounds_short_of(patched, unpatched, gates.min_gain)
+    if short:  # a gain the rounds' spread covers: noise, as likely as not
+        patch.drop()
+        verdict.reason = f"faster by {gates.min_gain:.0%} overall, not in {short} of {gates.rounds} rounds"
         return verdict, None
     verdict.kept, verdict.reason = True, "passed parity and speed"
     return verdict, patch

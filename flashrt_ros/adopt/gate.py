@@ -4,7 +4,8 @@ Parity is measured on the user's example call, against the unpatched model's out
 inputs and the same random state: the cosine over all floating outputs together and the largest
 absolute error relative to the largest reference value. Speed is the median over alternating
 rounds (patched, unpatched, patched, ...), so that clocks and caches drifting during the
-measurement fall on both sides alike.
+measurement fall on both sides alike; and the gain must show in every round's medians too, so
+that on a noisy host a difference smaller than the rounds' spread keeps the model's own code.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ class Gates:
 
     min_cos: cosine of all outputs with the unpatched model's, at least this.
     max_rel_err: largest |patched - unpatched| over the largest |unpatched|, at most this.
-    min_gain: the patched median must be at least this fraction faster (0.01: 1 %); a tie
-        within the noise keeps the model's own code.
+    min_gain: the patched median must be at least this fraction faster (0.01: 1 %), over all
+        rounds and in each round; a tie within the noise keeps the model's own code.
     latency: False skips the speed gate (parity alone decides), e.g. to check a model on a
         CPU, where the interpreted kernels are slow by design.
     rounds, iters, warmup: alternating rounds of `iters` timed calls each, after `warmup` calls.
@@ -183,19 +184,37 @@ def time_ms(call: Callable[[], object], iters: int, device: torch.device) -> lis
     return samples
 
 
-def alternating_medians(
+def alternating_rounds(
     sides: Iterable[tuple[Callable[[], None], Callable[[], object]]], gates: Gates, device: torch.device
-) -> list[float]:
-    """Median ms per call of each side over `gates.rounds` alternating rounds. A side is
-    (switch to it, one call); every round switches to each side in turn and times it. The
-    caller's RNG state is restored afterwards."""
+) -> list[list[list[float]]]:
+    """Each side's ms per call, round by round ([side][round][call]), over `gates.rounds`
+    alternating rounds. A side is (switch to it, one call); every round switches to each side in
+    turn and times it. The caller's RNG state is restored afterwards."""
     sides = list(sides)
-    samples: list[list[float]] = [[] for _ in sides]
+    samples: list[list[list[float]]] = [[] for _ in sides]
     with _own_rng(device), torch.no_grad():
         for _ in range(gates.rounds):
             for (switch, call), into in zip(sides, samples, strict=True):
                 switch()
                 for _ in range(gates.warmup):
                     call()
-                into.extend(time_ms(call, gates.iters, device))
-    return [float(np.median(s)) for s in samples]
+                into.append(time_ms(call, gates.iters, device))
+    return samples
+
+
+def alternating_medians(
+    sides: Iterable[tuple[Callable[[], None], Callable[[], object]]], gates: Gates, device: torch.device
+) -> list[float]:
+    """Median ms per call of each side over all of `alternating_rounds`."""
+    return [median_ms(side) for side in alternating_rounds(sides, gates, device)]
+
+
+def median_ms(rounds: list[list[float]]) -> float:
+    """The median over every round's calls."""
+    return float(np.median(np.concatenate(rounds)))
+
+
+def rounds_short_of(patched: list[list[float]], unpatched: list[list[float]], min_gain: float) -> int:
+    """In how many rounds the patched median is not `min_gain` faster than that round's unpatched one."""
+    pairs = zip(patched, unpatched, strict=True)
+    return sum(float(np.median(p)) > float(np.median(u)) * (1.0 - min_gain) for p, u in pairs)
