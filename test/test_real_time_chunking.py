@@ -3,6 +3,7 @@ the executing chunk read back into the model's space."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -197,6 +198,13 @@ def test_fused_guided_denoise_matches_the_reference(kind) -> None:
     torch.testing.assert_close(fused.sample_actions().clone(), ref, rtol=1e-4, atol=1e-4)
     fused.set_guide(None)
     torch.testing.assert_close(fused.sample_actions().clone(), plain, rtol=1e-4, atol=1e-4)
+    # another beta (a runtime rtc_max_guidance change), the guide from the host and from the device
+    weaker = dataclasses.replace(_guide(model.cfg, held_rows=5), max_guidance=2.0)
+    ref_weaker = model.sample_actions(**x, guide=weaker.to(DEVICE))[0]
+    assert (ref_weaker - ref).abs().max() > 1e-3  # the beta changes the chunk
+    for given in (weaker, weaker.to(DEVICE)):
+        fused.set_guide(given)
+        torch.testing.assert_close(fused.sample_actions().clone(), ref_weaker, rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="identity Jacobian; jacobian 'exact' needs the reference"):
         fused.set_guide(_guide(model.cfg, 5, jacobian="exact"))
 

@@ -640,18 +640,24 @@ class FusedPi0:
         want = tuple(self.guide_target.shape)
         if tuple(guide.target.shape) != want:
             raise ValueError(f"guide of shape {tuple(guide.target.shape)}, expected {list(want)} (horizon, action_dim)")
-        if guide.max_guidance != self._guide_beta:  # the graphs read the table: rewritten in place
-            self.guide_tc.copy_(step_table(self.cfg.num_steps, guide.max_guidance))
+        # the graphs read the step table: rewritten in place, through a page-locked buffer (a copy
+        # from pageable memory would wait here for the vision graph queued before it)
+        new_beta, on_host = guide.max_guidance != self._guide_beta, guide.target.device.type == "cpu"
+        table = self._guide_host.get("tc", tuple(self.guide_tc.shape), torch.float32) if new_beta else None
+        staged = self._guide_host.get("guide", tuple(self._guide.shape), torch.float32) if on_host else None
+        if table is not None:  # (each get waits for the copies queued from the group before)
+            table.copy_(step_table(self.cfg.num_steps, guide.max_guidance))
+            self._guide_host.copy(self.guide_tc, table)
             self._guide_beta = guide.max_guidance
-        if guide.target.device.type != "cpu":
+        if staged is None:
             self.guide_target.copy_(guide.target)
             self.guide_weights.copy_(guide.weights)
-            return
-        staged = self._guide_host.get("guide", tuple(self._guide.shape), torch.float32)  # waits for the last copy
-        host = staged.numpy()
-        host[0], host[1] = guide.target.cpu().numpy(), guide.weights.cpu().numpy()
-        self._guide_host.copy(self._guide, staged)
-        self._guide_host.issued()
+        else:
+            host = staged.numpy()
+            host[0], host[1] = guide.target.cpu().numpy(), guide.weights.cpu().numpy()
+            self._guide_host.copy(self._guide, staged)
+        if new_beta or on_host:
+            self._guide_host.issued()
 
     def _euler_guide(self, step: int) -> EulerGuide | None:
         return EulerGuide(self.guide_target, self.guide_weights, self.guide_tc[step]) if self.guided else None
