@@ -107,6 +107,7 @@ def test_bad_arguments_exit_2_with_one_line(ros_env):
         (["--duration", "nan"], "expected a number of seconds >= 0, got 'nan'"),
         (["--every", "0"], "expected an integer >= 1, got '0'"),
         (["--ros-args", "-r", "__ns:=bad"], "echo: cannot start: the ROS arguments are invalid: "),
+        (["--ros-args", "--param-file", "x.yaml"], "unknown ROS arguments ['--param-file', 'x.yaml'] (a typo?"),
         (["--node", "bad name", "--duration", "1"], "echo: cannot start: topic name must not contain"),
     ):
         done = echo(*args)

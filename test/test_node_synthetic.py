@@ -116,6 +116,17 @@ def test_synthetic_sensors_refuse_bad_settings_with_reasons(rclpy_context):
         "joint_state_topic: 'robot/1joints' is not a valid ROS topic name: "
         "topic name token must not start with a number",
     ]
+    assert problems(camera_rate_hz=True, jpeg_quality=True) == [  # Python's True is an int, not a number here
+        "camera_rate_hz must be a number in (0, 1000], got True",
+        "jpeg_quality must be an integer in [1, 100], got True",
+    ]
+    assert problems(image_width=100_000, image_height=100_000)[0].startswith(
+        "image_width/image_height must be integers > 0 of at most 33177600 pixels together"
+    )
+    assert problems(camera_topics=["a", "b", "a"], joint_names=["x", "x"]) == [
+        "camera_topics has ['a'] more than once; expected each once",
+        "joint_names has ['x'] more than once; expected each once",
+    ]
     sensors = SyntheticSensors(context=rclpy_context, parameter_overrides=[Parameter("camera_rate_hz", value=15.0)])
     try:
         assert sensors.describe_parameter("camera_rate_hz").description.startswith("frames per second per camera")
@@ -133,6 +144,10 @@ def test_synthetic_sensors_exit_2_on_a_params_file_rcl_cannot_parse(ros_env, tmp
     done = subprocess.run(cmd, env=ros_env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "[synthetic_sensors] not starting: the ROS arguments or a params file are invalid" in done.stderr
+    typo = [*cmd[:-2], "--param-file", str(bad)]  # --params-file misspelt: rclpy's UnknownROSArgsError
+    done = subprocess.run(typo, env=ros_env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "invalid: unknown ROS arguments ['--param-file'," in done.stderr, done.stderr
 
 
 def test_synthetic_sensors_refuse_a_params_file_for_another_node_and_name_each_camera_frame(ros_env, rclpy_context):

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 import rclpy
-from rclpy._rclpy_pybind11 import RCLError
+from rclpy._rclpy_pybind11 import RCLError, UnknownROSArgsError
 from rclpy.exceptions import InvalidNamespaceException, InvalidNodeNameException, InvalidTopicNameException
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
@@ -201,14 +201,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         rest = remove_ros_args(argv)[1:]
-    except RCLError as exc:
+    except (RCLError, UnknownROSArgsError) as exc:
         print(f"echo: cannot start: the ROS arguments are invalid: {rcl_reason(exc)}", file=sys.stderr)
         return 2
     args = parser.parse_args(rest)
     try:
         rclpy.init(args=argv)
         node = Echo(args.node.rstrip("/") or "/", args.every, args.quiet)
-    except (RCLError, InvalidTopicNameException, InvalidNodeNameException, InvalidNamespaceException) as exc:
+    except (
+        RCLError,
+        UnknownROSArgsError,
+        InvalidTopicNameException,
+        InvalidNodeNameException,
+        InvalidNamespaceException,
+    ) as exc:
         print(f"echo: cannot start: {rcl_reason(exc)} (--node {args.node!r}, ROS arguments)", file=sys.stderr)
         rclpy.try_shutdown()
         return 2

@@ -1061,6 +1061,8 @@ def _expand_plainly(topic: str, namespace: str, node_name: str) -> str:
 def rcl_reason(exc: Exception) -> str:
     """rcl's sentence from an rclpy error, without its C source location, its repetition of
     the name and the caret drawing under it."""
+    if type(exc).__name__ == "UnknownROSArgsError":  # rclpy gives only the list of them
+        return f"unknown ROS arguments {exc} (a typo? expected --params-file FILE, -p NAME:=VALUE, -r FROM:=TO, ...)"
     text = str(exc).split("\n")[0]
     text = re.sub(r",? at /\S+:\d+", "", text)  # rcl appends one per layer it passed through
     text = re.sub(r"^(failed to resolve name|Invalid topic name|topic name '.*' is invalid): ", "", text)

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import rclpy
-from rclpy._rclpy_pybind11 import RCLError
+from rclpy._rclpy_pybind11 import RCLError, UnknownROSArgsError
 from rclpy.executors import ExternalShutdownException
 from rclpy.signals import SignalHandlerOptions
 
@@ -35,7 +35,7 @@ def init_rclpy(argv: list[str], node_name: str) -> bool:
         # process die of SIGINT at exit although main caught it and returned 0
         with signals_held():
             rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
-    except RCLError as exc:
+    except (RCLError, UnknownROSArgsError) as exc:
         reason = rcl_reason(exc)
         print(f"[{node_name}] not starting: the ROS arguments or a params file are invalid: {reason}", file=sys.stderr)
         return False

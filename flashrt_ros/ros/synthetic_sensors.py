@@ -60,9 +60,7 @@ class SensorConfig:
     def from_values(cls, values: dict[str, Any]) -> SensorConfig:
         known = cls.__dataclass_fields__
         kwargs = {
-            k: (float(v) if known[k].type == "float" and isinstance(v, int) else v)
-            for k, v in values.items()
-            if k in known
+            k: (float(v) if known[k].type == "float" and _integer(v) else v) for k, v in values.items() if k in known
         }
         for key in ("camera_topics", "joint_names"):
             if key in kwargs and not isinstance(kwargs[key], str):  # a string stays one, for validate
@@ -79,22 +77,33 @@ class SensorConfig:
                 )
         if self.encoding not in ENCODINGS:
             problems.append(f"encoding must be one of {', '.join(ENCODINGS)}, got {self.encoding!r}")
-        if not (
-            isinstance(self.image_width, int)
-            and isinstance(self.image_height, int)
-            and self.image_width > 0
-            and self.image_height > 0
-        ):
+        width, height = self.image_width, self.image_height
+        if not (_integer(width) and _integer(height) and width > 0 and height > 0 and width * height <= MAX_PIXELS):
             problems.append(
-                f"image_width/image_height must be integers > 0, got {self.image_width!r}/{self.image_height!r}"
+                f"image_width/image_height must be integers > 0 of at most {MAX_PIXELS} pixels together "
+                f"(7680x4320, 8K), got {width!r}/{height!r}"
             )
         for name in ("camera_rate_hz", "joint_rate_hz"):
             value = getattr(self, name)
             if not (isinstance(value, float) and 0 < value <= 1000):
                 problems.append(f"{name} must be a number in (0, 1000], got {value!r}")
-        if not (isinstance(self.jpeg_quality, int) and 1 <= self.jpeg_quality <= 100):
+        if not (_integer(self.jpeg_quality) and 1 <= self.jpeg_quality <= 100):
             problems.append(f"jpeg_quality must be an integer in [1, 100], got {self.jpeg_quality!r}")
+        for name in ("camera_topics", "joint_names"):
+            value = getattr(self, name)
+            repeated = sorted({v for v in value if value.count(v) > 1}) if isinstance(value, list) else []
+            if repeated:
+                problems.append(f"{name} has {repeated} more than once; expected each once")
         return problems
+
+
+MAX_PIXELS = 7680 * 4320
+"""The largest synthetic frame (8K): larger ones would not fit a robot's memory, let alone a topic."""
+
+
+def _integer(value: object) -> bool:
+    """An int that is not a bool (Python's True is an int; a parameter set to true is no number)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def scrolling_pattern(height: int, width: int, camera: int) -> np.ndarray:
@@ -187,13 +196,14 @@ class SyntheticSensors(Node):
     def _create_cameras(self) -> None:
         cfg = self.cfg
         msg_type = CompressedImage if cfg.encoding == "jpeg" else Image
-        self.streams = []
-        for i, topic in enumerate(cfg.camera_topics):
-            stream = CameraStream(cfg, i)
+        # every stream (and its pre-encoded JPEGs) made first, then the timers back to back: the
+        # cameras tick together, as a triggered rig (made one after the other, a 640x480 JPEG
+        # camera's timer started tens of ms after the one before)
+        self.streams = [CameraStream(cfg, i) for i in range(len(cfg.camera_topics))]
+        for i, (topic, stream) in enumerate(zip(cfg.camera_topics, self.streams, strict=True)):
             pub = self.create_publisher(msg_type, topic, qos_profile_sensor_data)
             frame_id = self._frame_id(topic, i)
             self.create_timer(1.0 / cfg.camera_rate_hz, partial(self._publish_camera, stream, pub, frame_id))
-            self.streams.append(stream)
 
     def _frame_id(self, topic: str, index: int) -> str:
         """The camera's frame: its topic under the node's namespace, without the image_transport
