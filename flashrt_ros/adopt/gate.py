@@ -202,13 +202,6 @@ def alternating_rounds(
     return samples
 
 
-def alternating_medians(
-    sides: Iterable[tuple[Callable[[], None], Callable[[], object]]], gates: Gates, device: torch.device
-) -> list[float]:
-    """Median ms per call of each side over all of `alternating_rounds`."""
-    return [median_ms(side) for side in alternating_rounds(sides, gates, device)]
-
-
 def median_ms(rounds: list[list[float]]) -> float:
     """The median over every round's calls."""
     return float(np.median(np.concatenate(rounds)))

@@ -875,10 +875,10 @@ class FlashRTNode(Node):
             return
         if not self._publish(decision, samples, latency_ms, cfg, held, epoch):
             return
-        took_s = self._elapsed_s(began)
-        if took_s is not None:  # none across a jump forward: the estimate would hold the jump's steps
-            self._latency.add(round(took_s * 1e9))
-        self._account(samples, decision, start, time.perf_counter_ns(), cfg, guided=held is not None, began=began)
+        timed_s = self._elapsed_s(began)
+        if timed_s is not None:  # none across a jump forward: the estimate would hold the jump's steps
+            self._latency.add(round(timed_s * 1e9))
+        self._account(samples, decision, start, time.perf_counter_ns(), cfg, guided=held is not None, timed_s=timed_s)
 
     def _hold(self, joints: Sample, now_ns: int, cfg: NodeConfig) -> Hold | None:
         """Real-time chunking: what of the executing chunk the next one is held to (None: rtc off,
@@ -1142,11 +1142,12 @@ class FlashRTNode(Node):
         end_ns: int,
         cfg: NodeConfig,
         guided: bool = False,
-        began: ClockMark | None = None,
+        timed_s: float | None = None,
     ) -> None:
         """Times of one decision, from the arrival of the newest input it used to publication
-        (wall time), and its length on the decision timer's clock from `began` (ROS time under
-        sim time, as rate_hz's periods: a deadline miss and the idle limit are judged on it):
+        (wall time), and `timed_s`, its length on the decision timer's clock (ROS time under sim
+        time, as rate_hz's periods: a deadline miss and the idle limit are judged on it; None where
+        that clock changed during it: its wall time stands in, and no deadline is judged):
 
         - ``arrival_to_publish``: all of it, minus the policy's compute;
         - ``input_wait``: the part the converted input waited for the decision timer - set by
@@ -1172,7 +1173,6 @@ class FlashRTNode(Node):
             self.rtc_guided += guided
             self._last_decision_at = time.monotonic()
             self._last_decision_ros_ns = self.get_clock().now().nanoseconds
-            timed_s = None if began is None else self._elapsed_s(began)
             took_s = (end_ns - start_ns) / 1e9 if timed_s is None else timed_s
             self._decision_s.append(took_s)
             self._invalid_at_decision = dict(self.invalid)

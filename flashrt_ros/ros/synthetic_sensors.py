@@ -27,6 +27,7 @@ from rclpy.node import Node
 from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import CompressedImage, Image, JointState
 
+from flashrt_ros.ros.image_convert import MAX_DECODED_PIXELS
 from flashrt_ros.ros.params import (
     ALOHA_JOINTS,
     DEFAULT_CAMERAS,
@@ -97,8 +98,8 @@ class SensorConfig:
         return problems
 
 
-MAX_PIXELS = 7680 * 4320
-"""The largest synthetic frame (8K): larger ones would not fit a robot's memory, let alone a topic."""
+MAX_PIXELS = MAX_DECODED_PIXELS
+"""The largest synthetic frame: the node's own limit on a frame of no expected size (8K)."""
 
 
 def _integer(value: object) -> bool:
