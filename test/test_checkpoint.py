@@ -78,6 +78,33 @@ def test_openpi_aliases_tied_embedding_and_unused_heads(tmp_path):
     assert torch.equal(loaded.time_mlp_in.bias, model.time_mlp_in.bias)
 
 
+@pytest.mark.parametrize("embedding_saved", [False, True])
+def test_the_older_transformers_nesting_loads_with_its_lm_head(tmp_path, embedding_saved):
+    """transformers < 4.52 nested PaliGemma's LM as a GemmaForCausalLM: its layers under
+    language_model.model. and its (tied) head as language_model.lm_head, saved with the embedding
+    or in its place."""
+    model = tiny_model("pi0")
+    save_model(model, tmp_path, layout="openpi")
+    path = tmp_path / "model.safetensors"
+    root = "paligemma_with_expert.paligemma."
+    moves = {
+        f"{root}model.language_model.": f"{root}language_model.model.",
+        f"{root}model.vision_tower.": f"{root}vision_tower.",
+        f"{root}model.multi_modal_projector.": f"{root}multi_modal_projector.",
+    }
+    t = {}
+    for key, value in load_file(str(path)).items():
+        for new, old in moves.items():
+            key = key.replace(new, old)
+        t[key] = value
+    emb = f"{root}language_model.model.embed_tokens.weight"
+    t[f"{root}language_model.lm_head.weight"] = t[emb].clone() if embedding_saved else t.pop(emb)
+    save_file(t, str(path))
+    loaded, _ = load_model(tmp_path)
+    assert torch.equal(loaded.prefix_lm.embed_tokens.weight, model.prefix_lm.embed_tokens.weight)
+    assert torch.equal(loaded.vision_proj.weight, model.vision_proj.weight)
+
+
 def _corrupt(tmp_path, edit):
     model = tiny_model("pi05")
     save_model(model, tmp_path, layout="lerobot")

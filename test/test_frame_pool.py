@@ -35,6 +35,14 @@ def test_copies_are_exact_and_arrays_come_back_for_their_shape():
     assert other.shape == (4, 4, 3) and pool.held_bytes == 2 * (6 * 8 * 3) + 4 * 4 * 3  # c re-used a's
 
 
+def test_strided_views_are_copied_as_they_read():
+    """rgba8, bgra8 and mono8 as image_convert views them (plane by plane: copy_frame)."""
+    pool = FramePool(pinned=False)
+    rgba = np.random.default_rng(1).integers(0, 256, (6, 8, 4), dtype=np.uint8)
+    for view in (rgba[..., :3], rgba[..., 2::-1], np.broadcast_to(rgba[..., :1], (6, 8, 3))):
+        assert np.array_equal(pool.copy(view), view)
+
+
 def test_a_view_keeps_its_array_out_of_the_pool():
     pool = FramePool(pinned=False)
     a = pool.copy(np.zeros((4, 4, 3), dtype=np.uint8))

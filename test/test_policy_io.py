@@ -395,6 +395,24 @@ def test_lerobot_statistics_without_a_norm_map_are_refused(tmp_path, config):
 QUANTILES = {"STATE": "QUANTILES", "ACTION": "QUANTILES"}
 
 
+def test_lerobot_statistics_in_bfloat16_are_read(tmp_path):
+    """numpy has no bfloat16: such a file was refused as "truncated or missing?"."""
+    from safetensors.torch import save_file
+
+    pipeline = _lerobot_normalizer(tmp_path, {"norm_map": QUANTILES})
+    stats_file = pipeline.parent / json.loads(pipeline.read_text())["steps"][0]["state_file"]
+    bounds = {"q01": -2.0, "q99": 2.0}
+    save_file(
+        {
+            f"{k}.{s}": torch.full((6,), v, dtype=torch.bfloat16)
+            for k in ("observation.state", "action")
+            for s, v in bounds.items()
+        },
+        str(stats_file),
+    )
+    assert Normalizer.find(tmp_path).unnormalize_actions(np.full((1, 6), 0.5)).tolist() == [[1.0] * 6]
+
+
 @pytest.mark.parametrize(
     ("config", "refused"),
     [
@@ -402,8 +420,23 @@ QUANTILES = {"STATE": "QUANTILES", "ACTION": "QUANTILES"}
         ({"norm_map": QUANTILES, "eps": 0.5}, r"'s eps is 0\.5; expected LeRobot's default 1e-08"),
         ({"norm_map": QUANTILES, "normalize_observation_keys": []}, r" leaves observation\.state out of its features"),
         ({"norm_map": QUANTILES, "features": {"action": {}}}, r" leaves observation\.state out of its features"),
+        (
+            {"norm_map": {"STATE": ["QUANTILES"], "ACTION": ["QUANTILES"]}},
+            r"'s config\.norm_map has STATE=\['QUANTILES'\] ACTION=\['QUANTILES'\]; expected both the same, one of "
+            r"QUANTILES, MEAN_STD, IDENTITY",
+        ),
+        ({"norm_map": {"STATE": "MIN_MAX", "ACTION": "MIN_MAX"}}, r"'s config\.norm_map has STATE='MIN_MAX' ACTION"),
+        ({"norm_map": {"STATE": "MEAN_STD", "ACTION": "QUANTILES"}}, r"'s config\.norm_map has STATE='MEAN_STD' ACT"),
     ],
-    ids=["images-normalised", "another-eps", "state-not-in-keys", "state-not-a-feature"],
+    ids=[
+        "images-normalised",
+        "another-eps",
+        "state-not-in-keys",
+        "state-not-a-feature",
+        "mode-a-list",
+        "min-max",
+        "mixed",
+    ],
 )
 def test_lerobot_normaliser_settings_not_applied_here_are_refused(tmp_path, config, refused):
     """What LeRobot's normaliser step would do otherwise (images normalised, another eps, the state

@@ -198,3 +198,6 @@ def test_spec_fields_are_checked_by_name():
     assert "vision.layer_norm_eps must be a finite number > 0" in msg
     assert "expert.head_dim must be an integer from 1 to 1048576, got '16' (str)" in msg
     assert PolicyConfig.tiny("pi05", rope_base=10000) == tiny  # an int where a float goes is fine (JSON writes 10000)
+    odd = dict(mlp_dim=128, num_heads=4, num_kv_heads=1, head_dim=15)  # the weights' shapes would match: refused here
+    with pytest.raises(ValueError, match=r"head_dim must be even \(RoPE rotates the two halves of each head\), got 15"):
+        tiny.replace(prefix=GemmaSpec(width=64, depth=2, **odd), expert=GemmaSpec(width=32, depth=2, **odd))

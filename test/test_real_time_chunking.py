@@ -138,6 +138,14 @@ def test_settings_are_checked() -> None:
         RtcSettings(jacobian="full")
     with pytest.raises(ValueError, match="delay_steps must be >= 0"):
         RtcSettings(delay_steps=-2)
+    # refused where they are made, not as a TypeError in every later decision's slice
+    with pytest.raises(ValueError, match="delay_steps must be a whole number .* got 2.5"):
+        RtcSettings(delay_steps=2.5)
+    with pytest.raises(ValueError, match="delay_steps must be a whole number .* got True"):
+        RtcSettings(delay_steps=True)
+    with pytest.raises(ValueError, match="max_guidance must be a number, got True"):
+        RtcSettings(max_guidance=True)
+    assert RtcSettings(delay_steps=np.int64(2), max_guidance=np.float32(2.0)).delay_steps == 2
 
 
 # ---- the guided denoise -----------------------------------------------------------------------------

@@ -94,6 +94,12 @@ def test_slow_rates_use_the_last_completions() -> None:
         stats.add({"decision": 1.0}, now=20.0 * i)
     (summary,) = stats.summaries(now=80.0)
     assert summary.rate_hz == pytest.approx(0.05)
+    # between two runs, past RATE_SPAN_S, it still runs at 0.05 Hz; three intervals late it stopped
+    for now in (90.0, 95.0, 99.9):
+        (summary,) = stats.summaries(now=now)
+        assert summary.rate_hz == pytest.approx(0.05), now
+    (summary,) = stats.summaries(now=141.0)
+    assert summary.rate_hz == 0.0
 
 
 def test_the_stats_line_tells_rejected_inputs_from_absent_ones_and_node_events() -> None:

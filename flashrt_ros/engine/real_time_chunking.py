@@ -17,6 +17,7 @@ decisions' latencies (`LatencyWindow`), or fixed by the caller (`delay_steps`).
 from __future__ import annotations
 
 import math
+import numbers
 from collections import deque
 from dataclasses import dataclass
 
@@ -37,6 +38,14 @@ class RtcSettings:
     delay_steps: int | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_guidance, bool) or not isinstance(self.max_guidance, numbers.Real):
+            raise ValueError(f"rtc max_guidance must be a number, got {self.max_guidance!r}")
+        if self.delay_steps is not None and (
+            isinstance(self.delay_steps, bool) or not isinstance(self.delay_steps, numbers.Integral)
+        ):
+            raise ValueError(
+                f"rtc delay_steps must be a whole number (or None: from the latency), got {self.delay_steps!r}"
+            )
         if not (math.isfinite(self.max_guidance) and self.max_guidance > 0):
             raise ValueError(f"rtc max_guidance must be a positive number, got {self.max_guidance}")
         if self.schedule not in SCHEDULES:

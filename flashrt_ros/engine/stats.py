@@ -58,19 +58,20 @@ class StageStats:
         after a whole window of decisions (200 at 2 Hz: 100 s). Once the stage stops for
         longer than its mean interval, the span is taken to reach `now`, so the rate falls
         towards 0 instead of showing the last value for ever, and is 0 once nothing completed in
-        the last RATE_SPAN_S. A clock behind the last completion went back since: no rate until
-        completions on its new timeline."""
+        the last RATE_SPAN_S or three mean intervals, whichever is longer (a stage that runs every
+        20 s is not stopped 10 s after each run). A clock behind the last completion went back
+        since: no rate until completions on its new timeline."""
         if len(self._done_at) < 2:
             return 0.0
         last = self._done_at[-1]
         now = self._clock() if now is None else now
-        if now < last or now - last > RATE_SPAN_S:
+        if now < last:
             return 0.0
         recent = [t for t in self._done_at if t >= last - RATE_SPAN_S]
         if len(recent) < 3:
             recent = list(self._done_at)[-3:]
         n, span = len(recent) - 1, recent[-1] - recent[0]
-        if span <= 0:
+        if span <= 0 or now - last > max(RATE_SPAN_S, 3 * span / n):
             return 0.0
         end = max(last, now - span / n)
         return n / (end - recent[0])

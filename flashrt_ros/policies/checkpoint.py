@@ -53,10 +53,15 @@ _ROOTS: list[tuple[str, str]] = [
     ("vision_proj.", "paligemma_with_expert.paligemma.multi_modal_projector.linear."),
     ("prefix_lm.", "paligemma_with_expert.paligemma.language_model.model."),
 ]
-_TIED_EMBEDDING = "paligemma_with_expert.paligemma.lm_head.weight"
+# The LM head, tied to the embedding: saved in its place by exports that keep one copy. The second
+# name is transformers < 4.52's, where PaliGemma's language model was a GemmaForCausalLM.
+_TIED_EMBEDDINGS = {
+    "paligemma_with_expert.paligemma.lm_head.weight",
+    "paligemma_with_expert.paligemma.language_model.lm_head.weight",
+}
 # Present in real exports, never used for inference (vocab heads; the expert has no embedding).
 _IGNORED = {
-    _TIED_EMBEDDING,
+    *_TIED_EMBEDDINGS,
     "paligemma_with_expert.gemma_expert.lm_head.weight",
     "paligemma_with_expert.gemma_expert.model.embed_tokens.weight",
 }
@@ -560,7 +565,7 @@ def _plan(f, layout: str, cfg: PolicyConfig, expected: dict[str, tuple]) -> dict
         theirs = key[len(prefix) :] if prefix and key.startswith(prefix) else key
         if theirs in _IGNORED:
             ignored.append(key)
-            tied = key if theirs == _TIED_EMBEDDING else tied
+            tied = key if theirs in _TIED_EMBEDDINGS else tied
             continue
         ours = from_openpi_key(theirs, cfg.kind)
         (sources.setdefault(ours, []).append(key) if ours in expected else unexpected.append(key))

@@ -236,6 +236,8 @@ class PolicyConfig:
             problems.append(f"prefix depth {p.depth} != expert depth {e.depth} (they attend jointly per layer)")
         if (p.head_dim, p.num_kv_heads) != (e.head_dim, e.num_kv_heads):
             problems.append("prefix and expert must share head_dim and num_kv_heads (shared KV cache)")
+        if p.head_dim % 2 or e.head_dim % 2:
+            problems.append(f"head_dim must be even (RoPE rotates the two halves of each head), got {p.head_dim}")
         if p.num_heads % p.num_kv_heads or e.num_heads % e.num_kv_heads:
             problems.append("num_heads must be a multiple of num_kv_heads")
         if self.vision.image_size % self.vision.patch_size:

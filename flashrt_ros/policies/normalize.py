@@ -239,7 +239,8 @@ def _lerobot_stats(folder: Path, pipeline: Path, step_name: str) -> tuple[str, C
     step = next((s for s in steps if s.get("registry_name") == step_name), None)
     if step is None or "state_file" not in step:
         return None
-    from safetensors.numpy import load_file
+    import torch
+    from safetensors.torch import load_file
 
     name = Path(str(step["state_file"]))
     if name.is_absolute() or ".." in name.parts:  # LeRobot writes a bare name beside the JSON file
@@ -248,8 +249,10 @@ def _lerobot_stats(folder: Path, pipeline: Path, step_name: str) -> tuple[str, C
             "expected a file name in it (statistics of another checkpoint would be used silently)"
         )
     stats_file = folder / name
-    try:
-        tensors = load_file(str(stats_file))
+    try:  # through torch: numpy has no bfloat16 (a statistics file converted by hand may hold it)
+        tensors = {
+            k: (v.float() if v.dtype == torch.bfloat16 else v).numpy() for k, v in load_file(str(stats_file)).items()
+        }
     except Exception as exc:  # safetensors' errors are not OSErrors: say which file and what
         raise ValueError(f"cannot read normalisation statistics {stats_file}: {exc} (truncated or missing?)") from exc
 
@@ -308,8 +311,12 @@ def _lerobot_mode(pipeline: Path, step: dict) -> str:
         )
     modes = {"QUANTILES": "quantile", "MEAN_STD": "mean_std", "IDENTITY": "identity"}
     state_mode, action_mode = norm_map.get("STATE", "IDENTITY"), norm_map.get("ACTION", "IDENTITY")
-    if state_mode != action_mode or state_mode not in modes:
-        raise ValueError(f"{pipeline}: unsupported normalisation STATE={state_mode} ACTION={action_mode}")
+    if not (isinstance(state_mode, str) and state_mode in modes and state_mode == action_mode):
+        raise ValueError(
+            f"{pipeline}: the {step.get('registry_name')} step's config.norm_map has STATE={state_mode!r} "
+            f"ACTION={action_mode!r}; expected both the same, one of {', '.join(modes)} (LeRobot's MIN_MAX and "
+            "per-feature mixes are not supported)"
+        )
     _check_lerobot_step(pipeline, step, applied=modes[state_mode] != "identity")
     return modes[state_mode]
 
