@@ -363,7 +363,7 @@ def test_corrupt_png_data_is_refused_not_decoded_to_garbage() -> None:
     assert "IDAT" in str(err), str(err)  # the chunk whose checksum failed
 
 
-def _png_of_rows(rgb: np.ndarray, rows: int, interlace: bool = False) -> bytes:
+def _png_of_rows(rgb: np.ndarray, rows: int, interlace: bool = False, extra: bytes = b"") -> bytes:
     """An RGB PNG whose header says rgb's size, its image data the first `rows` rows only (a
     closed zlib stream, every CRC right): what an encoder cut short can write."""
     import zlib
@@ -379,6 +379,7 @@ def _png_of_rows(rgb: np.ndarray, rows: int, interlace: bool = False) -> bytes:
         raw = b"".join(b"\x00" + row.tobytes() for sub in subs if sub.shape[1] for row in sub)
     else:
         raw = b"".join(b"\x00" + rgb[y].tobytes() for y in range(rows))  # filter 0 (none) per row
+    raw += extra
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
 
 
@@ -397,7 +398,10 @@ def test_a_png_with_rows_missing_is_refused_not_decoded_half_black() -> None:
         assert (np.asarray(lenient.convert("RGB"))[24:] == 0).all()
     err = _compressed_refusal(SimpleNamespace(header=None, format="png", data=half))
     assert err.reason == ie.DECODE_FAILED, err
-    assert "PNG image data holds 4632 bytes of rows; its 64x48 header needs 9264" in str(err), str(err)
+    assert "PNG image data holds 4632 bytes of rows; its 64x48 header needs 9264 (an encoder cut short?)" in str(err)
+    more = _png_of_rows(rgb, 48, extra=bytes(7))
+    err = _compressed_refusal(SimpleNamespace(header=None, format="png", data=more))
+    assert "holds 9271 bytes of rows; its 64x48 header needs 9264 (more row data than its header says)" in str(err)
 
 
 @pytest.mark.parametrize("mode", ["1", "L", "P", "RGB", "RGBA", "I;16"])
