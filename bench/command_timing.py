@@ -18,9 +18,7 @@ per source; written: JSON with the commit, machine and versions.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -114,18 +112,6 @@ def summary(arrivals: list[int], seconds: float, rate_hz: float) -> dict[str, fl
     }
 
 
-def versions() -> dict[str, str]:
-    import torch
-
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    return {
-        "commit": commit.stdout.strip() or os.environ.get("FLASHRT_COMMIT", "unknown"),
-        "machine": f"{platform.node()} ({os.cpu_count()} CPUs, {platform.processor() or platform.machine()})",
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-    }
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policy", default="pi05_tiny")
@@ -146,6 +132,7 @@ def main() -> int:
         baseline_publisher(args.command_rate, 14)
         return 0
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    os.environ.setdefault("ROS_DOMAIN_ID", str(20 + os.getpid() % 80))  # not domain 0: another run's topics
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"command_timing_{os.getpid()}"
     logs.mkdir(parents=True, exist_ok=True)
     python = sys.executable
@@ -189,14 +176,17 @@ def main() -> int:
             f"{r['p99_ms']:7.2f} {r['max_ms']:7.2f} {100 * r['late_share']:5.1f}%"
         )
     print("intervals between arrivals, ms; >1.5T: share of intervals longer than 1.5 command periods")
-    print(f"node: {node_stats} (chunk_exhausted: no chunk to command from, not timer jitter)")
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        meta = versions()
-        path = args.out / f"command_timing_{meta['commit']}.json"
-        report = {"args": {k: str(v) for k, v in vars(args).items()}, **meta, "rows": rows, "node": node_stats}
-        path.write_text(json.dumps(report, indent=2))
-        print(f"wrote {path}")
+    print(
+        f"node, whole run with its start-up and warm-up: {node_stats} "
+        "(chunk_exhausted: no chunk to command from, not timer jitter)"
+    )
+    if args.out is not None:  # a file per run (a second run at one commit, e.g. another --rate, keeps the first)
+        import torch
+
+        from flashrt_ros.bench.timing import write_result
+
+        settings = {k: str(v) for k, v in vars(args).items()} | {"ros_domain_id": os.environ["ROS_DOMAIN_ID"]}
+        write_result(args.out, "command_timing", torch.device("cpu"), settings=settings, rows=rows, node=node_stats)
     return 0 if all("p50_ms" in r for r in rows.values()) else 1
 
 

@@ -34,7 +34,7 @@ import torch
 from prefix_reuse import full_size_observation  # bench/ is on sys.path when run as a script
 from tqdm import tqdm
 
-from flashrt_ros.bench.args import out_folder
+from flashrt_ros.bench.args import at_least, numbers_at_least, out_folder
 from flashrt_ros.bench.timing import HEADER, Latency, write_result
 from flashrt_ros.engine.pipeline import Pipeline
 
@@ -72,16 +72,16 @@ def after_gap(pipe: Pipeline, obs, gap_s: float, i: int) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", default="pi05", choices=["pi05", "pi0"])
-    ap.add_argument("--views", type=int, default=3)
-    ap.add_argument("--gaps-ms", default="0,20,100,500")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=20, help="decisions per gap and round")
+    ap.add_argument("--views", type=at_least(1), default=3)
+    ap.add_argument("--gaps-ms", type=numbers_at_least(0.0), default="0,20,100,500")
+    ap.add_argument("--rounds", type=at_least(1), default=3)
+    ap.add_argument("--iters", type=at_least(1), default=20, help="decisions per gap and round")
     ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("idle_gap.py needs a CUDA GPU")
     dev = torch.device("cuda")
-    gaps = [float(g) for g in args.gaps_ms.split(",")]
+    gaps = args.gaps_ms
     policy, obs, _ = full_size_observation(args.policy, args.views, DOF, dev)
     pipe = Pipeline(policy, backend="fused", release_reference=True)
     print(f"warm-up decision: {pipe.warm_up(DOF, obs.prompt, (480, 640)):.2f} ms")

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 
 import torch
 
-from flashrt_ros.bench.args import out_folder
+from flashrt_ros.bench.args import at_least, out_folder
 from flashrt_ros.bench.parity import compare
 from flashrt_ros.bench.stages import random_fused
 from flashrt_ros.bench.timing import time_call, write_result
@@ -94,9 +94,9 @@ def overlapped(fused: FusedPi0, side: torch.cuda.Stream) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", default="pi05")
-    ap.add_argument("--views", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=30)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--views", type=at_least(1), default=3)
+    ap.add_argument("--iters", type=at_least(1), default=30)
+    ap.add_argument("--rounds", type=at_least(1), default=5)
     ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
     dev = torch.device("cuda")

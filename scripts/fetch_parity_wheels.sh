@@ -49,9 +49,16 @@ pip_args=(download --no-deps --only-binary=:all: --python-version 3.12 --impleme
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
   -d "$dest")
 
+failed=()
 for spec in "${wheels[@]}"; do
-  python3 -m pip "${pip_args[@]}" "$spec" 2>&1 | grep -vE '^(WARNING|Looking in|Collecting|Using cached)' || true
+  python3 -m pip "${pip_args[@]}" "$spec" > "$dest/.pip.log" 2>&1 || failed+=("$spec")
+  grep -vE '^(WARNING|Looking in|Collecting|Using cached)' "$dest/.pip.log" || true  # only pip's noise filtered
 done
+rm -f "$dest/.pip.log"
+if [ ${#failed[@]} -gt 0 ]; then  # found here, not as import errors on the GPU machine
+  echo "fetch_parity_wheels.sh: ${#failed[@]} wheel(s) not downloaded: ${failed[*]}" >&2
+  exit 1
+fi
 
 echo
 echo "wheels in $dest:"

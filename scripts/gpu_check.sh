@@ -21,9 +21,14 @@ parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(kernels fused parity latency bench step)
 status=0
 step() { echo; echo "=== $* ($(date +%T))"; }
+# progress bars out of a log: a bar that ends in "\r" (tqdm's leave=False) shares its line with
+# the next output line, so split at "\r" first or that line goes with the bar
+no_bars() { tr '\r' '\n' | grep -v "it/s"; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
+# no usable GPU (a CPU torch, a driver mismatch): every GPU test would skip and the check pass
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())' \
+  || { echo "gpu_check.sh: torch finds no usable CUDA GPU here: nothing checked" >&2; exit 2; }
 
 for part in "${parts[@]}"; do
   case "$part" in
@@ -45,13 +50,13 @@ for part in "${parts[@]}"; do
       ;;
     rtc)
       step "real-time chunking: a guided decision's cost and parity on the fused path (bench/rtc_cost.py)"
-      python3 bench/rtc_cost.py --rounds 5 --iters 20 --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/rtc_cost.log" || status=1
+      python3 bench/rtc_cost.py --rounds 5 --iters 20 --out "$OUT" 2>&1 | no_bars | tee "$OUT/rtc_cost.log" || status=1
       ;;
     adopt)
       # the device machine's own transformers (5.17 when last looked) serves: nothing to carry
       step "adopt: its tests on compiled kernels, then HF SigLIP + Gemma at pi0.5's prefix shapes (eager, compile, adopted)"
       python3 -m pytest -q -p no:cacheprovider -s test/test_adopt.py 2>&1 | tee "$OUT/adopt_tests.log" | tail -25 || status=1
-      python3 bench/adopt_hf.py --iters 50 --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/adopt_hf.log" || status=1
+      python3 bench/adopt_hf.py --iters 50 --out "$OUT" 2>&1 | no_bars | tee "$OUT/adopt_hf.log" || status=1
       ;;
     bench)
       # more than one 10-minute device call (both policies at three view counts): run it where
@@ -70,16 +75,16 @@ for part in "${parts[@]}"; do
       if [ -f "$rtvla/server/pi05_infer.py" ]; then modes=eager,fused,fused-fp8,realtime-vla,compile; extra=(--realtime-vla "$rtvla"); fi
       step "The issue's headline: $pol at 3 views, $modes in one run (~5 min)"
       python3 -m flashrt_ros.cli bench --policy "$pol" --views 3 --modes "$modes" "${extra[@]}" --iters 100 \
-        --warmup 3 --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/$part.log" || status=1
+        --warmup 3 --out "$OUT" 2>&1 | no_bars | tee "$OUT/$part.log" || status=1
       ;;
     host)
       step "the node's decide(): host work serial vs overlapped with vision (bench/decide_host.py, ~3 min)"
-      python3 bench/decide_host.py --rounds 5 --iters 20 --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/decide_host.log" || status=1
+      python3 bench/decide_host.py --rounds 5 --iters 20 --out "$OUT" 2>&1 | no_bars | tee "$OUT/decide_host.log" || status=1
       ;;
     baseline-bf16)
       step "pi0.5 3 views: fused against torch.compile of the reference as LeRobot runs bf16 (SigLIP fp32) and with SigLIP in bf16 too"
       python3 -m flashrt_ros.cli bench --policy pi05 --views 3 --modes fused,compile,compile-bf16 --iters 50 \
-        --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/bench_baseline_bf16.log" || status=1
+        --out "$OUT" 2>&1 | no_bars | tee "$OUT/bench_baseline_bf16.log" || status=1
       ;;
     frame-kernel)
       step "the frame kernel: one geometry-free compile against one per camera kind (bench/frame_kernel.py)"
@@ -87,17 +92,17 @@ for part in "${parts[@]}"; do
       ;;
     startup)
       step "the node's start-up to its first chunk, Triton's cache empty then filled (bench/startup.py, ~4 min)"
-      python3 bench/startup.py --policy pi05 --views 3 --profile --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/startup.log" || status=1
+      python3 bench/startup.py --policy pi05 --views 3 --profile --out "$OUT" 2>&1 | no_bars | tee "$OUT/startup.log" || status=1
       ;;
     idle-gap)
       step "A decision's latency against the idle time before it (bench/idle_gap.py, ~2 min)"
-      python3 bench/idle_gap.py --policy pi05 --views 3 --out "$OUT" 2>&1 | grep -v "it/s" | tee "$OUT/idle_gap.log" || status=1
+      python3 bench/idle_gap.py --policy pi05 --views 3 --out "$OUT" 2>&1 | no_bars | tee "$OUT/idle_gap.log" || status=1
       ;;
     prefix-reuse)
       step "The node's decide() with the prefix run and re-used (fused, eager, compile; pi0.5 then pi0, 3 views; ~4 min)"
       for pol in pi05 pi0; do
         python3 bench/prefix_reuse.py --policy "$pol" --views 3 --iters 100 --eager-iters 10 --out "$OUT" 2>&1 \
-          | grep -v "it/s" | tee "$OUT/prefix_reuse_$pol.log" || status=1
+          | no_bars | tee "$OUT/prefix_reuse_$pol.log" || status=1
       done
       ;;
     parity)
@@ -121,7 +126,7 @@ for part in "${parts[@]}"; do
     latency)
       step "Reference eager latency, full size, bf16, batch 1"
       python3 -m flashrt_ros.cli bench --policy pi05 --views 3 --modes eager --iters 50 --warmup 3 --out "$OUT" \
-        2>&1 | grep -v "it/s" | tee "$OUT/latency.log" || status=1
+        2>&1 | no_bars | tee "$OUT/latency.log" || status=1
       ;;
     step)
       step "Expert step kernel (18 layers in one persistent launch): default tiles and variants"
@@ -159,7 +164,8 @@ for part in "${parts[@]}"; do
         > "$OUT/step_ncu_warp_state.txt" 2>&1 || status=1
       "$NCU" --import "$OUT/step.ncu-rep" --page source --print-source cuda,sass --csv > "$OUT/step_source.csv" \
         2>&1 || status=1
-      python3 bench/step_ncu.py --summarize "$OUT/step_source.csv" | tee "$OUT/step_ncu_stall_lines.txt" | head -25
+      python3 bench/step_ncu.py --summarize "$OUT/step_source.csv" > "$OUT/step_ncu_stall_lines.txt" || status=1
+      head -25 "$OUT/step_ncu_stall_lines.txt"
       ;;
     vision)
       step "SigLIP attention: SDPA backends vs the packed Triton kernel, alone and in the captured stages"

@@ -4,6 +4,7 @@ its arguments before it imports PyTorch)."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -43,5 +44,35 @@ def at_least(minimum: int) -> Callable[[str], int]:
         if value < minimum:
             raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
         return value
+
+    return parse
+
+
+def number_above(minimum: float) -> Callable[[str], float]:
+    """argparse `type` for a finite number > `minimum` (durations, rates)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (math.isfinite(value) and value > minimum):
+            raise argparse.ArgumentTypeError(f"expected a number > {minimum:g}, got {text}")
+        return value
+
+    return parse
+
+
+def numbers_at_least(minimum: float) -> Callable[[str], list[float]]:
+    """argparse `type` for a comma-separated list of finite numbers >= `minimum` (idle gaps in ms)."""
+
+    def parse(text: str) -> list[float]:
+        try:
+            values = [float(v) for v in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
+        if not all(math.isfinite(v) and v >= minimum for v in values):
+            raise argparse.ArgumentTypeError(f"expected numbers >= {minimum:g}, got {text}")
+        return values
 
     return parse
