@@ -845,6 +845,78 @@ def test_inner_hooks_and_a_training_dropout_run_the_modules_own_forward() -> Non
     assert (run() == 0).sum().item() > 0 and mlp.forward.runs == 0
 
 
+class _FunctionalDropoutMLP(nn.Module):
+    """An MLP that drops activations with F.dropout in its forward (DETR's MLPs do): no module
+    shows it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 16)
+        self.activation_fn = nn.GELU(approximate="tanh")
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        h = nn.functional.dropout(self.activation_fn(self.fc1(hidden_states)), 0.5, training=self.training)
+        return self.fc2(h)
+
+
+def test_an_mlp_in_training_mode_runs_its_own_forward() -> None:
+    torch.manual_seed(0)
+    mlp = _FunctionalDropoutMLP().to(DEVICE).eval()
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    report = accelerate(mlp, lambda: mlp(x), PARITY_ONLY)
+    assert report.kept == ["gelu_mlp"], report.table()
+    mlp.train()
+    mlp.forward.reset()
+    with torch.no_grad():
+        torch.manual_seed(7)
+        dropped = mlp(x)
+        with report.unpatched():
+            torch.manual_seed(7)
+            own = mlp(x)
+    assert mlp.forward.runs == 0
+    torch.testing.assert_close(dropped, own)  # the same dropout: the module's own forward ran
+
+
+def test_a_write_through_data_is_taken_after_refresh_and_copies_in_unpatched_hold_no_gate_up() -> None:
+    """`.data` writes bump no version: the gate|up copy stays old until `report.refresh()`. A copy
+    or file made inside `unpatched()` carries no gate|up buffer (it would never be freed)."""
+    import copy
+
+    model, ids = tiny_gemma(), _ids()
+    report = accelerate(model, lambda: model(input_ids=ids).logits, PARITY_ONLY)
+    assert "geglu_mlp" in report.kept, report.table()
+    mlp = model.model.layers[0].mlp
+    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    mlp.gate_proj.weight.data.copy_(torch.randn(mlp.gate_proj.weight.shape, generator=torch.Generator()))
+    with torch.no_grad():
+        stale = mlp(x)
+        want = type(mlp).forward(mlp, x)
+        assert not torch.allclose(stale, want, atol=1e-3)  # why refresh() exists
+        report.refresh()
+        torch.testing.assert_close(mlp(x), want, atol=1e-4, rtol=1e-4)
+    with report.unpatched():
+        twin = copy.deepcopy(model)
+        assert repl.GATE_UP_BUFFER not in mlp._buffers
+    assert not any(repl.GATE_UP_BUFFER in m._buffers for m in twin.modules())
+    assert repl.GATE_UP_BUFFER in mlp._buffers  # back with the kernels
+    mlp.forward.reset()
+    with torch.no_grad():
+        torch.testing.assert_close(mlp(x), want, atol=1e-4, rtol=1e-4)
+    assert mlp.forward.runs == 1
+
+
+def test_parity_is_judged_per_output() -> None:
+    """A small output beside a large one: zeroing the small one fails, as it would alone."""
+    from flashrt_ros.adopt.gate import parity
+
+    g = torch.Generator().manual_seed(0)
+    hidden, actions = 25 * torch.randn(64, 256, generator=g), torch.rand(50, 7, generator=g) * 2 - 1
+    result = parity([hidden, actions], [hidden, torch.zeros_like(actions)])
+    assert result.cos == 0.0 and result.cos_at == 1 and result.err_at == 1 and result.outputs == 2
+    assert result.failure(PARITY_ONLY) == "cosine 0.000000 < 0.999 (output 1 of 2)"
+    assert parity([hidden, actions], [hidden, actions]).failure(PARITY_ONLY) is None
+
+
 def test_an_adopted_module_takes_its_argument_by_name_and_refuses_a_wrong_width(kernel_calls) -> None:
     """Called by its forward's name for the argument (nn.LayerNorm's `input`, SigLIP's
     `hidden_states`), the kernels run; an input of another width gets torch's own error."""
@@ -882,7 +954,8 @@ def test_the_speed_gate_wants_the_gain_in_every_round(monkeypatch, slow_round) -
     timings = []
     for r in range(5):
         patched = 12.0 if r == slow_round else 9.5
-        timings += [[patched] * 3, [10.0] * 3]  # (patched, unpatched) per round, 3 calls each
+        pair = [[patched] * 3, [10.0] * 3]  # (patched, unpatched), 3 calls each
+        timings += pair if r % 2 == 0 else pair[::-1]  # ABBA: the odd rounds time unpatched first
     script = iter(timings)
     monkeypatch.setattr(gate_module, "time_ms", lambda call, iters, device: (call(), next(script))[1])
     model, ids = tiny_gemma(), _ids()

@@ -113,6 +113,13 @@ class AdoptReport:
             if v.kept:
                 v.kept, v.reason, v.extra_bytes = False, f"reverted (was: {v.reason})", 0
 
+    def refresh(self) -> None:
+        """Make the kept replacements' weight copies again (geglu_mlp's gate|up), after a change
+        they cannot see: a write through `.data` (`p.data.copy_(ema)`) bumps no tensor version."""
+        for patch in self._patches:
+            for forward in patch.forwards:
+                forward.refresh()
+
     @contextlib.contextmanager
     def unpatched(self) -> Iterator[None]:
         """The model's own forwards inside the block, the kept replacements again after it
@@ -148,6 +155,7 @@ class _Patch:
     def on(self) -> None:
         for module, forward in zip(self.modules, self.forwards, strict=True):
             if module.__dict__.get("forward") is forward.before:  # not a forward set since by someone else
+                forward.unpark()
                 module.forward = forward  # the instance's attribute shadows the class's forward
             elif module.__dict__.get("forward") is not forward:
                 log.warning("adopt: %s has a forward set by another tool; ours stays off there", type(module).__name__)
@@ -160,6 +168,7 @@ class _Patch:
                 del module.__dict__["forward"]
             else:
                 module.forward = forward.before  # another tool's forward, set before ours
+            forward.park()
 
     def drop(self) -> None:
         self.off()

@@ -1,11 +1,13 @@
 """The two gates a replacement must pass to stay: parity with the model's own outputs, and speed.
 
 Parity is measured on the user's example call, against the unpatched model's outputs on the same
-inputs and the same random state: the cosine over all floating outputs together and the largest
-absolute error relative to the largest reference value. Speed is the median over alternating
-rounds (patched, unpatched, patched, ...), so that clocks and caches drifting during the
-measurement fall on both sides alike; and the gain must show in every round's medians too, so
-that on a noisy host a difference smaller than the rounds' spread keeps the model's own code.
+inputs and the same random state, for each floating output on its own (a small output, actions
+beside hidden states, is not drowned by a large one): its cosine and its largest absolute error
+relative to its largest reference value; the worst of each decides. Speed is the median over
+alternating rounds, in ABBA order (patched then unpatched, then unpatched then patched, ...), so
+that clocks and caches drifting during the measurement fall on both sides alike; and the gain
+must show in every round's medians too, so that on a noisy host a difference smaller than the
+rounds' spread keeps the model's own code.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from torch import Tensor
 class Gates:
     """What a replacement must show to be kept.
 
-    min_cos: cosine of all outputs with the unpatched model's, at least this.
-    max_rel_err: largest |patched - unpatched| over the largest |unpatched|, at most this.
+    min_cos: cosine of each output with the unpatched model's, at least this.
+    max_rel_err: largest |patched - unpatched| over the largest |unpatched|, per output, at most this.
     min_gain: the patched median must be at least this fraction faster (0.01: 1 %), over all
         rounds and in each round; a tie within the noise keeps the model's own code.
     latency: False skips the speed gate (parity alone decides), e.g. to check a model on a
@@ -63,27 +65,35 @@ class Gates:
 
 @dataclass(frozen=True)
 class Parity:
-    """The patched outputs against the unpatched ones (all floating outputs as one vector)."""
+    """The patched outputs against the unpatched ones, the worst output's figures: `cos` the lowest
+    cosine (output `cos_at`), `max_abs` / `max_ref` those of the output whose error is the largest
+    share of its own largest value (output `err_at`), of `outputs` floating outputs."""
 
     cos: float
     max_abs: float
     max_ref: float
     finite: bool
+    cos_at: int = 0
+    err_at: int = 0
+    outputs: int = 1
 
     @property
     def rel_err(self) -> float:
-        return self.max_abs / self.max_ref if self.max_ref > 0 else (0.0 if self.max_abs == 0 else math.inf)
+        return _rel_err(self.max_abs, self.max_ref)
 
     def failure(self, gates: Gates) -> str | None:
         """Why this parity fails the gates (None: it passes)."""
         if not self.finite:
             return "non-finite outputs"
         if not self.cos >= gates.min_cos:
-            return f"cosine {self.cos:.6f} < {gates.min_cos}"
+            return f"cosine {self.cos:.6f} < {gates.min_cos}{self._which(self.cos_at)}"
         if not self.rel_err <= gates.max_rel_err:
-            share = f"{self.rel_err:.3g} of the largest output"
-            return f"max abs error {self.max_abs:.3g} is {share}, > {gates.max_rel_err}"
+            share = f"{self.rel_err:.3g} of its largest value"
+            return f"max abs error {self.max_abs:.3g} is {share}, > {gates.max_rel_err}{self._which(self.err_at)}"
         return None
+
+    def _which(self, i: int) -> str:
+        return f" (output {i} of {self.outputs})" if self.outputs > 1 else ""
 
     def to_dict(self) -> dict:
         return asdict(self) | {"rel_err": self.rel_err}
@@ -114,8 +124,13 @@ class OutputsChanged(ValueError):
     the model returns changed, whatever the values (a bf16 model must not start returning fp32)."""
 
 
+def _rel_err(max_abs: float, max_ref: float) -> float:
+    return max_abs / max_ref if max_ref > 0 else (0.0 if max_abs == 0 else math.inf)
+
+
 def parity(reference: list[Tensor], outputs: list[Tensor]) -> Parity:
-    """Cosine and max abs error of `outputs` against `reference`, in float64 sums over fp32 values.
+    """Cosine and max abs error of each of `outputs` against `reference` (float64 sums over fp32
+    values); the worst of each (`Parity`).
 
     Outputs of other shapes or dtypes than the reference's raise `OutputsChanged`. Values the
     reference holds as inf or NaN (a masked score, say) count as matched where the output holds
@@ -128,9 +143,8 @@ def parity(reference: list[Tensor], outputs: list[Tensor]) -> Parity:
         i = changed[0]
         first = f"output {i} is {outputs[i].dtype} instead of {reference[i].dtype}"
         raise OutputsChanged(f"the outputs' dtypes changed: {first} ({len(changed)} of {len(outputs)} changed)")
-    dot = ref_sq = out_sq = 0.0
-    max_abs = max_ref = 0.0
     finite = True
+    cosines, errors = [], []  # per output: cosine, (max abs, max ref)
     for r, o in zip(reference, outputs, strict=True):
         r, o = r.float(), o.to(r.device).float()
         held = torch.isfinite(r)
@@ -140,15 +154,17 @@ def parity(reference: list[Tensor], outputs: list[Tensor]) -> Parity:
             finite = finite and bool(same.all())
             r, o = r[held], o[held]
         finite = finite and bool(torch.isfinite(o).all())
-        dot += float((r.double() * o.double()).sum())
-        ref_sq += float(r.double().square().sum())
-        out_sq += float(o.double().square().sum())
-        if r.numel():
-            max_abs = max(max_abs, float((o - r).abs().max()))
-            max_ref = max(max_ref, float(r.abs().max()))
-    norm = math.sqrt(ref_sq * out_sq)
-    cos = dot / norm if norm > 0 else (1.0 if ref_sq == out_sq else 0.0)
-    return Parity(cos=cos, max_abs=max_abs, max_ref=max_ref, finite=finite)
+        dot = float((r.double() * o.double()).sum())
+        ref_sq, out_sq = float(r.double().square().sum()), float(o.double().square().sum())
+        norm = math.sqrt(ref_sq * out_sq)
+        cosines.append(dot / norm if norm > 0 else (1.0 if ref_sq == out_sq else 0.0))
+        errors.append((float((o - r).abs().max()), float(r.abs().max())) if r.numel() else (0.0, 0.0))
+    if not cosines:  # nothing to compare: the same (empty) outputs
+        return Parity(cos=1.0, max_abs=0.0, max_ref=0.0, finite=finite, outputs=0)
+    cos_at = min(range(len(cosines)), key=cosines.__getitem__)
+    err_at = max(range(len(errors)), key=lambda i: _rel_err(*errors[i]))
+    max_abs, max_ref = errors[err_at]
+    return Parity(cosines[cos_at], max_abs, max_ref, finite, cos_at, err_at, len(cosines))
 
 
 def seeded(call: Callable[[], object], seed: int, device: torch.device) -> object:
@@ -189,16 +205,20 @@ def alternating_rounds(
 ) -> list[list[list[float]]]:
     """Each side's ms per call, round by round ([side][round][call]), over `gates.rounds`
     alternating rounds. A side is (switch to it, one call); every round switches to each side in
-    turn and times it. The caller's RNG state is restored afterwards."""
+    turn and times it, the odd rounds in reverse order (ABBA: a steady drift, clocks ramping or a
+    cache growing, falls on both sides alike instead of always on the first). The caller's RNG
+    state is restored afterwards."""
     sides = list(sides)
     samples: list[list[list[float]]] = [[] for _ in sides]
     with _own_rng(device), torch.no_grad():
-        for _ in range(gates.rounds):
-            for (switch, call), into in zip(sides, samples, strict=True):
+        for n in range(gates.rounds):
+            order = range(len(sides)) if n % 2 == 0 else reversed(range(len(sides)))
+            for i in order:
+                switch, call = sides[i]
                 switch()
                 for _ in range(gates.warmup):
                     call()
-                into.append(time_ms(call, gates.iters, device))
+                samples[i].append(time_ms(call, gates.iters, device))
     return samples
 
 

@@ -81,9 +81,13 @@ class AdoptedForward:
 
     def _inner_acts(self) -> bool:
         """Whether an inner module's own call, which the kernels skip, would be seen or change the
-        result: a hook on it (or a global one: an observer, a quantiser), a dropout in training."""
+        result: a hook on it (or a global one: an observer, a quantiser), a dropout in training.
+        An MLP in training mode too: its forward may drop activations by a functional dropout
+        (`F.dropout(h, p, training=self.training)`, as DETR's MLPs do), which no module shows."""
         if not self.inner:
             return False
+        if self.module.training:
+            return True
         hooks = nn.modules.module
         if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
             return True
@@ -115,6 +119,16 @@ class AdoptedForward:
 
     def release(self) -> None:
         """Remove what this forward added to the module (called once it is off for good)."""
+
+    def park(self) -> None:
+        """Take what this forward added to the module off it while the module's own forward runs
+        (`unpatched()`): a copy or `torch.save` made then must not carry it."""
+
+    def unpark(self) -> None:
+        """Put back what `park` took."""
+
+    def refresh(self) -> None:
+        """Make again whatever this forward derived from the module's weights (see GegluForward)."""
 
 
 class Refused(ValueError):
@@ -458,6 +472,7 @@ class GegluForward(AdoptedForward):
     def __init__(self, module: nn.Module):
         super().__init__(module)
         self.width = module.gate_proj.out_features
+        self._parked: Tensor | None = None
         self._concatenate()
 
     def _concatenate(self) -> None:
@@ -471,7 +486,6 @@ class GegluForward(AdoptedForward):
         if self.block:
             w_gu = interleave_gate_up(w_gu, self.block)
         # a buffer, so that it follows the module's .to(); not persistent: not in its state_dict
-        # (a copy of an adopted module made inside `unpatched()` holds one already: replaced)
         self.module.register_buffer(GATE_UP_BUFFER, w_gu, persistent=False)
         self.source = self._source_now()
 
@@ -504,6 +518,19 @@ class GegluForward(AdoptedForward):
 
     def release(self) -> None:
         self.module._buffers.pop(GATE_UP_BUFFER, None)
+        self._parked = None
+
+    def park(self) -> None:
+        self._parked = self.module._buffers.pop(GATE_UP_BUFFER, None)
+
+    def unpark(self) -> None:
+        # a .to() in between left the parked copy behind: the next call sees the weights' new storage
+        if self._parked is not None and GATE_UP_BUFFER not in self.module._buffers:
+            self.module.register_buffer(GATE_UP_BUFFER, self._parked, persistent=False)
+        self._parked = None
+
+    def refresh(self) -> None:
+        self._concatenate()
 
 
 def _version(t: Tensor) -> int:
