@@ -16,6 +16,7 @@ from node_harness import (
     CAMERAS,
     HW,
     JOINT_TOPIC,
+    NODE,
     TEST_PARAMS,
     NodeProcess,
     check_wait_after_reset,
@@ -457,6 +458,18 @@ def test_sim_time_without_clock_is_reported_and_the_node_still_stops(ros_env, rc
         # /clock stops (a paused simulator): a second stall, then sim time off: not blamed any more
         assert peer.pump(10.0, until=lambda: peer.latest_counter("", "clock_stalled") == 2), node.tail()
         node.wait_for_line("s: simulator paused or /clock stopped?; decisions wait for it")
+        # paused now: the held samples stopped ageing with the clock, so "ready" would be false
+        from std_srvs.srv import SetBool
+
+        assert peer.call(SetBool, f"{peer.namespace}/{NODE}/enable", SetBool.Request(data=False)).success
+        seen = len(peer.diagnostics)
+
+        def paused_status() -> str:
+            return peer.diagnostics[-1].status[0].message if len(peer.diagnostics) > seen else ""
+
+        assert peer.pump(10.0, publish=False, until=lambda: "paused" in paused_status()), paused_status()
+        assert "not ready (" in paused_status() and "ROS time (use_sim_time) has not advanced" in paused_status()
+        assert peer.call(SetBool, f"{peer.namespace}/{NODE}/enable", SetBool.Request(data=True)).success
         assert peer.set_parameters(use_sim_time=False)[0].successful
         peer.pump(0.5, publish=False)
         seen = len(peer.diagnostics)

@@ -1444,6 +1444,8 @@ class FlashRTNode(Node):
         state, unready = "running", ""
         if not self.enabled:  # whether a decision could run now: what an operator asks before engaging
             unready = self._unready_inputs()
+            if self._clock_watch.stalled:  # held samples stop ageing with the clock: the timer would not fire
+                unready = ", ".join(filter(None, (unready, self._clock_watch.describe(time.monotonic()))))
             state = f"{self.PAUSED_STATE} (no decisions): " + (f"not ready ({unready})" if unready else "ready")
         if problems:
             return DiagnosticStatus.WARN, f"{state}, with " + ", ".join(problems) + " since the last status"
