@@ -143,3 +143,9 @@ def test_attention_gpu_real_shapes(policy: str) -> None:
     torch.testing.assert_close(
         attention(qp, kp, vp, kbp).float(), attention_ref(qp, kp, vp, kbp).float(), **TOL[torch.bfloat16]
     )
+
+
+def test_an_integer_output_buffer_is_refused() -> None:
+    q, k, v = torch.randn(3, 2, 16, device=DEVICE), torch.randn(5, 16, device=DEVICE), torch.randn(5, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="out is torch.int8; expected a floating-point buffer"):
+        attention(q, k, v, out=torch.zeros(3, 2, 16, dtype=torch.int8, device=DEVICE))

@@ -123,3 +123,20 @@ def test_bad_shapes_are_refused() -> None:
         denoise_update(y, x, w_out, b_out, -0.1, w_in, b_in, torch.empty(50, 32, device=DEVICE))
     with pytest.raises(ValueError, match="x must be contiguous fp32"):
         denoise_update(y, x.double(), w_out, b_out, -0.1)
+
+
+def test_an_integer_h_next_is_refused() -> None:
+    H, WE, A = 2, 16, 4
+    g = torch.Generator().manual_seed(0)
+    r = lambda *shape: torch.randn(*shape, generator=g).to(DEVICE)  # noqa: E731
+    with pytest.raises(ValueError, match="h_next is torch.int32; expected a floating-point buffer"):
+        denoise_update(
+            r(H, WE),
+            r(H, A),
+            r(A, WE),
+            r(A),
+            -0.1,
+            r(WE, A),
+            r(WE),
+            torch.zeros(H, WE, dtype=torch.int32, device=DEVICE),
+        )

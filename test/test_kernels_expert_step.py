@@ -618,3 +618,21 @@ def test_pair_halves_puts_each_rotate_half_pair_side_by_side() -> None:
     torch.testing.assert_close(unpair_columns(x @ pair_halves(wk, 16, 4).T, 16, 4), x @ wk.T)
     with pytest.raises(ValueError, match="block 3 must divide half a head"):
         pair_halves(w, 16, 3)
+
+
+def test_a_cache_of_another_dtype_than_the_plan_is_refused() -> None:
+    """The kernel reads the K/V cache as the plan's dtype: an fp32 or fp16 cache beside a bf16
+    plan is named, not read as the wrong numbers (or a late compile error on the GPU)."""
+    meta, bf16, W, F, H, D, L, P, rows = torch.device("meta"), torch.bfloat16, 1024, 4096, 8, 256, 2, 968, 50
+    plan = ExpertStepPlan(rows, W, F, H, D, 1, meta, bf16, gpu=True, sm_count=132)
+    e = lambda *shape, dtype=bf16: torch.empty(*shape, dtype=dtype, device=meta)  # noqa: E731
+    vec = e(1, L, W, dtype=torch.float32)
+    w = ExpertWeights(e(L, (H + 2) * D, W), e(L, W, H * D), e(L, 2 * F, W), e(L, W, F), vec, vec, vec, vec, vec, vec,
+                      e(1, W, dtype=torch.float32), e(1, W, dtype=torch.float32))  # fmt: skip
+    for kv_dtype in (torch.float32, torch.float16):
+        kv = e(L, P + rows, D, dtype=kv_dtype)
+        with pytest.raises(ValueError, match=rf"k / v must be torch.bfloat16 \(the plan's dtype\), got {kv_dtype}"):
+            plan.launch_args(
+                e(rows, W), plan.lay_out(w), 0, kv, kv, e(P + rows, dtype=torch.int32),
+                e(rows, dtype=torch.int32), e(2, rows, D // 2, dtype=torch.float32), P, 0, 1e-6,
+            )  # fmt: skip

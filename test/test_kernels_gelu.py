@@ -23,11 +23,14 @@ def test_bias_gelu_reference_is_torch_gelu_tanh() -> None:
 
 
 def test_bias_gelu_in_place_no_bias_and_extremes() -> None:
-    x = torch.tensor([[-1e4, -30.0, -3.0, -1e-3, 0.0, 1e-3, 3.0, 30.0, 1e4]], device=DEVICE)
+    # to fp32's ends: x / exp(80) is not ~0 for x near -3e38 (it gave -5.4e3); torch gives -0
+    x = torch.tensor([[-3e38, -1e36, -1e4, -30.0, -3.0, -1e-3, 0.0, 1e-3, 3.0, 30.0, 1e4, 3e38]], device=DEVICE)
     ref = bias_gelu_ref(x, None)
     y = bias_gelu(x, None, out=x)
     assert y.data_ptr() == x.data_ptr() and bool(torch.isfinite(x).all())
     torch.testing.assert_close(x, ref, **TOL[torch.float32])
+    nan = bias_gelu(torch.tensor([[float("-inf"), float("nan")]], device=DEVICE), None)
+    assert bool(nan.isnan().all())  # as torch's tanh form: -inf * 0 and NaN, not a finite number
 
 
 @pytest.mark.gpu

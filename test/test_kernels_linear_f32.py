@@ -45,3 +45,9 @@ def test_bad_arguments_are_refused() -> None:
         linear_f32(x, w[:, :16], b, torch.empty(8, 16, device=DEVICE))
     with pytest.raises(ValueError, match="out must be"):
         linear_f32(x, w, b, torch.empty(8, 17, device=DEVICE))
+
+
+def test_an_integer_output_buffer_is_refused() -> None:
+    x, w, b = torch.randn(2, 8, device=DEVICE), torch.randn(4, 8, device=DEVICE), torch.randn(4, device=DEVICE)
+    with pytest.raises(ValueError, match="out is torch.int32; expected a floating-point buffer"):
+        linear_f32(x, w, b, torch.zeros(2, 4, dtype=torch.int32, device=DEVICE))

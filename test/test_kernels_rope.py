@@ -129,3 +129,14 @@ def test_qkv_rope_gpu_real_shapes(T: int, P: int) -> None:
     # fp32 angles at real positions: the in-kernel cos/sin must be accurate, not approximate
     q32 = torch.randn(T, H, d, generator=g).to(DEVICE)
     torch.testing.assert_close(rope(q32, None, pos)[0], rope_ref(q32, None, pos)[0], atol=1e-4, rtol=1e-4)
+
+
+def test_integer_output_buffers_are_refused() -> None:
+    """The kernel stores floats: an integer q_out / k_out would truncate them silently."""
+    q, pos = torch.randn(3, 2, 8, device=DEVICE), torch.arange(3, device=DEVICE)
+    with pytest.raises(ValueError, match="q_out is torch.int32; expected a floating-point buffer"):
+        rope(q, None, pos, q_out=torch.zeros(3, 2, 8, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="k_out is torch.int16; expected a floating-point buffer"):
+        qkv_rope(
+            torch.randn(3, 32, device=DEVICE), pos, 2, 8, k_out=torch.zeros(3, 1, 8, dtype=torch.int16, device=DEVICE)
+        )

@@ -74,15 +74,21 @@ def same_device(t: torch.Tensor, device: torch.device) -> bool:
     return t.device.type == device.type and (device.index is None or t.device.index == device.index)
 
 
+def check_float_buffer(out: torch.Tensor, device: torch.device, name: str = "out") -> None:
+    """A buffer a kernel stores into: floating point (it computes in fp32; an integer buffer would
+    silently truncate) and on the kernel's device (else Triton's pointer error, naming nothing)."""
+    if not out.dtype.is_floating_point:
+        raise ValueError(f"{name} is {out.dtype}; expected a floating-point buffer")
+    if out.device != device:
+        raise ValueError(f"{name} is on {out.device}, expected {device}")
+
+
 def check_out(out: torch.Tensor, shape: tuple[int, ...], device: torch.device, name: str = "out") -> None:
     """Validate a caller-provided static output buffer (for the CUDA-graph path). Every kernel
     computes in fp32 and stores floats: an integer buffer would silently truncate."""
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {tuple(out.shape)}, expected {tuple(shape)}")
-    if not out.dtype.is_floating_point:
-        raise ValueError(f"{name} is {out.dtype}; expected a floating-point buffer")
-    if out.device != device:
-        raise ValueError(f"{name} is on {out.device}, expected {device}")
+    check_float_buffer(out, device, name)
     if out.stride(-1) != 1 and out.size(-1) != 1:
         raise ValueError(f"{name} must be contiguous in its last dimension")
 

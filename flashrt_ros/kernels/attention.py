@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import dot_precision, is_interpreting, needs_rtne_fix, round_bf16_rtne
+from ._common import check_float_buffer, dot_precision, is_interpreting, needs_rtne_fix, round_bf16_rtne
 
 __all__ = ["attention", "attention_ref", "attention_key_blocks", "BLOCK_VISIBLE", "BLOCK_MASKED"]
 
@@ -505,6 +505,7 @@ def attention(
     o4 = _as_batched(out, 4, "out")
     if tuple(o4.shape) != (B, Tq, H, D) or o4.stride(-1) != 1:
         raise ValueError(f"out must be {tuple(q.shape)} with a contiguous last dim")
+    check_float_buffer(out, q.device)
 
     kb = qb = None
     if key_blocks is not None:

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import needs_rtne_fix, round_bf16_rtne
+from ._common import check_float_buffer, needs_rtne_fix, round_bf16_rtne
 
 __all__ = [
     "DenoiseUpdate",
@@ -205,6 +205,7 @@ class DenoiseUpdate:
                 raise ValueError(f"w_in / b_in must be [{WE}, {A}] / [{WE}] with h_next")
             if tuple(self.h_next.shape) != (H, WE) or not self.h_next.is_contiguous():
                 raise ValueError(f"h_next must be contiguous [{H}, {WE}], got {tuple(self.h_next.shape)}")
+            check_float_buffer(self.h_next, self.x.device, "h_next")
         for name in ("w_out", "b_out", "w_in", "b_in"):
             t = getattr(self, name)
             if t is not None and (t.dtype != torch.float32 or not t.is_contiguous()):

@@ -1218,6 +1218,8 @@ class ExpertStepPlan:
         Tk, problems = int(k.shape[1]) if k.dim() == 3 else -1, []
         if tuple(k.shape) != tuple(v.shape) or k.dim() != 3 or k.shape[0] != L or k.shape[2] != self.D:
             problems.append(f"k / v must be [{L}, Tk, {self.D}], got {tuple(k.shape)} / {tuple(v.shape)}")
+        if k.dtype != self.dtype or v.dtype != self.dtype:
+            problems.append(f"k / v must be {self.dtype} (the plan's dtype), got {k.dtype} / {v.dtype}")
         if not 0 <= row0 <= Tk - self.M:
             problems.append(f"the suffix rows {row0}..{row0 + self.M} do not fit a cache of {Tk} keys")
         if tuple(key_blocks.shape) != (Tk,) or tuple(query_blocks.shape) != (self.M,):

@@ -7,8 +7,8 @@ pass over the [T, 4304] result, instead of an ``addmm`` epilogue plus a separate
     gelu_tanh(x) = 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))
                  = x * sigmoid(2u) = x / (1 + exp(-2u)),   u = sqrt(2/pi) * (x + 0.044715 * x**3)
 
-The sigmoid form is the same function without a ``tanh`` primitive (not in ``tl`` core) and is
-finite everywhere: for u -> -inf the (clamped) exponential is huge and the result goes to ~0.
+The sigmoid form is the same function without a ``tanh`` primitive (not in ``tl`` core); for
+u < -40 (x below about -9.6) the result is -0, as torch's tanh form rounds it, whatever the size of x.
 """
 
 from __future__ import annotations
@@ -30,8 +30,11 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 def gelu_tanh(x):
     """GELU, tanh approximation, on an fp32 tile (see module docstring for the sigmoid form)."""
     u = 0.7978845608028654 * (x + 0.044715 * x * x * x)  # sqrt(2/pi) * (x + 0.044715 x^3)
-    # Clamp the exponent below fp32 overflow (exp(80) ~ 5.5e34): the result is then ~0 anyway.
-    return x / (1.0 + tl.exp(tl.minimum(-2.0 * u, 80.0)))
+    # The exponent clamped below fp32 overflow (exp(80) ~ 5.5e34); past the clamp (x < ~-9.6) the
+    # result is -0 as torch's tanh form gives (x / 5.5e34 is not ~0 for |x| near fp32's largest),
+    # and NaN for x = -inf as there (x * 0)
+    y = x / (1.0 + tl.exp(tl.minimum(-2.0 * u, 80.0)))
+    return tl.where(u < -40.0, x * 0.0, y)
 
 
 def elementwise_block(width: int) -> int:

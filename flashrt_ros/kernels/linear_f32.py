@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import is_interpreting, needs_rtne_fix, round_bf16_rtne
+from ._common import check_float_buffer, is_interpreting, needs_rtne_fix, round_bf16_rtne
 
 __all__ = ["linear_f32", "linear_f32_ref"]
 
@@ -74,6 +74,7 @@ def linear_f32(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, out: torch.Ten
         raise ValueError(f"w and b must be fp32, got {w.dtype} / {b.dtype}")
     if tuple(out.shape) != (M, N) or out.stride(1) != 1:
         raise ValueError(f"out must be [{M}, {N}] with contiguous rows, got {tuple(out.shape)} strides {out.stride()}")
+    check_float_buffer(out, x.device)
     interp = is_interpreting()
     bm = min(64, max(16, triton.next_power_of_2(M)))
     bn, bk = 16, (64 if not interp else 32)

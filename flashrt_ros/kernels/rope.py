@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import needs_rtne_fix, round_bf16_rtne
+from ._common import check_float_buffer, needs_rtne_fix, round_bf16_rtne
 
 __all__ = ["rope", "rope_ref", "qkv_rope", "qkv_rope_ref", "rope_inv_freq"]
 
@@ -221,6 +221,9 @@ def _launch(
         raise ValueError(f"inv_freq must be contiguous fp32 [{half}], got {inv_freq.dtype} {list(inv_freq.shape)}")
     if inv_freq.device != positions.device:
         raise ValueError(f"inv_freq is on {inv_freq.device}, positions on {positions.device}: expected one device")
+    for name, dst in (("q_out", q_out), ("k_out", k_out), ("v_out", v_out)):
+        if dst is not None:
+            check_float_buffer(dst[0], q_in[0].device, name)
     if n_tok == 0:
         return
     dummy = (q_in[0], 0, 0)
