@@ -300,6 +300,13 @@ def test_set_frames_refuses_frames_that_are_not_uint8():
     fused = FusedPi0(model, torch.float32)
     with pytest.raises(ValueError, match="frames must be uint8"):
         fused.set_frames([np.zeros((24, 32, 3), dtype=np.float32), None])
+    grey = np.zeros((24, 32, 3), dtype=np.uint8)
+    with pytest.raises(ValueError, match="3 frames present; this path holds 2 views"):
+        fused.set_frames([grey] * 3)
+    with pytest.raises(ValueError, match="3 frames present; this path holds 2 views"):
+        fused.set_images([torch.from_numpy(grey).to(DEVICE)] * 3)
+    with pytest.raises(ValueError, match=r"frames must be HxWx3 \(RGB\) or HxWx4 \(RGBA\), got shape \(24, 32\)"):
+        fused.set_frames([grey[..., 0], None])
 
 
 @pytest.mark.gpu

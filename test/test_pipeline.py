@@ -41,6 +41,23 @@ def test_a_refused_input_gives_its_noise_back() -> None:
     assert got.actions.tobytes() == want.actions.tobytes()
 
 
+def test_a_complex_state_and_a_prompt_that_is_no_str_are_refused_by_name() -> None:
+    """numpy dropped a complex state's imaginary part with a warning and the decision ran; a
+    prompt of None failed inside the tokenizer with an AttributeError."""
+    from dataclasses import replace
+
+    pipeline = Pipeline(default_policy(num_views=2, action_dof=6), seed=0)
+    good = observation()
+    with pytest.raises(ValueError, match=r"state must be real numbers, got complex\d+; no action computed"):
+        pipeline.decide(replace(good, state=good.state + 1j))
+    with pytest.raises(ValueError, match="state must be real numbers, got <U1"):
+        pipeline.decide(replace(good, state=np.array(["a"] * 6)))
+    for prompt in (None, b"pick"):
+        with pytest.raises(ValueError, match=f"prompt must be a str, got {type(prompt).__name__}; no action"):
+            pipeline.decide(replace(good, prompt=prompt))
+    assert pipeline.decide(good).chunk_id == 1
+
+
 def test_a_chunk_refused_as_non_finite_gives_its_noise_back() -> None:
     """The refusal after the model ran (NonFiniteActions) gives the noise back too: once the
     weight is repaired, the next decision is byte-identical to a run that never refused."""

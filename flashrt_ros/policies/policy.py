@@ -103,7 +103,12 @@ class Policy:
     def prompt_state(self, obs: Observation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`prepare_prompt_state` for an observation whose frames were checked already."""
         cfg = self.cfg
-        state = np.asarray(obs.state, dtype=np.float32)
+        if not isinstance(obs.prompt, str):
+            raise ValueError(f"prompt must be a str, got {type(obs.prompt).__name__}; no action computed")
+        raw = np.asarray(obs.state)
+        if raw.dtype.kind not in "biuf":  # complex (the imaginary part dropped), text, objects
+            raise ValueError(f"state must be real numbers, got {raw.dtype}; no action computed")
+        state = raw.astype(np.float32)
         if state.ndim != 1 or state.shape[0] > cfg.state_dim:
             raise ValueError(f"state must be a vector of at most {cfg.state_dim} values, got shape {state.shape}")
         if not np.isfinite(state).all():
@@ -128,8 +133,9 @@ class Policy:
         tokens: Tokens = self.tokenizer.tokenize(cfg.prompt_format, obs.prompt, in_prompt)
         if tokens.truncated:
             raise PromptTooLong(
-                f"the prompt{' and state' if cfg.state_in_prompt else ''} take more than the policy's "
-                f"{cfg.prompt_len} tokens; expected a shorter prompt (got {obs.prompt!r})"
+                f"the prompt{' with the state' if cfg.state_in_prompt else ''} takes {tokens.length} tokens, more "
+                f"than the policy's {cfg.prompt_len}; expected a shorter prompt (got {obs.prompt!r}); no action "
+                "computed"
             )
         padded = np.zeros(cfg.state_dim, dtype=np.float32)
         padded[: norm_state.shape[0]] = norm_state

@@ -53,6 +53,7 @@ class Tokens:
     ids: np.ndarray  # int64 [L]
     mask: np.ndarray  # bool [L]
     truncated: bool
+    length: int = 0  # the tokens before any cut
 
 
 class PromptTokenizer:
@@ -73,7 +74,6 @@ class PromptTokenizer:
             ) from exc
         self.path = path
         self.prompt_len = prompt_len
-        self._warned_truncation = False
         log.info("tokenizer %s: vocab %d, prompt length %d", path, self.sp.get_piece_size(), prompt_len)
 
     @property
@@ -101,15 +101,13 @@ class PromptTokenizer:
 
     def pad(self, ids: list[int]) -> Tokens:
         """Right-pad to prompt_len; a longer prompt is cut to it (as openpi does) and flagged, so
-        the caller can refuse to act on it: a cut pi0.5 prompt loses its state and "Action: "."""
-        n = self.prompt_len
-        truncated = len(ids) > n
-        if truncated and not self._warned_truncation:
-            log.warning("prompt has %d tokens, longer than prompt_len %d: truncated (warned once)", len(ids), n)
-            self._warned_truncation = True
+        the caller refuses to act on it (a cut pi0.5 prompt loses its state and "Action: ") and says
+        so with `length`."""
+        n, length = self.prompt_len, len(ids)
+        truncated = length > n
         ids = ids[:n]
         out = np.zeros(n, dtype=np.int64)
         out[: len(ids)] = ids
         mask = np.zeros(n, dtype=bool)
         mask[: len(ids)] = True
-        return Tokens(out, mask, truncated)
+        return Tokens(out, mask, truncated, length)
