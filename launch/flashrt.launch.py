@@ -97,8 +97,9 @@ def node_overrides(values):
 
 def existing_file(name, text, what):
     """A path argument that must name a file: launch_ros drops a missing params file with a
-    warning and starts the node without it."""
-    path = text.strip()
+    warning and starts the node without it. `~` is expanded (a launch argument reaches us as
+    typed: `params_file:=~/robot.yaml`), as the node expands it in checkpoint and tokenizer."""
+    path = os.path.expanduser(text.strip())
     if not os.path.isfile(path):
         raise ValueError(f"{name} {text!r} is not a file; expected {what}")
     return path

@@ -118,3 +118,30 @@ def test_bad_arguments_exit_2_with_one_line(ros_env):
     assert done.returncode == 1, done.stdout + done.stderr
     assert "echo: no publisher of /nobody/action_chunk yet (nodes seen: " in done.stdout, done.stdout
     assert done.stdout.rstrip().endswith("echo: no action chunks received")
+
+
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_the_entry_script_stopped_by_a_signal_prints_its_summary(ros_env, signum):
+    """`ros2 run flashrt_ros flashrt_echo` (scripts/ros/flashrt_echo), stopped while it listens:
+    the summary and the exit status say what came, not the import-time guard's "not starting"
+    line with status 0."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "ros" / "flashrt_echo"
+    cmd = [sys.executable, str(script), "--node", "/nobody", "--hint-after", "0.5"]
+    proc = subprocess.Popen(cmd, env=ros_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        line = ""
+        while "no publisher of /nobody/action_chunk" not in line and time.monotonic() < deadline:
+            line = proc.stdout.readline()  # the hint: it listens, past its imports and rclpy.init
+        proc.send_signal(getattr(signal, signum))
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and out.rstrip().endswith("echo: no action chunks received"), (out, err)
+    assert "not starting" not in err, err

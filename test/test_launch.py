@@ -163,7 +163,7 @@ def test_flag_and_log_level_arguments():
         level("verbose")
 
 
-def test_path_arguments_must_name_files(tmp_path):
+def test_path_arguments_must_name_files(tmp_path, monkeypatch):
     """launch_ros drops a params file that does not exist with a warning and starts the node on
     its defaults (the random-weight policy): the launch refuses the path instead."""
     existing = launch_function("existing_file")
@@ -174,6 +174,8 @@ def test_path_arguments_must_name_files(tmp_path):
         existing("params_file", "/nope.yaml", "YAML")
     with pytest.raises(ValueError, match="is not a file"):
         existing("synthetic_params_file", str(tmp_path), "YAML")  # a folder
+    monkeypatch.setenv("HOME", str(tmp_path))  # `~` as typed in `params_file:=~/robot.yaml`
+    assert existing("params_file", "~/robot.yaml", "YAML") == str(params)
 
 
 def test_the_node_exiting_ends_the_launch_and_synthetic_runs_get_the_large_message_profile():

@@ -117,12 +117,19 @@ def test_synthetic_sensors_refuse_bad_settings_with_reasons(rclpy_context):
         "topic name token must not start with a number",
     ]
     assert problems(camera_rate_hz=True, jpeg_quality=True) == [  # Python's True is an int, not a number here
-        "camera_rate_hz must be a number in (0, 1000], got True",
+        "camera_rate_hz must be a number in [0.01, 1000], got True",
         "jpeg_quality must be an integer in [1, 100], got True",
     ]
     assert problems(image_width=100_000, image_height=100_000)[0].startswith(
         "image_width/image_height must be integers > 0 of at most 33177600 pixels together"
     )
+    # a period past int64 nanoseconds was a TypeError from rclpy's Timer
+    assert problems(joint_rate_hz=1e-12) == ["joint_rate_hz must be a number in [0.01, 1000], got 1e-12"]
+    (typo,) = problems(camera_rate=15.0, encodng="jpeg")  # ran on its defaults without a word
+    assert typo.startswith(
+        "unknown parameters ['camera_rate', 'encodng'] (a typo? did you mean camera_rate_hz for camera_rate, "
+        "encoding for encodng?); known: camera_topics, "
+    ), typo
     assert problems(camera_topics=["a", "b", "a"], joint_names=["x", "x"]) == [
         "camera_topics has ['a'] more than once; expected each once",
         "joint_names has ['x'] more than once; expected each once",

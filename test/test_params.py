@@ -611,6 +611,41 @@ def test_a_params_file_only_shared_sections_reach_is_refused(tmp_path):
     assert unaddressed_params_files([str(shared)], fqn) == []
 
 
+def test_a_string_that_rcl_drops_from_a_later_params_file_is_refused(rclpy_context, tmp_path):
+    """rcl keeps a parameter's first type: a robot overlay's `start_enabled: "false"` over the
+    base file's `true` was dropped without a word and the node started enabled. Checked against
+    rcl itself: what it keeps is what the node is told about; a `-p` wins over both files."""
+    import rclpy
+    from rclpy.node import Node
+
+    from flashrt_ros.ros.params import assigned_params, dropped_string_values, params_files
+
+    base, overlay = tmp_path / "base.yaml", tmp_path / "robot.yaml"
+    base.write_text("/**/flashrt_node:\n  ros__parameters:\n    start_enabled: true\n    prompt: base\n")
+    overlay.write_text('/**/flashrt_node:\n  ros__parameters:\n    start_enabled: "false"\n    prompt: overlay\n')
+    files = ["x", "--ros-args", "--params-file", str(base), "--params-file", str(overlay)]
+    for argv in (files, [*files, "-p", "start_enabled:=false"]):
+        context = rclpy.Context()
+        rclpy.init(args=argv, context=context)
+        try:
+            node = Node("flashrt_node", context=context, automatically_declare_parameters_from_overrides=True)
+            received = {n: node.get_parameter(n).value for n in ("start_enabled", "prompt")}
+            fqn = node.get_fully_qualified_name()
+            node.destroy_node()
+        finally:
+            rclpy.shutdown(context=context)
+        found = dropped_string_values(params_files(argv), fqn, received, assigned_params(argv))
+        if "-p" in argv:
+            assert received == {"start_enabled": False, "prompt": "overlay"} and found == []
+        else:
+            assert received == {"start_enabled": True, "prompt": "overlay"}  # rcl kept the base's bool
+            assert found == [
+                f"params file {overlay} sets start_enabled to the string 'false', but an earlier params file gave "
+                "it as bool True, and rcl keeps the earlier value without a word; expected a bool there (unquoted), "
+                "or one type for start_enabled in every file"
+            ]
+
+
 def test_rtc_settings_are_checked():
     """Real-time chunking's numbers and words, and the Jacobian only the reference can take."""
     found = problems(rtc_max_guidance=0.0, rtc_schedule="cosine", rtc_delay_steps=-3, rtc_jacobian="full")

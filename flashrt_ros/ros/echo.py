@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
 import time
 
@@ -205,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"echo: cannot start: the ROS arguments are invalid: {rcl_reason(exc)}", file=sys.stderr)
         return 2
     args = parser.parse_args(rest)
+    # the entry script's import-time handlers (early_stop) exit at once: from here a signal ends
+    # the loop below and the summary is printed (rclpy's own handlers chain to these)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         rclpy.init(args=argv)
         node = Echo(args.node.rstrip("/") or "/", args.every, args.quiet)

@@ -21,7 +21,7 @@ import dataclasses
 import difflib
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -562,22 +562,25 @@ def same_value(new: Any, old: Any) -> bool:
     return type(new) is type(old) and new == old
 
 
-def unknown_names(names: list[str] | set[str], runtime: bool = False) -> list[str]:
-    """Parameter names that are not ours (typos); rclpy's ``use_sim_time`` is excluded.
+def unknown_names(
+    names: list[str] | set[str], runtime: bool = False, known: Mapping[str, Any] | None = None
+) -> list[str]:
+    """Parameter names that are not ours (typos; `known`: the node's names, flashrt_node's by
+    default); rclpy's ``use_sim_time`` is excluded.
 
     ``qos_overrides.*`` are let through at start, where a shared ``/**`` section may hold them
     for other nodes; this node enables no QoS overrides (its QoS is fixed), so at runtime
     (``runtime=True``) such a set would change nothing and is unknown like any other name."""
+    known = PARAMETERS if known is None else known
     return sorted(
-        n
-        for n in names
-        if n not in PARAMETERS and n != "use_sim_time" and (runtime or not n.startswith("qos_overrides."))
+        n for n in names if n not in known and n != "use_sim_time" and (runtime or not n.startswith("qos_overrides."))
     )
 
 
-def did_you_mean(unknown: list[str]) -> str:
+def did_you_mean(unknown: list[str], known: Mapping[str, Any] | None = None) -> str:
     """ " did you mean checkpoint for checkpiont?" for the unknown names close to one of ours."""
-    close = [(n, difflib.get_close_matches(n, list(PARAMETERS), n=1, cutoff=0.75)) for n in unknown]
+    names = list(PARAMETERS if known is None else known)
+    close = [(n, difflib.get_close_matches(n, names, n=1, cutoff=0.75)) for n in unknown]
     pairs = [f"{match[0]} for {name}" for name, match in close if match]
     return f" did you mean {', '.join(pairs)}?" if pairs else ""
 
@@ -642,6 +645,53 @@ def params_files(argv: list[str]) -> list[str]:
         elif in_ros_args and arg == "--params-file" and i + 1 < len(argv):
             files.append(argv[i + 1])
     return files
+
+
+def assigned_params(argv: list[str]) -> set[str]:
+    """The names given by ``-p name:=value`` (or ``--param``, or ``-p node:name:=value``) among the
+    ROS arguments of a command line: rcl applies them over every params file."""
+    names, in_ros_args = set(), False
+    for i, arg in enumerate(argv):
+        if arg == "--ros-args":
+            in_ros_args = True
+        elif arg == "--":
+            in_ros_args = False
+        elif in_ros_args and arg in ("-p", "--param") and i + 1 < len(argv) and ":=" in argv[i + 1]:
+            names.add(argv[i + 1].split(":=", 1)[0].rsplit(":", 1)[-1])
+    return names
+
+
+def dropped_string_values(
+    files: list[str], fqn: str, received: Mapping[str, Any], assigned: Collection[str] = ()
+) -> list[str]:
+    """One sentence per parameter whose last params file gives it as a string where an earlier
+    file gave another type: rcl then keeps the earlier value without a word (a robot's overlay
+    with `start_enabled: "false"` over the base file's `true` started the node enabled).
+    `received`: the values the node got, by name; names set by `-p` (`assigned`) win anyway."""
+    import yaml
+
+    last: dict[str, tuple[str, Any]] = {}
+    for path in files:
+        try:
+            sections = node_sections(_yaml_sections(path))
+        except (OSError, ValueError, yaml.YAMLError):  # unaddressed_params_files says so
+            continue
+        for key, params in sections:
+            if section_applies(key, fqn) and isinstance(params, dict):
+                last.update((name, (path, value)) for name, value in params.items())
+    problems = []
+    for name, (path, value) in last.items():
+        if name in assigned or name not in received:
+            continue
+        got = received[name]
+        if isinstance(value, str) and got is not None and not isinstance(got, str):
+            kind = type(got).__name__
+            problems.append(
+                f"params file {path} sets {name} to the string {value!r}, but an earlier params file gave it as "
+                f"{kind} {got!r}, and rcl keeps the earlier value without a word; expected a {kind} there "
+                f"(unquoted), or one type for {name} in every file"
+            )
+    return problems
 
 
 def unaddressed_params_files(files: list[str], fqn: str, known: Mapping[str, Any] | None = None) -> list[str]:

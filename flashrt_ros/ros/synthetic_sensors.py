@@ -15,6 +15,7 @@ import array
 import io
 import math
 import sys
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
@@ -32,15 +33,21 @@ from flashrt_ros.ros.params import (
     ALOHA_JOINTS,
     DEFAULT_CAMERAS,
     ConfigError,
+    assigned_params,
+    did_you_mean,
+    dropped_string_values,
     invalid_topic,
     node_resolver,
     params_files,
+    shared_only_names,
     unaddressed_params_files,
+    unknown_names,
 )
 from flashrt_ros.ros.process import init_rclpy, interrupt_on_signals, run_until_signal, signals_held, stopping
 from flashrt_ros.ros.usage import command_line, usage
 
 NODE_NAME = "synthetic_sensors"
+MIN_RATE_HZ = 0.01  # as flashrt_node's rates: a period of 100 s
 ENCODINGS = ("rgb8", "bgr8", "jpeg")
 JPEG_FRAMES = 30  # distinct pre-encoded frames per camera (one scroll cycle)
 
@@ -84,10 +91,10 @@ class SensorConfig:
                 f"image_width/image_height must be integers > 0 of at most {MAX_PIXELS} pixels together "
                 f"(7680x4320, 8K), got {width!r}/{height!r}"
             )
-        for name in ("camera_rate_hz", "joint_rate_hz"):
+        for name in ("camera_rate_hz", "joint_rate_hz"):  # a timer's period in int64 ns: not below 0.01 Hz
             value = getattr(self, name)
-            if not (isinstance(value, float) and 0 < value <= 1000):
-                problems.append(f"{name} must be a number in (0, 1000], got {value!r}")
+            if not (isinstance(value, float) and MIN_RATE_HZ <= value <= 1000):
+                problems.append(f"{name} must be a number in [{MIN_RATE_HZ}, 1000], got {value!r}")
         if not (_integer(self.jpeg_quality) and 1 <= self.jpeg_quality <= 100):
             problems.append(f"jpeg_quality must be an integer in [1, 100], got {self.jpeg_quality!r}")
         for name in ("camera_topics", "joint_names"):
@@ -158,7 +165,9 @@ class CameraStream:
 
 
 class SyntheticSensors(Node):
-    def __init__(self, *, params_files: list[str] | tuple[str, ...] = (), **node_kwargs: Any):
+    def __init__(
+        self, *, params_files: list[str] | tuple[str, ...] = (), assigned: Collection[str] = (), **node_kwargs: Any
+    ):
         super().__init__(NODE_NAME, **node_kwargs)
         defaults = SensorConfig()
         for name in SensorConfig.__dataclass_fields__:
@@ -166,7 +175,17 @@ class SyntheticSensors(Node):
         self.cfg = SensorConfig.from_values({n: self.get_parameter(n).value for n in SensorConfig.__dataclass_fields__})
         # a params file with no section for this node (flashrt.yaml given to it) would run the defaults
         fields = SensorConfig.__dataclass_fields__
-        problems = unaddressed_params_files(list(params_files), self.get_fully_qualified_name(), fields)
+        fqn = self.get_fully_qualified_name()
+        problems = unaddressed_params_files(list(params_files), fqn, fields)
+        received = {n: self.get_parameter(n).value for n in fields}
+        problems += dropped_string_values(list(params_files), fqn, received, assigned)
+        # a typo would run the default (the flashrt_node only warns: it has a robot to serve)
+        given = set(getattr(self, "_parameter_overrides", {})) - shared_only_names(list(params_files), fqn)
+        unknown = unknown_names(given, known=fields)
+        if unknown:
+            problems.append(
+                f"unknown parameters {unknown} (a typo?{did_you_mean(unknown, fields)}); known: {', '.join(fields)}"
+            )
         problems += self.cfg.validate()
         if isinstance(self.cfg.camera_topics, list) and isinstance(self.cfg.joint_state_topic, str):
             problems += self._topic_problems()  # all at once, with the others
@@ -269,10 +288,10 @@ PARAMETER_HELP = {
     "encoding": f"one of {', '.join(ENCODINGS)}",
     "image_width": "pixels",
     "image_height": "pixels",
-    "camera_rate_hz": "frames per second per camera",
+    "camera_rate_hz": "frames per second per camera, 0.01..1000",
     "joint_state_topic": "sensor_msgs/JointState topic",
     "joint_names": "joints published, following slow sinusoids",
-    "joint_rate_hz": "joint states per second",
+    "joint_rate_hz": "joint states per second, 0.01..1000",
     "jpeg_quality": "1..100, for encoding jpeg",
 }
 
@@ -299,7 +318,7 @@ def main(args: list[str] | None = None) -> int:
     try:
         if not init_rclpy(argv, NODE_NAME):
             return 2
-        node = SyntheticSensors(params_files=params_files(argv))
+        node = SyntheticSensors(params_files=params_files(argv), assigned=assigned_params(argv))
         with signals_held():
             executor = SingleThreadedExecutor()
     except ConfigError as exc:
