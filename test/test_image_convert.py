@@ -363,7 +363,7 @@ def test_corrupt_png_data_is_refused_not_decoded_to_garbage() -> None:
     assert "IDAT" in str(err), str(err)  # the chunk whose checksum failed
 
 
-def _png_of_rows(rgb: np.ndarray, rows: int, interlace: bool = False, extra: bytes = b"") -> bytes:
+def _png_of_rows(rgb: np.ndarray, rows: int, interlace: bool = False, extra: bytes = b"", closed: bool = True) -> bytes:
     """An RGB PNG whose header says rgb's size, its image data the first `rows` rows only (a
     closed zlib stream, every CRC right): what an encoder cut short can write."""
     import zlib
@@ -380,7 +380,9 @@ def _png_of_rows(rgb: np.ndarray, rows: int, interlace: bool = False, extra: byt
     else:
         raw = b"".join(b"\x00" + rgb[y].tobytes() for y in range(rows))  # filter 0 (none) per row
     raw += extra
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+    z = zlib.compressobj()
+    idat = z.compress(raw) + z.flush(zlib.Z_FINISH if closed else zlib.Z_SYNC_FLUSH)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
 
 
 def test_a_png_with_rows_missing_is_refused_not_decoded_half_black() -> None:
@@ -402,6 +404,9 @@ def test_a_png_with_rows_missing_is_refused_not_decoded_half_black() -> None:
     more = _png_of_rows(rgb, 48, extra=bytes(7))
     err = _compressed_refusal(SimpleNamespace(header=None, format="png", data=more))
     assert "holds 9271 bytes of rows; its 64x48 header needs 9264 (more row data than its header says)" in str(err)
+    open_stream = _png_of_rows(rgb, 48, closed=False)  # every row there, the zlib stream not ended
+    err = _compressed_refusal(SimpleNamespace(header=None, format="png", data=open_stream))
+    assert "and its stream does not end; its 64x48 header needs 9264 (its compressed stream is not closed)" in str(err)
 
 
 @pytest.mark.parametrize("mode", ["1", "L", "P", "RGB", "RGBA", "I;16"])

@@ -611,39 +611,80 @@ def test_a_params_file_only_shared_sections_reach_is_refused(tmp_path):
     assert unaddressed_params_files([str(shared)], fqn) == []
 
 
-def test_a_string_that_rcl_drops_from_a_later_params_file_is_refused(rclpy_context, tmp_path):
-    """rcl keeps a parameter's first type: a robot overlay's `start_enabled: "false"` over the
-    base file's `true` was dropped without a word and the node started enabled. Checked against
-    rcl itself: what it keeps is what the node is told about; a `-p` wins over both files."""
+def _rcl_received(argv: list[str], names: list[str]) -> tuple[dict, str]:
+    """What rcl itself gives a node named flashrt_node for `argv`'s ROS arguments."""
     import rclpy
     from rclpy.node import Node
 
-    from flashrt_ros.ros.params import assigned_params, dropped_string_values, params_files
+    context = rclpy.Context()
+    rclpy.init(args=argv, context=context)
+    try:
+        node = Node("flashrt_node", context=context, automatically_declare_parameters_from_overrides=True)
+        received = {n: node.get_parameter(n).value for n in names if node.has_parameter(n)}
+        fqn = node.get_fully_qualified_name()
+        node.destroy_node()
+    finally:
+        rclpy.shutdown(context=context)
+    return received, fqn
+
+
+def test_values_rcl_drops_between_params_files_and_p_are_refused(rclpy_context, tmp_path):
+    """rcl merges its sources value by value only within one type: a robot overlay's
+    `start_enabled: "false"` over the base file's `true` was dropped without a word and the node
+    started enabled; `max_age_s: 0.25` over the base's `1` kept 1. Checked against rcl itself: a
+    `-p` after the files wins, one before them loses like a file."""
+    from flashrt_ros.ros.params import lost_values, param_sources
 
     base, overlay = tmp_path / "base.yaml", tmp_path / "robot.yaml"
-    base.write_text("/**/flashrt_node:\n  ros__parameters:\n    start_enabled: true\n    prompt: base\n")
-    overlay.write_text('/**/flashrt_node:\n  ros__parameters:\n    start_enabled: "false"\n    prompt: overlay\n')
+    base.write_text("/**/flashrt_node:\n  ros__parameters:\n    start_enabled: true\n    max_age_s: 1\n    prompt: a\n")
+    overlay.write_text(
+        '/**/flashrt_node:\n  ros__parameters:\n    start_enabled: "false"\n    max_age_s: 0.25\n    prompt: b\n'
+    )
     files = ["x", "--ros-args", "--params-file", str(base), "--params-file", str(overlay)]
-    for argv in (files, [*files, "-p", "start_enabled:=false"]):
-        context = rclpy.Context()
-        rclpy.init(args=argv, context=context)
-        try:
-            node = Node("flashrt_node", context=context, automatically_declare_parameters_from_overrides=True)
-            received = {n: node.get_parameter(n).value for n in ("start_enabled", "prompt")}
-            fqn = node.get_fully_qualified_name()
-            node.destroy_node()
-        finally:
-            rclpy.shutdown(context=context)
-        found = dropped_string_values(params_files(argv), fqn, received, assigned_params(argv))
-        if "-p" in argv:
-            assert received == {"start_enabled": False, "prompt": "overlay"} and found == []
-        else:
-            assert received == {"start_enabled": True, "prompt": "overlay"}  # rcl kept the base's bool
-            assert found == [
-                f"params file {overlay} sets start_enabled to the string 'false', but an earlier params file gave "
-                "it as bool True, and rcl keeps the earlier value without a word; expected a bool there (unquoted), "
-                "or one type for start_enabled in every file"
-            ]
+    names = ["start_enabled", "max_age_s", "prompt"]
+    cases = {  # ROS arguments -> (what rcl gives, the parameters said lost)
+        "files": (files, {"start_enabled": True, "max_age_s": 1, "prompt": "b"}, ["start_enabled", "max_age_s"]),
+        "-p after": (
+            [*files, "-p", "start_enabled:=false", "-p", "max_age_s:=0.25"],
+            {"start_enabled": False, "max_age_s": 0.25, "prompt": "b"},
+            [],
+        ),
+        "-p before": (
+            ["x", "--ros-args", "-p", "max_age_s:=0.25", "--params-file", str(base)],
+            {"start_enabled": True, "max_age_s": 1, "prompt": "a"},
+            [],  # the file's 1 comes last and is what the node got
+        ),
+    }
+    for label, (argv, want, lost) in cases.items():
+        received, fqn = _rcl_received(argv, names)
+        assert received == want, (label, received)
+        found = lost_values(param_sources(argv), fqn, received)
+        assert [f.split(" gives ")[1].split(" ")[0] for f in found] == lost, (label, found)
+    received, fqn = _rcl_received(files, names)
+    (first, _) = lost_values(param_sources(files), fqn, received)
+    assert first == (
+        f"params file {overlay} gives start_enabled 'false' (string), but the node received True (bool) from an "
+        "earlier source: rcl keeps a value of another type given before, without a word; expected one type for "
+        "start_enabled in every params file and -p"
+    )
+
+
+def test_scalars_are_typed_as_rcl_types_them(rclpy_context, tmp_path):
+    """The check reads a params file as rcl does, not as PyYAML does (2e-2 and y are strings
+    there, a double and a bool for rcl): one file alone is never refused."""
+    from flashrt_ros.ros.params import lost_values, param_sources, rcl_scalar
+
+    texts = ["2e-2", "1e3", "y", "N", "on", "0x10", "010", "-7", "+5", ".inf", "-.INF", "nan", "5.", "1_000", "~"]
+    texts += ["' 5'", '"3"', "[1, 2]", "[1.5, -2.0]", "[y, n]", "9223372036854775808", "1e999", "abc"]
+    path = tmp_path / "types.yaml"
+    body = "".join(f"    p{i}: {t}\n" for i, t in enumerate(texts))
+    path.write_text(f"/**/flashrt_node:\n  ros__parameters:\n{body}")
+    argv = ["x", "--ros-args", "--params-file", str(path)]
+    received, fqn = _rcl_received(argv, [f"p{i}" for i in range(len(texts))])
+    assert len(received) == len(texts)
+    assert lost_values(param_sources(argv), fqn, received) == []
+    assert rcl_scalar("2e-2") == 0.02 and rcl_scalar("0x10") == 16 and rcl_scalar("y") is True
+    assert rcl_scalar("false", quoted=True) == "false"
 
 
 def test_rtc_settings_are_checked():

@@ -259,7 +259,13 @@ def _check_png_rows(data: bytes) -> None:
         got += len(inflate.decompress(rest, 1 << 20))
         rest = inflate.unconsumed_tail
     if not inflate.eof or got != expected:
-        hint = "an encoder cut short?" if got < expected else "more row data than its header says"
+        hint = (
+            "an encoder cut short?"
+            if got < expected
+            else "more row data than its header says"
+            if got > expected
+            else "its compressed stream is not closed"
+        )
         raise ValueError(
             f"PNG image data holds {got} bytes of rows{'' if inflate.eof else ' and its stream does not end'}; "
             f"its {width}x{height} header needs {expected} ({hint})"

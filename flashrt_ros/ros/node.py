@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -73,13 +73,14 @@ from flashrt_ros.ros.params import (
     PARAMETERS,
     ConfigError,
     NodeConfig,
-    assigned_params,
     check_update,
     declare_parameters,
     did_you_mean,
-    dropped_string_values,
     floats_as_doubles,
+    given_values,
+    lost_values,
     node_resolver,
+    param_sources,
     params_files,
     refused_by_rclpy,
     shared_only_names,
@@ -171,7 +172,7 @@ class FlashRTNode(Node):
         *,
         stats_window: int = 200,
         params_files: Sequence[str] = (),
-        assigned: Collection[str] = (),
+        sources: Sequence[tuple[str, ...]] = (),
         set_up: bool = True,
         **node_kwargs: Any,
     ):
@@ -182,7 +183,7 @@ class FlashRTNode(Node):
         _FORWARD.ros_logger = self.get_logger()  # the policy's logs under this node's name (and /rosout)
         declare_parameters(self)
         self._params_files = list(params_files)
-        self._assigned = set(assigned)  # -p names: over every params file
+        self._sources = list(sources)  # params files and -p, in command-line order (params.param_sources)
         self._unknown = self._warn_unknown_parameters()  # before the problems: a typo is often their cause
         self.stats_window = stats_window
         self.stopping = threading.Event()  # set by begin_shutdown
@@ -226,8 +227,7 @@ class FlashRTNode(Node):
         self.cfg = NodeConfig.from_parameters(self)
         fqn = self.get_fully_qualified_name()
         problems = unaddressed_params_files(self._params_files, fqn)
-        received = {n: self.get_parameter(n).value for n in PARAMETERS if self.has_parameter(n)}
-        problems += dropped_string_values(self._params_files, fqn, received, self._assigned)
+        problems += lost_values(self._sources, fqn, given_values(self))
         problems += self.cfg.validate(resolve=node_resolver(self))
         if problems:
             raise ConfigError(problems)
@@ -1948,7 +1948,7 @@ def main(args: list[str] | None = None) -> int:
         if not init_rclpy(argv, NODE_NAME):
             return 2
         forward_python_logs()  # to the bare name's logger until the node exists; then its own
-        node = FlashRTNode(params_files=params_files(argv), assigned=assigned_params(argv))
+        node = FlashRTNode(params_files=params_files(argv), sources=param_sources(argv))
         with signals_held():
             executor = MultiThreadedExecutor(num_threads=node.callback_threads)
     except (ConfigError, StartupError) as exc:

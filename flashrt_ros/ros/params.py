@@ -21,7 +21,7 @@ import dataclasses
 import difflib
 import math
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -647,51 +647,149 @@ def params_files(argv: list[str]) -> list[str]:
     return files
 
 
-def assigned_params(argv: list[str]) -> set[str]:
-    """The names given by ``-p name:=value`` (or ``--param``, or ``-p node:name:=value``) among the
-    ROS arguments of a command line: rcl applies them over every params file."""
-    names, in_ros_args = set(), False
+def param_sources(argv: list[str]) -> list[tuple[str, str] | tuple[str, str, str]]:
+    """The parameter sources among the ROS arguments of a command line, in order, as rcl applies
+    them: ("file", path) for ``--params-file``, ("arg", "node:name" or "name", value text) for
+    ``-p`` / ``--param name:=value``."""
+    sources: list[tuple[str, str] | tuple[str, str, str]] = []
+    in_ros_args = False
     for i, arg in enumerate(argv):
         if arg == "--ros-args":
             in_ros_args = True
         elif arg == "--":
             in_ros_args = False
-        elif in_ros_args and arg in ("-p", "--param") and i + 1 < len(argv) and ":=" in argv[i + 1]:
-            names.add(argv[i + 1].split(":=", 1)[0].rsplit(":", 1)[-1])
-    return names
+        elif in_ros_args and i + 1 < len(argv):
+            if arg == "--params-file":
+                sources.append(("file", argv[i + 1]))
+            elif arg in ("-p", "--param") and ":=" in argv[i + 1]:
+                name, _, value = argv[i + 1].partition(":=")
+                sources.append(("arg", name, value))
+    return sources
 
 
-def dropped_string_values(
-    files: list[str], fqn: str, received: Mapping[str, Any], assigned: Collection[str] = ()
+# rcl's typing of a plain (unquoted) YAML scalar (rcl_yaml_param_parser's get_value): these words,
+# then a whole integer as C's strtoll(base 0) reads it (0x10 is 16, 010 is 8), then a whole double
+# as strtod reads it (2e-2, .inf, nan); anything else, and every quoted scalar, is a string.
+# PyYAML types plainly written values otherwise (2e-2 and y are strings there).
+_RCL_TRUE = frozenset("Y y yes Yes YES true True TRUE on On ON".split())
+_RCL_FALSE = frozenset("N n no No NO false False FALSE off Off OFF".split())
+_RCL_INF = frozenset(f"{s}.{w}" for s in ("", "+", "-") for w in ("inf", "Inf", "INF")) | {".nan", ".NaN", ".NAN"}
+_STRTOLL = re.compile(r"\s*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)")
+_STRTOD = re.compile(r"\s*[+-]?((\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|inf(inity)?|nan)", re.IGNORECASE)
+
+
+def rcl_scalar(text: str, quoted: bool = False) -> bool | int | float | str:
+    """A YAML scalar as rcl types it for a parameter."""
+    if quoted:
+        return text
+    if text in _RCL_TRUE or text in _RCL_FALSE:
+        return text in _RCL_TRUE
+    m = _STRTOLL.fullmatch(text)
+    if m:
+        body = m.group(2)
+        base = 16 if body[:2] in ("0x", "0X") else 8 if len(body) > 1 and body[0] == "0" else 10
+        value = int(body, base) * (-1 if m.group(1) == "-" else 1)
+        if -(2**63) <= value < 2**63:  # else strtoll's ERANGE: a double, as rcl reads it next
+            return value
+    if text in _RCL_INF:
+        return float(text.replace(".", ""))
+    if _STRTOD.fullmatch(text):
+        value = float(text)
+        if math.isfinite(value) or "inf" in text.lower() or "nan" in text.lower():  # overflow: ERANGE
+            return value
+    return text
+
+
+def _rcl_typed(node: Any) -> Any:
+    """A composed YAML node's value as rcl types parameters (scalars by `rcl_scalar`)."""
+    import yaml
+
+    if isinstance(node, yaml.ScalarNode):
+        return rcl_scalar(node.value, quoted=node.style in ("'", '"'))
+    if isinstance(node, yaml.SequenceNode):
+        return [_rcl_typed(n) for n in node.value]
+    if isinstance(node, yaml.MappingNode):
+        return {str(k.value): _rcl_typed(v) for k, v in node.value}
+    return None
+
+
+def _flat(params: dict, prefix: str = "") -> dict[str, Any]:
+    """Nested parameter mappings as rcl names them (`a: {b: 1}` is `a.b`)."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        out.update(_flat(value, name + ".") if isinstance(value, dict) else {name: value})
+    return out
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Equal and of one rcl type (True is not 1, 1 is not 1.0); NaN equals NaN."""
+    seq = (list, tuple, array.array)  # rclpy gives a list, or an array.array for numbers
+    if isinstance(a, seq) or isinstance(b, seq):
+        if not (isinstance(a, seq) and isinstance(b, seq)) or len(a) != len(b):
+            return False
+        return all(map(_same_value, list(a), list(b)))
+    if type(a) is not type(b):
+        return False
+    return a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b))
+
+
+def lost_values(
+    sources: list[tuple[str, str] | tuple[str, str, str]], fqn: str, received: Mapping[str, Any]
 ) -> list[str]:
-    """One sentence per parameter whose last params file gives it as a string where an earlier
-    file gave another type: rcl then keeps the earlier value without a word (a robot's overlay
-    with `start_enabled: "false"` over the base file's `true` started the node enabled).
-    `received`: the values the node got, by name; names set by `-p` (`assigned`) win anyway."""
+    """One sentence per parameter the node received otherwise than its last source (params file
+    or `-p`, in command-line order) gives it. rcl merges sources value by value only within one
+    type: where two give a parameter different types it keeps one by type (bool over integer over
+    double over string over lists), wherever it came, without a word. A robot overlay's
+    `start_enabled: "false"` over the base file's `true` started the node enabled; an overlay's
+    `max_age_s: 0.25` over the base's `1` kept 1. `received`: the node's values by name."""
     import yaml
 
     last: dict[str, tuple[str, Any]] = {}
-    for path in files:
-        try:
-            sections = node_sections(_yaml_sections(path))
-        except (OSError, ValueError, yaml.YAMLError):  # unaddressed_params_files says so
-            continue
-        for key, params in sections:
-            if section_applies(key, fqn) and isinstance(params, dict):
-                last.update((name, (path, value)) for name, value in params.items())
+    node_name = fqn.rsplit("/", 1)[-1]
+    for source in sources:
+        if source[0] == "file":
+            try:
+                data = _rcl_typed(yaml.compose(Path(source[1]).read_text(), Loader=yaml.SafeLoader)) or {}
+                sections = node_sections(data) if isinstance(data, dict) else []
+            except (OSError, ValueError, yaml.YAMLError):  # unaddressed_params_files says so
+                continue
+            for key, params in sections:
+                if section_applies(key, fqn) and isinstance(params, dict):
+                    last.update((n, (f"params file {source[1]}", v)) for n, v in _flat(params).items())
+        else:
+            target, _, name = source[1].rpartition(":")
+            if target and target != node_name:
+                continue
+            try:
+                value = _rcl_typed(yaml.compose(source[2], Loader=yaml.SafeLoader))
+            except yaml.YAMLError:
+                continue
+            last[name] = (f"-p {source[1]}:={source[2]}", value)
     problems = []
-    for name, (path, value) in last.items():
-        if name in assigned or name not in received:
+    for name, (where, value) in last.items():
+        if name not in received or value == [] or value is None:  # an empty list takes the field's type
             continue
         got = received[name]
-        if isinstance(value, str) and got is not None and not isinstance(got, str):
-            kind = type(got).__name__
+        if not _same_value(value, got):
             problems.append(
-                f"params file {path} sets {name} to the string {value!r}, but an earlier params file gave it as "
-                f"{kind} {got!r}, and rcl keeps the earlier value without a word; expected a {kind} there "
-                f"(unquoted), or one type for {name} in every file"
+                f"{where} gives {name} {value!r} ({_rcl_type_name(value)}), but the node received {got!r} "
+                f"({_rcl_type_name(got)}) from an earlier source: rcl keeps a value of another type given before, "
+                f"without a word; expected one type for {name} in every params file and -p"
             )
     return problems
+
+
+def given_values(node: Any) -> dict[str, Any]:
+    """The values rcl gave a node at start (its parameter overrides), as rcl typed them: before
+    the node declared them (a declared double turns a given integer 5 into 5.0)."""
+    return {name: p.value for name, p in getattr(node, "_parameter_overrides", {}).items()}
+
+
+def _rcl_type_name(value: Any) -> str:
+    if isinstance(value, list | tuple | array.array):
+        return f"list of {_rcl_type_name(value[0])}" if len(value) else "empty list"
+    return {bool: "bool", int: "integer", float: "double", str: "string"}.get(type(value), type(value).__name__)
 
 
 def unaddressed_params_files(files: list[str], fqn: str, known: Mapping[str, Any] | None = None) -> list[str]:

@@ -15,7 +15,7 @@ import array
 import io
 import math
 import sys
-from collections.abc import Collection
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
@@ -33,11 +33,12 @@ from flashrt_ros.ros.params import (
     ALOHA_JOINTS,
     DEFAULT_CAMERAS,
     ConfigError,
-    assigned_params,
     did_you_mean,
-    dropped_string_values,
+    given_values,
     invalid_topic,
+    lost_values,
     node_resolver,
+    param_sources,
     params_files,
     shared_only_names,
     unaddressed_params_files,
@@ -166,7 +167,11 @@ class CameraStream:
 
 class SyntheticSensors(Node):
     def __init__(
-        self, *, params_files: list[str] | tuple[str, ...] = (), assigned: Collection[str] = (), **node_kwargs: Any
+        self,
+        *,
+        params_files: list[str] | tuple[str, ...] = (),
+        sources: Sequence[tuple[str, ...]] = (),
+        **node_kwargs: Any,
     ):
         super().__init__(NODE_NAME, **node_kwargs)
         defaults = SensorConfig()
@@ -177,10 +182,9 @@ class SyntheticSensors(Node):
         fields = SensorConfig.__dataclass_fields__
         fqn = self.get_fully_qualified_name()
         problems = unaddressed_params_files(list(params_files), fqn, fields)
-        received = {n: self.get_parameter(n).value for n in fields}
-        problems += dropped_string_values(list(params_files), fqn, received, assigned)
+        problems += lost_values(list(sources), fqn, given_values(self))
         # a typo would run the default (the flashrt_node only warns: it has a robot to serve)
-        given = set(getattr(self, "_parameter_overrides", {})) - shared_only_names(list(params_files), fqn)
+        given = set(given_values(self)) - shared_only_names(list(params_files), fqn)
         unknown = unknown_names(given, known=fields)
         if unknown:
             problems.append(
@@ -318,7 +322,7 @@ def main(args: list[str] | None = None) -> int:
     try:
         if not init_rclpy(argv, NODE_NAME):
             return 2
-        node = SyntheticSensors(params_files=params_files(argv), assigned=assigned_params(argv))
+        node = SyntheticSensors(params_files=params_files(argv), sources=param_sources(argv))
         with signals_held():
             executor = SingleThreadedExecutor()
     except ConfigError as exc:
