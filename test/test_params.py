@@ -672,10 +672,11 @@ def test_values_rcl_drops_between_params_files_and_p_are_refused(rclpy_context, 
 def test_scalars_are_typed_as_rcl_types_them(rclpy_context, tmp_path):
     """The check reads a params file as rcl does, not as PyYAML does (2e-2 and y are strings
     there, a double and a bool for rcl): one file alone is never refused."""
-    from flashrt_ros.ros.params import lost_values, param_sources, rcl_scalar
+    from flashrt_ros.ros.params import lost_values, param_sources, rcl_scalar, unaddressed_params_files
 
     texts = ["2e-2", "1e3", "y", "N", "on", "0x10", "010", "-7", "+5", ".inf", "-.INF", "nan", "5.", "1_000", "~"]
     texts += ["' 5'", '"3"', "[1, 2]", "[1.5, -2.0]", "[y, n]", "9223372036854775808", "1e999", "abc"]
+    texts += ["!!str 2024", "!!str true", "0x1p3", "nan(1)", "1e-400", "[[1]]", "0x8000000000000000", "|\n      x"]
     path = tmp_path / "types.yaml"
     body = "".join(f"    p{i}: {t}\n" for i, t in enumerate(texts))
     path.write_text(f"/**/flashrt_node:\n  ros__parameters:\n{body}")
@@ -685,6 +686,40 @@ def test_scalars_are_typed_as_rcl_types_them(rclpy_context, tmp_path):
     assert lost_values(param_sources(argv), fqn, received) == []
     assert rcl_scalar("2e-2") == 0.02 and rcl_scalar("0x10") == 16 and rcl_scalar("y") is True
     assert rcl_scalar("false", quoted=True) == "false"
+    # two documents and a section given twice: rcl merges them (a single-document reader refused the file)
+    multi = tmp_path / "multi.yaml"
+    multi.write_text(
+        "/**/flashrt_node:\n  ros__parameters:\n    prompt: a\n---\n/**/flashrt_node:\n  ros__parameters:\n"
+        "    rate_hz: 5.0\n"
+    )
+    argv = ["x", "--ros-args", "--params-file", str(multi)]
+    received, fqn = _rcl_received(argv, ["prompt", "rate_hz"])
+    assert received == {"prompt": "a", "rate_hz": 5.0}
+    assert lost_values(param_sources(argv), fqn, received) == [] and unaddressed_params_files([str(multi)], fqn) == []
+
+
+def test_an_empty_list_over_a_list_and_a_p_for_the_bare_node_name_are_refused(rclpy_context, tmp_path):
+    """A file's [] has no type, so rcl keeps an earlier file's list (the overlay's "no step limit"
+    was lost); `-p flashrt_node:name:=` reaches only /flashrt_node, not /robot1/flashrt_node.
+    Values of one type from shared sections are rcl's section order, not refused."""
+    from flashrt_ros.ros.params import lost_values, param_sources
+
+    base, clear, shared = tmp_path / "base.yaml", tmp_path / "clear.yaml", tmp_path / "shared.yaml"
+    base.write_text("/**/flashrt_node:\n  ros__parameters:\n    action_max_step: [0.05]\n    rate_hz: 10.0\n")
+    clear.write_text("/**/flashrt_node:\n  ros__parameters:\n    action_max_step: []\n")
+    shared.write_text("/**:\n  ros__parameters:\n    rate_hz: 30.0\n")
+    argv = ["x", "--ros-args", "--params-file", str(base), "--params-file", str(clear), "--params-file", str(shared)]
+    received, fqn = _rcl_received(argv, ["action_max_step", "rate_hz"])
+    assert received["action_max_step"] == [0.05]
+    (found,) = lost_values(param_sources(argv), fqn, received)
+    assert found.startswith(f"params file {clear} gives action_max_step [], but the node received [0.05]"), found
+    argv = ["x", "--ros-args", "-r", "__ns:=/robot1", "-p", "flashrt_node:start_enabled:=false"]
+    received, fqn = _rcl_received(argv, ["start_enabled"])
+    assert received == {} and fqn == "/robot1/flashrt_node"
+    assert lost_values(param_sources(argv), fqn, received) == [
+        "-p flashrt_node:start_enabled:=false reaches only /flashrt_node, not this node /robot1/flashrt_node; "
+        "expected -p start_enabled:=... (or the value in a params file section for the node)"
+    ]
 
 
 def test_rtc_settings_are_checked():

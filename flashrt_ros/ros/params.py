@@ -615,12 +615,26 @@ def node_sections(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def _yaml_sections(path: str | Path) -> dict:
+    """A params file's sections, its documents (`---`) merged as rcl merges them."""
     import yaml
 
-    data = yaml.safe_load(Path(path).read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of node names to ros__parameters")
+    data: dict = {}
+    for doc in yaml.safe_load_all(Path(path).read_text()):
+        if doc is None:
+            continue
+        if not isinstance(doc, dict):
+            raise ValueError(f"{path}: expected a mapping of node names to ros__parameters")
+        _merge_into(data, doc)
     return data
+
+
+def _merge_into(into: dict, more: dict) -> None:
+    """`more` merged into `into`, mappings key by key (rcl merges a section given twice)."""
+    for key, value in more.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge_into(into[key], value)
+        else:
+            into[key] = value
 
 
 def section_applies(key: str, fqn: str) -> bool:
@@ -670,16 +684,20 @@ def param_sources(argv: list[str]) -> list[tuple[str, str] | tuple[str, str, str
 # rcl's typing of a plain (unquoted) YAML scalar (rcl_yaml_param_parser's get_value): these words,
 # then a whole integer as C's strtoll(base 0) reads it (0x10 is 16, 010 is 8), then a whole double
 # as strtod reads it (2e-2, .inf, nan); anything else, and every quoted scalar, is a string.
-# PyYAML types plainly written values otherwise (2e-2 and y are strings there).
+# PyYAML types plainly written values otherwise (2e-2 and y are strings there). Forms read here
+# with less certainty than rcl's C library reads them (hex floats, nan(...), overflow, an explicit
+# tag) are UNSURE, and a parameter given one is not checked.
+UNSURE = object()
 _RCL_TRUE = frozenset("Y y yes Yes YES true True TRUE on On ON".split())
 _RCL_FALSE = frozenset("N n no No NO false False FALSE off Off OFF".split())
 _RCL_INF = frozenset(f"{s}.{w}" for s in ("", "+", "-") for w in ("inf", "Inf", "INF")) | {".nan", ".NaN", ".NAN"}
-_STRTOLL = re.compile(r"\s*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)")
-_STRTOD = re.compile(r"\s*[+-]?((\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|inf(inity)?|nan)", re.IGNORECASE)
+_STRTOLL = re.compile(r"[ \t]*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)", re.ASCII)
+_STRTOD = re.compile(r"[ \t]*[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|inf(inity)?|nan)", re.ASCII | re.I)
+_NUMERIC_LOOKING = re.compile(r"[ \t]*[+-]?(\.?[0-9]|inf|nan)", re.ASCII | re.I)
 
 
-def rcl_scalar(text: str, quoted: bool = False) -> bool | int | float | str:
-    """A YAML scalar as rcl types it for a parameter."""
+def rcl_scalar(text: str, quoted: bool = False) -> Any:
+    """A YAML scalar as rcl types it for a parameter (bool, int, float, str), or UNSURE."""
     if quoted:
         return text
     if text in _RCL_TRUE or text in _RCL_FALSE:
@@ -689,28 +707,52 @@ def rcl_scalar(text: str, quoted: bool = False) -> bool | int | float | str:
         body = m.group(2)
         base = 16 if body[:2] in ("0x", "0X") else 8 if len(body) > 1 and body[0] == "0" else 10
         value = int(body, base) * (-1 if m.group(1) == "-" else 1)
-        if -(2**63) <= value < 2**63:  # else strtoll's ERANGE: a double, as rcl reads it next
-            return value
+        return value if -(2**63) <= value < 2**63 else UNSURE  # strtoll's ERANGE: then strtod
     if text in _RCL_INF:
         return float(text.replace(".", ""))
     if _STRTOD.fullmatch(text):
         value = float(text)
-        if math.isfinite(value) or "inf" in text.lower() or "nan" in text.lower():  # overflow: ERANGE
-            return value
-    return text
+        mantissa = re.sub(r"[eE].*", "", text)
+        if math.isinf(value) and "inf" not in text.lower() or value == 0 and re.search("[1-9]", mantissa):
+            return UNSURE  # strtod's ERANGE (overflow, underflow)
+        return value
+    return UNSURE if _NUMERIC_LOOKING.match(text) else text  # 0x1p3, nan(1), 1_000: C reads some of these
 
 
 def _rcl_typed(node: Any) -> Any:
-    """A composed YAML node's value as rcl types parameters (scalars by `rcl_scalar`)."""
+    """A composed YAML node's value as rcl types parameters (scalars by `rcl_scalar`); mappings
+    given twice merged; UNSURE for an explicitly tagged scalar (`!!str 5`)."""
     import yaml
 
     if isinstance(node, yaml.ScalarNode):
+        if getattr(node, "explicit_tag", False):
+            return UNSURE
         return rcl_scalar(node.value, quoted=node.style in ("'", '"'))
     if isinstance(node, yaml.SequenceNode):
-        return [_rcl_typed(n) for n in node.value]
+        items = [_rcl_typed(n) for n in node.value]
+        return UNSURE if any(i is UNSURE or isinstance(i, list | dict) for i in items) else items
     if isinstance(node, yaml.MappingNode):
-        return {str(k.value): _rcl_typed(v) for k, v in node.value}
-    return None
+        out: dict = {}
+        _merge_into(out, {str(k.value): _rcl_typed(v) for k, v in node.value[:1]})
+        for k, v in node.value[1:]:
+            _merge_into(out, {str(k.value): _rcl_typed(v)})
+        return out
+    return UNSURE
+
+
+def _compose_all(text: str) -> list[Any]:
+    """The documents of a YAML text as nodes, each scalar marked whether its tag was written
+    (`!!str 5`): the composed node cannot tell a written tag from a resolved one."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def compose_scalar_node(self, anchor: Any) -> Any:
+            explicit = self.peek_event().tag not in (None, "!")
+            node = super().compose_scalar_node(anchor)
+            node.explicit_tag = explicit
+            return node
+
+    return list(yaml.compose_all(text, Loader=Loader))
 
 
 def _flat(params: dict, prefix: str = "") -> dict[str, Any]:
@@ -722,60 +764,76 @@ def _flat(params: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _same_value(a: Any, b: Any) -> bool:
-    """Equal and of one rcl type (True is not 1, 1 is not 1.0); NaN equals NaN."""
-    seq = (list, tuple, array.array)  # rclpy gives a list, or an array.array for numbers
-    if isinstance(a, seq) or isinstance(b, seq):
-        if not (isinstance(a, seq) and isinstance(b, seq)) or len(a) != len(b):
-            return False
-        return all(map(_same_value, list(a), list(b)))
-    if type(a) is not type(b):
-        return False
-    return a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b))
+def _rcl_kind(value: Any) -> str | None:
+    """rcl's type of a value: bool, integer, double, string, or a list of one (None: unknown)."""
+    if isinstance(value, list | tuple | array.array):
+        kinds = {_rcl_kind(v) for v in value}
+        return f"list of {kinds.pop()}" if len(kinds) == 1 else None
+    return {bool: "bool", int: "integer", float: "double", str: "string"}.get(type(value))
 
 
 def lost_values(
     sources: list[tuple[str, str] | tuple[str, str, str]], fqn: str, received: Mapping[str, Any]
 ) -> list[str]:
-    """One sentence per parameter the node received otherwise than its last source (params file
-    or `-p`, in command-line order) gives it. rcl merges sources value by value only within one
-    type: where two give a parameter different types it keeps one by type (bool over integer over
-    double over string over lists), wherever it came, without a word. A robot overlay's
-    `start_enabled: "false"` over the base file's `true` started the node enabled; an overlay's
-    `max_age_s: 0.25` over the base's `1` kept 1. `received`: the node's values by name."""
+    """One sentence per parameter whose last source (params file or `-p`, in command-line order)
+    gives it another type than the value the node received: rcl merges sources value by value
+    only within one type, and where two give a parameter different types it keeps one by type
+    (bool over integer over double over string over lists), wherever it came, without a word. A
+    robot overlay's `start_enabled: "false"` over the base file's `true` started the node
+    enabled; an overlay's `max_age_s: 0.25` over the base's `1` kept 1. Also a file's `[]` over an
+    earlier list (rcl keeps the list), and a `-p node:name` that misses a namespaced node. Values
+    of one type are not compared (rcl's order of sections decides among them), nor forms read
+    here with less certainty than rcl reads them (UNSURE). `received`: `given_values`."""
     import yaml
 
-    last: dict[str, tuple[str, Any]] = {}
-    node_name = fqn.rsplit("/", 1)[-1]
+    last: dict[str, tuple[str, Any, bool]] = {}  # name -> (where, value, from a file)
+    problems = []
     for source in sources:
         if source[0] == "file":
             try:
-                data = _rcl_typed(yaml.compose(Path(source[1]).read_text(), Loader=yaml.SafeLoader)) or {}
-                sections = node_sections(data) if isinstance(data, dict) else []
+                data: dict = {}
+                for doc in _compose_all(Path(source[1]).read_text()):
+                    typed = _rcl_typed(doc)
+                    _merge_into(data, typed if isinstance(typed, dict) else {})
+                sections = node_sections(data)
             except (OSError, ValueError, yaml.YAMLError):  # unaddressed_params_files says so
                 continue
             for key, params in sections:
                 if section_applies(key, fqn) and isinstance(params, dict):
-                    last.update((n, (f"params file {source[1]}", v)) for n, v in _flat(params).items())
-        else:
-            target, _, name = source[1].rpartition(":")
-            if target and target != node_name:
-                continue
-            try:
-                value = _rcl_typed(yaml.compose(source[2], Loader=yaml.SafeLoader))
-            except yaml.YAMLError:
-                continue
-            last[name] = (f"-p {source[1]}:={source[2]}", value)
-    problems = []
-    for name, (where, value) in last.items():
-        if name not in received or value == [] or value is None:  # an empty list takes the field's type
+                    last.update((n, (f"params file {source[1]}", v, True)) for n, v in _flat(params).items())
             continue
-        got = received[name]
-        if not _same_value(value, got):
+        target, _, name = source[1].rpartition(":")
+        where = f"-p {source[1]}:={source[2]}"
+        if target and "/" + target.lstrip("/") != fqn:
+            if target.lstrip("/") == fqn.rsplit("/", 1)[-1]:  # rcl reads the node part as /target
+                problems.append(
+                    f"{where} reaches only /{target.lstrip('/')}, not this node {fqn}; expected -p {name}:=... "
+                    "(or the value in a params file section for the node)"
+                )
+            continue
+        try:
+            (doc,) = _compose_all(source[2]) or [None]
+        except (ValueError, yaml.YAMLError):
+            continue
+        last[name] = (where, UNSURE if doc is None else _rcl_typed(doc), False)
+    for name, (where, value, from_file) in last.items():
+        got = received.get(name)
+        if name not in received or value is UNSURE:
+            continue
+        if isinstance(value, list) and not value:  # a file's [] has no type: an earlier list stays
+            if from_file and got is not None and len(got):
+                problems.append(
+                    f"{where} gives {name} [], but the node received {list(got)!r} from an earlier source: rcl keeps "
+                    f"a list given before over an empty one; expected the empty list given by -p {name}:=[] or the "
+                    "earlier file changed"
+                )
+            continue
+        want, kind = _rcl_kind(value), _rcl_kind(got)
+        if want is not None and kind is not None and want != kind:
             problems.append(
-                f"{where} gives {name} {value!r} ({_rcl_type_name(value)}), but the node received {got!r} "
-                f"({_rcl_type_name(got)}) from an earlier source: rcl keeps a value of another type given before, "
-                f"without a word; expected one type for {name} in every params file and -p"
+                f"{where} gives {name} {value!r} ({want}), but the node received {got!r} ({kind}) from an earlier "
+                f"source: rcl keeps a value of another type given before, without a word; expected one type for "
+                f"{name} in every params file and -p"
             )
     return problems
 
@@ -784,12 +842,6 @@ def given_values(node: Any) -> dict[str, Any]:
     """The values rcl gave a node at start (its parameter overrides), as rcl typed them: before
     the node declared them (a declared double turns a given integer 5 into 5.0)."""
     return {name: p.value for name, p in getattr(node, "_parameter_overrides", {}).items()}
-
-
-def _rcl_type_name(value: Any) -> str:
-    if isinstance(value, list | tuple | array.array):
-        return f"list of {_rcl_type_name(value[0])}" if len(value) else "empty list"
-    return {bool: "bool", int: "integer", float: "double", str: "string"}.get(type(value), type(value).__name__)
 
 
 def unaddressed_params_files(files: list[str], fqn: str, known: Mapping[str, Any] | None = None) -> list[str]:
