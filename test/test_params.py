@@ -676,7 +676,17 @@ def test_scalars_are_typed_as_rcl_types_them(rclpy_context, tmp_path):
 
     texts = ["2e-2", "1e3", "y", "N", "on", "0x10", "010", "-7", "+5", ".inf", "-.INF", "nan", "5.", "1_000", "~"]
     texts += ["' 5'", '"3"', "[1, 2]", "[1.5, -2.0]", "[y, n]", "9223372036854775808", "1e999", "abc"]
-    texts += ["!!str 2024", "!!str true", "0x1p3", "nan(1)", "1e-400", "[[1]]", "0x8000000000000000", "|\n      x"]
+    texts += [
+        "!!str 2024",
+        "!!str true",
+        "0x1p3",
+        "nan(1)",
+        "1e-400",
+        "[[1]]",
+        "0x8000000000000000",
+        "4.9e-324",
+        "|\n      x",
+    ]
     path = tmp_path / "types.yaml"
     body = "".join(f"    p{i}: {t}\n" for i, t in enumerate(texts))
     path.write_text(f"/**/flashrt_node:\n  ros__parameters:\n{body}")

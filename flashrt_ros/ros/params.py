@@ -21,6 +21,7 @@ import dataclasses
 import difflib
 import math
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -713,7 +714,8 @@ def rcl_scalar(text: str, quoted: bool = False) -> Any:
     if _STRTOD.fullmatch(text):
         value = float(text)
         mantissa = re.sub(r"[eE].*", "", text)
-        if math.isinf(value) and "inf" not in text.lower() or value == 0 and re.search("[1-9]", mantissa):
+        underflow = abs(value) < sys.float_info.min and re.search("[1-9]", mantissa)  # 0 or subnormal
+        if math.isinf(value) and "inf" not in text.lower() or underflow:
             return UNSURE  # strtod's ERANGE (overflow, underflow)
         return value
     return UNSURE if _NUMERIC_LOOKING.match(text) else text  # 0x1p3, nan(1), 1_000: C reads some of these
