@@ -931,7 +931,7 @@ def test_a_robot_wide_section_s_keys_for_other_nodes_are_not_counted_as_typos(rc
     }
     path.write_text(yaml.safe_dump(sections))
     node = FlashRTNode(
-        context=rclpy_context, params_files=[str(path)], cli_args=["--ros-args", "--params-file", str(path)]
+        context=rclpy_context, sources=[("file", str(path))], cli_args=["--ros-args", "--params-file", str(path)]
     )
     try:
         assert node._unknown == ["rate_hzz"]

@@ -558,7 +558,7 @@ def test_params_file_sections_reach_the_nodes_rcl_says_they_do(rclpy_context, tm
     import rclpy
     from rclpy.node import Node
 
-    from flashrt_ros.ros.params import params_files, unaddressed_params_files
+    from flashrt_ros.ros.params import files_of, param_sources, unaddressed_params_files
 
     keys = ["/**", "/**/flashrt_node", "flashrt_node", "/flashrt_node", "/robot1/flashrt_node", "/*/flashrt_node"]
     keys += ["/robot1/*", "/**/other", "robot1/flashrt_node", "/robot1/**", "/a/**/flashrt_node"]
@@ -571,7 +571,7 @@ def test_params_file_sections_reach_the_nodes_rcl_says_they_do(rclpy_context, tm
     for text in sections:
         path.write_text(text)
         argv = ["x", "--ros-args", "--params-file", str(path)]
-        assert params_files(argv) == [str(path)]
+        assert files_of(param_sources(argv)) == [str(path)]
         for ns in ("/", "/robot1", "/a/robot1", "/a/b/robot1"):
             context = rclpy.Context()
             rclpy.init(args=argv, context=context)

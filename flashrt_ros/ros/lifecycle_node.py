@@ -42,7 +42,7 @@ from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 
 from flashrt_ros.ros.node import FlashRTNode, forward_python_logs, node_usage
-from flashrt_ros.ros.params import NODE_NAME, ConfigError, param_sources, params_files
+from flashrt_ros.ros.params import NODE_NAME, ConfigError, param_sources
 from flashrt_ros.ros.process import init_rclpy, interrupt_on_signals, run_until_signal, signals_held, stopping
 from flashrt_ros.ros.startup import StartupError
 from flashrt_ros.ros.usage import command_line
@@ -220,7 +220,7 @@ def main(args: list[str] | None = None) -> int:
     try:
         if not init_rclpy(argv, NODE_NAME):
             return 2
-        node = FlashRTLifecycleNode(params_files=params_files(argv), sources=param_sources(argv))
+        node = FlashRTLifecycleNode(sources=param_sources(argv))
         with signals_held():  # the threads are counted from the parameters at start (a floor for more cameras later)
             executor = MultiThreadedExecutor(num_threads=max(node.callback_threads, MIN_THREADS))
         if node.wants_autostart():  # a signal during it: "not starting" below

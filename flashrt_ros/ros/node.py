@@ -76,15 +76,15 @@ from flashrt_ros.ros.params import (
     check_update,
     declare_parameters,
     did_you_mean,
+    files_of,
     floats_as_doubles,
     given_values,
     lost_values,
     node_resolver,
     param_sources,
-    params_files,
     refused_by_rclpy,
-    shared_only_names,
     unaddressed_params_files,
+    unknown_given,
     unknown_names,
 )
 from flashrt_ros.ros.process import init_rclpy, interrupt_on_signals, run_until_signal, signals_held, stopping
@@ -171,7 +171,6 @@ class FlashRTNode(Node):
         self,
         *,
         stats_window: int = 200,
-        params_files: Sequence[str] = (),
         sources: Sequence[tuple[str, ...]] = (),
         set_up: bool = True,
         **node_kwargs: Any,
@@ -182,8 +181,8 @@ class FlashRTNode(Node):
         super().__init__(NODE_NAME, **node_kwargs)
         _FORWARD.ros_logger = self.get_logger()  # the policy's logs under this node's name (and /rosout)
         declare_parameters(self)
-        self._params_files = list(params_files)
         self._sources = list(sources)  # params files and -p, in command-line order (params.param_sources)
+        self._params_files = files_of(self._sources)
         self._unknown = self._warn_unknown_parameters()  # before the problems: a typo is often their cause
         self.stats_window = stats_window
         self.stopping = threading.Event()  # set by begin_shutdown
@@ -322,12 +321,9 @@ class FlashRTNode(Node):
         """Names given to this node that it does not know: warned about and counted. Those only a
         section for every node (`/**`) sets are another node's (robot_description, update_rate in a
         robot-wide file): said once, at INFO, and not counted."""
-        given = set(getattr(self, "_parameter_overrides", {}))
-        shared = shared_only_names(self._params_files, self.get_fully_qualified_name())
-        others = unknown_names(given & shared)
+        unknown, others = unknown_given(self, self._params_files)
         if others:
             self.get_logger().info(f"not ours, from a section for every node ('/**'): {others}; for the other nodes")
-        unknown = unknown_names(given - shared)
         if unknown:
             self.get_logger().warning(
                 f"ignoring unknown parameters {unknown} (typo in the params file?{did_you_mean(unknown)}); "
@@ -1948,7 +1944,7 @@ def main(args: list[str] | None = None) -> int:
         if not init_rclpy(argv, NODE_NAME):
             return 2
         forward_python_logs()  # to the bare name's logger until the node exists; then its own
-        node = FlashRTNode(params_files=params_files(argv), sources=param_sources(argv))
+        node = FlashRTNode(sources=param_sources(argv))
         with signals_held():
             executor = MultiThreadedExecutor(num_threads=node.callback_threads)
     except (ConfigError, StartupError) as exc:

@@ -22,7 +22,7 @@ import difflib
 import math
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -648,18 +648,10 @@ def section_applies(key: str, fqn: str) -> bool:
     return re.fullmatch(pattern or "/", fqn) is not None
 
 
-def params_files(argv: list[str]) -> list[str]:
-    """The ``--params-file`` paths among the ROS arguments of a command line (what ``ros2 run``
-    and ``ros2 launch`` pass), in order."""
-    files, in_ros_args = [], False
-    for i, arg in enumerate(argv):
-        if arg == "--ros-args":
-            in_ros_args = True
-        elif arg == "--":
-            in_ros_args = False
-        elif in_ros_args and arg == "--params-file" and i + 1 < len(argv):
-            files.append(argv[i + 1])
-    return files
+def files_of(sources: Sequence[tuple[str, ...]]) -> list[str]:
+    """The ``--params-file`` paths among `param_sources`' sources (what ``ros2 run`` and
+    ``ros2 launch`` pass), in order."""
+    return [source[1] for source in sources if source[0] == "file"]
 
 
 def param_sources(argv: list[str]) -> list[tuple[str, str] | tuple[str, str, str]]:
@@ -735,8 +727,7 @@ def _rcl_typed(node: Any) -> Any:
         return UNSURE if any(i is UNSURE or isinstance(i, list | dict) for i in items) else items
     if isinstance(node, yaml.MappingNode):
         out: dict = {}
-        _merge_into(out, {str(k.value): _rcl_typed(v) for k, v in node.value[:1]})
-        for k, v in node.value[1:]:
+        for k, v in node.value:  # a key given twice: merged, as rcl merges it
             _merge_into(out, {str(k.value): _rcl_typed(v)})
         return out
     return UNSURE
@@ -757,15 +748,6 @@ def _compose_all(text: str) -> list[Any]:
     return list(yaml.compose_all(text, Loader=Loader))
 
 
-def _flat(params: dict, prefix: str = "") -> dict[str, Any]:
-    """Nested parameter mappings as rcl names them (`a: {b: 1}` is `a.b`)."""
-    out: dict[str, Any] = {}
-    for key, value in params.items():
-        name = f"{prefix}{key}"
-        out.update(_flat(value, name + ".") if isinstance(value, dict) else {name: value})
-    return out
-
-
 def _rcl_kind(value: Any) -> str | None:
     """rcl's type of a value: bool, integer, double, string, or a list of one (None: unknown)."""
     if isinstance(value, list | tuple | array.array):
@@ -775,7 +757,7 @@ def _rcl_kind(value: Any) -> str | None:
 
 
 def lost_values(
-    sources: list[tuple[str, str] | tuple[str, str, str]], fqn: str, received: Mapping[str, Any]
+    sources: Sequence[tuple[str, ...]], fqn: str, received: Mapping[str, Any]
 ) -> list[str]:
     """One sentence per parameter whose last source (params file or `-p`, in command-line order)
     gives it another type than the value the node received: rcl merges sources value by value
@@ -802,7 +784,7 @@ def lost_values(
                 continue
             for key, params in sections:
                 if section_applies(key, fqn) and isinstance(params, dict):
-                    last.update((n, (f"params file {source[1]}", v, True)) for n, v in _flat(params).items())
+                    last.update((n, (f"params file {source[1]}", v, True)) for n, v in _flatten(params).items())
             continue
         target, _, name = source[1].rpartition(":")
         where = f"-p {source[1]}:={source[2]}"
@@ -838,6 +820,15 @@ def lost_values(
                 f"{name} in every params file and -p"
             )
     return problems
+
+
+def unknown_given(node: Any, files: list[str], known: Mapping[str, Any] | None = None) -> tuple[list[str], list[str]]:
+    """The names given to `node` at start that it does not know (`known`: flashrt_node's by
+    default), as (typos, another node's): those only a section for every node (`/**`) sets are a
+    robot-wide file's keys for other nodes, not typos."""
+    given = set(given_values(node))
+    shared = shared_only_names(files, node.get_fully_qualified_name())
+    return unknown_names(given - shared, known=known), unknown_names(given & shared, known=known)
 
 
 def given_values(node: Any) -> dict[str, Any]:

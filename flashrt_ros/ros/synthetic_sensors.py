@@ -34,15 +34,14 @@ from flashrt_ros.ros.params import (
     DEFAULT_CAMERAS,
     ConfigError,
     did_you_mean,
+    files_of,
     given_values,
     invalid_topic,
     lost_values,
     node_resolver,
     param_sources,
-    params_files,
-    shared_only_names,
     unaddressed_params_files,
-    unknown_names,
+    unknown_given,
 )
 from flashrt_ros.ros.process import init_rclpy, interrupt_on_signals, run_until_signal, signals_held, stopping
 from flashrt_ros.ros.usage import command_line, usage
@@ -169,7 +168,6 @@ class SyntheticSensors(Node):
     def __init__(
         self,
         *,
-        params_files: list[str] | tuple[str, ...] = (),
         sources: Sequence[tuple[str, ...]] = (),
         **node_kwargs: Any,
     ):
@@ -181,11 +179,11 @@ class SyntheticSensors(Node):
         # a params file with no section for this node (flashrt.yaml given to it) would run the defaults
         fields = SensorConfig.__dataclass_fields__
         fqn = self.get_fully_qualified_name()
-        problems = unaddressed_params_files(list(params_files), fqn, fields)
-        problems += lost_values(list(sources), fqn, given_values(self))
+        params_files = files_of(sources)
+        problems = unaddressed_params_files(params_files, fqn, fields)
+        problems += lost_values(sources, fqn, given_values(self))
         # a typo would run the default (the flashrt_node only warns: it has a robot to serve)
-        given = set(given_values(self)) - shared_only_names(list(params_files), fqn)
-        unknown = unknown_names(given, known=fields)
+        unknown, _ = unknown_given(self, params_files, fields)
         if unknown:
             problems.append(
                 f"unknown parameters {unknown} (a typo?{did_you_mean(unknown, fields)}); known: {', '.join(fields)}"
@@ -322,7 +320,7 @@ def main(args: list[str] | None = None) -> int:
     try:
         if not init_rclpy(argv, NODE_NAME):
             return 2
-        node = SyntheticSensors(params_files=params_files(argv), sources=param_sources(argv))
+        node = SyntheticSensors(sources=param_sources(argv))
         with signals_held():
             executor = SingleThreadedExecutor()
     except ConfigError as exc:
