@@ -1111,6 +1111,43 @@ def test_inputs_replaced_while_the_policy_runs_were_used_not_dropped(rclpy_conte
         node.destroy_node()
 
 
+def test_inputs_held_through_a_pause_are_not_counted_dropped_after_it(rclpy_context):
+    """A sample stored while paused waits for no decision; once ~/enable true came, the first newer
+    sample on each topic counted it as dropped: every pause and resume added one drop per input
+    (an operator's dead-man switch grew dropped_inputs with no sensor at fault)."""
+    from rclpy.time import Time
+    from sensor_msgs.msg import Image, JointState
+
+    from flashrt_ros.ros.image_convert import image_to_rgb
+
+    node = in_process_node(rclpy_context)
+    try:
+
+        def feed() -> None:
+            stamp = Time(nanoseconds=node.get_clock().now().nanoseconds).to_msg()
+            for slot in node.slots[:-1]:
+                img = Image(height=HW[0], width=HW[1], encoding="rgb8", step=HW[1] * 3)
+                img.data = bytes([40]) * (HW[0] * HW[1] * 3)
+                img.header.stamp = stamp
+                node._on_image(image_to_rgb, slot, img)
+            joints = JointState(name=list(JOINTS), position=[0.1] * len(JOINTS))
+            joints.header.stamp = stamp
+            node._on_joint_state(node.slots[-1], joints)
+
+        feed()
+        node._on_decision()
+        assert node.set_enabled(False, "~/enable true").startswith("paused")
+        feed()
+        feed()
+        assert node.set_enabled(True, None).startswith("enabled")
+        feed()
+        assert (node.decisions, node.dropped_inputs) == (1, 0)
+        feed()  # enabled: replaced before a decision took it, a drop
+        assert node.dropped_inputs == len(node.slots)
+    finally:
+        node.destroy_node()
+
+
 def test_a_reset_that_waited_for_a_decision_is_refused_once_the_stop_signal_came(rclpy_context):
     """A ~/reset waiting for the decision in flight when SIGINT arrives: it must not run after the
     signal (the final stats line counts everything that ran)."""

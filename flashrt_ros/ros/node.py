@@ -684,7 +684,7 @@ class FlashRTNode(Node):
                     return None
                 if not slot.used and self.enabled:  # paused, no decision is there to take it
                     self.dropped_inputs += 1
-                slot.latest, slot.used = sample, False
+                slot.latest, slot.used = sample, not self.enabled  # held while paused: no decision is owed it
                 previous = slot.frame_hw
                 if frame_hw is not None:  # a camera's frame: its size, and the end of a gap (_held_frame_size)
                     slot.frame_hw = frame_hw

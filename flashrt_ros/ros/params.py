@@ -756,9 +756,7 @@ def _rcl_kind(value: Any) -> str | None:
     return {bool: "bool", int: "integer", float: "double", str: "string"}.get(type(value))
 
 
-def lost_values(
-    sources: Sequence[tuple[str, ...]], fqn: str, received: Mapping[str, Any]
-) -> list[str]:
+def lost_values(sources: Sequence[tuple[str, ...]], fqn: str, received: Mapping[str, Any]) -> list[str]:
     """One sentence per parameter whose last source (params file or `-p`, in command-line order)
     gives it another type than the value the node received: rcl merges sources value by value
     only within one type, and where two give a parameter different types it keeps one by type
