@@ -106,3 +106,13 @@ def test_ada_rms_norm_uses_the_eps_it_is_given(dtype: torch.dtype) -> None:
         for a, b in zip(got, want, strict=True):
             torch.testing.assert_close(a.float(), b.float(), **TOL[dtype])
     assert (ada_rms_norm_ref(x, mod, 1e-5).float() - ada_rms_norm_ref(x, mod, 1e-6).float()).abs().max() > 0.1
+
+
+def test_permuted_leading_dims() -> None:
+    """[B, T, D] whose leading dims do not merge: copied in, default outputs as fresh rows."""
+    g = torch.Generator().manual_seed(7)
+    x = _rand(5, 2, 16, dtype=torch.float32, g=g).transpose(0, 1)  # [2, 5, 16]
+    mod, gate = _rand(2, 48, dtype=torch.float32, g=g), _rand(16, dtype=torch.float32, g=g)
+    y = _rand(2, 5, 16, dtype=torch.float32, g=g)
+    torch.testing.assert_close(ada_rms_norm(x, mod), ada_rms_norm_ref(x, mod), **TOL[torch.float32])
+    torch.testing.assert_close(gated_residual(x, y, gate), gated_residual_ref(x, y, gate), **H_TOL[torch.float32])

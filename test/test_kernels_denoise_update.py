@@ -123,6 +123,8 @@ def test_bad_shapes_are_refused() -> None:
         denoise_update(y, x, w_out, b_out, -0.1, w_in, b_in, torch.empty(50, 32, device=DEVICE))
     with pytest.raises(ValueError, match="x must be contiguous fp32"):
         denoise_update(y, x.double(), w_out, b_out, -0.1)
+    with pytest.raises(ValueError, match=r"y must be the expert's output rows \[H, WE\], got \(1, 50, 64\)"):
+        denoise_update(y[None], x, w_out, b_out, -0.1)
 
 
 def test_an_integer_h_next_is_refused() -> None:

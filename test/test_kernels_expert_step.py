@@ -161,6 +161,11 @@ def test_step_refuses_strided_masks_and_weights() -> None:
         plan.step(h0.clone(), replace(w, down=w.down.double()), 1, k, v, kb, qb, rope, row0, 0, 1e-6)
     with pytest.raises(ValueError, match="attn_mult holds 2 denoise steps, step 2 asked for"):
         plan.step(h0.clone(), w, 2, k, v, kb, qb, rope, row0, 0, 1e-6)
+    # GATED / HAS_SHIFT follow the attention norm's: a missing MLP gate or shift was read from attn_mult
+    half = replace(w, mlp_gate=None, mlp_shift=None, final_shift=None)
+    match = r"mlp_gate missing: the gates go together .*; mlp_shift, final_shift missing: the shifts go together"
+    with pytest.raises(ValueError, match=match):
+        plan.step(h0.clone(), half, 1, k, v, kb, qb, rope, row0, 0, 1e-6)
 
 
 def test_phase_times_decodes_the_trace() -> None:

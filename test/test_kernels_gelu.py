@@ -38,3 +38,9 @@ def test_bias_gelu_gpu_real_shape() -> None:
     x = torch.randn(3 * 256, 4304, device=DEVICE).to(torch.bfloat16)
     b = torch.randn(4304, device=DEVICE).to(torch.bfloat16)
     torch.testing.assert_close(bias_gelu(x, b).float(), bias_gelu_ref(x, b).float(), **TOL[torch.bfloat16])
+
+
+def test_bias_gelu_permuted_leading_dims() -> None:
+    x = torch.randn(5, 2, 16, device=DEVICE).transpose(0, 1)
+    b = torch.randn(16, device=DEVICE)
+    torch.testing.assert_close(bias_gelu(x, b), bias_gelu_ref(x, b), **TOL[torch.float32])

@@ -78,3 +78,15 @@ def test_layer_norm_uses_the_eps_it_is_given(dtype: torch.dtype) -> None:
         got, want = layer_norm(small, w, b, eps), layer_norm_ref(small, w, b, eps)
         torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
     assert (layer_norm_ref(small, w, b, 1e-5).float() - layer_norm_ref(small, w, b, 1e-6).float()).abs().max() > 0.1
+
+
+def test_layer_norm_permuted_leading_dims() -> None:
+    """Leading dims that do not merge: the input is copied, the default outputs are new rows."""
+    x = torch.randn(5, 2, 16, device=DEVICE).transpose(0, 1)
+    r = torch.randn(2, 5, 16, device=DEVICE)
+    w, b = torch.randn(16, device=DEVICE), torch.randn(16, device=DEVICE)
+    torch.testing.assert_close(layer_norm(x, w, b), layer_norm_ref(x, w, b), **TOL[torch.float32])
+    y, s = layer_norm(x, w, b, residual=r)
+    y_ref, s_ref = layer_norm_ref(x, w, b, residual=r)
+    torch.testing.assert_close(y, y_ref, **TOL[torch.float32])
+    torch.testing.assert_close(s, s_ref, atol=0, rtol=0)

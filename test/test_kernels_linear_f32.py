@@ -51,3 +51,9 @@ def test_an_integer_output_buffer_is_refused() -> None:
     x, w, b = torch.randn(2, 8, device=DEVICE), torch.randn(4, 8, device=DEVICE), torch.randn(4, device=DEVICE)
     with pytest.raises(ValueError, match="out is torch.int32; expected a floating-point buffer"):
         linear_f32(x, w, b, torch.zeros(2, 4, dtype=torch.int32, device=DEVICE))
+
+
+def test_a_batched_x_is_refused_by_name() -> None:
+    w, b = torch.randn(8, 4, device=DEVICE), torch.randn(8, device=DEVICE)
+    with pytest.raises(ValueError, match=r"x and w must be 2-D \[M, K\] / \[N, K\], got \(2, 3, 4\)"):
+        linear_f32(torch.randn(2, 3, 4, device=DEVICE), w, b, torch.empty(6, 8, device=DEVICE))

@@ -88,3 +88,8 @@ def test_siglip_shapes_gpu(views: int) -> None:
     for bm, bn, w, s in ((32, 64, 4, 2), (64, 128, 4, 2), (128, 64, 8, 2), (128, 128, 8, 1)):
         out = packed_attention(qkv, H, T, block_m=bm, block_n=bn, num_warps=w, num_stages=s)
         torch.testing.assert_close(out.float(), want, **TOL[torch.bfloat16])
+
+
+def test_integer_qkv_is_refused() -> None:
+    with pytest.raises(ValueError, match="qkv must be fp32, bf16 or fp16, got torch.int32"):
+        packed_attention(torch.ones(4, 48, dtype=torch.int32, device=DEVICE), 1, 4)

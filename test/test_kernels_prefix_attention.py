@@ -88,6 +88,8 @@ def test_prefix_attention_rejects_bad_operands() -> None:
         prefix_attention(q, k, v, kb.repeat_interleave(2)[::2])
     with pytest.raises(ValueError, match="out must be a contiguous"):
         prefix_attention(q, k, v, kb, out=torch.empty_like(q, dtype=torch.float64))
+    with pytest.raises(ValueError, match="k and v hold no keys"):  # was Triton's "shape must be positive"
+        prefix_attention(q, k[:0], v[:0], kb[:0])
 
 
 @needs_tma

@@ -80,3 +80,10 @@ def test_preprocess_gpu_real_shapes(H: int, W: int) -> None:
     ref = preprocess_image_ref(img)
     torch.testing.assert_close(y32, ref, **TOL[torch.float32])
     torch.testing.assert_close(preprocess_image(img).float(), ref, **TOL[torch.bfloat16])
+
+
+def test_resize_geometry_refuses_empty_sizes() -> None:
+    with pytest.raises(ValueError, match="image 0x0 into 224x224: every size must be at least 1"):
+        resize_with_pad_geometry(0, 0)
+    with pytest.raises(ValueError, match="image 480x640 into 0x224"):
+        resize_with_pad_geometry(480, 640, 0, 224)

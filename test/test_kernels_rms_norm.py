@@ -142,3 +142,22 @@ def test_rms_norm_uses_the_eps_it_is_given(dtype: torch.dtype) -> None:
         y_ref, _ = rms_norm_ref(small, w, eps, residual=(r.float() * 1e-3).to(dtype))
         torch.testing.assert_close(y.float(), y_ref.float(), **TOL[dtype])
     assert (rms_norm_ref(small, w, 1e-5).float() - rms_norm_ref(small, w, 1e-6).float()).abs().max() > 0.1
+
+
+def test_rms_norm_permuted_leading_dims() -> None:
+    """An input whose leading dims do not merge into rows is copied (rows_2d); the default outputs
+    were allocated in its permuted layout and refused as "out cannot be viewed" (an out never passed)."""
+    x = torch.randn(5, 2, 16, device=DEVICE).transpose(0, 1)  # [2, 5, 16], last dim contiguous
+    r, w = torch.randn(2, 5, 16, device=DEVICE), torch.randn(16, device=DEVICE)
+    torch.testing.assert_close(rms_norm(x, w), rms_norm_ref(x, w), **TOL[torch.float32])
+    y, s = rms_norm(x, w, residual=r)
+    y_ref, s_ref = rms_norm_ref(x, w, residual=r)
+    torch.testing.assert_close(y, y_ref, **TOL[torch.float32])
+    torch.testing.assert_close(s, s_ref, atol=0, rtol=0)
+
+
+def test_quantize_rows_kernel_refuses_integer_rows() -> None:
+    from flashrt_ros.kernels.fp8 import quantize_rows_kernel
+
+    with pytest.raises(ValueError, match="x must be fp32, bf16 or fp16 to quantize, got torch.int32"):
+        quantize_rows_kernel(torch.ones(2, 3, dtype=torch.int32, device=DEVICE))

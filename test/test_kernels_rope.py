@@ -140,3 +140,10 @@ def test_integer_output_buffers_are_refused() -> None:
         qkv_rope(
             torch.randn(3, 32, device=DEVICE), pos, 2, 8, k_out=torch.zeros(3, 1, 8, dtype=torch.int16, device=DEVICE)
         )
+
+
+def test_rope_names_a_query_it_cannot_view_as_tokens() -> None:
+    q = torch.randn(3, 2, 4, 16, device=DEVICE).transpose(0, 1)  # [B, T, H, d], B and T do not merge
+    positions = torch.zeros(2, 3, dtype=torch.int64, device=DEVICE)
+    with pytest.raises(ValueError, match=r"q \(2, 3, 4, 16\) \(strides .*\) cannot be viewed as \[tokens, 4, 16\]"):
+        rope(q, None, positions)

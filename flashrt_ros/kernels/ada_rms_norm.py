@@ -123,7 +123,7 @@ def _launch(
         dy2 = rows_2d(dy, "y")
         gate, stride_gb = _per_batch(gate, D, n_batches, "gate")
         if residual_out is None:
-            residual_out = torch.empty_like(x)
+            residual_out = torch.empty_like(x, memory_format=torch.contiguous_format)
         check_out(residual_out, tuple(x.shape), x.device, "residual_out")
         h2 = rows_2d(residual_out, "residual_out", writable=True)
     else:
@@ -131,7 +131,7 @@ def _launch(
     if norm:
         modulation, stride_mb = _per_batch(modulation, 3 * D, n_batches, "modulation")
         if out is None:
-            out = torch.empty_like(x)
+            out = torch.empty_like(x, memory_format=torch.contiguous_format)
         check_out(out, tuple(x.shape), x.device)
         y2 = rows_2d(out, "out", writable=True)
     else:

@@ -254,6 +254,8 @@ def denoise_update(
         h_next: [H, WE] contiguous destination of the next expert input.
         silu: apply SiLU to h_next (pi0's action-time MLP).
     """
+    if y.dim() != 2:
+        raise ValueError(f"y must be the expert's output rows [H, WE], got {tuple(y.shape)}")
     H, WE = y.shape
     if y.stride(1) != 1:
         raise ValueError(f"y must be [H, WE] with contiguous rows, got {tuple(y.shape)} strides {y.stride()}")

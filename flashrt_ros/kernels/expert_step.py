@@ -1244,6 +1244,11 @@ class ExpertStepPlan:
             "down": ((L, WE, FF), self.dtype),
         }
         problems = []
+        # the kernel's GATED / HAS_SHIFT follow attn_gate / attn_shift and go for every norm
+        for kind, names in (("gate", ("attn_gate", "mlp_gate")), ("shift", ("attn_shift", "mlp_shift", "final_shift"))):
+            missing = [name for name in names if getattr(w, name) is None]
+            if missing and len(missing) != len(names):
+                problems.append(f"{', '.join(missing)} missing: the {kind}s go together (all or none of {names})")
         norms = [f"{part}_{kind}" for part in ("attn", "mlp") for kind in ("mult", "shift", "gate")]
         for name in (*norms, "final_mult", "final_shift"):
             t = getattr(w, name)

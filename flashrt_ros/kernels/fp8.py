@@ -87,6 +87,8 @@ def quantize_rows_kernel(
     (e4m3 [N, D] into `out`, fp32 [N] into `scale`)."""
     if x.dim() != 2 or x.stride(1) != 1:
         raise ValueError(f"x must be [N, D] with contiguous rows, got {tuple(x.shape)} strides {x.stride()}")
+    if not x.is_floating_point() or x.dtype == E4M3:
+        raise ValueError(f"x must be fp32, bf16 or fp16 to quantize, got {x.dtype}")
     n, d = x.shape
     out = torch.empty(n, d, dtype=E4M3, device=x.device) if out is None else out
     scale = torch.empty(n, dtype=torch.float32, device=x.device) if scale is None else scale

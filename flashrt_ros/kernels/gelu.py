@@ -78,7 +78,7 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | No
     if bias is not None and (bias.shape != (N,) or not bias.is_contiguous()):
         raise ValueError(f"bias must be a contiguous [{N}] tensor, got {tuple(bias.shape)}")
     if out is None:
-        out = torch.empty_like(x)
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
     check_out(out, tuple(x.shape), x.device)
     y2 = rows_2d(out, "out", writable=True)
     if x2.shape[0] > 0 and N > 0:

@@ -109,7 +109,7 @@ def layer_norm(
         if p is not None and (p.shape != (D,) or not p.is_contiguous()):
             raise ValueError(f"{name} must be a contiguous [{D}] tensor, got {tuple(p.shape)}")
     if out is None:
-        out = torch.empty_like(x)
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
     check_out(out, tuple(x.shape), x.device)
     y2 = rows_2d(out, "out", writable=True)
     if residual is not None:
@@ -117,7 +117,7 @@ def layer_norm(
             raise ValueError(f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
         r2 = rows_2d(residual, "residual")
         if residual_out is None:
-            residual_out = torch.empty_like(x)
+            residual_out = torch.empty_like(x, memory_format=torch.contiguous_format)
         check_out(residual_out, tuple(x.shape), x.device, "residual_out")
         s2 = rows_2d(residual_out, "residual_out", writable=True)
     else:

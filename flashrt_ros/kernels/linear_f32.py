@@ -64,6 +64,8 @@ def linear_f32(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, out: torch.Ten
         w, b: [N, K] and [N] fp32, contiguous (nn.Linear layout).
         out: [M, N] with contiguous rows, any float dtype (e.g. rows 1.. of the expert's input).
     """
+    if x.dim() != 2 or w.dim() != 2:
+        raise ValueError(f"x and w must be 2-D [M, K] / [N, K], got {tuple(x.shape)} / {tuple(w.shape)}")
     M, K = x.shape
     N = w.shape[0]
     if x.dtype != torch.float32 or x.stride(1) != 1:

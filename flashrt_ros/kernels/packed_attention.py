@@ -93,6 +93,8 @@ def packed_attention(
     scale: default 1 / sqrt(D). Tile settings: see `_launch_settings`."""
     if qkv.dim() != 2 or qkv.stride(-1) != 1:
         raise ValueError(f"qkv must be 2-D [B * T, 3 * H * D] with contiguous rows, got {tuple(qkv.shape)}")
+    if qkv.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"qkv must be fp32, bf16 or fp16, got {qkv.dtype}")
     rows, width = qkv.shape
     if num_heads < 1 or width % (3 * num_heads):
         raise ValueError(f"qkv's {width} columns are not 3 x {num_heads} heads")

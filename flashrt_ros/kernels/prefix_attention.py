@@ -123,6 +123,8 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_blocks: torch.
     if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v differ: {q.dtype}/{k.dtype}/{v.dtype} on {q.device}/{k.device}/{v.device}")
     Tk = k.shape[0]
+    if Tk == 0:
+        raise ValueError("k and v hold no keys: every query needs at least one key to attend to")
     kb = key_blocks
     if kb.shape != (Tk,) or kb.dtype != torch.int32 or kb.device != q.device or kb.stride(0) != 1:
         raise ValueError(

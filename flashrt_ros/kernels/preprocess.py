@@ -29,6 +29,8 @@ __all__ = ["preprocess_image", "preprocess_image_ref", "resize_with_pad_geometry
 
 def resize_with_pad_geometry(height: int, width: int, out_h: int = 224, out_w: int = 224) -> tuple[int, ...]:
     """openpi's resize-with-pad geometry: ``(rh, rw, pad_top, pad_left)`` of the resized image."""
+    if min(height, width, out_h, out_w) < 1:
+        raise ValueError(f"image {height}x{width} into {out_h}x{out_w}: every size must be at least 1")
     ratio = max(width / out_w, height / out_h)
     rh, rw = int(height / ratio), int(width / ratio)
     if rh < 1 or rw < 1:

@@ -120,7 +120,7 @@ def rms_norm(
     x2 = rows_2d(x, "x")
     n_rows = x2.shape[0]
     if out is None:
-        out = torch.empty_like(x)
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
     check_out(out, tuple(x.shape), x.device)
     y2 = rows_2d(out, "out", writable=True)
     quant = out.dtype == torch.float8_e4m3fn
@@ -138,7 +138,7 @@ def rms_norm(
             raise ValueError(f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
         r2 = rows_2d(residual, "residual")
         if residual_out is None:
-            residual_out = torch.empty_like(x)
+            residual_out = torch.empty_like(x, memory_format=torch.contiguous_format)
         check_out(residual_out, tuple(x.shape), x.device, "residual_out")
         s2 = rows_2d(residual_out, "residual_out", writable=True)
     else:

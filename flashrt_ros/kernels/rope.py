@@ -182,15 +182,20 @@ def _heads(t: torch.Tensor, n_tok: int, n_heads: int, head_dim: int, name: str) 
     """
     if t.stride(-1) != 1:
         raise ValueError(f"{name} must be contiguous in its last dimension")
-    if t.dim() >= 2 and t.shape[-2:] == (n_heads, head_dim):
-        lead = t.shape[:-2]
-        v = t.view(-1, n_heads, head_dim) if len(lead) != 1 else t
-        st, sh = v.stride(0), v.stride(1)
-    elif t.shape[-1] == n_heads * head_dim:
-        v = t.view(-1, n_heads * head_dim) if t.dim() != 2 else t
-        st, sh = v.stride(0), head_dim
-    else:
-        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected [..., {n_heads}, {head_dim}]")
+    try:
+        if t.dim() >= 2 and t.shape[-2:] == (n_heads, head_dim):
+            v = t.view(-1, n_heads, head_dim) if t.dim() != 3 else t
+            st, sh = v.stride(0), v.stride(1)
+        elif t.shape[-1] == n_heads * head_dim:
+            v = t.view(-1, n_heads * head_dim) if t.dim() != 2 else t
+            st, sh = v.stride(0), head_dim
+        else:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected [..., {n_heads}, {head_dim}]")
+    except RuntimeError:  # view(): leading dimensions that do not merge
+        raise ValueError(
+            f"{name} {tuple(t.shape)} (strides {t.stride()}) cannot be viewed as [tokens, {n_heads}, {head_dim}] "
+            "without a copy: pass it contiguous"
+        ) from None
     if v.shape[0] != n_tok:
         raise ValueError(f"{name} has {v.shape[0]} tokens, expected {n_tok}")
     return st, sh
@@ -282,14 +287,14 @@ def rope(
     """
     H, head_dim = q.shape[-2], q.shape[-1]
     n_tok = positions.numel()
-    q_out = torch.empty_like(q) if q_out is None else q_out
+    q_out = torch.empty_like(q, memory_format=torch.contiguous_format) if q_out is None else q_out
     q_st, q_sh = _heads(q, n_tok, H, head_dim, "q")
     qo_st, qo_sh = _heads(q_out, n_tok, H, head_dim, "q_out")
     k_in = k_o = None
     HK = 1
     if k is not None:
         HK = k.shape[-2]
-        k_out = torch.empty_like(k) if k_out is None else k_out
+        k_out = torch.empty_like(k, memory_format=torch.contiguous_format) if k_out is None else k_out
         k_in = (k, *_heads(k, n_tok, HK, head_dim, "k"))
         k_o = (k_out, *_heads(k_out, n_tok, HK, head_dim, "k_out"))
     if inv_freq is None:
