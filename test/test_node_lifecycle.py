@@ -240,6 +240,41 @@ def in_process_lifecycle_node(context, **params):
     return FlashRTLifecycleNode(context=context, parameter_overrides=overrides)
 
 
+def test_params_file_problems_are_judged_as_rcl_read_them_at_start(rclpy_context, tmp_path):
+    """A configure that failed on the params files: each configure re-read the files from disk
+    (never applied again by rcl) and judged the start's values against them. Setting the lost
+    value never cleared it; fixing the file did, and the node then configured on the start's
+    values (for a file with no section for it: the embedded defaults, random weights)."""
+    from rclpy.lifecycle import TransitionCallbackReturn
+    from rclpy.parameter import Parameter
+
+    from flashrt_ros.ros.lifecycle_node import FlashRTLifecycleNode
+
+    overlay, misspelt = tmp_path / "robot.yaml", tmp_path / "typo.yaml"
+    overlay.write_text("/**/flashrt_node:\n  ros__parameters:\n    max_age_s: 0.25\n")
+    misspelt.write_text("flashrt_nod:\n  ros__parameters:\n    rate_hz: 2.0\n")
+    overrides = [Parameter(n, value=v) for n, v in {**TEST_PARAMS, "max_age_s": 1}.items()]  # the base file's 1
+    node = FlashRTLifecycleNode(context=rclpy_context, parameter_overrides=overrides, sources=[("file", str(overlay))])
+    try:
+        assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+        overlay.write_text("/**/flashrt_node:\n  ros__parameters:\n    max_age_s: 1\n")  # rcl will not read it
+        assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+        assert node.set_parameters([Parameter("max_age_s", value=0.25)])[0].successful
+        assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+        assert node.cfg.max_age_s == 0.25
+    finally:
+        node.destroy_node()
+    node = FlashRTLifecycleNode(context=rclpy_context, parameter_overrides=overrides, sources=[("file", str(misspelt))])
+    try:
+        assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+        ((_, problem),) = node._start_source_problems
+        assert "has no section for this node /flashrt_node" in problem and "restart it with the file fixed" in problem
+        misspelt.write_text("flashrt_node:\n  ros__parameters:\n    rate_hz: 2.0\n")
+        assert node.trigger_configure() == TransitionCallbackReturn.FAILURE  # the start's defaults stay refused
+    finally:
+        node.destroy_node()
+
+
 def counts(node) -> tuple[int, ...]:
     return tuple(len(list(entities)) for entities in (node.timers, node.subscriptions, node.publishers, node.services))
 

@@ -134,6 +134,16 @@ def test_synthetic_sensors_refuse_bad_settings_with_reasons(rclpy_context):
         "camera_topics has ['a'] more than once; expected each once",
         "joint_names has ['x'] more than once; expected each once",
     ]
+    # two names for one topic, a camera's topic for the joints, a number for a topic: accepted (two
+    # cameras on /a) or a traceback from create_publisher / rclpy's name resolution
+    assert problems(camera_topics=["a", "/a"], joint_state_topic="b", joint_names=["j"]) == [
+        "camera_topics[0] 'a' and camera_topics[1] '/a' both resolve to /a; expected each camera on a topic of its own"
+    ]
+    assert problems(camera_topics=["a"], joint_state_topic="/a") == [
+        "camera_topics[0] 'a' and joint_state_topic '/a' both resolve to /a, which cannot carry "
+        "sensor_msgs/msg/Image and sensor_msgs/msg/JointState at once; expected a topic of its own for each"
+    ]
+    assert problems(joint_state_topic=5) == ["joint_state_topic must be a topic name (a string), got 5"]
     sensors = SyntheticSensors(context=rclpy_context, parameter_overrides=[Parameter("camera_rate_hz", value=15.0)])
     try:
         assert sensors.describe_parameter("camera_rate_hz").description.startswith("frames per second per camera")

@@ -401,6 +401,28 @@ def test_declared_on_a_real_node_with_overrides(rclpy_context):
 
 
 @pytest.mark.ros
+def test_an_empty_list_set_at_runtime_keeps_the_fields_type(rclpy_context):
+    """`ros2 param set ... "[]"` sends a bool array, rclpy's Parameter(value=[]) a byte array:
+    stored as given, `ros2 param get` then showed "Boolean values are: []" for a double limit."""
+    from node_harness import in_process_node
+    from rclpy.parameter import Parameter
+
+    node = in_process_node(rclpy_context)
+    try:
+        doubles, strings, bools = Parameter.Type.DOUBLE_ARRAY, Parameter.Type.STRING_ARRAY, Parameter.Type.BOOL_ARRAY
+        for name, given, want in (
+            ("action_lower_limits", Parameter("action_lower_limits", value=[]), doubles),  # a byte array
+            ("action_max_step", Parameter("action_max_step", bools, []), doubles),
+            ("camera_transports", Parameter("camera_transports", bools, []), strings),
+        ):
+            assert given.type_ != want
+            assert node.set_parameters([given])[0].successful, name
+            assert node.get_parameter(name).type_ == want, name
+    finally:
+        node.destroy_node()
+
+
+@pytest.mark.ros
 def test_empty_lists_in_a_params_file_read_back_as_empty_lists(rclpy_context, tmp_path):
     """rcl reads a params file's `[]` as "not set": declared as such, `ros2 param get` and
     describe said "not set" for config/flashrt.yaml's empty limits and groups. Typed as the field
@@ -659,9 +681,10 @@ def test_values_rcl_drops_between_params_files_and_p_are_refused(rclpy_context, 
         received, fqn = _rcl_received(argv, names)
         assert received == want, (label, received)
         found = lost_values(param_sources(argv), fqn, received)
-        assert [f.split(" gives ")[1].split(" ")[0] for f in found] == lost, (label, found)
+        assert [name for name, _ in found] == lost, (label, found)
+        assert all(sentence.split(" gives ")[1].startswith(f"{name} ") for name, sentence in found), found
     received, fqn = _rcl_received(files, names)
-    (first, _) = lost_values(param_sources(files), fqn, received)
+    ((_, first), _) = lost_values(param_sources(files), fqn, received)
     assert first == (
         f"params file {overlay} gives start_enabled 'false' (string), but the node received True (bool) from an "
         "earlier source: rcl keeps a value of another type given before, without a word; expected one type for "
@@ -721,14 +744,19 @@ def test_an_empty_list_over_a_list_and_a_p_for_the_bare_node_name_are_refused(rc
     argv = ["x", "--ros-args", "--params-file", str(base), "--params-file", str(clear), "--params-file", str(shared)]
     received, fqn = _rcl_received(argv, ["action_max_step", "rate_hz"])
     assert received["action_max_step"] == [0.05]
-    (found,) = lost_values(param_sources(argv), fqn, received)
-    assert found.startswith(f"params file {clear} gives action_max_step [], but the node received [0.05]"), found
+    ((name, found),) = lost_values(param_sources(argv), fqn, received)
+    assert name == "action_max_step" and found.startswith(
+        f"params file {clear} gives action_max_step [], but the node received [0.05]"
+    ), found
     argv = ["x", "--ros-args", "-r", "__ns:=/robot1", "-p", "flashrt_node:start_enabled:=false"]
     received, fqn = _rcl_received(argv, ["start_enabled"])
     assert received == {} and fqn == "/robot1/flashrt_node"
     assert lost_values(param_sources(argv), fqn, received) == [
-        "-p flashrt_node:start_enabled:=false reaches only /flashrt_node, not this node /robot1/flashrt_node; "
-        "expected -p start_enabled:=... (or the value in a params file section for the node)"
+        (
+            "start_enabled",
+            "-p flashrt_node:start_enabled:=false reaches only /flashrt_node, not this node /robot1/flashrt_node; "
+            "expected -p start_enabled:=... (or the value in a params file section for the node)",
+        )
     ]
 
 

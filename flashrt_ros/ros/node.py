@@ -184,6 +184,8 @@ class FlashRTNode(Node):
         self._sources = list(sources)  # params files and -p, in command-line order (params.param_sources)
         self._params_files = files_of(self._sources)
         self._unknown = self._warn_unknown_parameters()  # before the problems: a typo is often their cause
+        self._start_source_problems = self._source_problems()
+        self._set_since_start: set[str] = set()  # what `ros2 param set` gave since: it replaced rcl's merge
         self.stats_window = stats_window
         self.stopping = threading.Event()  # set by begin_shutdown
         self.is_set_up = False
@@ -224,9 +226,7 @@ class FlashRTNode(Node):
         make every topic, timer and service: at start, or on a lifecycle node's configure.
         Raises ConfigError (the parameters) or StartupError (the policy) before anything is made."""
         self.cfg = NodeConfig.from_parameters(self)
-        fqn = self.get_fully_qualified_name()
-        problems = unaddressed_params_files(self._params_files, fqn)
-        problems += lost_values(self._sources, fqn, given_values(self))
+        problems = [s for name, s in self._start_source_problems if name not in self._set_since_start]
         problems += self.cfg.validate(resolve=node_resolver(self))
         if problems:
             raise ConfigError(problems)
@@ -262,6 +262,18 @@ class FlashRTNode(Node):
             self.is_set_up = True
         self._subscribe_prompt()
         self._log_startup()
+
+    def _source_problems(self) -> list[tuple[str | None, str]]:
+        """What went wrong with the params files and -p as rcl read them at start, judged once: a
+        lifecycle node configured again must not re-read files edited since (rcl never applies
+        them), nor judge values set since by the start's. (parameter, sentence); None: a file's."""
+        fqn = self.get_fully_qualified_name()
+        restart = "; rcl reads params files only when the process starts: restart it with the file fixed"
+        problems: list[tuple[str | None, str]] = [
+            (None, s + (restart if self.MANAGED else "")) for s in unaddressed_params_files(self._params_files, fqn)
+        ]
+        settable = f" (or `ros2 param set {fqn} <name> <value>`, then configure)" if self.MANAGED else ""
+        return problems + [(n, s + settable) for n, s in lost_values(self._sources, fqn, given_values(self))]
 
     def tear_down(self) -> None:
         """Undo `set_up` (a lifecycle node's cleanup or shutdown): nothing is decided or published
@@ -1584,6 +1596,7 @@ class FlashRTNode(Node):
 
     def _after_set_parameters(self, params: list) -> None:
         changes = {p.name: p.value for p in params if p.name in PARAMETERS}
+        self._set_since_start.update(changes)
         if not changes or not self.is_set_up:  # before set-up, set_up reads them
             return
         old, new = self.cfg, self.cfg.with_values(changes)

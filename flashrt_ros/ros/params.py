@@ -462,6 +462,9 @@ def descriptor(name: str, ranged: bool = True) -> Any:
     return out
 
 
+_UNTYPED_EMPTY = ("BOOL_ARRAY", "BYTE_ARRAY", "INTEGER_ARRAY")  # what an empty `[]` may come as (rclpy's Type names)
+
+
 def floats_as_doubles(params: list[Any]) -> list[Any]:
     """The parameters with an integer given for a float field (`rate_hz: 5`, accepted) turned
     into doubles, so that `ros2 param get` shows the type the node uses. The node runs this
@@ -474,6 +477,8 @@ def floats_as_doubles(params: list[Any]) -> list[Any]:
             p = Parameter(p.name, Parameter.Type.DOUBLE, float(p.value))
         elif _FIELD_TYPES.get(p.name) == "list[float]" and p.type_ == Parameter.Type.INTEGER_ARRAY:
             p = Parameter(p.name, Parameter.Type.DOUBLE_ARRAY, [float(v) for v in p.value])
+        elif str(_FIELD_TYPES.get(p.name)).startswith("list[") and p.type_.name in _UNTYPED_EMPTY and not len(p.value):
+            p = Parameter(p.name, _array_type(p.name), [])  # `[]` from the CLI (bools) or rclpy (bytes)
         out.append(p)
     return out
 
@@ -756,8 +761,8 @@ def _rcl_kind(value: Any) -> str | None:
     return {bool: "bool", int: "integer", float: "double", str: "string"}.get(type(value))
 
 
-def lost_values(sources: Sequence[tuple[str, ...]], fqn: str, received: Mapping[str, Any]) -> list[str]:
-    """One sentence per parameter whose last source (params file or `-p`, in command-line order)
+def lost_values(sources: Sequence[tuple[str, ...]], fqn: str, received: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(name, sentence) per parameter whose last source (params file or `-p`, in command-line order)
     gives it another type than the value the node received: rcl merges sources value by value
     only within one type, and where two give a parameter different types it keeps one by type
     (bool over integer over double over string over lists), wherever it came, without a word. A
@@ -769,7 +774,7 @@ def lost_values(sources: Sequence[tuple[str, ...]], fqn: str, received: Mapping[
     import yaml
 
     last: dict[str, tuple[str, Any, bool]] = {}  # name -> (where, value, from a file)
-    problems = []
+    problems: list[tuple[str, str]] = []
     for source in sources:
         if source[0] == "file":
             try:
@@ -788,10 +793,11 @@ def lost_values(sources: Sequence[tuple[str, ...]], fqn: str, received: Mapping[
         where = f"-p {source[1]}:={source[2]}"
         if target and "/" + target.lstrip("/") != fqn:
             if target.lstrip("/") == fqn.rsplit("/", 1)[-1]:  # rcl reads the node part as /target
-                problems.append(
+                sentence = (
                     f"{where} reaches only /{target.lstrip('/')}, not this node {fqn}; expected -p {name}:=... "
                     "(or the value in a params file section for the node)"
                 )
+                problems.append((name, sentence))
             continue
         try:
             (doc,) = _compose_all(source[2]) or [None]
@@ -804,19 +810,21 @@ def lost_values(sources: Sequence[tuple[str, ...]], fqn: str, received: Mapping[
             continue
         if isinstance(value, list) and not value:  # a file's [] has no type: an earlier list stays
             if from_file and got is not None and len(got):
-                problems.append(
+                sentence = (
                     f"{where} gives {name} [], but the node received {list(got)!r} from an earlier source: rcl keeps "
                     f"a list given before over an empty one; expected the empty list given by -p {name}:=[] or the "
                     "earlier file changed"
                 )
+                problems.append((name, sentence))
             continue
         want, kind = _rcl_kind(value), _rcl_kind(got)
         if want is not None and kind is not None and want != kind:
-            problems.append(
+            sentence = (
                 f"{where} gives {name} {value!r} ({want}), but the node received {got!r} ({kind}) from an earlier "
                 f"source: rcl keeps a value of another type given before, without a word; expected one type for "
                 f"{name} in every params file and -p"
             )
+            problems.append((name, sentence))
     return problems
 
 
@@ -1294,7 +1302,7 @@ def _check_topics(cfg: NodeConfig, resolve: Resolver) -> list[str]:
             problems.append(invalid_topic(what.split("[")[0], topic, exc))
     for full, users in by_name.items():
         if len(users) > 1:
-            problems.append(_clash_sentence(full, users))
+            problems.append(clash_sentence(full, users))
     return problems
 
 
@@ -1318,7 +1326,8 @@ def node_resolver(node: Any) -> Resolver:
     return resolve
 
 
-def _clash_sentence(full: str, users: list[tuple[str, str, str]]) -> str:
+def clash_sentence(full: str, users: list[tuple[str, str, str]]) -> str:
+    """The sentence for topics `users` (what, name as written, message type) that resolve to `full`."""
     named = " and ".join(f"{what} {topic!r}" for what, topic, _ in users)
     named += " both" if len(users) == 2 else " all"
     kinds = sorted({kind for _, _, kind in users})

@@ -32,7 +32,9 @@ from flashrt_ros.ros.image_convert import MAX_DECODED_PIXELS
 from flashrt_ros.ros.params import (
     ALOHA_JOINTS,
     DEFAULT_CAMERAS,
+    INPUT_TYPES,
     ConfigError,
+    clash_sentence,
     did_you_mean,
     files_of,
     given_values,
@@ -91,6 +93,8 @@ class SensorConfig:
                 f"image_width/image_height must be integers > 0 of at most {MAX_PIXELS} pixels together "
                 f"(7680x4320, 8K), got {width!r}/{height!r}"
             )
+        if not isinstance(self.joint_state_topic, str):
+            problems.append(f"joint_state_topic must be a topic name (a string), got {self.joint_state_topic!r}")
         for name in ("camera_rate_hz", "joint_rate_hz"):  # a timer's period in int64 ns: not below 0.01 Hz
             value = getattr(self, name)
             if not (isinstance(value, float) and MIN_RATE_HZ <= value <= 1000):
@@ -181,7 +185,7 @@ class SyntheticSensors(Node):
         fqn = self.get_fully_qualified_name()
         params_files = files_of(sources)
         problems = unaddressed_params_files(params_files, fqn, fields)
-        problems += lost_values(sources, fqn, given_values(self))
+        problems += [sentence for _, sentence in lost_values(sources, fqn, given_values(self))]
         # a typo would run the default (the flashrt_node only warns: it has a robot to serve)
         unknown, _ = unknown_given(self, params_files, fields)
         if unknown:
@@ -205,15 +209,19 @@ class SyntheticSensors(Node):
         )
 
     def _topic_problems(self) -> list[str]:
-        """Topic names rcl refuses, with its reason (a traceback otherwise, from create_publisher)."""
-        problems, resolve = [], node_resolver(self)
-        named = [(f"camera_topics[{i}]", t) for i, t in enumerate(self.cfg.camera_topics) if isinstance(t, str)]
-        for what, topic in [*named, ("joint_state_topic", self.cfg.joint_state_topic)]:
+        """Topic names rcl refuses, with its reason, and names that resolve to one topic (two
+        cameras on one, or a camera and the joints: a traceback from create_publisher)."""
+        problems, resolve, by_name = [], node_resolver(self), {}
+        camera = INPUT_TYPES["compressed" if self.cfg.encoding == "jpeg" else "raw"]
+        named = [(f"camera_topics[{i}]", t, camera) for i, t in enumerate(self.cfg.camera_topics) if isinstance(t, str)]
+        for what, topic, kind in [*named, ("joint_state_topic", self.cfg.joint_state_topic, INPUT_TYPES["joints"])]:
             try:
-                resolve(topic)
+                by_name.setdefault(resolve(topic), []).append((what, topic, kind))
             except ValueError as exc:
                 problems.append(invalid_topic(what, topic, exc))
-        return problems
+        # a name written twice in camera_topics is validate's ("more than once")
+        clashes = [users for users in by_name.values() if len({(topic, kind) for _, topic, kind in users}) > 1]
+        return problems + [clash_sentence(resolve(users[0][1]), users) for users in clashes]
 
     def _create_cameras(self) -> None:
         cfg = self.cfg
