@@ -133,6 +133,18 @@ def test_fused_fp8_prefix_mlp_needs_bf16():
         FusedPi0(model, torch.float32, prefix_mlp_fp8=True)
 
 
+def test_fused_refuses_more_than_one_kv_head():
+    """Valid for the reference, but the fused K/V cache holds one head: it built, logged only
+    that the step kernel was not used, and every decision failed in qkv_rope ("k_out has shape")."""
+    from flashrt_ros.policies.config import GemmaSpec
+
+    spec = lambda width: GemmaSpec(width=width, depth=2, mlp_dim=2 * width, num_heads=4, num_kv_heads=2, head_dim=16)  # noqa: E731
+    model = tiny_model("pi05", prefix=spec(64), expert=spec(32)).to(DEVICE)
+    model.cfg.validate()  # raises on a config it refuses
+    with pytest.raises(ValueError, match="the fused path's K/V cache holds one KV head, the model has 2"):
+        FusedPi0(model, torch.float32)
+
+
 def test_fused_is_deterministic_and_reads_its_buffers():
     model = tiny_model("pi05", seed=2).to(DEVICE)
     x = {k: v[:1].to(DEVICE) for k, v in tiny_inputs(model.cfg, batch=1).items()}

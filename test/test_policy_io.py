@@ -83,6 +83,18 @@ def test_long_prompt_is_truncated_and_flagged_every_time(tokenizer_file):
         assert out.truncated and out.mask.all() and out.ids.tolist() == full[:8]
 
 
+def test_a_prompt_that_is_not_utf8_is_refused_by_name(tokenizer_file):
+    """A lone surrogate (Python API only: rclpy decodes strictly) reached SentencePiece, whose
+    binding raised "Unable to cast Python instance", counted as a policy error, not bad input."""
+    from flashrt_ros.policies.policy import Observation, build_policy
+
+    policy = build_policy(PolicyConfig.tiny("pi05"), tokenizer_file, seed=0, action_dof=6)
+    obs = Observation([np.zeros((48, 64, 3), np.uint8), None], np.zeros(6), "pick\ud800")
+    refused = r"prompt is not valid UTF-8 text \(surrogates not allowed at character 4\); no action computed"
+    with pytest.raises(ValueError, match=refused):
+        policy.prepare(obs)
+
+
 def test_policy_refuses_a_prompt_it_would_cut(tokenizer_file):
     from flashrt_ros.policies.policy import Observation, build_policy
     from flashrt_ros.policies.prompt import PromptTooLong

@@ -262,6 +262,11 @@ class FusedPi0:
         docs/results/README.md)."""
         require_kernel_device(next(model.parameters()).device)
         cfg: PolicyConfig = model.cfg
+        if cfg.prefix.num_kv_heads != 1:  # pi0 / pi0.5's Gemma: one; the build went on and every decision failed
+            raise ValueError(
+                f"the fused path's K/V cache holds one KV head, the model has {cfg.prefix.num_kv_heads}; "
+                "expected backend 'reference' for it"
+            )
         self.cfg, self.dtype, self.guided = cfg, dtype, guided
         # Prompt-length buckets: a decision runs the smallest one that holds its prompt, so a short
         # prompt does not pay for 200 padded tokens. Each bucket has its own pair of graphs.
@@ -487,8 +492,6 @@ class FusedPi0:
         # the expert's qkv / gate|up layouts (kernels/expert_step.pair_halves, kernels/gate_up_geglu.py; 0: plain)
         self.expert_qkv_block, self.expert_gu_block = 0, 0
         try:
-            if e.num_kv_heads != 1:
-                raise ValueError(f"it needs one KV head, the expert has {e.num_kv_heads}")
             if cfg.action_dim > UPDATE_MAX_ACTIONS:
                 limit = UPDATE_MAX_ACTIONS
                 raise ValueError(f"its denoise tail holds {limit} action dims, the policy has {cfg.action_dim}")

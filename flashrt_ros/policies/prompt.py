@@ -88,6 +88,11 @@ class PromptTokenizer:
         the task and the discretised state, "pi0" the task alone (pi0, and pi0.5 trained without
         the state in its prompt), "pi0_lerobot" the task alone as LeRobot's pi0 pre-processing
         writes it."""
+        try:
+            task.encode("utf-8")  # a lone surrogate: SentencePiece's binding raised a bare cast error
+        except UnicodeEncodeError as err:
+            where = f"{err.reason} at character {err.start}"
+            raise ValueError(f"prompt is not valid UTF-8 text ({where}); no action computed") from None
         if layout == "pi05":
             if state is None:
                 raise ValueError("pi0.5 writes the discretised state into the prompt: state is required")
