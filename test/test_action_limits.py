@@ -70,6 +70,17 @@ def test_a_state_outside_the_limits_is_stepped_back_in_and_named_first():
     assert clamped.worst == "a's joint state 1.25 above its upper limit 1 (stepped back in)"
 
 
+def test_a_state_outside_is_named_only_for_a_joint_whose_actions_changed():
+    """j0 parked below its limit with its actions inside, j1's actions clamped, no step limit:
+    the warning named j0 "(stepped back in)", a joint not changed, and a step never taken."""
+    limits = ActionLimits.from_lists(["j0", "j1"], lower=[0.0], upper=[1.0], max_step=[])
+    out, clamped = limits.apply(np.array([[0.5, -0.2], [0.5, -0.1]], np.float32), np.array([-0.5, 0.5]))
+    np.testing.assert_array_equal(out, [[0.5, 0.0], [0.5, 0.0]])
+    assert clamped.worst == "j1 -0.2 below its lower limit 0", clamped
+    out, clamped = limits.apply(np.array([[-0.1, 0.5]], np.float32), np.array([-0.5, 0.5]))
+    assert clamped.worst == "j0's joint state -0.5 below its lower limit 0 (its actions clamped to the limit)"
+
+
 def test_no_published_value_is_past_a_bound_by_a_rounding():
     """0.05 has no float32: the float32 nearest it is above it, so it must not be published."""
     limits = ActionLimits.from_lists(NAMES, lower=[-0.05], upper=[0.05], max_step=[])

@@ -110,6 +110,18 @@ def test_clear_forgets_every_chunk_and_the_blend():
     assert (cmd.values[0], cmd.weight) == (7.0, 1.0)  # nothing to blend from
 
 
+@pytest.mark.parametrize("interpolation", ["hold", "linear"])
+def test_a_chunk_with_nothing_to_blend_from_ends_at_its_end(interpolation):
+    """The first chunk (or the first after a clear) commands its own values at once; its weight
+    still ran the blend's ramp, so the stream went on past its end for up to blend_steps more
+    actions and counted chunk_exhausted late."""
+    for blend in (5, 0):
+        stream = ActionStream(blend_steps=blend, interpolation=interpolation)
+        stream.push(np.array([[0.0], [1.0]]), start_ns=0, step_ns=STEP, chunk_id=1)
+        kinds = [type(stream.command(k * STEP)).__name__ for k in range(6)]
+        assert kinds == ["Command", "Command", "Command", "Exhausted", "Exhausted", "Exhausted"], (blend, kinds)
+
+
 def test_the_stream_keeps_its_own_copy_of_the_actions():
     stream = ActionStream()
     actions = chunk(1.0)

@@ -83,7 +83,8 @@ class ActionLimits:
         changed = limited != actions
         if not changed.any():
             return actions, None
-        worst = max(self._violations(actions.astype(np.float64), state), default=(0.0, "values rounded to the limits"))
+        found = self._violations(actions.astype(np.float64), state, changed.any(axis=0))
+        worst = max(found, default=(0.0, "values rounded to the limits"))
         return limited, Clamped(int(changed.sum()), int(changed.any(axis=0).sum()), worst[1])
 
     def _rate_limited(self, targets: np.ndarray, state: np.ndarray) -> np.ndarray:
@@ -111,8 +112,9 @@ class ActionLimits:
             out = np.where(past, inward, out).astype(dtype, copy=False)
         return out
 
-    def _violations(self, actions: np.ndarray, state: np.ndarray) -> list[tuple[float, str]]:
-        """(how far beyond, in words) for the largest violation of each kind in the policy's chunk."""
+    def _violations(self, actions: np.ndarray, state: np.ndarray, changed: np.ndarray) -> list[tuple[float, str]]:
+        """(how far beyond, in words) for the largest violation of each kind in the policy's chunk;
+        `changed`: the joints whose actions the limits changed (a state outside is named for those)."""
         found = []
         for bound, sign, word in ((self.lower, -1.0, "below its lower"), (self.upper, 1.0, "above its upper")):
             if bound is None:
@@ -121,10 +123,11 @@ class ActionLimits:
             k, j = np.unravel_index(int(np.argmax(beyond)), beyond.shape)
             if beyond[k, j] > 0:
                 found.append((float(beyond[k, j]), f"{self.names[j]} {actions[k, j]:.4g} {word} limit {bound[j]:.4g}"))
-            outside = sign * (state - bound) > 0  # NaN (no state) compares False
+            outside = (sign * (state - bound) > 0) & changed  # NaN (no state) compares False
             if outside.any():
                 j = int(np.argmax(np.where(outside, sign * (state - bound), -np.inf)))
-                text = f"{self.names[j]}'s joint state {state[j]:.4g} {word} limit {bound[j]:.4g} (stepped back in)"
+                how = "stepped back in" if self.max_step is not None else "its actions clamped to the limit"
+                text = f"{self.names[j]}'s joint state {state[j]:.4g} {word} limit {bound[j]:.4g} ({how})"
                 found.append((float("inf"), text))  # named first: the robot itself is outside
         if self.max_step is not None:
             before = np.vstack([np.where(np.isnan(state), actions[0], state), actions[:-1]])

@@ -26,7 +26,9 @@ is a jump. ``blend_steps`` (n) spreads it: the command moves from what the older
 run out holds its last action) to the newer chunk's own, with weights 1/(n+1), 2/(n+1), ... on
 the first n actions it commands, from the one due at the take-over ("hold"), or growing from 0 to
 1 over n steps' time from the take-over
-("linear", continuous). ``blend_steps`` and ``interpolation`` are read when a chunk takes over:
+("linear", continuous). A chunk with no older one to blend from (the first, or after a
+``clear()``) is its own values from its first command, and ends at its end.
+``blend_steps`` and ``interpolation`` are read when a chunk takes over:
 a change applies from the next chunk on.
 
 ``max_move`` (per joint, action_max_step) bounds how fast the commands move: a chunk's own steps
@@ -246,8 +248,8 @@ class ActionStream:
                 return None
             newest = live[-1]
             if newest.took_over_ns is None:  # it governs from now; chunks that never governed drop out
-                self._take_over(newest, now_ns)
                 live = [c for c in live[:-1] if c.took_over_ns is not None] + [newest]
+                self._take_over(newest, now_ns, alone=len(live) == 1)
             # past the end, a blend still under way goes on (the chunk holds its last action), then
             # the trajectory's end point once (hold has it, linear nearly): the end without a jump
             ended = newest.ran_out(now_ns) and newest.weight(now_ns) >= 1.0
@@ -302,9 +304,11 @@ class ActionStream:
             self._budget = np.array(self.max_move, dtype=np.float64)  # the first command: a full step's
         self._last, self._last_ns = values, now_ns
 
-    def _take_over(self, chunk: _Chunk, now_ns: int) -> None:
+    def _take_over(self, chunk: _Chunk, now_ns: int, alone: bool) -> None:
+        """`alone`: no older chunk to blend from (the first, or after a clear): its own values
+        at once, and its end is its last action's (an unfinished blend weight kept it going)."""
         chunk.took_over_ns = now_ns
-        chunk.blend_steps = self._blend_steps
+        chunk.blend_steps = 0 if alone else self._blend_steps
         chunk.linear = self._interpolation == "linear"
         if self._last is None and chunk.robot_at is not None:  # no command in force: from the robot
             self._last, self._last_ns = chunk.robot_at, now_ns
