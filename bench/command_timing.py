@@ -133,7 +133,7 @@ def main() -> int:
         return 0
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     # its own domain, not the shell's (a robot's): synthetic sensors and a deciding node run here
-    os.environ["ROS_DOMAIN_ID"] = os.environ.get("FLASHRT_BENCH_DOMAIN_ID", str(20 + os.getpid() % 80))
+    os.environ["ROS_DOMAIN_ID"] = os.environ.get("FLASHRT_BENCH_DOMAIN_ID", str(20 + os.getpid() % 40))
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"command_timing_{os.getpid()}"
     logs.mkdir(parents=True, exist_ok=True)
     python = sys.executable

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from flashrt_ros.bench.args import number_at_least
 from flashrt_ros.bench.timing import write_result
 from flashrt_ros.engine import pipeline as pipeline_module
 from flashrt_ros.engine.pipeline import Pipeline
@@ -126,7 +127,7 @@ def main() -> None:
     from prefix_reuse import full_size_observation, rounds_parser  # bench/ is on sys.path when run as a script
 
     ap = rounds_parser(__doc__)
-    ap.add_argument("--gap-ms", type=float, default=20.0)
+    ap.add_argument("--gap-ms", type=number_at_least(0.0), default=20.0)
     args = ap.parse_args()
 
     dev = torch.device("cuda")

@@ -73,6 +73,7 @@ def main() -> None:
     _, _, fused = random_fused(args.policy, args.views, dev)
     two = fused.sample_actions().clone()
     single = cuda_graphs.capture(lambda: (fused.prefix(), fused.denoise()), dev)  # one graph for the decision
+    fused.actions.fill_(float("nan"))  # the capture's warm-up ran the stages eagerly: the replay must write it
     single.replay()
     same = bool(torch.equal(fused.actions, two))
     ways = {

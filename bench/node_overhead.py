@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"  # DDS stays on this machine
     # its own domain, not the shell's (a robot's): synthetic sensors and a deciding node run here
-    os.environ["ROS_DOMAIN_ID"] = os.environ.get("FLASHRT_BENCH_DOMAIN_ID", str(20 + os.getpid() % 80))
+    os.environ["ROS_DOMAIN_ID"] = os.environ.get("FLASHRT_BENCH_DOMAIN_ID", str(20 + os.getpid() % 40))
     if not args.default_dds and "FASTRTPS_DEFAULT_PROFILES_FILE" not in os.environ:
         profile = Path(tempfile.mkdtemp(prefix="flashrt_bench_")) / "fastdds.xml"
         profile.write_text(FASTDDS_PROFILE)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from flashrt_ros.bench.args import at_least, out_folder
+from flashrt_ros.bench.args import at_least, number_at_least, out_folder
 from flashrt_ros.bench.parity import compare
 from flashrt_ros.bench.reference import Case, true_fp32
 from flashrt_ros.bench.stages import measure_compiled
@@ -146,7 +146,8 @@ def main() -> None:
         "--eager-iters", type=at_least(3), default=10, help="rounds of eager decisions (three of ~0.2-0.4 s each)"
     )
     ap.add_argument("--warmup", type=at_least(1), default=3)
-    ap.add_argument("--gap-ms", type=float, default=20.0, help="idle time before each decision (a 50 Hz node)")
+    gap = "idle time before each decision (a 50 Hz node)"
+    ap.add_argument("--gap-ms", type=number_at_least(0.0), default=20.0, help=gap)
     ap.add_argument("--out", type=out_folder, default="out")
     ap.add_argument("--tiny", action="store_true", help="tiny config on the CPU, reference only: a smoke test")
     args = ap.parse_args()

@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 policy="${1:-pi0_tiny}" camera_hz="${2:-10}" rate_hz="${3:-30}" seconds="${4:-35}"
 trigger="${5:-new_inputs}" period_s="${6:-0.1}"
-export ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST ROS_DOMAIN_ID="${ROS_DOMAIN_ID:-$((20 + $$ % 80))}" PYTHONUNBUFFERED=1
+export ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST ROS_DOMAIN_ID="${ROS_DOMAIN_ID:-$((20 + $$ % 40))}" PYTHONUNBUFFERED=1
 logs="$(mktemp -d)"
 python -m flashrt_ros.ros.synthetic_sensors --ros-args --params-file config/synthetic_sensors.yaml \
   -p image_width:=64 -p image_height:=48 -p "camera_rate_hz:=$camera_hz" > "$logs/sensors.log" 2>&1 &

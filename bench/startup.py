@@ -159,6 +159,8 @@ def main() -> None:
         spent = start(args.policy, args.views, Path(args.child), args.tiny, later=later, profile=args.profile)
         print("STARTUP " + json.dumps(spent), flush=True)
         return
+    if not args.tiny and not torch.cuda.is_available():  # else minutes and an 11 GB checkpoint first
+        ap.error("the full-size start-up needs a CUDA GPU (or --tiny for a CPU smoke run)")
     with tempfile.TemporaryDirectory() as tmp:
         folder, cache = Path(tmp) / "checkpoint", Path(tmp) / "triton_cache"
         t = time.perf_counter()

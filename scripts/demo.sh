@@ -5,7 +5,7 @@
 #   bash scripts/demo.sh [SECONDS]        (or DURATION=30 bash scripts/demo.sh; default 15)
 #
 # Sets up .venv itself (scripts/setup_env.sh), keeps DDS on this machine with its own
-# ROS_DOMAIN_ID (20-99, whatever the shell exports; FLASHRT_DEMO_DOMAIN_ID sets it), starts synthetic_sensors, flashrt_node (config/flashrt.yaml) and a console
+# ROS_DOMAIN_ID (20-59, whatever the shell exports; FLASHRT_DEMO_DOMAIN_ID sets it), starts synthetic_sensors, flashrt_node (config/flashrt.yaml) and a console
 # (flashrt_ros.ros.echo), stops them all on exit (also on Ctrl-C), and exits 0 only if action
 # chunks were received.
 set -euo pipefail
@@ -23,7 +23,7 @@ source scripts/env.sh
 export ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST
 # its own domain, not the shell's: on a robot computer whose ROS_DOMAIN_ID is the robot's, the synthetic
 # /joint_states and cameras would reach robot_state_publisher and the rest (FLASHRT_DEMO_DOMAIN_ID picks one)
-export ROS_DOMAIN_ID="${FLASHRT_DEMO_DOMAIN_ID:-$((20 + $$ % 80))}"   # 20-99: apart from the tests' 100-200
+export ROS_DOMAIN_ID="${FLASHRT_DEMO_DOMAIN_ID:-$((20 + $$ % 40))}"   # 20-59: apart from the tests' 60-101
 export RCUTILS_COLORIZED_OUTPUT=0 RCUTILS_LOGGING_BUFFERED_STREAM=0 PYTHONUNBUFFERED=1
 # 640x480 frames at 30 Hz arrive whole over Fast DDS with a larger shared-memory segment (docs/ros.md,
 # "Large images over Fast DDS"); without it some are lost in fragments

@@ -388,6 +388,20 @@ def test_the_startup_benchmark_times_each_step(tmp_path) -> None:
     assert f"{'first decision ms':42}" in stdout  # the table
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no CUDA GPU")
+def test_the_full_size_startup_benchmark_refuses_a_machine_without_a_gpu(tmp_path) -> None:
+    """It wrote an 11 GB checkpoint over two minutes, then its child died on the fused path."""
+    import subprocess
+    import sys
+
+    from bench_script import BENCH
+
+    argv = [sys.executable, str(BENCH / "startup.py"), "--out", str(tmp_path / "o")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "the full-size start-up needs a CUDA GPU (or --tiny" in done.stderr, done.stderr
+    assert not (tmp_path / "o").exists()
+
+
 def test_lerobot_parity_script_says_what_input_is_missing_with_exit_2(tmp_path) -> None:
     """Exit 1 is its parity gate's failure: a missing folder was a traceback with exit 1 and, for
     the checkpoint, a message that the missing folder "holds a LeRobot policy"."""
@@ -415,7 +429,7 @@ def test_bench_scripts_refuse_an_unusable_out_and_too_few_samples_before_the_run
     results lost; prefix_reuse.py printed a p99 of 2 samples, or an IndexError for --warmup 0."""
     import argparse
 
-    from flashrt_ros.bench.args import at_least, out_folder
+    from flashrt_ros.bench.args import at_least, number_at_least, out_folder
 
     assert out_folder(str(tmp_path / "new" / "deeper")) == tmp_path / "new" / "deeper"
     taken = tmp_path / "file"
@@ -439,3 +453,11 @@ def test_bench_scripts_refuse_an_unusable_out_and_too_few_samples_before_the_run
         argv = [sys.executable, str(repo / "bench" / script), *args]
         done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and "--out 'out' is an existing file" in done.stderr, (script, done.stderr)
+    # a negative or NaN idle gap built the policy, then died in time.sleep with a traceback
+    for gap in ("-5", "nan"):
+        argv = [sys.executable, str(repo / "bench" / "prefix_reuse.py"), "--tiny", "--gap-ms", gap, "--out", "o"]
+        done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and f"--gap-ms: expected numbers >= 0, got {gap}" in done.stderr, done.stderr
+    with pytest.raises(argparse.ArgumentTypeError, match="expected one number, got '1,2'"):
+        number_at_least(0.0)("1,2")
+    assert number_at_least(0.0)("0") == 0.0

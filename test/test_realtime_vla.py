@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -312,6 +313,15 @@ def test_revision_of_an_exported_checkout_inside_another_repo(tmp_path) -> None:
     assert revision(inner) == "unknown"
     (inner / "REVISION").write_text("a36d02a7b241de1129af2048e749de58f95ead9c\n")
     assert revision(inner) == "a36d02a7b241de1129af2048e749de58f95ead9c"
+
+
+def test_revision_of_a_checkout_given_with_a_tilde(tmp_path, monkeypatch) -> None:
+    """`--realtime-vla=~/rtv` (no shell expansion after "="): the mode found and ran it, but the
+    result file said revision "unknown"."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "rtv").mkdir()
+    (tmp_path / "rtv" / "REVISION").write_text("abc123def\n")
+    assert revision(Path("~/rtv")) == "abc123def"
 
 
 def test_its_modules_import_twice_without_transformers(tmp_path, monkeypatch) -> None:

@@ -63,6 +63,18 @@ def number_above(minimum: float) -> Callable[[str], float]:
     return parse
 
 
+def number_at_least(minimum: float) -> Callable[[str], float]:
+    """argparse `type` for one finite number >= `minimum` (an idle gap in ms)."""
+    many = numbers_at_least(minimum)
+
+    def parse(text: str) -> float:
+        if "," in text:
+            raise argparse.ArgumentTypeError(f"expected one number, got {text!r}")
+        return many(text)[0]
+
+    return parse
+
+
 def numbers_at_least(minimum: float) -> Callable[[str], list[float]]:
     """argparse `type` for a comma-separated list of finite numbers >= `minimum` (idle gaps in ms)."""
 

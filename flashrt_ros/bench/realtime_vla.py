@@ -232,7 +232,7 @@ def convert(model: Pi0Model, prompt_embeds: Tensor, dtype: torch.dtype = torch.b
 def revision(repo: Path) -> str:
     """The checkout's commit: its own git (only where it has a .git: inside another checkout, git
     would answer with that one's HEAD), else the REVISION file written where it was exported."""
-    repo = Path(repo)
+    repo = Path(repo).expanduser()  # as server_dir reads it
     if (repo / ".git").exists():
         try:
             out = subprocess.run(

@@ -139,8 +139,9 @@ class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
             self.tear_down()  # gives back what a policy that failed half-way had allocated
             self.get_logger().error(f"configure failed, still unconfigured: {failure}")
             return FAILURE
-        if self.stopping.is_set():
+        if self.stopping.is_set():  # not the activate hint: the node is going away
             self.get_logger().info("configured, but a stop signal came meanwhile: stopping")
+            return SUCCESS
         self.get_logger().info(f"configured (inactive): nothing is decided until activated{self._activate_hint()}")
         return SUCCESS
 
