@@ -122,7 +122,8 @@ QPROJ = "model.paligemma_with_expert.paligemma.model.language_model.layers.0.sel
 
 def test_missing_key_is_named(tmp_path):
     msg = _corrupt(tmp_path, lambda t: t.pop("model.action_out_proj.weight"))
-    assert "missing 1 tensor(s): action_out_proj.weight" in msg
+    assert "model.safetensors: does not match a pi05 model of this config:" in msg  # the file named
+    assert "missing 1 tensor(s): model.action_out_proj.weight" in msg  # as the file spells its tensors
 
 
 def test_wrong_shape_is_named_with_both_shapes(tmp_path):
@@ -132,7 +133,7 @@ def test_wrong_shape_is_named_with_both_shapes(tmp_path):
 
 def test_wrong_dtype_is_named(tmp_path):
     msg = _corrupt(tmp_path, lambda t: t.__setitem__(QPROJ, torch.zeros(64, 64, dtype=torch.int32)))
-    assert f"{QPROJ}: dtype I32, expected a float type" in msg
+    assert f"{QPROJ}: dtype I32, expected F32, BF16 or F16 (cast it to one)" in msg
 
 
 def test_two_keys_for_one_parameter_are_refused_naming_both(tmp_path):
@@ -161,7 +162,7 @@ def test_all_problems_reported_at_once(tmp_path):
         t[QPROJ] = torch.zeros(1)
 
     msg = _corrupt(tmp_path, edit)
-    assert "missing 1 tensor(s): action_in_proj.bias" in msg
+    assert "missing 1 tensor(s): model.action_in_proj.bias" in msg
     assert "unexpected 1 tensor(s): model.something_else.weight" in msg
     assert "shape [1], expected [64, 64]" in msg
 
@@ -196,6 +197,24 @@ def test_a_stray_tensor_name_in_a_lerobot_file_is_named(tmp_path):
     save_file({**load_file(str(weights)), "foo.bar": torch.zeros(1)}, str(weights))
     with pytest.raises(CheckpointError, match=r"tensors carry LeRobot's 'model.' prefix and 1 do not \(foo.bar\)"):
         detect_layout(tmp_path)
+
+
+def test_a_lerobot_checkpoint_from_before_0_4_is_named_with_its_migration(tmp_path):
+    """LeRobot 0.3 kept the statistics inside the weights (`normalize_inputs.buffer_*`, no `model.`
+    prefix) and wrote adapt_to_pi_aloha / num_steps: read as a mixed layout, whose advice (drop
+    the stray tensors) then loaded it with the ALOHA conversion and the step count dropped."""
+    save_model(tiny_model("pi0"), tmp_path, layout="lerobot")
+    weights = tmp_path / "model.safetensors"
+    tensors = load_file(str(weights))
+    legacy = {f"normalize_inputs.buffer_observation_state.{s}": torch.zeros(14) for s in ("mean", "std")}
+    save_file({**tensors, **legacy}, str(weights))
+    with pytest.raises(CheckpointError, match=r"a LeRobot < 0.4 checkpoint, its normalisation statistics") as err:
+        detect_layout(tmp_path)
+    assert "normalize_inputs.buffer_observation_state.mean" in str(err.value)
+    assert "lerobot.processor.migrate_policy_normalization" in str(err.value)
+    old = {**lerobot_config_dict(PolicyConfig.pi0()), "adapt_to_pi_aloha": True, "num_steps": 4}
+    with pytest.raises(CheckpointError, match=r"LeRobot < 0.4 config fields \['adapt_to_pi_aloha', 'num_steps'\]"):
+        checkpoint.config_from_lerobot(old)
 
 
 def test_lerobots_n_action_steps_is_kept_for_the_node_to_say(tmp_path):
@@ -258,7 +277,8 @@ def test_malformed_lerobot_config_json_names_the_file_and_field(tmp_path):
     for field, value, expected in [
         ("chunk_size", "abc", "field 'chunk_size' must be an integer >= 1, got 'abc'"),
         ("num_inference_steps", None, "field 'num_inference_steps' must be an integer >= 1, got None"),
-        ("chunk_size", 10**30, f"horizon must be from 1 to 1000, got {10**30}"),
+        ("chunk_size", 10**30, f"field 'chunk_size' must be from 1 to 1000, got {10**30}"),  # not "horizon"
+        ("tokenizer_max_length", 5000, "field 'tokenizer_max_length' must be from 1 to 4096, got 5000"),
         ("input_features", ["observation.images.a"], "field 'input_features' must be an object of feature name"),
         ("image_resolution", [], resolution + "[]"),
         ("image_resolution", "224", resolution + "'224'"),
@@ -434,7 +454,7 @@ def test_a_model_of_another_size_lists_a_bounded_sample_of_tensors(tmp_path):
         load_model(tmp_path, config=PolicyConfig.tiny("pi05"))
     msg = str(err.value)
     assert (
-        msg.count("dtype F64, expected a float type") == 12
+        msg.count("dtype F64, expected F32, BF16 or F16") == 12
         and f"and {len(tensors) - 12} more tensors of other dtypes" in msg
     )
 

@@ -28,7 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from .config import GEMMA_2B, GEMMA_300M, PolicyConfig
+from .config import GEMMA_2B, GEMMA_300M, MAX_INT, MAX_INTS, PolicyConfig
 from .lerobot_relative import POSTPROCESSOR, PREPROCESSOR, lerobot_delta_mask, lerobot_says_relative_or_absolute
 from .listing import bounded, some
 from .normalize import file_present, read_json, what_is_there
@@ -41,6 +41,14 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 FLASHRT_CONFIG_FILE = "flashrt_config.json"
 LEROBOT_PREFIX = "model."
+# LeRobot < 0.4 kept the normalisation statistics in the weights, under these modules
+LEGACY_NORM_MODULES = ("normalize_inputs.", "normalize_targets.", "unnormalize_outputs.")
+# ... and these config.json fields (0.4 renamed or dropped them; its loader refuses them)
+LEGACY_CONFIG_FIELDS = ("adapt_to_pi_aloha", "use_delta_joint_actions_aloha", "num_steps", "resize_imgs_with_padding")
+MIGRATE_HINT = (
+    "convert it with LeRobot's `python -m lerobot.processor.migrate_policy_normalization --pretrained-path <folder>` "
+    "(statistics into the processor files) and its config to LeRobot >= 0.4's fields"
+)
 
 # (our root, openpi root) — first entry is what we write; later entries are accepted aliases.
 _ROOTS: list[tuple[str, str]] = [
@@ -122,6 +130,13 @@ def detect_layout(folder: Path) -> str:
     if not weights.is_file():
         raise CheckpointError(_no_weights(folder))
     keys = weight_names(weights)
+    legacy = [k for k in keys if k.startswith(LEGACY_NORM_MODULES)]
+    if legacy:  # read as a mixed layout, the advice was to delete them: the statistics
+        raise CheckpointError(
+            f"{weights}: a LeRobot < 0.4 checkpoint, its normalisation statistics inside the weights "
+            f"({', '.join(legacy[:3])}{', ...' if len(legacy) > 3 else ''}); expected LeRobot >= 0.4's layout: "
+            + MIGRATE_HINT
+        )
     stray = [k for k in keys if not k.startswith(LEROBOT_PREFIX)]
     if keys and not stray:
         return "lerobot"
@@ -346,7 +361,7 @@ def config_from_openpi(data: dict, base: PolicyConfig) -> PolicyConfig:
         if spec is None:
             raise CheckpointError(f"field {key!r} is {name!r}; expected one of {sorted(variants)} (or their _lora)")
         specs[ours] = spec
-    ints = {ours: _lerobot_int(data, key, getattr(base, ours)) for key, ours in _OPENPI_INTS.items()}
+    ints = {ours: _lerobot_int(data, key, getattr(base, ours), ours=ours) for key, ours in _OPENPI_INTS.items()}
     # what openpi's Pi0Config holds and some converters copy too (openpi's own writes none of them)
     if "pi05" in data and not isinstance(data["pi05"], bool):
         raise CheckpointError(f"field 'pi05' must be true or false, got {data['pi05']!r}")
@@ -357,7 +372,7 @@ def config_from_openpi(data: dict, base: PolicyConfig) -> PolicyConfig:
         )
     extra = {}
     if "max_token_len" in data:
-        extra["prompt_len"] = _lerobot_int(data, "max_token_len", base.prompt_len)
+        extra["prompt_len"] = _lerobot_int(data, "max_token_len", base.prompt_len, ours="prompt_len")
     if "discrete_state_input" in data:
         value = data["discrete_state_input"]
         if not isinstance(value, bool):
@@ -405,13 +420,16 @@ def config_from_lerobot(data: dict) -> PolicyConfig:
         raise CheckpointError(f"LeRobot config type {kind!r} is not a pi0/pi05 policy")
     variants = {"gemma_2b": GEMMA_2B, "gemma_300m": GEMMA_300M}
     base = PolicyConfig.pi05() if kind == "pi05" else PolicyConfig.pi0()
+    legacy = [key for key in LEGACY_CONFIG_FIELDS if key in data]
+    if legacy:  # adapt_to_pi_aloha dropped without a word flips the ALOHA joints' signs
+        raise CheckpointError(f"LeRobot < 0.4 config fields {legacy}, which LeRobot >= 0.4 refuses; " + MIGRATE_HINT)
     chosen = {key: data.get(key, default) for key, default in VARIANT_KEYS.items()}
     unknown = {key: v for key, v in chosen.items() if not isinstance(v, str) or v not in variants}
     if unknown:
         raise CheckpointError(
             f"LeRobot config has unknown model variants {unknown}; expected one of {sorted(variants)}"
         )
-    ints = {ours: _lerobot_int(data, key, getattr(base, ours)) for key, ours in _LEROBOT_INTS.items()}
+    ints = {ours: _lerobot_int(data, key, getattr(base, ours), ours=ours) for key, ours in _LEROBOT_INTS.items()}
     # the sin / cos time embedding's periods (LeRobot's create_sinusoidal_pos_embedding reads them
     # from the config); PolicyConfig checks them (finite, > 0, min <= max)
     periods = {key: data.get(key, getattr(base, key)) for key in ("min_period", "max_period")}
@@ -435,10 +453,15 @@ def config_from_lerobot(data: dict) -> PolicyConfig:
     )
 
 
-def _lerobot_int(data: dict, key: str, default: int, minimum: int = 1) -> int:
+def _lerobot_int(data: dict, key: str, default: int, minimum: int = 1, ours: str | None = None) -> int:
+    """An integer field of a LeRobot / openpi config.json, checked under the file's own name
+    (`ours`: the PolicyConfig field it sets, whose upper bound applies)."""
     value = data.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise CheckpointError(f"field {key!r} must be an integer >= {minimum}, got {value!r}")
+    high = MAX_INTS.get(ours or "", MAX_INT)
+    if value > high:
+        raise CheckpointError(f"field {key!r} must be from {minimum} to {high}, got {value}")
     return value
 
 
@@ -523,7 +546,7 @@ def load_model(
         model = Pi0Model(cfg)
     expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
     with _open(weights) as f:
-        plan = _plan(f, layout, cfg, expected)
+        plan = _plan(f, layout, cfg, expected, weights)
         total = sum(_nbytes(f, key) for key in plan.values())
         dtype = getattr(torch, cfg.dtype)
         not_finite = []
@@ -555,8 +578,9 @@ def load_model(
     return model, info
 
 
-def _plan(f, layout: str, cfg: PolicyConfig, expected: dict[str, tuple]) -> dict[str, str]:
-    """Map every expected parameter to a checkpoint key, or raise with all problems."""
+def _plan(f, layout: str, cfg: PolicyConfig, expected: dict[str, tuple], path: Path) -> dict[str, str]:
+    """Map every expected parameter to a checkpoint key, or raise with all problems (names as the
+    file spells them: a missing tensor with the layout's prefix, as the others in it)."""
     prefix = LEROBOT_PREFIX if layout == "lerobot" else ""
     sources: dict[str, list[str]] = {}
     unexpected, ignored = [], []
@@ -576,7 +600,8 @@ def _plan(f, layout: str, cfg: PolicyConfig, expected: dict[str, tuple]) -> dict
     missing = sorted(set(expected) - set(available))
     problems = bounded(_collisions(sources), SHOWN, " such")
     if missing:
-        problems.append(f"missing {len(missing)} tensor(s): " + some([to_openpi_key(m) for m in missing], SHOWN))
+        names = [prefix + to_openpi_key(m) for m in missing]
+        problems.append(f"missing {len(missing)} tensor(s): " + some(names, SHOWN))
     if unexpected:
         problems.append(f"unexpected {len(unexpected)} tensor(s): " + some(sorted(unexpected), SHOWN))
     shapes, dtypes = [], []
@@ -586,10 +611,10 @@ def _plan(f, layout: str, cfg: PolicyConfig, expected: dict[str, tuple]) -> dict
         if shape != expected[ours]:
             shapes.append(f"{key}: shape {list(shape)}, expected {list(expected[ours])}")
         if dtype not in _ALLOWED_DTYPES:
-            dtypes.append(f"{key}: dtype {sl.get_dtype()}, expected a float type (F32/BF16/F16)")
+            dtypes.append(f"{key}: dtype {sl.get_dtype()}, expected F32, BF16 or F16 (cast it to one)")
     problems += bounded(shapes, SHOWN, " tensors of other shapes") + bounded(dtypes, SHOWN, " tensors of other dtypes")
     if problems:
-        header = f"checkpoint does not match a {cfg.kind} model of this config:"
+        header = f"{path}: does not match a {cfg.kind} model of this config:"
         raise CheckpointError("\n  ".join([header, *problems]))
     if ignored:
         log.debug("ignored %d unused tensor(s): %s", len(ignored), ", ".join(ignored))
