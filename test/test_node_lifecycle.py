@@ -275,6 +275,29 @@ def test_params_file_problems_are_judged_as_rcl_read_them_at_start(rclpy_context
         node.destroy_node()
 
 
+def test_a_configure_that_a_stop_signal_overtook_gives_no_activate_hint(rclpy_context):
+    """Configured while SIGTERM came: the log said "stopping", then told the operator to activate
+    a node on its way out."""
+    from rclpy.lifecycle import TransitionCallbackReturn
+
+    node = in_process_lifecycle_node(rclpy_context)
+    lines: list[str] = []
+    logger = node.get_logger()
+
+    class Recorder:
+        def __getattr__(self, level):
+            return lambda text, *a, **k: (lines.append(f"{level}: {text}"), getattr(logger, level)(text, *a, **k))
+
+    node.get_logger = Recorder
+    try:
+        node.stopping.set()
+        assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+        assert any("a stop signal came meanwhile: stopping" in line for line in lines), lines
+        assert not any("until activated" in line for line in lines), lines
+    finally:
+        node.destroy_node()
+
+
 def counts(node) -> tuple[int, ...]:
     return tuple(len(list(entities)) for entities in (node.timers, node.subscriptions, node.publishers, node.services))
 
