@@ -384,6 +384,17 @@ def _plot(results: dict, path: Path) -> None:
     print(f"wrote {path}")
 
 
+class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults as they are typed: a list as its comma list; none where the help says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None:
+            return action.help
+        if isinstance(action.default, list):
+            return f"{action.help} (default: {','.join(map(str, action.default))})"
+        return super()._get_help_string(action)
+
+
 def _views(text: str) -> list[int]:
     return [int(v) for v in text.split(",")]
 
@@ -394,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser(
         "bench",
         help="decision latency of the policies (reference eager, compile, fused)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_DefaultsShown,
     )
     b.add_argument("--policy", default="pi05", help=f"comma list of {', '.join(POLICIES)}")
     b.add_argument("--views", type=_views, default=[3], help="comma list of view counts, e.g. 1,2,3")
@@ -406,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--iters", type=int, default=50, help=f"timed decisions per row ({MIN_ITERS}..{MAX_ITERS})")
     b.add_argument("--warmup", type=int, default=5, help="untimed decisions before them")
     b.add_argument("--seed", type=int, default=0, help="weights, inputs and noise")
-    b.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when there is one)")
+    b.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when there is one, else cpu)")
     b.add_argument("--tiny", action="store_true", help="tiny configs (CPU smoke runs)")
     b.add_argument(
         "--modes",

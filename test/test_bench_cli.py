@@ -461,3 +461,12 @@ def test_bench_scripts_refuse_an_unusable_out_and_too_few_samples_before_the_run
     with pytest.raises(argparse.ArgumentTypeError, match="expected one number, got '1,2'"):
         number_at_least(0.0)("1,2")
     assert number_at_least(0.0)("0") == 0.0
+
+
+def test_bench_help_shows_defaults_as_typed(capsys) -> None:
+    """--views showed "(default: [3])" and --device "(default: cuda when there is one) (default: None)"."""
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "e.g. 1,2,3 (default: 3)" in text and "(default: cuda when there is one, else cpu)" in text, text
+    assert "default: None" not in text and "default: [" not in text
