@@ -93,6 +93,10 @@ def test_a_prompt_that_is_not_utf8_is_refused_by_name(tokenizer_file):
     refused = r"prompt is not valid UTF-8 text \(surrogates not allowed at character 4\); no action computed"
     with pytest.raises(ValueError, match=refused):
         policy.prepare(obs)
+    # the node's check of a new prompt (parameter or topic) gets a reason, not the error
+    assert "prompt is not valid UTF-8 text (surrogates not allowed at character 4)" in policy.prompt_problem(
+        "pick\ud800", 6
+    )
 
 
 def test_policy_refuses_a_prompt_it_would_cut(tokenizer_file):

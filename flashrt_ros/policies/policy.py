@@ -258,7 +258,10 @@ def prompt_problem(cfg: PolicyConfig, tokenizer: PromptTokenizer, prompt: str, s
     """Why `prompt` cannot be used with a state of `state_dims` joints, or None: it must fit the
     policy's prompt length, with the state in it (pi0.5) as its longest text (every bin 3 digits)."""
     state = worst_case_state(state_dims) if cfg.state_in_prompt else None
-    n = len(tokenizer.token_ids(cfg.prompt_format, prompt, state))
+    try:
+        n = len(tokenizer.token_ids(cfg.prompt_format, prompt, state))
+    except ValueError as err:  # not UTF-8 text: a reason, as for a prompt too long
+        return f"prompt {shown(prompt, 300)}: {err}"
     if n <= cfg.prompt_len:
         return None
     with_state = f" with a {state_dims}-joint state" if state is not None else ""
