@@ -311,10 +311,17 @@ def _compressed_refusal(msg, **kwargs) -> InputError:
     return err.value
 
 
-@pytest.mark.parametrize("data", [b"", b"not an image at all", b"\xff\xd8\xff\xe0garbage"])
-def test_undecodable_data(data: bytes) -> None:
+@pytest.mark.parametrize(
+    ("data", "reason", "text"),
+    [
+        (b"", ie.TRUNCATED_DATA, "has no data"),
+        (b"not an image at all", ie.DECODE_FAILED, "starts with 6e 6f 74 20 61 6e 20 69, neither a JPEG"),
+        (b"\xff\xd8\xff\xe0garbage", ie.DECODE_FAILED, "could not decode 11 bytes"),
+    ],
+)
+def test_undecodable_data(data: bytes, reason: str, text: str) -> None:
     err = _compressed_refusal(SimpleNamespace(format="jpeg", data=data))
-    assert err.reason == ie.DECODE_FAILED and f"{len(data)} bytes" in str(err)
+    assert err.reason == reason and text in str(err), str(err)
 
 
 def test_truncated_jpeg_fails_to_decode() -> None:
@@ -416,6 +423,51 @@ def test_pngs_of_every_pixel_layout_pass_the_row_count(mode: str) -> None:
     image = image.convert(mode) if mode in ("1", "I;16") else image
     out = compressed_to_rgb(_compressed(image, "PNG"))
     assert out.shape == (13, 21, 3)
+
+
+def _png_of(ihdr: bytes, *chunks: tuple[bytes, bytes]) -> SimpleNamespace:
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return len(body).to_bytes(4, "big") + kind + body + zlib.crc32(kind + body).to_bytes(4, "big")
+
+    data = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + b"".join(chunk(k, b) for k, b in chunks) + chunk(b"IEND", b"")
+    return SimpleNamespace(header=None, format="png", data=data)
+
+
+def test_palette_pngs_libpng_refuses_are_refused_not_decoded_black() -> None:
+    """Every CRC right and every row there, Pillow decodes these without an error: indices past
+    the palette as black, no palette (or one after the image data) all black."""
+    import zlib
+
+    indices = np.arange(16, dtype=np.uint8).reshape(4, 4)
+    idat = (b"IDAT", zlib.compress(b"".join(b"\x00" + row.tobytes() for row in indices)))
+    ihdr = (4).to_bytes(4, "big") * 2 + bytes([8, 3, 0, 0, 0])
+    palette = (b"PLTE", bytes(range(10, 58)))  # 16 entries
+    good = compressed_to_rgb(_png_of(ihdr, palette, idat))
+    np.testing.assert_array_equal(good.reshape(-1, 3)[:2], [[10, 11, 12], [13, 14, 15]])
+    for chunks, text in (
+        (((b"PLTE", palette[1][:6]), idat), "PNG pixel index 15 is outside its 2-entry palette"),
+        ((idat,), "palette PNG has no palette entries before its image data; expected 1 to 256"),
+        ((idat, palette), "palette PNG has no palette entries before its image data"),
+    ):
+        err = _compressed_refusal(_png_of(ihdr, *chunks))
+        assert err.reason == ie.DECODE_FAILED and text in str(err), str(err)
+    odd = (4).to_bytes(4, "big") * 2 + bytes([8, 2, 0, 0, 2])  # interlace method 2: none such
+    err = _compressed_refusal(_png_of(odd, idat))
+    assert "PNG compression / filter / interlace methods 0 / 0 / 2; expected 0 / 0 / 0 or 1" in str(err), str(err)
+
+
+def test_empty_unknown_and_zero_sized_compressed_data_are_named() -> None:
+    """Pillow's "cannot identify image file <_io.BytesIO object at 0x...>" for all three."""
+    err = _compressed_refusal(SimpleNamespace(header=None, format="jpeg", data=b""))
+    empty = "compressed image (format='jpeg') has no data; expected a JPEG or PNG"
+    assert (err.reason, err.detail) == (ie.TRUNCATED_DATA, empty)
+    err = _compressed_refusal(SimpleNamespace(header=None, format="jpeg", data=b"GIF89a\x01\x00"))
+    assert err.reason == ie.DECODE_FAILED and "starts with 47 49 46 38 39 61 01 00, neither a JPEG (ff d8)" in str(err)
+    zero = (0).to_bytes(4, "big") + (4).to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
+    err = _compressed_refusal(_png_of(zero, (b"IDAT", b"")))
+    assert (err.reason, err.detail) == (ie.BAD_SIZE, "image is 4x0 (HxW); expected both > 0"), err
 
 
 def test_other_codecs_are_not_decoded() -> None:

@@ -763,7 +763,7 @@ def test_compressed_camera_refusals(ros_env, rclpy_context, tmp_path):
             CAMERAS[0],
             lambda: peer.publish_camera(0, peer.compressed(data=b"not an image at all"), good=False),
             "decode_failed",
-            "could not decode 19 bytes labelled format='png' as JPEG or PNG: ",
+            "data (format='png') starts with 6e 6f 74 20 61 6e 20 69, neither a JPEG (ff d8) nor a PNG signature",
         )
         # libjpeg only warns about corrupt scan data (Pillow decoded it to garbage): refused too
         yy, xx = np.mgrid[0 : HW[0], 0 : HW[1]]

@@ -40,7 +40,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -188,6 +188,7 @@ def compressed_to_rgb(
     _check_compressed_format(str(msg.format), source)
     expected = _expected_hw(expected_hw, out)
     data = _bytes_like(msg.data)
+    _check_signature(data, str(msg.format), source)
     check_size = partial(_check_header_size, expected=expected, held_hw=held_hw, source=source)
     try:
         rgb = _decode_jpeg(data, check_size) if _is_jpeg(data) else _decode_png(data, check_size)
@@ -201,6 +202,22 @@ def compressed_to_rgb(
             f"as JPEG or PNG: {type(exc).__name__}: {exc}",
         ) from exc
     return _finish(rgb, out)
+
+
+def _check_signature(data: Any, label: str, source: str) -> None:
+    """Empty data, or data that is neither: said as such (Pillow's "cannot identify image file
+    <_io.BytesIO object at 0x...>" named neither what came nor what was expected)."""
+    head = bytes(memoryview(data)[:8])
+    if not head:
+        empty = f"compressed image (format={label!r}) has no data; expected a JPEG or PNG"
+        raise InputError(TRUNCATED_DATA, source, empty)
+    if not _is_jpeg(data) and head != _PNG_SIGNATURE:
+        raise InputError(
+            DECODE_FAILED,
+            source,
+            f"data (format={label!r}) starts with {head.hex(' ')}, neither a JPEG (ff d8) nor a PNG signature "
+            f"({_PNG_SIGNATURE.hex(' ')})",
+        )
 
 
 def _is_jpeg(data: Any) -> bool:
@@ -233,8 +250,14 @@ def _decode_png(data: Any, check_size: Callable[[tuple[int, int]], None]) -> np.
         # every chunk's CRC: decoding checks none of the pixel data's (IDAT), and stops inflating
         # once it has every row, so a flipped bit there decodes to other pixels without an error
         whole.verify()
-    _check_png_rows(bytes(data))
+    parts = _png_parts(bytes(data))
+    _check_png_header(parts)
+    _check_png_rows(parts)
     with Image.open(io.BytesIO(data), formats=("PNG",)) as img:  # verify() leaves its image unusable
+        if img.mode == "P":  # Pillow decodes an index past the palette as black, without an error
+            top = int(np.asarray(img).max(initial=0))
+            if top >= parts.palette_entries:
+                raise ValueError(f"PNG pixel index {top} is outside its {parts.palette_entries}-entry palette")
         return _pil_to_rgb(img)
 
 
@@ -242,11 +265,42 @@ _PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # colour type -> samples per pix
 _ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
 
 
-def _check_png_rows(data: bytes) -> None:
+_PNG_DEPTHS = {0: (1, 2, 4, 8, 16), 2: (8, 16), 3: (1, 2, 4, 8), 4: (8, 16), 6: (8, 16)}  # colour type -> depths
+
+
+class _PngParts(NamedTuple):
+    width: int
+    height: int
+    depth: int
+    colour: int
+    methods: tuple[int, int, int]  # compression, filter, interlace
+    palette_entries: int  # of a PLTE before the image data (0: none there)
+    idat: bytes  # the IDAT chunks' data joined
+
+
+def _check_png_header(parts: _PngParts) -> None:
+    """What libpng refuses and Pillow decodes anyway: a palette image with no palette before its
+    data (all black), methods the format does not define, depths its colour type has not."""
+    compression, filtering, interlace = parts.methods
+    if compression or filtering or interlace > 1:
+        raise ValueError(
+            f"PNG compression / filter / interlace methods {compression} / {filtering} / {interlace}; "
+            "expected 0 / 0 / 0 or 1"
+        )
+    if parts.depth not in _PNG_DEPTHS.get(parts.colour, ()):
+        raise ValueError(f"PNG colour type {parts.colour} with bit depth {parts.depth} is not a PNG format")
+    if parts.colour == 3 and not 1 <= parts.palette_entries <= 1 << parts.depth:
+        raise ValueError(
+            f"palette PNG has {parts.palette_entries or 'no'} palette entries before its image data; expected "
+            f"1 to {1 << parts.depth} (a PLTE chunk before IDAT)"
+        )
+
+
+def _check_png_rows(parts: _PngParts) -> None:
     """Every row the header promises is in the image data, and its compressed stream ends: an
     encoder cut short can write a well-formed file (every CRC right, the stream closed) that holds
     only the first rows, which Pillow decodes with the rest black, without an error."""
-    width, height, depth, colour, interlace, idat = _png_parts(data)
+    width, height, depth, colour, (_, _, interlace), _, idat = parts
     bits = depth * _PNG_CHANNELS.get(colour, 0)
     passes = _ADAM7 if interlace else ((0, 0, 1, 1),)
     expected = 0
@@ -272,15 +326,17 @@ def _check_png_rows(data: bytes) -> None:
         )
 
 
-def _png_parts(data: bytes) -> tuple[int, int, int, int, int, bytes]:
-    """(width, height, bit depth, colour type, interlace, the IDAT chunks' data joined) of a PNG
-    whose chunks Pillow's verify() has read."""
-    pos, idat, header = 8, [], b""
+def _png_parts(data: bytes) -> _PngParts:
+    """The header, the palette's size and the image data of a PNG whose chunks Pillow's verify()
+    has read."""
+    pos, idat, header, entries = 8, [], b"", 0
     while pos + 8 <= len(data):
         length, kind = int.from_bytes(data[pos : pos + 4], "big"), data[pos + 4 : pos + 8]
         body = data[pos + 8 : pos + 8 + length]
         if kind == b"IHDR":
             header = body
+        elif kind == b"PLTE" and not idat:  # one after the image data is not its palette
+            entries = len(body) // 3 if len(body) % 3 == 0 else 0
         elif kind == b"IDAT":
             idat.append(body)
         elif kind == b"IEND":
@@ -289,7 +345,8 @@ def _png_parts(data: bytes) -> tuple[int, int, int, int, int, bytes]:
     if len(header) < 13:
         raise ValueError("PNG has no IHDR chunk of 13 bytes")
     width, height = int.from_bytes(header[0:4], "big"), int.from_bytes(header[4:8], "big")
-    return width, height, header[8], header[9], header[12], b"".join(idat)
+    methods = (header[10], header[11], header[12])
+    return _PngParts(width, height, header[8], header[9], methods, entries, b"".join(idat))
 
 
 # --- validation -------------------------------------------------------------------
@@ -333,6 +390,8 @@ def _check_header_size(
     got_hw: tuple[int, int], *, expected: tuple[int, int] | None, held_hw: tuple[int, int] | None, source: str
 ) -> None:
     """A compressed frame's size as its header says, judged before the decoder allocates it."""
+    if min(got_hw) <= 0:  # Pillow's answer: "cannot identify image file"
+        raise InputError(BAD_SIZE, source, f"image is {got_hw[0]}x{got_hw[1]} (HxW); expected both > 0")
     _check_expected(got_hw, expected, source)
     check_frame_size(got_hw, held_hw, None, source)
     h, w = got_hw
