@@ -457,8 +457,8 @@ def test_bench_scripts_refuse_an_unusable_out_and_too_few_samples_before_the_run
     for gap in ("-5", "nan"):
         argv = [sys.executable, str(repo / "bench" / "prefix_reuse.py"), "--tiny", "--gap-ms", gap, "--out", "o"]
         done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 2 and f"--gap-ms: expected numbers >= 0, got {gap}" in done.stderr, done.stderr
-    with pytest.raises(argparse.ArgumentTypeError, match="expected one number, got '1,2'"):
+        assert done.returncode == 2 and f"--gap-ms: expected one number >= 0, got '{gap}'" in done.stderr, done.stderr
+    with pytest.raises(argparse.ArgumentTypeError, match="expected one number >= 0, got '1,2'"):
         number_at_least(0.0)("1,2")
     assert number_at_least(0.0)("0") == 0.0
 

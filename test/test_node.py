@@ -1136,6 +1136,10 @@ def test_inputs_held_through_a_pause_are_not_counted_dropped_after_it(rclpy_cont
 
         feed()
         node._on_decision()
+        feed()  # held when the pause comes, no decision took it: owed none from then on
+        assert node.set_enabled(False, "~/enable true").startswith("paused")
+        assert node.set_enabled(True, None).startswith("enabled")
+        feed()
         assert node.set_enabled(False, "~/enable true").startswith("paused")
         feed()
         feed()

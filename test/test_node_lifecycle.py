@@ -257,6 +257,9 @@ def test_params_file_problems_are_judged_as_rcl_read_them_at_start(rclpy_context
     node = FlashRTLifecycleNode(context=rclpy_context, parameter_overrides=overrides, sources=[("file", str(overlay))])
     try:
         assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+        ((name, problem),) = node._start_source_problems
+        hint = "(or `ros2 param set /flashrt_node max_age_s <value>`, then configure)"
+        assert name == "max_age_s" and problem.endswith(hint), problem
         overlay.write_text("/**/flashrt_node:\n  ros__parameters:\n    max_age_s: 1\n")  # rcl will not read it
         assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
         assert node.set_parameters([Parameter("max_age_s", value=0.25)])[0].successful

@@ -68,9 +68,11 @@ def number_at_least(minimum: float) -> Callable[[str], float]:
     many = numbers_at_least(minimum)
 
     def parse(text: str) -> float:
-        if "," in text:
-            raise argparse.ArgumentTypeError(f"expected one number, got {text!r}")
-        return many(text)[0]
+        try:
+            (value,) = many(text)
+        except (argparse.ArgumentTypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"expected one number >= {minimum:g}, got {text!r}") from None
+        return value
 
     return parse
 

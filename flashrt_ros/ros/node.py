@@ -272,8 +272,12 @@ class FlashRTNode(Node):
         problems: list[tuple[str | None, str]] = [
             (None, s + (restart if self.MANAGED else "")) for s in unaddressed_params_files(self._params_files, fqn)
         ]
-        settable = f" (or `ros2 param set {fqn} <name> <value>`, then configure)" if self.MANAGED else ""
-        return problems + [(n, s + settable) for n, s in lost_values(self._sources, fqn, given_values(self))]
+
+        def settable(name: str) -> str:  # an unknown name cannot be set: only a restart helps
+            known = self.MANAGED and name in PARAMETERS
+            return f" (or `ros2 param set {fqn} {name} <value>`, then configure)" if known else ""
+
+        return problems + [(n, s + settable(n)) for n, s in lost_values(self._sources, fqn, given_values(self))]
 
     def tear_down(self) -> None:
         """Undo `set_up` (a lifecycle node's cleanup or shutdown): nothing is decided or published
@@ -1696,6 +1700,9 @@ class FlashRTNode(Node):
         if was and not want:
             self.enabled = False  # before the wait below: read by the decision in flight
             self._stop_commands()
+            with self._lock:  # what is held now is owed no decision either (see _accept)
+                for slot in self.slots:
+                    slot.used = True
         with self._state_lock:  # between decisions
             if self.stopping.is_set():  # the stop holds the arm itself (hold_at_stop)
                 if was and not want:
