@@ -967,3 +967,114 @@ def test_the_speed_gate_wants_the_gain_in_every_round(monkeypatch, slow_round) -
         assert v.kept and v.reason == "passed parity and speed", v.row()
     else:
         assert not v.kept and v.reason == "faster by 1% overall, not in 1 of 5 rounds", v.row()
+
+
+def _adopted_mlp():
+    """A tiny Gemma with geglu_mlp kept; its first MLP and an input for it."""
+    model, ids = tiny_gemma(), _ids()
+    report = accelerate(model, lambda: model(input_ids=ids).logits, PARITY_ONLY, by_name(["geglu_mlp"]))
+    assert report.kept == ["geglu_mlp"]
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    return model, report, model.model.layers[0].mlp, x
+
+
+def _own(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return type(module).forward(module, x)
+
+
+@torch.no_grad()
+def test_an_inner_module_replaced_after_adopt_is_what_runs() -> None:
+    """A LoRA adapter swapped in for up_proj (PEFT), or a forward set on it: the kernels read the
+    weights the module had and dropped what it computes now (errors of 0.46 on outputs of 0.49)."""
+    model, _, mlp, x = _adopted_mlp()
+    mlp.forward.reset()
+    mlp(x)
+    assert mlp.forward.runs == 1
+    mlp.up_proj.forward = lambda t: torch.zeros(*t.shape[:-1], 128, device=t.device)
+    torch.testing.assert_close(mlp(x), torch.zeros(3, 64, device=DEVICE))
+    del mlp.up_proj.forward
+    up = nn.Linear(64, 128, bias=False).to(DEVICE)
+    mlp.up_proj = up  # a new module in its place
+    torch.testing.assert_close(mlp(x), _own(mlp, x), atol=0, rtol=0)
+    assert mlp.forward.runs == 1
+
+
+@torch.no_grad()
+def test_a_forward_wrapped_around_ours_after_adopt_survives_revert_and_unpatched() -> None:
+    """HF accelerate's hooks keep our forward and call it: revert() dropped the gate|up copy under
+    them (KeyError), and inside unpatched() our kernels still ran."""
+    model, report, mlp, x = _adopted_mlp()
+    ours = mlp.forward
+    ours.reset()
+    mlp.forward = lambda *a, **k: ours(*a, **k)  # a wrapper that calls what it found
+    with report.unpatched():
+        mlp.forward.__call__(x)
+        assert ours.runs == 0
+    report.revert()
+    torch.testing.assert_close(mlp(x), _own(mlp, x), atol=0, rtol=0)
+
+
+@torch.no_grad()
+def test_a_report_reverted_after_a_nested_accelerate_leaves_the_others_copy() -> None:
+    """A second accelerate inside the first's unpatched(), then the first reverted: its release
+    took the gate|up copy the second one's forward reads (KeyError)."""
+    model, first, mlp, x = _adopted_mlp()
+    ids = _ids()
+    with first.unpatched():
+        second = accelerate(model, lambda: model(input_ids=ids).logits, PARITY_ONLY, by_name(["geglu_mlp"]))
+        assert second.kept == ["geglu_mlp"]
+    first.revert()
+    torch.testing.assert_close(mlp(x), _own(mlp, x), atol=1e-5, rtol=1e-5)
+    assert mlp.forward.runs >= 1
+
+
+@torch.no_grad()
+def test_refresh_inside_unpatched_keeps_the_copy_off_the_module() -> None:
+    model, report, mlp, x = _adopted_mlp()
+    with report.unpatched():
+        report.refresh()
+        assert repl.GATE_UP_BUFFER not in mlp._buffers
+    assert repl.GATE_UP_BUFFER in mlp._buffers
+
+
+def test_forward_mode_tangents_and_functorch_run_the_modules_own_forward() -> None:
+    """The kernels have no derivative: a dual tensor's tangent was dropped (None), and
+    torch.func.jvp / vmap failed on their wrapped tensors."""
+    import torch.autograd.forward_ad as fwAD
+
+    model, ids = tiny_gemma(), _ids()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    report = accelerate(model, lambda: model(input_ids=ids).logits, PARITY_ONLY, by_name(["rms_norm"]))
+    assert report.kept == ["rms_norm"]
+    norm = model.model.norm
+    x, t = torch.randn(3, 64, device=DEVICE), torch.randn(3, 64, device=DEVICE)
+    with fwAD.dual_level():
+        tangent = fwAD.unpack_dual(norm(fwAD.make_dual(x, t))).tangent
+    with fwAD.dual_level():
+        want = fwAD.unpack_dual(_own(norm, fwAD.make_dual(x, t))).tangent
+    assert tangent is not None
+    torch.testing.assert_close(tangent, want)
+    _, jvp = torch.func.jvp(norm, (x,), (t,))
+    torch.testing.assert_close(jvp, want)
+    torch.testing.assert_close(torch.func.vmap(norm)(x[:, None]), _own(norm, x[:, None]))
+
+
+@torch.no_grad()
+def test_an_rms_norm_eps_changed_after_adopt_is_read() -> None:
+    model, ids = tiny_gemma(), _ids()
+    accelerate(model, lambda: model(input_ids=ids).logits, PARITY_ONLY, by_name(["rms_norm"]))
+    norm = model.model.norm
+    norm.eps = 1e-2
+    x = torch.randn(3, 64, device=DEVICE) * 1e-3
+    torch.testing.assert_close(norm(x), _own(norm, x), atol=1e-5, rtol=1e-4)
+    assert norm.forward.runs >= 1
+
+
+def test_large_bf16_weights_are_probed_as_the_scaling_they_are() -> None:
+    """Llama's w scaling in bf16 with weights around 200: 1 + w was within the probe's tolerance
+    and tried first, so the kernel scaled by 1 + w (+0.5 %)."""
+    norm = LlamaRMSNorm(64).to(torch.bfloat16)
+    with torch.no_grad():
+        norm.weight.uniform_(200, 250, generator=torch.Generator().manual_seed(0))
+    assert repl.RMSNormReplacement().convention(norm).unit_offset is False

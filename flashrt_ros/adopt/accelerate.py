@@ -157,11 +157,15 @@ class _Patch:
             if module.__dict__.get("forward") is forward.before:  # not a forward set since by someone else
                 forward.unpark()
                 module.forward = forward  # the instance's attribute shadows the class's forward
-            elif module.__dict__.get("forward") is not forward:
+                forward.enabled = True
+            elif module.__dict__.get("forward") is forward:
+                forward.enabled = True
+            else:
                 log.warning("adopt: %s has a forward set by another tool; ours stays off there", type(module).__name__)
 
     def off(self) -> None:
         for module, forward in zip(self.modules, self.forwards, strict=False):
+            forward.enabled = False  # also where another tool's forward wraps ours and calls it
             if module.__dict__.get("forward") is not forward:
                 continue  # ours is not on (or another tool's replaced it): leave theirs
             if forward.before is None:

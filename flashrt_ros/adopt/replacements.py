@@ -10,9 +10,11 @@ kernels ran.
 
 The forwards are for inference. They fall back to the module's own forward where a kernel
 cannot run: on a CPU without Triton's interpreter, for a dtype the kernels do not store, where
-autograd would need a gradient (the kernels have no backward), for an input of another width
-than the module's, and where the module's inner modules, which the kernels skip, would be
-looked at or act (a hook on one, a global module hook, a dropout in training mode).
+autograd would need a derivative (the kernels have none: no gradient, no forward-mode tangent,
+no torch.func transform), under autocast, for an input of another width than the module's, and
+where the module's inner modules, which the kernels skip, would be looked at or act (a hook on
+one, a global module hook, a dropout in training mode) or are no longer those vetted (a LoRA
+adapter swapped in, a forward set on one).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -55,10 +58,17 @@ class AdoptedForward:
         self.before = module.__dict__.get("forward")  # another tool's forward on the instance, if any
         # the forward's one argument, which a caller may also pass by name (`input`, `hidden_states`)
         self.arg_name = next(iter(inspect.signature(self.before or module.forward).parameters), None)
-        self.inner = [m for m in module.modules() if m is not module]  # what the kernels skip
+        self.structure = self._structure()  # the inner modules vetted (what the kernels skip or read)
+        self.inner = [m for _, m in self.structure]
+        self.enabled = True  # off (`off` / `drop`), a caller that kept this forward gets the module's own
         self.reset()
 
+    def _structure(self) -> list[tuple[str, nn.Module]]:
+        return [(name, m) for name, m in self.module.named_modules() if m is not self.module]
+
     def __call__(self, *args: object, **kwargs: object) -> object:
+        if not self.enabled:  # another tool wrapped this forward and still calls it (accelerate's hooks)
+            return self.own(*args, **kwargs)
         x = self._the_tensor(args, kwargs)
         out = None if x is None or self._inner_acts() else self.kernel(x)
         if out is None:
@@ -86,6 +96,16 @@ class AdoptedForward:
         (`F.dropout(h, p, training=self.training)`, as DETR's MLPs do), which no module shows."""
         if not self.inner:
             return False
+        # an inner module replaced (a LoRA adapter on gate_proj) or given its own forward since:
+        # the kernels read the weights it had, not what it computes now
+        now = self._structure()  # references, not ids: a deepcopy or torch.load maps them to the copy's
+        if len(now) != len(self.structure) or any(
+            name != vetted_name or m is not vetted
+            for (name, m), (vetted_name, vetted) in zip(now, self.structure, strict=True)
+        ):
+            return True
+        if any("forward" in m.__dict__ for m in self.inner):
+            return True
         if self.module.training:
             return True
         hooks = nn.modules.module
@@ -192,12 +212,21 @@ def kernels_refusal(device: torch.device) -> str | None:
 
 def _kernel_input(x: Tensor, *params: Tensor | None) -> bool:
     """Whether a kernel may take this call: a device it runs on, a dtype it stores, no gradient
-    asked of it (the kernels have no backward)."""
+    asked of it (the kernels have no backward: nor forward-mode tangents, nor functorch's
+    transforms, whose wrapped tensors they cannot read), no autocast (the module's own forward
+    returns what autocast makes of it, e.g. fp32 from a LayerNorm)."""
     if x.dtype not in KERNEL_DTYPES or not kernels_run_on(x.device):
         return False
-    if torch.is_grad_enabled() and (x.requires_grad or any(p is not None and p.requires_grad for p in params)):
+    tensors = [x, *(p for p in params if p is not None)]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False
-    return True
+    if any(_functorch_wrapped(t) or fwAD.unpack_dual(t).tangent is not None for t in tensors):
+        return False
+    return not torch.is_autocast_enabled(x.device.type)
+
+
+def _functorch_wrapped(t: Tensor) -> bool:
+    return torch._C._functorch.is_functorch_wrapped_tensor(t)
 
 
 def _takes_one_tensor(module: nn.Module) -> bool:
@@ -304,9 +333,9 @@ weight's is neither (so that the output tells "input" from "promoted"); fp32 for
 
 
 class RMSNormForward(AdoptedForward):
-    def __init__(self, module: nn.Module, eps: float, convention: NormConvention):
+    def __init__(self, module: nn.Module, convention: NormConvention):
         super().__init__(module)
-        self.eps, self.convention = eps, convention
+        self.convention = convention
 
     def kernel(self, x: Tensor) -> Tensor | None:
         w = self.module.weight
@@ -316,7 +345,14 @@ class RMSNormForward(AdoptedForward):
         if dtype not in KERNEL_DTYPES:  # a mix its own forward rejects, or an fp64 product
             return None
         out = torch.empty(x.shape, dtype=dtype, device=x.device)  # keeps permuted leading dims out of the row view
-        return rms_norm(_contiguous_rows(x), w, self.eps, out=out, unit_offset=self.convention.unit_offset)
+        eps = getattr(self.module, "eps", getattr(self.module, "variance_epsilon", None))  # as it is now
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+            return None
+        return rms_norm(_contiguous_rows(x), w, float(eps), out=out, unit_offset=self.convention.unit_offset)
+
+
+def _norm_eps(module: nn.Module) -> float:
+    return float(getattr(module, "eps", getattr(module, "variance_epsilon", None)))
 
 
 class RMSNormReplacement(Replacement):
@@ -364,10 +400,6 @@ class RMSNormReplacement(Replacement):
             return str(why)
         return None
 
-    @staticmethod
-    def _eps(module: nn.Module) -> float:
-        return float(getattr(module, "eps", getattr(module, "variance_epsilon", None)))
-
     def convention(self, module: nn.Module) -> NormConvention:
         """How the module computes, from its own forward on random rows (with a mean, so that a
         LayerNorm does not pass for one): first in the weight's dtype (the scaling), then in
@@ -376,7 +408,7 @@ class RMSNormReplacement(Replacement):
         rows = torch.randn(4, w.shape[0], generator=torch.Generator().manual_seed(0)) + 1.0
         x = rows.to(w.device, w.dtype)
         got = self._probed(module, x, "probe")
-        unit_offset = self._scaling(got, x, w, self._eps(module))
+        unit_offset = self._scaling(got, x, w, _norm_eps(module))
         if unit_offset is None:
             raise Refused("probe output is neither (1+w) nor w scaling")
         if got.dtype != x.dtype:
@@ -405,7 +437,7 @@ class RMSNormReplacement(Replacement):
         rule = {x.dtype: "input", promoted: "promoted"}.get(got.dtype)
         if rule is None:
             raise Refused(f"mixed-dtype probe output is {got.dtype}, neither the input's {x.dtype} nor {promoted}")
-        if self._scaling(got, x, w, self._eps(module)) is not unit_offset:
+        if self._scaling(got, x, w, _norm_eps(module)) is not unit_offset:
             raise Refused("mixed-dtype probe output is not the RMSNorm of the same-dtype probe")
         return rule
 
@@ -426,14 +458,15 @@ class RMSNormReplacement(Replacement):
         """True if `got` is x normed and scaled by ``1 + w``, False if by ``w``, None if neither."""
         exact = all(d in (torch.float32, torch.float64) for d in (got.dtype, x.dtype))  # else one 8- or 11-bit rounding
         tol = 1e-5 if exact else 2e-2
+        fits = {}  # the closer of the two: large bf16 weights put w within tolerance of 1 + w
         for unit_offset in (True, False):
             want = rms_norm_ref(x.float(), w.float(), eps, unit_offset=unit_offset)
             if torch.allclose(got.float(), want, rtol=tol, atol=tol):
-                return unit_offset
-        return None
+                fits[unit_offset] = float(((got.detach().float() - want).abs() / (want.abs() + tol)).max())
+        return min(fits, key=fits.get) if fits else None
 
     def build(self, module: nn.Module) -> AdoptedForward:
-        return RMSNormForward(module, self._eps(module), self.convention(module))
+        return RMSNormForward(module, self.convention(module))
 
 
 class LayerNormForward(AdoptedForward):
@@ -475,8 +508,8 @@ class GegluForward(AdoptedForward):
         self._parked: Tensor | None = None
         self._concatenate()
 
-    def _concatenate(self) -> None:
-        """The gate|up copy, from the weights as they are now."""
+    def _concatenate(self, register: bool = True) -> Tensor:
+        """The gate|up copy, from the weights as they are now (on the module, or returned only)."""
         gate, up = self.module.gate_proj.weight, self.module.up_proj.weight
         with torch.no_grad():
             w_gu = torch.cat([gate, up]).contiguous()  # [2F, K], gate first
@@ -486,8 +519,10 @@ class GegluForward(AdoptedForward):
         if self.block:
             w_gu = interleave_gate_up(w_gu, self.block)
         # a buffer, so that it follows the module's .to(); not persistent: not in its state_dict
-        self.module.register_buffer(GATE_UP_BUFFER, w_gu, persistent=False)
+        if register:
+            self.module.register_buffer(GATE_UP_BUFFER, w_gu, persistent=False)
         self.source = self._source_now()
+        return w_gu
 
     def _source_now(self) -> tuple[int, ...]:
         """What tells the weights the copy was made from: their storage and in-place version
@@ -500,9 +535,11 @@ class GegluForward(AdoptedForward):
         runs = _kernel_input(x, m.gate_proj.weight, m.up_proj.weight)
         if not runs or x.shape[-1] != m.gate_proj.in_features:
             return None
-        if self._source_now() != self.source:  # trained or loaded since: the copy is made again
-            self._concatenate()
-        w_gu = m._buffers[GATE_UP_BUFFER]
+        w_gu = m._buffers.get(GATE_UP_BUFFER)
+        # trained or loaded since, or the copy gone (another report on this module dropped its
+        # own under the one name, `release`): made again
+        if w_gu is None or self._source_now() != self.source:
+            w_gu = self._concatenate()
         if x.dtype != w_gu.dtype or x.device != w_gu.device:
             return None
         rows = x.reshape(-1, x.shape[-1]).contiguous()  # [T, K]
@@ -530,7 +567,10 @@ class GegluForward(AdoptedForward):
         self._parked = None
 
     def refresh(self) -> None:
-        self._concatenate()
+        if self._parked is not None:  # inside `unpatched()`: the new copy stays off the module too
+            self._parked = self._concatenate(register=False)
+        else:
+            self._concatenate()
 
 
 def _version(t: Tensor) -> int:
