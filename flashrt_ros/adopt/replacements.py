@@ -58,13 +58,11 @@ class AdoptedForward:
         self.before = module.__dict__.get("forward")  # another tool's forward on the instance, if any
         # the forward's one argument, which a caller may also pass by name (`input`, `hidden_states`)
         self.arg_name = next(iter(inspect.signature(self.before or module.forward).parameters), None)
-        self.structure = self._structure()  # the inner modules vetted (what the kernels skip or read)
-        self.inner = [m for _, m in self.structure]
+        self.inner = [m for m in module.modules() if m is not module]  # what the kernels skip or read
+        # each module's children as vetted (references: a deepcopy or torch.load maps them to the copy's)
+        self.tree = [(m, tuple(m._modules.values())) for m in module.modules() if m._modules]
         self.enabled = True  # off (`off` / `drop`), a caller that kept this forward gets the module's own
         self.reset()
-
-    def _structure(self) -> list[tuple[str, nn.Module]]:
-        return [(name, m) for name, m in self.module.named_modules() if m is not self.module]
 
     def __call__(self, *args: object, **kwargs: object) -> object:
         if not self.enabled:  # another tool wrapped this forward and still calls it (accelerate's hooks)
@@ -98,11 +96,7 @@ class AdoptedForward:
             return False
         # an inner module replaced (a LoRA adapter on gate_proj) or given its own forward since:
         # the kernels read the weights it had, not what it computes now
-        now = self._structure()  # references, not ids: a deepcopy or torch.load maps them to the copy's
-        if len(now) != len(self.structure) or any(
-            name != vetted_name or m is not vetted
-            for (name, m), (vetted_name, vetted) in zip(now, self.structure, strict=True)
-        ):
+        if any(tuple(m._modules.values()) != children for m, children in self.tree):
             return True
         if any("forward" in m.__dict__ for m in self.inner):
             return True
@@ -220,13 +214,12 @@ def _kernel_input(x: Tensor, *params: Tensor | None) -> bool:
     tensors = [x, *(p for p in params if p is not None)]
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False
-    if any(_functorch_wrapped(t) or fwAD.unpack_dual(t).tangent is not None for t in tensors):
+    if any(map(torch._C._functorch.is_functorch_wrapped_tensor, tensors)):
+        return False
+    dual_level_open = fwAD._current_level >= 0  # else no tensor carries a tangent (and unpack_dual costs)
+    if dual_level_open and any(fwAD.unpack_dual(t).tangent is not None for t in tensors):
         return False
     return not torch.is_autocast_enabled(x.device.type)
-
-
-def _functorch_wrapped(t: Tensor) -> bool:
-    return torch._C._functorch.is_functorch_wrapped_tensor(t)
 
 
 def _takes_one_tensor(module: nn.Module) -> bool:
@@ -460,9 +453,10 @@ class RMSNormReplacement(Replacement):
         tol = 1e-5 if exact else 2e-2
         fits = {}  # the closer of the two: large bf16 weights put w within tolerance of 1 + w
         for unit_offset in (True, False):
-            want = rms_norm_ref(x.float(), w.float(), eps, unit_offset=unit_offset)
+            with torch.no_grad():
+                want = rms_norm_ref(x.float(), w.float(), eps, unit_offset=unit_offset)
             if torch.allclose(got.float(), want, rtol=tol, atol=tol):
-                fits[unit_offset] = float(((got.detach().float() - want).abs() / (want.abs() + tol)).max())
+                fits[unit_offset] = float(((got.float() - want).abs() / (want.abs() + tol)).max())
         return min(fits, key=fits.get) if fits else None
 
     def build(self, module: nn.Module) -> AdoptedForward:
