@@ -149,3 +149,19 @@ def test_a_decision_across_a_time_jump_publishes_nothing(rclpy_context, monkeypa
         assert len(published) == 2  # the same decision on the current timeline: the chunk and the trajectory
     finally:
         node.destroy_node()
+
+
+def test_alohas_grippers_are_not_stepped_from_the_joint_state() -> None:
+    """Under aloha_adapt_to_pi a gripper's state is the finger position and its action the gripper
+    joint (README): a gripper held still read as a step of ~0.11 between them, was rate-limited
+    and counted action_clamped. Those columns have nothing to step from; the others keep theirs."""
+    from flashrt_ros.policies.robot_space import ALOHA_GRIPPERS
+    from flashrt_ros.ros.node import action_state_columns
+
+    names = [f"j{i}" for i in range(14)]
+    state = list(reversed(names))
+    plain = action_state_columns(names, state)
+    assert plain == [13 - i for i in range(14)]
+    aloha = action_state_columns(names, state, ALOHA_GRIPPERS)
+    assert aloha == [None if i in (6, 13) else 13 - i for i in range(14)]
+    assert action_state_columns(["a", "x"], ["a"]) == [0, None]  # a joint the state lacks

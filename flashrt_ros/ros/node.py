@@ -62,6 +62,7 @@ from flashrt_ros.engine.stats import PipelineStats
 from flashrt_ros.msg import ActionChunk, PipelineStatus
 from flashrt_ros.policies.listing import shown, some
 from flashrt_ros.policies.prompt import PromptTooLong
+from flashrt_ros.policies.robot_space import ALOHA_GRIPPERS
 from flashrt_ros.ros import messages
 from flashrt_ros.ros.clock_watch import CLOCK_JUMPED_BACK, CLOCK_STALLED, ClockWatch
 from flashrt_ros.ros.image_convert import check_frame_size, compressed_to_rgb, image_to_rgb
@@ -154,6 +155,14 @@ class ClockMark(NamedTuple):
     jumps_forward: int  # ROS time's jumps forward so far
 
 
+def action_state_columns(names: list[str], joint_names: list[str], unlike: tuple[int, ...] = ()) -> list[int | None]:
+    """Each action joint's column in the joint state (None: none to step from). `unlike`: action
+    columns whose state is another quantity (ALOHA's grippers under adapt_to_pi: the finger
+    position in, the gripper joint out), which the step limit and the commands' first move must
+    not measure against each other."""
+    return [None if j in unlike or n not in joint_names else joint_names.index(n) for j, n in enumerate(names)]
+
+
 class FlashRTNode(Node):
     """See the module docstring. ``stats_window`` sizes the rolling timing windows (the
     benchmark makes it large to keep every decision)."""
@@ -237,7 +246,8 @@ class FlashRTNode(Node):
             names, self.cfg.action_lower_limits, self.cfg.action_upper_limits, self.cfg.action_max_step
         )
         # each action joint's column in the joint state (None: the state has no such joint)
-        self._state_columns = [self.cfg.joint_names.index(n) if n in self.cfg.joint_names else None for n in names]
+        aloha = self.state.pipeline.policy.cfg.aloha_adapt_to_pi
+        self._state_columns = action_state_columns(names, self.cfg.joint_names, ALOHA_GRIPPERS if aloha else ())
         self.state.pipeline.prefix_cache.clock = self._timer_seconds  # prefix_period_s on the decisions' clock
         self._lock = threading.Lock()  # counters and conversion stats (sensor threads)
         self._throttle = ThrottledLog(self.cfg.log_throttle_s, self.get_logger())
@@ -537,7 +547,8 @@ class FlashRTNode(Node):
                 f"blend {cfg.command_blend_steps} actions)"
             )
         free = [n for n, i in zip(cfg.output_joint_names, self._state_columns, strict=True) if i is None]
-        unbounded_start = f" (action 0 free on {', '.join(free)}: not in joint_names)" if free else ""
+        why = "not in joint_names, or ALOHA's grippers"
+        unbounded_start = f" (action 0 free on {', '.join(free)}: {why})" if free else ""
         held = "; commands move at most action_max_step per step, chunk switches included"
         log.info(
             f"action limits: {self._limits.describe()}"
