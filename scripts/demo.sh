@@ -46,18 +46,19 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+trap 'exit 129' HUP  # a closed terminal: the nodes stop as on Ctrl-C
 
 echo "[demo] ROS_DOMAIN_ID=$ROS_DOMAIN_ID, discovery $ROS_AUTOMATIC_DISCOVERY_RANGE, running ${DURATION} s"
 echo "[demo] synthetic_sensors: 3 cameras 640x480 rgb8 at 30 Hz, 14 joints at 200 Hz"
-# the prefixers ignore Ctrl-C, so that they live to print the nodes' last lines (the final stats)
+# the prefixers ignore Ctrl-C and a hang-up, so that they live to print the nodes' last lines (the final stats)
 python -m flashrt_ros.ros.synthetic_sensors --ros-args --params-file config/synthetic_sensors.yaml \
-  > >(trap '' INT; sed -u 's/^/[sensors] /') 2>&1 &
+  > >(trap '' INT HUP; sed -u 's/^/[sensors] /') 2>&1 &
 pids+=($!)
 echo "[demo] flashrt_node: config/flashrt.yaml (embedded tiny pi0.5, random weights, CPU), commands at 50 Hz," \
   "real-time chunking on"
 python -m flashrt_ros.ros.node --ros-args --params-file config/flashrt.yaml -p stats_log_period_s:=5.0 \
   -p command_rate_hz:=50.0 -p rtc:=true \
-  > >(trap '' INT; sed -u 's/^/[node] /') 2>&1 &
+  > >(trap '' INT HUP; sed -u 's/^/[node] /') 2>&1 &
 pids+=($!)
 
 # the console in the background, waited for: bash runs the INT / TERM traps only between

@@ -154,16 +154,18 @@ def test_a_pause_in_a_chunks_first_step_holds_the_arm_near_where_it_started(rclp
         node.destroy_node()
 
 
-def test_a_stop_signal_holds_the_trajectory_controllers_as_a_pause_does(ros_env, rclpy_context, tmp_path):
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGHUP"])
+def test_a_stop_signal_holds_the_trajectory_controllers_as_a_pause_does(ros_env, rclpy_context, tmp_path, signame):
     """SIGINT (ros2 launch's stop) while chunks play: the node sent nothing more, and the trajectory
     controller played the rest of the last chunk (up to a chunk's length of motion with no policy
     running). Now it gets one point where the last chunk has the arm, as on a pause, and then the
-    node stops; the final stats line comes last."""
+    node stops; the final stats line comes last. A hang-up (a closed terminal, a dropped ssh
+    session) killed the node without any of it (status 129)."""
     import signal
 
     with running_node_and_peer(ros_env, tmp_path, rclpy_context) as (node, peer):
         assert peer.pump(10.0, until=lambda: len(peer.trajectories) >= 2)
-        node.proc.send_signal(signal.SIGINT)
+        node.proc.send_signal(getattr(signal, signame))
         assert peer.pump(15.0, until=lambda: node.proc.poll() is not None), node.tail()
         peer.pump(0.5)  # what the node wrote before it went
         assert node.proc.returncode == 0, node.tail()

@@ -109,3 +109,19 @@ except KeyboardInterrupt:
 """
     )
     assert out.strip() == "stopped once", out
+
+
+def test_a_hang_up_stops_the_nodes_unless_ignored_at_start() -> None:
+    """SIGHUP is a stop signal like SIGINT / SIGTERM, except under nohup (ignored at start)."""
+    import signal
+    import subprocess
+    import sys
+
+    probe = "import signal; from flashrt_ros.ros.early_stop import STOP_SIGNALS; print(signal.SIGHUP in STOP_SIGNALS)"
+
+    def run(**kwargs) -> str:
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, **kwargs)
+        return done.stdout.strip()
+
+    assert run() == "True"
+    assert run(preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) == "False"

@@ -11,9 +11,15 @@ import signal
 import sys
 from typing import Any
 
+# A hang-up too: a closed terminal or a dropped ssh session would kill the node without its stop
+# (the trajectory controllers left playing the last chunk); unless ignored at start (nohup).
+_HANGUP = () if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else (signal.SIGHUP,)
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, *_HANGUP)
+"""The signals that stop our nodes cleanly."""
+
 
 def stop_cleanly_while_importing(executable: str) -> None:
-    """Until main() takes the signals over, SIGINT or SIGTERM ends the process with status 0 and
+    """Until main() takes the signals over, a stop signal (STOP_SIGNALS) ends the process with status 0 and
     one line, as a stop while the pipeline is built does. At once (os._exit): nothing is made yet
     that needs closing, and an exception raised into an import can be caught there and lost."""
 
@@ -22,5 +28,5 @@ def stop_cleanly_while_importing(executable: str) -> None:
         print(f"[{executable}] not starting: stopped by {name} while starting", file=sys.stderr, flush=True)
         os._exit(0)
 
-    signal.signal(signal.SIGINT, stopped)
-    signal.signal(signal.SIGTERM, stopped)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, stopped)

@@ -1,4 +1,4 @@
-"""Process life of our nodes: spin until SIGINT/SIGTERM, then stop cleanly.
+"""Process life of our nodes: spin until SIGINT/SIGTERM/SIGHUP (`STOP_SIGNALS`), then stop cleanly.
 
 Shared by flashrt_node and synthetic_sensors (and the benchmark), so both shut down the same
 way: stop spinning, wait for callbacks in flight, destroy the node, shut rclpy down.
@@ -21,6 +21,7 @@ from rclpy._rclpy_pybind11 import RCLError, UnknownROSArgsError
 from rclpy.executors import ExternalShutdownException
 from rclpy.signals import SignalHandlerOptions
 
+from flashrt_ros.ros.early_stop import STOP_SIGNALS
 from flashrt_ros.ros.params import rcl_reason
 
 POLL_S = 0.1  # longest a signal waits for the executor's wait to return
@@ -57,10 +58,10 @@ def spin_until_signal(executor: Any, done: Callable[[], bool] | None = None) -> 
     def on_signal(signum: int, frame: Any) -> None:
         stop.set()
 
-    # Both explicitly: a process started in the background by a script inherits SIGINT as
+    # Each explicitly: a process started in the background by a script inherits SIGINT as
     # ignored, and Python then leaves it ignored.
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, on_signal)
     try:
         while not stop.is_set() and executor.context.ok() and not (done is not None and done()):
             executor.spin_once(timeout_sec=POLL_S)
@@ -93,8 +94,8 @@ def interrupt_on_signals() -> None:
             raised_at[0] = now
             raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, on_signal)
 
 
 def stopping() -> None:
@@ -109,7 +110,7 @@ def signals_held() -> Iterator[None]:
     executor whose __del__ prints a traceback at exit. Recorded by a handler rather than masked:
     a mask holds only this thread's delivery, and Python runs handlers in the main thread
     whichever thread the kernel picked."""
-    held = (signal.SIGINT, signal.SIGTERM)
+    held = STOP_SIGNALS
     previous = {signum: signal.getsignal(signum) for signum in held}
     caught: list[int] = []
     for signum in held:
@@ -128,8 +129,8 @@ def signals_held() -> Iterator[None]:
 
 
 def _ignore_signals() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def _ignore_signals_at_exit() -> None:
