@@ -4,6 +4,7 @@
 #
 #   bash scripts/demo.sh [SECONDS]        (or DURATION=30 bash scripts/demo.sh; default 15)
 #
+# SECONDS counts from the start, the node's start-up (a few seconds) included.
 # Sets up .venv itself (scripts/setup_env.sh), keeps DDS on this machine with its own
 # ROS_DOMAIN_ID (20-59, whatever the shell exports; FLASHRT_DEMO_DOMAIN_ID sets it), starts synthetic_sensors, flashrt_node (config/flashrt.yaml) and a console
 # (flashrt_ros.ros.echo), stops them all on exit (also on Ctrl-C), and exits 0 only if action
@@ -11,6 +12,10 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+if [ $# -gt 1 ] || [[ "${1:-}" == -* ]]; then
+  echo "usage: bash scripts/demo.sh [SECONDS]   (the run's length, start-up included; default 15)" >&2
+  exit 2
+fi
 DURATION="${1:-${DURATION:-15}}"
 if ! [[ "$DURATION" =~ ^[0-9]+([.][0-9]+)?$ ]] || [[ "$DURATION" =~ ^0+([.]0+)?$ ]]; then
   echo "demo.sh: the duration (first argument, or DURATION) must be a number of seconds > 0, got '$DURATION'" >&2
@@ -59,7 +64,8 @@ echo "[demo] flashrt_node: config/flashrt.yaml (embedded tiny pi0.5, random weig
 python -m flashrt_ros.ros.node --ros-args --params-file config/flashrt.yaml -p stats_log_period_s:=5.0 \
   -p command_rate_hz:=50.0 -p rtc:=true \
   > >(trap '' INT HUP; sed -u 's/^/[node] /') 2>&1 &
-pids+=($!)
+node=$!
+pids+=("$node")
 
 # the console in the background, waited for: bash runs the INT / TERM traps only between
 # commands, so a console in the foreground held off a SIGTERM until its duration ran out
@@ -68,10 +74,16 @@ rc=0
 python -m flashrt_ros.ros.echo --node /flashrt_node --duration "$DURATION" --every 10 --hint-after 20 &
 console=$!
 pids+=("$console")
-wait "$console" || rc=$?
-if [ "$rc" -eq 0 ]; then
+# whichever ends first: a node that exits at start (a bad parameter) ends the demo with its status
+first=""
+wait -n -p first "$node" "$console" || rc=$?
+if [ "$first" = "$node" ]; then
+  sleep 0.5  # its last lines through the prefixer
+  echo "[demo] FAILED: flashrt_node exited with status $rc before the run's end (see the [node] lines above)" >&2
+  [ "$rc" -ne 0 ] || rc=1
+elif [ "$rc" -eq 0 ]; then
   echo "[demo] OK: action chunks received"
 else
-  echo "[demo] FAILED: no action chunks received in ${DURATION} s (see the [node] lines above)" >&2
+  echo "[demo] FAILED: no action chunks received in ${DURATION} s, start-up included (see the [node] lines)" >&2
 fi
 exit "$rc"
