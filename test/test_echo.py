@@ -145,3 +145,45 @@ def test_the_entry_script_stopped_by_a_signal_prints_its_summary(ros_env, signum
         proc.kill()
     assert proc.returncode == 1 and out.rstrip().endswith("echo: no action chunks received"), (out, err)
     assert "not starting" not in err, err
+
+
+def test_the_silence_hint_names_a_paused_node_and_one_that_publishes_nothing(ros_env, rclpy_context):
+    """A paused node (its status says enabled false) was told "inputs missing?"; a node there that
+    publishes nothing (a lifecycle node not configured) "check --node", with that very node listed."""
+    import subprocess
+    import sys
+    import threading
+
+    from flashrt_ros.msg import PipelineStatus
+    from rclpy.node import Node
+
+    def echo(node: str) -> str:
+        cmd = [sys.executable, "-m", "flashrt_ros.ros.echo", "--node", node, "--duration", "6", "--hint-after", "4"]
+        done = subprocess.run(cmd, env=ros_env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1, done.stdout + done.stderr
+        return done.stdout
+
+    quiet = Node("flashrt_node", namespace="/echo_quiet", context=rclpy_context)
+    paused = Node("flashrt_node", namespace="/echo_paused", context=rclpy_context)
+    status = paused.create_publisher(PipelineStatus, "/echo_paused/flashrt_node/status", 10)
+    stop = threading.Event()
+
+    def publish() -> None:
+        while not stop.wait(0.2):
+            status.publish(PipelineStatus(enabled=False))
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    try:
+        out = echo("/echo_quiet/flashrt_node")
+        running = "echo: /echo_quiet/flashrt_node is running but publishes no /echo_quiet/flashrt_node/action_chunk: "
+        assert running in out, out
+        assert "ros2 lifecycle set /echo_quiet/flashrt_node configure" in out, out
+        out = echo("/echo_paused/flashrt_node")
+        assert "echo: /echo_paused/flashrt_node is paused (its ~/status: enabled false): ros2 service call " in out, out
+        assert out.rstrip().endswith("echo: no action chunks received (the node was paused)"), out
+    finally:
+        stop.set()
+        thread.join()
+        quiet.destroy_node()
+        paused.destroy_node()

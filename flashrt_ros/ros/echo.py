@@ -122,6 +122,7 @@ class Echo(Node):
         self._commands_shown = 0  # up to the last status line
         self._last_command: Float64MultiArray | None = None
         self._status_at = time.monotonic()
+        self.last_status: PipelineStatus | None = None
         self.create_subscription(Float64MultiArray, f"{node}/joint_command", self._on_command, 10)
 
     def _on_command(self, msg: Float64MultiArray) -> None:
@@ -145,10 +146,12 @@ class Echo(Node):
             extra = "\n" + command_line(new, now - self._status_at, self._last_command) if new else ""
             print(status_line(msg) + extra, flush=True)
         self._commands_shown, self._status_at = self.commands, now
+        self.last_status = msg
 
     def summary(self) -> str:
         if not self.chunks:
-            return "echo: no action chunks received"
+            paused = self.last_status is not None and not self.last_status.enabled
+            return "echo: no action chunks received" + (" (the node was paused)" if paused else "")
         ids = [c for c, _ in self.chunks]
         span = (self.last_at or 0.0) - (self.first_at or 0.0)  # to the last chunk: a node that stopped
         rate = (len(ids) - 1) / span if span > 0 else 0.0
@@ -160,11 +163,24 @@ class Echo(Node):
         )
 
     def silence_hint(self) -> str:
-        """Why nothing arrives, as far as the graph tells: no publisher of the topic (a wrong
-        --node or namespace: the other nodes seen are listed), or one that has not published."""
+        """Why nothing arrives, as far as the graph and the node's status tell: paused (its status
+        says so), a node there that publishes nothing (a lifecycle node not configured), no
+        publisher of the topic (a wrong --node or namespace: the other nodes seen are listed), or
+        one that has not published."""
+        node = self.resolve_topic_name(self.topic).removesuffix("/action_chunk")
+        if self.last_status is not None and not self.last_status.enabled:
+            return (
+                f"echo: {node} is paused (its ~/status: enabled false): ros2 service call {node}/enable "
+                f"std_srvs/srv/SetBool '{{data: true}}' (a lifecycle node: ros2 lifecycle set {node} activate)"
+            )
         if self.count_publishers(self.topic):
             return f"echo: {self.topic} has a publisher but no chunk came yet (inputs missing? see its ~/status)"
         seen = sorted(f"{ns.rstrip('/')}/{n}" for n, ns in self.get_node_names_and_namespaces() if n != self.get_name())
+        if node in seen:
+            return (
+                f"echo: {node} is running but publishes no {self.topic}: a lifecycle node not configured yet? "
+                f"ros2 lifecycle set {node} configure (then activate)"
+            )
         return (
             f"echo: no publisher of {self.topic} yet (nodes seen: {', '.join(seen) or 'none'}); "
             "check --node, or the node is still starting (loading its policy)"
@@ -172,14 +188,20 @@ class Echo(Node):
 
 
 def _seconds(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}") from None
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
     return value
 
 
 def _every(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
     return value
