@@ -677,6 +677,55 @@ def test_a_joint_state_older_than_the_one_held_is_refused_as_stale(rclpy_context
         node.destroy_node()
 
 
+@pytest.mark.parametrize("in_flight", [False, True])
+def test_ros_time_going_back_drops_the_held_prefix(rclpy_context, in_flight):
+    """prefix_trigger period, ROS time back by less than max_age_s: the first decision on the new
+    timeline re-used the prefix of frames from before the jump (its own decision's, or that of the
+    decision the jump dropped), once the clock had caught up with the prefix's build time."""
+    from rclpy.time import Time
+
+    from flashrt_ros.ros.inputs import Sample
+
+    node = in_process_node(rclpy_context, prefix_trigger="period", prefix_period_s=0.3)
+    try:
+        clock = node.get_clock()
+        clock._set_ros_time_is_active(True)
+        published = []
+        node._publish = lambda decision, *a, **k: published.append(decision) or True
+        arrival = [0]
+
+        def fill(sec: float, value: int) -> None:
+            stamp = Time(nanoseconds=round(sec * 1e9)).to_msg()
+            for cam in node.slots[:-1]:
+                arrival[0] += 1
+                cam.latest = Sample(np.full((*HW, 3), value, np.uint8), stamp, arrival[0], arrival[0])
+            node.slots[-1].latest = Sample(np.full(len(JOINTS), 0.1, np.float32), stamp, 0, 0)
+
+        decide = node.state.decide
+
+        def decide_across_a_jump(*args, **kwargs):
+            out = decide(*args, **kwargs)
+            clock.set_ros_time_override(Time(seconds=99.95))  # a simulator reset while it ran
+            return out
+
+        clock.set_ros_time_override(Time(seconds=100.0))
+        fill(100.0, 10)
+        node.state.decide = decide_across_a_jump if in_flight else decide
+        node._decide()
+        node.state.decide = decide
+        assert len(published) == (0 if in_flight else 1)
+        clock.set_ros_time_override(Time(seconds=99.95))
+        with node._lock:
+            node._settle_jump_inputs()
+        clock.set_ros_time_override(Time(seconds=100.02))
+        fill(100.01, 200)  # the new timeline's frames
+        node._decide()
+        after = published[-1]
+        assert not after.prefix_reused and after.prefix_frames[0][0] == 100_010_000_000, after.prefix_frames
+    finally:
+        node.destroy_node()
+
+
 def test_ros_time_going_back_drops_held_inputs_and_the_decision_under_way(rclpy_context, monkeypatch):
     """Sim time jumps back (a simulator reset) by less than max_age_s: the held samples, stamped on
     the old timeline, would still pass as fresh. They are dropped and counted, the slot says why it

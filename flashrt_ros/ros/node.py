@@ -209,7 +209,7 @@ class FlashRTNode(Node):
         self.add_post_set_parameters_callback(self._after_set_parameters)
         # ROS time going back (_on_time_jump): how often, from where, by how much; read by the
         # inputs and the commands, which settle on it at their next use
-        self._time_epoch = self._inputs_epoch = self._commands_epoch = 0
+        self._time_epoch = self._inputs_epoch = self._commands_epoch = self._prefix_epoch = 0
         self._jump_from_ns = self._jump_to_ns = self._jump_back_ns = 0
         self._jumps_back_ns: deque[int] = deque()  # not yet counted and logged
         self._jumps_forward = 0  # ROS time's jumps forward so far: no decision's length spans one
@@ -252,7 +252,8 @@ class FlashRTNode(Node):
         self._lock = threading.Lock()  # counters and conversion stats (sensor threads)
         self._throttle = ThrottledLog(self.cfg.log_throttle_s, self.get_logger())
         self._reset_counters()
-        self._inputs_epoch = self._commands_epoch = self._time_epoch  # a jump before set-up held nothing
+        # a jump before set-up held nothing
+        self._inputs_epoch = self._commands_epoch = self._prefix_epoch = self._time_epoch
         self._jumps_back_ns.clear()
         if self._unknown:
             self.invalid[("", UNKNOWN_PARAMETER)] += len(self._unknown)
@@ -953,8 +954,15 @@ class FlashRTNode(Node):
 
     def _forget_old_prefix(self, now_ns: int, cfg: NodeConfig) -> None:
         """Under prefix_trigger "period" a decision may act on the frames an earlier one built the
-        prefix from: only while each is within max_age_s of the clock, as for any input it uses."""
+        prefix from: only while each is within max_age_s of the clock, as for any input it uses,
+        and not across a jump of ROS time back (its frames are from the old timeline, which a jump
+        shorter than max_age_s would pass as fresh; also the prefix a decision dropped for the jump
+        built). Here, on the decision thread: forgotten from a camera thread, it could race a lookup."""
         pipeline = self.state.pipeline
+        if self._prefix_epoch != self._time_epoch:
+            self._prefix_epoch = self._time_epoch
+            pipeline.forget_prefix()
+            return
         frames = pipeline.prefix_cache.held_frames or ()  # (stamp ns, arrival) per camera, as _decide names them
         try:
             for frame in filter(None, frames):
