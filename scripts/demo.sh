@@ -75,8 +75,12 @@ python -m flashrt_ros.ros.echo --node /flashrt_node --duration "$DURATION" --eve
 console=$!
 pids+=("$console")
 # whichever ends first: a node that exits at start (a bad parameter) ends the demo with its status
-first=""
-wait -n -p first "$node" "$console" || rc=$?
+first="$console"
+if (( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 501 )); then  # `wait -n -p` (bash 5.1; Ubuntu 24.04 has 5.2)
+  wait -n -p first "$node" "$console" || rc=$?
+else
+  wait "$console" || rc=$?
+fi
 if [ "$first" = "$node" ]; then
   sleep 0.5  # its last lines through the prefixer
   echo "[demo] FAILED: flashrt_node exited with status $rc before the run's end (see the [node] lines above)" >&2

@@ -993,10 +993,15 @@ def test_an_inner_module_replaced_after_adopt_is_what_runs() -> None:
     mlp.up_proj.forward = lambda t: torch.zeros(*t.shape[:-1], 128, device=t.device)
     torch.testing.assert_close(mlp(x), torch.zeros(3, 64, device=DEVICE))
     del mlp.up_proj.forward
+    same = mlp.up_proj
+    del mlp.up_proj
+    mlp.up_proj = same  # the same module registered again (last in order now): still what was vetted
+    mlp(x)
+    assert mlp.forward.runs == 2
     up = nn.Linear(64, 128, bias=False).to(DEVICE)
     mlp.up_proj = up  # a new module in its place
     torch.testing.assert_close(mlp(x), _own(mlp, x), atol=0, rtol=0)
-    assert mlp.forward.runs == 1
+    assert mlp.forward.runs == 2
 
 
 @torch.no_grad()
@@ -1010,6 +1015,8 @@ def test_a_forward_wrapped_around_ours_after_adopt_survives_revert_and_unpatched
     with report.unpatched():
         mlp.forward.__call__(x)
         assert ours.runs == 0
+    mlp(x)  # after the block: ours again, under the wrapper as before it
+    assert ours.runs == 1 and report.kept == ["geglu_mlp"]
     report.revert()
     torch.testing.assert_close(mlp(x), _own(mlp, x), atol=0, rtol=0)
 

@@ -120,7 +120,7 @@ def test_bad_arguments_exit_2_with_one_line(ros_env):
     assert done.stdout.rstrip().endswith("echo: no action chunks received")
 
 
-@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM", "SIGHUP"])
 def test_the_entry_script_stopped_by_a_signal_prints_its_summary(ros_env, signum):
     """`ros2 run flashrt_ros flashrt_echo` (scripts/ros/flashrt_echo), stopped while it listens:
     the summary and the exit status say what came, not the import-time guard's "not starting"
@@ -148,8 +148,9 @@ def test_the_entry_script_stopped_by_a_signal_prints_its_summary(ros_env, signum
 
 
 def test_the_silence_hint_names_a_paused_node_and_one_that_publishes_nothing(ros_env, rclpy_context):
-    """A paused node (its status says enabled false) was told "inputs missing?"; a node there that
-    publishes nothing (a lifecycle node not configured) "check --node", with that very node listed."""
+    """A paused node (its status says enabled false) was told "inputs missing?"; a lifecycle node
+    there that publishes nothing (not configured) "check --node", with that very node listed; a
+    plain node that publishes nothing yet is loading its policy."""
     import subprocess
     import sys
     import threading
@@ -163,7 +164,11 @@ def test_the_silence_hint_names_a_paused_node_and_one_that_publishes_nothing(ros
         assert done.returncode == 1, done.stdout + done.stderr
         return done.stdout
 
+    from lifecycle_msgs.srv import GetState
+
     quiet = Node("flashrt_node", namespace="/echo_quiet", context=rclpy_context)
+    quiet.create_service(GetState, "/echo_quiet/flashrt_node/get_state", lambda request, response: response)
+    loading = Node("flashrt_node", namespace="/echo_loading", context=rclpy_context)
     paused = Node("flashrt_node", namespace="/echo_paused", context=rclpy_context)
     status = paused.create_publisher(PipelineStatus, "/echo_paused/flashrt_node/status", 10)
     stop = threading.Event()
@@ -179,6 +184,9 @@ def test_the_silence_hint_names_a_paused_node_and_one_that_publishes_nothing(ros
         running = "echo: /echo_quiet/flashrt_node is running but publishes no /echo_quiet/flashrt_node/action_chunk: "
         assert running in out, out
         assert "ros2 lifecycle set /echo_quiet/flashrt_node configure" in out, out
+        out = echo("/echo_loading/flashrt_node")
+        assert "echo: no publisher of /echo_loading/flashrt_node/action_chunk yet (nodes seen: " in out, out
+        assert "the node is still starting (loading its policy)" in out, out
         out = echo("/echo_paused/flashrt_node")
         assert "echo: /echo_paused/flashrt_node is paused (its ~/status: enabled false): ros2 service call " in out, out
         assert out.rstrip().endswith("echo: no action chunks received (the node was paused)"), out
@@ -186,4 +194,5 @@ def test_the_silence_hint_names_a_paused_node_and_one_that_publishes_nothing(ros
         stop.set()
         thread.join()
         quiet.destroy_node()
+        loading.destroy_node()
         paused.destroy_node()

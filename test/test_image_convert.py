@@ -435,9 +435,10 @@ def _png_of(ihdr: bytes, *chunks: tuple[bytes, bytes]) -> SimpleNamespace:
     return SimpleNamespace(header=None, format="png", data=data)
 
 
-def test_palette_pngs_libpng_refuses_are_refused_not_decoded_black() -> None:
+def test_palette_pngs_pillow_decodes_black_are_refused() -> None:
     """Every CRC right and every row there, Pillow decodes these without an error: indices past
-    the palette as black, no palette (or one after the image data) all black."""
+    the palette as black, no palette (or one after the image data) all black. A palette longer
+    than the depth can index is allowed (libpng drops the rest)."""
     import zlib
 
     indices = np.arange(16, dtype=np.uint8).reshape(4, 4)
@@ -448,11 +449,16 @@ def test_palette_pngs_libpng_refuses_are_refused_not_decoded_black() -> None:
     np.testing.assert_array_equal(good.reshape(-1, 3)[:2], [[10, 11, 12], [13, 14, 15]])
     for chunks, text in (
         (((b"PLTE", palette[1][:6]), idat), "PNG pixel index 15 is outside its 2-entry palette"),
-        ((idat,), "palette PNG has no palette entries before its image data; expected 1 to 256"),
-        ((idat, palette), "palette PNG has no palette entries before its image data"),
+        ((idat,), "palette PNG has no palette before its image data; expected a PLTE chunk before IDAT"),
+        ((idat, palette), "palette PNG has no palette before its image data"),
     ):
         err = _compressed_refusal(_png_of(ihdr, *chunks))
         assert err.reason == ie.DECODE_FAILED and text in str(err), str(err)
+    two_bit = (4).to_bytes(4, "big") * 2 + bytes([2, 3, 0, 0, 0])  # 4 pixels of 2 bits a row: one byte
+    rows = (b"IDAT", zlib.compress(b"".join(b"\x00" + bytes([0b00011011]) for _ in range(4))))
+    long_palette = (b"PLTE", bytes(range(256)) * 3)  # 256 entries for 2-bit indices
+    out = compressed_to_rgb(_png_of(two_bit, long_palette, rows))
+    np.testing.assert_array_equal(out[0], [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]])
     odd = (4).to_bytes(4, "big") * 2 + bytes([8, 2, 0, 0, 2])  # interlace method 2: none such
     err = _compressed_refusal(_png_of(odd, idat))
     assert "PNG compression / filter / interlace methods 0 / 0 / 2; expected 0 / 0 / 0 or 1" in str(err), str(err)

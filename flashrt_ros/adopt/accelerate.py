@@ -154,14 +154,15 @@ class _Patch:
 
     def on(self) -> None:
         for module, forward in zip(self.modules, self.forwards, strict=True):
+            forward.enabled = True  # also under a forward another tool wrapped around ours since
             if module.__dict__.get("forward") is forward.before:  # not a forward set since by someone else
                 forward.unpark()
                 module.forward = forward  # the instance's attribute shadows the class's forward
-                forward.enabled = True
-            elif module.__dict__.get("forward") is forward:
-                forward.enabled = True
-            else:
-                log.warning("adopt: %s has a forward set by another tool; ours stays off there", type(module).__name__)
+            elif module.__dict__.get("forward") is not forward:
+                log.warning(
+                    "adopt: %s has a forward set by another tool since; ours runs only where it calls ours",
+                    type(module).__name__,
+                )
 
     def off(self) -> None:
         for module, forward in zip(self.modules, self.forwards, strict=False):

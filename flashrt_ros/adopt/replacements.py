@@ -60,7 +60,7 @@ class AdoptedForward:
         self.arg_name = next(iter(inspect.signature(self.before or module.forward).parameters), None)
         self.inner = [m for m in module.modules() if m is not module]  # what the kernels skip or read
         # each module's children as vetted (references: a deepcopy or torch.load maps them to the copy's)
-        self.tree = [(m, tuple(m._modules.values())) for m in module.modules() if m._modules]
+        self.tree = [(m, dict(m._modules)) for m in module.modules() if m._modules]
         self.enabled = True  # off (`off` / `drop`), a caller that kept this forward gets the module's own
         self.reset()
 
@@ -96,7 +96,7 @@ class AdoptedForward:
             return False
         # an inner module replaced (a LoRA adapter on gate_proj) or given its own forward since:
         # the kernels read the weights it had, not what it computes now
-        if any(tuple(m._modules.values()) != children for m, children in self.tree):
+        if any(m._modules != children for m, children in self.tree):  # by name and identity, in any order
             return True
         if any("forward" in m.__dict__ for m in self.inner):
             return True

@@ -27,6 +27,7 @@ from rclpy.utilities import remove_ros_args
 from std_msgs.msg import Float64MultiArray
 
 from flashrt_ros.msg import ActionChunk, PipelineStatus
+from flashrt_ros.ros.early_stop import STOP_SIGNALS
 from flashrt_ros.ros.input_error import REASONS
 from flashrt_ros.ros.joint_convert import stamp_to_ns
 from flashrt_ros.ros.params import rcl_reason
@@ -162,6 +163,16 @@ class Echo(Node):
             f"median inference latency {latency:.2f} ms{commands}"
         )
 
+    def _lifecycle(self, node: str) -> bool:
+        """Whether `node` offers a lifecycle node's ~/get_state (a plain one publishes nothing only
+        while it loads its policy)."""
+        ns, _, name = node.rpartition("/")
+        try:
+            services = self.get_service_names_and_types_by_node(name, ns or "/")
+        except Exception:  # gone meanwhile
+            return False
+        return any(s == f"{node}/get_state" for s, _ in services)
+
     def silence_hint(self) -> str:
         """Why nothing arrives, as far as the graph and the node's status tell: paused (its status
         says so), a node there that publishes nothing (a lifecycle node not configured), no
@@ -176,7 +187,7 @@ class Echo(Node):
         if self.count_publishers(self.topic):
             return f"echo: {self.topic} has a publisher but no chunk came yet (inputs missing? see its ~/status)"
         seen = sorted(f"{ns.rstrip('/')}/{n}" for n, ns in self.get_node_names_and_namespaces() if n != self.get_name())
-        if node in seen:
+        if node in seen and self._lifecycle(node):
             return (
                 f"echo: {node} is running but publishes no {self.topic}: a lifecycle node not configured yet? "
                 f"ros2 lifecycle set {node} configure (then activate)"
@@ -232,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     # the loop below and the summary is printed (rclpy's own handlers chain to these)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if signal.SIGHUP in STOP_SIGNALS:  # else early_stop's handler stays: "not starting", status 0
+        signal.signal(signal.SIGHUP, signal.default_int_handler)
     try:
         rclpy.init(args=argv)
         node = Echo(args.node.rstrip("/") or "/", args.every, args.quiet)

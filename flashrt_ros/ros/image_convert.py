@@ -279,8 +279,9 @@ class _PngParts(NamedTuple):
 
 
 def _check_png_header(parts: _PngParts) -> None:
-    """What libpng refuses and Pillow decodes anyway: a palette image with no palette before its
-    data (all black), methods the format does not define, depths its colour type has not."""
+    """What Pillow decodes without an error though the format forbids it: a palette image with no
+    palette before its data (all black), methods it does not define, depths its colour type has
+    not. (A palette longer than the depth indexes is allowed: libpng drops the rest.)"""
     compression, filtering, interlace = parts.methods
     if compression or filtering or interlace > 1:
         raise ValueError(
@@ -289,11 +290,8 @@ def _check_png_header(parts: _PngParts) -> None:
         )
     if parts.depth not in _PNG_DEPTHS.get(parts.colour, ()):
         raise ValueError(f"PNG colour type {parts.colour} with bit depth {parts.depth} is not a PNG format")
-    if parts.colour == 3 and not 1 <= parts.palette_entries <= 1 << parts.depth:
-        raise ValueError(
-            f"palette PNG has {parts.palette_entries or 'no'} palette entries before its image data; expected "
-            f"1 to {1 << parts.depth} (a PLTE chunk before IDAT)"
-        )
+    if parts.colour == 3 and not parts.palette_entries:
+        raise ValueError("palette PNG has no palette before its image data; expected a PLTE chunk before IDAT")
 
 
 def _check_png_rows(parts: _PngParts) -> None:
