@@ -196,3 +196,36 @@ def test_the_silence_hint_names_a_paused_node_and_one_that_publishes_nothing(ros
         quiet.destroy_node()
         loading.destroy_node()
         paused.destroy_node()
+
+
+def test_two_publishers_of_the_chunks_are_said(ros_env, rclpy_context):
+    """Two demos on one ROS domain merged: the console counted both nodes' chunks as one node's
+    (13.4 Hz against 10) and said OK."""
+    import subprocess
+    import sys
+    import threading
+
+    from flashrt_ros.msg import ActionChunk
+    from rclpy.node import Node
+
+    topic = "/echo_two/flashrt_node/action_chunk"
+    nodes = [Node(f"chunk_source_{i}", context=rclpy_context) for i in range(2)]
+    pubs = [n.create_publisher(ActionChunk, topic, 10) for n in nodes]
+    stop = threading.Event()
+
+    def publish() -> None:
+        while not stop.wait(0.2):
+            for pub in pubs:
+                pub.publish(ActionChunk(chunk_id=1, horizon=1, action_dim=1, actions=[0.0]))
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    try:
+        cmd = [sys.executable, "-m", "flashrt_ros.ros.echo", "--node", "/echo_two/flashrt_node", "--duration", "4"]
+        done = subprocess.run(cmd, env=ros_env, capture_output=True, text=True, timeout=60)
+    finally:
+        stop.set()
+        thread.join()
+        for n in nodes:
+            n.destroy_node()
+    assert f"echo: 2 publishers of {topic}: chunks of more than one node" in done.stdout, done.stdout

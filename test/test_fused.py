@@ -313,10 +313,12 @@ def test_set_frames_refuses_frames_that_are_not_uint8():
     with pytest.raises(ValueError, match="frames must be uint8"):
         fused.set_frames([np.zeros((24, 32, 3), dtype=np.float32), None])
     grey = np.zeros((24, 32, 3), dtype=np.uint8)
-    with pytest.raises(ValueError, match="3 frames present; this path holds 2 views"):
+    with pytest.raises(ValueError, match=r"3 views given \(None for an absent one\); this path holds 2"):
         fused.set_frames([grey] * 3)
-    with pytest.raises(ValueError, match="3 frames present; this path holds 2 views"):
+    with pytest.raises(ValueError, match="3 views given"):
         fused.set_images([torch.from_numpy(grey).to(DEVICE)] * 3)
+    with pytest.raises(ValueError, match="3 views given"):  # one present: was taken, as the reference refuses
+        fused.set_frames([grey, None, None])
     with pytest.raises(ValueError, match=r"frames must be HxWx3 \(RGB\) or HxWx4 \(RGBA\), got shape \(24, 32\)"):
         fused.set_frames([grey[..., 0], None])
 

@@ -536,7 +536,7 @@ class FusedPi0:
         position (positions count valid tokens), and the prefix attends bidirectionally, so
         neither their presence nor the order of the present views changes the result."""
         present = [img for img in images if img is not None]
-        self._check_present(present)
+        self._check_present(present, len(images))
         for j, img in enumerate(present):
             preprocess_image(img, self.cfg.vision.image_size, out=self.pixels[j])
         self._set_views(len(present))
@@ -552,7 +552,7 @@ class FusedPi0:
         self._frames_copied.wait()
         self._frames_held = []
         present = [f for f in frames if f is not None]
-        self._check_present(present)
+        self._check_present(present, len(frames))
         wrong = [f"{f.dtype}" for f in present if f.dtype != np.uint8]
         if wrong:
             raise ValueError(f"frames must be uint8 (0..255), got {', '.join(wrong)}")
@@ -572,11 +572,11 @@ class FusedPi0:
             self._frames_held = present
         self._set_views(len(present))
 
-    def _check_present(self, present: list) -> None:
-        """At most the views this path holds, each HxWx3 or HxWx4 (RGB, or RGBA whose fourth channel
-        the kernel skips; the Pipeline takes HxWx3 only, as the reference does)."""
-        if len(present) > self.pixels.shape[0]:
-            raise ValueError(f"{len(present)} frames present; this path holds {self.pixels.shape[0]} views")
+    def _check_present(self, present: list, given: int) -> None:
+        """One entry per view at most (None: absent), each HxWx3 or HxWx4 (RGB, or RGBA whose
+        fourth channel the kernel skips; the Pipeline takes HxWx3 only, as the reference does)."""
+        if given > self.pixels.shape[0]:  # as the reference refuses: a view the model has no slot for
+            raise ValueError(f"{given} views given (None for an absent one); this path holds {self.pixels.shape[0]}")
         shapes = [tuple(f.shape) for f in present if f.ndim != 3 or f.shape[2] not in (3, 4)]
         if shapes:
             raise ValueError(f"frames must be HxWx3 (RGB) or HxWx4 (RGBA), got shape {shapes[0]}")

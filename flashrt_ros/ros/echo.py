@@ -124,6 +124,7 @@ class Echo(Node):
         self._last_command: Float64MultiArray | None = None
         self._status_at = time.monotonic()
         self.last_status: PipelineStatus | None = None
+        self._said_publishers = False  # more than one node publishes the chunks: said once
         self.create_subscription(Float64MultiArray, f"{node}/joint_command", self._on_command, 10)
 
     def _on_command(self, msg: Float64MultiArray) -> None:
@@ -133,6 +134,13 @@ class Echo(Node):
         self._last_command = msg
 
     def _on_chunk(self, msg: ActionChunk) -> None:
+        if not self._said_publishers and self.count_publishers(self.topic) > 1:  # two demos on one domain
+            self._said_publishers = True
+            print(
+                f"echo: {self.count_publishers(self.topic)} publishers of {self.topic}: chunks of more than one node "
+                "(another on this ROS domain?) are printed and counted together",
+                flush=True,
+            )
         self.first_at = self.first_at or time.monotonic()
         self.last_at = time.monotonic()
         self.chunks.append((msg.chunk_id, msg.inference_latency_ms))
