@@ -1160,6 +1160,35 @@ def test_inputs_replaced_while_the_policy_runs_were_used_not_dropped(rclpy_conte
         node.destroy_node()
 
 
+def test_diagnostics_say_not_ready_while_engaged_between_skipped_ticks(rclpy_context):
+    """Statuses come faster than decisions: between two ticks skipped for stale inputs, the
+    enabled branch judged only counts that rose since the last status and said OK ("running at
+    N Hz") while no input was usable (for seconds at a slow rate_hz, or before the first tick)."""
+    from diagnostic_msgs.msg import DiagnosticStatus
+    from rclpy.time import Time
+
+    from flashrt_ros.ros.inputs import Sample
+
+    node = in_process_node(rclpy_context, rate_hz=1.0)
+    try:
+        clock = node.get_clock()
+        clock._set_ros_time_is_active(True)
+        clock.set_ros_time_override(Time(seconds=100.0))
+        level, message = node._health(*node._snapshot_with_baseline(advance=True))
+        assert level == DiagnosticStatus.WARN and message.startswith("running, not ready (absent "), message
+        stamp = Time(seconds=100.0).to_msg()
+        for cam in node.slots[:-1]:
+            cam.latest = Sample(np.zeros((*HW, 3), np.uint8), stamp, 1, 1)
+        node.slots[-1].latest = Sample(np.full(len(JOINTS), 0.1, np.float32), stamp, 0, 0)
+        node._on_decision()
+        assert node._health(*node._snapshot_with_baseline(advance=True)) == (DiagnosticStatus.OK, "running at 1 Hz")
+        clock.set_ros_time_override(Time(seconds=100.6))  # past max_age_s (0.4), before the next tick
+        level, message = node._health(*node._snapshot_with_baseline(advance=True))
+        assert level == DiagnosticStatus.WARN and message.startswith("running, not ready (stale "), message
+    finally:
+        node.destroy_node()
+
+
 def test_inputs_held_through_a_pause_are_not_counted_dropped_after_it(rclpy_context):
     """A sample stored while paused waits for no decision; once ~/enable true came, the first newer
     sample on each topic counted it as dropped: every pause and resume added one drop per input

@@ -1479,9 +1479,11 @@ class FlashRTNode(Node):
             *((n, reason) for reason, n in events),
         )
         problems = [f"{n} {what}" for n, what in counts if n > 0]
-        state, unready = "running", ""
-        if not self.enabled:  # whether a decision could run now: what an operator asks before engaging
-            unready = self._unready_inputs()
+        # whether a decision could run now: what an operator asks before engaging, and, engaged,
+        # between two skipped ticks (statuses faster than decisions read OK while nothing was usable)
+        unready = self._unready_inputs()
+        state = f"running, not ready ({unready})" if unready else "running"
+        if not self.enabled:
             if self._clock_watch.stalled:  # held samples stop ageing with the clock: the timer would not fire
                 unready = ", ".join(filter(None, (unready, self._clock_watch.describe(time.monotonic()))))
             state = f"{self.PAUSED_STATE} (no decisions): " + (f"not ready ({unready})" if unready else "ready")
