@@ -1189,6 +1189,42 @@ def test_diagnostics_say_not_ready_while_engaged_between_skipped_ticks(rclpy_con
         node.destroy_node()
 
 
+def test_diagnostics_say_when_nothing_subscribes_to_the_controllers_outputs(rclpy_context):
+    """A joint_trajectory_controller on /arm/joint_trajectory and the node's group on a mistyped
+    topic, or the command stream with no controller on it: the robot got nothing and /diagnostics
+    said OK. The optional outputs (~/joint_trajectory, ~/action_chunk) need no subscriber."""
+    from diagnostic_msgs.msg import DiagnosticStatus
+    from rclpy.node import Node
+    from rclpy.time import Time
+    from std_msgs.msg import Float64MultiArray
+    from trajectory_msgs.msg import JointTrajectory
+
+    from flashrt_ros.ros.inputs import Sample
+
+    node = in_process_node(rclpy_context, command_rate_hz=20.0, trajectory_groups=[f"/arm/jt={JOINTS[0]}"])
+    listener = Node("controllers", context=rclpy_context)
+    try:
+        clock = node.get_clock()
+        clock._set_ros_time_is_active(True)
+        clock.set_ros_time_override(Time(seconds=100.0))
+        stamp = Time(seconds=100.0).to_msg()
+        for cam in node.slots[:-1]:
+            cam.latest = Sample(np.zeros((*HW, 3), np.uint8), stamp, 1, 1)
+        node.slots[-1].latest = Sample(np.full(len(JOINTS), 0.1, np.float32), stamp, 0, 0)
+        level, message = node._health(*node._snapshot_with_baseline(advance=True))
+        want = "nothing subscribes to /arm/jt, /flashrt_node/joint_command (the controller's topic? a remap?)"
+        assert level == DiagnosticStatus.WARN and message.endswith(want), message
+        listener.create_subscription(JointTrajectory, "/arm/jt", lambda _: None, 10)
+        listener.create_subscription(Float64MultiArray, "/flashrt_node/joint_command", lambda _: None, 10)
+        deadline = time.monotonic() + 10.0  # discovery, in this process: quick
+        while node._health(*node._snapshot_with_baseline(advance=True))[0] != DiagnosticStatus.OK:
+            assert time.monotonic() < deadline, node._health(*node._snapshot_with_baseline(advance=True))
+            time.sleep(0.05)
+    finally:
+        listener.destroy_node()
+        node.destroy_node()
+
+
 def test_inputs_held_through_a_pause_are_not_counted_dropped_after_it(rclpy_context):
     """A sample stored while paused waits for no decision; once ~/enable true came, the first newer
     sample on each topic counted it as dropped: every pause and resume added one drop per input

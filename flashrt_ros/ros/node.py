@@ -1483,15 +1483,27 @@ class FlashRTNode(Node):
         # between two skipped ticks (statuses faster than decisions read OK while nothing was usable)
         unready = self._unready_inputs()
         state = f"running, not ready ({unready})" if unready else "running"
+        unheard = self._unheard_outputs() if self.enabled else []
+        if unheard:  # decisions fine, and the robot gets nothing
+            state += f"; nothing subscribes to {', '.join(unheard)} (the controller's topic? a remap?)"
         if not self.enabled:
             if self._clock_watch.stalled:  # held samples stop ageing with the clock: the timer would not fire
                 unready = ", ".join(filter(None, (unready, self._clock_watch.describe(time.monotonic()))))
             state = f"{self.PAUSED_STATE} (no decisions): " + (f"not ready ({unready})" if unready else "ready")
         if problems:
             return DiagnosticStatus.WARN, f"{state}, with " + ", ".join(problems) + " since the last status"
-        if unready:
+        if unready or unheard:
             return DiagnosticStatus.WARN, state
         return DiagnosticStatus.OK, f"running at {self.cfg.rate_hz:g} Hz" if self.enabled else state
+
+    def _unheard_outputs(self) -> list[str]:
+        """The outputs set up to drive controllers (trajectory_groups; the command stream, any of
+        its topics) that nothing subscribes to: a controller on another topic than the node
+        publishes gets nothing, without a word. ~/joint_trajectory and ~/action_chunk are optional."""
+        unheard = [pub.topic_name for pub, _, _ in self._group_pubs if not pub.get_subscription_count()]
+        if self._command_pubs and not any(pub.get_subscription_count() for pub, _, _ in self._command_pubs):
+            unheard.append(" or ".join(pub.topic_name for pub, _, _ in self._command_pubs))
+        return unheard
 
     def _unready_inputs(self) -> str:
         """The inputs a decision now would skip for, as 'absent /cam, stale /joints', or ''."""
