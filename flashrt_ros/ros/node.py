@@ -396,6 +396,7 @@ class FlashRTNode(Node):
         self._subscribe(JointState, cfg.joint_state_topic, self._on_joint_state)
         self._prompt_sub = None
         self._refused_prompt: tuple[str | None, str] = (None, "")  # the last text refused, and why
+        self._prompt_publishers_said: set[bytes] = set()  # incompatible publishers named (endpoint gids)
 
     def _subscribe_prompt(self) -> None:
         """prompt_topic's subscription, made once the node is set up: a prompt latched by a
@@ -760,21 +761,36 @@ class FlashRTNode(Node):
         self._throttle(("rejected", slot.topic, err.reason), "warning", f"input rejected: {err}; {keep}")
 
     def _on_incompatible_prompt_publisher(self, topic: str, event: Any) -> None:
-        """A publisher on prompt_topic that this subscription cannot match: its prompts never
-        arrive, so say which policy differs (under transient_local, a volatile publisher's
-        durability; a best-effort publisher's reliability in either)."""
-        policy = QoSPolicyKind(event.last_policy_kind)
-        if policy == QoSPolicyKind.DURABILITY:
-            fix = "publish them transient_local, or set prompt_durability volatile"
-            what = f"its durability does not match prompt_durability {self.cfg.prompt_durability!r}"
-        elif policy == QoSPolicyKind.RELIABILITY:
-            fix, what = "publish them reliable (an instruction must not be lost)", "it is best effort"
-        else:
-            fix, what = "match the subscription's QoS", f"its {policy.name.lower()} policy does not match"
-        self.get_logger().warning(
-            f"a publisher on {topic} cannot be received ({what}; {event.total_count} such so far): its prompts do "
-            f"not arrive; {fix}"
-        )
+        """Publishers on prompt_topic that this subscription cannot match: their prompts never
+        arrive, so say, for each, which policy differs (under transient_local, a volatile
+        publisher's durability; a best-effort publisher's reliability in either). From the graph:
+        the middleware merges the events, whose last policy would name one cause for all."""
+        ours = self._prompt_sub.qos_profile
+        found = []
+        for info in self.get_publishers_info_by_topic(topic):
+            theirs, gid = info.qos_profile, bytes(info.endpoint_gid)
+            if gid in self._prompt_publishers_said:
+                continue
+            if theirs.reliability == ReliabilityPolicy.BEST_EFFORT and ours.reliability == ReliabilityPolicy.RELIABLE:
+                policy = QoSPolicyKind.RELIABILITY
+            elif theirs.durability == DurabilityPolicy.VOLATILE and ours.durability == DurabilityPolicy.TRANSIENT_LOCAL:
+                policy = QoSPolicyKind.DURABILITY
+            else:
+                continue
+            self._prompt_publishers_said.add(gid)
+            found.append((f"{info.node_namespace.rstrip('/')}/{info.node_name}'s: ", policy))
+        for who, policy in found or [("", QoSPolicyKind(event.last_policy_kind))]:
+            if policy == QoSPolicyKind.DURABILITY:
+                fix = "publish them transient_local, or set prompt_durability volatile"
+                what = f"its durability does not match prompt_durability {self.cfg.prompt_durability!r}"
+            elif policy == QoSPolicyKind.RELIABILITY:
+                fix, what = "publish them reliable (an instruction must not be lost)", "it is best effort"
+            else:
+                fix, what = "match the subscription's QoS", f"its {policy.name.lower()} policy does not match"
+            self.get_logger().warning(
+                f"a publisher on {topic} cannot be received ({who}{what}; {event.total_count} such so far): its "
+                f"prompts do not arrive; {fix}"
+            )
 
     def _on_prompt(self, msg: String) -> None:
         """A task instruction on prompt_topic: set as the prompt parameter, so that it is checked,
