@@ -24,6 +24,16 @@ _flashrt_prepend() {  # _flashrt_prepend VAR DIR: put DIR first in the :-list VA
     *) export "$1=$2${cur:+:$cur}" ;;
   esac
 }
+# a sourced /opt/ros (Python 3.12) on PYTHONPATH would shadow the venv's rclpy; another ros-wheels
+# venv's bootstrap flag would keep its library path instead of this venv's
+case ":${PYTHONPATH:-}:" in
+  *:/opt/ros/*)
+    echo "scripts/env.sh: PYTHONPATH entries under /opt/ros (a sourced ROS install) shadow the venv's rclpy: removed" >&2
+    PYTHONPATH="$(printf '%s' "$PYTHONPATH" | tr ':' '\n' | grep -v '^/opt/ros/' | paste -sd: -)"
+    if [ -n "$PYTHONPATH" ]; then export PYTHONPATH; else unset PYTHONPATH; fi
+    ;;
+esac
+unset _ROS_WHEELS_BOOTSTRAP_COMPLETE
 export VIRTUAL_ENV="$_flashrt_root/.venv"
 _flashrt_prepend PATH "$VIRTUAL_ENV/bin"
 _flashrt_prepend AMENT_PREFIX_PATH "$VIRTUAL_ENV"
@@ -32,6 +42,10 @@ export ROS_VERSION="${ROS_VERSION:-2}"
 export ROS_PYTHON_VERSION="${ROS_PYTHON_VERSION:-3}"
 export ROS_DISTRO="${ROS_DISTRO:-jazzy}"
 export RMW_IMPLEMENTATION="${RMW_IMPLEMENTATION:-rmw_fastrtps_cpp}"
+if [ ! -e "$VIRTUAL_ENV/lib/lib$RMW_IMPLEMENTATION.so" ]; then
+  echo "scripts/env.sh: RMW_IMPLEMENTATION $RMW_IMPLEMENTATION is not in the venv (only rmw_fastrtps_cpp): using that" >&2
+  export RMW_IMPLEMENTATION=rmw_fastrtps_cpp
+fi
 export ROS_AUTOMATIC_DISCOVERY_RANGE="${ROS_AUTOMATIC_DISCOVERY_RANGE:-LOCALHOST}"
 unset -f _flashrt_prepend
 unset _flashrt_root

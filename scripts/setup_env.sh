@@ -27,6 +27,11 @@
 # Environment: FLASHRT_PYTHON (interpreter to create the venv with, default python3.11),
 # FLASHRT_FORCE_REBUILD=1 (rebuild the interfaces from scratch).
 set -euo pipefail
+# A shell's own ROS or Python set-up must not leak into the venv's: a sourced /opt/ros puts its
+# Python 3.12 rclpy first on PYTHONPATH; another ros-wheels venv's bootstrap flag keeps its library
+# path; only Fast DDS is installed here.
+unset PYTHONPATH _ROS_WHEELS_BOOTSTRAP_COMPLETE
+export RMW_IMPLEMENTATION=rmw_fastrtps_cpp
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
@@ -114,15 +119,19 @@ fi
 # --- 1. the venv ----------------------------------------------------------------------------
 step "venv (python $PY_WANT)"
 venv_ver() { "$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true; }
-if [ -x "$VENV/bin/python" ] && [ "$(venv_ver)" = "$PY_WANT" ]; then
+# complete (a venv killed while ensurepip ran has python and no pip) and made here (a moved or
+# copied checkout's venv names the old folder in its scripts and its patched CMake exports)
+if [ -x "$VENV/bin/python" ] && [ "$(venv_ver)" = "$PY_WANT" ] \
+   && [ -f "$VENV/lib/python$PY_WANT/site-packages/pip/__main__.py" ] && stamp_ok venv "$VENV"; then
   ok "exists"
 else
   PY="${FLASHRT_PYTHON:-python$PY_WANT}"
   command -v "$PY" >/dev/null || die "no $PY on PATH (set FLASHRT_PYTHON to a Python $PY_WANT interpreter)"
   [ "$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" = "$PY_WANT" ] \
     || die "$PY is not Python $PY_WANT"
-  [ -e "$VENV" ] && rm -rf "$VENV"   # broken or wrong version
+  [ -e "$VENV" ] && rm -rf "$VENV"   # broken, wrong version, half-made or moved
   run_logged "$LOGS/venv.log" "$PY" -m venv "$VENV"
+  stamp_set venv "$VENV"
   ok "created with $("$VENV/bin/python" -V 2>&1)"
 fi
 PYV="$VENV/bin/python"
@@ -184,6 +193,7 @@ else
        && ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$ROOT" "$BUILD/CMakeCache.txt"; }; then
     rm -rf "$BUILD"   # forced, or configured for another source folder
   fi
+  rm -f "$STAMPS/interfaces"   # a build cut short below must not pass as up to date
   # Only this venv: no system ROS install or other workspace may leak into the build.
   export AMENT_PREFIX_PATH="$VENV"
   unset CMAKE_PREFIX_PATH COLCON_PREFIX_PATH PYTHONPATH

@@ -14,6 +14,7 @@ cd "$ROOT"
 bash scripts/setup_env.sh
 # shellcheck source=scripts/env.sh
 source scripts/env.sh
+export RMW_IMPLEMENTATION=rmw_fastrtps_cpp   # the venv's only one (a shell's Cyclone DDS would fail every ROS test)
 export ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST
 export ROS_DOMAIN_ID="${ROS_DOMAIN_ID:-$((60 + $$ % 42))}"
 export FLASHRT_REQUIRE_ROS="${FLASHRT_REQUIRE_ROS:-1}"
