@@ -1169,7 +1169,7 @@ def test_diagnostics_say_not_ready_while_engaged_between_skipped_ticks(rclpy_con
 
     from flashrt_ros.ros.inputs import Sample
 
-    node = in_process_node(rclpy_context, rate_hz=1.0)
+    node = in_process_node(rclpy_context, rate_hz=0.2)  # idle ERROR after 10 s: never first here
     try:
         clock = node.get_clock()
         clock._set_ros_time_is_active(True)
@@ -1181,7 +1181,7 @@ def test_diagnostics_say_not_ready_while_engaged_between_skipped_ticks(rclpy_con
             cam.latest = Sample(np.zeros((*HW, 3), np.uint8), stamp, 1, 1)
         node.slots[-1].latest = Sample(np.full(len(JOINTS), 0.1, np.float32), stamp, 0, 0)
         node._on_decision()
-        assert node._health(*node._snapshot_with_baseline(advance=True)) == (DiagnosticStatus.OK, "running at 1 Hz")
+        assert node._health(*node._snapshot_with_baseline(advance=True)) == (DiagnosticStatus.OK, "running at 0.2 Hz")
         clock.set_ros_time_override(Time(seconds=100.6))  # past max_age_s (0.4), before the next tick
         level, message = node._health(*node._snapshot_with_baseline(advance=True))
         assert level == DiagnosticStatus.WARN and message.startswith("running, not ready (stale "), message
@@ -1201,7 +1201,8 @@ def test_diagnostics_say_when_nothing_subscribes_to_the_controllers_outputs(rclp
 
     from flashrt_ros.ros.inputs import Sample
 
-    node = in_process_node(rclpy_context, command_rate_hz=20.0, trajectory_groups=[f"/arm/jt={JOINTS[0]}"])
+    # a slow rate: its idle ERROR (two periods) must not come first on a loaded machine
+    node = in_process_node(rclpy_context, rate_hz=0.1, command_rate_hz=20.0, trajectory_groups=[f"/arm/jt={JOINTS[0]}"])
     listener = Node("controllers", context=rclpy_context)
     try:
         clock = node.get_clock()
