@@ -388,7 +388,9 @@ def test_the_startup_benchmark_times_each_step(tmp_path) -> None:
     assert f"{'first decision ms':42}" in stdout  # the table
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no CUDA GPU")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the refusal it checks is for a machine without a CUDA GPU (with one, it runs)"
+)
 def test_the_full_size_startup_benchmark_refuses_a_machine_without_a_gpu(tmp_path) -> None:
     """It wrote an 11 GB checkpoint over two minutes, then its child died on the fused path."""
     import subprocess

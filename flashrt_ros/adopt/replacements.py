@@ -338,14 +338,19 @@ class RMSNormForward(AdoptedForward):
         if dtype not in KERNEL_DTYPES:  # a mix its own forward rejects, or an fp64 product
             return None
         out = torch.empty(x.shape, dtype=dtype, device=x.device)  # keeps permuted leading dims out of the row view
-        eps = getattr(self.module, "eps", getattr(self.module, "variance_epsilon", None))  # as it is now
+        eps = _eps_of(self.module)  # as it is now
         if isinstance(eps, bool) or not isinstance(eps, (int, float)):
             return None
         return rms_norm(_contiguous_rows(x), w, float(eps), out=out, unit_offset=self.convention.unit_offset)
 
 
+def _eps_of(module: nn.Module) -> object:
+    """An RMSNorm's eps as the module holds it (HF names it `eps` or `variance_epsilon`)."""
+    return getattr(module, "eps", getattr(module, "variance_epsilon", None))
+
+
 def _norm_eps(module: nn.Module) -> float:
-    return float(getattr(module, "eps", getattr(module, "variance_epsilon", None)))
+    return float(_eps_of(module))
 
 
 class RMSNormReplacement(Replacement):
@@ -381,7 +386,7 @@ class RMSNormReplacement(Replacement):
             return "weight is not a 1-D floating-point tensor"
         if weight.is_meta:
             return "weight is on the meta device"
-        eps = getattr(module, "eps", getattr(module, "variance_epsilon", None))
+        eps = _eps_of(module)
         if eps is None:
             return "eps is None"
         return None if isinstance(eps, (int, float)) else f"eps is a {type(eps).__name__}, not a number"

@@ -1294,16 +1294,23 @@ def _node_topics(cfg: NodeConfig) -> list[tuple[str, str, str]]:
 def _check_topics(cfg: NodeConfig, resolve: Resolver) -> list[str]:
     """Names rcl would refuse (with its reason), and names that resolve to one topic: the same
     camera twice (one camera feeding two views), or topics whose types cannot share it."""
-    problems, by_name = [], {}
-    for what, topic, kind in _node_topics(cfg):
+    refused, by_name = resolve_topics(_node_topics(cfg), resolve)
+    problems = [invalid_topic(what.split("[")[0], topic, exc) for what, topic, exc in refused]
+    return problems + [clash_sentence(full, users) for full, users in by_name.items() if len(users) > 1]
+
+
+def resolve_topics(
+    topics: list[tuple[str, str, str]], resolve: Resolver
+) -> tuple[list[tuple[str, str, ValueError]], dict[str, list[tuple[str, str, str]]]]:
+    """Each topic (what, name as written, message type) resolved once: those rcl refuses (what,
+    name, rcl's reason) and, by full name, the topics that resolve to it."""
+    refused, by_name = [], {}
+    for what, topic, kind in topics:
         try:
             by_name.setdefault(resolve(topic), []).append((what, topic, kind))
         except ValueError as exc:
-            problems.append(invalid_topic(what.split("[")[0], topic, exc))
-    for full, users in by_name.items():
-        if len(users) > 1:
-            problems.append(clash_sentence(full, users))
-    return problems
+            refused.append((what, topic, exc))
+    return refused, by_name
 
 
 def invalid_topic(what: str, topic: str, reason: object) -> str:

@@ -42,6 +42,7 @@ from flashrt_ros.ros.params import (
     lost_values,
     node_resolver,
     param_sources,
+    resolve_topics,
     unaddressed_params_files,
     unknown_given,
 )
@@ -211,17 +212,14 @@ class SyntheticSensors(Node):
     def _topic_problems(self) -> list[str]:
         """Topic names rcl refuses, with its reason, and names that resolve to one topic (two
         cameras on one, or a camera and the joints: a traceback from create_publisher)."""
-        problems, resolve, by_name = [], node_resolver(self), {}
         camera = INPUT_TYPES["compressed" if self.cfg.encoding == "jpeg" else "raw"]
         named = [(f"camera_topics[{i}]", t, camera) for i, t in enumerate(self.cfg.camera_topics) if isinstance(t, str)]
-        for what, topic, kind in [*named, ("joint_state_topic", self.cfg.joint_state_topic, INPUT_TYPES["joints"])]:
-            try:
-                by_name.setdefault(resolve(topic), []).append((what, topic, kind))
-            except ValueError as exc:
-                problems.append(invalid_topic(what, topic, exc))
+        joints = ("joint_state_topic", self.cfg.joint_state_topic, INPUT_TYPES["joints"])
+        refused, by_name = resolve_topics([*named, joints], node_resolver(self))
+        problems = [invalid_topic(what, topic, exc) for what, topic, exc in refused]
         # a name written twice in camera_topics is validate's ("more than once")
-        clashes = [users for users in by_name.values() if len({(topic, kind) for _, topic, kind in users}) > 1]
-        return problems + [clash_sentence(resolve(users[0][1]), users) for users in clashes]
+        clashes = {full: users for full, users in by_name.items() if len({(t, kind) for _, t, kind in users}) > 1}
+        return problems + [clash_sentence(full, users) for full, users in clashes.items()]
 
     def _create_cameras(self) -> None:
         cfg = self.cfg
