@@ -131,6 +131,27 @@ def test_status_and_diagnostics(running):
     assert {kv.key for kv in diag.values} >= {"policy", "decisions", "dropped decisions", "deadline misses"}
 
 
+def test_a_subscriber_that_cannot_match_an_output_is_named_and_counted(running):
+    """A controller subscribing to the chunks transient_local (a latched subscription) matches no
+    volatile publisher: it received nothing, with rclpy's generic warning and no count."""
+    from flashrt_ros.msg import ActionChunk
+    from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+
+    node, peer = running
+    topic = peer.topic(f"{NODE}/action_chunk")
+    before = peer.latest_counter(topic, "incompatible_subscriber")
+    mark = node.mark()
+    latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+    sub = peer.node.create_subscription(ActionChunk, topic, lambda _: None, latched)
+    try:
+        line = node.wait_for_line(f"[incompatible_subscriber] a subscriber on {topic} receives nothing", since=mark)
+        assert f"({peer.node.get_fully_qualified_name()} subscribes transient_local;" in line, line
+        assert "subscribe volatile" in line and "[WARN]" in line, line
+        assert peer.wait_for_counter(topic, "incompatible_subscriber", above=before) == before + 1
+    finally:
+        peer.node.destroy_subscription(sub)
+
+
 def test_decisions_on_frames_already_used_reuse_the_prefix(running):
     """Cameras at 4 Hz, joints at 20 Hz, decisions at 10 Hz: a decision on the frames the one before
     it used (its prefix inputs unchanged: pi0.5's state tokens too, the joints stand still) re-uses

@@ -242,8 +242,8 @@ def _decode_png(data: Any, check_size: Callable[[tuple[int, int]], None]) -> np.
     DecompressionBombError only above ~179 Mpx) would otherwise answer first, as decode_failed."""
     from PIL import Image  # local: only nodes with compressed inputs need Pillow
 
-    head = bytes(memoryview(data)[:24])
-    if head[:8] == _PNG_SIGNATURE and head[12:16] == b"IHDR":  # else Pillow says what is wrong
+    head = bytes(memoryview(data)[:24])  # the signature was checked (_check_signature)
+    if head[12:16] == b"IHDR":  # else Pillow says what is wrong
         check_size((int.from_bytes(head[20:24], "big"), int.from_bytes(head[16:20], "big")))
     with Image.open(io.BytesIO(data), formats=("PNG",)) as whole:
         check_size((whole.height, whole.width))
@@ -362,8 +362,7 @@ def _layout(encoding: str, source: str) -> _Layout:
 
 
 def _check_geometry(height: int, width: int, step: int, layout: _Layout, encoding: str, source: str) -> None:
-    if height <= 0 or width <= 0:
-        raise InputError(BAD_SIZE, source, f"image is {height}x{width} (HxW); expected both > 0")
+    _check_not_empty((height, width), source)
     min_step = width * layout.bytes_per_pixel
     if step < min_step:
         raise InputError(
@@ -372,6 +371,11 @@ def _check_geometry(height: int, width: int, step: int, layout: _Layout, encodin
             f"step {step} is smaller than width*bytes_per_pixel = {width}*{layout.bytes_per_pixel} "
             f"= {min_step} for {encoding}",
         )
+
+
+def _check_not_empty(hw: tuple[int, int], source: str) -> None:
+    if min(hw) <= 0:
+        raise InputError(BAD_SIZE, source, f"image is {hw[0]}x{hw[1]} (HxW); expected both > 0")
 
 
 def _expected_hw(expected_hw: tuple[int, int] | None, out: np.ndarray | None) -> tuple[int, int] | None:
@@ -388,8 +392,7 @@ def _check_header_size(
     got_hw: tuple[int, int], *, expected: tuple[int, int] | None, held_hw: tuple[int, int] | None, source: str
 ) -> None:
     """A compressed frame's size as its header says, judged before the decoder allocates it."""
-    if min(got_hw) <= 0:  # Pillow's answer: "cannot identify image file"
-        raise InputError(BAD_SIZE, source, f"image is {got_hw[0]}x{got_hw[1]} (HxW); expected both > 0")
+    _check_not_empty(got_hw, source)  # Pillow's answer: "cannot identify image file"
     _check_expected(got_hw, expected, source)
     check_frame_size(got_hw, held_hw, None, source)
     h, w = got_hw

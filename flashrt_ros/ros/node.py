@@ -38,7 +38,7 @@ from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.clock import Clock, ClockType, JumpThreshold, TimeJump
 from rclpy.duration import Duration
-from rclpy.event_handler import SubscriptionEventCallbacks
+from rclpy.event_handler import PublisherEventCallbacks, SubscriptionEventCallbacks
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.logging import get_logger
 from rclpy.node import Node
@@ -123,6 +123,9 @@ CHUNK_EXHAUSTED = "chunk_exhausted"
 """The command stream reached the end of its chunk with no newer one: no command (once per chunk)."""
 CHUNK_ENDED = "chunk_ended"
 """A chunk published whose last point was already past (joint_trajectory_controller refuses it)."""
+INCOMPATIBLE_SUBSCRIBER = "incompatible_subscriber"
+"""A subscriber on one of the node's outputs that asked for what the publisher does not give
+(transient_local durability, a deadline): it receives nothing (counted on the output's topic)."""
 MIN_JUMP_BACK_S = 0.001
 """ROS time going back by less is not a jump (rcl reports every backward step: two /clock sources)."""
 MIN_JUMP_FORWARD_S = 0.1
@@ -433,9 +436,16 @@ class FlashRTNode(Node):
         )
         self._subscriptions_in.append(sub)
 
+    def _publisher(self, msg_type: type, topic: str, depth: int) -> Any:
+        """An output: reliable, volatile, and a subscriber that cannot match it named and counted
+        (rclpy's default says neither who nor how to fix it, and nothing counts it)."""
+        mismatch = self._guarded(partial(self._on_incompatible_subscriber, self.resolve_topic_name(topic)))
+        events = PublisherEventCallbacks(incompatible_qos=mismatch)
+        return self.create_publisher(msg_type, topic, depth, event_callbacks=events)
+
     def _create_outputs(self) -> None:
-        self._chunk_pub = self.create_publisher(ActionChunk, "~/action_chunk", 10)
-        self._traj_pub = self.create_publisher(JointTrajectory, "~/joint_trajectory", 10)
+        self._chunk_pub = self._publisher(ActionChunk, "~/action_chunk", 10)
+        self._traj_pub = self._publisher(JointTrajectory, "~/joint_trajectory", 10)
         # the last chunk published: where a pause holds the trajectory controllers (None once held)
         self._last_trajectory: ExecutingChunk | None = None
         self._ended_since_hold = False  # a chunk published since then had ended on arrival (chunk_ended)
@@ -446,7 +456,7 @@ class FlashRTNode(Node):
         # one per controller that owns some of the joints: (publisher, the joints' columns, names)
         names = self.cfg.output_joint_names
         self._group_pubs = [
-            (self.create_publisher(JointTrajectory, topic, 10), [names.index(j) for j in joints], joints)
+            (self._publisher(JointTrajectory, topic, 10), [names.index(j) for j in joints], joints)
             for topic, joints in self.cfg.parsed_groups("trajectory_groups")
         ]
         # the command stream: all the action joints, then one per controller that owns some; depth 1,
@@ -463,11 +473,11 @@ class FlashRTNode(Node):
         self._command_lock = threading.Lock()  # a tick's command and count, or a reset: one at a time
         commands = [("~/joint_command", names)] + self.cfg.parsed_groups("command_groups")
         self._command_pubs = [
-            (self.create_publisher(Float64MultiArray, topic, 1), [names.index(j) for j in joints], joints)
+            (self._publisher(Float64MultiArray, topic, 1), [names.index(j) for j in joints], joints)
             for topic, joints in (commands if self.cfg.command_rate_hz > 0 else [])
         ]
-        self._status_pub = self.create_publisher(PipelineStatus, "~/status", 10)
-        self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self._status_pub = self._publisher(PipelineStatus, "~/status", 10)
+        self._diag_pub = self._publisher(DiagnosticArray, "/diagnostics", 10)
 
     def _max_move(self) -> np.ndarray | None:
         """How fast the commands may move: action_max_step per action step (the stream spreads
@@ -791,6 +801,31 @@ class FlashRTNode(Node):
                 f"a publisher on {topic} cannot be received ({who}{what}; {event.total_count} such so far): its "
                 f"prompts do not arrive; {fix}"
             )
+
+    def _on_incompatible_subscriber(self, topic: str, event: Any) -> None:
+        """A subscriber on an output that cannot match its publisher (reliable, volatile, no
+        deadline): it receives nothing - a controller latched on transient_local gets no chunk, no
+        trajectory, no command. Counted on the topic, and each such subscriber named with the fix."""
+        if event.total_count_change <= 0:
+            return
+        with self._lock:
+            if self.is_set_up:
+                self.invalid[(topic, INCOMPATIBLE_SUBSCRIBER)] += event.total_count_change
+        latched = [
+            f"{info.node_namespace.rstrip('/')}/{info.node_name}"
+            for info in self.get_subscriptions_info_by_topic(topic)
+            if info.qos_profile.durability == DurabilityPolicy.TRANSIENT_LOCAL
+        ]
+        if latched:
+            why = f"{', '.join(latched)} subscribe{'s' if len(latched) == 1 else ''} transient_local"
+            fix = "subscribe volatile (each message is published once, for now)"
+        else:
+            why = f"its {QoSPolicyKind(event.last_policy_kind).name.lower()} policy does not match"
+            fix = "subscribe reliable or best effort, volatile, with no deadline or liveliness lease"
+        self.get_logger().warning(
+            f"[{INCOMPATIBLE_SUBSCRIBER}] a subscriber on {topic} receives nothing ({why}; "
+            f"{event.total_count} such so far): {fix}"
+        )
 
     def _on_prompt(self, msg: String) -> None:
         """A task instruction on prompt_topic: set as the prompt parameter, so that it is checked,
