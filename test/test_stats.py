@@ -102,6 +102,27 @@ def test_slow_rates_use_the_last_completions() -> None:
     assert summary.rate_hz == 0.0
 
 
+def test_after_a_pause_the_rate_is_the_new_runs() -> None:
+    """10 Hz for 20 s, a minute's pause (~/enable false), then 10 Hz again: the second and third
+    decisions after it read ~0.03 Hz (two intervals over the pause) where they are 10 Hz; a pause
+    shorter than RATE_SPAN_S lowers the rate over the span, as it should."""
+    stats = PipelineStats(window=200)
+    t = 0.0
+    for _ in range(200):
+        stats.add({"decision": 1.0}, now=t)
+        t += 0.1
+    t += 60.0
+    stats.add({"decision": 1.0}, now=t)
+    assert stats.summaries(now=t)[0].rate_hz == 0.0  # one completion of the new run: no rate yet
+    for _ in range(2):
+        t += 0.1
+        stats.add({"decision": 1.0}, now=t)
+        assert stats.summaries(now=t)[0].rate_hz == pytest.approx(10.0)
+    t += 5.0  # a shorter pause: 2 more completions over the 5.2 s since the first of the run
+    stats.add({"decision": 1.0}, now=t)
+    assert stats.summaries(now=t)[0].rate_hz == pytest.approx(3 / 5.2)
+
+
 def test_the_stats_line_tells_rejected_inputs_from_absent_ones_and_node_events() -> None:
     """Refused parameters, a stalled clock (topic "") and refused capsule calls (their service)
     are named, not counted as inputs;

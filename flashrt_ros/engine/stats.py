@@ -40,9 +40,11 @@ class StageStats:
         self.count += 1
         self._latency_ms.append(latency_ms)
         now = self._clock() if now is None else now
-        if self._done_at and now < self._done_at[-1]:
+        if self._done_at and (now < self._done_at[-1] or self._stopped_before(now)):
             # the clock went back (a simulator reset, a bag loop, use_sim_time switched): times
-            # from before are on another timeline, and a rate across both would be nonsense
+            # from before are on another timeline, and a rate across both would be nonsense; or
+            # the stage had stopped (a pause): a rate across the gap would read ~0 Hz for the
+            # first decisions after it (2 over a minute's pause), the new rate only from the third
             self._done_at.clear()
         self._done_at.append(now)
 
@@ -65,16 +67,27 @@ class StageStats:
             return 0.0
         last = self._done_at[-1]
         now = self._clock() if now is None else now
-        if now < last:
-            return 0.0
-        recent = [t for t in self._done_at if t >= last - RATE_SPAN_S]
-        if len(recent) < 3:
-            recent = list(self._done_at)[-3:]
+        recent = self._recent()
         n, span = len(recent) - 1, recent[-1] - recent[0]
-        if span <= 0 or now - last > max(RATE_SPAN_S, 3 * span / n):
+        if now < last or span <= 0 or self._stopped_before(now):
             return 0.0
         end = max(last, now - span / n)
         return n / (end - recent[0])
+
+    def _recent(self) -> list[float]:
+        """The completions the rate is measured over: those of the last RATE_SPAN_S, or the last 3."""
+        last = self._done_at[-1]
+        recent = [t for t in self._done_at if t >= last - RATE_SPAN_S]
+        return recent if len(recent) >= 3 else list(self._done_at)[-3:]
+
+    def _stopped_before(self, now: float) -> bool:
+        """Nothing completed in the last RATE_SPAN_S or three mean intervals, whichever is longer
+        (one completion alone has no interval: a stage that runs every 20 s is not stopped)."""
+        if len(self._done_at) < 2:
+            return False
+        recent = self._recent()
+        mean = (recent[-1] - recent[0]) / (len(recent) - 1)
+        return now - self._done_at[-1] > max(RATE_SPAN_S, 3 * mean)
 
 
 class PipelineStats:
