@@ -203,6 +203,14 @@ def test_vision_and_language_graphs_make_the_eager_prefix():
         fused.denoise()
         torch.testing.assert_close(replayed[0], fused.prefix_k, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(replayed[1], fused.actions, rtol=1e-5, atol=1e-5)
+    # new frames whose vision did not run: the language stage would read the last frames' tokens
+    fused.set_pixels(x["pixels"][0], [True, True])  # the loop ended on one view
+    for graphs_now in (graphs, {}):
+        fused.graphs = graphs_now
+        with pytest.raises(RuntimeError, match=r"current frames \(views: 2\); it last ran on earlier ones \(views: 1"):
+            fused.run("language")
+    fused.run("vision")
+    fused.run("language")
 
 
 def _host_frames(rng, shapes) -> list:

@@ -275,6 +275,10 @@ class FusedPi0:
         # Views in the current decision's prefix: present cameras are packed to the front and only
         # they run, with graphs per view count (see set_images).
         self.views = cfg.num_views
+        # frames set so far (set_images / set_frames / set_pixels), and (that count, views) when the
+        # vision stage last ran: the language stage reads its image tokens, which must be of these
+        self.frames_serial = 0
+        self._vision_of: tuple[int, int] | None = None
         # (views, bucket) of the prefix in the K/V cache: the denoise reads that layout, which new
         # inputs (set_images / set_inputs) do not change until the prefix runs again
         self.cached: tuple[int, int] | None = None
@@ -598,6 +602,7 @@ class FusedPi0:
         self._set_views(len(present))
 
     def _set_views(self, n: int) -> None:
+        self.frames_serial += 1
         if n == 0:  # no camera at all: one masked view keeps the shapes; the prompt alone conditions
             self.pixels[0].fill_(-1.0)
             self.view_valid[0] = False
@@ -753,6 +758,17 @@ class FusedPi0:
         no prompt token, so it can run while the host still tokenises the prompt
         (engine/pipeline.py); nothing but the next `language` reads what it writes."""
         self.vision(out=self.prefix_emb[: self.views * self.cfg.vision.num_tokens])
+        self._vision_of = (self.frames_serial, self.views)
+
+    def _check_vision_ran(self) -> None:
+        """The language stage on image tokens of other frames, or of another view count (rows of
+        an earlier decision's, or rows no vision wrote) would build a wrong prefix without an error."""
+        if self._vision_of != (self.frames_serial, self.views):
+            ran = "never ran" if self._vision_of is None else f"last ran on earlier ones (views: {self._vision_of[1]})"
+            raise RuntimeError(
+                f"the language stage needs the vision stage on the current frames (views: {self.views}); it {ran}: "
+                "run 'vision' first, or 'prefix'"
+            )
 
     def language(self) -> None:
         """Image tokens (from `vision_stage`) + prompt -> prefix_k / prefix_v of every layer (+ the
@@ -760,6 +776,7 @@ class FusedPi0:
 
         Only the first `self.bucket` prompt tokens are used: the rest are padding (right-padded
         prompts), which no query may see, so leaving them out changes nothing."""
+        self._check_vision_ran()
         self.prefix_serial += 1  # first: a prefix that fails half-way is not the one counted before
         cfg, b = self.cfg, self.bucket
         p = self.prefix_rows
@@ -1069,10 +1086,13 @@ class FusedPi0:
         if graph is None:
             {"vision": self.vision_stage, "language": self.language, "denoise": self.denoise}[stage]()
             return
-        if stage == "language":  # a replay runs no Python: count and record what the graph builds
+        if stage == "language":  # a replay runs no Python: check, count and record what the graph builds
+            self._check_vision_ran()
             self.prefix_serial += 1
         graph.replay()
-        if stage == "language":
+        if stage == "vision":
+            self._vision_of = (self.frames_serial, self.views)
+        elif stage == "language":
             self.cached = key[1:]
 
     def sample_actions(self, noise: Tensor | None = None) -> Tensor:
