@@ -189,6 +189,26 @@ def test_malformed_config_json_names_the_file(tmp_path):
         (tmp_path / name).unlink()
 
 
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        ({"n_action_steps": "8"}, "extra.n_action_steps must be an integer >= 1 (or absent), got '8'"),
+        ({"n_action_steps": 0}, "extra.n_action_steps must be an integer >= 1"),
+        ({"n_action_steps": 11}, "extra.n_action_steps is 11, more than horizon 10"),
+        ({"camera_names": "top"}, "extra.camera_names must be a list of strings (or absent), got 'top'"),
+    ],
+)
+def test_a_bad_extra_in_flashrt_config_json_names_the_field(tmp_path, extra, said):
+    """The keys of `extra` the node reads (n_action_steps: a TypeError in the node's start-up check
+    naming neither file nor field)."""
+    save_model(tiny_model("pi05"), tmp_path, layout="openpi")
+    path = tmp_path / "flashrt_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "extra": extra}))
+    with pytest.raises(CheckpointError) as err:
+        load_model(tmp_path)
+    assert str(path) in str(err.value) and said in str(err.value), err.value
+
+
 def test_a_stray_tensor_name_in_a_lerobot_file_is_named(tmp_path):
     """One name without LeRobot's `model.` prefix made the folder read as openpi: config.json was
     then read as openpi's and every tensor reported missing, with no word about why."""
@@ -336,7 +356,7 @@ def test_pi0_weights_with_pi05_config_fail_clearly(tmp_path):
     with pytest.raises(CheckpointError) as err:
         load_model(tmp_path, config=PolicyConfig.tiny("pi05"))
     msg = str(err.value)
-    assert "missing" in msg and "time_mlp_in.weight" in msg and "unexpected" in msg and "state_proj.weight" in msg
+    assert "missing" in msg and "time_mlp_in.weight" in msg and "it holds pi0's state_proj" in msg, msg
 
 
 def test_openpi_folder_without_config_needs_one(tmp_path):
@@ -436,6 +456,10 @@ def test_a_partial_flashrt_config_changes_what_the_other_files_say(tmp_path):
         read_config(tmp_path, "openpi", PolicyConfig.tiny("pi05"))
     with pytest.raises(ValueError, match="has no LeRobot config .* save it in the openpi layout"):
         lerobot_config_dict(PolicyConfig.pi05(discrete_state_input=False))
+    # saved so, it is refused before anything is written (the weights alone loaded as a LeRobot folder)
+    with pytest.raises(ValueError, match="has no LeRobot config"):
+        save_model(tiny_model("pi05", discrete_state_input=False), tmp_path / "new", layout="lerobot")
+    assert not (tmp_path / "new").exists()
 
 
 def test_a_model_of_another_size_lists_a_bounded_sample_of_tensors(tmp_path):
@@ -576,6 +600,31 @@ def test_lerobot_names_without_the_prefix_and_the_embedding_saved_as_the_lm_head
     loaded, info = load_model(tmp_path)
     assert info.layout == "lerobot"
     assert torch.equal(loaded.prefix_lm.embed_tokens.weight, model.prefix_lm.embed_tokens.weight)
+
+
+def test_the_pi05_tensors_lerobot_drops_on_load_are_dropped(tmp_path):
+    """LeRobot's PI05Policy drops a pi05 file's state_proj and the expert's plain norm weights (its
+    norms are adaRMS), on keys without its prefix: such a file loads there, and was refused here
+    as "unexpected"; with the prefix LeRobot refuses them too."""
+    model = tiny_model("pi05")
+    save_model(model, tmp_path, layout="lerobot")
+    path = tmp_path / "model.safetensors"
+    t = {k.removeprefix("model."): v for k, v in load_file(str(path)).items()}
+    expert = "paligemma_with_expert.gemma_expert.model."
+    extra = {
+        "state_proj.weight": torch.ones(64, 32),
+        "state_proj.bias": torch.ones(64),
+        f"{expert}layers.1.input_layernorm.weight": torch.ones(32),
+        f"{expert}layers.0.post_attention_layernorm.weight": torch.ones(32),
+        f"{expert}norm.weight": torch.ones(32),
+    }
+    save_file({**t, **extra}, str(path))
+    loaded, _ = load_model(tmp_path)
+    ours = dict(model.named_parameters())
+    assert all(torch.equal(p, ours[name]) for name, p in loaded.named_parameters())
+    save_file({**t, **{f"model.{k}": v for k, v in extra.items()}}, str(path))
+    with pytest.raises(CheckpointError, match=r"unexpected 5 tensor\(s\): model\.paligemma_with_expert"):
+        load_model(tmp_path)
 
 
 def test_lerobot_camera_names_are_kept_in_the_order_lerobot_stacks_the_views():

@@ -18,6 +18,7 @@ import functools
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -73,6 +74,13 @@ _IGNORED = {
     "paligemma_with_expert.gemma_expert.lm_head.weight",
     "paligemma_with_expert.gemma_expert.model.embed_tokens.weight",
 }
+# What LeRobot's PI05Policy drops on load (`_fix_pytorch_state_dict_keys`): pi0's state
+# projection, and the expert's plain norm weights (its norms are adaRMS). Matched as LeRobot does,
+# on keys without its `model.` prefix only (with it, LeRobot refuses them as unexpected).
+_PI05_DROPPED = re.compile(
+    r"state_proj\.|paligemma_with_expert\.gemma_expert\.model\."
+    r"(layers\.\d+\.(input_layernorm|post_attention_layernorm)\.weight|norm\.weight)"
+)
 _ALLOWED_DTYPES = {torch.float32, torch.bfloat16, torch.float16}
 
 
@@ -587,7 +595,7 @@ def _plan(f, layout: str, cfg: PolicyConfig, expected: dict[str, tuple], path: P
     tied = None  # the key the LM head was saved under, with or without LeRobot's prefix
     for key in f.keys():
         theirs = key[len(prefix) :] if prefix and key.startswith(prefix) else key
-        if theirs in _IGNORED:
+        if theirs in _IGNORED or (cfg.kind == "pi05" and key == theirs and _PI05_DROPPED.match(key)):
             ignored.append(key)
             tied = key if theirs in _TIED_EMBEDDINGS else tied
             continue
@@ -615,8 +623,10 @@ def _plan(f, layout: str, cfg: PolicyConfig, expected: dict[str, tuple], path: P
     problems += bounded(shapes, SHOWN, " tensors of other shapes") + bounded(dtypes, SHOWN, " tensors of other dtypes")
     if problems:
         header = f"{path}: does not match a {cfg.kind} model of this config:"
+        if any(k.startswith("state_proj.") for k in ignored):  # dropped as LeRobot does, and a pi0's
+            problems.append("it holds pi0's state_proj (a pi05 has none; ignored as LeRobot does): pi0 weights?")
         raise CheckpointError("\n  ".join([header, *problems]))
-    if ignored:
+    if ignored:  # LeRobot warns of the pi05 keys it drops; they are as unused here
         log.debug("ignored %d unused tensor(s): %s", len(ignored), ", ".join(ignored))
     return {ours: available[ours] for ours in expected}
 
@@ -698,14 +708,16 @@ def save_model(
     """Write `model.safetensors` (+ configs) in the given layout; returns the folder."""
     if layout not in ("openpi", "lerobot"):
         raise ValueError(f"layout must be 'openpi' or 'lerobot', got {layout!r}")
+    cfg = model.cfg
+    # first: a config LeRobot has no form for is refused before anything is written (the weights
+    # and our config alone made a folder that loads as a LeRobot one, or sat beside an older config.json)
+    lerobot_cfg = lerobot_config_dict(cfg, camera_names, robot_dof) if layout == "lerobot" else None
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     prefix = LEROBOT_PREFIX if layout == "lerobot" else ""
     tensors = {prefix + to_openpi_key(n): p.detach().contiguous().cpu() for n, p in model.named_parameters()}
     save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt", "flashrt_layout": layout})
-    cfg = model.cfg
     (folder / FLASHRT_CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2))
-    if layout == "lerobot":
-        lerobot_cfg = lerobot_config_dict(cfg, camera_names, robot_dof)
+    if lerobot_cfg is not None:
         (folder / CONFIG_FILE).write_text(json.dumps(lerobot_cfg, indent=2))
     return folder

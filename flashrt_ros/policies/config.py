@@ -227,7 +227,23 @@ class PolicyConfig:
             problems.append(f"aloha_adapt_to_pi must be true or false, got {self.aloha_adapt_to_pi!r}")
         if not isinstance(self.extra, dict):
             problems.append(f"extra must be a dict, got {type(self.extra).__name__}")
+        else:
+            problems += self._extra_problems()
         return [p for p in problems if p]
+
+    def _extra_problems(self) -> list[str]:
+        """The keys of `extra` that code reads (a LeRobot checkpoint's, kept in flashrt_config.json):
+        a wrong type there failed later, in the node, naming neither the file nor the field."""
+        problems = []
+        steps = self.extra.get("n_action_steps")
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+            problems.append(f"extra.n_action_steps must be an integer >= 1 (or absent), got {steps!r}")
+        elif steps is not None and isinstance(self.horizon, int) and steps > self.horizon:
+            problems.append(f"extra.n_action_steps is {steps}, more than horizon {self.horizon}")
+        names = self.extra.get("camera_names")
+        if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+            problems.append(f"extra.camera_names must be a list of strings (or absent), got {names!r}"[:300])
+        return problems
 
     def _relation_problems(self) -> list[str]:
         problems = []
