@@ -494,6 +494,39 @@ def test_sim_time_without_clock_is_reported_and_the_node_still_stops(ros_env, rc
     node.wait_for_line("shutting down; stats:")
 
 
+def test_a_clock_message_rclpy_cannot_take_is_counted_and_the_node_goes_on(ros_env, rclpy_context, tmp_path):
+    """A /clock message with a negative time (an int32 any bridge or bag can carry) raised in
+    rclpy's own /clock callback and ended the node's process (exit 1, a traceback, no hold point
+    for the controllers). It is counted as node_error, named, and decisions go on."""
+    from builtin_interfaces.msg import Time
+    from node_harness import Peer
+    from rosgraph_msgs.msg import Clock
+
+    node = NodeProcess(ros_env, tmp_path, new_namespace(), {**TEST_PARAMS, "use_sim_time": True})
+    peer = Peer(rclpy_context, node.namespace)
+    try:
+        clock_pub = peer.node.create_publisher(Clock, "/clock", 10)
+
+        def tick() -> None:
+            ns = peer.now().nanoseconds
+            clock_pub.publish(Clock(clock=Time(sec=ns // 10**9, nanosec=ns % 10**9)))
+
+        assert peer.pump(60.0, until=lambda: bool(peer.chunks), extra=tick), node.tail()
+        mark = node.mark()
+        clock_pub.publish(Clock(clock=Time(sec=-5)))
+        line = node.wait_for_line("[node_error] a callback raised in clock_callback (time_source.py:", since=mark)
+        assert "ValueError" in line and "its message is dropped and the node goes on" in line, line
+        assert peer.pump(10.0, until=lambda: peer.latest_counter("", "node_error") > 0, extra=tick), node.tail()
+        start = len(peer.chunks)
+        assert peer.pump(10.0, until=lambda: len(peer.chunks) > start + 2, extra=tick), node.tail()
+        peer.assert_chunks_from_good_data()
+    finally:
+        peer.close()
+        code = node.stop()
+    assert code == 0, node.tail()
+    node.wait_for_line("shutting down; stats:")
+
+
 def test_camera_that_changes_size_or_sends_a_sliver(ros_env, rclpy_context, tmp_path):
     """No image size configured (the shipped default): each camera keeps the size it has been
     sending - a change mid-stream is refused; after a gap longer than max_age_s (a camera

@@ -244,7 +244,14 @@ def main(args: list[str] | None = None) -> int:
             node.hold_at_stop()
             node.get_logger().info(f"shutting down; {node.stats_line() if node.is_set_up else 'unconfigured'}")
 
-    return run_until_signal(node, executor, on_signal=node.begin_shutdown, on_stop=on_stop, done=node.finalized.is_set)
+    return run_until_signal(
+        node,
+        executor,
+        on_signal=node.begin_shutdown,
+        on_stop=on_stop,
+        done=node.finalized.is_set,
+        on_error=node.on_callback_error,
+    )
 
 
 if __name__ == "__main__":

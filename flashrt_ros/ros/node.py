@@ -22,9 +22,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import sys
 import threading
 import time
+import traceback
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -1286,6 +1288,20 @@ class FlashRTNode(Node):
         took_s = self._timer_seconds() - mark.timer_s
         return took_s if took_s >= 0 else None
 
+    def on_callback_error(self, exc: Exception) -> None:
+        """A callback that raised in the executor: not one of ours (they catch what they raise)
+        but rclpy's, e.g. its /clock subscription under use_sim_time on a time it cannot take (a
+        negative one). That message is lost; counted as node_error, and the node goes on."""
+        frames = traceback.extract_tb(exc.__traceback__)
+        inner = [i for i, f in enumerate(frames) if f.filename.endswith("executors.py")]
+        called = frames[inner[-1] + 1] if inner and inner[-1] + 1 < len(frames) else None  # the callback
+        at = f" in {called.name} ({os.path.basename(called.filename)}:{called.lineno})" if called else ""
+        text = f"a callback raised{at}: {exc!r}; its message is dropped and the node goes on"
+        if self.is_set_up:
+            self._our_failure("callback_failed", text)
+        else:  # a lifecycle node before configure: no counters, no throttle yet
+            self.get_logger().error(f"[{NODE_ERROR}] {text}", throttle_duration_sec=1.0)
+
     def _our_failure(self, what: str, text: str) -> None:
         """A failure of ours caught where it cannot stop the node: counted as node_error and logged
         at ERROR, throttled per `what`."""
@@ -2066,7 +2082,9 @@ def main(args: list[str] | None = None) -> int:
         node.hold_at_stop()
         node.get_logger().info(f"shutting down; {node.stats_line()}")
 
-    return run_until_signal(node, executor, on_signal=node.begin_shutdown, on_stop=on_stop)
+    return run_until_signal(
+        node, executor, on_signal=node.begin_shutdown, on_stop=on_stop, on_error=node.on_callback_error
+    )
 
 
 if __name__ == "__main__":

@@ -43,7 +43,9 @@ def init_rclpy(argv: list[str], node_name: str) -> bool:
     return True
 
 
-def spin_until_signal(executor: Any, done: Callable[[], bool] | None = None) -> None:
+def spin_until_signal(
+    executor: Any, done: Callable[[], bool] | None = None, on_error: Callable[[Exception], None] | None = None
+) -> None:
     """Spin until SIGINT or SIGTERM (``ros2 launch`` stops nodes with SIGINT, then SIGTERM).
     Call after ``rclpy.init(signal_handler_options=SignalHandlerOptions.NO)``: rclpy's own
     handlers shut the context down first, so nothing - e.g. the final stats line - could be
@@ -52,7 +54,12 @@ def spin_until_signal(executor: Any, done: Callable[[], bool] | None = None) -> 
     The handler only sets a flag, checked between short waits: raising KeyboardInterrupt from
     it (Python's default) lands at any bytecode of the executor's own code, e.g. between taking
     a lock and the ``try`` that releases it, and can leave the executor unable to stop. `done`,
-    where given, also ends it when it turns true (a lifecycle node's shutdown transition)."""
+    where given, also ends it when it turns true (a lifecycle node's shutdown transition).
+
+    A callback that raises in the executor - not one of our nodes' own, which catch what they
+    raise, but rclpy's, e.g. its /clock subscription under use_sim_time on a negative time - goes
+    to `on_error`, and spinning goes on: raised, one bad message ended the process without the
+    stop's hold point. Without `on_error` it ends spinning, as rclpy's own spin does."""
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -62,11 +69,15 @@ def spin_until_signal(executor: Any, done: Callable[[], bool] | None = None) -> 
     # ignored, and Python then leaves it ignored.
     for signum in STOP_SIGNALS:
         signal.signal(signum, on_signal)
-    try:
-        while not stop.is_set() and executor.context.ok() and not (done is not None and done()):
+    while not stop.is_set() and executor.context.ok() and not (done is not None and done()):
+        try:
             executor.spin_once(timeout_sec=POLL_S)
-    except ExternalShutdownException:
-        pass
+        except ExternalShutdownException:
+            return
+        except Exception as exc:
+            if on_error is None:
+                raise
+            on_error(exc)
 
 
 REPEAT_S = 1.0
@@ -166,15 +177,17 @@ def run_until_signal(
     on_stop: Callable[[], None] | None = None,
     on_signal: Callable[[], None] | None = None,
     done: Callable[[], bool] | None = None,
+    on_error: Callable[[Exception], None] | None = None,
 ) -> int:
     """Spin `node` on `executor` until a signal (or until `done` turns true). Then `on_signal`
     runs (e.g. the node stops publishing), the callbacks in flight finish, and `on_stop` runs (so
     what it reports counts them) before anything is torn down. A signal before spinning starts
-    (KeyboardInterrupt from `interrupt_on_signals`) stops it the same way."""
+    (KeyboardInterrupt from `interrupt_on_signals`) stops it the same way. `on_error`: see
+    `spin_until_signal`."""
     try:
         try:
             executor.add_node(node)
-            spin_until_signal(executor, done)
+            spin_until_signal(executor, done, on_error)
         except KeyboardInterrupt:
             stopping()
         if on_signal is not None:

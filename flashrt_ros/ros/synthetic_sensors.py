@@ -338,7 +338,11 @@ def main(args: list[str] | None = None) -> int:
         stopping()
         rclpy.try_shutdown()
         return 0
-    return run_until_signal(node, executor)
+
+    def on_error(exc: Exception) -> None:  # rclpy's own callbacks (its /clock under use_sim_time)
+        node.get_logger().error(f"a callback raised: {exc!r}; going on", throttle_duration_sec=1.0)
+
+    return run_until_signal(node, executor, on_error=on_error)
 
 
 if __name__ == "__main__":
