@@ -839,6 +839,43 @@ def test_ros_time_going_back_drops_held_inputs_and_the_decision_under_way(rclpy_
         node.destroy_node()
 
 
+def test_a_decision_across_a_jump_forward_that_makes_its_inputs_stale_is_not_published(rclpy_context, monkeypatch):
+    """Sim time leaps an hour while a decision runs (a simulator that skipped, a bag played on):
+    stamped at its publication, the chunk went out as fresh from observations the jump made an
+    hour old. Dropped, and counted as a skipped tick for each input now stale; a jump that leaves
+    them within max_age_s (0.4 s) publishes."""
+    from rclpy.time import Time
+
+    from flashrt_ros.ros.inputs import Sample
+
+    node = in_process_node(rclpy_context, rate_hz=0.1, trajectory_stamp="publication")
+    try:
+        clock = node.get_clock()
+        clock._set_ros_time_is_active(True)
+        published = []
+        monkeypatch.setattr(node, "_publish", lambda decision, *args, **kwargs: published.append(decision) or True)
+        decide = node.state.decide
+        for start_s, jump_to_s, want in ((100.0, 3700.0, 0), (5000.0, 5000.2, 1)):
+            clock.set_ros_time_override(Time(seconds=start_s))
+            stamp = Time(seconds=start_s).to_msg()
+            for cam in node.slots[:-1]:
+                cam.latest = Sample(np.zeros((*HW, 3), np.uint8), stamp, 0, 0)
+            node.slots[-1].latest = Sample(np.zeros(len(JOINTS), np.float32), stamp, 0, 0)
+
+            def decide_across_a_jump(*args, to=jump_to_s, **kwargs):
+                out = decide(*args, **kwargs)
+                clock.set_ros_time_override(Time(seconds=to))
+                return out
+
+            monkeypatch.setattr(node.state, "decide", decide_across_a_jump)
+            node._decide()
+            assert len(published) == want, (start_s, published)
+        assert node.dropped_decisions == 1
+        assert all(node.invalid[(slot.topic, "stale")] == 1 for slot in node.slots), dict(node.invalid)
+    finally:
+        node.destroy_node()
+
+
 def test_a_lerobot_n_action_steps_is_said_against_the_decision_rate(rclpy_context, monkeypatch):
     """LeRobot executes n_action_steps of a chunk, then decides again: a rate_hz that replans less
     often runs the policy differently, which the start-up log says (with the rate that would not)."""

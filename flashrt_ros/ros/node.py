@@ -957,12 +957,39 @@ class FlashRTNode(Node):
             chunk = decision.chunk_id
             self.get_logger().info(f"{self.TIME_JUMP_DROP}: chunk {chunk}, computed meanwhile, not published")
             return
+        if began.jumps_forward != self._jumps_forward and self._stale_after_jump(samples, decision.chunk_id, cfg):
+            return
         if not self._publish(decision, samples, latency_ms, cfg, held, epoch):
             return
         timed_s = self._elapsed_s(began)
         if timed_s is not None:  # none across a jump forward: the estimate would hold the jump's steps
             self._latency.add(round(timed_s * 1e9))
         self._account(samples, decision, start, time.perf_counter_ns(), cfg, guided=held is not None, timed_s=timed_s)
+
+    def _stale_after_jump(self, samples: list[Sample], chunk_id: int, cfg: NodeConfig) -> bool:
+        """ROS time jumped forward while the decision ran (a simulator that skipped, a bag played
+        on): inputs now older than max_age_s drop it, counted as a skipped tick for them (stamped
+        at publication, it went out as fresh, and the robot acted on observations the jump made old)."""
+        now_ns = self.get_clock().now().nanoseconds
+        stale = []
+        for slot, sample in zip(self.slots, samples, strict=True):
+            try:
+                check_fresh(sample.stamp, now_ns, cfg.max_age_s, slot.topic)
+            except InputError as err:
+                stale.append((slot.topic, err))
+        if not stale:
+            return False
+        with self._lock:
+            self.dropped_decisions += 1
+            for topic, err in stale:
+                self.invalid[(topic, err.reason)] += 1
+        self._throttle(
+            ("jumped forward",),
+            "warning",
+            f"ROS time jumped forward while chunk {chunk_id} was computed: not published, its inputs are now "
+            + "; ".join(str(err) for _, err in stale),
+        )
+        return True
 
     def _hold(self, joints: Sample, now_ns: int, cfg: NodeConfig) -> Hold | None:
         """Real-time chunking: what of the executing chunk the next one is held to (None: rtc off,
