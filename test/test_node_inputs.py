@@ -307,6 +307,21 @@ def test_invalid_parameter_at_start_exits_with_the_reasons(ros_env, tmp_path):
         assert reason in output, f"missing reason {reason!r} in:\n{output}"
 
 
+@pytest.mark.parametrize("module", ["node", "lifecycle_node", "synthetic_sensors"])
+def test_a_use_sim_time_of_the_wrong_type_at_start_exits_2_with_the_reason(ros_env, tmp_path, module):
+    """rclpy's Node constructor declares use_sim_time (a bool) itself: a robot-wide file's
+    `use_sim_time: "true"` raised inside it (a traceback, exit 1: "the policy could not be built")."""
+    import sys
+
+    shared = tmp_path / "robot.yaml"
+    shared.write_text('/**:\n  ros__parameters:\n    use_sim_time: "true"\n')
+    cmd = [sys.executable, "-m", f"flashrt_ros.ros.{module}", "--ros-args", "--params-file", str(shared)]
+    done = subprocess.run(cmd, env=ros_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "not starting: invalid parameters:" in done.stderr, done.stderr
+    assert "use_sim_time must be true or false, got string 'true' (rclpy's own parameter)" in done.stderr
+
+
 def test_tiny_rates_and_topics_that_resolve_alike_exit_2_with_the_reasons(ros_env, tmp_path):
     """Rates whose timer period overflows rcl's int64 and a step of 0 ns crashed (or published
     all trajectory points at time 0); one camera spelled relative and absolute in the node's

@@ -85,6 +85,7 @@ from flashrt_ros.ros.params import (
     lost_values,
     node_resolver,
     param_sources,
+    rclpy_parameter_refusals,
     refused_by_rclpy,
     unaddressed_params_files,
     unknown_given,
@@ -192,7 +193,8 @@ class FlashRTNode(Node):
         # undeclared names reach _on_set_parameters, which refuses them with the known names and
         # a counter (rclpy's own refusal says only "Invalid access to undeclared parameter(s)")
         node_kwargs.setdefault("allow_undeclared_parameters", True)
-        super().__init__(NODE_NAME, **node_kwargs)
+        with rclpy_parameter_refusals():
+            super().__init__(NODE_NAME, **node_kwargs)
         _FORWARD.ros_logger = self.get_logger()  # the policy's logs under this node's name (and /rosout)
         declare_parameters(self)
         self._sources = list(sources)  # params files and -p, in command-line order (params.param_sources)

@@ -22,7 +22,8 @@ import difflib
 import math
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -1012,6 +1013,28 @@ def _type_problems(cfg: NodeConfig) -> dict[str, str]:
             }
             problems[name] = f"{name} must be {expected[kind]}, got {_type_name(value)} {shown(value)}"
     return problems
+
+
+_RCLPY_TYPE_REFUSAL = re.compile(r"Trying to set parameter '(.*)' to '(.*)' of type '(\w+)', expecting type '(\w+)'")
+
+
+@contextmanager
+def rclpy_parameter_refusals() -> Iterator[None]:
+    """Around rclpy's Node constructor, which declares its own parameters (use_sim_time, a bool)
+    from the params files and -p: a wrong type there (`use_sim_time: "true"`, in a robot-wide
+    `/**` section too) raised from inside it, a traceback and exit 1 before any check of ours. As
+    a ConfigError instead: one sentence, as for our parameters, and exit 2."""
+    from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
+
+    try:
+        yield
+    except (InvalidParameterTypeException, InvalidParameterValueException) as exc:
+        found = _RCLPY_TYPE_REFUSAL.search(str(exc))
+        if found is None:
+            raise ConfigError([f"rclpy refused a parameter of its own: {exc}"]) from None
+        name, value, got, expected = found.groups()
+        wanted = "true or false" if expected == "BOOL" else f"of type {expected.lower()}"
+        raise ConfigError([f"{name} must be {wanted}, got {got.lower()} {value!r} (rclpy's own parameter)"]) from None
 
 
 def _check_choices(cfg: NodeConfig) -> list[str]:

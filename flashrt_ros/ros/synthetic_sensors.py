@@ -42,6 +42,7 @@ from flashrt_ros.ros.params import (
     lost_values,
     node_resolver,
     param_sources,
+    rclpy_parameter_refusals,
     resolve_topics,
     unaddressed_params_files,
     unknown_given,
@@ -176,7 +177,8 @@ class SyntheticSensors(Node):
         sources: Sequence[tuple[str, ...]] = (),
         **node_kwargs: Any,
     ):
-        super().__init__(NODE_NAME, **node_kwargs)
+        with rclpy_parameter_refusals():
+            super().__init__(NODE_NAME, **node_kwargs)
         defaults = SensorConfig()
         for name in SensorConfig.__dataclass_fields__:
             self.declare_parameter(name, getattr(defaults, name), _descriptor(name))
