@@ -36,13 +36,16 @@ Arguments:
                            empty (default): as params_file says
 
 A params file that does not exist stops the launch (launch_ros would only warn and start the node
-on its defaults: the embedded random-weight policy). When flashrt_node exits, so does the launch.
+on its defaults: the embedded random-weight policy). When flashrt_node (or synthetic_sensors)
+exits, so does the launch, and with a status other than 0 the launch fails (exit 1).
 """
 
+import difflib
 import os
 
 from ament_index_python.packages import get_package_share_directory
 from launch.actions import DeclareLaunchArgument, OpaqueFunction, Shutdown
+from launch.logging import get_logger
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
@@ -112,9 +115,48 @@ def parse_log_level(text):
     return level
 
 
-def _nodes(context):
+def exit_failure(name, returncode, shutting_down):
+    """Why a node's exit fails the launch, or None: a status other than 0 before the launch was
+    shutting down (a refused parameter: 2, a policy that could not be built: 1). Shutdown alone
+    ends the launch with status 0 whatever the node's, so a systemd unit or a bring-up script saw
+    success."""
+    if shutting_down or not returncode:
+        return None
+    return f"{name} exited with status {returncode} (its lines above say why)"
+
+
+def _ends_launch(name):
+    """A node's on_exit: the launch ends with it (not the other node running on alone), and fails
+    where the node failed (exit_failure: launch reports the exception and exits 1)."""
+
+    def on_exit(event, context):
+        failure = exit_failure(name, event.returncode, context.is_shutdown)
+        if failure is not None:
+            raise RuntimeError(failure)
+        return [Shutdown(reason=f"{name} exited")]
+
+    return on_exit
+
+
+def misspelt_arguments(given, declared):
+    """Launch arguments given that are not declared but look like one that is (`param_file:=`):
+    launch drops an undeclared argument without a word, and the node starts on what the file (or
+    the embedded default) says. Names far from ours are left alone: an including launch file's
+    arguments share the scope."""
+    found = []
+    for name in sorted(set(given) - set(declared)):
+        close = difflib.get_close_matches(name, declared, n=1, cutoff=0.8)
+        if close:
+            found.append(f"launch argument {name!r} is not one of this file's; did you mean {close[0]!r}? (ignored)")
+    return found
+
+
+def _nodes(context, declared=()):
     def arg(name):
         return LaunchConfiguration(name).perform(context)
+
+    for warning in misspelt_arguments(context.launch_configurations, declared):
+        get_logger("flashrt.launch").warning(warning)
 
     sim_time = parse_flag("use_sim_time", arg("use_sim_time"), empty="unset")
     extra = [] if sim_time == "unset" else [{"use_sim_time": sim_time}]  # after the file: it wins
@@ -148,7 +190,7 @@ def _nodes(context):
             executable=NODE_EXECUTABLES[parse_flag("lifecycle", arg("lifecycle"))],
             name="flashrt_node",  # both executables: the parameters are addressed to it
             parameters=[params, *extra, *([overrides] if overrides else [])],
-            on_exit=Shutdown(reason="flashrt_node exited"),  # not the sensors publishing on alone
+            on_exit=_ends_launch("flashrt_node"),  # not the sensors publishing on alone
             **common,
         )
     ]
@@ -160,6 +202,7 @@ def _nodes(context):
                 executable="synthetic_sensors",
                 name="synthetic_sensors",
                 parameters=[sensors, *extra],
+                on_exit=_ends_launch("synthetic_sensors"),  # the node would wait for absent inputs
                 **common,
             )
         )
@@ -168,67 +211,66 @@ def _nodes(context):
 
 def generate_launch_description():
     config = os.path.join(get_package_share_directory(PACKAGE), "config")
-    return LaunchDescription(
-        [
+    arguments = [
+        DeclareLaunchArgument(
+            "params_file",
+            default_value=os.path.join(config, "flashrt.yaml"),
+            description="flashrt_node parameters (YAML)",
+        ),
+        DeclareLaunchArgument("namespace", default_value="", description="namespace of the nodes"),
+        DeclareLaunchArgument(
+            "use_synthetic",
+            default_value="false",
+            description="also start synthetic_sensors (true / false, any case)",
+        ),
+        DeclareLaunchArgument(
+            "synthetic_params_file",
+            default_value=os.path.join(config, "synthetic_sensors.yaml"),
+            description="synthetic_sensors parameters (YAML)",
+        ),
+        DeclareLaunchArgument(
+            "remappings",
+            default_value="",
+            description='topic remappings "from:=to;from2:=to2", applied to both nodes',
+        ),
+        DeclareLaunchArgument(
+            "use_sim_time",
+            default_value="",
+            description="true / false for both nodes; empty: as the params files say",
+        ),
+        DeclareLaunchArgument(
+            "start_enabled",
+            default_value="",
+            description="false: flashrt_node starts paused until ~/enable true; empty: as params_file says",
+        ),
+        DeclareLaunchArgument(
+            "lifecycle",
+            default_value="false",
+            description="true: the managed (lifecycle) node, which starts unconfigured (true / false, any case)",
+        ),
+        DeclareLaunchArgument(
+            "autostart",
+            default_value="",
+            description="true: with lifecycle:=true the node configures and activates itself at start; "
+            "empty: as params_file says",
+        ),
+        DeclareLaunchArgument(
+            "fastdds_profile",
+            default_value="",
+            description="Fast DDS XML profile for both nodes (empty: config/fastdds_large_messages.xml "
+            "with use_synthetic, none otherwise)",
+        ),
+        DeclareLaunchArgument(
+            "log_level",
+            default_value="info",
+            description="log level of the nodes: debug, info, warn, error or fatal (any case)",
+        ),
+        *[
             DeclareLaunchArgument(
-                "params_file",
-                default_value=os.path.join(config, "flashrt.yaml"),
-                description="flashrt_node parameters (YAML)",
-            ),
-            DeclareLaunchArgument("namespace", default_value="", description="namespace of the nodes"),
-            DeclareLaunchArgument(
-                "use_synthetic",
-                default_value="false",
-                description="also start synthetic_sensors (true / false, any case)",
-            ),
-            DeclareLaunchArgument(
-                "synthetic_params_file",
-                default_value=os.path.join(config, "synthetic_sensors.yaml"),
-                description="synthetic_sensors parameters (YAML)",
-            ),
-            DeclareLaunchArgument(
-                "remappings",
-                default_value="",
-                description='topic remappings "from:=to;from2:=to2", applied to both nodes',
-            ),
-            DeclareLaunchArgument(
-                "use_sim_time",
-                default_value="",
-                description="true / false for both nodes; empty: as the params files say",
-            ),
-            DeclareLaunchArgument(
-                "start_enabled",
-                default_value="",
-                description="false: flashrt_node starts paused until ~/enable true; empty: as params_file says",
-            ),
-            DeclareLaunchArgument(
-                "lifecycle",
-                default_value="false",
-                description="true: the managed (lifecycle) node, which starts unconfigured (true / false, any case)",
-            ),
-            DeclareLaunchArgument(
-                "autostart",
-                default_value="",
-                description="true: with lifecycle:=true the node configures and activates itself at start; "
-                "empty: as params_file says",
-            ),
-            DeclareLaunchArgument(
-                "fastdds_profile",
-                default_value="",
-                description="Fast DDS XML profile for both nodes (empty: config/fastdds_large_messages.xml "
-                "with use_synthetic, none otherwise)",
-            ),
-            DeclareLaunchArgument(
-                "log_level",
-                default_value="info",
-                description="log level of the nodes: debug, info, warn, error or fatal (any case)",
-            ),
-            *[
-                DeclareLaunchArgument(
-                    name, default_value="", description=f"flashrt_node's {name}; empty: as params_file says"
-                )
-                for name in NODE_OVERRIDES
-            ],
-            OpaqueFunction(function=_nodes),
-        ]
-    )
+                name, default_value="", description=f"flashrt_node's {name}; empty: as params_file says"
+            )
+            for name in NODE_OVERRIDES
+        ],
+    ]
+    declared = [a.name for a in arguments]
+    return LaunchDescription([*arguments, OpaqueFunction(function=_nodes, kwargs={"declared": declared})])

@@ -183,11 +183,35 @@ def test_the_node_exiting_ends_the_launch_and_synthetic_runs_get_the_large_messa
     error scrolled away; with use_synthetic and no fastdds_profile, three 640x480 cameras lost
     frames on the default transport (11-26 Hz of 30)."""
     tree = launch_tree()
-    (node,) = [n for n in calls(tree, "Node") if keyword(n, "name") == "flashrt_node"]
-    on_exit = keyword(node, "on_exit")
-    assert isinstance(on_exit, ast.Call) and on_exit.func.id == "Shutdown"
+    for name in ("flashrt_node", "synthetic_sensors"):  # the node waited on for absent inputs, too
+        (node,) = [n for n in calls(tree, "Node") if keyword(n, "name") == name]
+        on_exit = keyword(node, "on_exit")
+        assert isinstance(on_exit, ast.Call) and on_exit.func.id == "_ends_launch", name
+        assert [a.value for a in on_exit.args] == [name]
+    assert calls(tree, "Shutdown"), "the launch must end with either node"
+    # a node that failed fails the launch (Shutdown alone: status 0, so systemd or a script saw success)
+    failure = launch_function("exit_failure")
+    assert failure("flashrt_node", 2, False) == "flashrt_node exited with status 2 (its lines above say why)"
+    assert failure("flashrt_node", 0, False) is None  # ~/ shutdown of the lifecycle node
+    assert failure("flashrt_node", -15, True) is None  # stopped by the launch itself (Ctrl-C)
     assert '"config", "fastdds_large_messages.xml"' in LAUNCH.read_text()
     assert (REPO / "config" / "fastdds_large_messages.xml").is_file()
+
+
+def test_a_misspelt_launch_argument_is_named():
+    """launch drops an argument it does not declare without a word: `param_file:=robot.yaml` ran
+    the node on the embedded default. One close to ours is named; others may be a parent's."""
+    tree = launch_tree()
+    constants = [c.args[0].value for c in calls(tree, "DeclareLaunchArgument") if isinstance(c.args[0], ast.Constant)]
+    declared = constants + list(launch_function("NODE_OVERRIDES"))
+    assert {"params_file", "checkpoint", "use_synthetic"} <= set(declared)
+    misspelt = launch_function("misspelt_arguments")
+    given = {"param_file": "robot.yaml", "checkpont": "/models/x", "robot_ip": "10.0.0.2", "params_file": "a"}
+    assert misspelt(given, declared) == [
+        "launch argument 'checkpont' is not one of this file's; did you mean 'checkpoint'? (ignored)",
+        "launch argument 'param_file' is not one of this file's; did you mean 'params_file'? (ignored)",
+    ]
+    assert '"declared": declared' in LAUNCH.read_text()
 
 
 def test_remappings_argument_parser():
