@@ -584,10 +584,14 @@ def unknown_names(
     )
 
 
+TYPO_CUTOFF = 0.75
+"""How alike (difflib's ratio) a name must be to one of ours to be taken as its typo."""
+
+
 def did_you_mean(unknown: list[str], known: Mapping[str, Any] | None = None) -> str:
     """ " did you mean checkpoint for checkpiont?" for the unknown names close to one of ours."""
     names = list(PARAMETERS if known is None else known)
-    close = [(n, difflib.get_close_matches(n, names, n=1, cutoff=0.75)) for n in unknown]
+    close = [(n, difflib.get_close_matches(n, names, n=1, cutoff=TYPO_CUTOFF)) for n in unknown]
     pairs = [f"{match[0]} for {name}" for name, match in close if match]
     return f" did you mean {', '.join(pairs)}?" if pairs else ""
 
@@ -832,9 +836,12 @@ def lost_values(sources: Sequence[tuple[str, ...]], fqn: str, received: Mapping[
 def unknown_given(node: Any, files: list[str], known: Mapping[str, Any] | None = None) -> tuple[list[str], list[str]]:
     """The names given to `node` at start that it does not know (`known`: flashrt_node's by
     default), as (typos, another node's): those only a section for every node (`/**`) sets are a
-    robot-wide file's keys for other nodes, not typos."""
+    robot-wide file's keys for other nodes, not typos - unless close to one of ours
+    (`action_max_stpe` in a single-node file of only `/**`: a limit dropped as "not ours")."""
     given = set(given_values(node))
     shared = shared_only_names(files, node.get_fully_qualified_name())
+    names = list(PARAMETERS if known is None else known)
+    shared = {n for n in shared if not difflib.get_close_matches(n, names, n=1, cutoff=TYPO_CUTOFF)}
     return unknown_names(given - shared, known=known), unknown_names(given & shared, known=known)
 
 
