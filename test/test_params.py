@@ -774,3 +774,12 @@ def test_rtc_settings_are_checked():
     ]
     assert problems(rtc=True, rtc_jacobian="exact", backend="reference") == []
     assert problems(rtc_jacobian="exact") == []  # rtc off: nothing uses it
+
+
+def test_each_ranged_parameters_description_gives_its_upper_bound():
+    """`--help` and `ros2 param describe` print these descriptions: "s > 0" for max_age_s hid that
+    7200 is refused."""
+    from flashrt_ros.ros.params import NUMBER_RANGES, PARAMETERS
+
+    for name, (_, high, _) in NUMBER_RANGES.items():
+        assert f"{high:g}" in PARAMETERS[name].description, (name, PARAMETERS[name].description)

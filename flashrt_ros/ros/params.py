@@ -300,11 +300,13 @@ PARAMETERS: dict[str, ParamInfo] = {
         runtime=True,
     ),
     "prefix_period_s": ParamInfo(
-        "with prefix_trigger period: how long a prefix serves decisions on newer frames, s > 0 (its frames "
-        "must also stay within max_age_s)",
+        "with prefix_trigger period: how long a prefix serves decisions on newer frames, s > 0, at most 3600 "
+        "(its frames must also stay within max_age_s)",
         runtime=True,
     ),
-    "max_age_s": ParamInfo("inputs older than this (header stamp vs node clock) are not used, s > 0", runtime=True),
+    "max_age_s": ParamInfo(
+        "inputs older than this (header stamp vs node clock) are not used, s > 0, at most 3600", runtime=True
+    ),
     "prompt": ParamInfo("task instruction given to the policy (non-empty)", runtime=True),
     "prompt_topic": ParamInfo(
         "std_msgs/String topic whose messages set prompt, as ros2 param set does (checked; one that does not "
@@ -316,7 +318,9 @@ PARAMETERS: dict[str, ParamInfo] = {
         "before the node subscribed is not received) or transient_local (the last prompt a transient_local "
         "publisher latched is received at start; volatile publishers do not match, which is logged)"
     ),
-    "step_duration_s": ParamInfo(f"time between consecutive actions of a chunk, s >= {MIN_STEP_DURATION_S:g}"),
+    "step_duration_s": ParamInfo(
+        f"time between consecutive actions of a chunk, s >= {MIN_STEP_DURATION_S:g}, at most 60"
+    ),
     "trajectory_stamp": ParamInfo(
         "header.stamp of the chunks and trajectories, from which action i is (i + 1) * step_duration_s ahead: "
         "observation (the joint state's stamp, the time the chunk was computed for: the controller skips "
@@ -382,9 +386,11 @@ PARAMETERS: dict[str, ParamInfo] = {
     "status_rate_hz": ParamInfo(
         f"PipelineStatus and /diagnostics rate in Hz, [{MIN_RATE_HZ:g}, {MAX_RATE_HZ:g}]", runtime=True
     ),
-    "stats_log_period_s": ParamInfo("log per-stage timings every this many seconds; 0 = never", runtime=True),
+    "stats_log_period_s": ParamInfo(
+        "log per-stage timings every this many seconds, at most 86400; 0 = never", runtime=True
+    ),
     "log_throttle_s": ParamInfo(
-        "repeat a warning about the same topic and reason at most this often, s >= 0", runtime=True
+        "repeat a warning about the same topic and reason at most this often, s >= 0, at most 86400", runtime=True
     ),
 }
 NUMBER_RANGES: dict[str, tuple[float, float, bool]] = {
