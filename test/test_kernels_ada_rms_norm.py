@@ -116,3 +116,17 @@ def test_permuted_leading_dims() -> None:
     y = _rand(2, 5, 16, dtype=torch.float32, g=g)
     torch.testing.assert_close(ada_rms_norm(x, mod), ada_rms_norm_ref(x, mod), **TOL[torch.float32])
     torch.testing.assert_close(gated_residual(x, y, gate), gated_residual_ref(x, y, gate), **H_TOL[torch.float32])
+
+
+def test_empty_inputs_with_per_batch_modulation_and_gate() -> None:
+    """No tokens (or no batches) with a [B, 3D] modulation or [B, D] gate: an empty result (the
+    batch count was taken from numel, 1, and a right modulation refused as [3D] or [1, 3D])."""
+    for shape in ((2, 0, 8), (0, 4, 8)):
+        b = shape[0]
+        x = torch.zeros(shape, device=DEVICE)
+        assert ada_rms_norm(x, torch.zeros(b, 24, device=DEVICE)).shape == shape
+        h = gated_residual(x, torch.zeros(shape, device=DEVICE), torch.zeros(b, 8, device=DEVICE))
+        assert h.shape == shape
+    with pytest.raises(ValueError, match=r"residual_out is torch.float32; expected torch.bfloat16, the dtype of the"):
+        x = torch.zeros(3, 8, dtype=torch.bfloat16, device=DEVICE)
+        gated_residual(x, x, torch.zeros(8, dtype=torch.bfloat16, device=DEVICE), out=torch.empty(3, 8, device=DEVICE))

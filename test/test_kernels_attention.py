@@ -149,3 +149,9 @@ def test_an_integer_output_buffer_is_refused() -> None:
     q, k, v = torch.randn(3, 2, 16, device=DEVICE), torch.randn(5, 16, device=DEVICE), torch.randn(5, 16, device=DEVICE)
     with pytest.raises(ValueError, match="out is torch.int8; expected a floating-point buffer"):
         attention(q, k, v, out=torch.zeros(3, 2, 16, dtype=torch.int8, device=DEVICE))
+
+
+def test_a_head_dim_of_0_is_refused_by_name() -> None:
+    q = torch.zeros(2, 1, 0, device=DEVICE)
+    with pytest.raises(ValueError, match=r"q has head dim 0 \(shape \(2, 1, 0\)\); expected at least 1"):
+        attention(q, torch.zeros(3, 0, device=DEVICE), torch.zeros(3, 0, device=DEVICE))

@@ -44,3 +44,8 @@ def test_bias_gelu_permuted_leading_dims() -> None:
     x = torch.randn(5, 2, 16, device=DEVICE).transpose(0, 1)
     b = torch.randn(16, device=DEVICE)
     torch.testing.assert_close(bias_gelu(x, b), bias_gelu_ref(x, b), **TOL[torch.float32])
+
+
+def test_bias_gelu_of_no_features_is_empty() -> None:
+    """A zero-width last dim crashed in rows_2d's reshape(-1, 0)."""
+    assert bias_gelu(torch.zeros(3, 0, device=DEVICE), torch.zeros(0, device=DEVICE)).shape == (3, 0)

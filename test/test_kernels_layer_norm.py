@@ -90,3 +90,11 @@ def test_layer_norm_permuted_leading_dims() -> None:
     y_ref, s_ref = layer_norm_ref(x, w, b, residual=r)
     torch.testing.assert_close(y, y_ref, **TOL[torch.float32])
     torch.testing.assert_close(s, s_ref, atol=0, rtol=0)
+
+
+def test_layer_norm_refuses_no_features_and_a_residual_out_of_another_dtype() -> None:
+    x = torch.randn(4, 48).to(torch.bfloat16).to(DEVICE)
+    with pytest.raises(ValueError, match=r"residual_out is torch.float32; expected torch.bfloat16"):
+        layer_norm(x, None, None, residual=x, residual_out=torch.empty(4, 48, device=DEVICE))
+    with pytest.raises(ValueError, match=r"x has an empty last dimension"):
+        layer_norm(x[:, :0], None, None)

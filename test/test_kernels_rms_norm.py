@@ -161,3 +161,13 @@ def test_quantize_rows_kernel_refuses_integer_rows() -> None:
 
     with pytest.raises(ValueError, match="x must be fp32, bf16 or fp16 to quantize, got torch.int32"):
         quantize_rows_kernel(torch.ones(2, 3, dtype=torch.int32, device=DEVICE))
+
+
+def test_rms_norm_refuses_no_features_and_a_residual_out_of_another_dtype() -> None:
+    """A residual_out of another dtype than x rounded the sum to it and normed that, not the
+    bf16 sum the reference norms; an empty feature dim crashed in a reshape."""
+    x, r, w = _inputs(4, 48, torch.bfloat16, seed=6)
+    with pytest.raises(ValueError, match=r"residual_out is torch.float32; expected torch.bfloat16, the dtype of x"):
+        rms_norm(x, w, residual=r, residual_out=torch.empty(4, 48, device=DEVICE))
+    with pytest.raises(ValueError, match=r"x has an empty last dimension \(shape \(4, 0\)\); a norm needs at least 1"):
+        rms_norm(x[:, :0], None)

@@ -6,6 +6,7 @@ Kept free of any GPU-only API so that the same wrappers run compiled on CUDA and
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -60,12 +61,27 @@ def rows_2d(x: torch.Tensor, name: str, writable: bool = False) -> torch.Tensor:
         raise ValueError(f"{name} must have at least one dimension")
     if x.stride(-1) != 1 and x.size(-1) != 1:
         raise ValueError(f"{name} must be contiguous in its last dimension, got strides {tuple(x.stride())}")
+    rows = (math.prod(x.shape[:-1]), x.size(-1))  # not -1: no row length to infer it from with D = 0
     if writable:
         try:
-            return x.view(-1, x.size(-1))
+            return x.view(rows)
         except RuntimeError as err:
             raise ValueError(f"{name} cannot be viewed as rows [N, {x.size(-1)}] without a copy") from err
-    return x.reshape(-1, x.size(-1))
+    return x.reshape(rows)
+
+
+def check_features(x: torch.Tensor, name: str = "x") -> None:
+    """A norm's rows must hold features: a mean over none is no number (torch gives NaN)."""
+    if x.size(-1) == 0:
+        shape = tuple(x.shape)
+        raise ValueError(f"{name} has an empty last dimension (shape {shape}); a norm needs at least 1 feature")
+
+
+def check_same_dtype(residual_out: torch.Tensor, x: torch.Tensor, what: str) -> None:
+    """The residual stream's sum is rounded to its own dtype and the norm reads it back: another
+    dtype than the stream's would norm a value the reference does not."""
+    if residual_out.dtype != x.dtype:
+        raise ValueError(f"residual_out is {residual_out.dtype}; expected {x.dtype}, the dtype of {what}")
 
 
 def same_device(t: torch.Tensor, device: torch.device) -> bool:

@@ -22,11 +22,22 @@ bf16; kernels README, "Numerics").
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
 
-from ._common import check_out, needs_rtne_fix, num_warps_for, round_bf16_rtne, row_block, rows_2d
+from ._common import (
+    check_features,
+    check_out,
+    check_same_dtype,
+    needs_rtne_fix,
+    num_warps_for,
+    round_bf16_rtne,
+    row_block,
+    rows_2d,
+)
 
 __all__ = [
     "ada_rms_norm",
@@ -111,8 +122,9 @@ def _launch(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     D = x.shape[-1]
     # Rows of x are tokens; a batch is x's leading dims (all but the token and feature dims).
+    check_features(x)
     rows_per_batch = x.shape[-2] if x.dim() >= 2 else 1
-    n_batches = max(x.numel() // max(rows_per_batch * D, 1), 1)
+    n_batches = math.prod(x.shape[:-2]) if x.dim() >= 3 else 1
     x2 = rows_2d(x, "x")
     n_rows = x2.shape[0]
     gated, norm = dy is not None, modulation is not None
@@ -125,6 +137,7 @@ def _launch(
         if residual_out is None:
             residual_out = torch.empty_like(x, memory_format=torch.contiguous_format)
         check_out(residual_out, tuple(x.shape), x.device, "residual_out")
+        check_same_dtype(residual_out, x, "the residual")
         h2 = rows_2d(residual_out, "residual_out", writable=True)
     else:
         dy2, gate, stride_gb, h2 = x2, x2, 0, x2

@@ -493,6 +493,8 @@ def attention(
     q4 = _as_batched(q, 4, "q")
     k3, v3 = _kv_rows(k, q.dim() == 4, "k"), _kv_rows(v, q.dim() == 4, "v")
     B, Tq, H, D = q4.shape
+    if D == 0:  # the default scale 1 / sqrt(D)
+        raise ValueError(f"q has head dim 0 (shape {tuple(q.shape)}); expected at least 1")
     Tk = k3.shape[1]
     if q4.stride(-1) != 1:
         raise ValueError("q must be contiguous in its last dimension")

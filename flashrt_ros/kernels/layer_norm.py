@@ -20,7 +20,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_out, needs_rtne_fix, num_warps_for, round_bf16_rtne, row_block, rows_2d
+from ._common import (
+    check_features,
+    check_out,
+    check_same_dtype,
+    needs_rtne_fix,
+    num_warps_for,
+    round_bf16_rtne,
+    row_block,
+    rows_2d,
+)
 
 __all__ = ["layer_norm", "layer_norm_ref"]
 
@@ -104,6 +113,7 @@ def layer_norm(
         x_bias: optional [D], added to x first (the bias of the GEMM that produced x).
     """
     D = x.shape[-1]
+    check_features(x)
     x2 = rows_2d(x, "x")
     for name, p in (("weight", weight), ("bias", bias), ("x_bias", x_bias)):
         if p is not None and (p.shape != (D,) or not p.is_contiguous()):
@@ -119,6 +129,7 @@ def layer_norm(
         if residual_out is None:
             residual_out = torch.empty_like(x, memory_format=torch.contiguous_format)
         check_out(residual_out, tuple(x.shape), x.device, "residual_out")
+        check_same_dtype(residual_out, x, "x")
         s2 = rows_2d(residual_out, "residual_out", writable=True)
     else:
         r2, s2 = x2, y2

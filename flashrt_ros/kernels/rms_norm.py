@@ -20,7 +20,9 @@ import triton
 import triton.language as tl
 
 from ._common import (
+    check_features,
     check_out,
+    check_same_dtype,
     is_interpreting,
     needs_rtne_fix,
     num_warps_for,
@@ -117,6 +119,7 @@ def rms_norm(
         ``y`` if ``residual`` is None, else ``(y, s)``.
     """
     D = x.shape[-1]
+    check_features(x)
     x2 = rows_2d(x, "x")
     n_rows = x2.shape[0]
     if out is None:
@@ -140,6 +143,7 @@ def rms_norm(
         if residual_out is None:
             residual_out = torch.empty_like(x, memory_format=torch.contiguous_format)
         check_out(residual_out, tuple(x.shape), x.device, "residual_out")
+        check_same_dtype(residual_out, x, "x")
         s2 = rows_2d(residual_out, "residual_out", writable=True)
     else:
         r2, s2 = x2, y2  # unused placeholders (HAS_RESIDUAL is a constexpr False)
