@@ -19,6 +19,14 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
   || echo "warning: no .git here and FLASHRT_COMMIT unset: result files will say commit \"unknown\""
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(kernels fused parity latency bench step)
+# every part named before any runs: a typo found after an hour of benchmarks costs the device time
+known=" $(sed -n 's/^    \([a-z0-9|-]*\))$/\1/p' scripts/gpu_check.sh | tr '|\n' '  ')"
+for part in "${parts[@]}"; do
+  case "$known" in
+    *" $part "*) ;;
+    *) echo "gpu_check.sh: unknown part '$part'; expected one of:$known" >&2; exit 2 ;;
+  esac
+done
 status=0
 step() { echo; echo "=== $* ($(date +%T))"; }
 # progress bars out of a log: a bar that ends in "\r" (tqdm's leave=False) shares its line with
@@ -173,7 +181,6 @@ for part in "${parts[@]}"; do
       python3 bench/fused_ab.py "VISION_ATTENTION=triton;sdpa" --rounds 5 --out "$OUT" 2>&1 \
         | tee "$OUT/fused_ab_vision.log" || status=1
       ;;
-    *) echo "unknown part $part"; status=2 ;;
   esac
 done
 exit $status
