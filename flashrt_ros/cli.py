@@ -146,7 +146,7 @@ def _make_out(out: Path) -> str | None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench.timing import HEADER, environment
+    from .bench.timing import environment
 
     # a name listed twice would run twice, and the later run would replace the earlier in the ratios
     args.views = list(dict.fromkeys(args.views))
@@ -183,6 +183,22 @@ def _bench(args: argparse.Namespace) -> int:
     modes = sorted(modes, key=lambda m: m.startswith("compile"))
     settings = vars(args).copy() | {"modes_run": ",".join(modes), "modes_skipped": ",".join(skipped)}
     results: dict = {"env": environment(device), "settings": settings, "runs": []}
+    try:
+        return _run(args, modes, results, out, made, device)
+    except KeyboardInterrupt:  # each finished row was written to the JSON as it finished
+        if "stamp" not in results:
+            _remove_empty(made)
+            print("interrupted: no row had finished; nothing written")
+        else:
+            path = out / f"bench_{results['stamp']}.json"
+            print(f"interrupted: the {len(results['runs'])} finished row(s) are in {path}")
+        return 130
+
+
+def _run(args: argparse.Namespace, modes: list[str], results: dict, out: Path, made: list[Path], device) -> int:
+    """The policies set up, each mode timed, the ratios: rows written to the JSON as they finish."""
+    from .bench.timing import HEADER
+
     try:
         setups = {kind: _setup(kind, args, device) for kind in args.policy.split(",")}
     except Exception as exc:  # a bad size, out of memory building a policy: said, not a traceback
@@ -450,8 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         try:
             return _bench(args)
-        except KeyboardInterrupt:  # each finished row was written to the JSON as it finished
-            print(f"interrupted: any rows finished before are in {args.out}/ (bench_*.json)")
+        except KeyboardInterrupt:  # before any row ran (_bench says where finished rows went)
+            print("interrupted: nothing written")
             return 130
     return 2
 

@@ -258,6 +258,34 @@ def test_a_bench_whose_every_run_fails_says_so_without_a_traceback(tmp_path, cap
     assert not list(tmp_path.glob("*.png"))
 
 
+def test_an_interrupted_bench_says_which_rows_it_wrote_and_leaves_no_empty_folder(tmp_path, capsys, monkeypatch):
+    """Ctrl-C before any row finished left the folders it had made, empty, and said the rows were
+    in them; after one, it names the file that holds them."""
+    import flashrt_ros.bench.reference as reference
+
+    measure, calls = reference.measure_reference, []
+
+    def interrupted_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(reference, "measure_reference", interrupted_second)
+    args = ["bench", "--policy", "pi05", "--tiny", "--modes", "eager", "--iters", "10", "--warmup", "1",
+            "--steps", "2", "--horizon", "4", "--baselines-all-views"]  # fmt: skip
+    calls.append(0)  # the first call is interrupted
+    assert main([*args, "--views", "1", "--out", str(tmp_path / "c" / "d")]) == 130
+    assert "interrupted: no row had finished; nothing written" in capsys.readouterr().out
+    assert not (tmp_path / "c").exists()
+    calls.clear()  # now the second: after the 1-view row
+    out = tmp_path / "a" / "b"
+    assert main([*args, "--views", "1,2", "--out", str(out)]) == 130
+    (path,) = out.glob("bench_*.json")
+    assert len(json.loads(path.read_text())["runs"]) == 1
+    assert f"interrupted: the 1 finished row(s) are in {path}\n" in capsys.readouterr().out
+
+
 def test_latency_percentiles_on_known_samples() -> None:
     """1..100 ms: numpy's linear percentiles, and the slowest sample as max beside them."""
     from flashrt_ros.bench.timing import HEADER, Latency
