@@ -22,7 +22,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from flashrt_ros.bench.args import out_folder
+from flashrt_ros.bench.args import out_folder, require_cuda
 
 
 def build(tiny: bool, vision_layers: int, lm_layers: int) -> tuple[nn.Module, dict]:
@@ -88,6 +88,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.iters < 10 or args.iters % 5:
         ap.error(f"--iters must be a multiple of 5 (5 alternating rounds), at least 10, got {args.iters}")
+    if not args.tiny:
+        require_cuda(ap, "the full-size run (or --tiny for a CPU smoke test)")
     if args.tiny:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         args.vision_layers, args.lm_layers = min(args.vision_layers, 2), min(args.lm_layers, 2)

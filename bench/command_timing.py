@@ -113,18 +113,21 @@ def summary(arrivals: list[int], seconds: float, rate_hz: float) -> dict[str, fl
 
 
 def main() -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from flashrt_ros.bench.args import number_above, number_at_least, out_problem  # stdlib only
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policy", default="pi05_tiny")
-    parser.add_argument("--rate", type=float, default=10.0, help="the node's rate_hz (decisions)")
-    parser.add_argument("--command-rate", type=float, default=50.0, help="command_rate_hz, and the baseline's")
-    parser.add_argument("--step", type=float, default=0.05, help="step_duration_s: chunks that outlast a slow decision")
-    parser.add_argument("--seconds", type=float, default=30.0)
-    parser.add_argument("--warmup", type=float, default=5.0, help="seconds before recording (start-up)")
+    positive = number_above(0.0)
+    parser.add_argument("--rate", type=positive, default=10.0, help="the node's rate_hz (decisions)")
+    parser.add_argument("--command-rate", type=positive, default=50.0, help="command_rate_hz, and the baseline's")
+    step = "step_duration_s: chunks that outlast a slow decision"
+    parser.add_argument("--step", type=positive, default=0.05, help=step)
+    parser.add_argument("--seconds", type=positive, default=30.0)
+    parser.add_argument("--warmup", type=number_at_least(0.0), default=5.0, help="seconds before recording (start-up)")
     parser.add_argument("--out", type=Path, default=None, help="folder for the JSON")
     parser.add_argument("--baseline-publisher", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from flashrt_ros.bench.args import out_problem  # stdlib only: checked before the run, not after
 
     if args.out is not None and out_problem(args.out):
         parser.error(out_problem(args.out))

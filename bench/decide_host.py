@@ -26,7 +26,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from flashrt_ros.bench.args import number_at_least
+from flashrt_ros.bench.args import number_at_least, require_cuda
 from flashrt_ros.bench.timing import write_result
 from flashrt_ros.engine import pipeline as pipeline_module
 from flashrt_ros.engine.pipeline import Pipeline
@@ -129,7 +129,7 @@ def main() -> None:
     ap = rounds_parser(__doc__)
     ap.add_argument("--gap-ms", type=number_at_least(0.0), default=20.0)
     args = ap.parse_args()
-
+    require_cuda(ap, "decide_host.py")
     dev = torch.device("cuda")
     policy, obs, tokens = full_size_observation(args.policy, args.views, DOF, dev)
     pipe = Pipeline(policy, backend="fused", release_reference=True)

@@ -81,7 +81,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("idle_gap.py needs a CUDA GPU")
     dev = torch.device("cuda")
-    gaps = args.gaps_ms
+    gaps = list(dict.fromkeys(args.gaps_ms))  # a gap listed twice would be one row of twice the samples
     policy, obs, _ = full_size_observation(args.policy, args.views, DOF, dev)
     pipe = Pipeline(policy, backend="fused", release_reference=True)
     print(f"warm-up decision: {pipe.warm_up(DOF, obs.prompt, (480, 640)):.2f} ms")

@@ -21,7 +21,6 @@ Writes JSON with the commit, versions and settings.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import subprocess
@@ -289,11 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         import torch
 
-        from flashrt_ros.bench.timing import environment
+        from flashrt_ros.bench.timing import write_result
 
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / f"node_overhead_{time.strftime('%Y%m%d_%H%M%S')}.json"
         settings = vars(args) | {
             "policy": "pi05_tiny (embedded default)",
             "device": "cpu",
@@ -302,13 +298,10 @@ def main(argv: list[str] | None = None) -> int:
             "executor": "MultiThreadedExecutor",
             "fastdds_profile": "16 MiB shared-memory segment" if not args.default_dds else "default",
         }
-        versions = environment(torch.device("cpu")) | {
-            "rclpy": _version("rclpy"),
-            "numpy": _version("numpy"),
-            "cpus": os.cpu_count(),
-        }
-        path.write_text(json.dumps({"env": versions, "settings": settings, "result": result}, indent=2))
-        print(f"wrote {path}")
+        versions = {"rclpy": _version("rclpy"), "numpy": _version("numpy"), "cpus": os.cpu_count()}
+        # a suffix where two runs finish in one second; NaN as null (strict JSON)
+        cpu = torch.device("cpu")
+        write_result(Path(args.out), "node_overhead", cpu, settings=settings, versions=versions, result=result)
     return 0
 
 

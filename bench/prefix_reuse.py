@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from flashrt_ros.bench.args import at_least, number_at_least, out_folder
+from flashrt_ros.bench.args import at_least, number_at_least, out_folder, require_cuda
 from flashrt_ros.bench.parity import compare
 from flashrt_ros.bench.reference import Case, true_fp32
 from flashrt_ros.bench.stages import measure_compiled
@@ -151,6 +151,8 @@ def main() -> None:
     ap.add_argument("--out", type=out_folder, default="out")
     ap.add_argument("--tiny", action="store_true", help="tiny config on the CPU, reference only: a smoke test")
     args = ap.parse_args()
+    if not args.tiny:
+        require_cuda(ap, "the full-size run (or --tiny for a CPU smoke test)")
     dev = torch.device("cpu" if args.tiny else "cuda")
     if args.tiny:
         cfg = PolicyConfig.tiny(args.policy, num_views=args.views)

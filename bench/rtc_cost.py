@@ -25,6 +25,7 @@ import time
 import numpy as np
 import torch
 
+from flashrt_ros.bench.args import require_cuda
 from flashrt_ros.bench.parity import compare
 from flashrt_ros.bench.timing import write_result
 from flashrt_ros.engine.pipeline import Pipeline
@@ -39,8 +40,9 @@ MODES = ("plain", "guided, no hold", "guided, held")
 def main() -> None:
     from prefix_reuse import full_size_observation, rounds_parser  # bench/ is on sys.path when run as a script
 
-    args = rounds_parser(__doc__).parse_args()
-
+    ap = rounds_parser(__doc__)
+    args = ap.parse_args()
+    require_cuda(ap, "rtc_cost.py")
     dev = torch.device("cuda")
     policy, obs, tokens = full_size_observation(args.policy, args.views, DOF, dev)
     cfg = policy.cfg

@@ -90,3 +90,12 @@ def numbers_at_least(minimum: float) -> Callable[[str], list[float]]:
         return values
 
     return parse
+
+
+def require_cuda(ap: argparse.ArgumentParser, what: str) -> None:
+    """A full-size GPU benchmark on a machine without a CUDA GPU: one line and exit 2 (a traceback
+    and exit 1 read as a benchmark that failed, not as the wrong machine)."""
+    import torch  # here: the module itself stays stdlib only
+
+    if not torch.cuda.is_available():
+        ap.error(f"{what} needs a CUDA GPU (none here)")
