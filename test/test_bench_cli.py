@@ -493,6 +493,24 @@ def test_bench_scripts_refuse_an_unusable_out_and_too_few_samples_before_the_run
     assert number_at_least(0.0)("0") == 0.0
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without a CUDA GPU")
+@pytest.mark.parametrize("script", ["prefix_reuse.py", "decide_host.py", "rtc_cost.py", "adopt_hf.py"])
+def test_the_full_size_gpu_benches_refuse_a_machine_without_cuda_in_one_line(tmp_path, script) -> None:
+    """An AssertionError "Torch not compiled with CUDA enabled" with a traceback, exit 1: read as
+    a benchmark that failed, not as the wrong machine."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    argv = [sys.executable, str(repo / "bench" / script), "--out", str(tmp_path / "o")]
+    env = os.environ | {"PYTHONPATH": str(repo)}
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "needs a CUDA GPU (none here)" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_bench_help_shows_defaults_as_typed(capsys) -> None:
     """--views showed "(default: [3])" and --device "(default: cuda when there is one) (default: None)"."""
     with pytest.raises(SystemExit):
