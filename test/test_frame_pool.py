@@ -115,13 +115,15 @@ def test_threads_copying_at_once_never_share_a_live_array():
 def test_an_array_can_come_back_on_the_thread_that_holds_the_pools_lock():
     """A garbage collection that starts inside `copy` (which holds the lock) may run a pool array's
     finalizer on that thread: giving it back must not wait for the lock (it deadlocked)."""
+    import torch
+
     pool = FramePool(pinned=False)
-    a = pool.copy(np.zeros((4, 4, 3), dtype=np.uint8))
+    spare = torch.empty((4, 4, 3), dtype=torch.uint8)  # not a live array's: that one comes back at its end
     done = threading.Event()
 
     def collect_inside_the_lock() -> None:
         with pool._lock:
-            pool._give_back((4, 4, 3), a.base)
+            pool._give_back((4, 4, 3), spare)
         done.set()
 
     threading.Thread(target=collect_inside_the_lock, daemon=True).start()

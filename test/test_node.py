@@ -694,6 +694,13 @@ def test_a_joint_state_older_than_the_one_held_is_refused_as_stale(rclpy_context
         slot.latest = dataclasses.replace(held, stamp=joints(-10.0).header.stamp)
         node._on_joint_state(slot, joints(0.0))
         assert slot.latest is not held and node.invalid[(slot.topic, "stale")] == 2
+        # the hint: under sim time, a reset's first message can come before the /clock moving back
+        older = dataclasses.replace(slot.latest, stamp=joints(0.2).header.stamp)
+        assert node._older_than_held(slot, older).detail.endswith("or a reordered message?)")
+        clock = node.get_clock()
+        clock._set_ros_time_is_active(True)
+        clock.set_ros_time_override(Time(nanoseconds=now))
+        assert node._older_than_held(slot, older).detail.endswith(", or ROS time about to go back: a simulator reset?)")
     finally:
         node.destroy_node()
 

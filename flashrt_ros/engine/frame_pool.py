@@ -27,7 +27,7 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-MAX_BYTES = 256 * 2**20  # ~270 frames of 640x480: far above what 3-4 cameras keep alive at once
+MAX_BYTES = 256 * 2**20  # ~290 RGB frames of 640x480: far above what 3-4 cameras keep alive at once
 
 
 class FramePool:

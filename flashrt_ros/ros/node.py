@@ -749,11 +749,14 @@ class FlashRTNode(Node):
         held_ns, new_ns = stamp_to_ns(held.stamp), stamp_to_ns(sample.stamp)
         if new_ns >= held_ns or self._clock_jumped_back(held_ns, self.get_clock().now().nanoseconds):
             return None
+        # under sim time, a simulator reset's first messages can come before the /clock that moves
+        # the clock back: then the held sample goes with the jump, and this is the only one refused
+        reset = ", or ROS time about to go back: a simulator reset" if self.get_clock().ros_time_is_active else ""
         return InputError(
             STALE,
             slot.topic,
             f"stamp is {(held_ns - new_ns) / 1e9:.3f} s older than the sample already held; the newer one is "
-            "kept (two publishers on this topic, or a reordered message?)",
+            f"kept (two publishers on this topic, or a reordered message{reset}?)",
         )
 
     def _clock_jumped_back(self, stamp_ns: int, now_ns: int) -> bool:
