@@ -236,15 +236,21 @@ def test_chunks_nobody_asks_commands_for_are_not_held_without_bound():
 
 def test_linear_follows_each_chunks_trajectory_between_its_actions():
     """Action k is reached at start + (k + 1) * step, as on the chunk's JointTrajectory; the first
-    chunk starts from its own action 0, the next from the command in force when it takes over."""
+    chunk starts from its own action 0, the next from the command in force when it takes over, from
+    that moment: its first tick is that command (it moved a quarter of the way to action 0 at
+    once, as though it had come at its start), then a line to action 0 at start + step, as a
+    joint_trajectory_controller goes from its desired state."""
     stream = ActionStream(interpolation="linear")
     stream.push(chunk(10.0), start_ns=0, step_ns=STEP, chunk_id=1)
     got = {t: stream.command(t * MS).values[0] for t in (0, 10, 30, 99)}
     assert got == pytest.approx({0: 10.0, 10: 10.0, 30: 10.5, 99: 13.95})
     stream.push(chunk(50.0), start_ns=40 * MS, step_ns=STEP, chunk_id=2)
-    cmd = stream.command(45 * MS)  # from the last command (13.95) towards action 0 (50), a quarter of the way
+    cmd = stream.command(45 * MS)  # taken over a quarter of a step in: the last command (13.95)
     assert (cmd.chunk_id, cmd.index) == (2, 0)
-    np.testing.assert_allclose(cmd.values, [0.75 * 13.95 + 0.25 * 50.0, -(0.75 * 13.95 + 0.25 * 50.0)])
+    np.testing.assert_allclose(cmd.values, [13.95, -13.95])
+    half = stream.command(int(52.5 * MS)).values  # half the time from the take-over to action 0's
+    np.testing.assert_allclose(half, [(13.95 + 50.0) / 2, -(13.95 + 50.0) / 2])
+    assert stream.command(60 * MS).values[0] == pytest.approx(50.0)
     assert stream.command(70 * MS).values[0] == pytest.approx(50.5)
 
 
