@@ -167,6 +167,26 @@ def test_synthetic_sensors_exit_2_on_a_params_file_rcl_cannot_parse(ros_env, tmp
     assert "invalid: unknown ROS arguments ['--param-file'," in done.stderr, done.stderr
 
 
+def test_one_robot_wide_section_for_both_nodes_starts_the_sensors(ros_env, rclpy_context, tmp_path):
+    """One `/**` section holding both nodes' parameters: flashrt_node's action_joint_names is close
+    to the sensors' joint_names, and was refused as their typo (exit 2); a real typo still is."""
+    import yaml
+
+    from flashrt_ros.ros.params import ConfigError
+    from flashrt_ros.ros.synthetic_sensors import SyntheticSensors
+
+    def given(extra: dict):
+        path = tmp_path / "robot.yaml"
+        shared = {"joint_names": ["j0", "j1"], "action_joint_names": ["j0", "j1"], "rate_hz": 10.0, **extra}
+        path.write_text(yaml.safe_dump({"/**": {"ros__parameters": shared}}))
+        args = ["--ros-args", "--params-file", str(path)]
+        return SyntheticSensors(context=rclpy_context, cli_args=args, sources=[("file", str(path))])
+
+    given({}).destroy_node()
+    with pytest.raises(ConfigError, match=r"unknown parameters \['joint_name'\] \(a typo\? did you mean joint_names"):
+        given({"joint_name": ["j0"]})
+
+
 def test_synthetic_sensors_refuse_a_params_file_for_another_node_and_name_each_camera_frame(ros_env, rclpy_context):
     """Given flashrt_node's params file (no section for it), it ran its defaults without a word;
     and every camera got the first token of its topic as frame_id (the namespace, for

@@ -355,7 +355,9 @@ class FlashRTNode(Node):
         """Names given to this node that it does not know: warned about and counted. Those only a
         section for every node (`/**`) sets are another node's (robot_description, update_rate in a
         robot-wide file): said once, at INFO, and not counted."""
-        unknown, others = unknown_given(self, self._params_files)
+        from flashrt_ros.ros.synthetic_sensors import SensorConfig  # the package's other node, in one file
+
+        unknown, others = unknown_given(self, self._params_files, siblings=SensorConfig.__dataclass_fields__)
         if others:
             self.get_logger().info(f"not ours, from a section for every node ('/**'): {others}; for the other nodes")
         if unknown:

@@ -22,7 +22,7 @@ import difflib
 import math
 import re
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -839,15 +839,19 @@ def lost_values(sources: Sequence[tuple[str, ...]], fqn: str, received: Mapping[
     return problems
 
 
-def unknown_given(node: Any, files: list[str], known: Mapping[str, Any] | None = None) -> tuple[list[str], list[str]]:
+def unknown_given(
+    node: Any, files: list[str], known: Mapping[str, Any] | None = None, siblings: Collection[str] = ()
+) -> tuple[list[str], list[str]]:
     """The names given to `node` at start that it does not know (`known`: flashrt_node's by
     default), as (typos, another node's): those only a section for every node (`/**`) sets are a
     robot-wide file's keys for other nodes, not typos - unless close to one of ours
-    (`action_max_stpe` in a single-node file of only `/**`: a limit dropped as "not ours")."""
+    (`action_max_stpe` in a single-node file of only `/**`: a limit dropped as "not ours") and not
+    one of `siblings`, the parameters of this package's other node (flashrt_node's
+    `action_joint_names` beside synthetic_sensors' `joint_names` in one robot-wide section)."""
     given = set(given_values(node))
     shared = shared_only_names(files, node.get_fully_qualified_name())
     names = list(PARAMETERS if known is None else known)
-    shared = {n for n in shared if not difflib.get_close_matches(n, names, n=1, cutoff=TYPO_CUTOFF)}
+    shared = {n for n in shared if n in siblings or not difflib.get_close_matches(n, names, n=1, cutoff=TYPO_CUTOFF)}
     return unknown_names(given - shared, known=known), unknown_names(given & shared, known=known)
 
 

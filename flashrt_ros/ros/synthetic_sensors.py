@@ -33,6 +33,7 @@ from flashrt_ros.ros.params import (
     ALOHA_JOINTS,
     DEFAULT_CAMERAS,
     INPUT_TYPES,
+    PARAMETERS,
     ConfigError,
     clash_sentence,
     did_you_mean,
@@ -190,7 +191,7 @@ class SyntheticSensors(Node):
         problems = unaddressed_params_files(params_files, fqn, fields)
         problems += [sentence for _, sentence in lost_values(sources, fqn, given_values(self))]
         # a typo would run the default (the flashrt_node only warns: it has a robot to serve)
-        unknown, _ = unknown_given(self, params_files, fields)
+        unknown, _ = unknown_given(self, params_files, fields, siblings=PARAMETERS)
         if unknown:
             problems.append(
                 f"unknown parameters {unknown} (a typo?{did_you_mean(unknown, fields)}); known: {', '.join(fields)}"
