@@ -138,13 +138,18 @@ def _ends_launch(name):
     return on_exit
 
 
+# configurations launch and launch_ros keep beside the arguments (PushRosNamespace's ros_namespace,
+# SetRemap's ros_remaps, SetParameter's global_params, emulate_tty): never a user's typo
+LAUNCH_OWN = frozenset({"ros_namespace", "ros_remaps", "global_params", "emulate_tty"})
+
+
 def misspelt_arguments(given, declared):
     """Launch arguments given that are not declared but look like one that is (`param_file:=`):
     launch drops an undeclared argument without a word, and the node starts on what the file (or
     the embedded default) says. Names far from ours are left alone: an including launch file's
     arguments share the scope."""
     found = []
-    for name in sorted(set(given) - set(declared)):
+    for name in sorted(set(given) - set(declared) - LAUNCH_OWN):
         close = difflib.get_close_matches(name, declared, n=1, cutoff=0.8)
         if close:
             found.append(f"launch argument {name!r} is not one of this file's; did you mean {close[0]!r}? (ignored)")

@@ -127,6 +127,13 @@ def test_empty_inputs_with_per_batch_modulation_and_gate() -> None:
         assert ada_rms_norm(x, torch.zeros(b, 24, device=DEVICE)).shape == shape
         h = gated_residual(x, torch.zeros(shape, device=DEVICE), torch.zeros(b, 8, device=DEVICE))
         assert h.shape == shape
-    with pytest.raises(ValueError, match=r"residual_out is torch.float32; expected torch.bfloat16, the dtype of the"):
-        x = torch.zeros(3, 8, dtype=torch.bfloat16, device=DEVICE)
-        gated_residual(x, x, torch.zeros(8, dtype=torch.bfloat16, device=DEVICE), out=torch.empty(3, 8, device=DEVICE))
+    x = torch.zeros(3, 8, dtype=torch.bfloat16, device=DEVICE)
+    gate = torch.zeros(8, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match=r"^out is torch.float32; expected torch.bfloat16, the dtype of the residual"):
+        gated_residual(x, x, gate, out=torch.empty(3, 8, device=DEVICE))
+    with pytest.raises(ValueError, match=r"^residual_out is torch.float32; expected torch.bfloat16"):
+        gated_residual_ada_rms_norm(x, x, gate, torch.zeros(24, dtype=torch.bfloat16, device=DEVICE),
+                                    residual_out=torch.empty(3, 8, device=DEVICE))  # fmt: skip
+    assert gated_residual(x[:, :0], x[:, :0], gate[:0]).shape == (3, 0)  # elementwise: empty, not refused
+    with pytest.raises(ValueError, match=r"x has an empty last dimension"):
+        ada_rms_norm(x[:, :0], torch.zeros(0, dtype=torch.bfloat16, device=DEVICE))

@@ -207,6 +207,7 @@ def test_a_misspelt_launch_argument_is_named():
     assert {"params_file", "checkpoint", "use_synthetic"} <= set(declared)
     misspelt = launch_function("misspelt_arguments")
     given = {"param_file": "robot.yaml", "checkpont": "/models/x", "robot_ip": "10.0.0.2", "params_file": "a"}
+    given |= {"ros_namespace": "/robot1", "ros_remaps": []}  # launch_ros' own, under PushRosNamespace
     assert misspelt(given, declared) == [
         "launch argument 'checkpont' is not one of this file's; did you mean 'checkpoint'? (ignored)",
         "launch argument 'param_file' is not one of this file's; did you mean 'params_file'? (ignored)",

@@ -77,11 +77,11 @@ def check_features(x: torch.Tensor, name: str = "x") -> None:
         raise ValueError(f"{name} has an empty last dimension (shape {shape}); a norm needs at least 1 feature")
 
 
-def check_same_dtype(residual_out: torch.Tensor, x: torch.Tensor, what: str) -> None:
+def check_same_dtype(residual_out: torch.Tensor, x: torch.Tensor, what: str, name: str = "residual_out") -> None:
     """The residual stream's sum is rounded to its own dtype and the norm reads it back: another
     dtype than the stream's would norm a value the reference does not."""
     if residual_out.dtype != x.dtype:
-        raise ValueError(f"residual_out is {residual_out.dtype}; expected {x.dtype}, the dtype of {what}")
+        raise ValueError(f"{name} is {residual_out.dtype}; expected {x.dtype}, the dtype of {what}")
 
 
 def same_device(t: torch.Tensor, device: torch.device) -> bool:

@@ -119,15 +119,18 @@ def _launch(
     eps: float,
     out: torch.Tensor | None,
     residual_out: torch.Tensor | None,
+    residual_out_name: str = "residual_out",
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """`residual_out_name`: what the caller calls the buffer for ``h`` (gated_residual: ``out``)."""
     D = x.shape[-1]
+    gated, norm = dy is not None, modulation is not None
+    if norm:  # the gated residual alone is elementwise: no features, an empty result
+        check_features(x)
     # Rows of x are tokens; a batch is x's leading dims (all but the token and feature dims).
-    check_features(x)
     rows_per_batch = x.shape[-2] if x.dim() >= 2 else 1
     n_batches = math.prod(x.shape[:-2]) if x.dim() >= 3 else 1
     x2 = rows_2d(x, "x")
     n_rows = x2.shape[0]
-    gated, norm = dy is not None, modulation is not None
 
     if gated:
         if dy.shape != x.shape:
@@ -136,9 +139,9 @@ def _launch(
         gate, stride_gb = _per_batch(gate, D, n_batches, "gate")
         if residual_out is None:
             residual_out = torch.empty_like(x, memory_format=torch.contiguous_format)
-        check_out(residual_out, tuple(x.shape), x.device, "residual_out")
-        check_same_dtype(residual_out, x, "the residual")
-        h2 = rows_2d(residual_out, "residual_out", writable=True)
+        check_out(residual_out, tuple(x.shape), x.device, residual_out_name)
+        check_same_dtype(residual_out, x, "the residual", residual_out_name)
+        h2 = rows_2d(residual_out, residual_out_name, writable=True)
     else:
         dy2, gate, stride_gb, h2 = x2, x2, 0, x2
     if norm:
@@ -197,7 +200,7 @@ def gated_residual(
     residual: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``residual + y * gate`` (gate: [D] or [B, D]); ``out`` may alias ``residual``."""
-    _, h = _launch(residual, y, gate, None, 0.0, None, out)
+    _, h = _launch(residual, y, gate, None, 0.0, None, out, residual_out_name="out")
     return h
 
 
