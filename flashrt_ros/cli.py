@@ -182,17 +182,25 @@ def _bench(args: argparse.Namespace) -> int:
     # the slow baselines last: a cut-short run keeps the rest
     modes = sorted(modes, key=lambda m: m.startswith("compile"))
     settings = vars(args).copy() | {"modes_run": ",".join(modes), "modes_skipped": ",".join(skipped)}
-    results: dict = {"env": environment(device), "settings": settings, "runs": []}
+    results: dict = {"env": None, "settings": settings, "runs": []}
     try:
+        results["env"] = environment(device)
         return _run(args, modes, results, out, made, device)
     except KeyboardInterrupt:  # each finished row was written to the JSON as it finished
-        if "stamp" not in results:
-            _remove_empty(made)
-            print("interrupted: no row had finished; nothing written")
-        else:
-            path = out / f"bench_{results['stamp']}.json"
-            print(f"interrupted: the {len(results['runs'])} finished row(s) are in {path}")
+        print(f"interrupted: {_rows_written(results, out, made)}")
         return 130
+
+
+def _rows_written(results: dict, out: Path, made: list[Path]) -> str:
+    """Where the finished rows are, as the file says (written whole: _write), or that there are
+    none (and the folders made for them removed)."""
+    path = out / f"bench_{results.get('stamp')}.json"
+    path.with_suffix(".json.partial").unlink(missing_ok=True)  # a write the interrupt cut short
+    if "stamp" not in results or not path.is_file():
+        _remove_empty(made)
+        return "no row had finished; nothing written"
+    rows = len(json.loads(path.read_text())["runs"])
+    return f"the {rows} finished row(s) are in {path}"
 
 
 def _run(args: argparse.Namespace, modes: list[str], results: dict, out: Path, made: list[Path], device) -> int:
@@ -362,7 +370,9 @@ def _write(results: dict, out: Path | None, plot: bool = False) -> None:
         results["stamp"] = stamp if not taken else f"{stamp}_{os.getpid()}"
     stamp = results["stamp"]
     path = out / f"bench_{stamp}.json"
-    path.write_text(json.dumps(finite_or_null(results), indent=2, allow_nan=False))
+    partial = path.with_suffix(".json.partial")  # whole or not at all: an interrupt can come mid-write
+    partial.write_text(json.dumps(finite_or_null(results), indent=2, allow_nan=False))
+    os.replace(partial, path)
     if plot:
         print(f"wrote {path}")
         _plot(results, out / f"bench_{stamp}.png")
