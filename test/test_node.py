@@ -877,6 +877,8 @@ def test_a_decision_across_a_jump_forward_that_makes_its_inputs_stale_is_not_pub
             monkeypatch.setattr(node.state, "decide", decide_across_a_jump)
             node._decide()
             assert len(published) == want, (start_s, published)
+            # booked as any skipped tick: the streak the resume line reports, and the inputs that blocked
+            assert node._dropped_streak == 1 - want and len(node._blocking) == (1 - want) * len(node.slots)
         assert node.dropped_decisions == 1
         assert all(node.invalid[(slot.topic, "stale")] == 1 for slot in node.slots), dict(node.invalid)
     finally:

@@ -986,8 +986,10 @@ class FlashRTNode(Node):
                 stale.append((slot.topic, err))
         if not stale:
             return False
-        with self._lock:
+        with self._lock:  # booked as _fresh_samples books a skipped tick (the status, the resume line)
             self.dropped_decisions += 1
+            self._dropped_streak += 1
+            self._blocking = frozenset(topic for topic, _ in stale)
             for topic, err in stale:
                 self.invalid[(topic, err.reason)] += 1
         self._throttle(
