@@ -110,7 +110,8 @@ def test_a_blend_beside_rtc_is_warned_at_start(rclpy_context, capfd, blend):
 def test_a_forward_jump_of_ros_time_is_no_decision_latency(rclpy_context, monkeypatch):
     """Sim time jumps forward during a decision (a /clock source that resynced): that decision has
     no length on ROS time. Taken as one, the jump would be the slowest recent decision, and the next
-    ten chunks would be held fully over their whole overlap; and it would count as a deadline miss."""
+    ten chunks would be held fully over their whole overlap; and it would count as a deadline miss.
+    One whose jump left its inputs older than max_age_s is not published at all."""
     from rclpy.time import Time
 
     from flashrt_ros.ros.inputs import Sample
@@ -150,7 +151,8 @@ def test_a_forward_jump_of_ros_time_is_no_decision_latency(rclpy_context, monkey
             one_decision()
             jump[0] = 0.0
             assert node._latency.slowest_ns() == pytest.approx(30e6, abs=1e6), size
-        assert node.decisions == 5 and node.deadline_misses == misses
+        # the 1 s jump left its inputs (1.03 s old) past max_age_s: that decision is not published
+        assert node.decisions == 4 and node.dropped_decisions == 1 and node.deadline_misses == misses
         jump[0] = 0.1 / node.cfg.rate_hz  # slower than the rest, no jump: it counts
         one_decision()
         assert node._latency.slowest_ns() == pytest.approx(30e6 + 1e8 / node.cfg.rate_hz, abs=1e6)

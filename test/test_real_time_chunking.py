@@ -244,8 +244,8 @@ def _aloha_policy(mode: str, convention: str):
 def test_chunk_guide_reads_the_robots_actions_back_into_the_models_space(mode, convention) -> None:
     """Deltas against the new state, ALOHA's joint and gripper conversion and both statistics in
     both conventions: the guide's target, post-processed as a chunk would be, gives back the
-    robot's actions on every held dim; the padded dims and the dim whose statistics have no width
-    get no weight."""
+    robot's actions on every held dim; the dim whose statistics have no width gets no weight, and
+    the padded dims are held to 0 with the rows' weights (LeRobot zero-pads the executing chunk)."""
     policy = _aloha_policy(mode, convention)
     cfg = policy.cfg
     rng = np.random.default_rng(5)
@@ -258,7 +258,8 @@ def test_chunk_guide_reads_the_robots_actions_back_into_the_models_space(mode, c
     back = policy.postprocess(guide.target[None], state)
     held = [d for d in range(14) if d != 3]
     np.testing.assert_allclose(back[:6, held], target[:6, held], atol=1e-4)
-    assert not guide.weights[:, 3].any() and not guide.weights[:, 14:].any()
+    assert not guide.weights[:, 3].any() and not guide.target[:, 14:].any()
+    np.testing.assert_array_equal(guide.weights[:, 14:].numpy(), np.repeat(rows[:, None], cfg.action_dim - 14, 1))
     np.testing.assert_array_equal(guide.weights[:, 0].numpy(), rows)
     # another state: the delta dims move with it, the absolute ones (grippers) do not
     other = policy.chunk_guide(target, rows, state + 0.25)

@@ -198,10 +198,12 @@ class Policy:
         [horizon, dof] (the executing chunk on the new chunk's time), `row_weights` [horizon],
         `state` the new decision's raw robot state (delta dims are taken against it). Every step
         back (ALOHA's conversion, the deltas, the statistics) is the inverse of an affine step of
-        `postprocess`, so the target post-processes to the robot's actions again. The
-        padded dims get weight 0, and so does any dim whose held values are not finite or lie
-        beyond GUIDE_LIMIT in the model's space (a statistic of almost no width maps a robot value
-        to ~1e8): the guide never pulls the model far outside what it was trained to output."""
+        `postprocess`, so the target post-processes to the robot's actions again. The padded
+        dims (past the robot's) are held to 0 with the rows' weights, as LeRobot zero-pads the
+        executing chunk (they feed action_in_proj, and so the robot's dims' velocities). A dim
+        whose held values are not finite or lie beyond GUIDE_LIMIT in the model's space (a
+        statistic of almost no width maps a robot value to ~1e8) gets weight 0: the guide never
+        pulls the model far outside what it was trained to output."""
         cfg, dof = self.cfg, self.action_dof
         target = np.asarray(target, dtype=np.float32)
         row_weights = np.asarray(row_weights, dtype=np.float32)
@@ -217,6 +219,7 @@ class Policy:
         weights = np.zeros_like(full)
         full[:, :dof] = np.where(ok, model, 0.0)
         weights[:, :dof] = row_weights[:, None] * ok[None, :]
+        weights[:, dof:] = row_weights[:, None]  # towards 0, the padding's value
         return ChunkGuide(torch.from_numpy(full), torch.from_numpy(weights), max_guidance, jacobian)
 
     def infer(
