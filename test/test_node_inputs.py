@@ -1036,9 +1036,10 @@ def test_a_params_file_with_no_section_for_the_node_stops_the_start(ros_env, tmp
 
 def test_inputs_absent_just_after_start_are_an_expected_wait_then_a_warning(ros_env, tmp_path):
     """The first decision ticks come before any sensor message can: logged at INFO as a wait, not
-    as a fault. Once the wait is over (max_age_s), an input still absent is warned about with the
-    reason (here: nothing publishes on the topic). The wait's INFO line does not hold the warning
-    back for a throttle period (30 s here; the warning comes after max_age_s, 0.4 s)."""
+    as a fault. Once the wait is over (max_age_s, and at least DISCOVERY_S, 3 s, after the start:
+    DDS may not have found the publishers), an input still absent is warned about with the reason
+    (here: nothing publishes on the topic). The wait's INFO line does not hold the warning back
+    for a throttle period (30 s here)."""
     ns = new_namespace()
     node = NodeProcess(ros_env, tmp_path, ns, TEST_PARAMS | {"log_throttle_s": 30.0})
     try:
@@ -1046,8 +1047,15 @@ def test_inputs_absent_just_after_start_are_an_expected_wait_then_a_warning(ros_
         assert "[INFO]" in first and "no good message received yet; waiting for the first one" in first, first
         line = node.wait_for_line(r"\[WARN\].*decision skipped: \[absent\]", regex=True, timeout=15.0)
         assert "no good message received yet; no publisher on this topic" in line, line
+        waited = _log_seconds(line) - _log_seconds(first)
+        assert waited >= 2.5, f"warned {waited:.2f} s after the first tick: within DDS discovery"
     finally:
         node.stop()
+
+
+def _log_seconds(line: str) -> float:
+    """The time an rclpy log line was stamped with ('[INFO] [1796637880.822102451] [...]')."""
+    return float(re.search(r"\] \[(\d+\.\d+)\]", line).group(1))
 
 
 @pytest.mark.parametrize("script", ["flashrt_node", "flashrt_lifecycle_node"])

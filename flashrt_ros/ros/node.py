@@ -139,6 +139,8 @@ Unless such steps come regularly (TICK_REPEAT_S): then they are a coarse /clock'
 TICK_REPEAT_S = 1.0
 """A step forward of ROS time between half and twice the one before it, which came less than this
 long ago (steady time), is a tick of a coarse /clock (10 Hz, a bag played with --clock 10), not a jump."""
+DISCOVERY_S = 3.0
+"""After the start, inputs absent for this long are an expected wait (DDS discovery), then a fault."""
 NODE_ERROR = "node_error"
 """A failure of ours caught where it cannot stop the node: real-time chunking, the command stream,
 the status, or a decision tick outside the policy (the policy's own is policy_error)."""
@@ -1119,12 +1121,15 @@ class FlashRTNode(Node):
     def _just_emptied(self, slot: InputSlot) -> bool:
         """The node started, or a ~/reset emptied the slot, less than max_age_s (or two decision
         periods) ago, on the clock the decisions run on: waiting for a message is expected then,
-        not a sensor fault."""
+        not a sensor fault. After the start, at least DISCOVERY_S: DDS may not have found the
+        publishers yet (the node and its sensors started together; "no publisher on this topic:
+        check the name" came half a second in, for publishers found a moment later)."""
+        wait = max(self.cfg.max_age_s, 2.0 / self.cfg.rate_hz)
         since = self._since_reset(slot)
         if since is None:
-            since = self._timer_seconds() - self._started_at
+            since, wait = self._timer_seconds() - self._started_at, max(wait, DISCOVERY_S)
         # negative: the clock changed source since (use_sim_time switched); not a fresh start then
-        return 0.0 <= since < max(self.cfg.max_age_s, 2.0 / self.cfg.rate_hz)
+        return 0.0 <= since < wait
 
     def _absent_detail(self, slot: InputSlot, rejected: Counter) -> str:
         """Why nothing usable arrived, from what was rejected (a copy taken under the lock) or from
