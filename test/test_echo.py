@@ -32,7 +32,10 @@ def test_the_first_chunk_and_a_status_before_any_decision_say_so():
     assert "PAUSED" not in status_line(status)  # enabled unless the node says otherwise
     status.enabled = False
     paused = "PAUSED (~/enable false, or a lifecycle node inactive)"
-    assert status_line(status).startswith(f"status  pi05_tiny cpu float32: {paused}, 0 decisions")
+    assert status_line(status).startswith(f"status  pi05_tiny cpu float32: {paused}, 0 decisions, 0 skipped")
+    status.stages = [StageStats(name="full", rate_hz=7.6)]  # the rate of before the pause, decaying
+    assert "Hz" not in status_line(status).splitlines()[0]
+    status.stages = []
     status.enabled = True
     status.stages = [StageStats(name="full", latency_p50_ms=20.0, latency_p90_ms=21.0, latency_p99_ms=22.5)]
     assert status_line(status).endswith("ms p50/p90/p99: full 20.00/21.00/22.50")
@@ -88,8 +91,32 @@ def test_the_command_line_shows_count_rate_and_the_last_command():
     last = Float64MultiArray(data=[0.5, -0.25, 1.0])
     line = command_line(50, 1.0, last)
     assert line == "        commands: 50 since the last status (50.0 Hz), last [+0.500 -0.250 +1.000]"
+    # the first window opens at its first command: 5 commands are 4 intervals
+    assert "commands: 5 since the last status (40.0 Hz)" in command_line(5, 0.1, last, intervals=4)
+    assert "(" not in command_line(1, 0.0, last, intervals=0).split("last [")[0]
     last.data = [float(i) for i in range(9)]
     assert command_line(3, 0.0, last).endswith("status, last [+0.000 +1.000 +2.000 +3.000 +4.000 +5.000 +6.000 ...]")
+
+
+def test_chunk_ids_that_start_again_are_said_and_summed_per_run(rclpy_context, capsys, monkeypatch):
+    """A node restarted (or reset) under a running echo: the summary said "ids 847..83" and averaged
+    the rate over the downtime."""
+    from flashrt_ros.msg import ActionChunk
+
+    from flashrt_ros.ros import echo as echo_module
+
+    clock = [100.0]
+    monkeypatch.setattr(echo_module.time, "monotonic", lambda: clock[0])
+    console = echo_module.Echo("/flashrt_node", 1, True, context=rclpy_context)
+    try:
+        for chunk_id, at in ((847, 100.0), (848, 100.1), (849, 100.2), (1, 130.0), (2, 130.1)):
+            clock[0] = at
+            console._on_chunk(ActionChunk(chunk_id=chunk_id, horizon=1, action_dim=1, inference_latency_ms=5.0))
+        assert "echo: chunk ids started again (849 -> 1): the node restarted or was reset" in capsys.readouterr().out
+        summary = console.summary()
+        assert summary.startswith("echo: received 5 chunks (10.0 Hz), ids 847..849, 1..2, median"), summary
+    finally:
+        console.destroy_node()
 
 
 def test_bad_arguments_exit_2_with_one_line(ros_env):

@@ -94,28 +94,33 @@ def status_line(msg: PipelineStatus) -> str:
     stages = stages or "(no decision yet)"
     rate = msg.stages[0].rate_hz if msg.stages else 0.0
     paused = " PAUSED (~/enable false, or a lifecycle node inactive)," if not msg.enabled else ""
+    rate_text = f" ({rate:.1f} Hz)" if msg.enabled else ""  # paused, the rate of before only decays
     return (
-        f"status  {msg.policy} {msg.device} {msg.precision}:{paused} {msg.decisions} decisions ({rate:.1f} Hz), "
+        f"status  {msg.policy} {msg.device} {msg.precision}:{paused} {msg.decisions} decisions{rate_text}, "
         f"{skipped} skipped, {msg.deadline_misses} deadline misses, {msg.prefix_reuses} re-used the prefix, "
         f"{f'{msg.rtc_guided} guided (rtc), ' if msg.rtc_guided else ''}input refusals: {invalid}\n"
         f"        ms p50/p90/p99: {stages}"
     )
 
 
-def command_line(count: int, seconds: float, last: Float64MultiArray) -> str:
-    """The commands received since the last status line: how many, their rate, the last one."""
+def command_line(count: int, seconds: float, last: Float64MultiArray, intervals: int | None = None) -> str:
+    """The commands received since the last status line: how many, their rate (`intervals` over
+    `seconds`: one fewer than `count` in the first window, which starts at the first command),
+    the last one."""
     row = " ".join(f"{v:+.3f}" for v in last.data[:7]) + (" ..." if len(last.data) > 7 else "")
-    rate = f" ({count / seconds:.1f} Hz)" if seconds > 0 else ""
+    intervals = count if intervals is None else intervals
+    rate = f" ({intervals / seconds:.1f} Hz)" if seconds > 0 and intervals > 0 else ""
     return f"        commands: {count} since the last status{rate}, last [{row}]"
 
 
 class Echo(Node):
-    def __init__(self, node: str, every: int, quiet: bool):
-        super().__init__("flashrt_echo")
+    def __init__(self, node: str, every: int, quiet: bool, **node_kwargs):
+        super().__init__("flashrt_echo", **node_kwargs)
         self.every, self.quiet = max(every, 1), quiet
         self.chunks: list[tuple[int, float]] = []  # (chunk id, latency ms)
-        self.first_at: float | None = None
-        self.last_at: float | None = None
+        # runs of chunk ids that go up: a new one when they start again (the node restarted or was
+        # reset), each [first id, last id, count, first arrival, last arrival]
+        self.runs: list[list] = []
         self.topic = f"{node}/action_chunk"
         self.create_subscription(ActionChunk, self.topic, self._on_chunk, 10)
         self.create_subscription(PipelineStatus, f"{node}/status", self._on_status, 10)
@@ -141,8 +146,17 @@ class Echo(Node):
                 "(another on this ROS domain?) are printed and counted together",
                 flush=True,
             )
-        self.first_at = self.first_at or time.monotonic()
-        self.last_at = time.monotonic()
+        now = time.monotonic()
+        if self.runs and msg.chunk_id <= self.runs[-1][1]:
+            print(
+                f"echo: chunk ids started again ({self.runs[-1][1]} -> {msg.chunk_id}): the node restarted or "
+                "was reset",
+                flush=True,
+            )
+        if not self.runs or msg.chunk_id <= self.runs[-1][1]:
+            self.runs.append([msg.chunk_id, msg.chunk_id, 0, now, now])
+        run = self.runs[-1]
+        run[1], run[2], run[4] = msg.chunk_id, run[2] + 1, now
         self.chunks.append((msg.chunk_id, msg.inference_latency_ms))
         if not self.quiet and (len(self.chunks) - 1) % self.every == 0:
             now = self.get_clock().now().nanoseconds
@@ -152,7 +166,8 @@ class Echo(Node):
         now = time.monotonic()
         if not self.quiet:
             new = self.commands - self._commands_shown
-            extra = "\n" + command_line(new, now - self._status_at, self._last_command) if new else ""
+            intervals = new - 1 if self._commands_shown == 0 else new  # the first window opens at a command
+            extra = "\n" + command_line(new, now - self._status_at, self._last_command, intervals) if new else ""
             print(status_line(msg) + extra, flush=True)
         self._commands_shown, self._status_at = self.commands, now
         self.last_status = msg
@@ -161,13 +176,14 @@ class Echo(Node):
         if not self.chunks:
             paused = self.last_status is not None and not self.last_status.enabled
             return "echo: no action chunks received" + (" (the node was paused)" if paused else "")
-        ids = [c for c, _ in self.chunks]
-        span = (self.last_at or 0.0) - (self.first_at or 0.0)  # to the last chunk: a node that stopped
-        rate = (len(ids) - 1) / span if span > 0 else 0.0
+        # the rate within each run (to its last chunk: a node that stopped), not across a restart's gap
+        span = sum(last_at - first_at for *_, first_at, last_at in self.runs)
+        rate = sum(count - 1 for _, _, count, _, _ in self.runs) / span if span > 0 else 0.0
         latency = np.median([ms for _, ms in self.chunks])
         commands = f", {self.commands} commands" if self.commands else ""
+        ids = ", ".join(f"{first}..{last}" for first, last, *_ in self.runs)
         return (
-            f"echo: received {len(ids)} chunks ({rate:.1f} Hz), ids {ids[0]}..{ids[-1]}, "
+            f"echo: received {len(self.chunks)} chunks ({rate:.1f} Hz), ids {ids}, "
             f"median inference latency {latency:.2f} ms{commands}"
         )
 
@@ -266,17 +282,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"echo: cannot start: {rcl_reason(exc)} (--node {args.node!r}, ROS arguments)", file=sys.stderr)
         rclpy.try_shutdown()
         return 2
+    except KeyboardInterrupt:  # a signal while rclpy starts (the handler above raises it)
+        print("echo: not starting: stopped by a signal", file=sys.stderr)
+        rclpy.try_shutdown()
+        return 0
     executor = SingleThreadedExecutor()
     executor.add_node(node)
     start = time.monotonic()
     deadline = start + args.duration if args.duration > 0 else float("inf")
-    hinted = False
+    hint, hint_at = "", start  # said again when it changes (a node found later, a status that says paused)
     try:
         while rclpy.ok() and time.monotonic() < deadline:
             executor.spin_once(timeout_sec=0.1)
-            if not hinted and not node.chunks and time.monotonic() - start > args.hint_after:
-                print(node.silence_hint(), flush=True)
-                hinted = True
+            now = time.monotonic()
+            if not node.chunks and now - hint_at > args.hint_after:
+                hint_at, said = now, hint
+                hint = node.silence_hint()
+                if hint != said:
+                    print(hint, flush=True)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
