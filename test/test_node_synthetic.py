@@ -165,6 +165,12 @@ def test_synthetic_sensors_exit_2_on_a_params_file_rcl_cannot_parse(ros_env, tmp
     done = subprocess.run(typo, env=ros_env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "invalid: unknown ROS arguments ['--param-file'," in done.stderr, done.stderr
+    # a file that is not there: rcl said only "Error opening YAML file", naming neither it nor the folder
+    missing = [*cmd[:-1], "config/robot.yaml"]
+    done = subprocess.run(missing, env=ros_env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    want = f"[synthetic_sensors] not starting: no params file config/robot.yaml (relative paths are from {tmp_path})"
+    assert want in done.stderr, done.stderr
 
 
 def test_one_robot_wide_section_for_both_nodes_starts_the_sensors(ros_env, rclpy_context, tmp_path):

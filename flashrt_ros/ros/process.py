@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import math
+import os
 import signal
 import sys
 import threading
@@ -22,7 +23,7 @@ from rclpy.executors import ExternalShutdownException
 from rclpy.signals import SignalHandlerOptions
 
 from flashrt_ros.ros.early_stop import STOP_SIGNALS
-from flashrt_ros.ros.params import rcl_reason
+from flashrt_ros.ros.params import param_sources, rcl_reason
 
 POLL_S = 0.1  # longest a signal waits for the executor's wait to return
 
@@ -31,6 +32,11 @@ def init_rclpy(argv: list[str], node_name: str) -> bool:
     """rclpy.init with our signal handling (see spin_until_signal). ROS arguments or a params file
     that rcl refuses (e.g. a list mixing strings and numbers) give one line naming the node, after
     rcl's own "[ERROR] [rcl]" line, and False: the caller exits 2, without a traceback."""
+    missing = [src[1] for src in param_sources(argv) if src[0] == "file" and not os.path.isfile(src[1])]
+    if missing:  # rcl says only "Error opening YAML file", naming neither the file nor where it looked
+        where = f"(relative paths are from {os.getcwd()})" if any(not os.path.isabs(p) for p in missing) else ""
+        print(f"[{node_name}] not starting: no params file {', '.join(missing)} {where}".rstrip(), file=sys.stderr)
+        return False
     try:
         # held: a KeyboardInterrupt inside rcl's init (C++ calling back into Python) made the
         # process die of SIGINT at exit although main caught it and returned 0
