@@ -49,7 +49,7 @@ from flashrt_ros.ros.usage import command_line
 
 EXECUTABLE = "flashrt_lifecycle_node"
 SUCCESS, FAILURE = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE
-MIN_THREADS = 9  # what 3 cameras with commands take (flashrt_node.callback_threads)
+MIN_THREADS = 14  # what 8 cameras with commands take (flashrt_node.callback_threads); made as needed
 REPLY_GRACE_S = 0.5
 """After a shutdown transition, how long the process keeps its DDS participant before it goes: the
 transition's reply is written after our callback returns, and a reliable reply that needs a resend
@@ -79,6 +79,8 @@ def _logs_errors(transition: Callable) -> Callable:
 class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
     """See the module docstring. A transition callback that raises is the lifecycle's ERROR:
     rclpy then calls `on_error`, which tears down whatever was made and returns to unconfigured."""
+
+    executor_threads: int | None = None  # set by main: the executor's pool, sized once at the start
 
     MANAGED = True
     PAUSED_STATE = "inactive (lifecycle)"
@@ -143,7 +145,18 @@ class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
             self.get_logger().info("configured, but a stop signal came meanwhile: stopping")
             return SUCCESS
         self.get_logger().info(f"configured (inactive): nothing is decided until activated{self._activate_hint()}")
+        self._warn_if_threads_short()
         return SUCCESS
+
+    def _warn_if_threads_short(self) -> None:
+        """More callback groups than the executor has threads (more cameras configured since the
+        start): nothing deadlocks, but the command timer can wait behind camera conversions."""
+        if self.executor_threads is not None and self.callback_threads > self.executor_threads:
+            self.get_logger().warning(
+                f"{self.callback_threads} callback groups for {self.executor_threads} executor threads (sized "
+                "when the process started): commands and decisions can wait behind camera conversions; restart "
+                "the process to size it for these cameras"
+            )
 
     @_logs_errors
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -223,7 +236,8 @@ def main(args: list[str] | None = None) -> int:
             return 2
         node = FlashRTLifecycleNode(sources=param_sources(argv))
         with signals_held():  # the threads are counted from the parameters at start (a floor for more cameras later)
-            executor = MultiThreadedExecutor(num_threads=max(node.callback_threads, MIN_THREADS))
+            node.executor_threads = max(node.callback_threads, MIN_THREADS)
+            executor = MultiThreadedExecutor(num_threads=node.executor_threads)
         if node.wants_autostart():  # a signal during it: "not starting" below
             node.autostart()
     except ConfigError as exc:
