@@ -209,6 +209,19 @@ def test_a_bad_extra_in_flashrt_config_json_names_the_field(tmp_path, extra, sai
     assert str(path) in str(err.value) and said in str(err.value), err.value
 
 
+def test_a_lerobot_config_with_memory_on_is_refused_by_field(tmp_path):
+    """LeRobot's MEM (use_visual_memory) adds no tensor: such a checkpoint loaded and ran on single
+    frames, which it was not trained on, without a word."""
+    save_model(tiny_model("pi05"), tmp_path, layout="lerobot")  # its flashrt_config.json kept: config.json read too
+    path = tmp_path / "config.json"
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "use_visual_memory": False, "memory_frames": 6}))
+    assert read_config(tmp_path, "lerobot").kind == "pi05"  # off: as plain pi0.5
+    path.write_text(json.dumps({**data, "use_visual_memory": True, "memory_frames": 6}))
+    with pytest.raises(CheckpointError, match=r"turns on use_visual_memory: True \(MEM: a history of frames"):
+        read_config(tmp_path, "lerobot")
+
+
 def test_a_stray_tensor_name_in_a_lerobot_file_is_named(tmp_path):
     """One name without LeRobot's `model.` prefix made the folder read as openpi: config.json was
     then read as openpi's and every tensor reported missing, with no word about why."""

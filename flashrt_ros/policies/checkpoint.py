@@ -46,6 +46,8 @@ LEROBOT_PREFIX = "model."
 LEGACY_NORM_MODULES = ("normalize_inputs.", "normalize_targets.", "unnormalize_outputs.")
 # ... and these config.json fields (0.4 renamed or dropped them; its loader refuses them)
 LEGACY_CONFIG_FIELDS = ("adapt_to_pi_aloha", "use_delta_joint_actions_aloha", "num_steps", "resize_imgs_with_padding")
+MEMORY_FIELDS = ("use_visual_memory", "use_proprioceptive_memory")
+"""LeRobot's memory options (after 0.6.1): decisions on a history of observations, not supported."""
 MIGRATE_HINT = (
     "convert it with LeRobot's `python -m lerobot.processor.migrate_policy_normalization --pretrained-path <folder>` "
     "(statistics into the processor files) and its config to LeRobot >= 0.4's fields"
@@ -248,6 +250,10 @@ def _beside_lerobots(cfg: PolicyConfig, folder: Path) -> PolicyConfig:
     if not _present(theirs):
         return cfg
     data = _config_from_file(theirs, lambda d: d if isinstance(d, dict) else {})
+    try:
+        _refuse_memory(data)  # what the model was trained on, whatever our file says
+    except CheckpointError as exc:
+        raise CheckpointError(f"{theirs}: {exc}") from None
     _warn_where_lerobot_differs(cfg, folder, data)
     try:  # only named in the log: a config.json that ours overrides need not be well formed
         names = _lerobot_cameras(data.get("input_features", {}), _lerobot_int(data, "empty_cameras", 0, minimum=0))
@@ -420,6 +426,17 @@ _LEROBOT_INTS = {
 }
 
 
+def _refuse_memory(data: dict) -> None:
+    """LeRobot's memory (MEM) on: visual memory adds no tensor, so such a checkpoint would run,
+    single-frame, on image features it was not trained on, without a word."""
+    memory = [key for key in MEMORY_FIELDS if data.get(key) not in (None, False)]
+    if memory:
+        raise CheckpointError(
+            f"LeRobot config turns on {', '.join(f'{k}: {data[k]!r}' for k in memory)} (MEM: a history of frames "
+            "or states per decision); this package runs pi0.5 on the current frame and state only"
+        )
+
+
 def config_from_lerobot(data: dict) -> PolicyConfig:
     """PolicyConfig of a LeRobot config.json; a field of the wrong type is named with what it
     should be (an int() or a [0] on it would fail naming neither)."""
@@ -431,6 +448,7 @@ def config_from_lerobot(data: dict) -> PolicyConfig:
     legacy = [key for key in LEGACY_CONFIG_FIELDS if key in data]
     if legacy:  # adapt_to_pi_aloha dropped without a word flips the ALOHA joints' signs
         raise CheckpointError(f"LeRobot < 0.4 config fields {legacy}, which LeRobot >= 0.4 refuses; " + MIGRATE_HINT)
+    _refuse_memory(data)
     chosen = {key: data.get(key, default) for key, default in VARIANT_KEYS.items()}
     unknown = {key: v for key, v in chosen.items() if not isinstance(v, str) or v not in variants}
     if unknown:
