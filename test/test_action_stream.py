@@ -254,6 +254,21 @@ def test_linear_follows_each_chunks_trajectory_between_its_actions():
     assert stream.command(70 * MS).values[0] == pytest.approx(50.5)
 
 
+def test_a_linear_take_over_keeps_the_commands_moving_at_their_speed():
+    """Two chunks that agree, commands every 2 ms, the newer one taking over 6 ms into its first
+    step: the commands go on at 0.01 per tick. Anchored at the chunk's start the take-over tick
+    jumped (0.244 after 0.22); from the take-over itself it stood still for a tick (0.22 twice)."""
+    stream = ActionStream(interpolation="linear", tick_ns=2 * MS)
+    ramp = lambda first: (first + 0.1 * np.arange(10))[:, None]  # noqa: E731
+    stream.push(ramp(0.1), start_ns=0, step_ns=STEP, chunk_id=1, robot_at=np.zeros(1))  # 0.1 per 20 ms
+    for t in range(0, 46, 2):
+        stream.command(t * MS)
+    stream.push(ramp(0.3), start_ns=40 * MS, step_ns=STEP, chunk_id=2)  # the same line from 40 ms on
+    got = [stream.command(t * MS) for t in (46, 48, 50, 60, 62)]
+    assert [c.chunk_id for c in got] == [2] * 5
+    assert [c.values[0] for c in got] == pytest.approx([0.23, 0.24, 0.25, 0.30, 0.31])
+
+
 def test_linear_blends_continuously_in_time():
     stream = ActionStream(blend_steps=1, interpolation="linear")
     stream.push(np.zeros((10, 1)), start_ns=0, step_ns=STEP, chunk_id=1)

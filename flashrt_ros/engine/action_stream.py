@@ -9,11 +9,11 @@ reaches at ``start + (k + 1) * step``. With ``interpolation="hold"`` it is comma
 until then (zero-order hold, as LeRobot executes its action queue); with ``"linear"`` the command
 follows the chunk's trajectory, a straight line from action ``k - 1`` to action ``k`` over that
 interval, for controllers that tick faster than the actions come. Action 0 is approached from
-the command in force when the chunk took over, along a line from that moment (a take-over late in
-the first step moves none of the way at once, as joint_trajectory_controller starts from its
-desired state); with none in force (the first chunk, or after a ``clear()``), from where the robot
-is at the chunk's start (``push``'s ``robot_at``: the joint state the chunk was decided on), else
-from action 0 itself.
+the command in force when the chunk took over, along a line from when that command was sent (at
+most a tick before; a take-over late in the first step does not jump most of the way at once, as
+joint_trajectory_controller goes on from its desired state); with none in force (the first
+chunk, or after a ``clear()``), from where the robot is at the chunk's start (``push``'s
+``robot_at``: the joint state the chunk was decided on), else from action 0 itself.
 
 The newest chunk that has started governs; one whose last action has passed by the first tick
 after it arrived is skipped, as a trajectory controller refuses it. The first tick past the
@@ -98,7 +98,7 @@ class _Chunk:
     linear: bool = False
     robot_at: np.ndarray | None = None  # the joint state it was decided on (NaN: a joint without one)
     origin: np.ndarray | None = None  # where "linear" approaches action 0 from
-    origin_ns: int = 0  # and from when: its start (the joint state then), or its take-over (the command then)
+    origin_ns: int = 0  # and from when: its start (the joint state then), or when the command in force was sent
     end_sent: bool = False  # its last action was commanded once past its end
 
     def index(self, now_ns: int) -> int:
@@ -114,9 +114,9 @@ class _Chunk:
             return self.actions[-1]
         if not self.linear:
             return self.actions[k]
-        if k == 0 and self.origin_ns > self.start_ns:  # from the command at the take-over, as a JTC does
+        if k == 0 and self.origin_ns > self.start_ns:  # from the command in force, from when it was sent
             frac = (now_ns - self.origin_ns) / (self.start_ns + self.step_ns - self.origin_ns)
-            return _between(self.origin, self.actions[0], max(frac, 0.0))
+            return _between(self.origin, self.actions[0], min(max(frac, 0.0), 1.0))
         before = self.actions[k - 1] if k > 0 else self.origin
         frac = (now_ns - self.start_ns - k * self.step_ns) / self.step_ns
         return _between(before, self.actions[k], frac)
@@ -320,8 +320,10 @@ class ActionStream:
         if self._last is None and chunk.robot_at is not None:  # no command in force: from the robot
             self._last, self._last_ns = chunk.robot_at, now_ns
             self._budget = None if self.max_move is None else np.array(self.max_move, dtype=np.float64)
-        elif self._last is not None:  # from the command in force, from now: the first tick moves none of
-            chunk.origin_ns = now_ns  # the way (joint_trajectory_controller's start from its desired state)
+        elif self._last is not None:  # from the command in force, from when it was sent (at most a tick
+            # ago: after a gap, from now), on to action 0's time: no jump, and no tick standing still
+            sent_ns = self._last_ns if self.tick_ns is None else max(self._last_ns, now_ns - self.tick_ns)
+            chunk.origin_ns = min(max(sent_ns, chunk.start_ns), now_ns)  # not before the chunk's start
         if self._last is None:
             chunk.origin = chunk.actions[0]
         else:  # a joint robot_at did not know: from action 0
