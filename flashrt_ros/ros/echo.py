@@ -147,13 +147,15 @@ class Echo(Node):
                 flush=True,
             )
         now = time.monotonic()
-        if self.runs and msg.chunk_id <= self.runs[-1][1]:
+        # with two publishers their ids interleave: one run, no restarts (said above)
+        again = bool(self.runs) and msg.chunk_id <= self.runs[-1][1] and not self._said_publishers
+        if again and not self.quiet:
             print(
-                f"echo: chunk ids started again ({self.runs[-1][1]} -> {msg.chunk_id}): the node restarted or "
-                "was reset",
+                f"echo: chunk ids started again ({self.runs[-1][1]} -> {msg.chunk_id}): the node restarted or was "
+                "reset, or a capsule was restored",
                 flush=True,
             )
-        if not self.runs or msg.chunk_id <= self.runs[-1][1]:
+        if not self.runs or again:
             self.runs.append([msg.chunk_id, msg.chunk_id, 0, now, now])
         run = self.runs[-1]
         run[1], run[2], run[4] = msg.chunk_id, run[2] + 1, now
@@ -282,10 +284,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"echo: cannot start: {rcl_reason(exc)} (--node {args.node!r}, ROS arguments)", file=sys.stderr)
         rclpy.try_shutdown()
         return 2
-    except KeyboardInterrupt:  # a signal while rclpy starts (the handler above raises it)
+    except KeyboardInterrupt:  # a signal while rclpy starts (the handler above raises it): no chunk, status 1
         print("echo: not starting: stopped by a signal", file=sys.stderr)
         rclpy.try_shutdown()
-        return 0
+        return 1
     executor = SingleThreadedExecutor()
     executor.add_node(node)
     start = time.monotonic()

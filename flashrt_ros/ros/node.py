@@ -401,6 +401,7 @@ class FlashRTNode(Node):
         cfg = self.cfg
         self.slots: list[InputSlot] = []  # cameras in view order, then the joint states
         self._subscriptions_in = []
+        self._subscribed_at = time.monotonic()  # DDS discovery of the publishers runs from here
         for topic, transport in zip(cfg.camera_topics, cfg.transports, strict=True):
             msg_type, convert = (Image, image_to_rgb) if transport == "raw" else (CompressedImage, compressed_to_rgb)
             self._subscribe(msg_type, topic, partial(self._on_image, convert))
@@ -1121,15 +1122,17 @@ class FlashRTNode(Node):
     def _just_emptied(self, slot: InputSlot) -> bool:
         """The node started, or a ~/reset emptied the slot, less than max_age_s (or two decision
         periods) ago, on the clock the decisions run on: waiting for a message is expected then,
-        not a sensor fault. After the start, at least DISCOVERY_S: DDS may not have found the
-        publishers yet (the node and its sensors started together; "no publisher on this topic:
-        check the name" came half a second in, for publishers found a moment later)."""
-        wait = max(self.cfg.max_age_s, 2.0 / self.cfg.rate_hz)
+        not a sensor fault. And for DISCOVERY_S after the subscriptions were made (the start, a
+        lifecycle configure; not a later ~/enable): DDS may not have found the publishers yet (the
+        node and its sensors started together; "no publisher on this topic: check the name" came
+        half a second in, for publishers found a moment later)."""
         since = self._since_reset(slot)
         if since is None:
-            since, wait = self._timer_seconds() - self._started_at, max(wait, DISCOVERY_S)
+            if time.monotonic() - self._subscribed_at < DISCOVERY_S:  # steady time since the subscriptions
+                return True
+            since = self._timer_seconds() - self._started_at
         # negative: the clock changed source since (use_sim_time switched); not a fresh start then
-        return 0.0 <= since < wait
+        return 0.0 <= since < max(self.cfg.max_age_s, 2.0 / self.cfg.rate_hz)
 
     def _absent_detail(self, slot: InputSlot, rejected: Counter) -> str:
         """Why nothing usable arrived, from what was rejected (a copy taken under the lock) or from

@@ -32,10 +32,12 @@ def init_rclpy(argv: list[str], node_name: str) -> bool:
     """rclpy.init with our signal handling (see spin_until_signal). ROS arguments or a params file
     that rcl refuses (e.g. a list mixing strings and numbers) give one line naming the node, after
     rcl's own "[ERROR] [rcl]" line, and False: the caller exits 2, without a traceback."""
-    missing = [src[1] for src in param_sources(argv) if src[0] == "file" and not os.path.isfile(src[1])]
+    missing = [src[1] for src in param_sources(argv) if src[0] == "file" and not os.path.exists(src[1])]
     if missing:  # rcl says only "Error opening YAML file", naming neither the file nor where it looked
-        where = f"(relative paths are from {os.getcwd()})" if any(not os.path.isabs(p) for p in missing) else ""
-        print(f"[{node_name}] not starting: no params file {', '.join(missing)} {where}".rstrip(), file=sys.stderr)
+        notes = [f"relative paths are from {os.getcwd()}"] if any(not os.path.isabs(p) for p in missing) else []
+        notes += ["~ is not expanded in a quoted path"] if any(p.startswith("~") for p in missing) else []
+        where = f" ({'; '.join(notes)})" if notes else ""
+        print(f"[{node_name}] not starting: no params file {', '.join(missing)}{where}", file=sys.stderr)
         return False
     try:
         # held: a KeyboardInterrupt inside rcl's init (C++ calling back into Python) made the
