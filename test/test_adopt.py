@@ -130,6 +130,36 @@ def test_gemma_norms_and_mlps_pass_parity_and_revert_exactly(dtype, kernel_calls
     report.revert()
     assert _instance_forwards(model) == []
     assert torch.equal(_logits(model, ids), before)  # the model's own code, bit for bit
+    # no trace of the gate|up copy: its name stayed in each MLP's non-persistent buffer set
+    assert not any(repl.GATE_UP_BUFFER in m._non_persistent_buffers_set for m in model.modules())
+
+
+def test_weights_made_per_call_by_functional_call_are_never_taken_for_the_last_ones() -> None:
+    """functional_call with weights made for each call (an ensemble, interpolated checkpoints):
+    the new ones can reuse the last ones' memory, and a new tensor's version is 0, so storage and
+    version alone took them for the weights the gate|up copy was made from (38 % off, no error)."""
+    import copy
+
+    from torch.func import functional_call
+
+    torch.manual_seed(0)
+    mlp = GemmaMLP(gemma_config(vocab=256, width=64, mlp=128, heads=4, head_dim=16)).to(DEVICE).eval()
+    own = copy.deepcopy(mlp)
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    hooked = []  # the activation's probe goes past the user's hooks (a foreign tensor in their stats)
+    handle = own.act_fn.register_forward_hook(lambda m, args, out: hooked.append(tuple(args[0].shape)))
+    assert repl.is_tanh_gelu(own.act_fn) and hooked == []
+    handle.remove()
+    assert accelerate(mlp, lambda: mlp(x), PARITY_ONLY).kept == ["geglu_mlp"]
+    base = {n: p.detach().clone() for n, p in mlp.named_parameters()}
+
+    def run(model: nn.Module, scale: float) -> torch.Tensor:
+        params = {n: p * scale for n, p in base.items()}  # new tensors each call, freed after it
+        with torch.no_grad():
+            return functional_call(model, params, (x,))
+
+    for scale in (1.0, 1.5, 2.0, 2.5, 3.0):
+        torch.testing.assert_close(run(mlp, scale), run(own, scale), atol=1e-4, rtol=1e-4)
 
 
 def test_siglip_layer_norms_and_gelu_mlps(kernel_calls) -> None:

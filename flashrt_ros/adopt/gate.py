@@ -169,9 +169,13 @@ def parity(reference: list[Tensor], outputs: list[Tensor]) -> Parity:
 
 def seeded(call: Callable[[], object], seed: int, device: torch.device) -> object:
     """`call()` under no_grad with torch's RNG seeded (the CPU's and `device`'s), the caller's
-    RNG state restored afterwards."""
+    RNG state restored afterwards. Only those two: torch.manual_seed reseeds every GPU's, which
+    fork_rng does not give back."""
     with _own_rng(device), torch.no_grad():
-        torch.manual_seed(seed)
+        torch.random.default_generator.manual_seed(seed)
+        if device.type == "cuda":
+            with torch.cuda.device(device):
+                torch.cuda.manual_seed(seed)
         return call()
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -267,9 +268,10 @@ def is_tanh_gelu(act: object) -> bool:
     if not callable(act):
         return False
     probe = torch.linspace(-8.0, 8.0, 161)
+    forward = act.forward if isinstance(act, nn.Module) else act  # not its hooks: a foreign probe in their stats
     try:
         with torch.no_grad():
-            got = act(probe)
+            got = forward(probe)
     except Exception:  # an activation that cannot take a CPU probe is not one we can vouch for
         return False
     return isinstance(got, Tensor) and got.shape == probe.shape and torch.allclose(got, gelu_tanh_ref(probe), atol=1e-5)
@@ -523,11 +525,18 @@ class GegluForward(AdoptedForward):
         self.source = self._source_now()
         return w_gu
 
-    def _source_now(self) -> tuple[int, ...]:
-        """What tells the weights the copy was made from: their storage and in-place version
-        (an optimizer step, a load_state_dict, a .to(), a functional_call change them)."""
+    def _source_now(self) -> tuple:
+        """What tells the weights the copy was made from: the tensors themselves (weakly held:
+        functional_call's new weights can reuse the last ones' memory, and a fresh tensor's version
+        is 0, so storage and version alone took a new pair for the old one), their storage and
+        in-place version (an optimizer step, a load_state_dict, a .to() change them)."""
         gate, up = self.module.gate_proj.weight, self.module.up_proj.weight
-        return gate.data_ptr(), _version(gate), up.data_ptr(), _version(up)
+        return _Same(gate), _Same(up), gate.data_ptr(), _version(gate), up.data_ptr(), _version(up)
+
+    def __getstate__(self) -> dict:
+        """Copied (deepcopy) or pickled (torch.save): without the weak references, which neither
+        takes; the first call after makes the copy again."""
+        return {**self.__dict__, "source": None}
 
     def kernel(self, x: Tensor) -> Tensor | None:
         m = self.module
@@ -553,11 +562,16 @@ class GegluForward(AdoptedForward):
         return 0 if w_gu is None else w_gu.numel() * w_gu.element_size()
 
     def release(self) -> None:
-        self.module._buffers.pop(GATE_UP_BUFFER, None)
+        self._drop_buffer()
         self._parked = None
 
     def park(self) -> None:
-        self._parked = self.module._buffers.pop(GATE_UP_BUFFER, None)
+        self._parked = self._drop_buffer()
+
+    def _drop_buffer(self) -> Tensor | None:
+        """The copy off the module, its name out of the non-persistent set too (as before adopt)."""
+        self.module._non_persistent_buffers_set.discard(GATE_UP_BUFFER)
+        return self.module._buffers.pop(GATE_UP_BUFFER, None)
 
     def unpark(self) -> None:
         # a .to() in between left the parked copy behind: the next call sees the weights' new storage
@@ -570,6 +584,21 @@ class GegluForward(AdoptedForward):
             self._parked = self._concatenate(register=False)
         else:
             self._concatenate()
+
+
+class _Same:
+    """Equal to another only while both hold the same live tensor (a weak reference: the copy
+    must not keep a functional_call's weights alive)."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, t: Tensor):
+        self.ref = weakref.ref(t)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and self.ref() is not None and self.ref() is other.ref()
+
+    __hash__ = None  # compared, never hashed
 
 
 def _version(t: Tensor) -> int:
