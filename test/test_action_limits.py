@@ -109,8 +109,12 @@ def test_no_limits_are_inactive():
 @pytest.mark.parametrize(
     ("kwargs", "words"),
     [
-        ({"lower": [0.0], "upper": [1.0], "max_step": []}, "positions within limits on 2 joints"),
-        ({"lower": [], "upper": [], "max_step": [0.1]}, "at most action_max_step per action from the joint state"),
+        ({"lower": [0.0], "upper": [1.0], "max_step": []}, "positions within limits on 2 joints (a [0, 1], b [0, 1])"),
+        (
+            {"lower": [], "upper": [2.0, 3.0], "max_step": [0.1]},
+            "positions within limits on 2 joints; at most action_max_step per action from the joint state "
+            "(a [-inf, 2] step 0.1, b [-inf, 3] step 0.1)",
+        ),
     ],
 )
 def test_describe_says_which_limits_are_on(kwargs, words):

@@ -62,9 +62,10 @@ def test_every_output_stays_within_the_limits_and_limiting_is_counted(running):
     assert "[WARN]" in line and re.search(r"values of [1-4] joints changed; the most: j[0-3] ", line), line
 
 
-def test_a_step_limit_slows_the_chunk_from_the_joint_state(rclpy_context):
+def test_a_step_limit_slows_the_chunk_from_the_joint_state(rclpy_context, capfd):
     """In process, on a decision made by hand: action 0 within action_max_step of the joint state
-    (for the joints it has), each next action within it of the one before."""
+    (for the joints it has), each next action within it of the one before. The start-up log says
+    each joint's limit, the actions' joint order, and that it is not joint_names' order."""
     from builtin_interfaces.msg import Time as TimeMsg
 
     from flashrt_ros.engine.pipeline import Decision
@@ -72,6 +73,11 @@ def test_a_step_limit_slows_the_chunk_from_the_joint_state(rclpy_context):
 
     node = in_process_node(rclpy_context, action_max_step=[0.1], action_joint_names=["j1", "j0", "extra", "j3"])
     try:
+        err = capfd.readouterr().err
+        assert "(j1 step 0.1, j0 step 0.1, extra step 0.1, j3 step 0.1)" in err
+        assert "step 0.05 s; joints j1, j0, extra, j3)" in err
+        reordered = "action_joint_names orders joints otherwise than joint_names: j1 (action 0, state 1), j0 (action 1"
+        assert reordered in err and "trajectory_groups or command_groups, which pick joints by name" in err
         joints = Sample(np.array([0.0, 1.0, 2.0, 3.0], np.float32), TimeMsg(sec=int(time.time())), 0, 0)
         actions = np.full((3, 4), 5.0, np.float32)
         limited = node._limited(Decision(chunk_id=4, actions=actions, timings_ms={}), joints).actions

@@ -63,12 +63,24 @@ class ActionLimits:
         return any(x is not None for x in (self.lower, self.upper, self.max_step))
 
     def describe(self) -> str:
+        """What is on, then each joint's values (what an operator checks before engaging)."""
         parts = []
         if self.lower is not None or self.upper is not None:
             parts.append(f"positions within limits on {len(self.names)} joints")
         if self.max_step is not None:
             parts.append("at most action_max_step per action from the joint state")
-        return "; ".join(parts) or "none"
+        if not parts:
+            return "none"
+        return "; ".join(parts) + " (" + ", ".join(self._joint(i) for i in range(len(self.names))) + ")"
+
+    def _joint(self, i: int) -> str:
+        """'elbow [-1.5, 1.5] step 0.05' (only the limits that are on)."""
+        text = self.names[i]
+        if self.lower is not None or self.upper is not None:
+            low = -np.inf if self.lower is None else self.lower[i]
+            high = np.inf if self.upper is None else self.upper[i]
+            text += f" [{low:g}, {high:g}]"
+        return text + ("" if self.max_step is None else f" step {self.max_step[i]:g}")
 
     def apply(self, actions: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, Clamped | None]:
         """``actions`` [horizon, dof] and the joint state in the same columns (NaN where the state

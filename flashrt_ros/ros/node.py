@@ -556,7 +556,8 @@ class FlashRTNode(Node):
         )
         log.info(
             f"outputs: {self._chunk_pub.topic_name}, {self._traj_pub.topic_name} "
-            f"({d['horizon']} x {len(cfg.output_joint_names)} actions, step {cfg.step_duration_s:g} s), "
+            f"({d['horizon']} x {len(cfg.output_joint_names)} actions, step {cfg.step_duration_s:g} s; joints "
+            f"{', '.join(cfg.output_joint_names)}), "
             f"{self._status_pub.topic_name} at {cfg.status_rate_hz:g} Hz, /diagnostics; actions {d['actions']}"
         )
         for pub, _, joints in self._group_pubs:
@@ -588,6 +589,7 @@ class FlashRTNode(Node):
         log.info(describe_rtc(cfg))
         self._warn_rtc_blend(cfg)
         self._warn_fewer_joints_than_statistics()
+        self._warn_reordered_actions(cfg)
         self._warn_chunk_gap(cfg)
         self._say_how_often_lerobot_replans(cfg)
 
@@ -629,6 +631,23 @@ class FlashRTNode(Node):
             self.get_logger().warning(f"{said}: more than LeRobot runs it with; expected rate_hz >= {wanted:g}")
         else:
             self.get_logger().info(said)
+
+    def _warn_reordered_actions(self, cfg: NodeConfig) -> None:
+        """action_joint_names naming joint_names' joints in another order: the policy's action
+        columns come in its training order, which action_joint_names only labels (a delta
+        checkpoint refuses it at start). Most often the controller's order written there by mistake:
+        the actions then go to the wrong joints, and the step limit compares them with the wrong
+        joint's state."""
+        actions, state = list(cfg.output_joint_names), list(cfg.joint_names)
+        moved = [(i, n, state.index(n)) for i, n in enumerate(actions) if n in state and state.index(n) != i]
+        if moved:
+            shown = ", ".join(f"{n} (action {i}, state {j})" for i, n, j in moved[:6])
+            self.get_logger().warning(
+                f"action_joint_names orders joints otherwise than joint_names: {shown}"
+                f"{' ...' if len(moved) > 6 else ''}. It names the policy's action columns, which come in the "
+                "order it was trained on (mostly the state's): a controller's own order goes in trajectory_groups "
+                "or command_groups, which pick joints by name"
+            )
 
     def _warn_fewer_joints_than_statistics(self) -> None:
         """Fewer joints than the checkpoint's statistics cover runs (a robot that is a subset of
