@@ -1303,6 +1303,31 @@ def test_diagnostics_say_when_nothing_subscribes_to_the_controllers_outputs(rclp
         node.destroy_node()
 
 
+def test_a_second_node_of_this_name_is_said_in_diagnostics(rclpy_context):
+    """A launch plus a forgotten `ros2 run`: two /flashrt_node, both engaged by one ~/enable, their
+    trajectories interleaved on the controllers' topic, and neither said a word."""
+    from diagnostic_msgs.msg import DiagnosticStatus
+    from flashrt_ros.msg import ActionChunk
+    from rclpy.node import Node
+
+    node = in_process_node(rclpy_context, rate_hz=0.1)
+    other = Node("flashrt_node", context=rclpy_context)
+    try:
+        assert node._health(*node._snapshot_with_baseline(advance=True))[1].find("other publisher") < 0
+        other.create_publisher(ActionChunk, "/flashrt_node/action_chunk", 10)
+        deadline = time.monotonic() + 10.0  # discovery, in this process: quick
+        while True:
+            level, message = node._health(*node._snapshot_with_baseline(advance=True))
+            if "other publisher" in message or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert level == DiagnosticStatus.WARN, message
+        assert "1 other publisher(s) of /flashrt_node/action_chunk: another /flashrt_node?" in message, message
+    finally:
+        other.destroy_node()
+        node.destroy_node()
+
+
 def test_inputs_held_through_a_pause_are_not_counted_dropped_after_it(rclpy_context):
     """A sample stored while paused waits for no decision; once ~/enable true came, the first newer
     sample on each topic counted it as dropped: every pause and resume added one drop per input

@@ -486,6 +486,7 @@ class FlashRTNode(Node):
             for topic, joints in (commands if self.cfg.command_rate_hz > 0 else [])
         ]
         self._status_pub = self._publisher(PipelineStatus, "~/status", 10)
+        self._twin_said = False  # another publisher of the chunks was logged (once)
         self._diag_pub = self._publisher(DiagnosticArray, "/diagnostics", 10)
 
     def _max_move(self) -> np.ndarray | None:
@@ -1620,11 +1621,30 @@ class FlashRTNode(Node):
             if self._clock_watch.stalled:  # held samples stop ageing with the clock: the timer would not fire
                 unready = ", ".join(filter(None, (unready, self._clock_watch.describe(time.monotonic()))))
             state = f"{self.PAUSED_STATE} (no decisions): " + (f"not ready ({unready})" if unready else "ready")
+        twin = self._twin()
+        state += f"; {twin}" if twin else ""
         if problems:
             return DiagnosticStatus.WARN, f"{state}, with " + ", ".join(problems) + " since the last status"
-        if unready or unheard:
+        if unready or unheard or twin:
             return DiagnosticStatus.WARN, state
         return DiagnosticStatus.OK, f"running at {self.cfg.rate_hz:g} Hz" if self.enabled else state
+
+    def _twin(self) -> str:
+        """Another node publishing this node's chunks: most often a second node of this name (a
+        launch and a forgotten `ros2 run`), which the parameters and ~/enable reach too, and whose
+        trajectories interleave with these. Said in /diagnostics while it lasts, logged once."""
+        topic = self._chunk_pub.topic_name
+        others = self.count_publishers(topic) - 1
+        if others <= 0:
+            return ""
+        text = f"{others} other publisher(s) of {topic}: another {self.get_fully_qualified_name()}?"
+        if not self._twin_said:
+            self._twin_said = True
+            self.get_logger().warning(
+                f"{text} Both take this name's parameters and ~/enable, and their chunks and trajectories "
+                "interleave: stop one (ros2 node list)"
+            )
+        return text
 
     def _unheard_outputs(self) -> list[str]:
         """The outputs set up to drive controllers (trajectory_groups; the command stream, any of
