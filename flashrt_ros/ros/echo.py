@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import signal
 import sys
 import time
@@ -245,6 +246,14 @@ def _every(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `... | head`: the reader is gone; no traceback, no more output
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = sys.argv if argv is None else argv
     parser = argparse.ArgumentParser(
         prog="python -m flashrt_ros.ros.echo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -302,10 +311,13 @@ def main(argv: list[str] | None = None) -> int:
                 hint = node.silence_hint()
                 if hint != said:
                     print(hint, flush=True)
-    except (KeyboardInterrupt, ExternalShutdownException):
+    except (KeyboardInterrupt, ExternalShutdownException, BrokenPipeError):  # the last: `| head` closed
         pass
     finally:
-        print(node.summary(), flush=True)
+        try:
+            print(node.summary(), flush=True)
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit too
         executor.shutdown()
         node.destroy_node()
         rclpy.try_shutdown()
