@@ -802,13 +802,10 @@ class FlashRTNode(Node):
         )
         self._throttle(("rejected", slot.topic, err.reason), "warning", f"input rejected: {err}; {keep}")
 
-    def _on_incompatible_prompt_publisher(self, topic: str, event: Any) -> None:
-        """Publishers on prompt_topic that this subscription cannot match: their prompts never
-        arrive, so say, for each, which policy differs (under transient_local, a volatile
-        publisher's durability; a best-effort publisher's reliability in either). From the graph:
-        the middleware merges the events, whose last policy would name one cause for all."""
-        ours = self._prompt_sub.qos_profile
-        found = []
+    def _incompatible_prompt_publishers(self, topic: str) -> list[tuple[str, QoSPolicyKind]]:
+        """("<node>'s: ", the policy that differs) for each publisher on `topic` not said before
+        that the prompt subscription cannot match."""
+        ours, found = self._prompt_sub.qos_profile, []
         for info in self.get_publishers_info_by_topic(topic):
             theirs, gid = info.qos_profile, bytes(info.endpoint_gid)
             if gid in self._prompt_publishers_said:
@@ -821,6 +818,19 @@ class FlashRTNode(Node):
                 continue
             self._prompt_publishers_said.add(gid)
             found.append((f"{info.node_namespace.rstrip('/')}/{info.node_name}'s: ", policy))
+        return found
+
+    def _on_incompatible_prompt_publisher(self, topic: str, event: Any) -> None:
+        """Publishers on prompt_topic that this subscription cannot match: their prompts never
+        arrive, so say, for each, which policy differs (under transient_local, a volatile
+        publisher's durability; a best-effort publisher's reliability in either). From the graph:
+        the middleware merges the events, whose last policy would name one cause for all."""
+        found = self._incompatible_prompt_publishers(topic)
+        for _ in range(10):  # the event can come before this process's graph cache lists the publisher
+            if found:
+                break
+            time.sleep(0.05)
+            found = self._incompatible_prompt_publishers(topic)
         for who, policy in found or [("", QoSPolicyKind(event.last_policy_kind))]:
             if policy == QoSPolicyKind.DURABILITY:
                 fix = "publish them transient_local, or set prompt_durability volatile"
@@ -843,11 +853,16 @@ class FlashRTNode(Node):
         with self._lock:
             if self.is_set_up:
                 self.invalid[(topic, INCOMPATIBLE_SUBSCRIBER)] += event.total_count_change
-        latched = [
-            f"{info.node_namespace.rstrip('/')}/{info.node_name}"
-            for info in self.get_subscriptions_info_by_topic(topic)
-            if info.qos_profile.durability == DurabilityPolicy.TRANSIENT_LOCAL
-        ]
+        latched = []
+        for _ in range(10):  # the event can come before this process's graph cache lists the subscriber
+            latched = [
+                f"{info.node_namespace.rstrip('/')}/{info.node_name}"
+                for info in self.get_subscriptions_info_by_topic(topic)
+                if info.qos_profile.durability == DurabilityPolicy.TRANSIENT_LOCAL
+            ]
+            if latched:
+                break
+            time.sleep(0.05)
         if latched:
             why = f"{', '.join(latched)} subscribe{'s' if len(latched) == 1 else ''} transient_local"
             fix = "subscribe volatile (each message is published once, for now)"
