@@ -163,6 +163,14 @@ class ClockMark(NamedTuple):
     jumps_forward: int  # ROS time's jumps forward so far
 
 
+def _endpoint_node(info: Any) -> str | None:
+    """The fully qualified name of the node behind a graph endpoint; None while the graph lists the
+    endpoint but not yet its node ("_NODE_NAME_UNKNOWN_")."""
+    if "_UNKNOWN_" in info.node_name or "_UNKNOWN_" in info.node_namespace:
+        return None
+    return f"{info.node_namespace.rstrip('/')}/{info.node_name}"
+
+
 def action_state_columns(names: list[str], joint_names: list[str], unlike: tuple[int, ...] = ()) -> list[int | None]:
     """Each action joint's column in the joint state (None: none to step from). `unlike`: action
     columns whose state is another quantity (ALOHA's grippers under adapt_to_pi: the finger
@@ -816,8 +824,11 @@ class FlashRTNode(Node):
                 policy = QoSPolicyKind.DURABILITY
             else:
                 continue
+            node = _endpoint_node(info)
+            if node is None:  # listed before its node's name: found again on the next look
+                continue
             self._prompt_publishers_said.add(gid)
-            found.append((f"{info.node_namespace.rstrip('/')}/{info.node_name}'s: ", policy))
+            found.append((f"{node}'s: ", policy))
         return found
 
     def _on_incompatible_prompt_publisher(self, topic: str, event: Any) -> None:
@@ -853,16 +864,17 @@ class FlashRTNode(Node):
         with self._lock:
             if self.is_set_up:
                 self.invalid[(topic, INCOMPATIBLE_SUBSCRIBER)] += event.total_count_change
-        latched = []
+        latched: list[str | None] = []
         for _ in range(10):  # the event can come before this process's graph cache lists the subscriber
-            latched = [
-                f"{info.node_namespace.rstrip('/')}/{info.node_name}"
+            latched = [  # None: an endpoint whose node the graph does not know yet
+                _endpoint_node(info)
                 for info in self.get_subscriptions_info_by_topic(topic)
                 if info.qos_profile.durability == DurabilityPolicy.TRANSIENT_LOCAL
             ]
-            if latched:
+            if latched and None not in latched:
                 break
             time.sleep(0.05)
+        latched = [name or "a node not known yet" for name in latched]
         if latched:
             why = f"{', '.join(latched)} subscribe{'s' if len(latched) == 1 else ''} transient_local"
             fix = "subscribe volatile (each message is published once, for now)"
