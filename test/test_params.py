@@ -783,3 +783,18 @@ def test_each_ranged_parameters_description_gives_its_upper_bound():
 
     for name, (_, high, _) in NUMBER_RANGES.items():
         assert f"{high:g}" in PARAMETERS[name].description, (name, PARAMETERS[name].description)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal of device cuda without a GPU")
+def test_device_cuda_without_a_gpu_is_said_with_the_policys_other_problems() -> None:
+    """device: cuda on a CPU machine stopped the start with that alone: what the policy's files
+    refuse (here a prompt longer than the policy takes) came only at the next start."""
+    from flashrt_ros.ros.params import NodeConfig
+    from flashrt_ros.ros.startup import StartupError, build_pipeline_state
+
+    cfg = NodeConfig(device="cuda", prompt="stack the blocks " * 60)  # pi05_tiny takes 96 prompt tokens
+    with pytest.raises(StartupError) as err:
+        build_pipeline_state(cfg)
+    text = str(err.value)
+    assert text.startswith("device 'cuda' requested but torch sees no CUDA device; "), text
+    assert "prompt" in text.split("; use device: cpu or auto; ", 1)[1], text

@@ -35,7 +35,10 @@ def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
     from flashrt_ros.policies.policy import read_policy
     from flashrt_ros.policies.tiny_tokenizer import tiny_tokenizer_path
 
-    device = resolve_device(cfg.device, torch.cuda.is_available())
+    try:  # said with the files' problems below: a CPU machine showed only this one, then the next
+        device, first = resolve_device(cfg.device, torch.cuda.is_available()), []
+    except StartupError as exc:
+        device, first = None, [str(exc)]
     model_cfg = PolicyConfig.preset(cfg.policy, num_views=len(cfg.camera_topics), dtype=cfg.precision)
     try:
         tokenizer = cfg.tokenizer or str(tiny_tokenizer_path())
@@ -45,8 +48,8 @@ def build_pipeline_state(cfg: NodeConfig) -> tuple[Any, dict[str, str]]:
     try:  # the files only: every mismatch below is found before the weights' load (a minute at full size)
         source = read_policy(model_cfg, tokenizer, checkpoint=cfg.checkpoint_folder, seed=cfg.seed)
     except Exception as exc:  # a bad checkpoint, statistics or tokenizer: the node says why and exits
-        raise StartupError(f"{failed}: {type(exc).__name__}: {exc}") from exc
-    problems = policy_problems(source, model_cfg.kind, cfg)
+        raise StartupError("; ".join([*first, f"{failed}: {type(exc).__name__}: {exc}"])) from exc
+    problems = first + policy_problems(source, model_cfg.kind, cfg)
     if problems:
         raise StartupError("; ".join(problems))
     try:
