@@ -493,7 +493,10 @@ def test_bench_scripts_refuse_an_unusable_out_and_too_few_samples_before_the_run
     assert number_at_least(0.0)("0") == 0.0
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without a CUDA GPU")
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="checks the refusal on a machine without a CUDA GPU (with one, the benchmark runs)",
+)
 @pytest.mark.parametrize("script", ["prefix_reuse.py", "decide_host.py", "rtc_cost.py", "adopt_hf.py"])
 def test_the_full_size_gpu_benches_refuse_a_machine_without_cuda_in_one_line(tmp_path, script) -> None:
     """An AssertionError "Torch not compiled with CUDA enabled" with a traceback, exit 1: read as

@@ -785,7 +785,10 @@ def test_each_ranged_parameters_description_gives_its_upper_bound():
         assert f"{high:g}" in PARAMETERS[name].description, (name, PARAMETERS[name].description)
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal of device cuda without a GPU")
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(),
+    reason="checks device cuda refused without a CUDA GPU (with one, it is taken)",
+)
 def test_device_cuda_without_a_gpu_is_said_with_the_policys_other_problems() -> None:
     """device: cuda on a CPU machine stopped the start with that alone: what the policy's files
     refuse (here a prompt longer than the policy takes) came only at the next start."""

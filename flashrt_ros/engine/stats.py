@@ -69,7 +69,7 @@ class StageStats:
         now = self._clock() if now is None else now
         recent = self._recent()
         n, span = len(recent) - 1, recent[-1] - recent[0]
-        if now < last or span <= 0 or self._stopped_before(now):
+        if now < last or span <= 0 or self._stopped_before(now, recent):
             return 0.0
         end = max(last, now - span / n)
         return n / (end - recent[0])
@@ -80,12 +80,13 @@ class StageStats:
         recent = [t for t in self._done_at if t >= last - RATE_SPAN_S]
         return recent if len(recent) >= 3 else list(self._done_at)[-3:]
 
-    def _stopped_before(self, now: float) -> bool:
+    def _stopped_before(self, now: float, recent: list[float] | None = None) -> bool:
         """Nothing completed in the last RATE_SPAN_S or three mean intervals, whichever is longer
-        (one completion alone has no interval: a stage that runs every 20 s is not stopped)."""
+        (one completion alone has no interval: a stage that runs every 20 s is not stopped).
+        `recent`: `_recent()`, where the caller has it."""
         if len(self._done_at) < 2:
             return False
-        recent = self._recent()
+        recent = self._recent() if recent is None else recent
         mean = (recent[-1] - recent[0]) / (len(recent) - 1)
         return now - self._done_at[-1] > max(RATE_SPAN_S, 3 * mean)
 

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import rclpy
@@ -114,14 +115,25 @@ def command_line(count: int, seconds: float, last: Float64MultiArray, intervals:
     return f"        commands: {count} since the last status{rate}, last [{row}]"
 
 
+@dataclass
+class ChunkRun:
+    """Chunks whose ids went up, one after the other, and when the first and last arrived."""
+
+    first_id: int
+    last_id: int
+    count: int
+    first_at: float
+    last_at: float
+
+
 class Echo(Node):
     def __init__(self, node: str, every: int, quiet: bool, **node_kwargs):
         super().__init__("flashrt_echo", **node_kwargs)
         self.every, self.quiet = max(every, 1), quiet
         self.chunks: list[tuple[int, float]] = []  # (chunk id, latency ms)
         # runs of chunk ids that go up: a new one when they start again (the node restarted or was
-        # reset), each [first id, last id, count, first arrival, last arrival]
-        self.runs: list[list] = []
+        # reset, a capsule restored)
+        self.runs: list[ChunkRun] = []
         self.topic = f"{node}/action_chunk"
         self.create_subscription(ActionChunk, self.topic, self._on_chunk, 10)
         self.create_subscription(PipelineStatus, f"{node}/status", self._on_status, 10)
@@ -149,17 +161,17 @@ class Echo(Node):
             )
         now = time.monotonic()
         # with two publishers their ids interleave: one run, no restarts (said above)
-        again = bool(self.runs) and msg.chunk_id <= self.runs[-1][1] and not self._said_publishers
+        again = bool(self.runs) and msg.chunk_id <= self.runs[-1].last_id and not self._said_publishers
         if again and not self.quiet:
             print(
-                f"echo: chunk ids started again ({self.runs[-1][1]} -> {msg.chunk_id}): the node restarted or was "
+                f"echo: chunk ids started again ({self.runs[-1].last_id} -> {msg.chunk_id}): the node restarted or was "
                 "reset, or a capsule was restored",
                 flush=True,
             )
         if not self.runs or again:
-            self.runs.append([msg.chunk_id, msg.chunk_id, 0, now, now])
+            self.runs.append(ChunkRun(msg.chunk_id, msg.chunk_id, 0, now, now))
         run = self.runs[-1]
-        run[1], run[2], run[4] = msg.chunk_id, run[2] + 1, now
+        run.last_id, run.count, run.last_at = msg.chunk_id, run.count + 1, now
         self.chunks.append((msg.chunk_id, msg.inference_latency_ms))
         if not self.quiet and (len(self.chunks) - 1) % self.every == 0:
             now = self.get_clock().now().nanoseconds
@@ -180,11 +192,11 @@ class Echo(Node):
             paused = self.last_status is not None and not self.last_status.enabled
             return "echo: no action chunks received" + (" (the node was paused)" if paused else "")
         # the rate within each run (to its last chunk: a node that stopped), not across a restart's gap
-        span = sum(last_at - first_at for *_, first_at, last_at in self.runs)
-        rate = sum(count - 1 for _, _, count, _, _ in self.runs) / span if span > 0 else 0.0
+        span = sum(run.last_at - run.first_at for run in self.runs)
+        rate = sum(run.count - 1 for run in self.runs) / span if span > 0 else 0.0
         latency = np.median([ms for _, ms in self.chunks])
         commands = f", {self.commands} commands" if self.commands else ""
-        ids = ", ".join(f"{first}..{last}" for first, last, *_ in self.runs)
+        ids = ", ".join(f"{run.first_id}..{run.last_id}" for run in self.runs)
         return (
             f"echo: received {len(self.chunks)} chunks ({rate:.1f} Hz), ids {ids}, "
             f"median inference latency {latency:.2f} ms{commands}"

@@ -163,6 +163,18 @@ class ClockMark(NamedTuple):
     jumps_forward: int  # ROS time's jumps forward so far
 
 
+def _once_listed(look: Callable[[], Any], listed: Callable[[Any], bool], tries: int = 10) -> Any:
+    """`look()`, again 50 ms apart (at most `tries` times), until `listed` takes what it found: a
+    QoS event can come before this process's graph cache lists the endpoint, or its node's name."""
+    found = look()
+    for _ in range(tries):
+        if listed(found):
+            break
+        time.sleep(0.05)
+        found = look()
+    return found
+
+
 def _endpoint_node(info: Any) -> str | None:
     """The fully qualified name of the node behind a graph endpoint; None while the graph lists the
     endpoint but not yet its node ("_NODE_NAME_UNKNOWN_")."""
@@ -836,12 +848,7 @@ class FlashRTNode(Node):
         arrive, so say, for each, which policy differs (under transient_local, a volatile
         publisher's durability; a best-effort publisher's reliability in either). From the graph:
         the middleware merges the events, whose last policy would name one cause for all."""
-        found = self._incompatible_prompt_publishers(topic)
-        for _ in range(10):  # the event can come before this process's graph cache lists the publisher
-            if found:
-                break
-            time.sleep(0.05)
-            found = self._incompatible_prompt_publishers(topic)
+        found = _once_listed(partial(self._incompatible_prompt_publishers, topic), bool)
         for who, policy in found or [("", QoSPolicyKind(event.last_policy_kind))]:
             if policy == QoSPolicyKind.DURABILITY:
                 fix = "publish them transient_local, or set prompt_durability volatile"
@@ -864,16 +871,14 @@ class FlashRTNode(Node):
         with self._lock:
             if self.is_set_up:
                 self.invalid[(topic, INCOMPATIBLE_SUBSCRIBER)] += event.total_count_change
-        latched: list[str | None] = []
-        for _ in range(10):  # the event can come before this process's graph cache lists the subscriber
-            latched = [  # None: an endpoint whose node the graph does not know yet
+        latched = _once_listed(
+            lambda: [  # None: an endpoint whose node the graph does not know yet
                 _endpoint_node(info)
                 for info in self.get_subscriptions_info_by_topic(topic)
                 if info.qos_profile.durability == DurabilityPolicy.TRANSIENT_LOCAL
-            ]
-            if latched and None not in latched:
-                break
-            time.sleep(0.05)
+            ],
+            lambda names: bool(names) and None not in names,
+        )
         latched = [name or "a node not known yet" for name in latched]
         if latched:
             why = f"{', '.join(latched)} subscribe{'s' if len(latched) == 1 else ''} transient_local"
@@ -1036,12 +1041,8 @@ class FlashRTNode(Node):
                 stale.append((slot.topic, err))
         if not stale:
             return False
-        with self._lock:  # booked as _fresh_samples books a skipped tick (the status, the resume line)
-            self.dropped_decisions += 1
-            self._dropped_streak += 1
-            self._blocking = frozenset(topic for topic, _ in stale)
-            for topic, err in stale:
-                self.invalid[(topic, err.reason)] += 1
+        with self._lock:
+            self._book_skipped_tick([(topic, err.reason) for topic, err in stale])
         self._throttle(
             ("jumped forward",),
             "warning",
@@ -1131,11 +1132,7 @@ class FlashRTNode(Node):
                 else (slot, err.reason, partial(_stale_detail, err, Counter(slot.rejected_since_good)))
                 for slot, err in found
             ]
-            self.dropped_decisions += 1
-            self._dropped_streak += 1
-            self._blocking = frozenset(slot.topic for slot, _, _ in problems)
-            for slot, reason, _ in problems:
-                self.invalid[(slot.topic, reason)] += 1
+            self._book_skipped_tick([(slot.topic, reason) for slot, reason, _ in problems])
         for slot, reason, detail in problems:
             # the expected wait's info line has its own key: the warning once the wait is over
             # must not be held back by it for a throttle period
@@ -1146,6 +1143,16 @@ class FlashRTNode(Node):
                 lambda r=reason, s=slot, d=detail: f"decision skipped: [{r}] {s.topic}: {d()}",
             )
         return None
+
+    def _book_skipped_tick(self, blocked: list[tuple[str, str]]) -> None:
+        """A decision tick that published nothing for these (input topic, reason): the status's
+        counts, the streak the resume line reports, the inputs /diagnostics names as blocking.
+        Called with self._lock held."""
+        self.dropped_decisions += 1
+        self._dropped_streak += 1
+        self._blocking = frozenset(topic for topic, _ in blocked)
+        for topic, reason in blocked:
+            self.invalid[(topic, reason)] += 1
 
     def _held_problems(self, now_ns: int, max_age_s: float) -> list[tuple[InputSlot, InputError | None]]:
         """The inputs a decision now could not use: (slot, None) where none is held, (slot, why)
