@@ -476,6 +476,34 @@ def test_empty_unknown_and_zero_sized_compressed_data_are_named() -> None:
     assert (err.reason, err.detail) == (ie.BAD_SIZE, "image is 4x0 (HxW); expected both > 0"), err
 
 
+def test_a_png_cut_short_is_truncated_data_with_where_it_ends() -> None:
+    """Cut inside its IHDR, the frame size was read from bytes that were not there (bad_size,
+    "0x640"); cut after it, Pillow's "cannot identify image file <_io.BytesIO object at 0x...>"."""
+    whole = _compressed(Image.fromarray(np.zeros((480, 640, 3), np.uint8)), "PNG").data
+    for cut, text in (
+        (8, "PNG of 8 bytes ends after 8 bytes of whole chunks, without its IEND chunk"),
+        (23, "PNG of 23 bytes ends inside its IHDR chunk at byte 8, which needs 33 bytes"),
+        (40, "PNG of 40 bytes ends after 33 bytes of whole chunks, without its IEND chunk"),
+        (len(whole) - 1, f"PNG of {len(whole) - 1} bytes ends inside its IEND chunk at byte {len(whole) - 12}"),
+    ):
+        msg = SimpleNamespace(header=None, format="png", data=whole[:cut])
+        err = _compressed_refusal(msg, held_hw=(480, 640))
+        assert err.reason == ie.TRUNCATED_DATA and text in str(err), str(err)
+
+
+def test_a_palette_of_part_entries_is_named_and_decoded_pngs_are_writable() -> None:
+    """A PLTE of 7 bytes was "no palette before its image data"; a decoded PNG was Pillow's
+    read-only bytes (torch warns when it makes a tensor of them)."""
+    import zlib
+
+    ihdr = (2).to_bytes(4, "big") * 2 + bytes([8, 3, 0, 0, 0])
+    idat = (b"IDAT", zlib.compress(b"\x00\x00\x01" * 2))
+    err = _compressed_refusal(_png_of(ihdr, (b"PLTE", bytes(7)), idat))
+    assert "PNG's PLTE chunk of 7 bytes is not a whole number of 3-byte RGB entries" in str(err), str(err)
+    assert compressed_to_rgb(_png_of(ihdr, (b"PLTE", bytes(6)), idat)).flags.writeable
+    assert compressed_to_rgb(_compressed(Image.fromarray(RGB), "PNG")).flags.writeable
+
+
 def test_other_codecs_are_not_decoded() -> None:
     tiff = _compressed(Image.fromarray(RGB), "TIFF")
     assert _compressed_refusal(tiff).reason == ie.BAD_ENCODING

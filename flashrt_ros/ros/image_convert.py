@@ -189,6 +189,8 @@ def compressed_to_rgb(
     expected = _expected_hw(expected_hw, out)
     data = _bytes_like(msg.data)
     _check_signature(data, str(msg.format), source)
+    if not _is_jpeg(data):
+        _check_png_whole(data, source)
     check_size = partial(_check_header_size, expected=expected, held_hw=held_hw, source=source)
     try:
         rgb = _decode_jpeg(data, check_size) if _is_jpeg(data) else _decode_png(data, check_size)
@@ -220,6 +222,33 @@ def _check_signature(data: Any, label: str, source: str) -> None:
         )
 
 
+def _check_png_whole(data: Any, source: str) -> None:
+    """Every chunk of a PNG is there up to its IEND, walked by the lengths the chunks give: data cut
+    short is said as such, with where it ends (read by Pillow, it was "cannot identify image file
+    <_io.BytesIO object at 0x...>", or a frame size taken from bytes that are not there)."""
+    view, pos = memoryview(data), len(_PNG_SIGNATURE)
+    while pos + 8 <= len(view):
+        kind = bytes(view[pos + 4 : pos + 8])
+        end = pos + 12 + int.from_bytes(view[pos : pos + 4], "big")  # length, type, data, CRC
+        if end > len(view):
+            name = kind.decode("latin-1") if kind.isalpha() else kind.hex(" ")
+            raise InputError(
+                TRUNCATED_DATA,
+                source,
+                f"PNG of {len(view)} bytes ends inside its {name} chunk at byte {pos}, which needs {end} bytes; "
+                "expected a whole PNG (cut short in transport or by its encoder?)",
+            )
+        if kind == b"IEND":
+            return
+        pos = end
+    raise InputError(
+        TRUNCATED_DATA,
+        source,
+        f"PNG of {len(view)} bytes ends after {pos} bytes of whole chunks, without its IEND chunk; "
+        "expected a whole PNG (cut short in transport or by its encoder?)",
+    )
+
+
 def _is_jpeg(data: Any) -> bool:
     return bytes(memoryview(data)[:2]) == b"\xff\xd8"  # SOI marker
 
@@ -242,8 +271,8 @@ def _decode_png(data: Any, check_size: Callable[[tuple[int, int]], None]) -> np.
     DecompressionBombError only above ~179 Mpx) would otherwise answer first, as decode_failed."""
     from PIL import Image  # local: only nodes with compressed inputs need Pillow
 
-    head = bytes(memoryview(data)[:24])  # the signature was checked (_check_signature)
-    if head[12:16] == b"IHDR":  # else Pillow says what is wrong
+    head = bytes(memoryview(data)[:24])  # the signature and every chunk's length were checked
+    if head[12:16] == b"IHDR" and len(head) == 24:  # else Pillow says what is wrong
         check_size((int.from_bytes(head[20:24], "big"), int.from_bytes(head[16:20], "big")))
     with Image.open(io.BytesIO(data), formats=("PNG",)) as whole:
         check_size((whole.height, whole.width))
@@ -256,8 +285,8 @@ def _decode_png(data: Any, check_size: Callable[[tuple[int, int]], None]) -> np.
     with Image.open(io.BytesIO(data), formats=("PNG",)) as img:  # verify() leaves its image unusable
         if img.mode == "P":  # Pillow decodes an index past the palette as black, without an error
             top = int(np.asarray(img).max(initial=0))
-            if top >= parts.palette_entries:
-                raise ValueError(f"PNG pixel index {top} is outside its {parts.palette_entries}-entry palette")
+            if top >= parts.palette_bytes // 3:
+                raise ValueError(f"PNG pixel index {top} is outside its {parts.palette_bytes // 3}-entry palette")
         return _pil_to_rgb(img)
 
 
@@ -274,7 +303,7 @@ class _PngParts(NamedTuple):
     depth: int
     colour: int
     methods: tuple[int, int, int]  # compression, filter, interlace
-    palette_entries: int  # of a PLTE before the image data (0: none there)
+    palette_bytes: int  # of a PLTE before the image data (-1: none there)
     idat: bytes  # the IDAT chunks' data joined
 
 
@@ -290,7 +319,9 @@ def _check_png_header(parts: _PngParts) -> None:
         )
     if parts.depth not in _PNG_DEPTHS.get(parts.colour, ()):
         raise ValueError(f"PNG colour type {parts.colour} with bit depth {parts.depth} is not a PNG format")
-    if parts.colour == 3 and not parts.palette_entries:
+    if parts.palette_bytes > 0 and parts.palette_bytes % 3:
+        raise ValueError(f"PNG's PLTE chunk of {parts.palette_bytes} bytes is not a whole number of 3-byte RGB entries")
+    if parts.colour == 3 and parts.palette_bytes <= 0:
         raise ValueError("palette PNG has no palette before its image data; expected a PLTE chunk before IDAT")
 
 
@@ -327,14 +358,14 @@ def _check_png_rows(parts: _PngParts) -> None:
 def _png_parts(data: bytes) -> _PngParts:
     """The header, the palette's size and the image data of a PNG whose chunks Pillow's verify()
     has read."""
-    pos, idat, header, entries = 8, [], b"", 0
+    pos, idat, header, palette = 8, [], b"", -1
     while pos + 8 <= len(data):
         length, kind = int.from_bytes(data[pos : pos + 4], "big"), data[pos + 4 : pos + 8]
         body = data[pos + 8 : pos + 8 + length]
         if kind == b"IHDR":
             header = body
         elif kind == b"PLTE" and not idat:  # one after the image data is not its palette
-            entries = len(body) // 3 if len(body) % 3 == 0 else 0
+            palette = len(body)
         elif kind == b"IDAT":
             idat.append(body)
         elif kind == b"IEND":
@@ -344,7 +375,7 @@ def _png_parts(data: bytes) -> _PngParts:
         raise ValueError("PNG has no IHDR chunk of 13 bytes")
     width, height = int.from_bytes(header[0:4], "big"), int.from_bytes(header[4:8], "big")
     methods = (header[10], header[11], header[12])
-    return _PngParts(width, height, header[8], header[9], methods, entries, b"".join(idat))
+    return _PngParts(width, height, header[8], header[9], methods, palette, b"".join(idat))
 
 
 # --- validation -------------------------------------------------------------------
@@ -495,7 +526,7 @@ def _pil_to_rgb(img: Any) -> np.ndarray:
         return _gray_to_rgb(np.clip(wide >> 8, 0, 255).astype(np.uint8))
     if img.mode != "RGB":
         img = img.convert("RGB")
-    return np.asarray(img)
+    return np.array(img)  # writable (np.asarray's view of Pillow's bytes is not: torch warns on it)
 
 
 def _finish(rgb: np.ndarray, out: np.ndarray | None) -> np.ndarray:
