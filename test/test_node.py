@@ -417,6 +417,32 @@ def test_invalid_runtime_parameters_are_refused_with_reasons(running):
     assert peer.pump(3.0, until=lambda: len(peer.chunks) > start + 2), "node stopped deciding"
 
 
+def test_a_value_of_no_ros_type_is_answered_refused_not_raised(running):
+    """rclpy's parameter services raised on a ParameterValue type ROS does not define (a client's
+    bug): the caller got no reply, and the executor's error was counted as node_error twice."""
+    from rcl_interfaces.msg import Parameter as ParameterMsg
+    from rcl_interfaces.msg import ParameterValue
+    from rcl_interfaces.srv import SetParameters, SetParametersAtomically
+    from rclpy.parameter import Parameter
+
+    node, peer = running
+    base = f"{peer.namespace}/{NODE}"
+    before = peer.latest_counter("", "invalid_parameter")
+    errors = peer.latest_counter("", "node_error")
+    odd = ParameterMsg(name="rate_hz", value=ParameterValue(type=200))
+    fine = Parameter("rate_hz", value=10.0).to_parameter_msg()
+    both = SetParameters.Request(parameters=[odd, fine])
+    refused, set_ = peer.call(SetParameters, f"{base}/set_parameters", both).results
+    expected = "'rate_hz': value type 200 is not a ROS parameter type (200 is not a valid Parameter.Type)"
+    assert (refused.successful, refused.reason, set_.successful) == (False, expected, True), (refused, set_)
+    atomic = SetParametersAtomically.Request(parameters=[fine, odd])
+    reply = peer.call(SetParametersAtomically, f"{base}/set_parameters_atomically", atomic).result
+    assert (reply.successful, reply.reason) == (False, f"{expected}: nothing set"), reply
+    assert peer.wait_for_counter("", "invalid_parameter", above=before + 1) == before + 2
+    assert peer.latest_counter("", "node_error") == errors
+    assert peer.get_parameters("rate_hz") == [10.0]
+
+
 def test_tiny_rates_and_unused_qos_overrides_are_refused_at_runtime(running):
     """1e-10 Hz passed validation once and killed the node in the timer update (a 1e19 ns period
     does not fit rcl's int64); a qos_overrides name the node does not use was accepted and did

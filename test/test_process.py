@@ -125,3 +125,38 @@ def test_a_hang_up_stops_the_nodes_unless_ignored_at_start() -> None:
 
     assert run() == "True"
     assert run(preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) == "False"
+
+
+def test_a_failed_callback_reaches_on_error_once():
+    """rclpy's MultiThreadedExecutor raises one failed callback's exception again at a later
+    spin_once (the task is queued twice): each failure was counted and logged as node_error twice
+    or three times."""
+    out = _run_python(
+        """
+import threading, time
+import rclpy
+from rclpy.executors import MultiThreadedExecutor
+from std_srvs.srv import Trigger
+from flashrt_ros.ros.process import spin_until_signal
+
+rclpy.init()
+server, caller = rclpy.create_node("raising_server"), rclpy.create_node("raising_caller")
+def fails(request, response):
+    raise ValueError("boom")
+server.create_service(Trigger, "raising_service", fails)
+client = caller.create_client(Trigger, "raising_service")
+executor = MultiThreadedExecutor(num_threads=8)
+executor.add_node(server)
+def calls():
+    client.wait_for_service(timeout_sec=10)
+    for _ in range(5):
+        client.call_async(Trigger.Request())
+        time.sleep(0.3)
+threading.Thread(target=calls, daemon=True).start()
+seen, end = [], time.monotonic() + 4
+spin_until_signal(executor, done=lambda: time.monotonic() > end, on_error=seen.append)
+print(len(seen), len({id(e) for e in seen}))
+"""
+    )
+    handled, distinct = map(int, out.split())
+    assert handled >= 1 and handled == distinct, out

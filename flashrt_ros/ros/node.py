@@ -76,6 +76,7 @@ from flashrt_ros.ros.params import (
     PARAMETERS,
     ConfigError,
     NodeConfig,
+    answer_unreadable_values,
     check_update,
     declare_parameters,
     did_you_mean,
@@ -236,6 +237,7 @@ class FlashRTNode(Node):
         self.add_pre_set_parameters_callback(self._before_set_parameters)
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self.add_post_set_parameters_callback(self._after_set_parameters)
+        answer_unreadable_values(self, self._refuse_unreadable)
         # ROS time going back (_on_time_jump): how often, from where, by how much; read by the
         # inputs and the commands, which settle on it at their next use
         self._time_epoch = self._inputs_epoch = self._commands_epoch = self._prefix_epoch = 0
@@ -1798,6 +1800,10 @@ class FlashRTNode(Node):
         self._count_node_wide(INVALID_PARAMETER)
         getattr(self.get_logger(), level)(f"parameter change refused: {reason}")
         return SetParametersResult(successful=False, reason=reason)
+
+    def _refuse_unreadable(self, reason: str) -> None:
+        self._count_node_wide(INVALID_PARAMETER)
+        self.get_logger().warning(f"parameter change refused: {reason}")
 
     def _restart_hint(self, reason: str) -> str:
         """A refusal's reason as the node says it (the lifecycle node adds its own way to apply it)."""

@@ -524,6 +524,48 @@ def refused_by_rclpy(node: Any, params: list[Any]) -> str | None:
     return None
 
 
+def answer_unreadable_values(node: Any, on_refusal: Callable[[str], None]) -> None:
+    """A set_parameters request holding a value of a type ROS does not define (a ParameterValue
+    of type 200 from a client's bug): rclpy's parameter services raised on it out of the executor,
+    and the caller waited for a reply that never came. Answered here: that parameter refused with
+    the reason (the whole request, for the atomic service), the others set as asked; each refusal
+    goes to `on_refusal` to be counted and logged."""
+    for service in node.services:
+        owner, _, kind = service.srv_name.rpartition("/")  # rclpy's names are relative: "<node>/<kind>"
+        if owner in (node.get_name(), node.get_fully_qualified_name()) and kind.startswith("set_parameters"):
+            service.callback = _refusing_unreadable(service.callback, kind, on_refusal)
+
+
+def _refusing_unreadable(callback: Callable, kind: str, on_refusal: Callable[[str], None]) -> Callable:
+    from rcl_interfaces.msg import SetParametersResult
+
+    def answer(request: Any, response: Any) -> Any:
+        reasons = [_unreadable(p) for p in request.parameters]
+        if not any(reasons):
+            return callback(request, response)
+        bad = "; ".join(r for r in reasons if r)
+        on_refusal(bad)
+        if kind == "set_parameters_atomically":
+            response.result = SetParametersResult(successful=False, reason=f"{bad}: nothing set")
+            return response
+        good = [p for p, r in zip(request.parameters, reasons, strict=True) if not r]
+        done = iter(callback(type(request)(parameters=good), type(response)()).results)
+        response.results = [SetParametersResult(successful=False, reason=r) if r else next(done) for r in reasons]
+        return response
+
+    return answer
+
+
+def _unreadable(msg: Any) -> str | None:
+    from rclpy.parameter import Parameter
+
+    try:
+        Parameter.from_parameter_msg(msg)
+    except (ValueError, TypeError) as exc:
+        return f"{shown(msg.name)}: value type {msg.value.type} is not a ROS parameter type ({exc})"
+    return None
+
+
 def _outside(value: float, declared: Any, rel_tol: float) -> str | None:
     """Where `value` falls outside a declared FloatingPointRange, judged as rclpy judges it (the
     ends and what is close to them are in), or None."""

@@ -85,7 +85,9 @@ def spin_until_signal(
         except Exception as exc:
             if on_error is None:
                 raise
-            on_error(exc)
+            if not getattr(exc, "_flashrt_handled", False):  # rclpy raises one failed task's error again
+                exc._flashrt_handled = True  # at a later spin_once: counted and logged once
+                on_error(exc)
 
 
 REPEAT_S = 1.0
