@@ -101,7 +101,6 @@ def test_the_command_line_shows_count_rate_and_the_last_command():
 def test_chunk_ids_that_start_again_are_said_and_summed_per_run(rclpy_context, capsys, monkeypatch):
     """A node restarted (or reset) under a running echo: the summary said "ids 847..83" and averaged
     the rate over the downtime."""
-    from flashrt_ros.msg import ActionChunk
 
     from flashrt_ros.ros import echo as echo_module
 
@@ -111,11 +110,40 @@ def test_chunk_ids_that_start_again_are_said_and_summed_per_run(rclpy_context, c
     try:
         for chunk_id, at in ((847, 100.0), (848, 100.1), (849, 100.2), (1, 130.0), (2, 130.1)):
             clock[0] = at
-            console._on_chunk(ActionChunk(chunk_id=chunk_id, horizon=1, action_dim=1, inference_latency_ms=5.0))
+            console._on_chunk(chunk(chunk_id))
         said = "echo: chunk ids started again (849 -> 1): the node restarted or was reset, or a capsule was restored"
         assert said in capsys.readouterr().out
         summary = console.summary()
         assert summary.startswith("echo: received 5 chunks (10.0 Hz), ids 847..849, 1..2, median"), summary
+    finally:
+        console.destroy_node()
+
+
+def chunk(chunk_id: int, latency_ms: float = 5.0, actions: int = 1):
+    """A chunk of horizon 1 x action_dim 1 holding `actions` float32 values (1: well formed)."""
+    from flashrt_ros.msg import ActionChunk
+
+    data = [0.0] * actions
+    return ActionChunk(chunk_id=chunk_id, horizon=1, action_dim=1, inference_latency_ms=latency_ms, actions=data)
+
+
+def test_malformed_chunks_are_said_apart_and_the_latency_median_is_over_a_window(rclpy_context, capsys, monkeypatch):
+    """Malformed chunks (another publisher on the topic) were counted as received, their latency in
+    the median, and alone they passed the demo's success check; every chunk was kept, for a console
+    left running for days."""
+    from flashrt_ros.ros import echo as echo_module
+
+    monkeypatch.setattr(echo_module, "LATENCY_WINDOW", 3)
+    console = echo_module.Echo("/flashrt_node", 1, True, context=rclpy_context)
+    try:
+        console._on_chunk(chunk(1, 1000.0, actions=0))
+        assert "chunk     1  malformed: 0 action values for horizon 1 x action_dim 1" in capsys.readouterr().out
+        assert (console.received, console.summary()) == (0, "echo: no action chunks received, 1 malformed")
+        for chunk_id, ms in ((2, 1.0), (3, 9.0), (4, 2.0), (5, 3.0)):
+            console._on_chunk(chunk(chunk_id, ms))
+        summary = console.summary()
+        assert (console.received, len(console.latencies)) == (4, 3)
+        assert summary.endswith("ids 2..5, median inference latency 3.00 ms (the last 3), 1 malformed"), summary
     finally:
         console.destroy_node()
 

@@ -6,7 +6,7 @@
 Prints one line per chunk (id, shape, latency, input age, first action row) and one per
 PipelineStatus (counts, then p50/p90/p99 per stage, and the commands of ``~/joint_command``
 received since the last status where the node streams them). With ``--duration`` it exits by
-itself, with status 0 only if at least one chunk arrived - the demo's success check.
+itself, with status 0 only if at least one well-formed chunk arrived - the demo's success check.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,17 +41,27 @@ SILENT_S = 3.0  # the default of --hint-after
 """After this long with no chunk, say whether anything publishes them (a wrong --node is silent)."""
 
 
+LATENCY_WINDOW = 10_000
+"""The summary's median inference latency is over the last this many chunks: a console left
+running for days holds a bounded list."""
+
+
+def malformed(msg: ActionChunk) -> str | None:
+    """What is wrong with a chunk whose actions do not fill horizon x action_dim, or None. Another
+    publisher on the topic (this node's chunks always match): said, not crashed on, not counted."""
+    values = np.frombuffer(msg.actions, dtype=np.float32).size
+    if msg.horizon < 1 or msg.action_dim < 1 or values != msg.horizon * msg.action_dim:
+        return f"{values} action values for horizon {msg.horizon} x action_dim {msg.action_dim}"
+    return None
+
+
 def chunk_line(msg: ActionChunk, received_ns: int = 0) -> str:
     """One line per chunk; `received_ns`: this console's clock when it arrived (0: unknown), against
     which the newest input's stamp gives the age of what the chunk was computed from."""
-    values = np.frombuffer(msg.actions, dtype=np.float32)
-    if msg.horizon < 1 or msg.action_dim < 1 or values.size != msg.horizon * msg.action_dim:
-        # another publisher on the topic (this node's chunks always match): say so, do not crash
-        return (
-            f"chunk {msg.chunk_id:5d}  malformed: {values.size} action values for horizon {msg.horizon} x "
-            f"action_dim {msg.action_dim}"
-        )
-    actions = values.reshape(msg.horizon, msg.action_dim)
+    problem = malformed(msg)
+    if problem is not None:
+        return f"chunk {msg.chunk_id:5d}  malformed: {problem}"
+    actions = np.frombuffer(msg.actions, dtype=np.float32).reshape(msg.horizon, msg.action_dim)
     newest_input_ns = max((stamp_to_ns(s) for s in msg.source_stamps), default=0)
     age_ms = (received_ns - newest_input_ns) / 1e6 if newest_input_ns and received_ns else float("nan")
     row = " ".join(f"{v:+.3f}" for v in actions[0, :7]) + (" ..." if msg.action_dim > 7 else "")
@@ -130,7 +141,9 @@ class Echo(Node):
     def __init__(self, node: str, every: int, quiet: bool, **node_kwargs):
         super().__init__("flashrt_echo", **node_kwargs)
         self.every, self.quiet = max(every, 1), quiet
-        self.chunks: list[tuple[int, float]] = []  # (chunk id, latency ms)
+        self.received = 0  # well-formed chunks
+        self.malformed = 0  # chunks whose actions do not fill horizon x action_dim: printed, not counted
+        self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)  # inference ms of the last chunks
         # runs of chunk ids that go up: a new one when they start again (the node restarted or was
         # reset, a capsule restored)
         self.runs: list[ChunkRun] = []
@@ -159,6 +172,10 @@ class Echo(Node):
                 "(another on this ROS domain?) are printed and counted together",
                 flush=True,
             )
+        if malformed(msg) is not None:
+            self.malformed += 1
+            print(chunk_line(msg), flush=True)
+            return
         now = time.monotonic()
         # with two publishers their ids interleave: one run, no restarts (said above)
         again = bool(self.runs) and msg.chunk_id <= self.runs[-1].last_id and not self._said_publishers
@@ -172,8 +189,9 @@ class Echo(Node):
             self.runs.append(ChunkRun(msg.chunk_id, msg.chunk_id, 0, now, now))
         run = self.runs[-1]
         run.last_id, run.count, run.last_at = msg.chunk_id, run.count + 1, now
-        self.chunks.append((msg.chunk_id, msg.inference_latency_ms))
-        if not self.quiet and (len(self.chunks) - 1) % self.every == 0:
+        self.received += 1
+        self.latencies.append(msg.inference_latency_ms)
+        if not self.quiet and (self.received - 1) % self.every == 0:
             now = self.get_clock().now().nanoseconds
             print(chunk_line(msg, now), flush=True)
 
@@ -188,18 +206,20 @@ class Echo(Node):
         self.last_status = msg
 
     def summary(self) -> str:
-        if not self.chunks:
+        bad = f", {self.malformed} malformed" if self.malformed else ""
+        if not self.received:
             paused = self.last_status is not None and not self.last_status.enabled
-            return "echo: no action chunks received" + (" (the node was paused)" if paused else "")
+            return "echo: no action chunks received" + (" (the node was paused)" if paused else "") + bad
         # the rate within each run (to its last chunk: a node that stopped), not across a restart's gap
         span = sum(run.last_at - run.first_at for run in self.runs)
         rate = sum(run.count - 1 for run in self.runs) / span if span > 0 else 0.0
-        latency = np.median([ms for _, ms in self.chunks])
+        latency = np.median(self.latencies)
+        over = f" (the last {len(self.latencies)})" if self.received > len(self.latencies) else ""
         commands = f", {self.commands} commands" if self.commands else ""
         ids = ", ".join(f"{run.first_id}..{run.last_id}" for run in self.runs)
         return (
-            f"echo: received {len(self.chunks)} chunks ({rate:.1f} Hz), ids {ids}, "
-            f"median inference latency {latency:.2f} ms{commands}"
+            f"echo: received {self.received} chunks ({rate:.1f} Hz), ids {ids}, "
+            f"median inference latency {latency:.2f} ms{over}{commands}{bad}"
         )
 
     def _lifecycle(self, node: str) -> bool:
@@ -318,7 +338,7 @@ def _main(argv: list[str] | None = None) -> int:
         while rclpy.ok() and time.monotonic() < deadline:
             executor.spin_once(timeout_sec=0.1)
             now = time.monotonic()
-            if not node.chunks and now - hint_at > args.hint_after:
+            if not node.received and now - hint_at > args.hint_after:
                 hint_at, said = now, hint
                 hint = node.silence_hint()
                 if hint != said:
@@ -333,7 +353,7 @@ def _main(argv: list[str] | None = None) -> int:
         executor.shutdown()
         node.destroy_node()
         rclpy.try_shutdown()
-    return 0 if node.chunks else 1
+    return 0 if node.received else 1
 
 
 if __name__ == "__main__":
