@@ -321,7 +321,7 @@ def test_runtime_changes_say_what_start_would_have_said(rclpy_context, monkeypat
             (
                 "warning",
                 "rtc_delay_steps changed, but real-time chunking is off (rtc false, read at "
-                "start): they take effect once the node starts with rtc true",
+                "start): they take effect once the node restarts with rtc true",
             )
         ], said
         said.clear()

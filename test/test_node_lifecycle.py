@@ -8,6 +8,7 @@ ends the process with code 0."""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 from node_harness import JOINTS, NODE, TEST_PARAMS, NodeProcess, Peer, new_namespace, stamp_ns
@@ -183,6 +184,8 @@ def test_autostart(ros_env, ros_module_context, tmp_path, good):
         if good:
             assert peer.pump(60.0, until=lambda: len(peer.chunks) >= 3)
             assert state(peer) == "active"
+            node.wait_for_line("configured (inactive): autostart activates it next")  # not the operator's to do
+            assert not any("until activated" in line for line in node.lines), node.tail()
             peer.assert_chunks_from_good_data()
         else:
             node.wait_for_line("policy must be one of pi05, pi0, pi05_tiny, pi0_tiny, got 'nope'", timeout=60.0)
@@ -297,6 +300,58 @@ def test_a_configure_that_a_stop_signal_overtook_gives_no_activate_hint(rclpy_co
         assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
         assert any("a stop signal came meanwhile: stopping" in line for line in lines), lines
         assert not any("until activated" in line for line in lines), lines
+    finally:
+        node.destroy_node()
+
+
+def test_a_shutdown_transition_that_comes_with_a_stop_signal_holds_the_arm_once(rclpy_context):
+    """SIGINT with a shutdown transition under way (a launch's Ctrl-C and a lifecycle manager's
+    shutdown): the transition's pause left the hold to the stop, and the stop, finding the node
+    shut down, held nothing; the controllers played the rest of the last chunk out."""
+    import threading
+
+    import numpy as np
+    from rclpy.lifecycle import TransitionCallbackReturn
+
+    from flashrt_ros.engine.real_time_chunking import ExecutingChunk
+
+    node = in_process_lifecycle_node(rclpy_context)
+    try:
+        assert node.trigger_configure() == node.trigger_activate() == TransitionCallbackReturn.SUCCESS
+        now_ns = node.get_clock().now().nanoseconds
+        node._last_trajectory = ExecutingChunk(np.ones((10, len(JOINTS)), np.float32), now_ns, 50_000_000)
+        holds = []
+        node._publish_trajectories = lambda actions, *args: holds.append(actions)
+        node._state_lock.acquire()  # a decision in flight
+        shutdown = threading.Thread(target=node.trigger_shutdown)
+        shutdown.start()
+        time.sleep(0.3)  # the transition waits for the decision
+        node.begin_shutdown()  # the signal: main's on_signal
+        node._state_lock.release()
+        shutdown.join(10.0)
+        assert node.finalized.is_set()  # main's stop then holds nothing (lifecycle_node.main's on_stop)
+        assert len(holds) == 1 and np.allclose(holds[0], 1.0), holds
+    finally:
+        node.destroy_node()
+
+
+def test_an_rtc_setting_while_rtc_is_off_says_how_this_node_applies_rtc(rclpy_context, monkeypatch):
+    """The warning told a lifecycle node's operator to restart the process; cleanup, set, configure
+    does it (as the refusal of rtc itself says)."""
+    from rclpy.lifecycle import TransitionCallbackReturn
+    from rclpy.parameter import Parameter
+
+    node = in_process_lifecycle_node(rclpy_context)
+    try:
+        assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+        said = []
+        monkeypatch.setattr(node.get_logger(), "warning", lambda text, **_: said.append(text))
+        assert node.state.pipeline.rtc is None  # TEST_PARAMS: rtc false
+        assert node.set_parameters([Parameter("rtc_delay_steps", value=3)])[0].successful
+        assert said == [
+            "rtc_delay_steps changed, but real-time chunking is off (rtc false, read at start): they take effect once "
+            "the node restarts with rtc true; on this lifecycle node: cleanup, set it, configure"
+        ], said
     finally:
         node.destroy_node()
 

@@ -91,6 +91,7 @@ class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
     def __init__(self, **kwargs: Any):
         super().__init__(set_up=False, **kwargs)
         self.finalized = threading.Event()  # shutdown done: main stops spinning and exits
+        self._autostarting = False  # its configure's line gives no activate hint
         self._refuse_invalid_transitions()
         fqn = self.get_fully_qualified_name()
         if self.wants_autostart():
@@ -144,7 +145,10 @@ class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
         if self.stopping.is_set():  # not the activate hint: the node is going away
             self.get_logger().info("configured, but a stop signal came meanwhile: stopping")
             return SUCCESS
-        self.get_logger().info(f"configured (inactive): nothing is decided until activated{self._activate_hint()}")
+        if self._autostarting and self.cfg.start_enabled:  # not the operator's to activate: autostart does
+            self.get_logger().info("configured (inactive): autostart activates it next")
+        else:
+            self.get_logger().info(f"configured (inactive): nothing is decided until activated{self._activate_hint()}")
         self._warn_if_threads_short()
         return SUCCESS
 
@@ -184,6 +188,8 @@ class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
         if self.is_set_up:
             if self.enabled:  # as a deactivate: the trajectory controllers stop where the last chunk has them
                 self.get_logger().warning(f"deactivated for the shutdown: {self.set_enabled(False, None)}")
+            if self.stop_owes_hold:  # a stop signal came with the transition: main's stop finds nothing to hold
+                self.hold_at_stop()
             self.get_logger().info(f"shutting down from {state.label}; {self.stats_line()}")
             self.tear_down()
         else:
@@ -201,7 +207,12 @@ class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
         transitions run as `ros2 lifecycle set` runs them, and a failure stops there."""
         log = self.get_logger()
         log.info("autostart: configuring")
-        if self.trigger_configure() != SUCCESS:
+        self._autostarting = True
+        try:
+            configured = self.trigger_configure() == SUCCESS
+        finally:
+            self._autostarting = False
+        if not configured:
             fqn = self.get_fully_qualified_name()
             log.error(
                 f"autostart: configure failed, staying unconfigured; once fixed: ros2 lifecycle set {fqn} configure"

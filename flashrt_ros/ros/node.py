@@ -227,6 +227,7 @@ class FlashRTNode(Node):
         self._set_since_start: set[str] = set()  # what `ros2 param set` gave since: it replaced rcl's merge
         self.stats_window = stats_window
         self.stopping = threading.Event()  # set by begin_shutdown
+        self.stop_owes_hold = False  # a pause the stop signal cut short: its hold is the stop's (hold_at_stop)
         self.is_set_up = False
         self.enabled = False  # ~/enable (or the lifecycle): decide and publish, or only take inputs
         self._live = threading.Condition()  # is_set_up and the callbacks running (tear_down waits for them)
@@ -1846,10 +1847,9 @@ class FlashRTNode(Node):
             self._warn_rtc_blend(new)
         rtc_changed = sorted(n for n in changes if n.startswith("rtc_") and getattr(old, n) != getattr(new, n))
         if rtc_changed and self.state.pipeline.rtc is None:
-            self.get_logger().warning(
-                f"{', '.join(rtc_changed)} changed, but real-time chunking is off (rtc false, read at start): "
-                "they take effect once the node starts with rtc true"
-            )
+            off = f"{', '.join(rtc_changed)} changed, but real-time chunking is off (rtc false, read at start)"
+            later = "they take effect once the node restarts with rtc true"
+            self.get_logger().warning(self._restart_hint(f"{off}: {later}"))
 
     @staticmethod
     def _command_tick_ns(cfg: NodeConfig) -> int | None:
@@ -1929,6 +1929,7 @@ class FlashRTNode(Node):
         with self._state_lock:  # between decisions
             if self.stopping.is_set():  # the stop holds the arm itself (hold_at_stop)
                 if was and not want:
+                    self.stop_owes_hold = True
                     return "paused and the commands stopped; the node is shutting down, and its stop holds the arm"
                 return None
             held = ""
