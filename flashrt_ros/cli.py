@@ -62,6 +62,7 @@ def _device(name: str | None):
     return device
 
 
+LOG = logging.getLogger("flashrt_ros.cli")  # not __name__: run as `python -m` that is "__main__", outside --verbose's
 MIN_ITERS = 10
 """Fewer samples than this make no percentiles: one sample printed as p99 is a single run."""
 MAX_ITERS = 100_000
@@ -75,6 +76,8 @@ def _check_args(args: argparse.Namespace) -> str | None:
             f"--iters must be >= {MIN_ITERS} (percentiles need samples) and --warmup >= 1 (the first call "
             f"builds and warms caches), both at most {MAX_ITERS}, got {args.iters} and {args.warmup}"
         )
+    if not 0 <= args.seed < 2**63:  # past it, torch failed inside the model's building, naming no flag
+        return f"--seed must be an integer from 0 to 2**63 - 1, got {args.seed}"
     if not args.views or min(args.views) < 1:
         return f"--views must list view counts >= 1, got {','.join(map(str, args.views))}"
     if args.compile_mode not in COMPILE_MODES:
@@ -212,7 +215,7 @@ def _run(args: argparse.Namespace, modes: list[str], results: dict, out: Path, m
     except Exception as exc:  # a bad size, out of memory building a policy: said, not a traceback
         _remove_empty(made)  # a refused run leaves no folder behind
         print(f"cannot set up the benchmark: {exc if isinstance(exc, ValueError) else f'{type(exc).__name__}: {exc}'}")
-        logging.getLogger(__name__).debug("set-up failed", exc_info=True)
+        LOG.debug("set-up failed", exc_info=True)
         return 2 if isinstance(exc, ValueError) else 1
     print(HEADER)
     if not any(m in BASELINES for m in modes):
@@ -313,7 +316,7 @@ def _bench_one(mode, model, case, ref, args, label, device) -> dict:
             raise ValueError(f"unknown mode {mode!r} ({', '.join(MODES)})")
     except Exception as exc:  # a baseline that fails is reported, not fatal
         print(f"{label}: FAILED: {type(exc).__name__}: {exc}")
-        logging.getLogger(__name__).debug("%s failed", label, exc_info=True)  # the traceback, with --verbose
+        LOG.debug("%s failed", label, exc_info=True)  # the traceback, with --verbose
         return {"error": f"{type(exc).__name__}: {exc}", **extra}
     for row in lat.values():
         print(row.row(), flush=True)
@@ -442,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--horizon", type=int, default=50, help="actions per chunk")
     b.add_argument("--iters", type=int, default=50, help=f"timed decisions per row ({MIN_ITERS}..{MAX_ITERS})")
     b.add_argument("--warmup", type=int, default=5, help="untimed decisions before them")
-    b.add_argument("--seed", type=int, default=0, help="weights, inputs and noise")
+    b.add_argument("--seed", type=int, default=0, help="weights, inputs and noise (0 to 2**63 - 1)")
     b.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when there is one, else cpu)")
     b.add_argument("--tiny", action="store_true", help="tiny configs (CPU smoke runs)")
     b.add_argument(

@@ -82,6 +82,8 @@ def test_speed_up_ratios_have_two_decimals_and_go_to_the_json(capsys) -> None:
         (["--warmup", "0"], "--iters must be >= 10 (percentiles need samples) and --warmup >= 1"),
         (["--iters", "1000000000"], "both at most 100000, got 1000000000 and 5"),  # ran silently until killed
         (["--views", "2,0"], "--views must list view counts >= 1, got 2,0"),
+        (["--seed", "-1"], "--seed must be an integer from 0 to 2**63 - 1, got -1"),
+        (["--seed", str(2**64)], f"--seed must be an integer from 0 to 2**63 - 1, got {2**64}"),
         (["--compile-mode", "fast"], "--compile-mode 'fast': expected one of default, reduce-overhead, max-autotune"),
         (["--device", "tpu9"], "--device 'tpu9': "),
         (["--device", "cuda:7"], "--device 'cuda:7': this machine has "),
@@ -256,6 +258,31 @@ def test_a_bench_whose_every_run_fails_says_so_without_a_traceback(tmp_path, cap
     (path,) = tmp_path.glob("bench_*.json")
     assert json.loads(path.read_text())["runs"][0]["error"] == "RuntimeError: no kernel image is available"
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_verbose_logs_a_failed_modes_traceback_also_when_run_as_a_module(tmp_path, caplog, monkeypatch) -> None:
+    """Run as `python -m flashrt_ros.cli` (the README's and gpu_check.sh's way) its logger was
+    "__main__", outside the "flashrt_ros" logger --verbose opens: no traceback where it is wanted."""
+    import logging
+    import runpy
+    import sys
+
+    import flashrt_ros.bench.reference as reference
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel image is available")
+
+    monkeypatch.setattr(reference, "measure_reference", broken)
+    monkeypatch.setattr(sys, "argv", ["flashrt_ros.cli", "bench", "--policy", "pi05", "--tiny", "--views", "1",
+                                      "--modes", "eager", "--iters", "10", "--warmup", "1", "--steps", "2",
+                                      "--horizon", "4", "--out", str(tmp_path), "--verbose"])  # fmt: skip
+    package = logging.getLogger("flashrt_ros")
+    monkeypatch.setattr(package, "level", package.level)  # --verbose sets it: given back after
+    with pytest.raises(SystemExit) as done, pytest.warns(RuntimeWarning, match="found in sys.modules"):
+        runpy.run_module("flashrt_ros.cli", run_name="__main__")
+    assert done.value.code == 1
+    (failed,) = [r for r in caplog.records if r.exc_info and "failed" in r.getMessage()]
+    assert failed.name == "flashrt_ros.cli" and "no kernel image is available" in str(failed.exc_info[1])
 
 
 def test_an_interrupted_bench_says_which_rows_it_wrote_and_leaves_no_empty_folder(tmp_path, capsys, monkeypatch):
