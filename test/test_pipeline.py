@@ -126,9 +126,20 @@ def test_nan_actions_are_refused_and_use_no_chunk_id() -> None:
     with torch.no_grad():  # a broken checkpoint: one NaN in the action projection
         next(p for n, p in policy.model.named_parameters() if "action_out" in n).view(-1)[0] = float("nan")
     refused = r"60 of 60 actions are NaN or inf \(rows \[0, 1, 2, 3, 4\]\.\.\.\); expected finite actions"
-    with pytest.raises(NonFiniteActions, match=refused):
+    with pytest.raises(NonFiniteActions, match=refused + ": check the checkpoint"):
         pipeline.decide(observation())
     assert pipeline.next_chunk_id == 2 and pipeline.stats.summaries()[0].count == 1
+
+
+def test_nan_actions_from_a_callers_nan_noise_name_the_noise() -> None:
+    """Engine callers may give their own noise (the bench scripts): NaN there read as a bad
+    checkpoint. Looked at only after NaN actions (on a GPU a check up front would be a sync per decision)."""
+    policy = default_policy(num_views=2, action_dof=6)
+    noise = torch.zeros(1, policy.cfg.horizon, policy.cfg.action_dim)
+    noise[0, 3, 1] = float("nan")
+    refused = r"expected finite actions: the noise given holds 1 NaN or inf values of \d+$"
+    with pytest.raises(NonFiniteActions, match=refused):
+        Pipeline(policy, seed=0).decide(observation(), noise)
 
 
 def test_a_build_error_is_logged_on_one_line() -> None:

@@ -1,10 +1,10 @@
 """Execution-state capsules: byte-exact snapshots of what a pipeline carries between decisions.
 
 A decision is a function of its observation *and* of state the pipeline keeps from earlier
-decisions: the noise generator, the chunk counter, the previous chunk (and, on the fused
-path, caches and queues). Saving that state under a name and putting it back later makes a
-run reproducible from any point: replay a decision that went wrong, compare two prompts
-from the same state (fork), or return to a known-good state after a fault.
+decisions: the noise generator, the chunk counter and the previous chunk, on both backends.
+Saving that state under a name and putting it back later makes a run reproducible from any
+point: replay a decision that went wrong, compare two prompts from the same state (fork), or
+return to a known-good state after a fault.
 
 Two pieces, one concept:
 
@@ -14,7 +14,7 @@ Two pieces, one concept:
 - :class:`CapsuleStore` keeps named, immutable copies of such state (a :class:`Capsule`)
   and restores, forks, lists and drops them.
 
-The GPU/fused path will keep its buffers on the device and copy them on a side stream;
+The state is read and written as host arrays (a few KB) on both backends, between decisions;
 the store only needs ``read()`` / ``write()`` from whatever holds the state.
 
 The cached prefix (engine/prefix_cache.py) is not part of a capsule. Under the "new_inputs"

@@ -327,10 +327,15 @@ class Pipeline:
         bad = ~np.isfinite(actions)
         if bad.any():
             rows = sorted(set(np.nonzero(bad)[0].tolist()))
+            bad_noise = int((~torch.isfinite(noise)).sum())  # looked at only now: no sync on a good decision
+            cause = (
+                f"the noise given holds {bad_noise} NaN or inf values of {noise.numel()}"
+                if bad_noise
+                else "check the checkpoint, its normalisation statistics and the precision"
+            )
             raise NonFiniteActions(
                 f"{int(bad.sum())} of {actions.size} actions are NaN or inf (rows {rows[:5]}"
-                f"{'...' if len(rows) > 5 else ''}); expected finite actions: check the checkpoint, "
-                "its normalisation statistics and the precision"
+                f"{'...' if len(rows) > 5 else ''}); expected finite actions: {cause}"
             )
         return actions, timings, reused
 
