@@ -52,5 +52,8 @@ def test_euler_gpu_bf16_velocity() -> None:
 def test_euler_refuses_an_integer_output() -> None:
     """An int buffer would silently truncate x + dt * v."""
     x = torch.randn(4, 3, device=DEVICE)
-    with pytest.raises(ValueError, match=r"out must be a floating-point tensor on .*, got torch.int32"):
+    with pytest.raises(ValueError, match=r"out is torch.int32; expected a floating-point buffer"):
         euler_step(x, torch.randn(4, 3, device=DEVICE), -0.1, out=torch.zeros(4, 3, dtype=torch.int32, device=DEVICE))
+    # unscaled e4m3: 125.997 was stored as 64 on the interpreter (e4m3's rounding carry dropped)
+    with pytest.raises(ValueError, match=r"out is torch.float8_e4m3fn; expected float32, bfloat16 or float16"):
+        euler_step(x, x, -0.1, out=torch.zeros(4, 3, dtype=torch.float8_e4m3fn, device=DEVICE))

@@ -49,3 +49,24 @@ def test_bias_gelu_permuted_leading_dims() -> None:
 def test_bias_gelu_of_no_features_is_empty() -> None:
     """A zero-width last dim crashed in rows_2d's reshape(-1, 0)."""
     assert bias_gelu(torch.zeros(3, 0, device=DEVICE), torch.zeros(0, device=DEVICE)).shape == (3, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_unscaled_8_bit_outputs_are_refused_by_the_row_ops(dtype: torch.dtype) -> None:
+    """Stored without a row scale, values past e4m3's 448 saturate, and the interpreter dropped
+    e4m3's rounding carry (125.997 -> 64): bias_gelu, geglu, layer_norm and adaRMS gave wrong
+    numbers without a word. Only rms_norm (with out_scale) and quantize_rows_kernel write 8 bits."""
+    from flashrt_ros.kernels.ada_rms_norm import ada_rms_norm
+    from flashrt_ros.kernels.geglu import geglu
+    from flashrt_ros.kernels.layer_norm import layer_norm
+
+    x = torch.randn(2, 8, device=DEVICE)
+    out = torch.empty(2, 8, dtype=dtype, device=DEVICE)
+    for run in (
+        lambda: bias_gelu(x, None, out=out),
+        lambda: geglu(torch.randn(2, 16, device=DEVICE), out=out),
+        lambda: layer_norm(x, None, None, out=out),
+        lambda: ada_rms_norm(x, torch.zeros(24, device=DEVICE), out=out),
+    ):
+        with pytest.raises(ValueError, match=rf"out is {dtype}; expected float32, bfloat16 or float16"):
+            run()

@@ -103,8 +103,11 @@ def test_rms_norm_fp8_out_needs_its_scale() -> None:
     from flashrt_ros.kernels.fp8 import E4M3
 
     x, _, w = _inputs(4, 32, torch.bfloat16)
-    with pytest.raises(ValueError, match="out_scale goes with an e4m3 out"):
+    unscaled = r"out is torch.float8_e4m3fn; expected float32, bfloat16 or float16 \(8-bit floats need row scales"
+    with pytest.raises(ValueError, match=unscaled):
         rms_norm(x, w, out=torch.empty(4, 32, device=DEVICE, dtype=E4M3))
+    with pytest.raises(ValueError, match="out_scale goes with an e4m3 out"):  # e5m2 has no scaled store
+        rms_norm(x, w, out=torch.empty(4, 32, device=DEVICE, dtype=torch.float8_e5m2), out_scale=torch.empty(4))
     with pytest.raises(ValueError, match="out_scale goes with an e4m3 out"):
         rms_norm(x, w, out_scale=torch.empty(4, device=DEVICE))
     with pytest.raises(ValueError, match=r"out_scale: expected a contiguous \[4\] float32 tensor on \S+, got \(3,\)"):
@@ -171,3 +174,37 @@ def test_rms_norm_refuses_no_features_and_a_residual_out_of_another_dtype() -> N
         rms_norm(x, w, residual=r, residual_out=torch.empty(4, 48, device=DEVICE))
     with pytest.raises(ValueError, match=r"x has an empty last dimension \(shape \(4, 0\)\); a norm needs at least 1"):
         rms_norm(x[:, :0], None)
+
+
+def test_rms_norm_refuses_outputs_whose_rows_overlap_or_that_share_memory() -> None:
+    """An expanded out kept only the rows written last; out and residual_out in one buffer
+    returned the normed rows as the new residual."""
+    x, r, w = _inputs(4, 32, torch.float32)
+    with pytest.raises(ValueError, match=r"out's rows overlap \(row stride 0 for rows of 32\)"):
+        rms_norm(x, w, out=torch.empty(32, device=DEVICE).expand(4, 32))
+    with pytest.raises(ValueError, match=r"residual_out's rows overlap \(row stride 16 for rows of 32\)"):
+        rms_norm(x, w, residual=r, residual_out=torch.empty(80, device=DEVICE).as_strided((4, 32), (16, 1)))
+    buffer = torch.empty(6, 32, device=DEVICE)
+    for out, residual_out in ((buffer[:4], buffer[:4]), (buffer[:4], buffer[2:])):
+        with pytest.raises(ValueError, match="out and residual_out share memory; expected two separate buffers"):
+            rms_norm(x, w, residual=r, out=out, residual_out=residual_out)
+    _, s = rms_norm(x, w, residual=r, out=buffer[:2].reshape(4, 16).repeat(1, 2), residual_out=buffer[2:])
+    torch.testing.assert_close(s, rms_norm_ref(x, w, residual=r)[1], atol=0, rtol=0)  # apart: as before
+
+
+@pytest.mark.parametrize("T,D", [(3, 48), pytest.param(968, 2048, marks=pytest.mark.gpu)])
+def test_a_nan_row_gets_a_nan_scale_as_in_the_torch_rounding(T: int, D: int) -> None:
+    """max and maximum drop a NaN: the row's scale came out finite where quantize_rows' is NaN,
+    and on the interpreter (which stores NaN into e4m3 as a finite value) the NaN was gone."""
+    from flashrt_ros.kernels.fp8 import E4M3, dequantize_rows, quantize_rows, quantize_rows_kernel
+
+    x, _, w = _inputs(T, D, torch.bfloat16, seed=7)
+    x[1, 5] = float("nan")
+    _, scale = quantize_rows_kernel(x)
+    _, scale_ref = quantize_rows(x)
+    assert torch.isnan(scale[1]) and torch.isnan(scale_ref[1])
+    torch.testing.assert_close(scale[[0, 2]], scale_ref[[0, 2]], atol=0, rtol=1e-6)
+    q, s = torch.empty(T, D, dtype=E4M3, device=DEVICE), torch.empty(T, device=DEVICE)
+    rms_norm(x, w, out=q, out_scale=s)
+    rows = dequantize_rows(q, s)
+    assert bool(torch.isnan(rows[1]).all()) and bool(torch.isfinite(rows[[0, 2]]).all())

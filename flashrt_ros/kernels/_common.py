@@ -64,10 +64,31 @@ def rows_2d(x: torch.Tensor, name: str, writable: bool = False) -> torch.Tensor:
     rows = (math.prod(x.shape[:-1]), x.size(-1))  # not -1: no row length to infer it from with D = 0
     if writable:
         try:
-            return x.view(rows)
+            view = x.view(rows)
         except RuntimeError as err:
             raise ValueError(f"{name} cannot be viewed as rows [N, {x.size(-1)}] without a copy") from err
+        if rows[0] > 1 and view.stride(0) < rows[1]:  # an expanded or as_strided buffer
+            raise ValueError(
+                f"{name}'s rows overlap (row stride {view.stride(0)} for rows of {rows[1]}): every row must be "
+                "memory of its own (the rows written last would overwrite the others)"
+            )
+        return view
     return x.reshape(rows)
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes [first, past the last] a non-empty tensor's elements occupy."""
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def check_apart(a: torch.Tensor, b: torch.Tensor, names: str) -> None:
+    """Two outputs of one kernel must not share memory: each would overwrite the other's values
+    (e.g. a norm's out and residual_out in one buffer: the normed rows returned as the residual)."""
+    if a.numel() and b.numel():
+        (a0, a1), (b0, b1) = _span(a), _span(b)
+        if a0 < b1 and b0 < a1:
+            raise ValueError(f"{names} share memory; expected two separate buffers")
 
 
 def check_features(x: torch.Tensor, name: str = "x") -> None:
@@ -90,21 +111,30 @@ def same_device(t: torch.Tensor, device: torch.device) -> bool:
     return t.device.type == device.type and (device.index is None or t.device.index == device.index)
 
 
-def check_float_buffer(out: torch.Tensor, device: torch.device, name: str = "out") -> None:
+def check_float_buffer(out: torch.Tensor, device: torch.device, name: str = "out", fp8: bool = False) -> None:
     """A buffer a kernel stores into: floating point (it computes in fp32; an integer buffer would
-    silently truncate) and on the kernel's device (else Triton's pointer error, naming nothing)."""
+    silently truncate), not 8-bit unless the kernel writes row scales with it (`fp8`: rms_norm's
+    out_scale, quantize_rows_kernel; unscaled, values past e4m3's range saturate and the
+    interpreter rounds them wrong), and on the kernel's device (else Triton's pointer error)."""
     if not out.dtype.is_floating_point:
         raise ValueError(f"{name} is {out.dtype}; expected a floating-point buffer")
+    if out.element_size() == 1 and not fp8:
+        raise ValueError(
+            f"{name} is {out.dtype}; expected float32, bfloat16 or float16 (8-bit floats need row scales, "
+            "which only rms_norm(out_scale=) and quantize_rows_kernel write)"
+        )
     if out.device != device:
         raise ValueError(f"{name} is on {out.device}, expected {device}")
 
 
-def check_out(out: torch.Tensor, shape: tuple[int, ...], device: torch.device, name: str = "out") -> None:
+def check_out(
+    out: torch.Tensor, shape: tuple[int, ...], device: torch.device, name: str = "out", fp8: bool = False
+) -> None:
     """Validate a caller-provided static output buffer (for the CUDA-graph path). Every kernel
     computes in fp32 and stores floats: an integer buffer would silently truncate."""
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {tuple(out.shape)}, expected {tuple(shape)}")
-    check_float_buffer(out, device, name)
+    check_float_buffer(out, device, name, fp8)
     if out.stride(-1) != 1 and out.size(-1) != 1:
         raise ValueError(f"{name} must be contiguous in its last dimension")
 

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from ._common import (
+    check_apart,
     check_features,
     check_out,
     check_same_dtype,
@@ -150,6 +151,8 @@ def _launch(
             out = torch.empty_like(x, memory_format=torch.contiguous_format)
         check_out(out, tuple(x.shape), x.device)
         y2 = rows_2d(out, "out", writable=True)
+        if gated:
+            check_apart(out, residual_out, f"out and {residual_out_name}")
     else:
         modulation, stride_mb, y2 = x2, 0, x2
 

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import is_interpreting, needs_rtne_fix, round_bf16_rtne
+from ._common import check_float_buffer, is_interpreting, needs_rtne_fix, round_bf16_rtne
 
 __all__ = ["euler_step", "euler_step_ref"]
 
@@ -61,8 +61,7 @@ def euler_step(
     for name, t in (("x", x), ("v", v), ("out", out)):
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
-        if not t.dtype.is_floating_point or t.device != x.device:
-            raise ValueError(f"{name} must be a floating-point tensor on {x.device}, got {t.dtype} on {t.device}")
+        check_float_buffer(t, x.device, name)
     dt_is_tensor = isinstance(dt, torch.Tensor)
     if dt_is_tensor and (dt.numel() != 1 or dt.device != x.device):
         raise ValueError("a tensor dt must have one element on x's device")

@@ -63,6 +63,9 @@ def scale_row_e4m3(y, FIX: tl.constexpr):
     the scale): `quantize_rows` in a kernel. IEEE divisions (div_rn; `/` compiles to an
     approximate one): the same bits as torch. FIX: the interpreter's rounding workaround."""
     scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12), 448.0)  # MIN_AMAX, E4M3_MAX
+    # a NaN in the row makes its scale NaN, as quantize_rows' amax does (max and maximum drop it;
+    # the interpreter stores NaN into e4m3 as a finite value: the scale then still carries it)
+    scale += tl.sum(tl.where(y != y, y, 0.0), axis=0)
     y = tl.math.div_rn(y, scale)
     if FIX:
         y = round_e4m3_rtne(y)
@@ -92,7 +95,7 @@ def quantize_rows_kernel(
     n, d = x.shape
     out = torch.empty(n, d, dtype=E4M3, device=x.device) if out is None else out
     scale = torch.empty(n, dtype=torch.float32, device=x.device) if scale is None else scale
-    check_out(out, (n, d), x.device)
+    check_out(out, (n, d), x.device, fp8=True)
     if out.dtype != E4M3 or scale.dtype != torch.float32:
         raise ValueError(f"out must be e4m3 and scale float32, got {out.dtype} and {scale.dtype}")
     check_scale(scale, n, x.device, "scale")

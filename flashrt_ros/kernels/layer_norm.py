@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from ._common import (
+    check_apart,
     check_features,
     check_out,
     check_same_dtype,
@@ -131,6 +132,7 @@ def layer_norm(
         check_out(residual_out, tuple(x.shape), x.device, "residual_out")
         check_same_dtype(residual_out, x, "x")
         s2 = rows_2d(residual_out, "residual_out", writable=True)
+        check_apart(out, residual_out, "out and residual_out")
     else:
         r2, s2 = x2, y2
     if x2.shape[0] > 0:

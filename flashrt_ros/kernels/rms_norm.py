@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from ._common import (
+    check_apart,
     check_features,
     check_out,
     check_same_dtype,
@@ -124,7 +125,7 @@ def rms_norm(
     n_rows = x2.shape[0]
     if out is None:
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    check_out(out, tuple(x.shape), x.device)
+    check_out(out, tuple(x.shape), x.device, fp8=out_scale is not None)
     y2 = rows_2d(out, "out", writable=True)
     quant = out.dtype == torch.float8_e4m3fn
     if quant != (out_scale is not None):
@@ -145,6 +146,7 @@ def rms_norm(
         check_out(residual_out, tuple(x.shape), x.device, "residual_out")
         check_same_dtype(residual_out, x, "x")
         s2 = rows_2d(residual_out, "residual_out", writable=True)
+        check_apart(out, residual_out, "out and residual_out")
     else:
         r2, s2 = x2, y2  # unused placeholders (HAS_RESIDUAL is a constexpr False)
 
