@@ -911,6 +911,50 @@ def test_a_decision_across_a_jump_forward_that_makes_its_inputs_stale_is_not_pub
         node.destroy_node()
 
 
+def test_under_period_a_jump_forward_that_makes_the_reused_prefix_s_frames_stale_is_not_published(rclpy_context):
+    """Under "period" a decision acts on the frames its re-used prefix saw, older than the ones
+    held: only the held ones were judged after a jump forward, and a chunk went out acting on
+    frames the jump had made older than max_age_s."""
+    from rclpy.time import Time
+
+    from flashrt_ros.ros.inputs import Sample
+
+    params = dict(rate_hz=0.1, prefix_trigger="period", prefix_period_s=10.0, max_age_s=0.4)
+    node = in_process_node(rclpy_context, trajectory_stamp="publication", **params)
+    try:
+        clock = node.get_clock()
+        clock._set_ros_time_is_active(True)
+        published = []
+        publish = node._publish
+        node._publish = lambda decision, *args: published.append(decision) or publish(decision, *args)
+
+        def hold(at_s: float, frames_s: float) -> None:
+            for i, cam in enumerate(node.slots[:-1]):
+                cam.latest = Sample(np.full((*HW, 3), 9 * i, np.uint8), Time(seconds=frames_s).to_msg(), 0, 0)
+            node.slots[-1].latest = Sample(np.zeros(len(JOINTS), np.float32), Time(seconds=at_s).to_msg(), 0, 0)
+
+        clock.set_ros_time_override(Time(seconds=100.0))
+        hold(100.0, 99.75)  # frames 0.25 s old: the prefix is built on them
+        node._decide()
+        clock.set_ros_time_override(Time(seconds=100.05))  # a step, not a jump
+        hold(100.05, 100.05)
+        decide = node.state.decide
+
+        def across_a_jump(*args, **kwargs):
+            out = decide(*args, **kwargs)
+            clock.set_ros_time_override(Time(seconds=100.25))  # the held inputs 0.2 s old, the prefix's frames 0.5
+            return out
+
+        node.state.decide = across_a_jump
+        node._decide()
+        assert [d.prefix_reused for d in published] == [False], published
+        assert node.dropped_decisions == 1
+        assert all(node.invalid[(slot.topic, "stale")] == 1 for slot in node.slots[:-1]), dict(node.invalid)
+        assert node.invalid[(node.slots[-1].topic, "stale")] == 0
+    finally:
+        node.destroy_node()
+
+
 def test_a_lerobot_n_action_steps_is_said_against_the_decision_rate(rclpy_context, monkeypatch):
     """LeRobot executes n_action_steps of a chunk, then decides again: a rate_hz that replans less
     often runs the policy differently, which the start-up log says (with the rate that would not)."""

@@ -59,6 +59,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from flashrt_ros.engine.action_limits import ActionLimits
 from flashrt_ros.engine.action_stream import ActionStream, Command, Exhausted
+from flashrt_ros.engine.pipeline import Decision
 from flashrt_ros.engine.real_time_chunking import ExecutingChunk, Hold, LatencyWindow, hold
 from flashrt_ros.engine.stats import PipelineStats
 from flashrt_ros.msg import ActionChunk, PipelineStatus
@@ -1022,7 +1023,7 @@ class FlashRTNode(Node):
             chunk = decision.chunk_id
             self.get_logger().info(f"{self.TIME_JUMP_DROP}: chunk {chunk}, computed meanwhile, not published")
             return
-        if began.jumps_forward != self._jumps_forward and self._stale_after_jump(samples, decision.chunk_id, cfg):
+        if began.jumps_forward != self._jumps_forward and self._stale_after_jump(samples, decision, cfg):
             return
         if not self._publish(decision, samples, latency_ms, cfg, held, epoch):
             return
@@ -1031,17 +1032,19 @@ class FlashRTNode(Node):
             self._latency.add(round(timed_s * 1e9))
         self._account(samples, decision, start, time.perf_counter_ns(), cfg, guided=held is not None, timed_s=timed_s)
 
-    def _stale_after_jump(self, samples: list[Sample], chunk_id: int, cfg: NodeConfig) -> bool:
+    def _stale_after_jump(self, samples: list[Sample], decision: Decision, cfg: NodeConfig) -> bool:
         """ROS time jumped forward while the decision ran (a simulator that skipped, a bag played
         on): inputs now older than max_age_s drop it, counted as a skipped tick for them (stamped
-        at publication, it went out as fresh, and the robot acted on observations the jump made old)."""
+        at publication, it went out as fresh, and the robot acted on observations the jump made old).
+        The cameras' are the frames the decision acted on: under "period", a re-used prefix's."""
         now_ns = self.get_clock().now().nanoseconds
+        chunk_id = decision.chunk_id
         stale = []
-        for slot, sample in zip(self.slots, samples, strict=True):
+        for topic, stamp in self._acted_on(samples, decision):
             try:
-                check_fresh(sample.stamp, now_ns, cfg.max_age_s, slot.topic)
+                check_fresh(stamp, now_ns, cfg.max_age_s, topic)
             except InputError as err:
-                stale.append((slot.topic, err))
+                stale.append((topic, err))
         if not stale:
             return False
         with self._lock:
@@ -1053,6 +1056,14 @@ class FlashRTNode(Node):
             + "; ".join(str(err) for _, err in stale),
         )
         return True
+
+    def _acted_on(self, samples: list[Sample], decision: Decision) -> list[tuple[str, Any]]:
+        """(topic, stamp) of what a decision acted on: the cameras' are the frames the prefix saw
+        (older ones where a re-used prefix held them, under "period"), the joint state's its own."""
+        sources = [(slot.topic, s.stamp) for slot, s in zip(self.slots, samples, strict=True)]
+        for i, frame in enumerate((decision.prefix_frames or ())[: len(samples) - 1]):
+            sources[i] = (sources[i][0], messages.time_msg(frame[0]))
+        return sources
 
     def _hold(self, joints: Sample, now_ns: int, cfg: NodeConfig) -> Hold | None:
         """Real-time chunking: what of the executing chunk the next one is held to (None: rtc off,
@@ -1237,10 +1248,7 @@ class FlashRTNode(Node):
                 return False
         ended = self._warn_if_ended(stamp, len(decision.actions) * step_ns, cfg)
         names = cfg.output_joint_names
-        sources = [(slot.topic, s.stamp) for slot, s in zip(self.slots, samples, strict=True)]
-        for i, frame in enumerate((decision.prefix_frames or ())[: len(samples) - 1]):
-            # the cameras' stamps are those of the frames the prefix saw: older ones under "period"
-            sources[i] = (sources[i][0], messages.time_msg(frame[0]))
+        sources = self._acted_on(samples, decision)
         self._chunk_pub.publish(
             messages.action_chunk(
                 decision.actions,
