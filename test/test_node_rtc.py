@@ -107,6 +107,24 @@ def test_a_blend_beside_rtc_is_warned_at_start(rclpy_context, capfd, blend):
         node.destroy_node()
 
 
+def test_a_guidance_cap_above_the_policy_s_steps_is_said_as_it_acts(rclpy_context, capfd):
+    """The weight is capped at the number of denoise steps too: 50 acted as 4 (the tiny policy's
+    steps) while the start-up line said 50, and a runtime change to it changed nothing, silently."""
+    from rclpy.parameter import Parameter
+
+    node = in_process_node(rclpy_context, rtc=True, rtc_max_guidance=50.0)
+    try:
+        steps = node.state.pipeline.policy.cfg.num_steps
+        capped = f"at most {steps} (rtc_max_guidance 50 is capped at the policy's {steps} denoise steps)"
+        assert capped in capfd.readouterr().err
+        assert node.set_parameters([Parameter("rtc_max_guidance", value=2.0)])[0].successful
+        assert node.set_parameters([Parameter("rtc_max_guidance", value=60.0)])[0].successful
+        err = capfd.readouterr().err
+        assert f"guidance weight at most {steps} (rtc_max_guidance 60 is capped" in err and "at most 2" not in err
+    finally:
+        node.destroy_node()
+
+
 def test_a_forward_jump_of_ros_time_is_no_decision_latency(rclpy_context, monkeypatch):
     """Sim time jumps forward during a decision (a /clock source that resynced): that decision has
     no length on ROS time. Taken as one, the jump would be the slowest recent decision, and the next

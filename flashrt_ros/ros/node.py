@@ -99,6 +99,7 @@ from flashrt_ros.ros.startup import (
     build_pipeline_state,
     check_decoders,
     describe_rtc,
+    guidance_cap,
     joint_coverage,
     prefix_schedule,
     rtc_settings,
@@ -611,7 +612,7 @@ class FlashRTNode(Node):
         if not self.enabled and not self.MANAGED:  # the lifecycle node says it once configured
             log.warning(self._paused_at_start())
         log.info(f"prefix stage (prefix_trigger {cfg.prefix_trigger}): {prefix_schedule(cfg)}")
-        log.info(describe_rtc(cfg))
+        log.info(describe_rtc(cfg, self.state.pipeline.policy.cfg.num_steps))
         self._warn_rtc_blend(cfg)
         self._warn_fewer_joints_than_statistics()
         self._warn_reordered_actions(cfg)
@@ -1853,6 +1854,9 @@ class FlashRTNode(Node):
             self._warn_chunk_gap(new)
         if (new.rtc, new.command_blend_steps) != (old.rtc, old.command_blend_steps):
             self._warn_rtc_blend(new)
+        steps = self.state.pipeline.policy.cfg.num_steps
+        if new.rtc_max_guidance != old.rtc_max_guidance and new.rtc_max_guidance > steps:
+            self.get_logger().warning(f"guidance weight at most {guidance_cap(new, steps)}: higher changes nothing")
         rtc_changed = sorted(n for n in changes if n.startswith("rtc_") and getattr(old, n) != getattr(new, n))
         if rtc_changed and self.state.pipeline.rtc is None:
             off = f"{', '.join(rtc_changed)} changed, but real-time chunking is off (rtc false, read at start)"

@@ -364,7 +364,7 @@ PARAMETERS: dict[str, ParamInfo] = {
     ),
     "rtc_max_guidance": ParamInfo(
         "with rtc: the cap of the guidance weight (the paper's beta), > 0 and <= 100; higher holds the new "
-        "chunk closer to the executing one",
+        "chunk closer to the executing one, up to the policy's number of denoise steps (the weight's own cap)",
         runtime=True,
     ),
     "rtc_schedule": ParamInfo(

@@ -211,8 +211,9 @@ def rtc_settings(cfg: NodeConfig) -> RtcSettings:
     return RtcSettings(cfg.rtc_max_guidance, cfg.rtc_schedule, cfg.rtc_jacobian, delay)
 
 
-def describe_rtc(cfg: NodeConfig) -> str:
-    """One line for the start-up log."""
+def describe_rtc(cfg: NodeConfig, num_steps: int) -> str:
+    """One line for the start-up log; the guidance weight as it is: capped at the policy's number of
+    denoise steps as well (policies/guidance.py)."""
     if not cfg.rtc:
         return "real-time chunking off (rtc false): each chunk computed on its own"
     delay = (
@@ -222,8 +223,17 @@ def describe_rtc(cfg: NodeConfig) -> str:
     )
     return (
         f"real-time chunking on: each chunk guided towards the executing one, {delay} held fully, the rest of "
-        f"the overlap fading ({cfg.rtc_schedule}); guidance weight at most {cfg.rtc_max_guidance:g}, "
+        f"the overlap fading ({cfg.rtc_schedule}); guidance weight at most {guidance_cap(cfg, num_steps)}, "
         f"{cfg.rtc_jacobian} Jacobian"
+    )
+
+
+def guidance_cap(cfg: NodeConfig, num_steps: int) -> str:
+    """rtc_max_guidance as it acts: above the number of denoise steps it changes nothing."""
+    if cfg.rtc_max_guidance <= num_steps:
+        return f"{cfg.rtc_max_guidance:g}"
+    return (
+        f"{num_steps} (rtc_max_guidance {cfg.rtc_max_guidance:g} is capped at the policy's {num_steps} denoise steps)"
     )
 
 
