@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flashrt_ros.engine.action_stream import ActionStream, Command, Exhausted
+from flashrt_ros.engine.action_stream import INTERPOLATIONS, ActionStream, Command, Exhausted
 
 MS = 1_000_000
 STEP = 20 * MS
@@ -378,6 +378,29 @@ def test_a_held_chunk_within_its_steps_is_never_limited_at_any_rate(tick, step):
     got = [stream.command(t) for t in times]
     assert not any(c.limited for c in got), [c.index for c in got if c.limited][:5]
     np.testing.assert_array_equal([c.values[0] for c in got], actions[[t // step for t in times], 0])
+
+
+@pytest.mark.parametrize("interpolation", INTERPOLATIONS)
+def test_a_chunk_within_its_steps_passes_whole_when_ticks_come_late(interpolation):
+    """100 Hz commands ticking every 25 ms (a 40 Hz /clock under use_sim_time, as bag playback
+    gives) on a chunk at action_max_step per 20 ms action: the two ticks' cap that bounds a switch
+    after a gap held the chunk's own steps back too, and the lag grew at every late tick (the
+    commands 9 actions behind after a second)."""
+    m, step, tick = 0.05, 20 * MS, 10 * MS
+    actions = (np.arange(1, 61, dtype=np.float32) * np.float32(m)).reshape(-1, 1).astype(np.float64)
+    stream = ActionStream(interpolation=interpolation, max_move=np.array([m]), tick_ns=tick)
+    stream.push(actions, start_ns=0, step_ns=step, chunk_id=1, robot_at=np.zeros(1))
+    times = range(0, 1200 * MS, 25 * MS)
+    got = [stream.command(t) for t in times]
+    assert not any(c.limited for c in got), [t for t, c in zip(times, got, strict=True) if c.limited][:5]
+    chunk = [m * (t // step + 1) for t in times]  # hold: the action due
+    if interpolation == "linear":  # on the line towards it, from the action before (from 0 for the first)
+        chunk = [m * (t // step + (t % step) / step) for t in times]
+    np.testing.assert_allclose([c.values[0] for c in got], chunk, rtol=1e-6, atol=1e-9)
+    # a switch after such a late tick is still held to max_move per step of two ticks at most
+    stream.push(actions + 1.0, start_ns=1200 * MS, step_ns=step, chunk_id=2)
+    switch = stream.command(1225 * MS)
+    assert switch.limited and switch.values[0] - got[-1].values[0] <= m + 1e-9, switch
 
 
 def test_a_switch_just_after_a_held_step_gets_no_second_step():

@@ -39,18 +39,21 @@ limited against an older joint state, is not; with ``max_move`` the stream gets 
 ``max_move`` per step instead (``Command.limited``). It is a budget per joint that refills at
 ``max_move`` per step of time, up to one step's move (a tick longer than a step: that many steps'),
 and each command spends what it moves: a linear action's share per tick passes, but at any command
-rate a switch moves at most ``max_move`` at once and then ``max_move`` per step. A held chunk's own
-steps, once the commands have been on its values for a step (after the switch is made up), may
-also move ``max_move`` per action that fell due since the last tick: held actions move in whole steps, and
-where the ticks fall at other times than the steps (60 Hz commands on 50 Hz actions) two can fall
-due a tick apart, which the time's refill would hold back. The first command with none in force
-moves at most ``max_move`` from ``robot_at`` (joints it has: a chunk stamped at its observation may
-be due several actions in by then). The time a refill counts is at most two ticks of ``tick_ns``
-(the command timer's period): after a gap with no command (a chunk ran out and decisions were
-skipped, a stalled timer, ROS time jumping ahead) the robot stood where the last command left it,
-and the next switch may not move a gap's worth of steps at once. Interpolated and blended values
-are clipped to the values they are made from: a chunk within joint limits gives commands within
-them, to the last bit.
+rate a switch moves at most ``max_move`` at once and then ``max_move`` per step. A chunk's own
+steps, once the commands have been on its values for a step (after the switch is made up), may also
+move ``max_move`` per action that fell due since the last tick ("hold": held actions move in whole
+steps, and where the ticks fall at other times than the steps, 60 Hz commands on 50 Hz actions, two
+can fall due a tick apart, which the time's refill would hold back), or per step of the time since
+the last tick ("linear"), over up to two steps or two ticks, whichever is longer (the two ticks'
+cap below is for switches: a /clock slower than the command rate ticks late at every tick, and
+capped there, the commands fell further behind a chunk moving at ``max_move`` per step; a longer
+gap is a gap). The first command with none in force moves at most ``max_move`` from ``robot_at``
+(joints it has: a chunk stamped at its observation may be due several actions in by then). The time
+a refill counts is at most two ticks of ``tick_ns`` (the command timer's period): after a gap with
+no command (a chunk ran out and decisions were skipped, a stalled timer, ROS time jumping ahead)
+the robot stood where the last command left it, and the next switch may not move a gap's worth of
+steps at once. Interpolated and blended values are clipped to the values they are made from: a
+chunk within joint limits gives commands within them, to the last bit.
 
 Plain numpy and a lock: the node pushes chunks from its decision thread and asks for commands
 from its command timer's.
@@ -280,20 +283,20 @@ class ActionStream:
         whether that held them back."""
         if self.max_move is None or self._last is None:
             return values, False
-        elapsed = max(now_ns - self._last_ns, 0)  # none when the clock went back
-        if self.tick_ns is not None:  # a late tick refills in full; a gap, two ticks' worth
-            elapsed = min(elapsed, 2 * self.tick_ns)
+        since = max(now_ns - self._last_ns, 0)  # none when the clock went back
+        elapsed = since if self.tick_ns is None else min(since, 2 * self.tick_ns)  # a gap: two ticks' worth
         steps = elapsed / governing.step_ns
         cap = self.max_move * max(1.0, steps)  # a tick longer than a step may move each step's worth
         self._budget = np.minimum(cap, self._budget + self.max_move * steps)
         allowed = self._budget
-        if governing is self._tracking and not governing.linear:  # its own held steps (see the docstring)
-            due = governing.index(now_ns) - governing.index(now_ns - elapsed)
-            # only a step after the run began: the command that reached its values may have spent
-            # a whole max_move on the switch, and one step's time must pass before the next
-            boundary_ns = governing.start_ns + governing.index(now_ns) * governing.step_ns
-            if due and self._tracking_since_ns <= boundary_ns - governing.step_ns:
-                allowed = np.maximum(allowed, self.max_move * due)
+        if self._on_own_steps(governing, now_ns):  # its own motion over the time since (docstring)
+            span = since if self.tick_ns is None else min(since, 2 * max(self.tick_ns, governing.step_ns))
+            if governing.linear:
+                allowed = np.maximum(allowed, self.max_move * (span / governing.step_ns))
+            else:
+                allowed = np.maximum(
+                    allowed, self.max_move * (governing.index(now_ns) - governing.index(now_ns - span))
+                )
         last = np.where(np.isnan(self._last), values, self._last)  # a joint robot_at did not know: free
         move = values - last
         # a hair of slack: a float32 chunk within its steps comes out a float32 rounding or two
@@ -304,6 +307,16 @@ class ActionStream:
             values = np.where(over, last + np.sign(move) * allowed, values)
         self._budget = np.maximum(self._budget - np.abs(values - last), 0.0)
         return values, bool(over.any())
+
+    def _on_own_steps(self, governing: _Chunk, now_ns: int) -> bool:
+        """Whether the last command was on the governing chunk's own values for at least a step
+        (the command that reached them may have spent a whole max_move on the switch, and one
+        step's time must pass before the next): then its own steps pass whole, also on a late tick
+        (a /clock slower than the command rate ticks 2.5 periods apart)."""
+        if governing is not self._tracking:
+            return False
+        boundary_ns = governing.start_ns + governing.index(now_ns) * governing.step_ns
+        return self._tracking_since_ns <= boundary_ns - governing.step_ns
 
     def _remember(self, now_ns: int, values: np.ndarray) -> None:
         if self._last is None and self.max_move is not None:

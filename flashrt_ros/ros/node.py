@@ -1453,9 +1453,10 @@ class FlashRTNode(Node):
                     self._throttle(
                         (COMMAND_LIMITED,),
                         "warning",
-                        f"commands held to action_max_step while chunk {due.chunk_id} took over: it starts further "
-                        "from the last command (the first after a start, pause or reset: from the joint state) than "
-                        "one command may move (the arm lags the chunk, or chunks disagree)",
+                        f"commands held to action_max_step on chunk {due.chunk_id}: it starts further from the last "
+                        "command (the first after a start, pause or reset: from the joint state) than one command "
+                        "may move, or a gap in the command ticks (longer than two steps) left the commands behind it "
+                        "(the arm lags the chunk, or chunks disagree)",
                     )
                 return
             if not isinstance(due, Exhausted) or due == self._exhausted_counted:
