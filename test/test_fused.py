@@ -571,8 +571,10 @@ def test_long_suffix_uses_the_per_op_expert_and_matches(kind, caplog):
         fused, out = _run_fused(model, x, torch.float32)
     assert fused.step_plan is None
     assert "at most 64 suffix tokens" in caplog.text
-    assert "the expert as separate kernels" in fused.describe()
+    assert "the expert as separate kernels" in fused.describe() and "guided" not in fused.describe()
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    guided = FusedPi0(model, torch.float32, guided=True).describe()  # said of the step kernel alone, it was
+    assert "the expert as separate kernels" in guided and "the Euler step guided (real-time chunking)" in guided
 
 
 def test_step_kernel_and_per_op_expert_agree():

@@ -1000,9 +1000,9 @@ class FusedPi0:
         if self.step_plan is not None:
             expert = f"{self.step_plan.describe()}, ending with the denoise update (velocity + Euler step"
             expert += " + next input)" if self.cfg.uses_adarms else " + time-MLP hidden layer), then linear_f32"
-            expert += "; the Euler step guided (real-time chunking)" if self.guided else ""
         else:
             expert = f"the expert as separate kernels ({gemm} GEMMs + Triton norms / RoPE / attention / GeGLU)"
+        expert += "; the Euler step guided (real-time chunking)" if self.guided else ""
         views = f"views 1..{self.cfg.num_views}"
         graphs = f"CUDA graphs: vision per {views}, language and denoise per ({views}, prompt bucket {self.buckets})"
         graphs = graphs if cuda else "no graphs (CPU)"
