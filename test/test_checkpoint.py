@@ -473,11 +473,6 @@ def test_a_partial_flashrt_config_changes_what_the_other_files_say(tmp_path):
     with pytest.raises(ValueError, match="has no LeRobot config"):
         save_model(tiny_model("pi05", discrete_state_input=False), tmp_path / "new", layout="lerobot")
     assert not (tmp_path / "new").exists()
-    # relative actions and the ALOHA conversion: LeRobot would run such an export as absolute actions, unconverted
-    for field, value in (("delta_action_mask", (True, False)), ("aloha_adapt_to_pi", True)):
-        with pytest.raises(ValueError, match=f"a model with {field} set has no LeRobot config.json that says so"):
-            lerobot_config_dict(PolicyConfig.pi0(**{field: value}))
-    assert lerobot_config_dict(PolicyConfig.pi0(delta_action_mask=(False, False)))["type"] == "pi0"
 
 
 def test_a_model_of_another_size_lists_a_bounded_sample_of_tensors(tmp_path):

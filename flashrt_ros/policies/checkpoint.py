@@ -522,16 +522,6 @@ def lerobot_config_dict(cfg: PolicyConfig, camera_names: list[str] | None = None
             f"a {cfg.kind} model with discrete_state_input={cfg.discrete_state_input} has no LeRobot config "
             "(LeRobot's pi0.5 puts the state in its prompt, its pi0 never); save it in the openpi layout"
         )
-    unwritten = [
-        f
-        for f, v in (("delta_action_mask", any(cfg.delta_action_mask)), ("aloha_adapt_to_pi", cfg.aloha_adapt_to_pi))
-        if v
-    ]
-    if unwritten:  # LeRobot would run the export as absolute actions without the ALOHA conversion
-        raise ValueError(
-            f"a model with {' and '.join(unwritten)} set has no LeRobot config.json that says so (LeRobot reads "
-            "relative actions from its processor files and has no ALOHA conversion); save it in the openpi layout"
-        )
     names = {GEMMA_2B: "gemma_2b", GEMMA_300M: "gemma_300m"}
     had = [str(name) for name in cfg.extra.get("camera_names") or []]  # LeRobot's keys, as read
     cams = camera_names or (had if len(had) == cfg.camera_views else [f"cam{i}" for i in range(cfg.camera_views)])
