@@ -245,6 +245,12 @@ def test_a_mistyped_value_is_reported_once_not_again_through_its_stand_in():
     assert problems(image_height=480, image_width=0) == [
         "image_height=480, image_width=0: set both (> 0) or neither (0 = any size)"
     ]
+    # a size no camera gives (a digit too many): the warm-up decided on three such frames (14 GB, 43 s)
+    assert problems(image_height=20000, image_width=30000) == [
+        "image_height x image_width = 20000 x 30000, more pixels than any robot camera gives; expected at most "
+        "33177600 (8K, 7680 x 4320): a digit too many?"
+    ]
+    assert problems(image_height=4320, image_width=7680) == []
     # a problem that does not depend on the mistyped value stays, even where it names it
     assert problems(policy=5, joint_names=[]) == [
         "policy must be a string, got int 5",
@@ -358,11 +364,49 @@ def test_yaml_sections_wildcard_then_node(tmp_path):
     assert NodeConfig.from_yaml(path).prompt == "b"
 
 
+@pytest.mark.ros
+def test_yaml_sections_merge_in_the_files_order_as_rcl_gives_them(tmp_path):
+    """The helper applied /** first whatever the file's order, so a /** after the node's own
+    section lost here and won on the node (tests and offline checks read another value)."""
+    import rclpy
+    from rclpy.context import Context
+
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "/**/flashrt_node:\n  ros__parameters:\n    max_age_s: 0.25\n    prompt: own\n"
+        "/**:\n  ros__parameters:\n    max_age_s: 1.0\n"
+    )
+    context = Context()
+    rclpy.init(args=["--ros-args", "--params-file", str(path)], context=context)
+    try:
+        node = rclpy.create_node("flashrt_node", context=context, automatically_declare_parameters_from_overrides=True)
+        given = {name: node.get_parameter(name).value for name in ("max_age_s", "prompt")}
+        node.destroy_node()
+    finally:
+        context.try_shutdown()
+    assert load_yaml_parameters(path) == given == {"max_age_s": 1.0, "prompt": "own"}
+
+
 def test_unknown_names_spot_typos():
     names = {"rate_h", "rate_hz", "use_sim_time", "qos_overrides./x.reliability"}
     assert unknown_names(names) == ["rate_h"]  # at start: a shared /** section may hold others' QoS
     # at runtime the node has no qos_overrides (its QoS is fixed): a set of one would do nothing
     assert unknown_names(names, runtime=True) == ["qos_overrides./x.reliability", "rate_h"]
+
+
+@pytest.mark.ros
+def test_what_rclpy_declares_itself_is_no_typo(rclpy_context):
+    """start_type_description_service was warned about as ignored (and counted as
+    unknown_parameter) though rclpy applies it: every name a bare rclpy Node declares is excluded."""
+    from rclpy.node import Node
+
+    bare = Node("bare_for_params", context=rclpy_context)
+    try:
+        own = sorted(bare._parameters)
+    finally:
+        bare.destroy_node()
+    assert "start_type_description_service" in own and "use_sim_time" in own
+    assert unknown_names(set(own), runtime=True, known={}) == [], own
 
 
 def test_every_parameter_documented():

@@ -33,6 +33,7 @@ from flashrt_ros.engine.action_stream import INTERPOLATIONS
 from flashrt_ros.engine.prefix_cache import PREFIX_TRIGGERS
 from flashrt_ros.policies.config import FP8_PARTS, MAX_INTS, RTC_JACOBIANS, RTC_SCHEDULES, PolicyConfig
 from flashrt_ros.policies.listing import shown, some
+from flashrt_ros.ros.image_convert import MAX_DECODED_PIXELS
 
 NODE_NAME = "flashrt_node"
 TINY_PRESETS = ("pi05_tiny", "pi0_tiny")
@@ -617,18 +618,24 @@ def same_value(new: Any, old: Any) -> bool:
     return type(new) is type(old) and new == old
 
 
+RCLPY_PARAMETERS = ("use_sim_time", "start_type_description_service")
+"""What rclpy's Node declares and acts on itself (Jazzy): not ours, and no typos."""
+
+
 def unknown_names(
     names: list[str] | set[str], runtime: bool = False, known: Mapping[str, Any] | None = None
 ) -> list[str]:
     """Parameter names that are not ours (typos; `known`: the node's names, flashrt_node's by
-    default); rclpy's ``use_sim_time`` is excluded.
+    default); rclpy's own (RCLPY_PARAMETERS) are excluded.
 
     ``qos_overrides.*`` are let through at start, where a shared ``/**`` section may hold them
     for other nodes; this node enables no QoS overrides (its QoS is fixed), so at runtime
     (``runtime=True``) such a set would change nothing and is unknown like any other name."""
     known = PARAMETERS if known is None else known
     return sorted(
-        n for n in names if n not in known and n != "use_sim_time" and (runtime or not n.startswith("qos_overrides."))
+        n
+        for n in names
+        if n not in known and n not in RCLPY_PARAMETERS and (runtime or not n.startswith("qos_overrides."))
     )
 
 
@@ -646,12 +653,13 @@ def did_you_mean(unknown: list[str], known: Mapping[str, Any] | None = None) -> 
 
 def load_yaml_parameters(path: str | Path, node_name: str = NODE_NAME, namespace: str = "/") -> dict[str, Any]:
     """The ``ros__parameters`` a ROS params file gives the node ``node_name`` in ``namespace``:
-    the ``/**`` wildcard section first, then the sections that name the node by rcl's rules
-    (``/**/flashrt_node``, ``/robot1/flashrt_node``, ``flashrt_node`` = ``/flashrt_node``, and a
-    namespace written as an enclosing key, ``robot1: {flashrt_node: ...}``)."""
+    the sections that name the node by rcl's rules (``/**``, ``/**/flashrt_node``,
+    ``/robot1/flashrt_node``, ``flashrt_node`` = ``/flashrt_node``, and a namespace written as an
+    enclosing key, ``robot1: {flashrt_node: ...}``), merged in the file's order: a later section's
+    value wins, as rcl gives it to the node (a ``/**`` after the node's own section overrides it)."""
     fqn = f"{namespace.rstrip('/')}/{node_name}"
     merged: dict[str, Any] = {}
-    for key, params in sorted(node_sections(_yaml_sections(path)), key=lambda s: s[0] != "/**"):
+    for key, params in node_sections(_yaml_sections(path)):
         if section_applies(key, fqn):
             if not isinstance(params, dict):
                 raise ValueError(f"{path}: section {key!r} has no ros__parameters mapping")
@@ -1149,6 +1157,11 @@ def _check_cameras(cfg: NodeConfig) -> list[str]:
     elif (cfg.image_height == 0) != (cfg.image_width == 0):
         problems.append(
             f"image_height={cfg.image_height}, image_width={cfg.image_width}: set both (> 0) or neither (0 = any size)"
+        )
+    elif cfg.image_height * cfg.image_width > MAX_DECODED_PIXELS:  # the warm-up would decide on frames that big
+        problems.append(
+            f"image_height x image_width = {cfg.image_height} x {cfg.image_width}, more pixels than any robot camera "
+            f"gives; expected at most {MAX_DECODED_PIXELS} (8K, 7680 x 4320): a digit too many?"
         )
     return problems
 
