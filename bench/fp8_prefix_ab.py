@@ -15,7 +15,7 @@ import torch
 
 import flashrt_ros.policies.fused as fused_mod
 from flashrt_ros.bench.args import out_folder
-from flashrt_ros.bench.parity import compare
+from flashrt_ros.bench.parity import chunk_parity
 from flashrt_ros.bench.reference import Case, build_random, true_fp32
 from flashrt_ros.bench.stages import load_case
 from flashrt_ros.bench.timing import write_result
@@ -62,20 +62,21 @@ def main() -> None:
         fused.capture()
         chunk = fused.sample_actions().clone()
         built[name] = fused
-        results[name] = dict(parity=compare(chunk, ref), prefix_ms=[], full_ms=[])
+        results[name] = dict(parity=chunk_parity(chunk, ref, case.noise[0]), prefix_ms=[], full_ms=[])
     fused_mod.PREFIX_DOWN_FP8_FROM = None
     for _ in range(args.rounds):
         for name, fused in built.items():
             results[name]["prefix_ms"].append(_stage_ms(fused, "prefix"))
             results[name]["full_ms"].append(_stage_ms(fused, "prefix") + _stage_ms(fused, "denoise"))
-    print(f"{args.policy} {args.views}v{'':<30} {'prefix ms':>10} {'prefix+denoise':>15} {'cosine':>9} {'max abs':>9}")
+    head = f"{'prefix ms':>10} {'prefix+denoise':>15} {'cosine':>9} {'- noise':>9} {'max abs':>9}"
+    print(f"{args.policy} {args.views}v{'':<30} {head}")
     for name, r in results.items():
         r["prefix_median_ms"] = statistics.median(r["prefix_ms"])
         r["full_median_ms"] = statistics.median(r["full_ms"])
-        p = r["parity"]
+        p, q = r["parity"]["chunk"], r["parity"]["chunk_minus_noise"]
         print(
             f"{name:<36} {r['prefix_median_ms']:10.3f} {r['full_median_ms']:15.3f} "
-            f"{p['cosine']:9.6f} {p['max_abs']:9.2e}"
+            f"{p['cosine']:9.6f} {q['cosine']:9.6f} {p['max_abs']:9.2e}"
         )
     write_result(args.out, "fp8_prefix_ab", dev, policy=args.policy, views=args.views, results=results)
 
