@@ -78,16 +78,20 @@ def run(model: Mapping[str, nn.Module], inputs: dict) -> tuple[torch.Tensor, tor
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="tiny dims on the CPU (interpreter): a smoke run")
-    ap.add_argument("--vision-layers", type=int, default=27)
-    ap.add_argument("--lm-layers", type=int, default=18)
+    ap.add_argument("--vision-layers", type=int, default=27, help="SigLIP layers (>= 1)")
+    ap.add_argument("--lm-layers", type=int, default=18, help="Gemma layers (>= 1)")
     ap.add_argument(
         "--iters", type=int, default=50, help="timed calls per mode (a multiple of 5: 5 alternating rounds)"
     )
-    ap.add_argument("--compile-mode", default="default")
+    ap.add_argument(  # checked here: a bad mode failed at torch.compile, after minutes of gates
+        "--compile-mode", default="default", choices=("default", "reduce-overhead", "max-autotune")
+    )
     ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
     if args.iters < 10 or args.iters % 5:
         ap.error(f"--iters must be a multiple of 5 (5 alternating rounds), at least 10, got {args.iters}")
+    if min(args.vision_layers, args.lm_layers) < 1:
+        ap.error(f"--vision-layers and --lm-layers must be >= 1, got {args.vision_layers} and {args.lm_layers}")
     if not args.tiny:
         require_cuda(ap, "the full-size run (or --tiny for a CPU smoke test)")
     if args.tiny:
@@ -131,8 +135,9 @@ def main() -> None:
 
     samples: dict[str, list[float]] = {m: [] for m in outs}
     with torch.no_grad():
-        for _ in range(rounds):
-            for mode in samples:
+        for i in range(rounds):  # alternating: the order turns each round, so no mode always follows another
+            modes = list(samples)[i % len(samples) :] + list(samples)[: i % len(samples)]
+            for mode in modes:
                 samples[mode] += timed(mode)
     lat = {m: Latency.from_samples(f"prefix {m}", s) for m, s in samples.items()}
     par = {m: parity(reference, [t.float() for t in o]) for m, o in outs.items()}
@@ -148,12 +153,21 @@ def main() -> None:
         args.out,
         "adopt_hf",
         device,
-        settings=dict(vars(args), out=str(args.out), dtype=str(dtype)),
+        settings=dict(vars(args), out=str(args.out), dtype=str(dtype), **_hf_versions(model)),
         adopt=report.to_dict(),
         latency={m: v.to_dict() for m, v in lat.items()},
         parity_vs_fp32={m: v.to_dict() for m, v in par.items()},
         compile_s=compile_s,
     )
+
+
+def _hf_versions(model: nn.Module) -> dict:
+    """What decides the eager modules' code and speed: transformers' version and each model's
+    attention implementation (sdpa or eager)."""
+    import transformers
+
+    attention = {name: getattr(part.config, "_attn_implementation", None) for name, part in model.items()}
+    return {"transformers": transformers.__version__, "attn_implementation": attention}
 
 
 def _fp32_outputs(model: nn.Module, inputs: dict, device: torch.device) -> list[torch.Tensor]:

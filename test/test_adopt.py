@@ -346,6 +346,9 @@ def test_bench_script_runs_its_baselines_and_writes_parity(tmp_path) -> None:
     assert data["adopt"]["kept"] == ["rms_norm", "layer_norm", "geglu_mlp", "gelu_mlp"]  # speed not gated on tiny
     assert all(p["cos"] > 0.99999 for p in data["parity_vs_fp32"].values()), data["parity_vs_fp32"]
     assert data["env"]["commit"]
+    # what decides the eager modules' code: recorded, or two result files cannot be told apart
+    assert data["settings"]["transformers"] == transformers.__version__
+    assert set(data["settings"]["attn_implementation"]) == {"vision", "language"}, data["settings"]
 
 
 def test_norms_take_bf16_rows_with_fp32_weights_as_lerobot_keeps_them() -> None:
@@ -1115,3 +1118,43 @@ def test_large_bf16_weights_are_probed_as_the_scaling_they_are() -> None:
     with torch.no_grad():
         norm.weight.uniform_(200, 250, generator=torch.Generator().manual_seed(0))
     assert repl.RMSNormReplacement().convention(norm).unit_offset is False
+
+
+def test_inputs_the_kernels_cannot_take_go_to_the_modules_own_forward():
+    """A 0-d input raised IndexError in the adopted RMSNorm, GeGLU and GELU MLPs (HF's Gemma norm
+    computes a result for it); fp32 rows into a LayerNorm of bf16 weights were computed, where its
+    own forward refuses the mix (on the CPU). Each now goes to the module's own forward."""
+    gemma = transformers.GemmaConfig(hidden_size=32, intermediate_size=64, hidden_activation="gelu_pytorch_tanh")
+    siglip = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, hidden_act="gelu_pytorch_tanh")
+    modules = {
+        "rms_norm": transformers.models.gemma.modeling_gemma.GemmaRMSNorm(32),
+        "geglu_mlp": GemmaMLP(gemma),
+        "gelu_mlp": SiglipMLP(siglip),
+        "layer_norm": nn.LayerNorm(32),
+    }
+    reports = {}
+    for name, module in modules.items():
+        module = modules[name] = module.to(DEVICE).eval()
+        x = torch.randn(3, 32, device=DEVICE)
+        reports[name] = accelerate(module, lambda m=module, x=x: m(x), PARITY_ONLY)
+        assert reports[name].kept == [name], reports[name].table()
+        _answers_as_its_own_forward(module, reports[name], torch.tensor(1.5, device=DEVICE))
+    norm = modules["layer_norm"].to(torch.bfloat16)
+    _answers_as_its_own_forward(norm, reports["layer_norm"], torch.randn(3, 32, device=DEVICE))
+
+
+def _answers_as_its_own_forward(module: nn.Module, report, x: torch.Tensor) -> None:
+    """The adopted module gives what its own forward gives: the same values, or the same error."""
+
+    def call():
+        try:
+            return module(x)
+        except (RuntimeError, ValueError, IndexError) as exc:
+            return type(exc)
+
+    with torch.no_grad():
+        with report.unpatched():
+            own = call()
+        adopted = call()
+    same = adopted is own if isinstance(own, type) else isinstance(adopted, torch.Tensor) and torch.equal(adopted, own)
+    assert same, (type(module).__name__, adopted, own)

@@ -222,6 +222,8 @@ def alternating_rounds(
                 switch()
                 for _ in range(gates.warmup):
                     call()
+                if device.type == "cuda":  # else the first call's launches hide behind the warm-up's queue
+                    torch.cuda.synchronize(device)
                 samples[i].append(time_ms(call, gates.iters, device))
     return samples
 

@@ -209,8 +209,9 @@ def _kernel_input(x: Tensor, *params: Tensor | None) -> bool:
     """Whether a kernel may take this call: a device it runs on, a dtype it stores, no gradient
     asked of it (the kernels have no backward: nor forward-mode tangents, nor functorch's
     transforms, whose wrapped tensors they cannot read), no autocast (the module's own forward
-    returns what autocast makes of it, e.g. fp32 from a LayerNorm)."""
-    if x.dtype not in KERNEL_DTYPES or not kernels_run_on(x.device):
+    returns what autocast makes of it, e.g. fp32 from a LayerNorm), and rows to take (a 0-d input:
+    the module's own forward says what is wrong, or computes what it computes)."""
+    if x.dim() == 0 or x.dtype not in KERNEL_DTYPES or not kernels_run_on(x.device):
         return False
     tensors = [x, *(p for p in params if p is not None)]
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
@@ -470,6 +471,10 @@ class RMSNormReplacement(Replacement):
         return RMSNormForward(module, self.convention(module))
 
 
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+"""Rows torch's LayerNorm takes with fp32 weights (LeRobot keeps norm weights in fp32)."""
+
+
 class LayerNormForward(AdoptedForward):
     def kernel(self, x: Tensor) -> Tensor | None:
         m = self.module
@@ -477,8 +482,10 @@ class LayerNormForward(AdoptedForward):
         params = [p for p in (w, b) if p is not None]
         if not _kernel_input(x, w, b) or any(not p.is_contiguous() or p.device != x.device for p in params):
             return None
-        if x.dim() == 0 or x.shape[-1] != m.normalized_shape[-1]:  # the module's own forward says what is wrong
+        if x.shape[-1] != m.normalized_shape[-1]:  # the module's own forward says what is wrong
             return None
+        if any(p.dtype != x.dtype and not (p.dtype == torch.float32 and x.dtype in HALF_DTYPES) for p in params):
+            return None  # a mix its own forward refuses (fp32 rows, bf16 weights): it says so
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         return layer_norm(_contiguous_rows(x), w, b, m.eps, out=out)
 
