@@ -128,7 +128,12 @@ def test_status_and_diagnostics(running):
     assert all(s.target_rate_hz == 10.0 for s in status.stages)
     diag = peer.diagnostics[-1].status[0]
     assert diag.name == f"{peer.namespace}/{NODE}: pipeline" and diag.hardware_id == "cpu"
-    assert {kv.key for kv in diag.values} >= {"policy", "decisions", "dropped decisions", "deadline misses"}
+    keys = {kv.key for kv in diag.values}
+    assert keys >= {"policy", "decisions", "dropped decisions", "deadline misses"}
+    # the start's rate_h typo is the node's event, not a bad input ("invalid unknown_parameter" before)
+    assert "node unknown_parameter" in keys, keys
+    inputs = {*(f"{peer.namespace}/{cam}" for cam in CAMERAS), f"{peer.namespace}/{JOINT_TOPIC}"}
+    assert all(key.split()[-1] in inputs for key in keys if key.startswith("invalid ")), (keys, inputs)
 
 
 def test_a_subscriber_that_cannot_match_an_output_is_named_and_counted(running):

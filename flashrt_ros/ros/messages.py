@@ -184,9 +184,14 @@ def diagnostics(
     message: str,
     extra: dict[str, str] | None = None,
     paused: str = "no (~/enable)",
+    inputs: frozenset[str] = frozenset(),
 ) -> DiagnosticArray:
     """One DiagnosticStatus for the node (for rqt_robot_monitor / diagnostic_aggregator).
-    `paused`: the value `enabled` takes while paused (what un-pauses this kind of node)."""
+    `paused`: the value `enabled` takes while paused (what un-pauses this kind of node). The
+    counts of the `inputs` topics are keyed "invalid <reason> <topic>"; the node's other events
+    (a refused parameter or capsule call, a chunk that ended, a stalled clock, an output's
+    incompatible subscriber) "node <reason> [<topic or service>]", as the stats line keeps them
+    apart (`split_counts`): none reads as a bad input."""
     values = {
         "policy": s.policy,
         "device": s.device,
@@ -202,7 +207,8 @@ def diagnostics(
     for st in s.stages:
         values[f"{st.name} p50/p99 (ms)"] = f"{st.p50_ms:.2f}/{st.p99_ms:.2f}"
     for (topic, reason), count in sorted(s.invalid.items()):
-        values[f"invalid {reason} {topic}" if topic else f"invalid {reason}"] = str(count)
+        kind = "invalid" if topic in inputs else "node"
+        values[f"{kind} {reason} {topic}" if topic else f"{kind} {reason}"] = str(count)
     values.update(extra or {})
     status = DiagnosticStatus(level=level, name=name, message=message, hardware_id=s.device)
     status.values = [KeyValue(key=k, value=v) for k, v in values.items()]

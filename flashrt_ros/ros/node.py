@@ -1522,8 +1522,11 @@ class FlashRTNode(Node):
         name = f"{self.get_fully_qualified_name()}: pipeline"
         d = self.description
         extra = {"backend": d["backend"], "prompt": self.cfg.prompt, "actions": d["actions"]}
+        inputs = self._input_topics
         self._diag_pub.publish(
-            messages.diagnostics(snap, name=name, level=level, message=text, extra=extra, paused=self.PAUSED_DIAG)
+            messages.diagnostics(
+                snap, name=name, level=level, message=text, extra=extra, paused=self.PAUSED_DIAG, inputs=inputs
+            )
         )
         self._maybe_log_stats(snap)
 
