@@ -278,6 +278,19 @@ def test_a_flashrt_config_json_that_differs_from_lerobots_says_so(tmp_path, capl
         f"{cfg.horizon} (LeRobot would run 5)"
     ), lines
     assert f"num_steps is {cfg.num_steps}, where {tmp_path / 'config.json'} says 2" in lines[1], lines
+    # a camera more in config.json (the weights do not depend on the number of views): said too
+    features = {**data["input_features"], "observation.images.wrist": {"type": "VISUAL", "shape": [3, 56, 56]}}
+    (tmp_path / "config.json").write_text(json.dumps({**data, "input_features": features}))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=checkpoint.__name__):
+        cfg = read_config(tmp_path, "lerobot")
+    (line,) = [r.getMessage() for r in caplog.records]
+    views = cfg.camera_views
+    assert line.endswith(
+        f"{views} camera views, where {tmp_path / 'config.json'} lists {views + 1} "
+        "(observation.images.cam0, observation.images.cam1, observation.images.wrist): "
+        f"this runs {views} (LeRobot would run {views + 1})"
+    ), line
 
 
 def test_a_field_of_config_json_is_blamed_on_config_json(tmp_path):

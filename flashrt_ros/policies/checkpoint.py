@@ -260,6 +260,16 @@ def _beside_lerobots(cfg: PolicyConfig, folder: Path) -> PolicyConfig:
     except CheckpointError:
         return cfg
     if len(names) != cfg.camera_views:  # config.json's, over ours: a re-saved policy keeps the names it had
+        log.warning(
+            "%s: %d camera views, where %s lists %d (%s): this runs %d (LeRobot would run %d)",
+            folder / FLASHRT_CONFIG_FILE,
+            cfg.camera_views,
+            theirs,
+            len(names),
+            ", ".join(names),
+            cfg.camera_views,
+            len(names),
+        )
         return cfg
     return cfg.replace(extra={**cfg.extra, "camera_names": names})
 
