@@ -709,3 +709,26 @@ def test_a_folder_without_a_readable_weights_file_says_what_is_there(tmp_path):
             "nothing": f"no model.safetensors in {folder}",
         }[case]
         assert str(err.value).startswith(expected), str(err.value)
+
+
+def test_a_whole_flashrt_config_json_that_differs_from_the_converters_says_so(tmp_path, caplog):
+    """openpi's layout: a flashrt_config.json with every field ran over a config.json that says
+    another chunk length without a word (the LeRobot layout said it, field by field)."""
+    model = tiny_model("pi05")
+    save_model(model, tmp_path, layout="openpi")
+    cfg = model.cfg
+    same = {"action_horizon": cfg.horizon, "action_dim": cfg.action_dim}
+    (tmp_path / "config.json").write_text(json.dumps(same))
+    with caplog.at_level("WARNING", logger=checkpoint.__name__):
+        assert read_config(tmp_path, "openpi") == cfg
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    (tmp_path / "config.json").write_text(json.dumps({**same, "action_horizon": 50, "paligemma_variant": "gemma_2b"}))
+    with caplog.at_level("WARNING", logger=checkpoint.__name__):
+        assert read_config(tmp_path, "openpi") == cfg  # ours runs
+    lines = [r.getMessage() for r in caplog.records]
+    ours, theirs = tmp_path / "flashrt_config.json", tmp_path / "config.json"
+    prefix = f"a Gemma of width {cfg.prefix.width} and depth {cfg.prefix.depth}"
+    assert lines == [
+        f"{ours}: horizon is {cfg.horizon}, where {theirs} says 50: this runs {cfg.horizon}",
+        f"{ours}: prefix is {prefix}, where {theirs} says gemma_2b: this runs {prefix}",
+    ], lines

@@ -29,7 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from .config import GEMMA_2B, GEMMA_300M, MAX_INT, MAX_INTS, PolicyConfig
+from .config import GEMMA_2B, GEMMA_300M, MAX_INT, MAX_INTS, GemmaSpec, PolicyConfig
 from .lerobot_relative import POSTPROCESSOR, PREPROCESSOR, lerobot_delta_mask, lerobot_says_relative_or_absolute
 from .listing import bounded, some
 from .normalize import file_present, read_json, what_is_there
@@ -236,7 +236,50 @@ def read_config(folder: Path, layout: str, fallback: PolicyConfig | None = None)
     cfg = _config_from_file(ours, parse)
     if layout == "lerobot":
         cfg = _beside_lerobots(cfg, folder)
+    else:
+        _warn_where_openpi_differs(cfg, folder)
     return _with_relative_actions(cfg, folder, layout)
+
+
+def _warn_where_openpi_differs(cfg: PolicyConfig, folder: Path) -> None:
+    """A flashrt_config.json that sets what the converter's config.json states otherwise (the chunk
+    length, the action dims, the variants, the prompt length): ours runs, said field by field as
+    for LeRobot's (a stale file changed the chunk's length without a word)."""
+    theirs = folder / CONFIG_FILE
+    if not _present(theirs):
+        return
+    try:  # a config.json that ours overrides need not be well formed
+        data = read_json(theirs)
+    except ValueError:
+        return
+    if not isinstance(data, dict):
+        return
+    keys = {**_OPENPI_INTS, "max_token_len": "prompt_len", "discrete_state_input": "discrete_state_input"}
+    said = {ours: data[key] for key, ours in keys.items() if key in data}
+    for key, ours in (("paligemma_variant", "prefix"), ("action_expert_variant", "expert")):
+        if isinstance(data.get(key), str):
+            said[ours] = data[key].removesuffix("_lora")
+    for key, value in said.items():
+        mine = _shown_field(getattr(cfg, key))
+        if mine != (value if key in ("prefix", "expert") else repr(value)):
+            other = value if key in ("prefix", "expert") else repr(value)
+            log.warning(
+                "%s: %s is %s, where %s says %s: this runs %s",
+                folder / FLASHRT_CONFIG_FILE,
+                key,
+                mine,
+                theirs,
+                other,
+                mine,
+            )
+
+
+def _shown_field(value: object) -> str:
+    """A config field for a warning: a Gemma stack by its variant's name."""
+    names = {GEMMA_2B: "gemma_2b", GEMMA_300M: "gemma_300m"}
+    if isinstance(value, GemmaSpec):
+        return names.get(value, f"a Gemma of width {value.width} and depth {value.depth}")
+    return repr(value)
 
 
 def _beside_lerobots(cfg: PolicyConfig, folder: Path) -> PolicyConfig:
