@@ -228,3 +228,21 @@ def test_a_warm_up_that_fails_says_why_and_holds_no_prefix() -> None:
     assert pipeline.prefix_cache.held_frames is None and pipeline.next_chunk_id == 1
     with pytest.raises(ValueError, match="state must be a vector of at most"):
         pipeline.warm_up(99, "pick up the cube")
+
+
+def test_a_warm_up_refused_for_non_finite_actions_says_the_live_decisions_will_be_too() -> None:
+    """On black frames and a zero state a diverged checkpoint's NaN is no one-time cost: the start-up
+    line said "the first decision pays the one-time costs" and the node then never published."""
+    from flashrt_ros.ros.params import NodeConfig
+    from flashrt_ros.ros.startup import warm_up
+
+    policy = default_policy(num_views=2, action_dof=6)
+    pipeline = Pipeline(policy, seed=0)
+    cfg = NodeConfig(joint_names=[f"j{i}" for i in range(6)])
+    assert "black" in warm_up(pipeline, cfg) and "failed" not in warm_up(pipeline, cfg)
+    with torch.no_grad():  # a broken checkpoint: one NaN in the action projection
+        next(p for n, p in policy.model.named_parameters() if "action_out" in n).view(-1)[0] = float("nan")
+    said = warm_up(pipeline, cfg)
+    assert said.startswith("failed (NonFiniteActions: ") and said.endswith(
+        "the live decisions will likely be refused the same way"
+    ), said

@@ -90,7 +90,7 @@ def warm_up(pipeline: Any, cfg: NodeConfig) -> str:
     costs paid at start) on frames of the configured size, or 224x224; say how it went. A failure
     is said, not raised: the live decisions check their own inputs and are refused by name. One
     that left the GPU broken (a kernel fault) is a StartupError: every decision would fail."""
-    from flashrt_ros.engine.pipeline import DeviceUnusable
+    from flashrt_ros.engine.pipeline import DeviceUnusable, NonFiniteActions
 
     h, w = cfg.expected_hw or (224, 224)
     views = pipeline.policy.cfg.camera_views
@@ -98,6 +98,8 @@ def warm_up(pipeline: Any, cfg: NodeConfig) -> str:
         ms = pipeline.warm_up(len(cfg.joint_names), cfg.prompt, (h, w))
     except DeviceUnusable as exc:
         raise StartupError(str(exc)) from exc
+    except NonFiniteActions as exc:  # on black frames and a zero state: likely on any input
+        return f"failed ({type(exc).__name__}: {exc}): the live decisions will likely be refused the same way"
     except Exception as exc:
         return f"failed ({type(exc).__name__}: {exc}): the first decision pays the one-time costs"
     return f"{ms:.1f} ms on {views} black {h}x{w} frames"
