@@ -76,7 +76,7 @@ def _check_args(args: argparse.Namespace) -> str | None:
             f"--iters must be >= {MIN_ITERS} (percentiles need samples) and --warmup >= 1 (the first call "
             f"builds and warms caches), both at most {MAX_ITERS}, got {args.iters} and {args.warmup}"
         )
-    if not 0 <= args.seed < 2**63:  # past it, torch failed inside the model's building, naming no flag
+    if not 0 <= args.seed < 2**63:  # the node's seed parameter's range (an int64); past 2**64 torch failed unnamed
         return f"--seed must be an integer from 0 to 2**63 - 1, got {args.seed}"
     if not args.views or min(args.views) < 1:
         return f"--views must list view counts >= 1, got {','.join(map(str, args.views))}"

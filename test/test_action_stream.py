@@ -397,6 +397,12 @@ def test_a_chunk_within_its_steps_passes_whole_when_ticks_come_late(interpolatio
     if interpolation == "linear":  # on the line towards it, from the action before (from 0 for the first)
         chunk = [m * (t // step + (t % step) / step) for t in times]
     np.testing.assert_allclose([c.values[0] for c in got], chunk, rtol=1e-6, atol=1e-9)
+    # a gap (a second with no command) is no late tick: the first command after it moves max_move
+    gap = ActionStream(interpolation=interpolation, max_move=np.array([m]), tick_ns=tick)
+    gap.push(actions, start_ns=0, step_ns=step, chunk_id=1, robot_at=np.zeros(1))
+    before = [gap.command(t) for t in range(0, 100 * MS, tick)][-1]
+    after = gap.command(1090 * MS)
+    assert after.limited and after.values[0] - before.values[0] == pytest.approx(m), (before, after)
     # a switch after such a late tick is still held to max_move per step of two ticks at most
     stream.push(actions + 1.0, start_ns=1200 * MS, step_ns=step, chunk_id=2)
     switch = stream.command(1225 * MS)

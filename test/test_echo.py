@@ -134,7 +134,13 @@ def test_malformed_chunks_are_said_apart_and_the_latency_median_is_over_a_window
     from flashrt_ros.ros import echo as echo_module
 
     monkeypatch.setattr(echo_module, "LATENCY_WINDOW", 3)
-    console = echo_module.Echo("/flashrt_node", 1, True, context=rclpy_context)
+    quiet = echo_module.Echo("/flashrt_node", 1, True, context=rclpy_context)
+    try:  # --quiet: the summary alone, which counts them
+        quiet._on_chunk(chunk(1, 1000.0, actions=0))
+        assert capsys.readouterr().out == "" and quiet.summary().endswith("1 malformed")
+    finally:
+        quiet.destroy_node()
+    console = echo_module.Echo("/flashrt_node", 1, False, context=rclpy_context)
     try:
         console._on_chunk(chunk(1, 1000.0, actions=0))
         assert "chunk     1  malformed: 0 action values for horizon 1 x action_dim 1" in capsys.readouterr().out

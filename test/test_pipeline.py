@@ -137,7 +137,7 @@ def test_nan_actions_from_a_callers_nan_noise_name_the_noise() -> None:
     policy = default_policy(num_views=2, action_dof=6)
     noise = torch.zeros(1, policy.cfg.horizon, policy.cfg.action_dim)
     noise[0, 3, 1] = float("nan")
-    refused = r"expected finite actions: the noise given holds 1 NaN or inf values of \d+$"
+    refused = r"expected finite actions: the noise given holds 1 NaN or inf value\(s\) of \d+$"
     with pytest.raises(NonFiniteActions, match=refused):
         Pipeline(policy, seed=0).decide(observation(), noise)
 

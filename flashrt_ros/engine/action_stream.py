@@ -289,14 +289,13 @@ class ActionStream:
         cap = self.max_move * max(1.0, steps)  # a tick longer than a step may move each step's worth
         self._budget = np.minimum(cap, self._budget + self.max_move * steps)
         allowed = self._budget
-        if self._on_own_steps(governing, now_ns):  # its own motion over the time since (docstring)
-            span = since if self.tick_ns is None else min(since, 2 * max(self.tick_ns, governing.step_ns))
+        late = self.tick_ns is None or since <= 2 * max(self.tick_ns, governing.step_ns)  # longer: a gap
+        if late and self._on_own_steps(governing, now_ns):  # its own motion over the time since (docstring)
             if governing.linear:
-                allowed = np.maximum(allowed, self.max_move * (span / governing.step_ns))
+                allowed = np.maximum(allowed, self.max_move * (since / governing.step_ns))
             else:
-                allowed = np.maximum(
-                    allowed, self.max_move * (governing.index(now_ns) - governing.index(now_ns - span))
-                )
+                due = governing.index(now_ns) - governing.index(now_ns - since)
+                allowed = np.maximum(allowed, self.max_move * due)
         last = np.where(np.isnan(self._last), values, self._last)  # a joint robot_at did not know: free
         move = values - last
         # a hair of slack: a float32 chunk within its steps comes out a float32 rounding or two

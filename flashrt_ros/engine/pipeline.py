@@ -329,7 +329,7 @@ class Pipeline:
             rows = sorted(set(np.nonzero(bad)[0].tolist()))
             bad_noise = int((~torch.isfinite(noise)).sum())  # looked at only now: no sync on a good decision
             cause = (
-                f"the noise given holds {bad_noise} NaN or inf values of {noise.numel()}"
+                f"the noise given holds {bad_noise} NaN or inf value(s) of {noise.numel()}"
                 if bad_noise
                 else "check the checkpoint, its normalisation statistics and the precision"
             )

@@ -174,7 +174,8 @@ class Echo(Node):
             )
         if malformed(msg) is not None:
             self.malformed += 1
-            print(chunk_line(msg), flush=True)
+            if not self.quiet:  # the summary counts them
+                print(chunk_line(msg), flush=True)
             return
         now = time.monotonic()
         # with two publishers their ids interleave: one run, no restarts (said above)

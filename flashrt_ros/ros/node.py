@@ -1859,7 +1859,8 @@ class FlashRTNode(Node):
         if (new.rtc, new.command_blend_steps) != (old.rtc, old.command_blend_steps):
             self._warn_rtc_blend(new)
         steps = self.state.pipeline.policy.cfg.num_steps
-        if new.rtc_max_guidance != old.rtc_max_guidance and new.rtc_max_guidance > steps:
+        rtc_on = self.state.pipeline.rtc is not None  # off: the warning below says it changes nothing
+        if rtc_on and new.rtc_max_guidance != old.rtc_max_guidance and new.rtc_max_guidance > steps:
             self.get_logger().warning(f"guidance weight at most {guidance_cap(new, steps)}: higher changes nothing")
         rtc_changed = sorted(n for n in changes if n.startswith("rtc_") and getattr(old, n) != getattr(new, n))
         if rtc_changed and self.state.pipeline.rtc is None:
