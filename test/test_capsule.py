@@ -115,6 +115,20 @@ def test_unknown_names_raise_key_error_with_message(store, operation):
 def test_invalid_name_refused(store):
     with pytest.raises(ValueError, match="non-empty"):
         store.snapshot("  ")
+    # names that read alike in a list were different capsules
+    for name in (" a", "a ", "a\tb", "a\nb", "a\x7f"):
+        with pytest.raises(ValueError, match="starts or ends with spaces or holds a control character"):
+            store.snapshot(name)
+    store.snapshot("a b")  # a space within is a name
+
+
+def test_a_fork_carries_when_its_source_s_state_was_taken(state):
+    """The fork's own time said nothing of when the state it holds was taken."""
+    now = [100]
+    store = CapsuleStore(state, clock_ns=lambda: now[0])
+    store.snapshot("before")
+    now[0] = 500
+    assert store.fork("before", "copy").created_ns == 100
 
 
 def test_capsule_buffers_cannot_be_changed_through_what_the_store_returns(state, store):

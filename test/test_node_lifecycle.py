@@ -356,6 +356,28 @@ def test_an_rtc_setting_while_rtc_is_off_says_how_this_node_applies_rtc(rclpy_co
         node.destroy_node()
 
 
+def test_cleanup_says_the_capsules_it_drops(rclpy_context, monkeypatch):
+    """cleanup dropped the capsules without a word in its line (a restore after configure then
+    found none)."""
+    from rclpy.lifecycle import TransitionCallbackReturn
+
+    node = in_process_lifecycle_node(rclpy_context)
+    try:
+        said = []
+        monkeypatch.setattr(node.get_logger(), "info", lambda text, **_: said.append(text))
+        assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+        node.capsules.snapshot("before")
+        assert node.trigger_cleanup() == TransitionCallbackReturn.SUCCESS
+        assert said[-1] == (
+            "cleaned up (unconfigured): the policy and its topics and timers are gone, and its 1 capsule(s)"
+        ), said
+        assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+        assert node.trigger_cleanup() == TransitionCallbackReturn.SUCCESS
+        assert said[-1] == "cleaned up (unconfigured): the policy and its topics and timers are gone", said
+    finally:
+        node.destroy_node()
+
+
 def counts(node) -> tuple[int, ...]:
     return tuple(len(list(entities)) for entities in (node.timers, node.subscriptions, node.publishers, node.services))
 

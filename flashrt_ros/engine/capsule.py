@@ -57,8 +57,9 @@ class PipelineState:
 
     ``rng``            uint8[n]   state of the generator the decision noise is drawn from
     ``next_chunk_id``  int64[1]   id the next decision will get
-    ``last_actions``   float32[horizon, dof] the previous chunk ([0, dof] before the first): for
-                       inspection; nothing decides from it (rtc holds to the node's executing chunk)
+    ``last_actions``   float32[horizon, dof] the previous chunk ([0, dof] before the first),
+                       restored with the rest; nothing decides from it (rtc holds to the node's
+                       executing chunk)
 
     Route decisions through :meth:`decide` so the last chunk is kept.
     """
@@ -153,8 +154,8 @@ def _actions_problems(actions: np.ndarray, horizon: int, dof: int) -> list[str]:
 
 @dataclass(frozen=True)
 class Capsule:
-    """A named, immutable copy of execution state; ``created_ns`` is wall-clock (or node
-    clock) time in nanoseconds."""
+    """A named, immutable copy of execution state; ``created_ns``: when the state was taken
+    (a fork keeps its source's), wall-clock (or node clock) time in nanoseconds."""
 
     name: str
     buffers: Mapping[str, np.ndarray]
@@ -222,7 +223,7 @@ class CapsuleStore:
         if target in self._capsules:
             raise ValueError(f"capsule {shown(target)} already exists; drop it first or pick another name")
         self._check_room(target)
-        capsule = _frozen(target, dict(original.buffers), self.clock_ns())
+        capsule = _frozen(target, dict(original.buffers), original.created_ns)  # when its state was taken
         self._capsules[target] = capsule
         return capsule
 
@@ -258,9 +259,15 @@ SHOWN_NAMES = 10  # a refusal names this many of the capsules kept: its reply an
 
 
 def _check_name(name: str, what: str = "capsule name") -> None:
-    """`what`: the request's field, where there are two (fork's source and target)."""
+    """`what`: the request's field, where there are two (fork's source and target). No spaces at
+    either end nor control characters: " a" and "a" were two capsules that read alike in a list."""
     if not isinstance(name, str) or not name.strip() or len(name) > 256:
         raise ValueError(f"{what} must be a non-empty string of at most 256 characters, got {shown(name)}")
+    if name != name.strip() or any(c < " " or c == "\x7f" for c in name):
+        raise ValueError(
+            f"{what} {shown(name)} starts or ends with spaces or holds a control character; expected a name "
+            "without them (names that read alike would be different capsules)"
+        )
 
 
 def _frozen(name: str, buffers: Mapping[str, np.ndarray], created_ns: int) -> Capsule:

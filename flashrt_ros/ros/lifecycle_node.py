@@ -179,8 +179,10 @@ class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
 
     @_logs_errors
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        kept = len(self.capsules.list()) if self.capsules is not None else 0
         self.tear_down()
-        self.get_logger().info("cleaned up (unconfigured): the policy and its topics and timers are gone")
+        dropped = f", and its {kept} capsule(s)" if kept else ""
+        self.get_logger().info(f"cleaned up (unconfigured): the policy and its topics and timers are gone{dropped}")
         return SUCCESS
 
     @_logs_errors
