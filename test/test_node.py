@@ -960,6 +960,40 @@ def test_under_period_a_jump_forward_that_makes_the_reused_prefix_s_frames_stale
         node.destroy_node()
 
 
+def test_a_chunk_computed_on_the_prompt_before_a_change_is_not_published(rclpy_context, monkeypatch):
+    """A new instruction accepted (and logged) while a decision ran: that chunk, computed on the
+    old one, went out after it, and nothing in it could show which prompt it acted on."""
+    from rclpy.parameter import Parameter
+
+    from flashrt_ros.ros.inputs import Sample
+
+    node = in_process_node(rclpy_context, rate_hz=0.1)
+    try:
+        published, said = [], []
+        monkeypatch.setattr(node, "_publish", lambda decision, *args, **kwargs: published.append(decision) or True)
+        monkeypatch.setattr(node.get_logger(), "info", lambda text, **_: said.append(text))
+        stamp = node.get_clock().now().to_msg()
+        for cam in node.slots[:-1]:
+            cam.latest = Sample(np.zeros((*HW, 3), np.uint8), stamp, 0, 0)
+        node.slots[-1].latest = Sample(np.zeros(len(JOINTS), np.float32), stamp, 0, 0)
+        decide = node.state.decide
+
+        def decide_while_the_prompt_changes(*args, **kwargs):
+            out = decide(*args, **kwargs)
+            assert node.set_parameters([Parameter("prompt", value="fold the towel")])[0].successful
+            return out
+
+        monkeypatch.setattr(node.state, "decide", decide_while_the_prompt_changes)
+        node._decide()
+        assert not published and any("prompt changed: chunk 1, computed on the one before" in t for t in said), said
+        monkeypatch.setattr(node.state, "decide", decide)
+        node.slots[-1].latest = Sample(np.zeros(len(JOINTS), np.float32), node.get_clock().now().to_msg(), 0, 0)
+        node._decide()  # on the new prompt: published
+        assert [d.chunk_id for d in published] == [2], published
+    finally:
+        node.destroy_node()
+
+
 def test_a_lerobot_n_action_steps_is_said_against_the_decision_rate(rclpy_context, monkeypatch):
     """LeRobot executes n_action_steps of a chunk, then decides again: a rate_hz that replans less
     often runs the policy differently, which the start-up log says (with the rate that would not)."""

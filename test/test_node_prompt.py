@@ -42,7 +42,7 @@ def test_a_message_sets_the_prompt_and_a_bad_one_is_refused(running):
     start = len(peer.chunks)
     assert peer.pump(5.0, until=lambda: len(peer.chunks) > start + 2), "decisions stopped after the change"
     mark = node.mark()
-    say(peer, publisher, " fold  the towel\n", until=lambda: False, seconds=0.5)  # a planner's spacing
+    say(peer, publisher, " fold the towel\n", until=lambda: False, seconds=0.5)  # a planner's spacing: the same tokens
     assert not [ln for ln in node.lines[mark:] if "parameters changed" in ln or "refused" in ln]
     assert peer.get_parameters("prompt") == ["fold the towel"]
 

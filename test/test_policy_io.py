@@ -827,3 +827,18 @@ def test_openpi_statistics_beside_lerobots_processor_files_are_not_guessed_betwe
         Normalizer.find(tmp_path)
     openpi.save(tmp_path / "norm_stats.json")  # the user's choice decides
     assert Normalizer.find(tmp_path).convention == "openpi"
+
+
+def test_text_that_makes_the_same_prompt_tokens_is_the_same_prompt_and_underscores_alone_are_empty():
+    """The node took "the same words in other spacing" as no change by str.split(), which also
+    equates what the tokenizer reads otherwise (a non-breaking space); and "___", which the prompt
+    writes as spaces, passed the empty check."""
+    from flashrt_ros.policies.policy import default_policy
+
+    for kind in ("pi05", "pi0"):
+        policy = default_policy(num_views=1, action_dof=4, kind=kind)
+        assert policy.same_prompt("fold the towel", " fold the towel\n")  # a planner's newline
+        assert not policy.same_prompt("fold the towel", "fold the\xa0towel")
+        assert not policy.same_prompt("fold the towel", "fold the shirt")
+        reason = policy.prompt_problem("___", 4)
+        assert reason == "prompt '___' is empty once written into the prompt (underscores read as spaces)", reason

@@ -24,7 +24,7 @@ from .listing import shown
 from .normalize import Normalizer
 from .pi0 import Pi0Model, count_parameters
 from .preprocess import frame_error, images_to_pixels, require_a_view, thin_frame_error
-from .prompt import PromptTokenizer, PromptTooLong, Tokens, worst_case_state
+from .prompt import PromptTokenizer, PromptTooLong, Tokens, clean_task, worst_case_state
 from .robot_space import actions_from_robot, actions_to_robot, space_problem, state_to_model
 
 log = logging.getLogger(__name__)
@@ -156,6 +156,19 @@ class Policy:
     def prompt_problem(self, prompt: str, state_dims: int) -> str | None:
         return prompt_problem(self.cfg, self.tokenizer, prompt, state_dims)
 
+    def same_prompt(self, a: str, b: str) -> bool:
+        """Whether two instructions make the same prompt tokens (the same state written in):
+        a planner's trailing newline is no new instruction, a double space or a non-breaking one is
+        (the tokenizer reads them otherwise)."""
+        if a == b:
+            return True
+        state = worst_case_state(1) if self.cfg.state_in_prompt else None
+        try:
+            ids = [self.tokenizer.token_ids(self.cfg.prompt_format, text, state) for text in (a, b)]
+        except ValueError:  # not UTF-8: prompt_problem says why
+            return False
+        return ids[0] == ids[1]
+
     def frame_problem(self, height: int, width: int) -> str | None:
         return frame_problem(self.cfg, height, width)
 
@@ -261,6 +274,8 @@ def prompt_problem(cfg: PolicyConfig, tokenizer: PromptTokenizer, prompt: str, s
     """Why `prompt` cannot be used with a state of `state_dims` joints, or None: it must fit the
     policy's prompt length, with the state in it (pi0.5) as its longest text (every bin 3 digits)."""
     state = worst_case_state(state_dims) if cfg.state_in_prompt else None
+    if cfg.prompt_format != "pi0_lerobot" and not clean_task(prompt).strip():
+        return f"prompt {shown(prompt, 300)} is empty once written into the prompt (underscores read as spaces)"
     try:
         n = len(tokenizer.token_ids(cfg.prompt_format, prompt, state))
     except ValueError as err:  # not UTF-8 text: a reason, as for a prompt too long

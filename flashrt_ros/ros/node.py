@@ -899,11 +899,11 @@ class FlashRTNode(Node):
     def _on_prompt(self, msg: String) -> None:
         """A task instruction on prompt_topic: set as the prompt parameter, so that it is checked,
         logged and shown by ros2 param get as any change; one that cannot be the prompt is
-        refused with the reason and counted on the topic, and the prompt in force stays. The same
-        words in other spacing (a planner's trailing newline) change nothing; the same refused text
-        again is counted without being checked again."""
+        refused with the reason and counted on the topic, and the prompt in force stays. Text the
+        policy writes into the same prompt tokens (a planner's trailing newline) changes nothing;
+        the same refused text again is counted without being checked again."""
         text = msg.data
-        if self.stopping.is_set() or text.split() == self.cfg.prompt.split():
+        if self.stopping.is_set() or self.state.pipeline.policy.same_prompt(text, self.cfg.prompt):
             return
         topic = self._prompt_sub.topic_name
         if text == self._refused_prompt[0]:
@@ -1023,6 +1023,10 @@ class FlashRTNode(Node):
         if epoch != self._time_epoch:  # its inputs and stamps are on the timeline before the jump
             chunk = decision.chunk_id
             self.get_logger().info(f"{self.TIME_JUMP_DROP}: chunk {chunk}, computed meanwhile, not published")
+            return
+        if self.cfg.prompt != cfg.prompt:  # the instruction changed (logged): none acts on the old one after
+            chunk = decision.chunk_id
+            self.get_logger().info(f"prompt changed: chunk {chunk}, computed on the one before, not published")
             return
         if began.jumps_forward != self._jumps_forward and self._stale_after_jump(samples, decision, cfg):
             return
