@@ -994,6 +994,38 @@ def test_a_chunk_computed_on_the_prompt_before_a_change_is_not_published(rclpy_c
         node.destroy_node()
 
 
+def test_ros_time_going_back_while_the_chunk_is_made_publishes_nothing(rclpy_context, monkeypatch):
+    """A /clock step back between _publish's first check and its publish calls (the jump takes no
+    lock): the chunk and its trajectory went out stamped on the timeline before the jump."""
+    from rclpy.time import Time
+
+    from flashrt_ros.ros.inputs import Sample
+
+    node = in_process_node(rclpy_context, rate_hz=0.1, command_rate_hz=50.0)
+    try:
+        clock = node.get_clock()
+        clock._set_ros_time_is_active(True)
+        clock.set_ros_time_override(Time(seconds=1000.0))
+        sent = []
+        monkeypatch.setattr(node._chunk_pub, "publish", sent.append)
+        monkeypatch.setattr(node._traj_pub, "publish", sent.append)
+        stamp = Time(seconds=1000.0).to_msg()
+        for cam in node.slots[:-1]:
+            cam.latest = Sample(np.zeros((*HW, 3), np.uint8), stamp, 0, 0)
+        node.slots[-1].latest = Sample(np.zeros(len(JOINTS), np.float32), stamp, 0, 0)
+        warn_if_ended = node._warn_if_ended
+
+        def jump_back_then(*args):  # a simulator reset 0.2 s back arrives here
+            clock.set_ros_time_override(Time(seconds=999.8))
+            return warn_if_ended(*args)
+
+        monkeypatch.setattr(node, "_warn_if_ended", jump_back_then)
+        node._decide()
+        assert sent == [] and node._executing is None and not node.commands._chunks
+    finally:
+        node.destroy_node()
+
+
 def test_a_lerobot_n_action_steps_is_said_against_the_decision_rate(rclpy_context, monkeypatch):
     """LeRobot executes n_action_steps of a chunk, then decides again: a rate_hz that replans less
     often runs the policy differently, which the start-up log says (with the rate that would not)."""

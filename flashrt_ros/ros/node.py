@@ -1246,29 +1246,29 @@ class FlashRTNode(Node):
         step_ns = round(cfg.step_duration_s * 1e9)
         with self._command_lock:  # ROS time went back since `_decide` looked: its stamps are on the old timeline
             self._settle_jump_commands()
-            if epoch is not None and epoch != self._time_epoch:
-                self.get_logger().info(
-                    f"{self.TIME_JUMP_DROP}: chunk {decision.chunk_id}, computed meanwhile, not published"
-                )
+            if self._jumped_since(epoch, decision.chunk_id):
                 return False
         ended = self._warn_if_ended(stamp, len(decision.actions) * step_ns, cfg)
         names = cfg.output_joint_names
         sources = self._acted_on(samples, decision)
-        self._chunk_pub.publish(
-            messages.action_chunk(
-                decision.actions,
-                stamp=stamp,
-                frame_id=cfg.frame_id,
-                joint_names=names,
-                step_ns=step_ns,
-                chunk_id=decision.chunk_id,
-                sources=sources,
-                latency_ms=latency_ms,
-                prefix_reused=decision.prefix_reused,
-                rtc_held=held.delay if held else 0,
-                rtc_overlap=held.overlap if held else 0,
-            )
+        chunk = messages.action_chunk(
+            decision.actions,
+            stamp=stamp,
+            frame_id=cfg.frame_id,
+            joint_names=names,
+            step_ns=step_ns,
+            chunk_id=decision.chunk_id,
+            sources=sources,
+            latency_ms=latency_ms,
+            prefix_reused=decision.prefix_reused,
+            rtc_held=held.delay if held else 0,
+            rtc_overlap=held.overlap if held else 0,
         )
+        # again, last: a jump back while the messages were made (it takes no lock: this narrows the
+        # window to the publish calls themselves)
+        if self._jumped_since(epoch, decision.chunk_id):
+            return False
+        self._chunk_pub.publish(chunk)
         self._publish_trajectories(decision.actions, stamp, step_ns)
         # a zero stamp is the controller's "start now": the publication's now
         start_ns = stamp_to_ns(stamp) or self.get_clock().now().nanoseconds
@@ -1291,6 +1291,13 @@ class FlashRTNode(Node):
                 self.commands.push(decision.actions, start_ns, step_ns, decision.chunk_id, robot_at=robot_at)
             except ValueError as exc:
                 self._our_failure("command_failed", f"chunk {decision.chunk_id} not streamed: {exc}")
+        return True
+
+    def _jumped_since(self, epoch: int | None, chunk_id: int) -> bool:
+        """ROS time went back since `epoch` was read: the chunk is not published (said)."""
+        if epoch is None or epoch == self._time_epoch:
+            return False
+        self.get_logger().info(f"{self.TIME_JUMP_DROP}: chunk {chunk_id}, computed meanwhile, not published")
         return True
 
     def _publish_trajectories(self, actions: np.ndarray, stamp: Any, step_ns: int) -> None:
