@@ -116,8 +116,8 @@ def test_invalid_name_refused(store):
     with pytest.raises(ValueError, match="non-empty"):
         store.snapshot("  ")
     # names that read alike in a list were different capsules
-    for name in (" a", "a ", "a\tb", "a\nb", "a\x7f"):
-        with pytest.raises(ValueError, match="starts or ends with spaces or holds a control character"):
+    for name in (" a", "a ", "a\tb", "a\nb", "a\x7f", "a\x9bb", "a\u200b"):
+        with pytest.raises(ValueError, match="starts or ends with spaces or holds a control or invisible character"):
             store.snapshot(name)
     store.snapshot("a b")  # a space within is a name
 

@@ -968,7 +968,7 @@ def test_a_chunk_computed_on_the_prompt_before_a_change_is_not_published(rclpy_c
 
     from flashrt_ros.ros.inputs import Sample
 
-    node = in_process_node(rclpy_context, rate_hz=0.1)
+    node = in_process_node(rclpy_context, rate_hz=0.1, max_age_s=30.0)  # a slow first decision: still fresh
     try:
         published, said = [], []
         monkeypatch.setattr(node, "_publish", lambda decision, *args, **kwargs: published.append(decision) or True)
@@ -987,10 +987,22 @@ def test_a_chunk_computed_on_the_prompt_before_a_change_is_not_published(rclpy_c
         monkeypatch.setattr(node.state, "decide", decide_while_the_prompt_changes)
         node._decide()
         assert not published and any("prompt changed: chunk 1, computed on the one before" in t for t in said), said
-        monkeypatch.setattr(node.state, "decide", decide)
-        node.slots[-1].latest = Sample(np.zeros(len(JOINTS), np.float32), node.get_clock().now().to_msg(), 0, 0)
-        node._decide()  # on the new prompt: published
-        assert [d.chunk_id for d in published] == [2], published
+
+        def decide_while_the_prompt_changes_to(text: str):
+            def decide_then_change(*args, **kwargs):
+                out = decide(*args, **kwargs)
+                assert node.set_parameters([Parameter("prompt", value=text)])[0].successful
+                return out
+
+            return decide_then_change
+
+        # at most one in a row: a planner rewording faster than the node decides stops no chunk
+        monkeypatch.setattr(node.state, "decide", decide_while_the_prompt_changes_to("fold the shirt"))
+        node._decide()
+        # the same prompt tokens set another way (a trailing newline) is no change
+        monkeypatch.setattr(node.state, "decide", decide_while_the_prompt_changes_to("fold the shirt\n"))
+        node._decide()
+        assert [d.chunk_id for d in published] == [2, 3], published
     finally:
         node.destroy_node()
 
@@ -1014,15 +1026,16 @@ def test_ros_time_going_back_while_the_chunk_is_made_publishes_nothing(rclpy_con
         for cam in node.slots[:-1]:
             cam.latest = Sample(np.zeros((*HW, 3), np.uint8), stamp, 0, 0)
         node.slots[-1].latest = Sample(np.zeros(len(JOINTS), np.float32), stamp, 0, 0)
-        warn_if_ended = node._warn_if_ended
+        acted_on = node._acted_on
 
-        def jump_back_then(*args):  # a simulator reset 0.2 s back arrives here
+        def jump_back_then(*args):  # a simulator reset 0.2 s back arrives while the messages are made
             clock.set_ros_time_override(Time(seconds=999.8))
-            return warn_if_ended(*args)
+            return acted_on(*args)
 
-        monkeypatch.setattr(node, "_warn_if_ended", jump_back_then)
+        monkeypatch.setattr(node, "_acted_on", jump_back_then)
         node._decide()
         assert sent == [] and node._executing is None and not node.commands._chunks
+        assert node.invalid[("", "chunk_ended")] == 0  # nothing went out: nothing ended on arrival
     finally:
         node.destroy_node()
 

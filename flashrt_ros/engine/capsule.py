@@ -28,6 +28,7 @@ run where that run built its prefix at the same decision.
 from __future__ import annotations
 
 import time
+import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -260,13 +261,14 @@ SHOWN_NAMES = 10  # a refusal names this many of the capsules kept: its reply an
 
 def _check_name(name: str, what: str = "capsule name") -> None:
     """`what`: the request's field, where there are two (fork's source and target). No spaces at
-    either end nor control characters: " a" and "a" were two capsules that read alike in a list."""
+    either end nor control or invisible (zero-width) characters: " a" and "a" were two capsules
+    that read alike in a list."""
     if not isinstance(name, str) or not name.strip() or len(name) > 256:
         raise ValueError(f"{what} must be a non-empty string of at most 256 characters, got {shown(name)}")
-    if name != name.strip() or any(c < " " or c == "\x7f" for c in name):
+    if name != name.strip() or any(unicodedata.category(c) in ("Cc", "Cf") for c in name):  # incl. zero-width
         raise ValueError(
-            f"{what} {shown(name)} starts or ends with spaces or holds a control character; expected a name "
-            "without them (names that read alike would be different capsules)"
+            f"{what} {shown(name)} starts or ends with spaces or holds a control or invisible character; expected "
+            "a name without them (names that read alike would be different capsules)"
         )
 
 

@@ -179,8 +179,9 @@ class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
 
     @_logs_errors
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
-        kept = len(self.capsules.list()) if self.capsules is not None else 0
-        self.tear_down()
+        store = self.capsules
+        self.tear_down()  # waits for the callbacks in flight (a snapshot under way among them)
+        kept = len(store.list()) if store is not None else 0
         dropped = f", and its {kept} capsule(s)" if kept else ""
         self.get_logger().info(f"cleaned up (unconfigured): the policy and its topics and timers are gone{dropped}")
         return SUCCESS

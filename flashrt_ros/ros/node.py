@@ -230,6 +230,7 @@ class FlashRTNode(Node):
         self.stats_window = stats_window
         self.stopping = threading.Event()  # set by begin_shutdown
         self.stop_owes_hold = False  # a pause the stop signal cut short: its hold is the stop's (hold_at_stop)
+        self._dropped_for_prompt = False  # the last decision's chunk was dropped for a prompt change
         self.is_set_up = False
         self.enabled = False  # ~/enable (or the lifecycle): decide and publish, or only take inputs
         self._live = threading.Condition()  # is_set_up and the callbacks running (tear_down waits for them)
@@ -903,13 +904,15 @@ class FlashRTNode(Node):
         policy writes into the same prompt tokens (a planner's trailing newline) changes nothing;
         the same refused text again is counted without being checked again."""
         text = msg.data
-        if self.stopping.is_set() or self.state.pipeline.policy.same_prompt(text, self.cfg.prompt):
+        if self.stopping.is_set() or text == self.cfg.prompt:
             return
         topic = self._prompt_sub.topic_name
         if text == self._refused_prompt[0]:
             reason = self._refused_prompt[1]
-        elif len(text) > MAX_PROMPT_CHARS:
+        elif len(text) > MAX_PROMPT_CHARS:  # before tokenizing it (a 1 M-character message took ~0.5 s)
             reason = f"it is {len(text)} characters; expected at most {MAX_PROMPT_CHARS}"
+        elif self.state.pipeline.policy.same_prompt(text, self.cfg.prompt):
+            return
         else:
             reason = check_update(self.cfg, {"prompt": text}, resolve=node_resolver(self))
             reason = reason or self.state.pipeline.policy.prompt_problem(text, len(self.cfg.joint_names))
@@ -1024,9 +1027,7 @@ class FlashRTNode(Node):
             chunk = decision.chunk_id
             self.get_logger().info(f"{self.TIME_JUMP_DROP}: chunk {chunk}, computed meanwhile, not published")
             return
-        if self.cfg.prompt != cfg.prompt:  # the instruction changed (logged): none acts on the old one after
-            chunk = decision.chunk_id
-            self.get_logger().info(f"prompt changed: chunk {chunk}, computed on the one before, not published")
+        if self._prompt_changed_since(cfg.prompt, decision.chunk_id):
             return
         if began.jumps_forward != self._jumps_forward and self._stale_after_jump(samples, decision, cfg):
             return
@@ -1248,7 +1249,6 @@ class FlashRTNode(Node):
             self._settle_jump_commands()
             if self._jumped_since(epoch, decision.chunk_id):
                 return False
-        ended = self._warn_if_ended(stamp, len(decision.actions) * step_ns, cfg)
         names = cfg.output_joint_names
         sources = self._acted_on(samples, decision)
         chunk = messages.action_chunk(
@@ -1268,6 +1268,7 @@ class FlashRTNode(Node):
         # window to the publish calls themselves)
         if self._jumped_since(epoch, decision.chunk_id):
             return False
+        ended = self._warn_if_ended(stamp, len(decision.actions) * step_ns, cfg)  # counted once it goes out
         self._chunk_pub.publish(chunk)
         self._publish_trajectories(decision.actions, stamp, step_ns)
         # a zero stamp is the controller's "start now": the publication's now
@@ -1291,6 +1292,18 @@ class FlashRTNode(Node):
                 self.commands.push(decision.actions, start_ns, step_ns, decision.chunk_id, robot_at=robot_at)
             except ValueError as exc:
                 self._our_failure("command_failed", f"chunk {decision.chunk_id} not streamed: {exc}")
+        return True
+
+    def _prompt_changed_since(self, prompt: str, chunk_id: int) -> bool:
+        """The instruction changed (its change logged) while the decision ran on `prompt`: its chunk
+        is not published, none acts on the old one after. At most one in a row: a planner that
+        rewords faster than the node decides would otherwise stop every chunk."""
+        changed = not self.state.pipeline.policy.same_prompt(self.cfg.prompt, prompt)
+        if not changed or self._dropped_for_prompt:
+            self._dropped_for_prompt = False
+            return False
+        self._dropped_for_prompt = True
+        self.get_logger().info(f"prompt changed: chunk {chunk_id}, computed on the one before, not published")
         return True
 
     def _jumped_since(self, epoch: int | None, chunk_id: int) -> bool:
