@@ -260,18 +260,9 @@ def _warn_where_openpi_differs(cfg: PolicyConfig, folder: Path) -> None:
         if isinstance(data.get(key), str):
             said[ours] = data[key].removesuffix("_lora")
     for key, value in said.items():
-        mine = _shown_field(getattr(cfg, key))
-        if mine != (value if key in ("prefix", "expert") else repr(value)):
-            other = value if key in ("prefix", "expert") else repr(value)
-            log.warning(
-                "%s: %s is %s, where %s says %s: this runs %s",
-                folder / FLASHRT_CONFIG_FILE,
-                key,
-                mine,
-                theirs,
-                other,
-                mine,
-            )
+        mine, other = _shown_field(getattr(cfg, key)), value if key in ("prefix", "expert") else repr(value)
+        if mine != other:
+            _ours_runs(folder, f"{key} is {mine}", f"says {other}", mine)
 
 
 def _shown_field(value: object) -> str:
@@ -303,39 +294,36 @@ def _beside_lerobots(cfg: PolicyConfig, folder: Path) -> PolicyConfig:
     except CheckpointError:
         return cfg
     if len(names) != cfg.camera_views:  # config.json's, over ours: a re-saved policy keeps the names it had
-        log.warning(
-            "%s: %d camera views, where %s lists %d (%s): this runs %d (LeRobot would run %d)",
-            folder / FLASHRT_CONFIG_FILE,
-            cfg.camera_views,
-            theirs,
-            len(names),
-            ", ".join(names),
-            cfg.camera_views,
-            len(names),
-        )
+        views, listed = str(cfg.camera_views), f"lists {len(names)} ({', '.join(names)})"
+        _ours_runs(folder, f"{views} camera views", listed, views, str(len(names)))
         return cfg
     return cfg.replace(extra={**cfg.extra, "camera_names": names})
 
 
 def _warn_where_lerobot_differs(cfg: PolicyConfig, folder: Path, data: dict) -> None:
     """Each field where `cfg` differs from what LeRobot's config.json (`data`) says, as a warning."""
-    theirs = folder / CONFIG_FILE
     said = {ours: data[key] for key, ours in _LEROBOT_INTS.items() if key in data}
     said |= {key: data[key] for key in ("empty_cameras", "min_period", "max_period") if key in data}
     ours = {key: getattr(cfg, key) for key in said}
     if "image_resolution" in data:
         said["image_size"], ours["image_size"] = data["image_resolution"], [cfg.vision.image_size] * 2
     for key in sorted(k for k in said if said[k] != ours[k]):
-        log.warning(
-            "%s: %s is %r, where %s says %r: this runs %r (LeRobot would run %r)",
-            folder / FLASHRT_CONFIG_FILE,
-            key,
-            ours[key],
-            theirs,
-            said[key],
-            ours[key],
-            said[key],
-        )
+        _ours_runs(folder, f"{key} is {ours[key]!r}", f"says {said[key]!r}", repr(ours[key]), repr(said[key]))
+
+
+def _ours_runs(folder: Path, ours_say: str, theirs_say: str, runs: str, lerobot_runs: str | None = None) -> None:
+    """The warning where flashrt_config.json says otherwise than config.json beside it: ours runs
+    (and, for LeRobot's, what LeRobot would run)."""
+    other = f" (LeRobot would run {lerobot_runs})" if lerobot_runs is not None else ""
+    log.warning(
+        "%s: %s, where %s %s: this runs %s%s",
+        folder / FLASHRT_CONFIG_FILE,
+        ours_say,
+        folder / CONFIG_FILE,
+        theirs_say,
+        runs,
+        other,
+    )
 
 
 def _with_relative_actions(cfg: PolicyConfig, folder: Path, layout: str) -> PolicyConfig:
