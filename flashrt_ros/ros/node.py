@@ -101,6 +101,7 @@ from flashrt_ros.ros.startup import (
     describe_rtc,
     guidance_cap,
     joint_coverage,
+    moved_joints,
     prefix_schedule,
     rtc_settings,
 )
@@ -241,7 +242,7 @@ class FlashRTNode(Node):
         self.add_pre_set_parameters_callback(self._before_set_parameters)
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self.add_post_set_parameters_callback(self._after_set_parameters)
-        answer_unreadable_values(self, self._refuse_unreadable)
+        answer_unreadable_values(self, self._refused_parameter)
         # ROS time going back (_on_time_jump): how often, from where, by how much; read by the
         # inputs and the commands, which settle on it at their next use
         self._time_epoch = self._inputs_epoch = self._commands_epoch = self._prefix_epoch = 0
@@ -665,8 +666,7 @@ class FlashRTNode(Node):
         checkpoint refuses it at start). Most often the controller's order written there by mistake:
         the actions then go to the wrong joints, and the step limit compares them with the wrong
         joint's state."""
-        actions, state = list(cfg.output_joint_names), list(cfg.joint_names)
-        moved = [(i, n, state.index(n)) for i, n in enumerate(actions) if n in state and state.index(n) != i]
+        moved = moved_joints(list(cfg.output_joint_names), list(cfg.joint_names))
         if moved:
             shown = ", ".join(f"{n} (action {i}, state {j})" for i, n, j in moved[:6])
             self.get_logger().warning(
@@ -1804,8 +1804,7 @@ class FlashRTNode(Node):
         params = floats_as_doubles(params)
         reason = refused_by_rclpy(self, params)
         if reason is not None:
-            self._count_node_wide(INVALID_PARAMETER)
-            self.get_logger().warning(f"parameter change refused: {reason}")
+            self._refused_parameter(reason)
         return params
 
     def _on_set_parameters(self, params: list) -> SetParametersResult:
@@ -1814,14 +1813,12 @@ class FlashRTNode(Node):
         if unknown:
             names = some([shown(n) for n in unknown], 5)
             reason = f"unknown parameter(s) [{names}]: not set; known: {', '.join(PARAMETERS)}"
-            self._count_node_wide(UNKNOWN_PARAMETER)
-            self.get_logger().warning(f"parameter change refused: {reason}")
+            self._refused_parameter(reason, UNKNOWN_PARAMETER)
             return SetParametersResult(successful=False, reason=reason)
         unset = sorted(p.name for p in params if p.name in PARAMETERS and p.type_ == Parameter.Type.NOT_SET)
         if unset:  # `ros2 param delete`: a list would read as [] (no limits), a number as nothing at all
             reason = f"{', '.join(unset)} cannot be deleted (unset): set a value instead (an empty list is [])"
-            self._count_node_wide(INVALID_PARAMETER)
-            self.get_logger().warning(f"parameter change refused: {reason}")
+            self._refused_parameter(reason)
             return SetParametersResult(successful=False, reason=reason)
         if not self.is_set_up:  # a lifecycle node before configure: all of them are checked then
             return SetParametersResult(successful=True)
@@ -1835,13 +1832,13 @@ class FlashRTNode(Node):
             reason, level = self._retime(changes), "error"  # ours: validation should have left nothing to fail
         if reason is None:
             return SetParametersResult(successful=True)
-        self._count_node_wide(INVALID_PARAMETER)
-        getattr(self.get_logger(), level)(f"parameter change refused: {reason}")
+        self._refused_parameter(reason, level=level)
         return SetParametersResult(successful=False, reason=reason)
 
-    def _refuse_unreadable(self, reason: str) -> None:
-        self._count_node_wide(INVALID_PARAMETER)
-        self.get_logger().warning(f"parameter change refused: {reason}")
+    def _refused_parameter(self, reason: str, counter: str = INVALID_PARAMETER, level: str = "warning") -> None:
+        """A parameter change refused (by us, by rclpy, or unreadable): counted and logged."""
+        self._count_node_wide(counter)
+        getattr(self.get_logger(), level)(f"parameter change refused: {reason}")
 
     def _restart_hint(self, reason: str) -> str:
         """A refusal's reason as the node says it (the lifecycle node adds its own way to apply it)."""

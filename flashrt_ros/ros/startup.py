@@ -169,9 +169,9 @@ def delta_joints_moved(mask: tuple[bool, ...], state_names: list[str], action_na
     another index (action_joint_names a reordering of joint_names) would be offset by another
     joint's position. Names the state does not list at all may be the controller's own names."""
     moved = [
-        f"{name} (action dim {i}, state dim {state_names.index(name)})"
-        for i, name in enumerate(action_names[: len(mask)])
-        if mask[i] and name in state_names and state_names.index(name) != i
+        f"{name} (action dim {i}, state dim {j})"
+        for i, name, j in moved_joints(action_names[: len(mask)], state_names)
+        if mask[i]
     ]
     if not moved:
         return None
@@ -179,6 +179,12 @@ def delta_joints_moved(mask: tuple[bool, ...], state_names: list[str], action_na
         f"the actions are deltas added to the state of the same index (delta_action_mask), but action_joint_names "
         f"puts {', '.join(moved)} elsewhere than joint_names; expected those joints in the same order in both"
     )
+
+
+def moved_joints(action_names: list[str], state_names: list[str]) -> list[tuple[int, str, int]]:
+    """(action index, name, state index) of each action joint the state lists at another index."""
+    at = {name: j for j, name in reversed(list(enumerate(state_names)))}  # a name's first index, as list.index
+    return [(i, n, at[n]) for i, n in enumerate(action_names) if n in at and at[n] != i]
 
 
 def joint_coverage(policy: Any, cfg: NodeConfig) -> list[tuple[str, int, int | None, int]]:
