@@ -282,8 +282,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
     except BrokenPipeError:  # `... | head`: the reader is gone; no traceback, no more output
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _stdout_gone()
         return 0
+
+
+def _stdout_gone() -> None:
+    """The reader of stdout is gone: what is still printed, Python's flush at exit too, goes nowhere."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _main(argv: list[str] | None = None) -> int:
@@ -350,7 +355,7 @@ def _main(argv: list[str] | None = None) -> int:
         try:
             print(node.summary(), flush=True)
         except BrokenPipeError:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit too
+            _stdout_gone()
         executor.shutdown()
         node.destroy_node()
         rclpy.try_shutdown()
