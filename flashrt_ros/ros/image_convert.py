@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import io
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
@@ -226,10 +226,8 @@ def _check_png_whole(data: Any, source: str) -> None:
     """Every chunk of a PNG is there up to its IEND, walked by the lengths the chunks give: data cut
     short is said as such, with where it ends (read by Pillow, it was "cannot identify image file
     <_io.BytesIO object at 0x...>", or a frame size taken from bytes that are not there)."""
-    view, pos = memoryview(data), len(_PNG_SIGNATURE)
-    while pos + 8 <= len(view):
-        kind = bytes(view[pos + 4 : pos + 8])
-        end = pos + 12 + int.from_bytes(view[pos : pos + 4], "big")  # length, type, data, CRC
+    view, whole = memoryview(data), len(_PNG_SIGNATURE)
+    for pos, kind, end in _png_chunks(view):
         if end > len(view):
             name = kind.decode("latin-1") if kind.isalpha() else kind.hex(" ")
             raise InputError(
@@ -240,11 +238,11 @@ def _check_png_whole(data: Any, source: str) -> None:
             )
         if kind == b"IEND":
             return
-        pos = end
+        whole = end
     raise InputError(
         TRUNCATED_DATA,
         source,
-        f"PNG of {len(view)} bytes ends after {pos} bytes of whole chunks, without its IEND chunk; "
+        f"PNG of {len(view)} bytes ends after {whole} bytes of whole chunks, without its IEND chunk; "
         "expected a whole PNG (cut short in transport or by its encoder?)",
     )
 
@@ -355,22 +353,30 @@ def _check_png_rows(parts: _PngParts) -> None:
         )
 
 
+def _png_chunks(view: memoryview) -> Iterator[tuple[int, bytes, int]]:
+    """(start, type, end) of each chunk by the lengths the chunks give (length, type, data, CRC),
+    up to IEND or the data's end; an end past the data's is the caller's to judge."""
+    pos = len(_PNG_SIGNATURE)
+    while pos + 8 <= len(view):
+        kind, end = bytes(view[pos + 4 : pos + 8]), pos + 12 + int.from_bytes(view[pos : pos + 4], "big")
+        yield pos, kind, end
+        if kind == b"IEND":
+            return
+        pos = end
+
+
 def _png_parts(data: bytes) -> _PngParts:
     """The header, the palette's size and the image data of a PNG whose chunks Pillow's verify()
     has read."""
-    pos, idat, header, palette = 8, [], b"", -1
-    while pos + 8 <= len(data):
-        length, kind = int.from_bytes(data[pos : pos + 4], "big"), data[pos + 4 : pos + 8]
-        body = data[pos + 8 : pos + 8 + length]
+    idat, header, palette = [], b"", -1
+    for pos, kind, end in _png_chunks(memoryview(data)):
+        body = data[pos + 8 : end - 4]
         if kind == b"IHDR":
             header = body
         elif kind == b"PLTE" and not idat:  # one after the image data is not its palette
             palette = len(body)
         elif kind == b"IDAT":
             idat.append(body)
-        elif kind == b"IEND":
-            break
-        pos += 12 + length
     if len(header) < 13:
         raise ValueError("PNG has no IHDR chunk of 13 bytes")
     width, height = int.from_bytes(header[0:4], "big"), int.from_bytes(header[4:8], "big")
