@@ -193,3 +193,12 @@ def test_adding_while_another_thread_reads() -> None:
     assert errors == [], errors[:3]
     assert min(done.values()) >= rounds, done
     assert stats.summaries()[0].count == done["add"]
+
+
+@pytest.mark.parametrize("window", [0, 1, -1, 2.5, True, "200"])
+def test_a_window_that_cannot_hold_a_rate_is_refused_at_once(window: object) -> None:
+    """Refused when made, naming it: the first decision would otherwise run and then fail (or a
+    window of 0 or 1 report no rate at all)."""
+    with pytest.raises(ValueError, match=f"stats_window {window!r}: expected an int >= 2"):
+        PipelineStats(window=window)
+    assert PipelineStats(window=2).window == 2

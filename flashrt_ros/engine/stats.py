@@ -97,6 +97,9 @@ class PipelineStats:
     a deque while it is appended to raises (which would end the node's executor)."""
 
     def __init__(self, window: int = 200, clock: Callable[[], float] = time.monotonic):
+        if isinstance(window, bool) or not isinstance(window, int) or window < 2:
+            # checked here, not at the first add: there it fails a decision that has already run
+            raise ValueError(f"stats_window {window!r}: expected an int >= 2 (a rate needs two completions)")
         self.window = window
         self.clock = clock
         self.stages: dict[str, StageStats] = {}
