@@ -478,12 +478,13 @@ def test_a_change_that_cannot_be_applied_leaves_everything_as_it_was(rclpy_conte
     node runs in this process (real rclpy)."""
     from rclpy.parameter import Parameter
 
-    from flashrt_ros.ros import node as node_module
-    from flashrt_ros.ros.node import INVALID_PARAMETER, FlashRTNode
+    from flashrt_ros.ros import node_parameters
+    from flashrt_ros.ros.node import FlashRTNode
+    from flashrt_ros.ros.reasons import INVALID_PARAMETER
 
     overrides = [Parameter(name, value=value) for name, value in TEST_PARAMS.items()]
     node = FlashRTNode(context=rclpy_context, parameter_overrides=overrides)
-    set_period = node_module._set_period
+    set_period = node_parameters._set_period
 
     def failing(timer, period_ns: int) -> None:
         if timer is node._status_timer and period_ns == 500_000_000:
@@ -493,7 +494,7 @@ def test_a_change_that_cannot_be_applied_leaves_everything_as_it_was(rclpy_conte
     try:
         cfg = node.cfg
         periods = (node._decision_timer.timer_period_ns, node._status_timer.timer_period_ns)
-        monkeypatch.setattr(node_module, "_set_period", failing)
+        monkeypatch.setattr(node_parameters, "_set_period", failing)
         result = node.set_parameters_atomically(
             [Parameter("rate_hz", value=20.0), Parameter("status_rate_hz", value=2.0)]
         )
@@ -1096,24 +1097,24 @@ def test_a_reset_while_a_joint_state_is_converted_drops_it(rclpy_context, monkey
     from sensor_msgs.msg import JointState
     from std_srvs.srv import Trigger
 
-    import flashrt_ros.ros.node as node_module
+    import flashrt_ros.ros.node_inputs as node_inputs
 
     node = in_process_node(rclpy_context)
     try:
         slot = node.slots[-1]
-        convert = node_module.joint_state_to_vector
+        convert = node_inputs.joint_state_to_vector
 
         def convert_across_a_reset(*args, **kwargs):
             out = convert(*args, **kwargs)
             assert node._on_reset(Trigger.Request(), Trigger.Response()).success
             return out
 
-        monkeypatch.setattr(node_module, "joint_state_to_vector", convert_across_a_reset)
+        monkeypatch.setattr(node_inputs, "joint_state_to_vector", convert_across_a_reset)
         msg = JointState(name=list(JOINTS), position=[0.1] * len(JOINTS))
         msg.header.stamp = Time(nanoseconds=node.get_clock().now().nanoseconds).to_msg()
         node._on_joint_state(slot, msg)
         assert slot.latest is None
-        monkeypatch.setattr(node_module, "joint_state_to_vector", convert)
+        monkeypatch.setattr(node_inputs, "joint_state_to_vector", convert)
         node._on_joint_state(slot, msg)
         assert slot.latest is not None
     finally:
@@ -1625,7 +1626,7 @@ def test_a_rate_change_keeps_the_next_decision_unless_the_new_period_is_shorter(
     """Every rate_hz change restarted the decision timer's period: a client setting it every 0.2 s
     at 2 Hz (a slider in rqt_reconfigure) let 1 decision through in 5 s instead of 10. The next
     call now stays where it was, unless the new period ends sooner."""
-    from flashrt_ros.ros.node import _set_period
+    from flashrt_ros.ros.node_parameters import _set_period
 
     node = in_process_node(rclpy_context, rate_hz=2.0)
     try:

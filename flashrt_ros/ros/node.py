@@ -15,13 +15,17 @@ between two decisions.
 Robots see why nothing moves: every refused message and every skipped decision is
 counted by (topic, reason) in ``~/status`` and ``/diagnostics`` and logged (throttled per
 topic and reason) with what was wrong and what was expected.
+
+The node's parts, one module each: the sensor and prompt callbacks (``node_inputs``), ROS time's
+jumps (``node_time``), the status and diagnostics (``node_status``), runtime parameter changes
+(``node_parameters``) and the services (``node_services``); the counters' reasons are in
+``reasons``. Here: set-up, decisions, publishing and the command stream.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import sys
 import threading
@@ -35,19 +39,16 @@ from typing import Any, NamedTuple
 import numpy as np
 import rclpy
 from builtin_interfaces.msg import Time
-from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
-from rcl_interfaces.msg import SetParametersResult
+from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
-from rclpy.clock import Clock, ClockType, JumpThreshold, TimeJump
+from rclpy.clock import Clock, ClockType, JumpThreshold
 from rclpy.duration import Duration
 from rclpy.event_handler import PublisherEventCallbacks, SubscriptionEventCallbacks
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.logging import get_logger
 from rclpy.node import Node
-from rclpy.parameter import Parameter
 from rclpy.qos import (
     DurabilityPolicy,
-    QoSPolicyKind,
     QoSProfile,
     ReliabilityPolicy,
     qos_profile_sensor_data,
@@ -63,98 +64,63 @@ from flashrt_ros.engine.pipeline import Decision
 from flashrt_ros.engine.real_time_chunking import ExecutingChunk, Hold, LatencyWindow, hold
 from flashrt_ros.engine.stats import PipelineStats
 from flashrt_ros.msg import ActionChunk, PipelineStatus
-from flashrt_ros.policies.listing import shown, some
 from flashrt_ros.policies.prompt import PromptTooLong
 from flashrt_ros.policies.robot_space import ALOHA_GRIPPERS
 from flashrt_ros.ros import messages
-from flashrt_ros.ros.clock_watch import CLOCK_JUMPED_BACK, CLOCK_STALLED, ClockWatch
-from flashrt_ros.ros.image_convert import check_frame_size, compressed_to_rgb, image_to_rgb
-from flashrt_ros.ros.input_error import STALE, InputError
+from flashrt_ros.ros.clock_watch import ClockWatch
+from flashrt_ros.ros.image_convert import compressed_to_rgb, image_to_rgb
+from flashrt_ros.ros.input_error import InputError
 from flashrt_ros.ros.inputs import InputSlot, Sample, ThrottledLog
-from flashrt_ros.ros.joint_convert import check_fresh, joint_state_to_vector, stamp_to_ns
+from flashrt_ros.ros.joint_convert import check_fresh, stamp_to_ns
+from flashrt_ros.ros.node_inputs import InputCallbacks
+from flashrt_ros.ros.node_parameters import ParameterUpdates
+from flashrt_ros.ros.node_services import NodeServices
+from flashrt_ros.ros.node_status import StatusReports
+from flashrt_ros.ros.node_time import RosTimeJumps
 from flashrt_ros.ros.params import (
     NODE_NAME,
     PARAMETERS,
     ConfigError,
     NodeConfig,
     answer_unreadable_values,
-    check_update,
     declare_parameters,
     did_you_mean,
     files_of,
-    floats_as_doubles,
     given_values,
     lost_values,
     node_resolver,
     param_sources,
     rclpy_parameter_refusals,
-    refused_by_rclpy,
     unaddressed_params_files,
     unknown_given,
-    unknown_names,
 )
 from flashrt_ros.ros.process import init_rclpy, interrupt_on_signals, run_until_signal, signals_held, stopping
+from flashrt_ros.ros.reasons import (
+    ABSENT,
+    ACTION_CLAMPED,
+    CHUNK_ENDED,
+    CHUNK_EXHAUSTED,
+    COMMAND_LIMITED,
+    DISCOVERY_S,
+    MIN_JUMP_BACK_S,
+    MIN_JUMP_FORWARD_S,
+    NODE_ERROR,
+    NON_FINITE_ACTION,
+    POLICY_ERROR,
+    PROMPT_TOO_LONG,
+    UNKNOWN_PARAMETER,
+)
 from flashrt_ros.ros.startup import (
     StartupError,
     build_pipeline_state,
     check_decoders,
     describe_rtc,
-    guidance_cap,
     joint_coverage,
     moved_joints,
     prefix_schedule,
-    rtc_settings,
 )
 from flashrt_ros.ros.usage import command_line, usage
 from flashrt_ros.srv import DropCapsule, ForkCapsule, ListCapsules, RestoreCapsule, SnapshotCapsule
-
-ABSENT = "absent"
-"""Decision-time reason: no good message has arrived on the topic (since start or reset)."""
-POLICY_ERROR = "policy_error"
-PROMPT_TOO_LONG = "prompt_too_long"
-NON_FINITE_ACTION = "non_finite_action"
-"""The policy produced NaN / inf actions: nothing was published."""
-INVALID_PARAMETER = "invalid_parameter"
-"""A runtime parameter change that was refused (the old value stays in use)."""
-UNKNOWN_PARAMETER = "unknown_parameter"
-"""A parameter given at start that the node does not know (a typo in the params file?)."""
-ACTION_CLAMPED = "action_clamped"
-"""A chunk that action_lower_limits / action_upper_limits / action_max_step changed (published limited)."""
-COMMAND_LIMITED = "command_limited"
-"""The command stream held the commands to action_max_step per step (once per chunk)."""
-INVALID_PROMPT = "invalid_prompt"
-"""A message on prompt_topic that cannot be the prompt (empty, too long for the policy): not set."""
-MAX_PROMPT_CHARS = 4096
-"""Longer messages on prompt_topic are refused before they are tokenised (no policy takes them)."""
-CHUNK_EXHAUSTED = "chunk_exhausted"
-"""The command stream reached the end of its chunk with no newer one: no command (once per chunk)."""
-CHUNK_ENDED = "chunk_ended"
-"""A chunk published whose last point was already past (joint_trajectory_controller refuses it)."""
-INCOMPATIBLE_SUBSCRIBER = "incompatible_subscriber"
-"""A subscriber on one of the node's outputs that asked for what the publisher does not give
-(transient_local durability, a deadline): it receives nothing (counted on the output's topic)."""
-MIN_JUMP_BACK_S = 0.001
-"""ROS time going back by less is not a jump (rcl reports every backward step: two /clock sources)."""
-MIN_JUMP_FORWARD_S = 0.1
-"""ROS time going forward by this much or more in one step is a jump (a /clock source that resynced
-or skipped), not a tick of /clock (bag playback's 40 Hz, a simulator's frames): a decision it falls
-in has no length on ROS time, for real-time chunking's takeover estimate nor for a deadline miss.
-Unless such steps come regularly (TICK_REPEAT_S): then they are a coarse /clock's ticks."""
-TICK_REPEAT_S = 1.0
-"""A step forward of ROS time between half and twice the one before it, which came less than this
-long ago (steady time), is a tick of a coarse /clock (10 Hz, a bag played with --clock 10), not a jump."""
-DISCOVERY_S = 3.0
-"""After the start, inputs absent for this long are an expected wait (DDS discovery), then a fault."""
-NODE_ERROR = "node_error"
-"""A failure of ours caught where it cannot stop the node: real-time chunking, the command stream,
-the status, or a decision tick outside the policy (the policy's own is policy_error)."""
-STOPS_DECISIONS = frozenset({POLICY_ERROR, PROMPT_TOO_LONG, NON_FINITE_ACTION, CLOCK_JUMPED_BACK})
-"""The node-wide events that can stop a decision: /diagnostics names them (with the inputs that
-did) as why none ran; a refused parameter, prompt or capsule call, a limited command or an
-exhausted chunk stop none, or follow from the outage itself. A node_error stops one only where
-the decision tick itself failed (counted apart: the command stream's and the status's do not). A
-stalled clock is said by the clock watch while it lasts (a stall that has ended stops nothing)."""
-
 
 # ---- the node ------------------------------------------------------------------------------
 
@@ -167,26 +133,6 @@ class ClockMark(NamedTuple):
     jumps_forward: int  # ROS time's jumps forward so far
 
 
-def _once_listed(look: Callable[[], Any], listed: Callable[[Any], bool], tries: int = 10) -> Any:
-    """`look()`, again 50 ms apart (at most `tries` times), until `listed` takes what it found: a
-    QoS event can come before this process's graph cache lists the endpoint, or its node's name."""
-    found = look()
-    for _ in range(tries):
-        if listed(found):
-            break
-        time.sleep(0.05)
-        found = look()
-    return found
-
-
-def _endpoint_node(info: Any) -> str | None:
-    """The fully qualified name of the node behind a graph endpoint; None while the graph lists the
-    endpoint but not yet its node ("_NODE_NAME_UNKNOWN_")."""
-    if "_UNKNOWN_" in info.node_name or "_UNKNOWN_" in info.node_namespace:
-        return None
-    return f"{info.node_namespace.rstrip('/')}/{info.node_name}"
-
-
 def action_state_columns(names: list[str], joint_names: list[str], unlike: tuple[int, ...] = ()) -> list[int | None]:
     """Each action joint's column in the joint state (None: none to step from). `unlike`: action
     columns whose state is another quantity (ALOHA's grippers under adapt_to_pi: the finger
@@ -195,7 +141,7 @@ def action_state_columns(names: list[str], joint_names: list[str], unlike: tuple
     return [None if j in unlike or n not in joint_names else joint_names.index(n) for j, n in enumerate(names)]
 
 
-class FlashRTNode(Node):
+class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates, NodeServices, Node):
     """See the module docstring. ``stats_window`` sizes the rolling timing windows (the
     benchmark makes it large to keep every decision)."""
 
@@ -686,250 +632,6 @@ class FlashRTNode(Node):
                     f"only the first {joints} dims are used (right only if this robot's joints are the "
                     "first ones the policy was trained on)"
                 )
-
-    # ---- sensor callbacks ------------------------------------------------------------------
-    def _on_image(self, convert: Callable, slot: InputSlot, msg: Image | CompressedImage) -> None:
-        arrived = time.perf_counter_ns()
-        cfg = self.cfg
-        generation = self._generation(slot)  # a ~/reset while this frame is converted drops it (_accept)
-        try:
-            now_ns = self._check_stamp(msg.header.stamp, slot.topic, cfg.max_age_s)
-            gap_s, held_hw = self._held_frame_size(slot, msg.header.stamp, now_ns)
-            # the held size goes to the converter so that another size is refused from the header,
-            # before a compressed frame is decoded (8000x8000 PNGs at 10 Hz cut the decisions 5x)
-            rgb = convert(msg, expected_hw=cfg.expected_hw, held_hw=held_hw, source=slot.topic)
-            hw = rgb.shape[:2]
-            check_frame_size(hw, held_hw, self.state.pipeline.policy.frame_problem(*hw), slot.topic)
-        except InputError as err:
-            self._reject(slot, err)
-            return
-        pool = self.state.pipeline.frame_pool  # on a GPU: the decision's upload becomes a queued copy
-        if pool is not None:
-            rgb = pool.copy(rgb)
-        sample = Sample(rgb, msg.header.stamp, arrived, time.perf_counter_ns())
-        previous = self._accept(slot, sample, frame_hw=hw, generation=generation)
-        if previous not in (None, hw):
-            self.get_logger().info(
-                f"{slot.topic}: frames are now {hw[0]}x{hw[1]} (were {previous[0]}x{previous[1]}), stamped "
-                f"{gap_s:.1f} s after its previous frame: taken as a camera restart"
-            )
-
-    def _held_frame_size(self, slot: InputSlot, stamp: Time, now_ns: int) -> tuple[float, tuple[int, int] | None]:
-        """How long after the newest frame the camera sent before this one is stamped, and the
-        size this one must have (None: any). A camera keeps the size it has been sending: a change
-        mid-stream is a fault; a frame stamped more than max_age_s after every earlier one is a
-        restart (e.g. a new driver profile) and may bring a new size. Judged by the publisher's
-        stamps, not by arrival: the node's own slow processing delays arrivals while the camera
-        goes on. Every frame with a usable stamp checked against the held size counts, taken or
-        refused (a camera that goes on sending a wrong size has no gap); after a gap, only a frame
-        taken closes it (`_accept`): a restarted camera's first frame, refused as truncated, must not
-        hold the next ones to the old size. Only the newest counts (a frame stamped in the past
-        opens no gap); unusable stamps were refused by check_fresh before this. A newest stamp further
-        ahead of the clock than any stamp is let in (sim time jumped back: a simulator reset, a bag
-        loop) is no history; one ahead by less is a camera whose clock runs a little early."""
-        stamp_ns = stamp_to_ns(stamp)
-        newest_ns = slot.newest_frame_stamp_ns  # the newest such stamp; 0 since start or ~/reset
-        if self._clock_jumped_back(newest_ns, now_ns):
-            newest_ns = 0
-        gap_s = (stamp_ns - newest_ns) / 1e9 if newest_ns else math.inf
-        if gap_s > self.cfg.max_age_s:  # any size; open until a frame is taken
-            slot.newest_frame_stamp_ns = newest_ns  # 0 where the clock went back: no history
-            return gap_s, None
-        slot.newest_frame_stamp_ns = max(newest_ns, stamp_ns)  # one callback at a time per topic
-        return gap_s, slot.frame_hw
-
-    def _on_joint_state(self, slot: InputSlot, msg: JointState) -> None:
-        arrived = time.perf_counter_ns()
-        generation = self._generation(slot)  # a ~/reset from here on drops this sample, as for a frame
-        cfg = self.cfg
-        try:
-            self._check_stamp(msg.header.stamp, slot.topic, cfg.max_age_s)
-            state = joint_state_to_vector(msg, cfg.joint_names, source=slot.topic)
-        except InputError as err:
-            self._reject(slot, err)
-            return
-        self._accept(slot, Sample(state, msg.header.stamp, arrived, time.perf_counter_ns()), generation=generation)
-
-    def _generation(self, slot: InputSlot) -> int:
-        """The slot's generation as a message's handling starts, after any jump of ROS time back
-        is settled: settled later, in `_accept`, it would drop this message as from before it."""
-        if self._inputs_epoch != self._time_epoch:  # rare: not a lock per message for it
-            with self._lock:
-                self._settle_jump_inputs()
-        return slot.generation
-
-    def _accept(
-        self,
-        slot: InputSlot,
-        sample: Sample,
-        frame_hw: tuple[int, int] | None = None,
-        generation: int | None = None,
-    ) -> tuple[int, int] | None:
-        """Store a good sample as its topic's latest, unless it is older than the one held. A
-        camera's frame size (`frame_hw`) is taken with its sample, in one step under the lock, so
-        that a frame refused here changes nothing; a frame whose conversion began before a
-        `~/reset` (`generation`) is dropped, so the reset clears what it says. Returns the size the
-        camera had before (None when nothing was stored, or no size was held)."""
-        with self._lock:
-            self._settle_jump_inputs()  # first: a sample held from before ROS time went back goes
-            older = self._older_than_held(slot, sample)
-            if older is None:
-                if generation is not None and generation != slot.generation:
-                    return None
-                if not slot.used and self.enabled:  # paused, no decision is there to take it
-                    self.dropped_inputs += 1
-                slot.latest, slot.used = sample, not self.enabled  # held while paused: no decision is owed it
-                previous = slot.frame_hw
-                if frame_hw is not None:  # a camera's frame: its size, and the end of a gap (_held_frame_size)
-                    slot.frame_hw = frame_hw
-                    slot.newest_frame_stamp_ns = max(slot.newest_frame_stamp_ns, stamp_to_ns(sample.stamp))
-                slot.rejected_since_good.clear()
-                self.conversion_stats.add({slot.topic: (sample.ready_ns - sample.arrived_ns) / 1e6})
-                return previous
-        self._reject(slot, older)
-        return None
-
-    def _older_than_held(self, slot: InputSlot, sample: Sample) -> InputError | None:
-        """A sample stamped before the one already held (two publishers on a topic, or a
-        reordered message): replacing the held one would feed the policy older data than it had.
-        A held stamp further ahead of the clock than any stamp is let in (sim time jumped back, a
-        bag loop) does not count: the new sample is then the one that fits the clock."""
-        held = slot.latest
-        if held is None:
-            return None
-        held_ns, new_ns = stamp_to_ns(held.stamp), stamp_to_ns(sample.stamp)
-        if new_ns >= held_ns or self._clock_jumped_back(held_ns, self.get_clock().now().nanoseconds):
-            return None
-        # under sim time, a simulator reset's first messages can come before the /clock that moves
-        # the clock back: then the held sample goes with the jump, and this is the only one refused
-        reset = ", or ROS time about to go back: a simulator reset" if self.get_clock().ros_time_is_active else ""
-        return InputError(
-            STALE,
-            slot.topic,
-            f"stamp is {(held_ns - new_ns) / 1e9:.3f} s older than the sample already held; the newer one is "
-            f"kept (two publishers on this topic, or a reordered message{reset}?)",
-        )
-
-    def _clock_jumped_back(self, stamp_ns: int, now_ns: int) -> bool:
-        """Whether a stamp taken earlier is now further ahead of the clock than check_fresh lets
-        any stamp be (max_age_s): only a clock that went back (sim time) puts it there. A stamp
-        ahead by less is a publisher's clock running early, and its history still counts."""
-        return stamp_ns > now_ns + self.cfg.max_age_s * 1e9
-
-    def _reject(self, slot: InputSlot, err: InputError) -> None:
-        with self._lock:
-            self.invalid[(slot.topic, err.reason)] += 1
-            slot.rejected_since_good[err.reason] += 1
-            held = slot.latest
-        keep = (
-            "no good message held yet"
-            if held is None
-            else f"keeping the previous good message ({_stamp_str(held.stamp)})"
-        )
-        self._throttle(("rejected", slot.topic, err.reason), "warning", f"input rejected: {err}; {keep}")
-
-    def _incompatible_prompt_publishers(self, topic: str) -> list[tuple[str, QoSPolicyKind]]:
-        """("<node>'s: ", the policy that differs) for each publisher on `topic` not said before
-        that the prompt subscription cannot match."""
-        ours, found = self._prompt_sub.qos_profile, []
-        for info in self.get_publishers_info_by_topic(topic):
-            theirs, gid = info.qos_profile, bytes(info.endpoint_gid)
-            if gid in self._prompt_publishers_said:
-                continue
-            if theirs.reliability == ReliabilityPolicy.BEST_EFFORT and ours.reliability == ReliabilityPolicy.RELIABLE:
-                policy = QoSPolicyKind.RELIABILITY
-            elif theirs.durability == DurabilityPolicy.VOLATILE and ours.durability == DurabilityPolicy.TRANSIENT_LOCAL:
-                policy = QoSPolicyKind.DURABILITY
-            else:
-                continue
-            node = _endpoint_node(info)
-            if node is None:  # listed before its node's name: found again on the next look
-                continue
-            self._prompt_publishers_said.add(gid)
-            found.append((f"{node}'s: ", policy))
-        return found
-
-    def _on_incompatible_prompt_publisher(self, topic: str, event: Any) -> None:
-        """Publishers on prompt_topic that this subscription cannot match: their prompts never
-        arrive, so say, for each, which policy differs (under transient_local, a volatile
-        publisher's durability; a best-effort publisher's reliability in either). From the graph:
-        the middleware merges the events, whose last policy would name one cause for all."""
-        found = _once_listed(partial(self._incompatible_prompt_publishers, topic), bool)
-        for who, policy in found or [("", QoSPolicyKind(event.last_policy_kind))]:
-            if policy == QoSPolicyKind.DURABILITY:
-                fix = "publish them transient_local, or set prompt_durability volatile"
-                what = f"its durability does not match prompt_durability {self.cfg.prompt_durability!r}"
-            elif policy == QoSPolicyKind.RELIABILITY:
-                fix, what = "publish them reliable (an instruction must not be lost)", "it is best effort"
-            else:
-                fix, what = "match the subscription's QoS", f"its {policy.name.lower()} policy does not match"
-            self.get_logger().warning(
-                f"a publisher on {topic} cannot be received ({who}{what}; {event.total_count} such so far): its "
-                f"prompts do not arrive; {fix}"
-            )
-
-    def _on_incompatible_subscriber(self, topic: str, event: Any) -> None:
-        """A subscriber on an output that cannot match its publisher (reliable, volatile, no
-        deadline): it receives nothing - a controller latched on transient_local gets no chunk, no
-        trajectory, no command. Counted on the topic, and each such subscriber named with the fix."""
-        if event.total_count_change <= 0:
-            return
-        with self._lock:
-            if self.is_set_up:
-                self.invalid[(topic, INCOMPATIBLE_SUBSCRIBER)] += event.total_count_change
-        latched = _once_listed(
-            lambda: [  # None: an endpoint whose node the graph does not know yet
-                _endpoint_node(info)
-                for info in self.get_subscriptions_info_by_topic(topic)
-                if info.qos_profile.durability == DurabilityPolicy.TRANSIENT_LOCAL
-            ],
-            lambda names: bool(names) and None not in names,
-        )
-        latched = [name or "a node not known yet" for name in latched]
-        if latched:
-            why = f"{', '.join(latched)} subscribe{'s' if len(latched) == 1 else ''} transient_local"
-            fix = "subscribe volatile (each message is published once, for now)"
-        else:
-            why = f"its {QoSPolicyKind(event.last_policy_kind).name.lower()} policy does not match"
-            fix = "subscribe reliable or best effort, volatile, with no deadline or liveliness lease"
-        self.get_logger().warning(
-            f"[{INCOMPATIBLE_SUBSCRIBER}] a subscriber on {topic} receives nothing ({why}; "
-            f"{event.total_count} such so far): {fix}"
-        )
-
-    def _on_prompt(self, msg: String) -> None:
-        """A task instruction on prompt_topic: set as the prompt parameter, so that it is checked,
-        logged and shown by ros2 param get as any change; one that cannot be the prompt is
-        refused with the reason and counted on the topic, and the prompt in force stays. Text the
-        policy writes into the same prompt tokens (a planner's trailing newline) changes nothing;
-        the same refused text again is counted without being checked again."""
-        text = msg.data
-        if self.stopping.is_set() or text == self.cfg.prompt:
-            return
-        topic = self._prompt_sub.topic_name
-        if text == self._refused_prompt[0]:
-            reason = self._refused_prompt[1]
-        elif len(text) > MAX_PROMPT_CHARS:  # before tokenizing it (a 1 M-character message took ~0.5 s)
-            reason = f"it is {len(text)} characters; expected at most {MAX_PROMPT_CHARS}"
-        elif self.state.pipeline.policy.same_prompt(text, self.cfg.prompt):
-            return
-        else:
-            reason = check_update(self.cfg, {"prompt": text}, resolve=node_resolver(self))
-            reason = reason or self.state.pipeline.policy.prompt_problem(text, len(self.cfg.joint_names))
-        if reason is None:
-            result = self.set_parameters([Parameter("prompt", Parameter.Type.STRING, text)])[0]
-            reason = None if result.successful else result.reason
-        if reason is None:
-            return
-        self._refused_prompt = (text, reason)
-        with self._lock:
-            self.invalid[(topic, INVALID_PROMPT)] += 1
-        shown_text = repr(text) if len(text) <= 80 else f"{text[:60]!r}... ({len(text)} characters)"
-        self._throttle(
-            (INVALID_PROMPT, topic),
-            "warning",
-            f"prompt {shown_text} from {topic} refused: {reason}; the prompt stays {self.cfg.prompt!r}",
-        )
 
     # ---- decisions -------------------------------------------------------------------------
     @property
@@ -1495,604 +1197,6 @@ class FlashRTNode(Node):
             "before the last one ends (are decisions skipped, or slower than a chunk lasts? see ~/status)",
         )
 
-    # ---- status ----------------------------------------------------------------------------
-    def snapshot(self) -> messages.StatusSnapshot:
-        return self._snapshot_with_baseline()[0]
-
-    def _snapshot_with_baseline(self, advance: bool = False) -> tuple[messages.StatusSnapshot, tuple]:
-        """The snapshot and the health baseline (the counts the last status judged), read - and,
-        with `advance`, the baseline replaced by this snapshot's counts - under one lock: a
-        ~/reset, which zeroes both, falls before or after the pair, never between (the next
-        status then hid what it counted, or this one reported every count since the start)."""
-        d = self.description
-        node_stage = [s for s in self.node_stats.summaries() if s.name == "node_overhead"]
-        with self._lock:
-            snap = messages.StatusSnapshot(
-                stamp=self.get_clock().now().to_msg(),
-                stages=self.state.pipeline.stats.summaries() + node_stage,
-                target_rate_hz=self.cfg.rate_hz,
-                decisions=self.decisions,
-                deadline_misses=self.deadline_misses,
-                dropped_decisions=self.dropped_decisions,
-                dropped_inputs=self.dropped_inputs,
-                prefix_reuses=self.prefix_reuses,
-                rtc_guided=self.rtc_guided,
-                invalid=dict(self.invalid),
-                policy=d["policy"],
-                device=d["device"],
-                precision=d["precision"],
-                enabled=self.enabled,
-            )
-            baseline = (self._last_health, self._last_invalid)
-            if advance:
-                self._last_health = (snap.dropped_decisions, snap.deadline_misses)
-                self._last_invalid = dict(snap.invalid)
-        return snap, baseline
-
-    def _on_status(self) -> None:
-        """The status timer. A failure here is a bug of ours, not the robot's: it is logged (with
-        the error, throttled) and the next period tries again; raised, it would end the executor
-        and with it the decisions."""
-        try:
-            self._publish_status()
-        except Exception as exc:
-            self._our_failure("status_failed", f"status not published: {exc!r}")
-
-    def _publish_status(self) -> None:
-        self._watch_ros_time()
-        snap, baseline = self._snapshot_with_baseline(advance=True)
-        self._status_pub.publish(messages.pipeline_status(snap))
-        level, text = self._health(snap, baseline)
-        name = f"{self.get_fully_qualified_name()}: pipeline"
-        d = self.description
-        extra = {"backend": d["backend"], "prompt": self.cfg.prompt, "actions": d["actions"]}
-        inputs = self._input_topics
-        self._diag_pub.publish(
-            messages.diagnostics(
-                snap, name=name, level=level, message=text, extra=extra, paused=self.PAUSED_DIAG, inputs=inputs
-            )
-        )
-        self._maybe_log_stats(snap)
-
-    def _on_time_jump(self, jump: TimeJump) -> None:
-        """ROS time went back (use_sim_time: a simulator reset, a bag loop), or forward by
-        MIN_JUMP_FORWARD_S or more (counted only: no decision's length spans it). The held samples, the
-        chunk executing and the commands are stamped on the timeline before the jump: acted on,
-        they would pass as fresh for as long as the jump (up to max_age_s ahead is let in). They
-        are dropped, as by ~/reset but keeping the counters, chunk ids and noise, when the inputs
-        and the commands are next used (`_settle_jump_inputs`, `_settle_jump_commands`); a decision
-        under way is not published. rcl calls this while it walks the clock's callbacks, on the
-        thread that sets the time: it takes no lock and waits on nothing, so that no other thread
-        runs (and adds or removes a timer's callback) in the middle of the walk."""
-        back_ns = -jump.delta.nanoseconds
-        if back_ns <= 0:  # forward by MIN_JUMP_FORWARD_S or more: only the decisions' lengths care
-            now_s, before, step_ns = time.monotonic(), self._last_step_forward, -back_ns
-            self._last_step_forward = now_s, step_ns
-            regular = before is not None and now_s - before[0] < TICK_REPEAT_S
-            if not (regular and before[1] <= 2 * step_ns <= 4 * before[1]):  # else a coarse /clock's tick
-                self._jumps_forward += 1
-            return
-        self._jump_back_ns = back_ns
-        self._jump_to_ns = self.get_clock().now().nanoseconds
-        self._jump_from_ns = self._jump_to_ns + back_ns
-        self._jumps_back_ns.append(back_ns)
-        self._time_epoch += 1  # last: whoever sees the new epoch sees the rest
-
-    def _settle_jump_inputs(self) -> None:
-        """After ROS time went back: the held samples go, the jumps are counted and logged. With
-        self._lock held, by whatever reads or stores a sample next."""
-        if self._inputs_epoch == self._time_epoch:
-            return
-        self._inputs_epoch = self._time_epoch
-        for slot in self.slots:
-            slot.clear(self._timer_seconds(), by="ROS time went back")
-        while self._jumps_back_ns:
-            back_s = self._jumps_back_ns.popleft() / 1e9
-            self.invalid[("", CLOCK_JUMPED_BACK)] += 1
-            self.get_logger().warning(
-                f"[{CLOCK_JUMPED_BACK}] ROS time went back {back_s:.3f} s (a simulator reset or a bag loop?): "
-                "held inputs, the executing chunk and the commands dropped; deciding again on messages "
-                "stamped on the new timeline"
-            )
-
-    def _settle_jump_commands(self) -> None:
-        """After ROS time went back: the command stream, the executing chunk (rtc) and the last
-        trajectory (a pause's hold point) go. With self._command_lock held, by the command tick, a
-        decision, a publication or a pause."""
-        if self._commands_epoch == self._time_epoch:
-            return
-        self._commands_epoch = self._time_epoch
-        self._clear_commands()
-        # a pause's hold point too: interpolated on the new clock, the last chunk would send the
-        # arm back towards where it was before a simulator reset
-        self._last_trajectory = None
-        self._ended_since_hold = False
-
-    def _check_stamp(self, stamp: Time, topic: str, max_age_s: float) -> int:
-        """A message's stamp judged on the node's clock (fresh, and on its timeline after ROS time
-        went back), or InputError; the clock's reading it was judged at."""
-        now_ns = self.get_clock().now().nanoseconds
-        check_fresh(stamp, now_ns, max_age_s, topic)
-        self._check_timeline(stamp, now_ns, topic)
-        return now_ns
-
-    def _check_timeline(self, stamp: Time, now_ns: int, topic: str) -> None:
-        """Soon after ROS time went back, a message still queued from before the jump is stamped
-        ahead of the clock by about the jump; check_fresh lets it in when the jump was below
-        max_age_s. Until the clock is back where it jumped from, a stamp ahead by more than half
-        the jump is refused as from the old timeline (one on the new timeline is at most a little
-        ahead)."""
-        if now_ns >= self._jump_from_ns:
-            return
-        ahead_ns = stamp_to_ns(stamp) - now_ns
-        if ahead_ns > self._jump_back_ns / 2:
-            raise InputError(
-                STALE,
-                topic,
-                f"stamped {ahead_ns / 1e9:.3f} s ahead of the clock, which went back {self._jump_back_ns / 1e9:.3f} s: "
-                "a message from before the jump (queued across a simulator reset?); expected one stamped on the "
-                "new timeline",
-            )
-
-    def _watch_ros_time(self) -> None:
-        clock = self.get_clock()
-        if not clock.ros_time_is_active:  # wall time: it always moves (use_sim_time may be off again)
-            if self._clock_watch.stalled:
-                self._clock_watch = ClockWatch()
-            return
-        if self._clock_watch.update(clock.now().nanoseconds, time.monotonic()):
-            self._count_node_wide(CLOCK_STALLED)
-            self.get_logger().warning(self._clock_watch.describe(time.monotonic()) + "; decisions wait for it")
-
-    @property
-    def _input_topics(self) -> frozenset[str]:
-        """The subscribed topics (counters keyed by anything else are node-wide events: refused
-        parameters, a stalled clock, refused capsule calls)."""
-        return frozenset(slot.topic for slot in self.slots)
-
-    def _health(self, snap: messages.StatusSnapshot, baseline: tuple) -> tuple[bytes, str]:
-        """Level and message from what changed since the last status: since `baseline`, taken
-        with `snap` (`_snapshot_with_baseline`)."""
-        now = (snap.dropped_decisions, snap.deadline_misses)
-        dropped, missed = (a - b for a, b in zip(now, baseline[0], strict=True))
-        new_invalid = counts_since(snap.invalid, baseline[1])
-        idle_s = self._idle_s()
-        if self.enabled and (self._clock_watch.stalled or idle_s > self._idle_limit_s()):
-            # what went wrong since the last decision, on the inputs that still stop one (an input
-            # absent just after a reset and arriving since is not named) and node-wide
-            since = counts_since(snap.invalid, self._invalid_at_decision)
-            blocking, inputs = self._blocking, self._input_topics
-            causes = [
-                f"{r} {t}".strip()
-                for (t, r) in sorted(since)
-                if t in blocking or (t not in inputs and r in STOPS_DECISIONS)
-            ]
-            if self._tick_failures > self._tick_failures_at_decision:
-                causes.append(f"{NODE_ERROR} (decision tick)")
-            why = ", ".join(causes)
-            why = why or ("the inputs are good again; a decision is computing" if self._deciding else "no decision ran")
-            if self._clock_watch.stalled:
-                why = self._clock_watch.describe(time.monotonic())
-                idle_s = time.monotonic() - self._last_decision_at
-            return DiagnosticStatus.ERROR, f"no decision for {idle_s:.1f} s ({why})"
-        invalid, absent, events = messages.split_counts(new_invalid, ABSENT, self._input_topics)
-        counts = (
-            (dropped, "skipped decisions"),
-            (missed, "deadline misses"),
-            (invalid, "input refusals"),
-            (absent, "waits for absent inputs"),
-            *((n, reason) for reason, n in events),
-        )
-        problems = [f"{n} {what}" for n, what in counts if n > 0]
-        # whether a decision could run now: what an operator asks before engaging, and, engaged,
-        # between two skipped ticks (statuses faster than decisions read OK while nothing was usable)
-        unready = self._unready_inputs()
-        state = f"running, not ready ({unready})" if unready else "running"
-        unheard = self._unheard_outputs() if self.enabled else []
-        if unheard:  # decisions fine, and the robot gets nothing
-            state += f"; nothing subscribes to {', '.join(unheard)} (the controller's topic? a remap?)"
-        if not self.enabled:
-            if self._clock_watch.stalled:  # held samples stop ageing with the clock: the timer would not fire
-                unready = ", ".join(filter(None, (unready, self._clock_watch.describe(time.monotonic()))))
-            state = f"{self.PAUSED_STATE} (no decisions): " + (f"not ready ({unready})" if unready else "ready")
-        twin = self._twin()
-        state += f"; {twin}" if twin else ""
-        if problems:
-            return DiagnosticStatus.WARN, f"{state}, with " + ", ".join(problems) + " since the last status"
-        if unready or unheard or twin:
-            return DiagnosticStatus.WARN, state
-        return DiagnosticStatus.OK, f"running at {self.cfg.rate_hz:g} Hz" if self.enabled else state
-
-    def _twin(self) -> str:
-        """Another node publishing this node's chunks: most often a second node of this name (a
-        launch and a forgotten `ros2 run`), which the parameters and ~/enable reach too, and whose
-        trajectories interleave with these. Said in /diagnostics while it lasts, logged once."""
-        topic = self._chunk_pub.topic_name
-        others = self.count_publishers(topic) - 1
-        if others <= 0:
-            return ""
-        text = f"{others} other publisher(s) of {topic}: another {self.get_fully_qualified_name()}?"
-        if not self._twin_said:
-            self._twin_said = True
-            self.get_logger().warning(
-                f"{text} Both take this name's parameters and ~/enable, and their chunks and trajectories "
-                "interleave: stop one (ros2 node list)"
-            )
-        return text
-
-    def _unheard_outputs(self) -> list[str]:
-        """The outputs set up to drive controllers (trajectory_groups; the command stream, any of
-        its topics) that nothing subscribes to: a controller on another topic than the node
-        publishes gets nothing, without a word. ~/joint_trajectory and ~/action_chunk are optional."""
-        unheard = [pub.topic_name for pub, _, _ in self._group_pubs if not pub.get_subscription_count()]
-        if self._command_pubs and not any(pub.get_subscription_count() for pub, _, _ in self._command_pubs):
-            unheard.append(" or ".join(pub.topic_name for pub, _, _ in self._command_pubs))
-        return unheard
-
-    def _unready_inputs(self) -> str:
-        """The inputs a decision now would skip for, as 'absent /cam, stale /joints', or ''."""
-        with self._lock:
-            found = self._held_problems(self.get_clock().now().nanoseconds, self.cfg.max_age_s)
-        return ", ".join(f"{ABSENT if err is None else err.reason} {slot.topic}" for slot, err in found)
-
-    def _idle_limit_s(self) -> float:
-        """How long without a decision is an ERROR: two periods, one status period, or - for a
-        policy slower than rate_hz, which is WARN (deadline misses) - twice its slowest recent
-        decision (of the last 8: one slow one among fast ones does not make an ERROR)."""
-        cfg = self.cfg
-        return max(2.0 / cfg.rate_hz, 1.0 / cfg.status_rate_hz, 2.0 * max(self._decision_s, default=0.0))
-
-    def _timer_seconds(self) -> float:
-        """Now on the clock the decision timer runs on: ROS time under sim time (a simulator
-        slower than real time decides less often per wall second, as it should), else monotonic."""
-        clock = self.get_clock()
-        if clock.ros_time_is_active:
-            return clock.now().nanoseconds / 1e9
-        return time.monotonic()
-
-    def _idle_s(self) -> float:
-        """Seconds since the last decision on the clock the decision timer runs on: under sim time
-        a simulator slower than real time spaces decisions further apart in wall time, which is
-        not a fault (a stalled clock is reported by the clock watch)."""
-        clock = self.get_clock()
-        if clock.ros_time_is_active:
-            now_ns = clock.now().nanoseconds
-            if self._last_decision_ros_ns == 0 and now_ns > 0:
-                # taken before /clock's first message (ROS time 0): from the first time seen, not
-                # the simulation's (or a bag's) whole run
-                self._last_decision_ros_ns = now_ns
-            if now_ns >= self._last_decision_ros_ns:
-                return (now_ns - self._last_decision_ros_ns) / 1e9
-            # the last decision is ahead: ROS time went back since (a simulator reset), and the
-            # idle ERROR could not fire for as long as the simulator had run. From where it
-            # landed; where no jump explains it (use_sim_time switched on), wall time
-            if self._jump_to_ns and self._jump_to_ns <= now_ns:
-                return (now_ns - self._jump_to_ns) / 1e9
-        return time.monotonic() - self._last_decision_at
-
-    def _maybe_log_stats(self, snap: messages.StatusSnapshot) -> None:
-        period = self.cfg.stats_log_period_s
-        if period <= 0 or time.monotonic() - self._last_stats_log < period:
-            return
-        self._last_stats_log = time.monotonic()
-        self.get_logger().info(self.stats_line(snap))
-
-    def stats_line(self, snap: messages.StatusSnapshot | None = None) -> str:
-        """One line for the logs: counts, then p50/p99 per stage and per input conversion."""
-        snap = snap or self.snapshot()
-        with self._lock:
-            conversions = " ".join(
-                f"{s.name} {s.p50_ms:.2f} ({s.rate_hz:.1f} Hz)" for s in self.conversion_stats.summaries()
-            )
-        rate = next((s.rate_hz for s in snap.stages if s.name == "node_overhead"), 0.0)
-        stages = " | ".join(f"{s.name} {s.p50_ms:.2f}/{s.p99_ms:.2f} ms" for s in snap.stages)
-        return (
-            f"stats: {self.PAUSED_STATS + ', ' if not snap.enabled else ''}"
-            f"{snap.decisions} decisions ({rate:.1f} Hz), {snap.dropped_decisions} skipped, "
-            f"{snap.deadline_misses} deadline misses, {snap.prefix_reuses} re-used the prefix, "
-            f"{messages.input_counts(snap.invalid, ABSENT, self._input_topics)}"
-            + (f", {self.commands_sent} commands sent" if self._command_pubs else "")
-            + (f" | {stages} (p50/p99)" if stages else "")
-            + f" | convert ms p50 (accepted rate): {conversions or '-'}"
-        )
-
-    # ---- parameters ------------------------------------------------------------------------
-    def _before_set_parameters(self, params: list) -> list:
-        """Integers for float parameters made doubles; and a set that rclpy itself will refuse (a
-        string for use_sim_time) logged and counted here, as _on_set_parameters does its own
-        refusals: rclpy refuses it before that callback, without a word in the log."""
-        params = floats_as_doubles(params)
-        reason = refused_by_rclpy(self, params)
-        if reason is not None:
-            self._refused_parameter(reason)
-        return params
-
-    def _on_set_parameters(self, params: list) -> SetParametersResult:
-        changes = {p.name: p.value for p in params}
-        unknown = unknown_names(set(changes), runtime=True)
-        if unknown:
-            names = some([shown(n) for n in unknown], 5)
-            reason = f"unknown parameter(s) [{names}]: not set; known: {', '.join(PARAMETERS)}"
-            self._refused_parameter(reason, UNKNOWN_PARAMETER)
-            return SetParametersResult(successful=False, reason=reason)
-        unset = sorted(p.name for p in params if p.name in PARAMETERS and p.type_ == Parameter.Type.NOT_SET)
-        if unset:  # `ros2 param delete`: a list would read as [] (no limits), a number as nothing at all
-            reason = f"{', '.join(unset)} cannot be deleted (unset): set a value instead (an empty list is [])"
-            self._refused_parameter(reason)
-            return SetParametersResult(successful=False, reason=reason)
-        if not self.is_set_up:  # a lifecycle node before configure: all of them are checked then
-            return SetParametersResult(successful=True)
-        reason = check_update(self.cfg, changes, resolve=node_resolver(self))
-        if reason is not None:
-            reason = self._restart_hint(reason)
-        if reason is None and isinstance(changes.get("prompt"), str):
-            reason = self.state.pipeline.policy.prompt_problem(changes["prompt"], len(self.cfg.joint_names))
-        level = "warning"  # the request's fault
-        if reason is None:
-            reason, level = self._retime(changes), "error"  # ours: validation should have left nothing to fail
-        if reason is None:
-            return SetParametersResult(successful=True)
-        self._refused_parameter(reason, level=level)
-        return SetParametersResult(successful=False, reason=reason)
-
-    def _refused_parameter(self, reason: str, counter: str = INVALID_PARAMETER, level: str = "warning") -> None:
-        """A parameter change refused (by us, by rclpy, or unreadable): counted and logged."""
-        self._count_node_wide(counter)
-        getattr(self.get_logger(), level)(f"parameter change refused: {reason}")
-
-    def _restart_hint(self, reason: str) -> str:
-        """A refusal's reason as the node says it (the lifecycle node adds its own way to apply it)."""
-        return reason
-
-    def _retime(self, changes: dict[str, Any]) -> str | None:
-        """Apply the change's timer rates now, the last step before rclpy stores the values (this
-        callback is its last gate), so that the reply says whether they took; None when they did.
-        Validation should leave nothing to fail here; if something does, nothing of it is kept."""
-        ours = {name: value for name, value in changes.items() if name in PARAMETERS}
-        try:
-            self._apply_timer_rates(self.cfg, self.cfg.with_values(ours))
-        except Exception as exc:
-            keep = "keeps its previous value" if len(ours) == 1 else "keep their previous values"
-            return f"not applied ({', '.join(sorted(ours))} {keep}): {type(exc).__name__}: {exc}"
-        return None
-
-    def _after_set_parameters(self, params: list) -> None:
-        changes = {p.name: p.value for p in params if p.name in PARAMETERS}
-        self._set_since_start.update(changes)
-        if not changes or not self.is_set_up:  # before set-up, set_up reads them
-            return
-        old, new = self.cfg, self.cfg.with_values(changes)
-        self.cfg = new  # the timers took the new rates in _on_set_parameters
-        self._throttle.period_s = new.log_throttle_s
-        # from the next chunk that takes over, both at once
-        self.commands.set_take_over(new.command_blend_steps, new.command_interpolation)
-        self.commands.tick_ns = self._command_tick_ns(new)  # bounds max_move's refill after a gap
-        self.state.pipeline.set_prefix_trigger(new.prefix_trigger, new.prefix_period_s)  # read by the next decision
-        if self.state.pipeline.rtc is not None:  # read by the next decision
-            self.state.pipeline.rtc = rtc_settings(new)
-        diff = ", ".join(
-            f"{n} {getattr(old, n)!r} -> {getattr(new, n)!r}" for n in changes if getattr(old, n) != getattr(new, n)
-        )
-        if diff:
-            self.get_logger().info(f"parameters changed: {diff}")
-        if "rate_hz" in changes and new.rate_hz != old.rate_hz:
-            self._warn_chunk_gap(new)
-        if (new.rtc, new.command_blend_steps) != (old.rtc, old.command_blend_steps):
-            self._warn_rtc_blend(new)
-        steps = self.state.pipeline.policy.cfg.num_steps
-        rtc_on = self.state.pipeline.rtc is not None  # off: the warning below says it changes nothing
-        if rtc_on and new.rtc_max_guidance != old.rtc_max_guidance and new.rtc_max_guidance > steps:
-            self.get_logger().warning(f"guidance weight at most {guidance_cap(new, steps)}: higher changes nothing")
-        rtc_changed = sorted(n for n in changes if n.startswith("rtc_") and getattr(old, n) != getattr(new, n))
-        if rtc_changed and self.state.pipeline.rtc is None:
-            off = f"{', '.join(rtc_changed)} changed, but real-time chunking is off (rtc false, read at start)"
-            later = "they take effect once the node restarts with rtc true"
-            self.get_logger().warning(self._restart_hint(f"{off}: {later}"))
-
-    @staticmethod
-    def _command_tick_ns(cfg: NodeConfig) -> int | None:
-        return round(1e9 / cfg.command_rate_hz) if cfg.command_rate_hz > 0 else None
-
-    def _apply_timer_rates(self, old: NodeConfig, new: NodeConfig) -> None:
-        """Every timer to its new rate, or none: every period is computed (and range-checked)
-        before a timer changes, and a timer already changed is put back if the next one fails."""
-        timers = [
-            (self._decision_timer, old.rate_hz, new.rate_hz),
-            (self._status_timer, old.status_rate_hz, new.status_rate_hz),
-        ]
-        if self._command_timer is not None:  # on or off is refused at runtime (check_update)
-            timers.append((self._command_timer, old.command_rate_hz, new.command_rate_hz))
-        changed = [(timer, _period_ns(before), _period_ns(after)) for timer, before, after in timers if before != after]
-        done: list[tuple[Any, int]] = []
-        try:
-            for timer, before_ns, after_ns in changed:
-                _set_period(timer, after_ns)
-                done.append((timer, before_ns))
-        except Exception:
-            for timer, before_ns in done:
-                _set_period(timer, before_ns)
-            raise
-
-    # ---- services --------------------------------------------------------------------------
-    def _on_reset(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
-        if self._refuse_while_stopping("~/reset", response):
-            return response
-        with self._state_lock:  # between decisions
-            if self._refuse_while_stopping("~/reset", response):  # began while this call waited
-                return response
-            self._stop_commands()  # before the counters: a tick between counts nothing
-            with self._lock:
-                self.state.reset()
-                for slot in self.slots:
-                    slot.clear(self._timer_seconds())
-                self._reset_counters()
-        self._throttle.clear()
-        response.success = True
-        response.message = (
-            f"cleared held inputs (and the camera sizes they fixed), counters and statistics; noise generator "
-            f"reseeded ({self.state.seed}), "
-            "chunk ids restart at 1; capsules kept"
-            + ("; no command until the next chunk" if self._command_pubs else "")
-        )
-        self.get_logger().info(f"reset: {response.message}")
-        return response
-
-    def _on_enable(self, request: SetBool.Request, response: SetBool.Response) -> SetBool.Response:
-        """Engage (true) or pause (false) the policy: `set_enabled`."""
-        if self._refuse_while_stopping("~/enable", response):
-            return response
-        message = self.set_enabled(bool(request.data), "~/enable true")
-        if message is None:  # the stop began while this call waited
-            self._refuse_while_stopping("~/enable", response)
-            return response
-        response.success, response.message = True, message
-        self.get_logger().warning(f"~/enable: {message}")
-        return response
-
-    def set_enabled(self, want: bool, resume: str | None) -> str | None:
-        """Engage (true) or pause (false) the policy; what was done, in words (None: the node is
-        stopping, nothing changed). Paused, the node keeps its pipeline warm and checks its inputs,
-        but decides nothing and publishes no chunk, trajectory or command. A pause acts at once:
-        the commands stop, a decision in flight that has not begun to publish does not, and once it
-        has ended a one-point trajectory holds the trajectory controllers where the last chunk has
-        them now (else they would play it to its end). `resume` names what engages it again (None:
-        nothing will, the node is shutting down)."""
-        was = self.enabled
-        if was and not want:
-            self.enabled = False  # before the wait below: read by the decision in flight
-            self._stop_commands()
-            with self._lock:  # what is held now is owed no decision either (see _accept)
-                for slot in self.slots:
-                    slot.used = True
-        with self._state_lock:  # between decisions
-            if self.stopping.is_set():  # the stop holds the arm itself (hold_at_stop)
-                if was and not want:
-                    self.stop_owes_hold = True
-                    return "paused and the commands stopped; the node is shutting down, and its stop holds the arm"
-                return None
-            held = ""
-            if was and not want:
-                self._stop_commands()  # what the decision in flight may have pushed before it saw the pause
-                held = self._hold_trajectories()
-            elif want and not was:  # the idle time, the wait for inputs and the skips count from now
-                with self._lock:
-                    self._last_decision_at = time.monotonic()
-                    self._last_decision_ros_ns = self.get_clock().now().nanoseconds
-                    self._dropped_streak = 0
-                self._started_at = None
-                self.enabled = True
-        if was == want:
-            return f"already {'enabled' if was else 'paused'}: nothing changed"
-        if want:
-            return f"enabled: deciding at {self.cfg.rate_hz:g} Hz from the next tick"
-        until = "from now on" if resume is None else f"until {resume}"
-        return (
-            f"paused: no decision, chunk, trajectory or command {until}; "
-            + held
-            + ("; the command controllers hold their last command" if self._command_pubs else "")
-        )
-
-    def _paused_at_start(self) -> str:
-        return (
-            "paused (start_enabled false): inputs are checked, but nothing is decided or published until: "
-            f"ros2 service call {self.resolve_service_name('~/enable')} std_srvs/srv/SetBool '{{data: true}}'"
-        )
-
-    def _stop_commands(self) -> None:
-        with self._command_lock:
-            self._clear_commands()
-
-    def _clear_commands(self) -> None:
-        """The command stream and the executing chunk go (a reset, a pause, ROS time going back):
-        the robot's next chunk is a fresh start, held to nothing by rtc. With self._command_lock held."""
-        self.commands.clear()
-        self._exhausted_counted = self._limited_chunk = self._executing = None
-
-    def _hold_trajectories(self) -> str:
-        """A one-point trajectory, starting now, to where the last published chunk has the
-        trajectory controllers now (its trajectory interpolated, from where the joints were at its
-        start; past its end, its last point): they stop there. What was done, in words, for the reply."""
-        with self._command_lock:
-            self._settle_jump_commands()
-            last = self._last_trajectory
-            ended, self._ended_since_hold = self._ended_since_hold, False
-        if last is None:
-            if ended:
-                return (
-                    "the trajectories published since the last hold had all ended on arrival "
-                    "(chunk_ended): none to stop"
-                )
-            return "no trajectory published since the node started or was last paused: none to stop"
-        self._last_trajectory = None  # the controllers are held; the next pause has nothing newer to stop
-        here = last.trajectory_at(self.get_clock().now().nanoseconds)
-        self._publish_trajectories(here[None, :], messages.time_msg(0), last.step_ns)  # stamp 0: start now
-        return "the trajectory controllers are sent one point, one step ahead, where the last chunk has them now"
-
-    def _capsule_call(self, service: str, response: Any, action: Callable[[], str]) -> Any:
-        """Run a capsule operation; failures become success=False with the reason, a counter
-        (topic = the service, reason = the error kind) and a warning."""
-        if self._refuse_while_stopping(service, response):
-            return response
-        try:
-            with self._state_lock:  # between decisions
-                if self._refuse_while_stopping(service, response):  # began while this call waited
-                    return response
-                response.message = action()
-            response.success = True
-            self.get_logger().info(f"{service}: {response.message}")
-        except (KeyError, ValueError) as exc:
-            reason = _capsule_refusal(exc)
-            with self._lock:
-                self.invalid[(self.resolve_service_name(service), reason)] += 1
-            response.success, response.message = False, str(exc)
-            self.get_logger().warning(f"{service} refused: {exc}")
-        return response
-
-    def _refuse_while_stopping(self, service: str, response: Any) -> bool:
-        if not self.stopping.is_set():
-            return False
-        response.success, response.message = False, "the node is shutting down: nothing was changed"
-        self.get_logger().info(f"{service} refused: the node is shutting down")
-        return True
-
-    def _on_snapshot(self, request: Any, response: Any) -> Any:
-        def snapshot() -> str:
-            replaced = request.name in self.capsules
-            return ("replaced " if replaced else "") + self.capsules.snapshot(request.name).summary()
-
-        return self._capsule_call("~/capsule/snapshot", response, snapshot)
-
-    PERIOD_RESTORE = (
-        "; under prefix_trigger period a chunk repeats the first run's only where that run built its prefix at "
-        "the same decision (the capsule holds no prefix)"
-    )
-
-    def _on_restore(self, request: Any, response: Any) -> Any:
-        def restore() -> str:
-            said = "restored " + self.capsules.restore(request.name).summary()
-            return said + (self.PERIOD_RESTORE if self.state.pipeline.prefix_cache.trigger == "period" else "")
-
-        return self._capsule_call("~/capsule/restore", response, restore)
-
-    def _on_fork(self, request: Any, response: Any) -> Any:
-        return self._capsule_call(
-            "~/capsule/fork",
-            response,
-            lambda: f"forked {request.source!r} -> " + self.capsules.fork(request.source, request.target).summary(),
-        )
-
-    def _on_drop(self, request: Any, response: Any) -> Any:
-        return self._capsule_call(
-            "~/capsule/drop", response, lambda: "dropped " + self.capsules.drop(request.name).summary()
-        )
-
-    def _on_list(self, request: Any, response: Any) -> Any:
-        capsules = self.capsules.list()
-        response.names = [c.name for c in capsules]
-        response.size_bytes = [c.size_bytes for c in capsules]
-        response.created = [messages.time_msg(c.created_ns) for c in capsules]
-        return response
-
 
 # ---- helpers -------------------------------------------------------------------------------
 
@@ -2109,47 +1213,11 @@ def _not_set_up(response: Any) -> Any:
 _INTERPOLATED = {"hold": "each action held for its {:g} s", "linear": "linear between actions {:g} s apart"}
 
 
-def _capsule_refusal(exc: Exception) -> str:
-    """The status counter's reason for a refused capsule call."""
-    from flashrt_ros.engine.capsule import CapsuleStoreFull
-
-    if isinstance(exc, KeyError):
-        return "unknown_capsule"
-    return "capsule_store_full" if isinstance(exc, CapsuleStoreFull) else "invalid_request"
-
-
-def counts_since(now: dict[tuple[str, str], int], before: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
-    """The (topic, reason) counts that rose since `before`, by how much."""
-    return {k: n - before.get(k, 0) for k, n in now.items() if n > before.get(k, 0)}
-
-
-def _period_ns(rate_hz: float) -> int:
-    """A timer period in ns; rcl holds it as int64, which a tiny rate would overflow."""
-    period_ns = round(1e9 / rate_hz) if math.isfinite(rate_hz) and rate_hz > 0 else 0
-    if not 0 < period_ns < 2**63:
-        raise ValueError(f"{rate_hz!r} Hz is not a timer period rcl can hold (1 ns to 2^63 ns)")
-    return period_ns
-
-
-def _set_period(timer: Any, period_ns: int) -> None:
-    """The timer's new period. rcl keeps the next call where it was; where that is further away
-    than the new period (a faster rate), the period restarts now. Restarting it on every change
-    would let a client that sets the rate again and again (a slider) postpone every call."""
-    timer.timer_period_ns = period_ns
-    until = timer.time_until_next_call()
-    if until is None or until > period_ns:
-        timer.reset()
-
-
 def prompt_qos(durability: str) -> QoSProfile:
     """prompt_topic's subscription: reliable (an instruction must not be lost), depth 1 (only the
     newest matters), volatile or transient_local (`prompt_durability`)."""
     kind = DurabilityPolicy.TRANSIENT_LOCAL if durability == "transient_local" else DurabilityPolicy.VOLATILE
     return QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=kind)
-
-
-def _stamp_str(stamp: Time) -> str:
-    return f"stamp {stamp_to_ns(stamp) / 1e9:.3f}"
 
 
 def _stale_detail(err: InputError, rejected: Counter) -> str:
