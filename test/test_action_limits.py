@@ -40,11 +40,12 @@ def test_steps_are_bounded_from_the_joint_state_and_between_actions():
 
 def test_a_joint_the_state_lacks_has_a_free_first_action():
     limits = ActionLimits.from_lists(NAMES, lower=[], upper=[], max_step=[0.1, 0.1])
-    actions = np.array([[0.5, 0.5], [0.9, 0.9]])
+    actions = np.array([[0.5, 0.9], [0.9, 1.3]])  # b's action 0 would be the worst from a state of 0
     out, clamped = limits.apply(actions, np.array([0.0, np.nan]))
-    np.testing.assert_allclose(out, [[0.1, 0.5], [0.2, 0.6]])
+    np.testing.assert_allclose(out, [[0.1, 0.9], [0.2, 1.0]])
     assert (clamped.values, clamped.joints) == (3, 2)
-    # named from the policy's own chunk: a's +0.5 from the state, not the +0.8 left after limiting
+    # named from the policy's own chunk: a's +0.5 from the state, not the +0.8 left after limiting,
+    # and not b's action 0, which has no joint state to move from
     assert clamped.worst == "a moves +0.5 from the joint state to action 0, more than action_max_step 0.1"
 
 

@@ -454,6 +454,10 @@ def test_the_first_command_moves_from_where_the_robot_is():
     assert first.limited and first.values.tolist() == [0.05, 0.2], first
     later = [stream.command(k * STEP + MS).values[0] for k in range(4, 8)]
     np.testing.assert_allclose(later, [0.1, 0.15, 0.2, 0.25])  # max_move per step behind the chunk
+    # free only for its first command: a far chunk next moves the unknown joint max_move per step too
+    stream.push(actions + 5.0, start_ns=8 * STEP, step_ns=STEP, chunk_id=2)
+    jumped = [stream.command(k * STEP + MS).values[1] for k in range(8, 11)]
+    np.testing.assert_allclose(jumped, [0.45, 0.5, 0.55])  # from 0.4 (chunk 1 at step 7), not 5.45
     stream.clear()  # a pause or reset: the next chunk starts from the robot again
     stream.push(actions + 1.0, start_ns=10 * STEP, step_ns=STEP, chunk_id=2, robot_at=np.array([1.0, 1.0]))
     np.testing.assert_allclose(stream.command(13 * STEP).values, [1.05, 1.05])

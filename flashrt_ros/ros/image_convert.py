@@ -438,7 +438,7 @@ def _check_header_size(
             BAD_SIZE,
             source,
             f"image is {h}x{w} (HxW), {h * w / 1e6:.1f} Mpx; expected at most {MAX_DECODED_PIXELS / 1e6:.1f} Mpx "
-            "(7680x4320, 8K) when image_height / image_width are not set (set them for a larger camera)",
+            "(7680x4320, 8K), the largest frame the node takes (image_height x image_width cannot be set above it)",
         )
 
 
