@@ -554,7 +554,7 @@ def test_frame_above_the_pixel_bound_is_refused_from_its_header(claiming, hw) ->
     err = _compressed_refusal(claiming(*hw))
     assert err.reason == ie.BAD_SIZE, err
     assert f"image is {hw[0]}x{hw[1]} (HxW)" in str(err)
-    assert "expected at most 33.2 Mpx (7680x4320, 8K) when image_height / image_width are not set" in str(err)
+    assert "expected at most 33.2 Mpx (7680x4320, 8K), the largest frame the node takes" in str(err)
 
 
 @pytest.mark.parametrize("claiming", [_jpeg_claiming, _png_claiming])
