@@ -16,6 +16,16 @@ if [ ! -x "$_flashrt_root/.venv/bin/python" ]; then
   # shellcheck disable=SC2317
   return 1 2>/dev/null || exit 1
 fi
+# a checkout copied with its .venv: the venv's scripts and its editable install name the other
+# checkout, whose code would run (setup_env.sh rebuilds such a venv)
+_flashrt_made_for="$(cat "$_flashrt_root/.venv/.flashrt/venv" 2>/dev/null || true)"
+if [ -n "$_flashrt_made_for" ] && [ "$_flashrt_made_for" != "$_flashrt_root/.venv" ]; then
+  echo "scripts/env.sh: $_flashrt_root/.venv was made for $_flashrt_made_for; run: bash scripts/setup_env.sh" >&2
+  unset _flashrt_root _flashrt_made_for
+  # shellcheck disable=SC2317
+  return 1 2>/dev/null || exit 1
+fi
+unset _flashrt_made_for
 _flashrt_prepend() {  # _flashrt_prepend VAR DIR: put DIR first in the :-list VAR, once
   local cur
   eval "cur=\"\${$1:-}\""

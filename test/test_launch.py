@@ -1,7 +1,8 @@
-"""launch/flashrt.launch.py, checked statically (launch and launch_ros are not installable here):
-it parses, declares the documented arguments, and every executable and parameters file it
-names exists in the repository and is installed by CMakeLists.txt; the YAML files load, parse
-as ROS parameter files, and validate against the nodes' parameter checks."""
+"""launch/flashrt.launch.py (launch and launch_ros are not installable here): it parses, declares
+the documented arguments, and every executable and parameters file it names exists in the
+repository and is installed by CMakeLists.txt; run on recording stand-ins for launch and
+launch_ros, it starts each node with what its arguments say; the YAML files load, parse as ROS
+parameter files, and validate against the nodes' parameter checks."""
 
 from __future__ import annotations
 
@@ -213,6 +214,101 @@ def test_a_misspelt_launch_argument_is_named():
         "launch argument 'param_file' is not one of this file's; did you mean 'params_file'? (ignored)",
     ]
     assert '"declared": declared' in LAUNCH.read_text()
+
+
+class _Recorded:
+    """A launch action or launch_ros Node, as the launch file made it: its arguments."""
+
+    def __init__(self, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+        self.name = args[0] if args else None  # a DeclareLaunchArgument's
+
+
+def launched(monkeypatch, **given: str) -> tuple[dict[str, dict], list[str]]:
+    """The launch file run as `ros2 launch` runs it - generate_launch_description(), then its
+    OpaqueFunction with the declared arguments' defaults and `given` - on recording stand-ins for
+    launch and launch_ros (not installable here): each node's keyword arguments by name, and the
+    warnings logged."""
+    import importlib.util
+    import types
+
+    warnings: list[str] = []
+
+    def module(name: str, **attrs) -> None:
+        monkeypatch.setitem(sys.modules, name, types.SimpleNamespace(__name__=name, **attrs))
+
+    class LaunchConfiguration:
+        def __init__(self, name: str):
+            self.name = name
+
+        def perform(self, context) -> str:
+            return context.launch_configurations[self.name]
+
+    module("launch", LaunchDescription=list)
+    module("launch.actions", DeclareLaunchArgument=_Recorded, OpaqueFunction=_Recorded, Shutdown=_Recorded)
+    module("launch.logging", get_logger=lambda _: types.SimpleNamespace(warning=warnings.append))
+    module("launch.substitutions", LaunchConfiguration=LaunchConfiguration)
+    module("launch_ros")
+    module("launch_ros.actions", Node=_Recorded)
+    module("ament_index_python")
+    module("ament_index_python.packages", get_package_share_directory=lambda _: str(REPO))  # config/ as installed
+    spec = importlib.util.spec_from_file_location("flashrt_launch", LAUNCH)
+    launch_file = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launch_file)
+    *arguments, opaque = launch_file.generate_launch_description()
+    config = {a.args[0]: a.kwargs["default_value"] for a in arguments} | given
+    context = types.SimpleNamespace(launch_configurations=config, is_shutdown=False)
+    nodes = opaque.kwargs["function"](context, **opaque.kwargs["kwargs"])
+    return {n.kwargs["name"]: n.kwargs for n in nodes}, warnings
+
+
+def test_the_launch_arguments_reach_the_nodes(monkeypatch, tmp_path):
+    """What each node is started with, from the launch file's own code: the arguments over the
+    params file (launch_ros applies the parameters in order, the last wins), the namespace,
+    remappings and log level on both nodes, and the executable by `lifecycle`."""
+    monkeypatch.delenv("FASTRTPS_DEFAULT_PROFILES_FILE", raising=False)
+    nodes, warnings = launched(monkeypatch)
+    (node,) = nodes.values()
+    assert (node["executable"], node["namespace"], node["remappings"]) == ("flashrt_node", "", [])
+    assert node["parameters"] == [str(REPO / "config" / "flashrt.yaml")]
+    assert node["ros_arguments"] == ["--log-level", "info"] and node["additional_env"] is None
+    assert warnings == []
+
+    params = tmp_path / "robot.yaml"
+    params.write_text("flashrt_node:\n  ros__parameters: {}\n")
+    nodes, warnings = launched(
+        monkeypatch,
+        params_file=str(params),
+        namespace="robot1",
+        use_synthetic="true",
+        remappings="cam_high/image_raw:=/camera/color/image_raw",
+        use_sim_time="TRUE",
+        start_enabled="false",
+        lifecycle="yes",
+        autostart="true",
+        log_level="WARN",
+        checkpoint="/models/pi05_aloha",
+        prompt="fold the towel",
+        param_file="typo.yaml",
+    )
+    node, sensors = nodes["flashrt_node"], nodes["synthetic_sensors"]
+    overrides = {
+        "checkpoint": "/models/pi05_aloha",
+        "prompt": "fold the towel",
+        "start_enabled": False,
+        "autostart": True,
+    }
+    assert node["parameters"] == [str(params), {"use_sim_time": True}, overrides]  # the file first: the rest win
+    assert sensors["parameters"] == [str(REPO / "config" / "synthetic_sensors.yaml"), {"use_sim_time": True}]
+    assert (node["executable"], sensors["executable"]) == ("flashrt_lifecycle_node", "synthetic_sensors")
+    profile = {"FASTRTPS_DEFAULT_PROFILES_FILE": str(REPO / "config" / "fastdds_large_messages.xml")}
+    for each in (node, sensors):
+        assert (each["namespace"], each["ros_arguments"]) == ("robot1", ["--log-level", "warn"])
+        assert each["remappings"] == [("cam_high/image_raw", "/camera/color/image_raw")]
+        assert each["additional_env"] == profile
+    assert warnings == ["launch argument 'param_file' is not one of this file's; did you mean 'params_file'? (ignored)"]
+    with pytest.raises(ValueError, match="params_file '/nope.yaml' is not a file"):
+        launched(monkeypatch, params_file="/nope.yaml")
 
 
 def test_remappings_argument_parser():

@@ -209,6 +209,8 @@ def test_autostart_with_start_enabled_false_configures_and_stays_inactive(ros_en
     node = NodeProcess(ros_env, tmp_path, new_namespace(), params, module=LIFECYCLE)
     peer = Peer(ros_module_context, node.namespace)
     try:
+        first = node.wait_for_line("unconfigured, no policy loaded; autostart:", timeout=60.0)
+        assert first.endswith("configure follows (start_enabled false: it stays inactive until activated)"), first
         line = node.wait_for_line("autostart: start_enabled false: configured, staying inactive until", timeout=60.0)
         assert line.endswith(f"ros2 lifecycle set {node.namespace}/{NODE} activate"), line
         assert state(peer) == "inactive"

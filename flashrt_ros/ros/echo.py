@@ -294,7 +294,9 @@ def _stdout_gone() -> None:
 def _main(argv: list[str] | None = None) -> int:
     argv = sys.argv if argv is None else argv
     parser = argparse.ArgumentParser(
-        prog="python -m flashrt_ros.ros.echo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="ros2 run flashrt_ros flashrt_echo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--node", default="/flashrt_node", help="node whose ~/action_chunk and ~/status to print")
     parser.add_argument("--duration", type=_seconds, default=0.0, help="exit after this many seconds (0 = Ctrl-C)")

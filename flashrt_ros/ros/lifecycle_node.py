@@ -94,7 +94,12 @@ class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
         self._autostarting = False  # its configure's line gives no activate hint
         self._refuse_invalid_transitions()
         fqn = self.get_fully_qualified_name()
-        if self.wants_autostart():
+        if self.wants_autostart() and self.get_parameter("start_enabled").value is False:
+            self.get_logger().info(
+                "unconfigured, no policy loaded; autostart: configure follows (start_enabled false: it stays "
+                "inactive until activated)"
+            )
+        elif self.wants_autostart():
             self.get_logger().info("unconfigured, no policy loaded; autostart: configure and activate follow")
         else:
             self.get_logger().info(f"unconfigured, no policy loaded; next: ros2 lifecycle set {fqn} configure")
