@@ -27,6 +27,28 @@ def test_state_discretisation_uses_256_bins_over_minus_one_one():
     assert bins.tolist() == [0, 0, 128, 192, 255, 255, -1 + 0, 255]
 
 
+def test_openpi_statistics_bin_the_state_in_float64_as_openpi_does():
+    """openpi reads norm_stats.json as float64 and normalises the robot's float64 state in float64
+    before binning it into pi0.5's prompt; in float32 about 1 state in 20000 lands one bin off (a
+    state within float32 rounding of a bin's edge). LeRobot's statistics stay in float32, as LeRobot."""
+    import json
+
+    rng = np.random.default_rng(0)
+    q01 = rng.uniform(-2, 0, 14)
+    q99 = q01 + rng.uniform(0.1, 3, 14)
+    stats = Stats.from_dict(json.loads(json.dumps({"q01": q01.tolist(), "q99": q99.tolist()})))
+    states = rng.uniform(q01, q99, (200_000, 14))
+    edges = np.linspace(-1, 1, 257)[:-1]
+    openpi = np.digitize((states - q01) / (q99 - q01 + 1e-6) * 2.0 - 1.0, edges) - 1  # transforms.py, tokenizer.py
+    s32, lo32, span32 = states.astype(np.float32), q01.astype(np.float32), (q99 - q01).astype(np.float32)
+    in_float32 = np.digitize(2 * (s32 - lo32) / (span32 + np.float32(1e-6)) - 1, edges) - 1
+    assert (in_float32 != openpi).any(axis=1).sum() >= 3  # the data holds states at a bin's edge
+    ours = Normalizer("quantile", stats, stats).normalize_state(states)
+    np.testing.assert_array_equal(discretize_state(ours), openpi)
+    lerobot = Normalizer("quantile", stats, stats, convention="lerobot").normalize_state(states)
+    assert lerobot.dtype == np.float32
+
+
 def test_pi05_prompt_format():
     text = pi05_prompt(" pick_up the\ncube ", np.array([-1.0, 0.0, 0.999]))
     assert text == "Task: pick up the cube, State: 0 128 255;\nAction: "
@@ -747,7 +769,7 @@ def test_aloha_state_enters_the_model_in_the_pi_space(tokenizer_file):
     state = np.linspace(-1.0, 1.0, 14).astype(np.float32)
     state[[6, 13]] = [0.2, 0.8]
     _, _, model_state = policy.prepare_prompt_state(Observation(images, state, "pick"))
-    np.testing.assert_array_equal(model_state[:14].numpy(), state_to_model(state, cfg))
+    np.testing.assert_array_equal(model_state[:14].numpy(), state_to_model(state, cfg).astype(np.float32))
     assert (np.sign(model_state[[1, 2, 8, 9]].numpy()) == -np.sign(state[[1, 2, 8, 9]])).all()  # flipped
     with pytest.raises(ValueError, match="needs 14 state and 14 action joints .* the robot has 6 and 14"):
         policy.prepare_prompt_state(Observation(images, state[:6], "pick"))

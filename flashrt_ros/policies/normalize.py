@@ -7,6 +7,10 @@ Two conventions exist and both are kept exact:
 openpi adds eps = 1e-6 to the divisor both ways (`assets/<id>/norm_stats.json`);
 LeRobot uses eps = 1e-8 only where a quantile range is zero and none when un-normalising
 mean/std (`policy_preprocessor_step_*_normalizer_processor.safetensors`).
+Each also in its own precision: openpi reads its JSON statistics as float64 and normalises the
+robot's float64 state in float64, LeRobot works in float32. pi0.5 writes the normalised state into
+its prompt as bins; a state within float32 rounding of a bin's edge (about 1 in 20000 states) lands
+in another bin in the other precision, and the prompt differs.
 Statistics may cover fewer dims than the padded model vector: extra dims pass through.
 """
 
@@ -44,7 +48,7 @@ class Stats:
 
     @classmethod
     def from_dict(cls, d: dict) -> Stats:
-        get = lambda k: None if d.get(k) is None else np.asarray(d[k], dtype=np.float32)  # noqa: E731
+        get = lambda k: None if d.get(k) is None else np.asarray(d[k], dtype=np.float64)  # noqa: E731
         return cls(get("mean"), get("std"), get("q01"), get("q99"))
 
     def to_dict(self) -> dict:
@@ -108,28 +112,34 @@ class Normalizer:
         return tuple(int(getattr(s, key).shape[-1]) for s in (self.state, self.actions))  # type: ignore[return-value]
 
     def normalize_state(self, x: np.ndarray) -> np.ndarray:
-        return self._apply(np.asarray(x, dtype=np.float32), self.state, forward=True)
+        """In the convention's precision (float64 for openpi, float32 for LeRobot): pi0.5's prompt
+        bins are cut from it."""
+        return self._apply(x, self.state, forward=True)
 
     def normalize_actions(self, x: np.ndarray) -> np.ndarray:
         """The exact inverse of `unnormalize_actions`, with its own scale (LeRobot un-normalises
         mean / std with std, without the 1e-8 its normalisation adds): real-time chunking reads the
         executing chunk back into the model's space with it. A dim of zero scale gives inf or NaN,
         which the caller masks."""
-        return self._apply(np.asarray(x, dtype=np.float32), self.actions, forward=True, divide_by_inverse=True)
+        return self._apply(x, self.actions, forward=True, divide_by_inverse=True).astype(np.float32)
 
     def unnormalize_actions(self, x: np.ndarray) -> np.ndarray:
-        return self._apply(np.asarray(x, dtype=np.float32), self.actions, forward=False)
+        return self._apply(x, self.actions, forward=False).astype(np.float32)
 
     def _apply(self, x: np.ndarray, s: Stats, forward: bool, divide_by_inverse: bool = False) -> np.ndarray:
+        lerobot = self.convention == "lerobot"
+        dtype = np.float32 if lerobot else np.float64  # the convention's own precision (module docstring)
+        x = np.asarray(x, dtype=dtype)
         if self.mode == "identity":
             return x.copy()
-        lerobot = self.convention == "lerobot"
+        cast = lambda a: None if a is None else a.astype(dtype)  # noqa: E731
         if self.mode == "mean_std":
-            shift, fwd = s.mean, s.std + (LEROBOT_EPS if lerobot else EPS)
-            inv = s.std if lerobot else fwd
+            shift, std = cast(s.mean), cast(s.std)
+            fwd = std + (LEROBOT_EPS if lerobot else EPS)
+            inv = std if lerobot else fwd
         else:
-            shift = s.q01
-            span = s.q99 - s.q01
+            shift = cast(s.q01)
+            span = cast(s.q99) - shift
             fwd = np.where(span == 0, LEROBOT_EPS, span) if lerobot else span + EPS
             inv = fwd
         d = min(shift.shape[-1], x.shape[-1])

@@ -108,7 +108,7 @@ class Policy:
         raw = np.asarray(obs.state)
         if raw.dtype.kind not in "biuf":  # complex (the imaginary part dropped), text, objects
             raise ValueError(f"state must be real numbers, got {raw.dtype}; no action computed")
-        state = raw.astype(np.float32)
+        state = raw.astype(np.float64)  # as the robot gave it: openpi bins pi0.5's prompt state in float64
         if state.ndim != 1 or state.shape[0] > cfg.state_dim:
             raise ValueError(f"state must be a vector of at most {cfg.state_dim} values, got shape {state.shape}")
         if not np.isfinite(state).all():
@@ -124,8 +124,9 @@ class Policy:
             raise ValueError(f"{problem}; no action computed")
         with np.errstate(all="ignore"):  # checked just below
             norm_state = self.normalizer.normalize_state(state_to_model(state, self.cfg))
-        if not np.isfinite(norm_state).all():  # finite statistics, but e.g. a state at 1e38
-            i = int(np.flatnonzero(~np.isfinite(norm_state))[0])
+        finite = np.isfinite(norm_state.astype(np.float32))  # as the model gets it
+        if not finite.all():  # finite statistics, but e.g. a state at 1e38
+            i = int(np.flatnonzero(~finite)[0])
             raise ValueError(
                 f"normalised state is not finite at index {i} (raw value {state[i]:.6g}); no action computed"
             )

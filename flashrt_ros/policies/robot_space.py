@@ -116,11 +116,12 @@ def space_problem(cfg: Any, state_dims: int, action_dof: int) -> str | None:
 
 
 def state_to_model(state: np.ndarray, cfg: Any) -> np.ndarray:
-    """The robot's state in the space the model was trained on (before normalising)."""
-    state = np.asarray(state, dtype=np.float32)
+    """The robot's state in the space the model was trained on (before normalising), in float64
+    as the robot gave it: openpi normalises it in float64 (normalize.py)."""
+    state = np.asarray(state, dtype=np.float64)
     if not cfg.aloha_adapt_to_pi:
         return state
-    return _aloha(state.astype(np.float64), _gripper_to_angular).astype(np.float32)
+    return _aloha(state, _gripper_to_angular)
 
 
 def actions_to_robot(actions: np.ndarray, state: np.ndarray, cfg: Any) -> np.ndarray:
