@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -425,7 +426,10 @@ class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def _views(text: str) -> list[int]:
-    return [int(v) for v in text.split(",")]
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma list of view counts, e.g. 1,2,3, got {text!r}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -477,12 +481,20 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "verbose", False):
         logging.getLogger("flashrt_ros").setLevel(logging.DEBUG)
     if args.command == "bench":
+        # SIGTERM (timeout, a batch scheduler) as Ctrl-C: finished rows kept, empty folders removed
+        previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
             return _bench(args)
         except KeyboardInterrupt:  # before any row ran (_bench says where finished rows went)
             print("interrupted: nothing written")
             return 130
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     return 2
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -101,9 +101,11 @@ class NodeProcess:
         params: dict,
         extra_args: list[str] = (),
         module: str = "flashrt_ros.ros.node",
+        node: str = NODE,
     ):
+        """`node`: the name `params` are addressed to (synthetic_sensors for its module)."""
         params_file = tmp / f"params_{uuid.uuid4().hex[:6]}.yaml"
-        params_file.write_text(yaml.safe_dump({f"/**/{NODE}": {"ros__parameters": params}}))
+        params_file.write_text(yaml.safe_dump({f"/**/{node}": {"ros__parameters": params}}))
         env = dict(env, RCUTILS_LOGGING_BUFFERED_STREAM="0", RCUTILS_COLORIZED_OUTPUT="0", PYTHONUNBUFFERED="1")
         cmd = [
             sys.executable,

@@ -128,6 +128,13 @@ def test_full_size_on_the_cpu_is_refused_pointing_to_tiny(capsys) -> None:
     assert out.startswith("full-size pi05 on cpu: minutes per decision") and "pass --tiny" in out
 
 
+def test_views_that_are_not_numbers_are_named_with_the_expected_form(capsys) -> None:
+    with pytest.raises(SystemExit) as exited:  # argparse: status 2, its usage line, then ours
+        main(["bench", "--policy", "pi05", "--tiny", "--views", "1,,2"])
+    assert exited.value.code == 2
+    assert "argument --views: expected a comma list of view counts, e.g. 1,2,3, got '1,,2'" in capsys.readouterr().err
+
+
 def test_unknown_mode_is_refused(capsys) -> None:
     assert main(["bench", "--policy", "pi05", "--tiny", "--modes", "eager,fp8"]) == 2
     assert (
@@ -285,9 +292,14 @@ def test_verbose_logs_a_failed_modes_traceback_also_when_run_as_a_module(tmp_pat
     assert failed.name == "flashrt_ros.cli" and "no kernel image is available" in str(failed.exc_info[1])
 
 
-def test_an_interrupted_bench_says_which_rows_it_wrote_and_leaves_no_empty_folder(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+def test_an_interrupted_bench_says_which_rows_it_wrote_and_leaves_no_empty_folder(tmp_path, capsys, monkeypatch, stop):
     """Ctrl-C before any row finished left the folders it had made, empty, and said the rows were
-    in them; after one, it names the file that holds them."""
+    in them; after one, it names the file that holds them. SIGTERM (timeout, a batch scheduler)
+    killed it without a word and left the folders: it is stopped the same way."""
+    import os
+    import signal
+
     import flashrt_ros.bench.reference as reference
 
     measure, calls = reference.measure_reference, []
@@ -295,7 +307,9 @@ def test_an_interrupted_bench_says_which_rows_it_wrote_and_leaves_no_empty_folde
     def interrupted_second(*args, **kwargs):
         calls.append(1)
         if len(calls) == 2:
-            raise KeyboardInterrupt
+            if stop == "ctrl-c":
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler raises in this thread at once
         return measure(*args, **kwargs)
 
     monkeypatch.setattr(reference, "measure_reference", interrupted_second)
@@ -311,6 +325,7 @@ def test_an_interrupted_bench_says_which_rows_it_wrote_and_leaves_no_empty_folde
     (path,) = out.glob("bench_*.json")
     assert len(json.loads(path.read_text())["runs"]) == 1
     assert f"interrupted: the 1 finished row(s) are in {path}\n" in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the process's own handler back
 
 
 def test_latency_percentiles_on_known_samples() -> None:

@@ -171,6 +171,7 @@ def test_bad_arguments_exit_2_with_one_line(ros_env):
         (["--ros-args", "-r", "__ns:=bad"], "echo: cannot start: the ROS arguments are invalid: "),
         (["--ros-args", "--param-file", "x.yaml"], "unknown ROS arguments ['--param-file', 'x.yaml'] (a typo?"),
         (["--node", "bad name", "--duration", "1"], "echo: cannot start: topic name must not contain"),
+        (["--ros-args", "-p", "use_sim_time:=7"], "echo: cannot start: use_sim_time must be true or false, got "),
     ):
         done = echo(*args)
         assert done.returncode == 2 and said in done.stderr, (args, done.stderr)
@@ -207,6 +208,24 @@ def test_the_entry_script_stopped_by_a_signal_prints_its_summary(ros_env, signum
         proc.kill()
     assert proc.returncode == 1 and out.rstrip().endswith("echo: no action chunks received"), (out, err)
     assert "not starting" not in err, err
+
+
+def test_the_entry_script_stopped_while_importing_exits_1(ros_env):
+    """Stopped in its first tenths of a second (the import-time guard): no chunk came, so status 1,
+    as when stopped later; a script checking `flashrt_echo --duration N` saw 0 and took it for chunks."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "ros" / "flashrt_echo"
+    assert 'stop_cleanly_while_importing("flashrt_echo", status=1)' in script.read_text()
+    guarded = (  # the guard as the script installs it, then a stop signal while it holds
+        "import os, signal; from flashrt_ros.ros.early_stop import stop_cleanly_while_importing as guard; "
+        "guard('flashrt_echo', status=1); os.kill(os.getpid(), signal.SIGTERM); signal.pause()"
+    )
+    done = subprocess.run([sys.executable, "-c", guarded], env=ros_env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    assert "[flashrt_echo] not starting: stopped by SIGTERM while starting" in done.stderr, done.stderr
 
 
 def test_the_silence_hint_names_a_paused_node_and_one_that_publishes_nothing(ros_env, rclpy_context):

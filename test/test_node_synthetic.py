@@ -123,6 +123,10 @@ def test_synthetic_sensors_refuse_bad_settings_with_reasons(rclpy_context):
     assert problems(image_width=100_000, image_height=100_000)[0].startswith(
         "image_width/image_height must be integers > 0 of at most 33177600 pixels together"
     )
+    # JPEG holds at most 65535 pixels a side: a 70000 x 2 camera passed and died encoding, a traceback
+    assert problems(encoding="jpeg", image_width=70_000, image_height=2) == [
+        "image_width/image_height must be at most 65500 each for encoding jpeg (the format's limit), got 70000/2"
+    ]
     # a period past int64 nanoseconds was a TypeError from rclpy's Timer
     assert problems(joint_rate_hz=1e-12) == ["joint_rate_hz must be a number in [0.01, 1000], got 1e-12"]
     (typo,) = problems(camera_rate=15.0, encodng="jpeg")  # ran on its defaults without a word
@@ -152,6 +156,21 @@ def test_synthetic_sensors_refuse_bad_settings_with_reasons(rclpy_context):
         assert sensors.get_parameter("camera_rate_hz").value == 15.0
     finally:
         sensors.destroy_node()
+
+
+def test_synthetic_sensors_say_when_no_clock_lets_them_publish(ros_env, tmp_path):
+    """use_sim_time with nothing publishing /clock: the timers never fire, and the start line had
+    said the streams publish (`use_synthetic:=true use_sim_time:=true` without a simulator)."""
+    from node_harness import NodeProcess, new_namespace
+
+    module = "flashrt_ros.ros.synthetic_sensors"
+    params = {"use_sim_time": True}
+    sensors = NodeProcess(ros_env, tmp_path, new_namespace(), params, module=module, node="synthetic_sensors")
+    try:
+        line = sensors.wait_for_line("no /clock arrived", timeout=30.0)
+        assert "use_sim_time is on and no /clock arrived in 3 s: nothing is published until ROS time moves" in line
+    finally:
+        assert sensors.stop() == 0, sensors.tail()
 
 
 def test_synthetic_sensors_exit_2_on_a_params_file_rcl_cannot_parse(ros_env, tmp_path):

@@ -18,15 +18,16 @@ STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, *_HAN
 """The signals that stop our nodes cleanly."""
 
 
-def stop_cleanly_while_importing(executable: str) -> None:
-    """Until main() takes the signals over, a stop signal (STOP_SIGNALS) ends the process with status 0 and
-    one line, as a stop while the pipeline is built does. At once (os._exit): nothing is made yet
-    that needs closing, and an exception raised into an import can be caught there and lost."""
+def stop_cleanly_while_importing(executable: str, status: int = 0) -> None:
+    """Until main() takes the signals over, a stop signal (STOP_SIGNALS) ends the process with
+    `status` and one line, as a stop while the pipeline is built does (status 0 for the nodes; 1
+    for flashrt_echo, whose 0 says a chunk arrived). At once (os._exit): nothing is made yet that
+    needs closing, and an exception raised into an import can be caught there and lost."""
 
     def stopped(signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
         print(f"[{executable}] not starting: stopped by {name} while starting", file=sys.stderr, flush=True)
-        os._exit(0)
+        os._exit(status)
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, stopped)

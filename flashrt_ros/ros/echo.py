@@ -33,7 +33,7 @@ from flashrt_ros.msg import ActionChunk, PipelineStatus
 from flashrt_ros.ros.early_stop import STOP_SIGNALS
 from flashrt_ros.ros.input_error import REASONS
 from flashrt_ros.ros.joint_convert import stamp_to_ns
-from flashrt_ros.ros.params import rcl_reason
+from flashrt_ros.ros.params import ConfigError, rcl_reason, rclpy_parameter_refusals
 
 INPUT_REASONS = REASONS | {"absent"}
 """What an input topic's counters are; anything else keyed by a name is a service's or the prompt's."""
@@ -322,7 +322,12 @@ def _main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGHUP, signal.default_int_handler)
     try:
         rclpy.init(args=argv)
-        node = Echo(args.node.rstrip("/") or "/", args.every, args.quiet)
+        with rclpy_parameter_refusals():  # `-p use_sim_time:=7`: one sentence, not rclpy's traceback
+            node = Echo(args.node.rstrip("/") or "/", args.every, args.quiet)
+    except ConfigError as exc:
+        print(f"echo: cannot start: {'; '.join(exc.problems)}", file=sys.stderr)
+        rclpy.try_shutdown()
+        return 2
     except (
         RCLError,
         UnknownROSArgsError,

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import rclpy
+from rclpy.clock import Clock, ClockType
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.logging import get_logger
 from rclpy.node import Node
@@ -55,6 +56,8 @@ NODE_NAME = "synthetic_sensors"
 MIN_RATE_HZ = 0.01  # as flashrt_node's rates: a period of 100 s
 ENCODINGS = ("rgb8", "bgr8", "jpeg")
 JPEG_FRAMES = 30  # distinct pre-encoded frames per camera (one scroll cycle)
+CLOCK_WAIT_S = 3.0  # under use_sim_time, how long without a /clock before saying nothing is published
+MAX_JPEG_SIDE = 65500  # the most Pillow's JPEG encoder takes per side (the format: 65535)
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,11 @@ class SensorConfig:
             value = getattr(self, name)
             if not (isinstance(value, float) and MIN_RATE_HZ <= value <= 1000):
                 problems.append(f"{name} must be a number in [{MIN_RATE_HZ}, 1000], got {value!r}")
+        if self.encoding == "jpeg" and _integer(width) and _integer(height) and max(width, height) > MAX_JPEG_SIDE:
+            problems.append(
+                f"image_width/image_height must be at most {MAX_JPEG_SIDE} each for encoding jpeg (the format's "
+                f"limit), got {width!r}/{height!r}"
+            )
         if not (_integer(self.jpeg_quality) and 1 <= self.jpeg_quality <= 100):
             problems.append(f"jpeg_quality must be an integer in [1, 100], got {self.jpeg_quality!r}")
         for name in ("camera_topics", "joint_names"):
@@ -211,6 +219,19 @@ class SyntheticSensors(Node):
             f"{cfg.camera_rate_hz:g} Hz on {cameras} and {len(cfg.joint_names)} joints at "
             f"{cfg.joint_rate_hz:g} Hz on {self.resolve_topic_name(cfg.joint_state_topic)}"
         )
+        if self.get_clock().ros_time_is_active:  # use_sim_time: the timers wait for /clock to move
+            steady = Clock(clock_type=ClockType.STEADY_TIME)
+            self._clock_check = self.create_timer(CLOCK_WAIT_S, self._warn_without_clock, clock=steady)
+
+    def _warn_without_clock(self) -> None:
+        """Once: under use_sim_time with no /clock the streams' timers never fire, and the start
+        line above said they publish (`use_synthetic:=true use_sim_time:=true` without a simulator)."""
+        self._clock_check.cancel()
+        if self.get_clock().now().nanoseconds == 0:  # ROS time before any /clock message
+            self.get_logger().warning(
+                f"use_sim_time is on and no /clock arrived in {CLOCK_WAIT_S:g} s: nothing is published until "
+                "ROS time moves (a simulator, or `ros2 bag play --clock`); or set use_sim_time false"
+            )
 
     def _topic_problems(self) -> list[str]:
         """Topic names rcl refuses, with its reason, and names that resolve to one topic (two
@@ -339,6 +360,7 @@ def main(args: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         stopping()
+        get_logger(NODE_NAME).info("not starting: stopped by a signal while starting")
         rclpy.try_shutdown()
         return 0
 
