@@ -69,7 +69,7 @@ EXPECTED_SRV_FIELDS = {
     "DropCapsule": ({"name": "string"}, RESULT),
     "ListCapsules": (
         {},
-        {"names": "sequence<string>", "size_bytes": "sequence<uint64>", "created": f"sequence<{TIME}>"},
+        RESULT | {"names": "sequence<string>", "size_bytes": "sequence<uint64>", "created": f"sequence<{TIME}>"},
     ),
 }
 

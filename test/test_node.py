@@ -523,6 +523,7 @@ def test_capsule_services(running):
 
     listing = peer.call(ListCapsules, f"{base}/list", ListCapsules.Request())
     assert list(listing.names) == ["warm"] and listing.size_bytes[0] > 0 and stamp_ns(listing.created[0]) > 0
+    assert listing.success and listing.message == "1 capsule(s)"
 
     unknown = peer.call(RestoreCapsule, f"{base}/restore", RestoreCapsule.Request(name="nope"))
     assert not unknown.success and unknown.message == "no capsule named 'nope' (have: 'warm')"

@@ -85,6 +85,10 @@ def test_lifecycle_transitions(lifecycle_node):
     assert not peer.statuses and not peer.chunks and not peer.trajectories
     reset = peer.call(Trigger, f"{peer.namespace}/{NODE}/reset", Trigger.Request())
     assert not reset.success and reset.message == NOT_CONFIGURED  # the services answer from the start
+    from flashrt_ros.srv import ListCapsules  # no capsules and no policy: said apart from an empty store
+
+    listing = peer.call(ListCapsules, f"{peer.namespace}/{NODE}/capsule/list", ListCapsules.Request())
+    assert (listing.success, listing.message, list(listing.names)) == (False, NOT_CONFIGURED, [])
     # a transition this state has not (by id, as a lifecycle manager sends them): refused, and the
     # node goes on (rclpy's RCLError ended the process)
     mark = node.mark()

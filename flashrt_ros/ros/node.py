@@ -1204,9 +1204,8 @@ NOT_CONFIGURED = "the node is not configured (lifecycle: unconfigured): nothing 
 
 
 def _not_set_up(response: Any) -> Any:
-    """A service's answer while the node is not set up (ListCapsules: an empty list)."""
-    if hasattr(response, "success"):
-        response.success, response.message = False, NOT_CONFIGURED
+    """A service's answer while the node is not set up (ListCapsules: no names either)."""
+    response.success, response.message = False, NOT_CONFIGURED
     return response
 
 

@@ -192,6 +192,7 @@ class NodeServices:
         response.names = [c.name for c in capsules]
         response.size_bytes = [c.size_bytes for c in capsules]
         response.created = [messages.time_msg(c.created_ns) for c in capsules]
+        response.success, response.message = True, f"{len(capsules)} capsule(s)"
         return response
 
 
