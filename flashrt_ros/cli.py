@@ -207,6 +207,14 @@ def _rows_written(results: dict, out: Path, made: list[Path]) -> str:
     return f"the {rows} finished row(s) are in {path}"
 
 
+def env_line(env: dict) -> str:
+    """'env: commit 1a2b3c4d (dirty), NVIDIA H200, torch 2.11.0, triton 3.6.0, python 3.12.3'."""
+    commit = str(env.get("commit") or "unknown")[:8] + (" (dirty)" if env.get("dirty") else "")
+    where = env.get("gpu") or f"{env.get('device')} ({env.get('cpu')})"
+    versions = ", ".join(f"{k} {env[k]}" for k in ("torch", "cuda", "triton", "python") if env.get(k))
+    return f"env: commit {commit}, {where}, {versions}"
+
+
 def _run(args: argparse.Namespace, modes: list[str], results: dict, out: Path, made: list[Path], device) -> int:
     """The policies set up, each mode timed, the ratios: rows written to the JSON as they finish."""
     from .bench.timing import HEADER
@@ -218,6 +226,7 @@ def _run(args: argparse.Namespace, modes: list[str], results: dict, out: Path, m
         print(f"cannot set up the benchmark: {exc if isinstance(exc, ValueError) else f'{type(exc).__name__}: {exc}'}")
         LOG.debug("set-up failed", exc_info=True)
         return 2 if isinstance(exc, ValueError) else 1
+    print(env_line(results["env"]))  # a captured log names what ran, as the JSON does
     print(HEADER)
     if not any(m in BASELINES for m in modes):
         print(f"note: no baseline among --modes ({', '.join(BASELINES)}): no speed-ups in this run")

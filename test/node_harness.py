@@ -400,6 +400,16 @@ def in_process_node(context: Any, **params: Any) -> Any:
     return FlashRTNode(context=context, parameter_overrides=overrides)
 
 
+def past_start(node: Any) -> Any:
+    """`node` as if started a minute ago: DDS discovery and the wait for first inputs over, so its
+    health is judged as a running node's (absent inputs are an outage, not the start's wait)."""
+    from flashrt_ros.ros.reasons import DISCOVERY_S
+
+    node._subscribed_at = time.monotonic() - DISCOVERY_S - 60.0
+    node._started_at = node._timer_seconds() - 60.0
+    return node
+
+
 def start_node_and_peer(
     env: dict[str, str], tmp: Path, context: Any, first: str = "chunk", **overrides: Any
 ) -> tuple[NodeProcess, Peer]:

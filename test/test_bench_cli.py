@@ -192,6 +192,20 @@ def test_environment_names_this_checkout_from_any_folder(tmp_path, monkeypatch) 
     assert (env["commit"], env["dirty"]) == ("abc1234", None)
 
 
+def test_the_printed_table_opens_with_what_ran() -> None:
+    """A captured log (docs/results/*.log) named its card and commit only through its file name."""
+    from flashrt_ros.cli import env_line
+
+    gpu = {"commit": "0123456789abcdef", "dirty": True, "gpu": "NVIDIA H200", "torch": "2.11.0", "cuda": "13.0"}
+    gpu |= {"triton": "3.6.0", "python": "3.12.3", "device": "cuda:0"}
+    assert (
+        env_line(gpu)
+        == "env: commit 01234567 (dirty), NVIDIA H200, torch 2.11.0, cuda 13.0, triton 3.6.0, python 3.12.3"
+    )
+    cpu = {"commit": None, "dirty": None, "device": "cpu", "cpu": "x86_64", "torch": "2.11.0", "python": "3.12.3"}
+    assert env_line(cpu) == "env: commit unknown, cpu (x86_64), torch 2.11.0, python 3.12.3"
+
+
 def test_write_result_keeps_the_environment_beside_the_payload(tmp_path, capsys) -> None:
     """What every bench script writes: its payload and where it ran (commit, versions, device)."""
     import torch

@@ -143,6 +143,13 @@ def test_stale_says_age_and_limit() -> None:
         check_fresh(stamp(99, 250_000_000), now, 0.5, "/cam/wrist")
     assert err.value.reason == ie.STALE
     assert "0.750 s" in str(err.value) and "0.5 s" in str(err.value)
+    assert "clock" not in str(err.value)  # a held sample aged: the sensor, not a clock
+    with pytest.raises(InputError) as err:  # just arrived, yet old: the sender's clock or the way
+        check_fresh(stamp(99, 250_000_000), now, 0.5, "/cam/wrist", on_arrival=True)
+    assert str(err.value).endswith(
+        "data is 0.750 s old; expected at most 0.5 s (stamped that long before it arrived: the sender's clock "
+        "behind this node's, NTP / chrony?, or a transport that held it)"
+    ), str(err.value)
 
 
 def test_future_stamp_means_clocks_disagree() -> None:

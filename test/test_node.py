@@ -24,6 +24,7 @@ from node_harness import (
     TEST_PARAMS,
     check_wait_after_reset,
     in_process_node,
+    past_start,
     running_node_and_peer,
     stamp_ns,
 )
@@ -1128,7 +1129,7 @@ def test_under_sim_time_idle_is_measured_on_the_ros_clock(rclpy_context):
     from diagnostic_msgs.msg import DiagnosticStatus
     from rclpy.time import Time
 
-    node = in_process_node(rclpy_context)
+    node = past_start(in_process_node(rclpy_context))
     try:
         clock = node.get_clock()
         clock._set_ros_time_is_active(True)
@@ -1153,12 +1154,12 @@ def test_diagnostics_name_only_what_can_stop_a_decision(rclpy_context):
     says so rather than "no decision ran"."""
     from diagnostic_msgs.msg import DiagnosticStatus
 
-    node = in_process_node(rclpy_context)
+    node = past_start(in_process_node(rclpy_context))
     try:
         cam = node.slots[0].topic
         node._last_decision_at = time.monotonic() - 30.0
         node._invalid_at_decision = dict(node.invalid)
-        node._blocking = frozenset({cam})
+        node._blocking, node._dropped_streak = frozenset({cam}), 300  # an outage: 30 s of skipped ticks
         for key in [
             (cam, "stale"),
             ("", "invalid_parameter"),
@@ -1184,6 +1185,107 @@ def test_diagnostics_name_only_what_can_stop_a_decision(rclpy_context):
         node._deciding = False
         level, message = node._health(*node._snapshot_with_baseline(advance=True))
         assert message.endswith("(no decision ran)"), message
+    finally:
+        node.destroy_node()
+
+
+def test_late_decisions_and_the_start_s_wait_are_warnings_and_a_hang_an_error(rclpy_context):
+    """/diagnostics' ERROR is for decisions that do not run. It said ERROR "no decision for 0.2 s
+    (the inputs are good again...)" while one slow decision computed on inputs good all along, and
+    ERROR while the cameras came up a moment after the node (the log called that wait expected);
+    statuses faster than decisions said OK between decisions that all missed their deadline."""
+    from diagnostic_msgs.msg import DiagnosticStatus
+    from rclpy.time import Time
+
+    from flashrt_ros.ros.inputs import Sample
+    from flashrt_ros.ros.node_status import HUNG_FACTOR
+
+    def health() -> tuple[bytes, str]:
+        return node._health(*node._snapshot_with_baseline(advance=True))
+
+    node = in_process_node(rclpy_context)  # just started: no input yet, DDS discovery's wait
+    try:
+        node._last_decision_at = time.monotonic() - 30.0
+        node._started_at = node._timer_seconds()  # the first tick: within DISCOVERY_S of the subscriptions
+        level, message = health()
+        assert level == DiagnosticStatus.WARN and message.startswith("running, not ready (absent "), message
+        past_start(node)  # the wait is over: absent inputs are an outage
+        assert health() == (DiagnosticStatus.ERROR, "no decision for 30.0 s (no decision ran)")
+
+        stamp = Time(nanoseconds=node.get_clock().now().nanoseconds).to_msg()
+        for cam in node.slots[:-1]:
+            cam.latest = Sample(np.zeros((24, 32, 3), np.uint8), stamp, 0, 0)
+        node.slots[-1].latest = Sample(np.zeros(len(JOINTS), np.float32), stamp, 0, 0)
+        node._decision_s.extend([0.05] * 8)  # idle limit: max(2 periods, a status period, 0.1 s) = 0.2 s
+        node._deciding = True  # on good inputs, no tick skipped: slow, not stopped
+        node._last_decision_at = node._decision_began = time.monotonic() - 0.5
+        level, message = health()
+        assert level == DiagnosticStatus.WARN, message
+        assert "a decision computing for 0.5 s (the slowest of the last ones took 0.05 s)" in message, message
+        hung_s = HUNG_FACTOR * node._idle_limit_s() + 1.0
+        node._last_decision_at = node._decision_began = time.monotonic() - hung_s
+        level, message = health()
+        assert level == DiagnosticStatus.ERROR, message
+        assert message.endswith(f"(a decision computing for {hung_s:.1f} s: does the policy hang?)"), message
+
+        node._deciding, node._last_decision_at = False, time.monotonic()
+        node._last_missed = 0.3  # the last decision took 0.3 s of a 0.1 s period; this status saw no new one
+        level, message = health()
+        assert level == DiagnosticStatus.WARN, message
+        assert message.endswith("the last decision missed its deadline (0.300 s for a 0.100 s period)"), message
+        node._last_missed = None  # the next decision kept its deadline
+        assert health() == (DiagnosticStatus.OK, "running at 10 Hz")
+    finally:
+        node.destroy_node()
+
+
+def test_a_stale_input_whose_publisher_is_gone_says_so(rclpy_context):
+    """A camera driver that crashed left "[stale] ...: data is 46.279 s old" for as long as it was
+    down, with nothing about its publisher (the absent case checks the graph)."""
+    from collections import Counter
+
+    from flashrt_ros.ros.input_error import STALE, InputError
+
+    node = in_process_node(rclpy_context)  # nothing publishes its inputs here
+    try:
+        slot = node.slots[0]
+        err = InputError(STALE, slot.topic, "data is 46.279 s old; expected at most 0.5 s")
+        said = node._stale_detail(slot, err, Counter())
+        assert (
+            said
+            == "data is 46.279 s old; expected at most 0.5 s; no publisher on this topic any more (its driver stopped?)"
+        )
+        # refused since (a driver that publishes, badly): that is the news, not the graph
+        assert node._stale_detail(slot, err, Counter(bad_size=4)).endswith(
+            "(newer messages were rejected: bad_size x4)"
+        )
+    finally:
+        node.destroy_node()
+
+
+def test_a_chunk_that_can_end_before_the_next_arrives_is_warned_at_start(rclpy_context, monkeypatch):
+    """config/flashrt.yaml's tiny policy: 10 actions of 0.02 s from an observation up to 0.5 s old,
+    decided every 0.1 s - chunks ended before the next came (chunk_ended, chunk_exhausted) with no
+    word at start; only a period longer than a chunk was said."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    node = in_process_node(rclpy_context)  # TEST_PARAMS: 0.5 s chunks, 0.1 s + max_age_s 0.4: at the edge
+    try:
+        said: list[str] = []
+        monkeypatch.setattr(node, "get_logger", lambda: SimpleNamespace(warning=said.append))
+        node._warn_chunk_gap(node.cfg)
+        assert said == []
+        tight = dataclasses.replace(node.cfg, max_age_s=0.5, step_duration_s=0.02)
+        node._warn_chunk_gap(tight)
+        assert said == [
+            "a chunk lasts 0.2 s (10 actions x step_duration_s 0.02) from its observation, which may be max_age_s "
+            "0.5 s old, and the next comes a period (0.1 s) and a decision later: chunks can end before the next "
+            "arrives (counted as chunk_ended, chunk_exhausted); expected max_age_s + 1 / rate_hz below 0.2 s"
+        ]
+        said.clear()  # stamped at publication, a chunk starts when it is sent: its inputs' age is no matter
+        node._warn_chunk_gap(dataclasses.replace(tight, trajectory_stamp="publication"))
+        assert said == []
     finally:
         node.destroy_node()
 
@@ -1230,7 +1332,7 @@ def test_under_sim_time_idle_counts_from_the_first_clock_not_from_ros_time_0(rcl
     from diagnostic_msgs.msg import DiagnosticStatus
     from rclpy.time import Time
 
-    node = in_process_node(rclpy_context)
+    node = past_start(in_process_node(rclpy_context))
     try:
         clock = node.get_clock()
         clock._set_ros_time_is_active(True)
@@ -1258,7 +1360,7 @@ def test_under_sim_time_a_deadline_is_judged_in_sim_time_and_a_reset_does_not_hi
 
     from flashrt_ros.ros.inputs import Sample
 
-    node = in_process_node(rclpy_context)
+    node = past_start(in_process_node(rclpy_context))
     try:
         clock = node.get_clock()
         clock._set_ros_time_is_active(True)
@@ -1283,7 +1385,7 @@ def test_under_sim_time_a_deadline_is_judged_in_sim_time_and_a_reset_does_not_hi
                 cam.latest = Sample(np.zeros((24, 32, 3), np.uint8), stamp, 0, 0)
             node.slots[-1].latest = Sample(np.zeros(len(JOINTS), np.float32), stamp, 0, 0)
             monkeypatch.setattr(node.state, "decide", decide_taking(sim_s, wall_s))
-            node._decide()
+            node._on_decision()  # the timer's callback: the decision, then nothing computing
 
         one_decision(sim_s=0.05, wall_s=0.15)  # a slow simulator: 0.15 s of wall time, half a period of sim time
         assert node.decisions == 1 and node.deadline_misses == 0
@@ -1329,7 +1431,7 @@ def test_the_error_names_the_inputs_that_still_stop_decisions(rclpy_context):
 
     from flashrt_ros.ros.inputs import Sample
 
-    node = in_process_node(rclpy_context)
+    node = past_start(in_process_node(rclpy_context))
     try:
         now = node.get_clock().now()
         assert node._fresh_samples(now.nanoseconds, node.cfg) is None  # all absent
@@ -1556,7 +1658,7 @@ def test_a_policy_slower_than_the_rate_is_no_error_and_an_error_names_its_cause(
     why, counted since the last decision, not only since the last status."""
     from diagnostic_msgs.msg import DiagnosticStatus
 
-    node = in_process_node(rclpy_context, rate_hz=100.0, status_rate_hz=50.0)
+    node = past_start(in_process_node(rclpy_context, rate_hz=100.0, status_rate_hz=50.0))
     try:
         node._decision_s.extend([0.5] * 8)  # long: a loaded machine's pause is far shorter
         node._last_decision_at = time.monotonic() - 0.8  # inside the next 0.5 s decision (limit 1 s)

@@ -81,7 +81,8 @@ def test_wrong_size(running):
         CAMERAS[1],
         lambda: peer.publish_camera(1, peer.image(hw=(h, w)), good=False),
         "bad_size",
-        f"image is {h}x{w} (HxW); expected {HW[0]}x{HW[1]} from config",
+        f"image is {h}x{w} (HxW); expected {HW[0]}x{HW[1]} from config (image_height x image_width, one size "
+        "for every camera: 0 / 0 for cameras of different sizes)",
     )
 
 
@@ -717,7 +718,7 @@ def test_oversized_compressed_frames_are_refused_from_the_header(any_size):
         CAMERAS[0],
         bad,
         "bad_size",
-        "image is 8000x8000 (HxW), 64.0 Mpx; expected at most 33.2 Mpx (7680x4320, 8K) when image_height",
+        "image is 8000x8000 (HxW), 64.0 Mpx; expected at most 33.2 Mpx (7680x4320, 8K), the largest frame",
     )
 
 

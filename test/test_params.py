@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from flashrt_ros.ros.params import (
@@ -157,7 +158,15 @@ def test_defaults_are_the_embedded_demo():
             "action_upper_limits has 2 values for 14 action joints; expected one per joint",
         ),
         ({"action_max_step": [0.0]}, "action_max_step[0] must be > 0, got 0.0"),
-        ({"action_lower_limits": [float("nan")]}, "action_lower_limits[0] must be a finite number, got nan"),
+        (
+            {"action_lower_limits": [float("nan")]},
+            "action_lower_limits[0] must be a finite number or -inf for no bound (a continuous joint), got nan",
+        ),
+        (
+            {"action_lower_limits": [float("inf")]},
+            "action_lower_limits[0] must be a finite number or -inf for no bound (a continuous joint), got inf",
+        ),
+        ({"action_max_step": [float("inf")]}, "action_max_step[0] must be a finite number, got inf"),
         ({"action_lower_limits": ["low"]}, "action_lower_limits must be a list of numbers, got list ['low']"),
         (
             {"action_lower_limits": [1.0], "action_upper_limits": [1.0] + [2.0] * 13},
@@ -172,6 +181,19 @@ def test_defaults_are_the_embedded_demo():
 def test_invalid_values_have_precise_reasons(values, reason):
     found = problems(**values)
     assert any(reason in p for p in found), found
+
+
+def test_a_continuous_joint_has_no_position_bound():
+    """A Kinova Gen3's continuous joints have no position limit: -.inf / .inf there (the others
+    limited); an arm had to make up a bound, as the refusal said "must be a finite number"."""
+    from flashrt_ros.engine.action_limits import ActionLimits
+
+    inf = float("inf")
+    assert problems(action_lower_limits=[-1.0] * 13 + [-inf], action_upper_limits=[1.0] * 13 + [inf]) == []
+    limits = ActionLimits.from_lists(("j0", "j1"), lower=[-1.0, -inf], upper=[1.0, inf], max_step=[])
+    out, clamped = limits.apply(np.array([[5.0, 5.0], [-7.0, -7.0]]), np.zeros(2))
+    np.testing.assert_array_equal(out, [[1.0, 5.0], [-1.0, -7.0]])  # only the bounded joint clamped
+    assert (clamped.values, clamped.joints) == (2, 1) and "j0" in clamped.worst, clamped
 
 
 @pytest.mark.ros  # rcl's rules, through rclpy

@@ -160,3 +160,23 @@ print(len(seen), len({id(e) for e in seen}))
     )
     handled, distinct = map(int, out.split())
     assert handled >= 1 and handled == distinct, out
+
+
+def test_a_list_mixing_integers_and_decimals_is_named_with_its_fix(tmp_path, ros_env):
+    """rcl refuses `[0.05, 1]` naming only a line; the start's one line names the parameter and
+    says to write 1.0 (flow and block lists; any other refusal gets no such hint)."""
+    import subprocess
+    import sys
+
+    from flashrt_ros.ros.process import mixed_list_hint
+
+    flow = tmp_path / "flow.yaml"
+    flow.write_text("flashrt_node:\n  ros__parameters:\n    device: cpu\n    action_max_step: [0.05, 0.05, 1]\n")
+    block = tmp_path / "block.yaml"
+    block.write_text("flashrt_node:\n  ros__parameters:\n    action_upper_limits:\n      - 0.5\n      - 2\n")
+    fix = "mixes integers and decimals: write every number with a decimal point (1.0, not 1)"
+    for path, said in ((flow, f"; action_max_step (line 4) {fix}"), (block, f"; action_upper_limits (line 5) {fix}")):
+        cmd = [sys.executable, "-m", "flashrt_ros.ros.node", "--ros-args", "--params-file", str(path)]
+        done = subprocess.run(cmd, env=ros_env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and done.stderr.rstrip().endswith(said), done.stderr
+    assert mixed_list_hint("Couldn't parse params file: '--params-file x.yaml'. Error: bad indentation") == ""

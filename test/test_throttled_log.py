@@ -65,6 +65,21 @@ def test_clear_forgets_the_held_keys(capfd):
     assert "more like this" not in err, err
 
 
+def test_clear_by_first_part_forgets_only_those_keys(capfd):
+    """The node clears the decision-skip lines when decisions resume: the next outage's first line
+    counted the last one's ticks ("+36 more like this" from an episode long over)."""
+    throttle = ThrottledLog(60.0, _logger())
+    for key in (("skipped", "/cam0", "stale"), ("rejected", "/cam0", "bad_size")):
+        throttle(key, "warning", f"first {key[0]}")
+        throttle(key, "warning", f"held {key[0]}")
+    throttle.clear("skipped")
+    throttle(("skipped", "/cam0", "stale"), "warning", "after skipped")
+    throttle(("rejected", "/cam0", "bad_size"), "warning", "after rejected")  # still held
+    err = capfd.readouterr().err
+    assert "after skipped" in err and "more like this" not in err, err
+    assert "after rejected" not in err and "held" not in err, err
+
+
 def test_an_unknown_level_is_refused_with_what_was_expected():
     throttle = ThrottledLog(0.0, _logger())
     expected = r"log level 'debug' for \('k',\): expected one of \('info', 'warning', 'error'\)"

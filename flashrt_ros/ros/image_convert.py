@@ -447,7 +447,8 @@ def _check_expected(got_hw: tuple[int, int], expected_hw: tuple[int, int] | None
         raise InputError(
             BAD_SIZE,
             source,
-            f"image is {got_hw[0]}x{got_hw[1]} (HxW); expected {expected_hw[0]}x{expected_hw[1]} from config",
+            f"image is {got_hw[0]}x{got_hw[1]} (HxW); expected {expected_hw[0]}x{expected_hw[1]} from config "
+            "(image_height x image_width, one size for every camera: 0 / 0 for cameras of different sizes)",
         )
 
 

@@ -89,7 +89,13 @@ class ThrottledLog:
         else:
             self.logger.info(line)
 
-    def clear(self) -> None:
+    def clear(self, first: str | None = None) -> None:
+        """Every key, or (`first`) the keys that start with it: their next line is logged at once."""
         with self._lock:
-            self._last.clear()
-            self._held.clear()
+            if first is None:
+                self._last.clear()
+                self._held.clear()
+                return
+            for key in [k for k in self._last if k and k[0] == first]:
+                self._last.pop(key)
+                self._held.pop(key, None)

@@ -101,14 +101,16 @@ def stamp_to_ns(stamp: Any) -> int:
     return int(stamp.sec) * _NS_PER_S + int(stamp.nanosec)
 
 
-def check_fresh(stamp: Any, now_ns: int, max_age_s: float, source: str) -> float:
+def check_fresh(stamp: Any, now_ns: int, max_age_s: float, source: str, on_arrival: bool = False) -> float:
     """Refuse data whose header stamp is zero, older than ``max_age_s``, or more than
     ``max_age_s`` ahead of ``now_ns``; return the age in seconds (for the status topic).
 
     ``now_ns`` comes from the node's clock, so sim time works. A stamp far in the future
     means the publisher and the node disagree about the clock (``use_sim_time`` set on
     one side only, unsynchronised machines); accepting it would hide that forever, so it
-    is refused as ``future_stamp``. Pass ``math.inf`` to check only for a stamp.
+    is refused as ``future_stamp``. Pass ``math.inf`` to check only for a stamp. ``on_arrival``:
+    the message has just come in, so an old stamp is a clock behind the node's or a delay on the
+    way, not a sensor that stopped (which a held sample's age at a decision means).
     """
     if max_age_s <= 0:
         raise ValueError(f"max_age_s must be > 0, got {max_age_s}")
@@ -120,7 +122,13 @@ def check_fresh(stamp: Any, now_ns: int, max_age_s: float, source: str) -> float
         raise InputError(UNSTAMPED, source, "header stamp is 0; expected the capture time")
     age_s = (int(now_ns) - stamp_ns) / _NS_PER_S
     if age_s > max_age_s:
-        raise InputError(STALE, source, f"data is {age_s:.3f} s old; expected at most {max_age_s:g} s")
+        why = (
+            " (stamped that long before it arrived: the sender's clock behind this node's, NTP / chrony?, "
+            "or a transport that held it)"
+            if on_arrival
+            else ""
+        )
+        raise InputError(STALE, source, f"data is {age_s:.3f} s old; expected at most {max_age_s:g} s{why}")
     if age_s < -max_age_s:
         raise InputError(
             FUTURE_STAMP,

@@ -69,7 +69,7 @@ from flashrt_ros.policies.robot_space import ALOHA_GRIPPERS
 from flashrt_ros.ros import messages
 from flashrt_ros.ros.clock_watch import ClockWatch
 from flashrt_ros.ros.image_convert import compressed_to_rgb, image_to_rgb
-from flashrt_ros.ros.input_error import InputError
+from flashrt_ros.ros.input_error import STALE, InputError
 from flashrt_ros.ros.inputs import InputSlot, Sample, ThrottledLog
 from flashrt_ros.ros.joint_convert import check_fresh, stamp_to_ns
 from flashrt_ros.ros.node_inputs import InputCallbacks
@@ -364,6 +364,8 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
         self._invalid_at_decision: dict[tuple[str, str], int] = {}  # the counts when the last decision ran
         self._blocking: frozenset[str] = frozenset()  # the inputs that stopped the last decision tick
         self._deciding = False  # a decision past its inputs' checks is computing (the first after an outage)
+        self._decision_began = time.monotonic()  # when the one computing began (steady time)
+        self._last_missed: float | None = None  # the last decision's length where it missed its deadline
         self._tick_failures = 0  # decision ticks that failed outside the policy (node_error), and as of
         self._tick_failures_at_decision = 0  # the last decision
         self._last_stats_log = time.monotonic()
@@ -577,14 +579,24 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
 
     def _warn_chunk_gap(self, cfg: NodeConfig) -> None:
         """A decision period longer than a chunk lasts leaves the controller without points
-        between chunks (the arm stops, or holds its last point): allowed (a slow demo), but said."""
+        between chunks (the arm stops, or holds its last point): allowed (a slow demo), but said.
+        So is a chunk stamped at its observation that can end before the next arrives: it starts
+        as old as its inputs (up to max_age_s), and the next comes a period (plus a decision) later."""
         horizon = self.state.pipeline.policy.cfg.horizon
         lasts = horizon * cfg.step_duration_s
-        if 1.0 / cfg.rate_hz > lasts:
+        period = 1.0 / cfg.rate_hz
+        if period > lasts:
             self.get_logger().warning(
-                f"rate_hz {cfg.rate_hz:g} decides every {1.0 / cfg.rate_hz:g} s, but a chunk lasts {lasts:g} s "
+                f"rate_hz {cfg.rate_hz:g} decides every {period:g} s, but a chunk lasts {lasts:g} s "
                 f"({horizon} actions x step_duration_s {cfg.step_duration_s:g}): the controller runs out of "
                 f"points between chunks; expected rate_hz >= {1.0 / lasts:g}"
+            )
+        elif cfg.trajectory_stamp == "observation" and period + cfg.max_age_s > lasts:
+            self.get_logger().warning(
+                f"a chunk lasts {lasts:g} s ({horizon} actions x step_duration_s {cfg.step_duration_s:g}) from its "
+                f"observation, which may be max_age_s {cfg.max_age_s:g} s old, and the next comes a period "
+                f"({period:g} s) and a decision later: chunks can end before the next arrives (counted as "
+                f"chunk_ended, chunk_exhausted); expected max_age_s + 1 / rate_hz below {lasts:g} s"
             )
 
     def _say_how_often_lerobot_replans(self, cfg: NodeConfig) -> None:
@@ -682,7 +694,7 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
         samples = self._fresh_samples(now_ns, cfg)
         if samples is None:
             return
-        self._deciding = True  # for the status: nothing blocks now, a decision is on its way
+        self._deciding, self._decision_began = True, time.monotonic()  # for the status: a decision on its way
         self._forget_old_prefix(now_ns, cfg)
         if self._commands_epoch != self._time_epoch:  # the executing chunk guides this one (rtc): not one
             with self._command_lock:  # from before a jump
@@ -851,7 +863,7 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
             problems: list[tuple[InputSlot, str, Callable[[], str]]] = [
                 (slot, ABSENT, partial(self._absent_detail, slot, Counter(slot.rejected_since_good)))
                 if err is None
-                else (slot, err.reason, partial(_stale_detail, err, Counter(slot.rejected_since_good)))
+                else (slot, err.reason, partial(self._stale_detail, slot, err, Counter(slot.rejected_since_good)))
                 for slot, err in found
             ]
             self._book_skipped_tick([(slot.topic, reason) for slot, reason, _ in problems])
@@ -909,6 +921,14 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
             since = self._timer_seconds() - self._started_at
         # negative: the clock changed source since (use_sim_time switched); not a fresh start then
         return 0.0 <= since < max(self.cfg.max_age_s, 2.0 / self.cfg.rate_hz)
+
+    def _stale_detail(self, slot: InputSlot, err: InputError, rejected: Counter) -> str:
+        """A held sample too old: with what was refused since, or - when the topic has no
+        publisher any more - that its driver is gone (only computed for lines that are logged)."""
+        text = err.detail + _rejected_hint(rejected)
+        if not rejected and err.reason == STALE and not self.count_publishers(slot.topic):
+            text += "; no publisher on this topic any more (its driver stopped?)"
+        return text
 
     def _absent_detail(self, slot: InputSlot, rejected: Counter) -> str:
         """Why nothing usable arrived, from what was rejected (a copy taken under the lock) or from
@@ -1105,11 +1125,15 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
             self._invalid_at_decision = dict(self.invalid)
             self._tick_failures_at_decision = self._tick_failures
             self._blocking = frozenset()
-            if timed_s is not None and timed_s > 1.0 / cfg.rate_hz:  # judged on the timer's clock only
-                self.deadline_misses += 1
+            missed = timed_s is not None and timed_s > 1.0 / cfg.rate_hz  # judged on the timer's clock only
+            self.deadline_misses += missed
+            self._last_missed = timed_s if missed else None  # the status says it until the next decision
             streak, self._dropped_streak = self._dropped_streak, 0
         if streak:
-            self.get_logger().info(f"decisions resumed (chunk {decision.chunk_id}) after {streak} skipped")
+            self._throttle.clear("skipped")  # the next outage's first lines count only its own ticks
+            self._throttle(
+                ("resumed",), "info", f"decisions resumed (chunk {decision.chunk_id}) after {streak} skipped"
+            )
 
     def _clock_mark(self) -> ClockMark:
         return ClockMark(self._timer_seconds(), self.get_clock().ros_time_is_active, self._jumps_forward)
@@ -1217,10 +1241,6 @@ def prompt_qos(durability: str) -> QoSProfile:
     newest matters), volatile or transient_local (`prompt_durability`)."""
     kind = DurabilityPolicy.TRANSIENT_LOCAL if durability == "transient_local" else DurabilityPolicy.VOLATILE
     return QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=kind)
-
-
-def _stale_detail(err: InputError, rejected: Counter) -> str:
-    return err.detail + _rejected_hint(rejected)
 
 
 def _rejected_hint(rejected: Counter) -> str:

@@ -104,7 +104,7 @@ class ParameterUpdates:
         )
         if diff:
             self.get_logger().info(f"parameters changed: {diff}")
-        if "rate_hz" in changes and new.rate_hz != old.rate_hz:
+        if any(getattr(new, n) != getattr(old, n) for n in ("rate_hz", "max_age_s") if n in changes):
             self._warn_chunk_gap(new)
         if (new.rtc, new.command_blend_steps) != (old.rtc, old.command_blend_steps):
             self._warn_rtc_blend(new)

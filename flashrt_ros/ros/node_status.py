@@ -7,8 +7,12 @@ import time
 
 from diagnostic_msgs.msg import DiagnosticStatus
 
+from flashrt_ros.engine.stats import RATE_SPAN_S
 from flashrt_ros.ros import messages
 from flashrt_ros.ros.reasons import ABSENT, NODE_ERROR, STOPS_DECISIONS
+
+HUNG_FACTOR = 10
+"""A decision computing for this many idle limits (`_idle_limit_s`) is no longer slow but hung."""
 
 
 class StatusReports:
@@ -85,7 +89,12 @@ class StatusReports:
         dropped, missed = (a - b for a, b in zip(now, baseline[0], strict=True))
         new_invalid = counts_since(snap.invalid, baseline[1])
         idle_s = self._idle_s()
-        if self.enabled and (self._clock_watch.stalled or idle_s > self._idle_limit_s()):
+        overdue = self.enabled and (self._clock_watch.stalled or idle_s > self._idle_limit_s())
+        # overdue, but late rather than stopped: a slow decision on good inputs, or inputs not yet
+        # come within the wait the log calls expected (both WARN below)
+        in_flight = self._slow_decision_in_flight() if overdue else ""
+        waiting = not self._clock_watch.stalled and self._waiting_for_first_inputs()  # a stalled clock: its ERROR
+        if overdue and not (in_flight or waiting):
             # what went wrong since the last decision, on the inputs that still stop one (an input
             # absent just after a reset and arriving since is not named) and node-wide
             since = counts_since(snap.invalid, self._invalid_at_decision)
@@ -98,7 +107,14 @@ class StatusReports:
             if self._tick_failures > self._tick_failures_at_decision:
                 causes.append(f"{NODE_ERROR} (decision tick)")
             why = ", ".join(causes)
-            why = why or ("the inputs are good again; a decision is computing" if self._deciding else "no decision ran")
+            if not why and self._deciding:  # after an outage (ticks skipped), or on good inputs all along
+                computing_s = time.monotonic() - self._decision_began
+                why = (
+                    "the inputs are good again; a decision is computing"
+                    if self._dropped_streak
+                    else f"a decision computing for {computing_s:.1f} s: does the policy hang?"
+                )
+            why = why or "no decision ran"
             if self._clock_watch.stalled:
                 why = self._clock_watch.describe(time.monotonic())
                 idle_s = time.monotonic() - self._last_decision_at
@@ -112,6 +128,12 @@ class StatusReports:
             *((n, reason) for reason, n in events),
         )
         problems = [f"{n} {what}" for n, what in counts if n > 0]
+        # what lasts beyond the counts: a slow decision on good inputs (late, not stopped), and a
+        # miss the next decision has not yet made good (statuses come faster than decisions)
+        ongoing = [in_flight] if in_flight else []
+        if not (in_flight or missed) and self._last_missed is not None and self.enabled:
+            took, period = f"{self._last_missed:.3f}", f"{1.0 / self.cfg.rate_hz:.3f}"
+            ongoing.append(f"the last decision missed its deadline ({took} s for a {period} s period)")
         # whether a decision could run now: what an operator asks before engaging, and, engaged,
         # between two skipped ticks (statuses faster than decisions read OK while nothing was usable)
         unready = self._unready_inputs()
@@ -124,10 +146,10 @@ class StatusReports:
                 unready = ", ".join(filter(None, (unready, self._clock_watch.describe(time.monotonic()))))
             state = f"{self.PAUSED_STATE} (no decisions): " + (f"not ready ({unready})" if unready else "ready")
         twin = self._twin()
-        state += f"; {twin}" if twin else ""
+        state += "".join(f"; {note}" for note in (twin, *ongoing) if note)
         if problems:
             return DiagnosticStatus.WARN, f"{state}, with " + ", ".join(problems) + " since the last status"
-        if unready or unheard or twin:
+        if unready or unheard or twin or ongoing:
             return DiagnosticStatus.WARN, state
         return DiagnosticStatus.OK, f"running at {self.cfg.rate_hz:g} Hz" if self.enabled else state
 
@@ -157,11 +179,34 @@ class StatusReports:
             unheard.append(" or ".join(pub.topic_name for pub, _, _ in self._command_pubs))
         return unheard
 
+    def _waiting_for_first_inputs(self) -> bool:
+        """Every input a decision would skip for is absent within the wait the log calls expected
+        (DDS discovery after the start, or max_age_s after a ~/reset: `_just_emptied`): WARN "not
+        ready", not the idle ERROR, as a launch whose cameras come up a moment after the node."""
+        if self._started_at is None:  # no decision tick yet: none was due
+            return True
+        with self._lock:
+            found = self._held_problems(self.get_clock().now().nanoseconds, self.cfg.max_age_s)
+            return bool(found) and all(err is None and self._just_emptied(slot) for slot, err in found)
+
     def _unready_inputs(self) -> str:
         """The inputs a decision now would skip for, as 'absent /cam, stale /joints', or ''."""
         with self._lock:
             found = self._held_problems(self.get_clock().now().nanoseconds, self.cfg.max_age_s)
         return ", ".join(f"{ABSENT if err is None else err.reason} {slot.topic}" for slot, err in found)
+
+    def _slow_decision_in_flight(self) -> str:
+        """A decision computing on inputs that were good at its start (no outage before it: no tick
+        skipped since the last decision) and slower than the recent ones: said as a WARN while it
+        lasts (the idle ERROR is for decisions that do not run), up to HUNG_FACTOR idle limits:
+        beyond, the policy hangs, and no decision for that long is the ERROR. '' otherwise."""
+        if not self._deciding or self._dropped_streak or self._clock_watch.stalled:
+            return ""
+        computing_s = time.monotonic() - self._decision_began
+        if computing_s > HUNG_FACTOR * self._idle_limit_s():
+            return ""
+        slowest = max(self._decision_s, default=0.0)
+        return f"a decision computing for {computing_s:.1f} s (the slowest of the last ones took {slowest:.2f} s)"
 
     def _idle_limit_s(self) -> float:
         """How long without a decision is an ERROR: two periods, one status period, or - for a
@@ -213,10 +258,12 @@ class StatusReports:
                 f"{s.name} {s.p50_ms:.2f} ({s.rate_hz:.1f} Hz)" for s in self.conversion_stats.summaries()
             )
         rate = next((s.rate_hz for s in snap.stages if s.name == "node_overhead"), 0.0)
+        # the rate over the window's completions: paused or stopped, it falls over that window
+        rate_text = f"{rate:.1f} Hz over the last {RATE_SPAN_S:g} s" if snap.enabled else "paused"
         stages = " | ".join(f"{s.name} {s.p50_ms:.2f}/{s.p99_ms:.2f} ms" for s in snap.stages)
         return (
             f"stats: {self.PAUSED_STATS + ', ' if not snap.enabled else ''}"
-            f"{snap.decisions} decisions ({rate:.1f} Hz), {snap.dropped_decisions} skipped, "
+            f"{snap.decisions} decisions ({rate_text}), {snap.dropped_decisions} skipped, "
             f"{snap.deadline_misses} deadline misses, {snap.prefix_reuses} re-used the prefix, "
             f"{messages.input_counts(snap.invalid, ABSENT, self._input_topics)}"
             + (f", {self.commands_sent} commands sent" if self._command_pubs else "")

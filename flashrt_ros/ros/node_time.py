@@ -75,7 +75,7 @@ class RosTimeJumps:
         """A message's stamp judged on the node's clock (fresh, and on its timeline after ROS time
         went back), or InputError; the clock's reading it was judged at."""
         now_ns = self.get_clock().now().nanoseconds
-        check_fresh(stamp, now_ns, max_age_s, topic)
+        check_fresh(stamp, now_ns, max_age_s, topic, on_arrival=True)
         self._check_timeline(stamp, now_ns, topic)
         return now_ns
 

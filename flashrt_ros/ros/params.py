@@ -1208,8 +1208,11 @@ def _check_limits(cfg: NodeConfig) -> list[str]:
             continue
         for i, v in enumerate(values):
             where = f"{name}[{i}]" + (f" ({names[i]})" if len(values) > 1 else "")
-            if not math.isfinite(v):
-                problems.append(f"{where} must be a finite number, got {v!r}")
+            # a continuous joint has no position bound: -.inf / .inf there (never the other way, nor NaN)
+            unbounded = {"action_lower_limits": -math.inf, "action_upper_limits": math.inf}.get(name)
+            if not math.isfinite(v) and v != unbounded:
+                allowed = f" or {unbounded:+} for no bound (a continuous joint)" if unbounded else ""
+                problems.append(f"{where} must be a finite number{allowed}, got {v!r}")
             elif name == "action_max_step" and v <= 0:
                 problems.append(f"{where} must be > 0, got {v!r}")
     lower, upper = cfg.action_lower_limits, cfg.action_upper_limits

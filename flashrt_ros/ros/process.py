@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -46,9 +47,31 @@ def init_rclpy(argv: list[str], node_name: str) -> bool:
             rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
     except (RCLError, UnknownROSArgsError) as exc:
         reason = rcl_reason(exc)
+        reason += mixed_list_hint(reason)
         print(f"[{node_name}] not starting: the ROS arguments or a params file are invalid: {reason}", file=sys.stderr)
         return False
     return True
+
+
+_MIXED_LIST = re.compile(r"--params-file (.+?)'\. Error: Sequence should be of same type\..* at line_num (\d+)")
+
+
+def mixed_list_hint(reason: str) -> str:
+    """rcl's refusal of a list mixing integers and doubles (`[0.05, 1]`, the mistake the config
+    comments warn about) names neither the parameter nor the fix: both, read from the file at the
+    line it names ('' for any other refusal)."""
+    found = _MIXED_LIST.search(reason)
+    if found is None:
+        return ""
+    path, line = found.group(1), int(found.group(2))
+    try:
+        lines = open(os.path.expanduser(path), encoding="utf-8").read().splitlines()[:line]
+    except (OSError, UnicodeDecodeError):
+        return ""
+    # the key of the list: on its line (flow style) or the nearest one above (a block of "- ")
+    name = next((m.group(1) for text in reversed(lines) if (m := re.match(r"\s*([A-Za-z_][\w.]*)\s*:", text))), None)
+    what = f"{name} (line {line})" if name else f"the list at line {line}"
+    return f"; {what} mixes integers and decimals: write every number with a decimal point (1.0, not 1)"
 
 
 def spin_until_signal(
