@@ -381,8 +381,7 @@ def _png_of_rows(rgb: np.ndarray, rows: int, interlace: bool = False, extra: byt
     h, w, _ = rgb.shape
     ihdr = w.to_bytes(4, "big") + h.to_bytes(4, "big") + bytes([8, 2, 0, 0, int(interlace)])
     if interlace:  # Adam7: seven passes of sub-images, each row with its filter byte
-        passes = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
-        subs = [rgb[y0:rows:dy, x0::dx] for x0, y0, dx, dy in passes]
+        subs = [rgb[y0:rows:dy, x0::dx] for x0, y0, dx, dy in _ADAM7]
         raw = b"".join(b"\x00" + row.tobytes() for sub in subs if sub.shape[1] for row in sub)
     else:
         raw = b"".join(b"\x00" + rgb[y].tobytes() for y in range(rows))  # filter 0 (none) per row
@@ -416,13 +415,60 @@ def test_a_png_with_rows_missing_is_refused_not_decoded_half_black() -> None:
     assert "and its stream does not end; its 64x48 header needs 9264 (its compressed stream is not closed)" in str(err)
 
 
-@pytest.mark.parametrize("mode", ["1", "L", "P", "RGB", "RGBA", "I;16"])
+@pytest.mark.parametrize("mode", ["1", "L", "P", "RGB", "RGBA", "I;16", "LA"])
 def test_pngs_of_every_pixel_layout_pass_the_row_count(mode: str) -> None:
-    """Bits per pixel from 1 (a row's last byte part-filled) to 32, palettes included."""
+    """Bits per pixel from 1 (a row's last byte part-filled) to 32, palettes and grey + alpha
+    included: each decodes to Pillow's own pixels (a wrong samples-per-pixel refused them all)."""
     image = Image.fromarray(_smooth_rgb(13, 21)).convert("L" if mode in ("1", "I;16") else mode)
     image = image.convert(mode) if mode in ("1", "I;16") else image
-    out = compressed_to_rgb(_compressed(image, "PNG"))
-    assert out.shape == (13, 21, 3)
+    msg = _compressed(image, "PNG")
+    np.testing.assert_array_equal(compressed_to_rgb(msg), _pillow_rgb(msg.data))
+
+
+def _pillow_rgb(png: bytes) -> np.ndarray:
+    """What the node should make of a PNG: Pillow's RGB, except 16-bit grey, whose high byte it
+    keeps (as mono16; Pillow's convert clips it)."""
+    with Image.open(io.BytesIO(png)) as pillow:
+        if pillow.mode.startswith("I"):
+            high = (np.asarray(pillow).astype(np.uint32) >> 8).astype(np.uint8)
+            return np.repeat(high[..., None], 3, axis=2)
+        return np.asarray(pillow.convert("RGB"))
+
+
+@pytest.mark.parametrize(("color_type", "channels"), [(2, 3), (6, 4), (4, 2), (0, 1)])
+@pytest.mark.parametrize("interlace", [False, True])
+def test_16_bit_pngs_pass_the_row_count(color_type: int, channels: int, interlace: bool) -> None:
+    """16 bits a sample (RGB, RGBA, grey + alpha, grey), which Pillow does not write: made by hand,
+    decoded to Pillow's own pixels."""
+    import zlib
+
+    h, w = 9, 11
+    samples = np.random.default_rng(color_type).integers(0, 2**16, (h, w, channels), dtype=np.uint16)
+    pixels = samples.astype(">u2")
+    if interlace:
+        subs = [pixels[y0::dy, x0::dx] for x0, y0, dx, dy in _ADAM7]
+        raw = b"".join(b"\x00" + row.tobytes() for sub in subs if sub.shape[1] for row in sub)
+    else:
+        raw = b"".join(b"\x00" + row.tobytes() for row in pixels)
+    ihdr = w.to_bytes(4, "big") + h.to_bytes(4, "big") + bytes([16, color_type, 0, 0, int(interlace)])
+    msg = _png_of(ihdr, (b"IDAT", zlib.compress(raw)))
+    np.testing.assert_array_equal(compressed_to_rgb(msg), _pillow_rgb(msg.data))
+    if color_type == 0:  # the high byte of each sample, as written
+        np.testing.assert_array_equal(compressed_to_rgb(msg)[..., 0], (samples[..., 0] >> 8).astype(np.uint8))
+
+
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
+"""The PNG standard's seven passes (x0, y0, dx, dy), written out here apart from image_convert's."""
+
+
+def test_interlaced_pngs_of_every_small_size_pass_the_row_count() -> None:
+    """Adam7's passes are empty for images 1 to 4 pixels across or down: every size up to 17 x 9,
+    against a pass table written out independently (64 x 48 and 13 x 21 passed with wrong ones)."""
+    for h in range(1, 10):
+        for w in range(1, 18):
+            rgb = _smooth_rgb(h, w)
+            msg = SimpleNamespace(header=None, format="png", data=_png_of_rows(rgb, h, interlace=True))
+            np.testing.assert_array_equal(compressed_to_rgb(msg), rgb, err_msg=f"{h}x{w}")
 
 
 def _png_of(ihdr: bytes, *chunks: tuple[bytes, bytes]) -> SimpleNamespace:
@@ -445,10 +491,12 @@ def test_palette_pngs_pillow_decodes_black_are_refused() -> None:
     idat = (b"IDAT", zlib.compress(b"".join(b"\x00" + row.tobytes() for row in indices)))
     ihdr = (4).to_bytes(4, "big") * 2 + bytes([8, 3, 0, 0, 0])
     palette = (b"PLTE", bytes(range(10, 58)))  # 16 entries
+    past_by_one = (b"IDAT", zlib.compress(b"".join(b"\x00" + bytes([0, 1, 2, 1]) for _ in range(4))))  # index 2 of 2
     good = compressed_to_rgb(_png_of(ihdr, palette, idat))
     np.testing.assert_array_equal(good.reshape(-1, 3)[:2], [[10, 11, 12], [13, 14, 15]])
     for chunks, text in (
         (((b"PLTE", palette[1][:6]), idat), "PNG pixel index 15 is outside its 2-entry palette"),
+        (((b"PLTE", palette[1][:6]), past_by_one), "PNG pixel index 2 is outside its 2-entry palette"),
         ((idat,), "palette PNG has no palette before its image data; expected a PLTE chunk before IDAT"),
         ((idat, palette), "palette PNG has no palette before its image data"),
     ):

@@ -220,12 +220,13 @@ def test_fused_guided_denoise_matches_the_reference(kind) -> None:
 # ---- the executing chunk in the model's space ------------------------------------------------------
 
 
-def _aloha_policy(mode: str, convention: str):
+def _aloha_policy(mode: str, convention: str, deltas: bool = True, aloha: bool = True):
     from flashrt_ros.policies.config import PolicyConfig
     from flashrt_ros.policies.policy import build_policy
     from flashrt_ros.policies.tiny_tokenizer import tiny_tokenizer_path
 
-    cfg = PolicyConfig.tiny("pi05", num_views=2).replace(delta_action_mask=(6, -1, 6, -1), aloha_adapt_to_pi=True)
+    mask = (6, -1, 6, -1) if deltas else ()
+    cfg = PolicyConfig.tiny("pi05", num_views=2).replace(delta_action_mask=mask, aloha_adapt_to_pi=aloha)
     policy = build_policy(cfg, tiny_tokenizer_path(), seed=0, action_dof=14)
     rng = np.random.default_rng(4)
     lo = rng.uniform(-2, 0, cfg.action_dim).astype(np.float32)
@@ -239,14 +240,17 @@ def _aloha_policy(mode: str, convention: str):
     return policy
 
 
+@pytest.mark.parametrize("space", ["deltas+aloha", "deltas", "aloha"])
 @pytest.mark.parametrize("convention", ["lerobot", "openpi"])
 @pytest.mark.parametrize("mode", ["quantile", "mean_std"])
-def test_chunk_guide_reads_the_robots_actions_back_into_the_models_space(mode, convention) -> None:
-    """Deltas against the new state, ALOHA's joint and gripper conversion and both statistics in
-    both conventions: the guide's target, post-processed as a chunk would be, gives back the
-    robot's actions on every held dim; the dim whose statistics have no width gets no weight, and
-    the padded dims are held to 0 with the rows' weights (LeRobot zero-pads the executing chunk)."""
-    policy = _aloha_policy(mode, convention)
+def test_chunk_guide_reads_the_robots_actions_back_into_the_models_space(mode, convention, space) -> None:
+    """Deltas against the new state, ALOHA's joint and gripper conversion (each alone, as pi0_libero
+    or DROID's deltas, and both) and both statistics in both conventions: the guide's target,
+    post-processed as a chunk would be, gives back the robot's actions on every held dim; the dim
+    whose statistics have no width gets no weight, and the padded dims are held to 0 with the
+    rows' weights (LeRobot zero-pads the executing chunk)."""
+    deltas = space.startswith("deltas")
+    policy = _aloha_policy(mode, convention, deltas=deltas, aloha=space.endswith("aloha"))
     cfg = policy.cfg
     rng = np.random.default_rng(5)
     state = rng.uniform(-1, 1, 14)
@@ -263,7 +267,7 @@ def test_chunk_guide_reads_the_robots_actions_back_into_the_models_space(mode, c
     np.testing.assert_array_equal(guide.weights[:, 0].numpy(), rows)
     # another state: the delta dims move with it, the absolute ones (grippers) do not
     other = policy.chunk_guide(target, rows, state + 0.25)
-    assert not torch.allclose(other.target[:6, 0], guide.target[:6, 0])
+    assert torch.allclose(other.target[:6, 0], guide.target[:6, 0]) is not deltas
     torch.testing.assert_close(other.target[:6, 6], guide.target[:6, 6])
 
 
