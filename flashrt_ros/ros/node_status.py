@@ -95,29 +95,10 @@ class StatusReports:
         in_flight = self._slow_decision_in_flight() if overdue else ""
         waiting = not self._clock_watch.stalled and self._waiting_for_first_inputs()  # a stalled clock: its ERROR
         if overdue and not (in_flight or waiting):
-            # what went wrong since the last decision, on the inputs that still stop one (an input
-            # absent just after a reset and arriving since is not named) and node-wide
-            since = counts_since(snap.invalid, self._invalid_at_decision)
-            blocking, inputs = self._blocking, self._input_topics
-            causes = [
-                f"{r} {t}".strip()
-                for (t, r) in sorted(since)
-                if t in blocking or (t not in inputs and r in STOPS_DECISIONS)
-            ]
-            if self._tick_failures > self._tick_failures_at_decision:
-                causes.append(f"{NODE_ERROR} (decision tick)")
-            why = ", ".join(causes)
-            if not why and self._deciding:  # after an outage (ticks skipped), or on good inputs all along
-                computing_s = time.monotonic() - self._decision_began
-                why = (
-                    "the inputs are good again; a decision is computing"
-                    if self._dropped_streak
-                    else f"a decision computing for {computing_s:.1f} s: does the policy hang?"
-                )
-            why = why or "no decision ran"
             if self._clock_watch.stalled:
-                why = self._clock_watch.describe(time.monotonic())
-                idle_s = time.monotonic() - self._last_decision_at
+                why, idle_s = self._clock_watch.describe(time.monotonic()), time.monotonic() - self._last_decision_at
+            else:
+                why = self._why_no_decision(snap)
             return DiagnosticStatus.ERROR, f"no decision for {idle_s:.1f} s ({why})"
         invalid, absent, events = messages.split_counts(new_invalid, ABSENT, self._input_topics)
         counts = (
@@ -194,6 +175,27 @@ class StatusReports:
         with self._lock:
             found = self._held_problems(self.get_clock().now().nanoseconds, self.cfg.max_age_s)
         return ", ".join(f"{ABSENT if err is None else err.reason} {slot.topic}" for slot, err in found)
+
+    def _why_no_decision(self, snap: messages.StatusSnapshot) -> str:
+        """What went wrong since the last decision, on the inputs that still stop one (an input
+        absent just after a reset and arriving since is not named) and node-wide; else the decision
+        computing (after an outage, or on good inputs all along: hung), or none."""
+        since = counts_since(snap.invalid, self._invalid_at_decision)
+        blocking, inputs = self._blocking, self._input_topics
+        causes = [
+            f"{r} {t}".strip()
+            for (t, r) in sorted(since)
+            if t in blocking or (t not in inputs and r in STOPS_DECISIONS)
+        ]
+        if self._tick_failures > self._tick_failures_at_decision:
+            causes.append(f"{NODE_ERROR} (decision tick)")
+        if causes:
+            return ", ".join(causes)
+        if not self._deciding:
+            return "no decision ran"
+        if self._dropped_streak:
+            return "the inputs are good again; a decision is computing"
+        return f"a decision computing for {time.monotonic() - self._decision_began:.1f} s: does the policy hang?"
 
     def _slow_decision_in_flight(self) -> str:
         """A decision computing on inputs that were good at its start (no outage before it: no tick
