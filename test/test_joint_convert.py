@@ -150,6 +150,9 @@ def test_stale_says_age_and_limit() -> None:
         "data is 0.750 s old; expected at most 0.5 s (stamped that long before it arrived: the sender's clock "
         "behind this node's, NTP / chrony?, or a transport that held it)"
     ), str(err.value)
+    with pytest.raises(InputError) as err:  # a simulator's 120 s against wall time: no drift is that long
+        check_fresh(stamp(120), stamp_to_ns(stamp(1_796_660_096)), 0.5, "/cam", on_arrival=True)
+    assert str(err.value).endswith("s old; expected at most 0.5 s (clocks disagree: use_sim_time on one side only?)")
 
 
 def test_future_stamp_means_clocks_disagree() -> None:

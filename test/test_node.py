@@ -1211,6 +1211,9 @@ def test_late_decisions_and_the_start_s_wait_are_warnings_and_a_hang_an_error(rc
         assert level == DiagnosticStatus.WARN and message.startswith("running, not ready (absent "), message
         past_start(node)  # the wait is over: absent inputs are an outage
         assert health() == (DiagnosticStatus.ERROR, "no decision for 30.0 s (no decision ran)")
+        node._started_at = None  # as ~/enable true sets it, from its own thread: a status then failed
+        assert node._just_emptied(node.slots[0]) and health()[0] == DiagnosticStatus.WARN
+        past_start(node)
 
         stamp = Time(nanoseconds=node.get_clock().now().nanoseconds).to_msg()
         for cam in node.slots[:-1]:

@@ -365,6 +365,11 @@ def test_normaliser_refuses_statistics_it_cannot_use(tmp_path):
     path.write_text(json.dumps({"norm_stats": {"state": {"mean": [0, 1], "std": [1, float("inf")]}, "actions": {}}}))
     with pytest.raises(ValueError, match=rf"{path}: state statistic 'std' is not finite at index 1"):
         Normalizer.load(path, "mean_std")
+    # beyond float32 (read as a float64, 1e39 is finite): the actions would un-normalise to 3e38
+    for convention in ("openpi", "lerobot"):
+        stats = Stats(mean=np.zeros(2), std=np.array([1e39, 1.0]))
+        with pytest.raises(ValueError, match=r"'std' is not finite at index 0 \(1e\+39; .*\(within float32's range\)"):
+            Normalizer("mean_std", state=stats, actions=stats, convention=convention)
     path.write_text('{"norm_stats": {"state": ')
     with pytest.raises(ValueError, match=rf"{path} is not valid JSON: Expecting value"):
         Normalizer.find(tmp_path)

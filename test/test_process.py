@@ -175,7 +175,14 @@ def test_a_list_mixing_integers_and_decimals_is_named_with_its_fix(tmp_path, ros
     block = tmp_path / "block.yaml"
     block.write_text("flashrt_node:\n  ros__parameters:\n    action_upper_limits:\n      - 0.5\n      - 2\n")
     fix = "mixes integers and decimals: write every number with a decimal point (1.0, not 1)"
-    for path, said in ((flow, f"; action_max_step (line 4) {fix}"), (block, f"; action_upper_limits (line 5) {fix}")):
+    names = tmp_path / "names.yaml"  # a gantry's joints: rcl reads the bare y as a bool
+    names.write_text("flashrt_node:\n  ros__parameters:\n    joint_names: [x, y, theta]\n")
+    quote = "; joint_names (line 3) mixes bools with other items: quote every item that is text ('y', '1')"
+    for path, said in (
+        (flow, f"; action_max_step (line 4) {fix}"),
+        (block, f"; action_upper_limits (line 5) {fix}"),
+        (names, quote),
+    ):
         cmd = [sys.executable, "-m", "flashrt_ros.ros.node", "--ros-args", "--params-file", str(path)]
         done = subprocess.run(cmd, env=ros_env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and done.stderr.rstrip().endswith(said), done.stderr

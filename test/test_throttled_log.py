@@ -65,19 +65,27 @@ def test_clear_forgets_the_held_keys(capfd):
     assert "more like this" not in err, err
 
 
-def test_clear_by_first_part_forgets_only_those_keys(capfd):
-    """The node clears the decision-skip lines when decisions resume: the next outage's first line
-    counted the last one's ticks ("+36 more like this" from an episode long over)."""
-    throttle = ThrottledLog(60.0, _logger())
-    for key in (("skipped", "/cam0", "stale"), ("rejected", "/cam0", "bad_size")):
+def test_forget_held_drops_the_counts_and_keeps_the_throttle(capfd):
+    """When decisions resume the node forgets the held decision-skip lines: the next outage's
+    first line counted the last one's ticks ("+36 more like this" from an episode long over). The
+    throttle itself stays: a camera flapping round max_age_s logs one warning a period, not one
+    per outage."""
+    throttle = ThrottledLog(0.3, _logger())
+    skipped, rejected = ("skipped", "/cam0", "stale"), ("rejected", "/cam0", "bad_size")
+    for key in (skipped, rejected):
         throttle(key, "warning", f"first {key[0]}")
         throttle(key, "warning", f"held {key[0]}")
-    throttle.clear("skipped")
-    throttle(("skipped", "/cam0", "stale"), "warning", "after skipped")
-    throttle(("rejected", "/cam0", "bad_size"), "warning", "after rejected")  # still held
+    throttle.forget_held("skipped")
+    throttle(skipped, "warning", "still throttled")  # within the period: held, counted from here
+    time.sleep(0.35)
+    throttle(skipped, "warning", "after skipped")
+    throttle(rejected, "warning", "after rejected")
     err = capfd.readouterr().err
-    assert "after skipped" in err and "more like this" not in err, err
-    assert "after rejected" not in err and "held" not in err, err
+    assert "still throttled" not in err and "held" not in err, err
+    line = next(row for row in err.splitlines() if "after skipped" in row)
+    assert "(+1 more like this in the last" in line, line  # the one after forget_held, not three
+    line = next(row for row in err.splitlines() if "after rejected" in row)
+    assert "(+1 more like this in the last" in line, line
 
 
 def test_an_unknown_level_is_refused_with_what_was_expected():

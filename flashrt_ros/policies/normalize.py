@@ -84,11 +84,14 @@ class Normalizer:
         if any(len(shape) != 1 for shape in shapes.values()) or len(set(shapes.values())) > 1:
             raise ValueError(f"{name} statistics must be vectors of one length, got shapes {shapes}")
         for k, a in arrays.items():
-            bad = np.flatnonzero(~np.isfinite(a))
+            # finite in float32 too: the actions reach the model, and LeRobot's statistics the
+            # normaliser, in float32 (1e39 read as float64 is finite and un-normalises to 3e38)
+            with np.errstate(over="ignore"):
+                bad = np.flatnonzero(~np.isfinite(a.astype(np.float32)))
             if bad.size:
                 raise ValueError(
                     f"{name} statistic {k!r} is not finite at index {int(bad[0])} ({a[bad[0]]}; "
-                    f"{bad.size} of {a.size} values); expected finite numbers"
+                    f"{bad.size} of {a.size} values); expected finite numbers (within float32's range)"
                 )
         self._check_order(name, s)
 

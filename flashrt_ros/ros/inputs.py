@@ -89,13 +89,14 @@ class ThrottledLog:
         else:
             self.logger.info(line)
 
-    def clear(self, first: str | None = None) -> None:
-        """Every key, or (`first`) the keys that start with it: their next line is logged at once."""
+    def clear(self) -> None:
         with self._lock:
-            if first is None:
-                self._last.clear()
-                self._held.clear()
-                return
-            for key in [k for k in self._last if k and k[0] == first]:
-                self._last.pop(key)
-                self._held.pop(key, None)
+            self._last.clear()
+            self._held.clear()
+
+    def forget_held(self, first: str) -> None:
+        """The held-back counts of the keys that start with `first`, not their throttle: the next
+        line says only what was held after this (a new outage's, not an earlier one's)."""
+        with self._lock:
+            for key in [k for k in self._held if k and k[0] == first]:
+                del self._held[key]

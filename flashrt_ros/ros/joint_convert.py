@@ -101,6 +101,11 @@ def stamp_to_ns(stamp: Any) -> int:
     return int(stamp.sec) * _NS_PER_S + int(stamp.nanosec)
 
 
+CLOCKS_APART_S = 86400.0
+"""A message stamped more than a day before it arrived is on another time base (sim time against
+wall time), not from a clock that drifted or a transport that held it."""
+
+
 def check_fresh(stamp: Any, now_ns: int, max_age_s: float, source: str, on_arrival: bool = False) -> float:
     """Refuse data whose header stamp is zero, older than ``max_age_s``, or more than
     ``max_age_s`` ahead of ``now_ns``; return the age in seconds (for the status topic).
@@ -122,12 +127,14 @@ def check_fresh(stamp: Any, now_ns: int, max_age_s: float, source: str, on_arriv
         raise InputError(UNSTAMPED, source, "header stamp is 0; expected the capture time")
     age_s = (int(now_ns) - stamp_ns) / _NS_PER_S
     if age_s > max_age_s:
-        why = (
-            " (stamped that long before it arrived: the sender's clock behind this node's, NTP / chrony?, "
-            "or a transport that held it)"
-            if on_arrival
-            else ""
-        )
+        why = ""
+        if on_arrival and age_s > CLOCKS_APART_S:  # no drift or delay is that long: another time base
+            why = " (clocks disagree: use_sim_time on one side only?)"
+        elif on_arrival:
+            why = (
+                " (stamped that long before it arrived: the sender's clock behind this node's, NTP / chrony?, "
+                "or a transport that held it)"
+            )
         raise InputError(STALE, source, f"data is {age_s:.3f} s old; expected at most {max_age_s:g} s{why}")
     if age_s < -max_age_s:
         raise InputError(

@@ -918,7 +918,10 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
         if since is None:
             if time.monotonic() - self._subscribed_at < DISCOVERY_S:  # steady time since the subscriptions
                 return True
-            since = self._timer_seconds() - self._started_at
+            started = self._started_at  # read once: ~/enable sets it to None from another thread
+            if started is None:  # no decision tick since: the wait has not begun
+                return True
+            since = self._timer_seconds() - started
         # negative: the clock changed source since (use_sim_time switched); not a fresh start then
         return 0.0 <= since < max(self.cfg.max_age_s, 2.0 / self.cfg.rate_hz)
 
@@ -1130,7 +1133,7 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
             self._last_missed = timed_s if missed else None  # the status says it until the next decision
             streak, self._dropped_streak = self._dropped_streak, 0
         if streak:
-            self._throttle.clear("skipped")  # the next outage's first lines count only its own ticks
+            self._throttle.forget_held("skipped")  # the next outage's lines count only its own ticks
             self._throttle(
                 ("resumed",), "info", f"decisions resumed (chunk {decision.chunk_id}) after {streak} skipped"
             )

@@ -53,25 +53,49 @@ def init_rclpy(argv: list[str], node_name: str) -> bool:
     return True
 
 
-_MIXED_LIST = re.compile(r"--params-file (.+?)'\. Error: Sequence should be of same type\..* at line_num (\d+)")
+_MIXED_LIST = re.compile(
+    r"--params-file (.+?)'\. Error: Sequence should be of same type\. Value type '(\w+)' .* at line_num (\d+)"
+)
 
 
 def mixed_list_hint(reason: str) -> str:
-    """rcl's refusal of a list mixing integers and doubles (`[0.05, 1]`, the mistake the config
-    comments warn about) names neither the parameter nor the fix: both, read from the file at the
-    line it names ('' for any other refusal)."""
+    """rcl's refusal of a list whose items it reads as different types names neither the
+    parameter nor the fix: both, from the file at the line it names ('' for any other refusal).
+    Numbers only (`[0.05, 1]`, the mistake the config comments warn about): a decimal point on
+    each; text among them (`[x, y, theta]`: rcl reads a bare y as a bool): quotes."""
     found = _MIXED_LIST.search(reason)
     if found is None:
         return ""
-    path, line = found.group(1), int(found.group(2))
+    path, line = os.path.expanduser(found.group(1)), int(found.group(3))
     try:
-        lines = open(os.path.expanduser(path), encoding="utf-8").read().splitlines()[:line]
+        text = open(path, encoding="utf-8").read()
     except (OSError, UnicodeDecodeError):
         return ""
     # the key of the list: on its line (flow style) or the nearest one above (a block of "- ")
-    name = next((m.group(1) for text in reversed(lines) if (m := re.match(r"\s*([A-Za-z_][\w.]*)\s*:", text))), None)
+    above = text.splitlines()[:line]
+    name = next((m.group(1) for row in reversed(above) if (m := re.match(r"\s*([A-Za-z_][\w.]*)\s*:", row))), None)
     what = f"{name} (line {line})" if name else f"the list at line {line}"
-    return f"; {what} mixes integers and decimals: write every number with a decimal point (1.0, not 1)"
+    items = _list_named(text, name)
+    if items and all(isinstance(v, int | float) and not isinstance(v, bool) for v in items):
+        return f"; {what} mixes integers and decimals: write every number with a decimal point (1.0, not 1)"
+    return f"; {what} mixes {found.group(2)}s with other items: quote every item that is text ('y', '1')"
+
+
+def _list_named(text: str, name: str | None) -> list:
+    """The first list under the key `name` anywhere in the YAML `text` ([] if none or unreadable)."""
+    import yaml
+
+    try:
+        stack = [yaml.safe_load(text)]
+    except yaml.YAMLError:
+        return []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get(name), list):
+                return node[name]
+            stack.extend(node.values())
+    return []
 
 
 def spin_until_signal(
