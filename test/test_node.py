@@ -1159,7 +1159,7 @@ def test_diagnostics_name_only_what_can_stop_a_decision(rclpy_context):
         cam = node.slots[0].topic
         node._last_decision_at = time.monotonic() - 30.0
         node._invalid_at_decision = dict(node.invalid)
-        node._blocking, node._dropped_streak = frozenset({cam}), 300  # an outage: 30 s of skipped ticks
+        node._blocking, node._dropped_streak, node._outage = frozenset({cam}), 300, True  # 30 s of skipped ticks
         for key in [
             (cam, "stale"),
             ("", "invalid_parameter"),
@@ -1219,17 +1219,27 @@ def test_late_decisions_and_the_start_s_wait_are_warnings_and_a_hang_an_error(rc
         for cam in node.slots[:-1]:
             cam.latest = Sample(np.zeros((24, 32, 3), np.uint8), stamp, 0, 0)
         node.slots[-1].latest = Sample(np.zeros(len(JOINTS), np.float32), stamp, 0, 0)
-        node._decision_s.extend([0.05] * 8)  # idle limit: max(2 periods, a status period, 0.1 s) = 0.2 s
-        node._deciding = True  # on good inputs, no tick skipped: slow, not stopped
+        # the first decision after the start's wait (only expected skips): computing, not an outage
+        node._deciding, node._dropped_streak = True, 17
         node._last_decision_at = node._decision_began = time.monotonic() - 0.5
         level, message = health()
         assert level == DiagnosticStatus.WARN, message
+        warm_s = node.state.pipeline.warm_up_ms / 1e3  # no decision yet: the warm-up is the yardstick
+        assert f"a decision computing for 0.5 s (the warm-up decision took {warm_s:.2f} s)" in message, message
+        node._decision_s.extend([0.05] * 8)  # idle limit: max(2 periods, a status period, 0.1 s) = 0.2 s
+        level, message = health()
+        assert level == DiagnosticStatus.WARN, message
         assert "a decision computing for 0.5 s (the slowest of the last ones took 0.05 s)" in message, message
-        hung_s = HUNG_FACTOR * node._idle_limit_s() + 1.0
+        # hung past HUNG_FACTOR x max(2 periods, the slowest): 2 s, whatever the status rate
+        assert node._hung_after_s() == pytest.approx(HUNG_FACTOR * 0.2)
+        hung_s = node._hung_after_s() + 1.0
         node._last_decision_at = node._decision_began = time.monotonic() - hung_s
         level, message = health()
         assert level == DiagnosticStatus.ERROR, message
         assert message.endswith(f"(a decision computing for {hung_s:.1f} s: does the policy hang?)"), message
+        node._outage = True  # skips past the expected wait before it: an outage, and it is over
+        assert health()[1].endswith("(the inputs are good again; a decision is computing)")
+        node._outage = False
 
         node._deciding, node._last_decision_at = False, time.monotonic()
         node._last_missed = 0.3  # the last decision took 0.3 s of a 0.1 s period; this status saw no new one

@@ -176,6 +176,7 @@ class Pipeline:
         self.stats = PipelineStats(stats_window)
         self.generator = torch.Generator(device=policy.device).manual_seed(seed)
         self.next_chunk_id = 1  # part of the execution state (capsules save and restore it)
+        self.warm_up_ms: float | None = None  # the warm-up decision's, once it ran (a slow policy's first yardstick)
         self._events: list = []  # the timer's, re-used by every decision (each ends with a sync)
         if fp8 not in FP8_PARTS:
             raise ValueError(f"fp8 must be {' or '.join(FP8_PARTS)}, got {fp8!r}")
@@ -298,7 +299,8 @@ class Pipeline:
         except Exception as exc:
             self._check_device_after(exc, "the warm-up decision", "restart the process")
             raise
-        return (time.perf_counter() - t0) * 1e3
+        self.warm_up_ms = (time.perf_counter() - t0) * 1e3
+        return self.warm_up_ms
 
     def set_prefix_trigger(self, trigger: str, period_s: float | None = None) -> None:
         """When the prefix stage runs from the next decision on (engine/prefix_cache.py)."""

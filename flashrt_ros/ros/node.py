@@ -352,6 +352,7 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
         self.commands_sent = 0  # command ticks that published (the stats line)
         self.invalid: Counter = Counter()  # (topic, reason) -> count
         self._dropped_streak = 0
+        self._outage = False  # a tick since the last decision skipped for more than the expected wait
         # decision stages rated on the decision timer's clock (compared with target_rate_hz), the
         # inputs' conversions on wall time (their publishers' rates)
         self.node_stats = PipelineStats(self.stats_window, self._timer_seconds)  # node_overhead, input_wait, ...
@@ -866,7 +867,9 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
                 else (slot, err.reason, partial(self._stale_detail, slot, err, Counter(slot.rejected_since_good)))
                 for slot, err in found
             ]
-            self._book_skipped_tick([(slot.topic, reason) for slot, reason, _ in problems])
+            # the wait the log calls expected (first inputs, after a reset) is no outage for the status
+            expected = all(reason == ABSENT and self._just_emptied(slot) for slot, reason, _ in problems)
+            self._book_skipped_tick([(slot.topic, reason) for slot, reason, _ in problems], expected)
         for slot, reason, detail in problems:
             # the expected wait's info line has its own key: the warning once the wait is over
             # must not be held back by it for a throttle period
@@ -878,12 +881,13 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
             )
         return None
 
-    def _book_skipped_tick(self, blocked: list[tuple[str, str]]) -> None:
+    def _book_skipped_tick(self, blocked: list[tuple[str, str]], expected: bool = False) -> None:
         """A decision tick that published nothing for these (input topic, reason): the status's
-        counts, the streak the resume line reports, the inputs /diagnostics names as blocking.
-        Called with self._lock held."""
+        counts, the streak the resume line reports, the inputs /diagnostics names as blocking, and
+        - unless only the `expected` wait for inputs - an outage. Called with self._lock held."""
         self.dropped_decisions += 1
         self._dropped_streak += 1
+        self._outage = self._outage or not expected
         self._blocking = frozenset(topic for topic, _ in blocked)
         for topic, reason in blocked:
             self.invalid[(topic, reason)] += 1
@@ -1131,7 +1135,7 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
             missed = timed_s is not None and timed_s > 1.0 / cfg.rate_hz  # judged on the timer's clock only
             self.deadline_misses += missed
             self._last_missed = timed_s if missed else None  # the status says it until the next decision
-            streak, self._dropped_streak = self._dropped_streak, 0
+            streak, self._dropped_streak, self._outage = self._dropped_streak, 0, False
         if streak:
             self._throttle.forget_held("skipped")  # the next outage's lines count only its own ticks
             self._throttle(

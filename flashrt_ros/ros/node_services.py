@@ -79,7 +79,7 @@ class NodeServices:
                 with self._lock:
                     self._last_decision_at = time.monotonic()
                     self._last_decision_ros_ns = self.get_clock().now().nanoseconds
-                    self._dropped_streak = 0
+                    self._dropped_streak, self._outage = 0, False
                 self._started_at = None
                 self.enabled = True
         if was == want:

@@ -12,7 +12,8 @@ from flashrt_ros.ros import messages
 from flashrt_ros.ros.reasons import ABSENT, NODE_ERROR, STOPS_DECISIONS
 
 HUNG_FACTOR = 10
-"""A decision computing for this many idle limits (`_idle_limit_s`) is no longer slow but hung."""
+"""A decision computing this many times two periods or the slowest recent decision is no longer
+slow but hung (`_hung_after_s`)."""
 
 
 class StatusReports:
@@ -193,22 +194,35 @@ class StatusReports:
             return ", ".join(causes)
         if not self._deciding:
             return "no decision ran"
-        if self._dropped_streak:
+        if self._outage:
             return "the inputs are good again; a decision is computing"
         return f"a decision computing for {time.monotonic() - self._decision_began:.1f} s: does the policy hang?"
 
     def _slow_decision_in_flight(self) -> str:
-        """A decision computing on inputs that were good at its start (no outage before it: no tick
-        skipped since the last decision) and slower than the recent ones: said as a WARN while it
-        lasts (the idle ERROR is for decisions that do not run), up to HUNG_FACTOR idle limits:
-        beyond, the policy hangs, and no decision for that long is the ERROR. '' otherwise."""
-        if not self._deciding or self._dropped_streak or self._clock_watch.stalled:
+        """A decision computing on inputs that were good at its start (no outage before it: only
+        the expected wait for inputs skipped ticks since the last decision) and slower than the
+        recent ones: said as a WARN while it lasts (the idle ERROR is for decisions that do not
+        run), up to `_hung_after_s`: beyond, the policy hangs, and that is the ERROR. '' otherwise."""
+        if not self._deciding or self._outage or self._clock_watch.stalled:
             return ""
         computing_s = time.monotonic() - self._decision_began
-        if computing_s > HUNG_FACTOR * self._idle_limit_s():
+        if computing_s > self._hung_after_s():
             return ""
-        slowest = max(self._decision_s, default=0.0)
-        return f"a decision computing for {computing_s:.1f} s (the slowest of the last ones took {slowest:.2f} s)"
+        if self._decision_s:
+            took = f"the slowest of the last ones took {max(self._decision_s):.2f} s"
+        elif self.state.pipeline.warm_up_ms is not None:
+            took = f"the warm-up decision took {self.state.pipeline.warm_up_ms / 1e3:.2f} s"
+        else:
+            return f"a decision computing for {computing_s:.1f} s"
+        return f"a decision computing for {computing_s:.1f} s ({took})"
+
+    def _hung_after_s(self) -> float:
+        """How long one decision may compute before the policy reads as hung: HUNG_FACTOR times
+        two periods or the slowest recent decision (before any, the warm-up decision), not the
+        status period (a 0.1 Hz status would give a hung fast policy 100 s of WARN)."""
+        warm_up = self.state.pipeline.warm_up_ms
+        slowest = max(self._decision_s, default=0.0 if warm_up is None else warm_up / 1e3)
+        return max(self._idle_limit_s(), HUNG_FACTOR * max(2.0 / self.cfg.rate_hz, slowest))
 
     def _idle_limit_s(self) -> float:
         """How long without a decision is an ERROR: two periods, one status period, or - for a
