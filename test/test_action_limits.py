@@ -110,14 +110,35 @@ def test_no_limits_are_inactive():
 @pytest.mark.parametrize(
     ("kwargs", "words"),
     [
-        ({"lower": [0.0], "upper": [1.0], "max_step": []}, "positions within limits on 2 joints (a [0, 1], b [0, 1])"),
+        (
+            {"lower": [0.0], "upper": [1.0], "max_step": []},
+            "positions within limits on 2 of 2 joints (a [0, 1], b [0, 1])",
+        ),
         (
             {"lower": [], "upper": [2.0, 3.0], "max_step": [0.1]},
-            "positions within limits on 2 joints; at most action_max_step per action from the joint state "
+            "positions within limits on 2 of 2 joints; at most action_max_step per action from the joint state "
             "(a [-inf, 2] step 0.1, b [-inf, 3] step 0.1)",
+        ),
+        (  # b a continuous joint: no bound, and not counted as one
+            {"lower": [-1.0, -np.inf], "upper": [1.0, np.inf], "max_step": []},
+            "positions within limits on 1 of 2 joints (a [-1, 1], b [-inf, inf])",
         ),
     ],
 )
 def test_describe_says_which_limits_are_on(kwargs, words):
     limits = ActionLimits.from_lists(NAMES, **kwargs)
     assert limits.active and limits.describe() == words
+
+
+def test_infinite_bounds_on_every_joint_are_no_limit_and_huge_ones_cast_quietly():
+    """`action_upper_limits: [.inf]` bounds nothing: "none", not "within limits on 14 joints"; a
+    1e300 stand-in for no bound (past float32's range) clamps with no overflow warning."""
+    import warnings
+
+    unbounded = ActionLimits.from_lists(NAMES, lower=[-np.inf], upper=[np.inf], max_step=[])
+    assert not unbounded.active and unbounded.describe() == "none"
+    huge = ActionLimits.from_lists(NAMES, lower=[-1e300], upper=[1e300], max_step=[])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out, clamped = huge.apply(np.ones((2, 2), np.float32), np.zeros(2))
+    assert clamped is None and (out == 1).all()

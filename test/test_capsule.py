@@ -116,10 +116,23 @@ def test_invalid_name_refused(store):
     with pytest.raises(ValueError, match="non-empty"):
         store.snapshot("  ")
     # names that read alike in a list were different capsules
-    for name in (" a", "a ", "a\tb", "a\nb", "a\x7f", "a\x9bb", "a\u200b"):
+    # blanks that are no control character: a grapheme joiner, a variation selector, Hangul fillers, Braille blank
+    blanks = ("grasp\u034f", "a\ufe0f", "\u3164", "a\u115f", "\u2800", "a\U000e0100")
+    for name in (" a", "a ", "a\tb", "a\nb", "a\x7f", "a\x9bb", "a\u200b", *blanks):
         with pytest.raises(ValueError, match="starts or ends with spaces or holds a control or invisible character"):
             store.snapshot(name)
     store.snapshot("a b")  # a space within is a name
+
+
+def test_one_name_however_its_accents_are_typed(store):
+    """ "café" as one character or as e + combining accent read alike and were two capsules."""
+    composed, decomposed = "caf\u00e9", "cafe\u0301"
+    store.snapshot(composed)
+    assert store.restore(decomposed).name == composed and decomposed in store
+    store.snapshot(decomposed)  # replaces it: one capsule
+    assert [c.name for c in store.list()] == [composed]
+    assert store.fork(decomposed, "copy\u0301").name == "cop\u00fd" and "copy\u0301" in store  # one spelling
+    assert store.drop(decomposed).name == composed and composed not in store
 
 
 def test_a_fork_carries_when_its_source_s_state_was_taken(state):

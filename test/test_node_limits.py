@@ -37,7 +37,7 @@ def running(ros_env, ros_module_context, tmp_path_factory):
 
 def test_every_output_stays_within_the_limits_and_limiting_is_counted(running):
     node, peer, commands = running
-    line = node.wait_for_line("action limits: positions within limits on 4 joints; at most action_max_step")
+    line = node.wait_for_line("action limits: positions within limits on 4 of 4 joints; at most action_max_step")
     assert line.endswith("commands move at most action_max_step per step, chunk switches included"), line
     assert peer.pump(10.0, until=lambda: len(peer.chunks) >= 5 and len(commands) >= 20 and len(peer.trajectories) >= 5)
     low, high = np.array(LOWER), np.array(UPPER)

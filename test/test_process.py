@@ -178,10 +178,13 @@ def test_a_list_mixing_integers_and_decimals_is_named_with_its_fix(tmp_path, ros
     names = tmp_path / "names.yaml"  # a gantry's joints: rcl reads the bare y as a bool
     names.write_text("flashrt_node:\n  ros__parameters:\n    joint_names: [x, y, theta]\n")
     quote = "; joint_names (line 3) mixes bools with other items: quote every item that is text ('y', '1')"
+    unbounded = tmp_path / "unbounded.yaml"  # rcl reads a plain -inf as a double, PyYAML as text
+    unbounded.write_text("flashrt_node:\n  ros__parameters:\n    action_lower_limits: [-3, -inf]\n")
     for path, said in (
         (flow, f"; action_max_step (line 4) {fix}"),
         (block, f"; action_upper_limits (line 5) {fix}"),
         (names, quote),
+        (unbounded, f"; action_lower_limits (line 3) {fix}"),
     ):
         cmd = [sys.executable, "-m", "flashrt_ros.ros.node", "--ros-args", "--params-file", str(path)]
         done = subprocess.run(cmd, env=ros_env, capture_output=True, text=True, timeout=60)

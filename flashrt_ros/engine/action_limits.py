@@ -56,7 +56,11 @@ class ActionLimits:
                 return None
             return np.broadcast_to(np.asarray(values, dtype=np.float64), (len(names),)).copy()
 
-        return cls(tuple(names), per_joint(lower), per_joint(upper), per_joint(max_step))
+        low, high = per_joint(lower), per_joint(upper)
+        # -inf / inf for every joint (continuous joints) bound nothing: off, as [] is
+        low = None if low is not None and np.isneginf(low).all() else low
+        high = None if high is not None and np.isposinf(high).all() else high
+        return cls(tuple(names), low, high, per_joint(max_step))
 
     @property
     def active(self) -> bool:
@@ -66,7 +70,10 @@ class ActionLimits:
         """What is on, then each joint's values (what an operator checks before engaging)."""
         parts = []
         if self.lower is not None or self.upper is not None:
-            parts.append(f"positions within limits on {len(self.names)} joints")
+            low = np.full(len(self.names), -np.inf) if self.lower is None else self.lower
+            high = np.full(len(self.names), np.inf) if self.upper is None else self.upper
+            bounded = int((np.isfinite(low) | np.isfinite(high)).sum())  # a continuous joint has none
+            parts.append(f"positions within limits on {bounded} of {len(self.names)} joints")
         if self.max_step is not None:
             parts.append("at most action_max_step per action from the joint state")
         if not parts:
@@ -154,6 +161,7 @@ class ActionLimits:
 
 def _rounded(bound: np.ndarray, dtype: type, up: bool) -> np.ndarray:
     """`bound` in `dtype`, moved to the next representable value inwards where it rounded outwards."""
-    rounded = bound.astype(dtype)
+    with np.errstate(over="ignore"):  # a bound past float32's range (1e300 for no bound) rounds to inf
+        rounded = bound.astype(dtype)
     outward = rounded < bound if up else rounded > bound
     return np.where(outward, np.nextafter(rounded, dtype(np.inf if up else -np.inf)), rounded).astype(dtype)

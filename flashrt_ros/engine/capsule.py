@@ -206,6 +206,7 @@ class CapsuleStore:
     def snapshot(self, name: str) -> Capsule:
         """Copy the live state into capsule ``name`` (replacing one of the same name)."""
         _check_name(name)
+        name = _same_spelling(name)
         self._check_room(name)
         capsule = _frozen(name, self.state.read(), self.clock_ns())
         self._capsules[name] = capsule
@@ -220,6 +221,7 @@ class CapsuleStore:
     def fork(self, source: str, target: str) -> Capsule:
         """Copy capsule ``source`` to a new capsule ``target``; the live state is not touched."""
         _check_name(target, "fork target (the new capsule's name)")
+        target = _same_spelling(target)
         original = self._get(source)
         if target in self._capsules:
             raise ValueError(f"capsule {shown(target)} already exists; drop it first or pick another name")
@@ -229,7 +231,7 @@ class CapsuleStore:
         return capsule
 
     def __contains__(self, name: object) -> bool:
-        return name in self._capsules
+        return isinstance(name, str) and _same_spelling(name) in self._capsules
 
     def list(self) -> list[Capsule]:
         """All capsules, sorted by name."""
@@ -237,7 +239,7 @@ class CapsuleStore:
 
     def drop(self, name: str) -> Capsule:
         capsule = self._get(name)
-        del self._capsules[name]
+        del self._capsules[capsule.name]
         return capsule
 
     def _check_room(self, name: str) -> None:
@@ -250,7 +252,7 @@ class CapsuleStore:
 
     def _get(self, name: str) -> Capsule:
         try:
-            return self._capsules[name]
+            return self._capsules[_same_spelling(name) if isinstance(name, str) else name]
         except KeyError:
             have = some([shown(n) for n in sorted(self._capsules)], SHOWN_NAMES) or "none"
             raise CapsuleNotFound(f"no capsule named {shown(name)} (have: {have})") from None
@@ -259,13 +261,26 @@ class CapsuleStore:
 SHOWN_NAMES = 10  # a refusal names this many of the capsules kept: its reply and log line stay short
 
 
+_INVISIBLE = frozenset(
+    chr(c) for c in (0x034F, 0x115F, 0x1160, 0x2800, 0x3164, 0xFFA0, *range(0x180B, 0x1810), *range(0xFE00, 0xFE10))
+) | frozenset(chr(c) for c in range(0xE0100, 0xE01F0))
+"""Characters that show nothing and are no control or format character: a grapheme joiner,
+variation selectors, Hangul and Braille blanks (Unicode's default-ignorable and blank letters)."""
+
+
+def _same_spelling(name: str) -> str:
+    """One spelling per name (NFC): "café" typed as one character or as e + accent is one capsule."""
+    return unicodedata.normalize("NFC", name)
+
+
 def _check_name(name: str, what: str = "capsule name") -> None:
     """`what`: the request's field, where there are two (fork's source and target). No spaces at
-    either end nor control or invisible (zero-width) characters: " a" and "a" were two capsules
-    that read alike in a list."""
+    either end nor control or invisible (zero-width, blank) characters: " a" and "a" were two
+    capsules that read alike in a list."""
     if not isinstance(name, str) or not name.strip() or len(name) > 256:
         raise ValueError(f"{what} must be a non-empty string of at most 256 characters, got {shown(name)}")
-    if name != name.strip() or any(unicodedata.category(c) in ("Cc", "Cf") for c in name):  # incl. zero-width
+    invisible = any(unicodedata.category(c) in ("Cc", "Cf") or c in _INVISIBLE for c in name)  # incl. zero-width
+    if name != name.strip() or invisible:
         raise ValueError(
             f"{what} {shown(name)} starts or ends with spaces or holds a control or invisible character; expected "
             "a name without them (names that read alike would be different capsules)"

@@ -273,10 +273,10 @@ PARAMETERS: dict[str, ParamInfo] = {
     "joint_names": ParamInfo("joints of the state vector, in the policy's order (picked by name)"),
     "action_joint_names": ParamInfo("names of the action dimensions, in output order; [] = joint_names"),
     "action_lower_limits": ParamInfo(
-        "lowest position per action joint (action_joint_names order; one value = every joint; [] = none): "
-        "actions below are clamped, counted as action_clamped and logged"
+        "lowest position per action joint (action_joint_names order; one value = every joint; [] = none; "
+        "-.inf = no bound, a continuous joint): actions below are clamped, counted as action_clamped and logged"
     ),
-    "action_upper_limits": ParamInfo("highest position per action joint, as action_lower_limits"),
+    "action_upper_limits": ParamInfo("highest position per action joint, as action_lower_limits (.inf = no bound)"),
     "action_max_step": ParamInfo(
         "largest move per action of each action joint (one value = every joint; [] = none), from the joint "
         "state to action 0 and between actions: a chunk that moves faster is slowed to it, counted and logged"
@@ -797,6 +797,25 @@ def _rcl_typed(node: Any) -> Any:
             _merge_into(out, {str(k.value): _rcl_typed(v)})
         return out
     return UNSURE
+
+
+def list_items_as_rcl_types(text: str, name: str | None) -> list[Any]:
+    """The items of the first list under the key `name` in the YAML `text`, each as rcl types it
+    (`rcl_scalar`: UNSURE where it cannot tell); [] if there is none or the text is no YAML."""
+    import yaml
+
+    try:
+        stack = _compose_all(text)
+    except yaml.YAMLError:
+        return []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if key.value == name and isinstance(value, yaml.SequenceNode):
+                    return [_rcl_typed(item) for item in value.value]
+                stack.append(value)
+    return []
 
 
 def _compose_all(text: str) -> list[Any]:

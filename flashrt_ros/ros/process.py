@@ -24,7 +24,7 @@ from rclpy.executors import ExternalShutdownException
 from rclpy.signals import SignalHandlerOptions
 
 from flashrt_ros.ros.early_stop import STOP_SIGNALS
-from flashrt_ros.ros.params import param_sources, rcl_reason
+from flashrt_ros.ros.params import UNSURE, list_items_as_rcl_types, param_sources, rcl_reason
 
 POLL_S = 0.1  # longest a signal waits for the executor's wait to return
 
@@ -75,27 +75,12 @@ def mixed_list_hint(reason: str) -> str:
     above = text.splitlines()[:line]
     name = next((m.group(1) for row in reversed(above) if (m := re.match(r"\s*([A-Za-z_][\w.]*)\s*:", row))), None)
     what = f"{name} (line {line})" if name else f"the list at line {line}"
-    items = _list_named(text, name)
+    items = list_items_as_rcl_types(text, name)  # rcl's types (-inf a double, y a bool), not PyYAML's
+    if any(item is UNSURE for item in items):
+        return f"; {what} holds a number rcl cannot read as one (beyond a double? write .inf for no bound)"
     if items and all(isinstance(v, int | float) and not isinstance(v, bool) for v in items):
         return f"; {what} mixes integers and decimals: write every number with a decimal point (1.0, not 1)"
     return f"; {what} mixes {found.group(2)}s with other items: quote every item that is text ('y', '1')"
-
-
-def _list_named(text: str, name: str | None) -> list:
-    """The first list under the key `name` anywhere in the YAML `text` ([] if none or unreadable)."""
-    import yaml
-
-    try:
-        stack = [yaml.safe_load(text)]
-    except yaml.YAMLError:
-        return []
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            if isinstance(node.get(name), list):
-                return node[name]
-            stack.extend(node.values())
-    return []
 
 
 def spin_until_signal(
