@@ -117,7 +117,8 @@ def test_invalid_name_refused(store):
         store.snapshot("  ")
     # names that read alike in a list were different capsules
     # blanks that are no control character: a grapheme joiner, a variation selector, Hangul fillers, Braille blank
-    blanks = ("grasp\u034f", "a\ufe0f", "\u3164", "a\u115f", "\u2800", "a\U000e0100")
+    blanks = ("grasp\u034f", "a\ufe0f", "\u3164", "a\u115f", "\u2800", "a\U000e0100", "a\u17b4b", "a\U000e0080b")
+    blanks += ("a\xa0b", "a\u3000b", "a\u2028b", "a\ufff0b", "a\ue000b")  # other spaces, unassigned, private use
     for name in (" a", "a ", "a\tb", "a\nb", "a\x7f", "a\x9bb", "a\u200b", *blanks):
         with pytest.raises(ValueError, match="starts or ends with spaces or holds a control or invisible character"):
             store.snapshot(name)
@@ -133,6 +134,8 @@ def test_one_name_however_its_accents_are_typed(store):
     assert [c.name for c in store.list()] == [composed]
     assert store.fork(decomposed, "copy\u0301").name == "cop\u00fd" and "copy\u0301" in store  # one spelling
     assert store.drop(decomposed).name == composed and composed not in store
+    with pytest.raises(ValueError, match="at most 256 characters"):  # 200 characters, 400 once composed
+        store.snapshot("\u0958" * 200)
 
 
 def test_a_fork_carries_when_its_source_s_state_was_taken(state):

@@ -1245,6 +1245,10 @@ def test_late_decisions_and_the_start_s_wait_are_warnings_and_a_hang_an_error(rc
         node._outage = True  # skips past the expected wait before it: an outage, and it is over
         assert health()[1].endswith("(the inputs are good again; a decision is computing)")
         node._outage = False
+        node._last_decision_at = node._decision_began = time.monotonic() - 0.5
+        node.invalid[("", "non_finite_action")] += 5  # ticks whose chunks the node refused: not slow
+        assert health() == (DiagnosticStatus.ERROR, "no decision for 0.5 s (non_finite_action)")
+        node._invalid_at_decision = dict(node.invalid)
 
         node._deciding, node._last_decision_at = False, time.monotonic()
         node._last_missed = 0.3  # the last decision took 0.3 s of a 0.1 s period; this status saw no new one
@@ -1304,6 +1308,23 @@ def test_a_chunk_that_can_end_before_the_next_arrives_is_warned_at_start(rclpy_c
         said.clear()  # stamped at publication, a chunk starts when it is sent: its inputs' age is no matter
         node._warn_chunk_gap(dataclasses.replace(tight, trajectory_stamp="publication"))
         assert said == []
+    finally:
+        node.destroy_node()
+
+
+def test_a_capsule_name_stored_in_another_spelling_is_said(rclpy_context):
+    """ "cafe" + a combining accent is stored as "café" (one name, NFC): the reply says so, and the
+    list names it that way (a client looking for its own spelling in the list found nothing)."""
+    from flashrt_ros.srv import ListCapsules, SnapshotCapsule
+
+    node = in_process_node(rclpy_context)
+    try:
+        reply = node._on_snapshot(SnapshotCapsule.Request(name="cafe\u0301"), SnapshotCapsule.Response())
+        assert reply.success and reply.message.endswith("(stored as 'caf\u00e9', its NFC spelling)"), reply.message
+        listing = node._on_list(ListCapsules.Request(), ListCapsules.Response())
+        assert list(listing.names) == ["caf\u00e9"]
+        reply = node._on_snapshot(SnapshotCapsule.Request(name="plain"), SnapshotCapsule.Response())
+        assert reply.success and "stored as" not in reply.message
     finally:
         node.destroy_node()
 

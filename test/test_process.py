@@ -190,3 +190,15 @@ def test_a_list_mixing_integers_and_decimals_is_named_with_its_fix(tmp_path, ros
         done = subprocess.run(cmd, env=ros_env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and done.stderr.rstrip().endswith(said), done.stderr
     assert mixed_list_hint("Couldn't parse params file: '--params-file x.yaml'. Error: bad indentation") == ""
+    # the list at rcl's line, not the first of its name: two arms' sections with one key
+    two = tmp_path / "two.yaml"
+    two.write_text(
+        "left:\n  ros__parameters:\n    action_max_step: [0.05, 1e999]\n"
+        "right:\n  ros__parameters:\n    action_max_step: [0.05, 1]\n"
+    )
+    rcl = f"Couldn't parse params file: '--params-file {two}'. Error: Sequence should be of same type. Value type "
+    assert mixed_list_hint(rcl + "'integer' do not belong at line_num 6") == f"; action_max_step (line 6) {fix}"
+    beyond = (
+        "; action_max_step (line 3) holds a number rcl cannot read as one (beyond a double? write .inf for no bound)"
+    )
+    assert mixed_list_hint(rcl + "'string' do not belong at line_num 3") == beyond

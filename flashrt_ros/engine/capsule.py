@@ -262,10 +262,18 @@ SHOWN_NAMES = 10  # a refusal names this many of the capsules kept: its reply an
 
 
 _INVISIBLE = frozenset(
-    chr(c) for c in (0x034F, 0x115F, 0x1160, 0x2800, 0x3164, 0xFFA0, *range(0x180B, 0x1810), *range(0xFE00, 0xFE10))
-) | frozenset(chr(c) for c in range(0xE0100, 0xE01F0))
-"""Characters that show nothing and are no control or format character: a grapheme joiner,
-variation selectors, Hangul and Braille blanks (Unicode's default-ignorable and blank letters)."""
+    chr(c) for c in (0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x2800, 0x3164, 0xFFA0, *range(0x180B, 0x1810))
+) | frozenset(chr(c) for r in (range(0xFE00, 0xFE10), range(0xE0000, 0xE1000)) for c in r)
+"""Characters that show nothing and are no control or format character: a grapheme joiner, Khmer
+inherent vowels, Mongolian and other variation selectors, tags, Hangul and Braille blanks (Unicode's
+default-ignorable code points and blank letters)."""
+_UNSEEN_CATEGORIES = ("Cc", "Cf", "Cn", "Co")  # control, format (zero-width), unassigned, private use
+
+
+def _unseen(c: str) -> bool:
+    """A character that shows nothing, or nothing one can tell apart: also every space but U+0020
+    (a no-break or ideographic space, a line separator reads as a space)."""
+    return unicodedata.category(c) in _UNSEEN_CATEGORIES or c in _INVISIBLE or (c.isspace() and c != " ")
 
 
 def _same_spelling(name: str) -> str:
@@ -277,10 +285,9 @@ def _check_name(name: str, what: str = "capsule name") -> None:
     """`what`: the request's field, where there are two (fork's source and target). No spaces at
     either end nor control or invisible (zero-width, blank) characters: " a" and "a" were two
     capsules that read alike in a list."""
-    if not isinstance(name, str) or not name.strip() or len(name) > 256:
+    if not isinstance(name, str) or not name.strip() or len(_same_spelling(name)) > 256:  # as stored
         raise ValueError(f"{what} must be a non-empty string of at most 256 characters, got {shown(name)}")
-    invisible = any(unicodedata.category(c) in ("Cc", "Cf") or c in _INVISIBLE for c in name)  # incl. zero-width
-    if name != name.strip() or invisible:
+    if name != name.strip() or any(_unseen(c) for c in name):
         raise ValueError(
             f"{what} {shown(name)} starts or ends with spaces or holds a control or invisible character; expected "
             "a name without them (names that read alike would be different capsules)"

@@ -159,7 +159,9 @@ class NodeServices:
     def _on_snapshot(self, request: Any, response: Any) -> Any:
         def snapshot() -> str:
             replaced = request.name in self.capsules
-            return ("replaced " if replaced else "") + self.capsules.snapshot(request.name).summary()
+            capsule = self.capsules.snapshot(request.name)
+            respelled = f" (stored as {capsule.name!r}, its NFC spelling)" if capsule.name != request.name else ""
+            return ("replaced " if replaced else "") + capsule.summary() + respelled
 
         return self._capsule_call("~/capsule/snapshot", response, snapshot)
 

@@ -93,7 +93,7 @@ class StatusReports:
         overdue = self.enabled and (self._clock_watch.stalled or idle_s > self._idle_limit_s())
         # overdue, but late rather than stopped: a slow decision on good inputs, or inputs not yet
         # come within the wait the log calls expected (both WARN below)
-        in_flight = self._slow_decision_in_flight() if overdue else ""
+        in_flight = self._slow_decision_in_flight(snap) if overdue else ""
         waiting = not self._clock_watch.stalled and self._waiting_for_first_inputs()  # a stalled clock: its ERROR
         if overdue and not (in_flight or waiting):
             if self._clock_watch.stalled:
@@ -198,12 +198,17 @@ class StatusReports:
             return "the inputs are good again; a decision is computing"
         return f"a decision computing for {time.monotonic() - self._decision_began:.1f} s: does the policy hang?"
 
-    def _slow_decision_in_flight(self) -> str:
+    def _slow_decision_in_flight(self, snap: messages.StatusSnapshot) -> str:
         """A decision computing on inputs that were good at its start (no outage before it: only
-        the expected wait for inputs skipped ticks since the last decision) and slower than the
-        recent ones: said as a WARN while it lasts (the idle ERROR is for decisions that do not
-        run), up to `_hung_after_s`: beyond, the policy hangs, and that is the ERROR. '' otherwise."""
+        the expected wait for inputs skipped ticks since the last decision, and no tick ended
+        refused by the policy or failed) and slower than the recent ones: said as a WARN while it
+        lasts (the idle ERROR is for decisions that do not run), up to `_hung_after_s`: beyond, the
+        policy hangs, and that is the ERROR. '' otherwise."""
         if not self._deciding or self._outage or self._clock_watch.stalled:
+            return ""
+        since = counts_since(snap.invalid, self._invalid_at_decision)
+        refused = any(t not in self._input_topics and r in STOPS_DECISIONS for t, r in since)
+        if refused or self._tick_failures > self._tick_failures_at_decision:  # chunks refused, not slow
             return ""
         computing_s = time.monotonic() - self._decision_began
         if computing_s > self._hung_after_s():

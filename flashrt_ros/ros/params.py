@@ -799,23 +799,26 @@ def _rcl_typed(node: Any) -> Any:
     return UNSURE
 
 
-def list_items_as_rcl_types(text: str, name: str | None) -> list[Any]:
-    """The items of the first list under the key `name` in the YAML `text`, each as rcl types it
-    (`rcl_scalar`: UNSURE where it cannot tell); [] if there is none or the text is no YAML."""
+def list_items_as_rcl_types(text: str, line: int) -> list[Any]:
+    """The items of the innermost list in the YAML `text` that spans `line` (1-based, as rcl counts
+    them), each as rcl types it (`rcl_scalar`: UNSURE where it cannot tell); [] if there is none or
+    the text is no YAML. By line, not by key: two nodes' sections may hold a key of one name."""
     import yaml
 
     try:
         stack = _compose_all(text)
     except yaml.YAMLError:
         return []
+    found: list[Any] = []
     while stack:
         node = stack.pop()
+        if isinstance(node, yaml.SequenceNode) and node.start_mark.line <= line - 1 <= node.end_mark.line:
+            found = [_rcl_typed(item) for item in node.value]  # the innermost such list wins: found last
         if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                if key.value == name and isinstance(value, yaml.SequenceNode):
-                    return [_rcl_typed(item) for item in value.value]
-                stack.append(value)
-    return []
+            stack.extend(value for _, value in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+    return found
 
 
 def _compose_all(text: str) -> list[Any]:

@@ -75,12 +75,14 @@ def mixed_list_hint(reason: str) -> str:
     above = text.splitlines()[:line]
     name = next((m.group(1) for row in reversed(above) if (m := re.match(r"\s*([A-Za-z_][\w.]*)\s*:", row))), None)
     what = f"{name} (line {line})" if name else f"the list at line {line}"
-    items = list_items_as_rcl_types(text, name)  # rcl's types (-inf a double, y a bool), not PyYAML's
-    if any(item is UNSURE for item in items):
-        return f"; {what} holds a number rcl cannot read as one (beyond a double? write .inf for no bound)"
-    if items and all(isinstance(v, int | float) and not isinstance(v, bool) for v in items):
+    kind = found.group(2)  # the type rcl refused, among the list's others
+    items = list_items_as_rcl_types(text, line)  # as rcl types them (-inf a double, y a bool), not PyYAML
+    texts = [v for v in items if isinstance(v, str | bool)]
+    if kind in ("integer", "double") and not texts:
         return f"; {what} mixes integers and decimals: write every number with a decimal point (1.0, not 1)"
-    return f"; {what} mixes {found.group(2)}s with other items: quote every item that is text ('y', '1')"
+    if kind == "string" and any(v is UNSURE for v in items) and not texts:  # 1e309: rcl reads it as text
+        return f"; {what} holds a number rcl cannot read as one (beyond a double? write .inf for no bound)"
+    return f"; {what} mixes {kind}s with other items: quote every item that is text ('y', '1')"
 
 
 def spin_until_signal(
