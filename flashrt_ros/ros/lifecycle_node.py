@@ -94,15 +94,13 @@ class FlashRTLifecycleNode(FlashRTNode, LifecycleNode):
         self._autostarting = False  # its configure's line gives no activate hint
         self._refuse_invalid_transitions()
         fqn = self.get_fully_qualified_name()
-        if self.wants_autostart() and self.get_parameter("start_enabled").value is False:
-            self.get_logger().info(
-                "unconfigured, no policy loaded; autostart: configure follows (start_enabled false: it stays "
-                "inactive until activated)"
-            )
-        elif self.wants_autostart():
-            self.get_logger().info("unconfigured, no policy loaded; autostart: configure and activate follow")
+        if not self.wants_autostart():
+            next_step = f"next: ros2 lifecycle set {fqn} configure"
+        elif self.get_parameter("start_enabled").value is False:
+            next_step = "autostart: configure follows (start_enabled false: it stays inactive until activated)"
         else:
-            self.get_logger().info(f"unconfigured, no policy loaded; next: ros2 lifecycle set {fqn} configure")
+            next_step = "autostart: configure and activate follow"
+        self.get_logger().info(f"unconfigured, no policy loaded; {next_step}")
 
     def _refuse_invalid_transitions(self) -> None:
         """A `change_state` request by id for a transition the current state does not have (configure

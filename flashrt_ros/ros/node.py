@@ -867,13 +867,14 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
                 else (slot, err.reason, partial(self._stale_detail, slot, err, Counter(slot.rejected_since_good)))
                 for slot, err in found
             ]
-            # the wait the log calls expected (first inputs, after a reset) is no outage for the status
-            expected = all(reason == ABSENT and self._just_emptied(slot) for slot, reason, _ in problems)
-            self._book_skipped_tick([(slot.topic, reason) for slot, reason, _ in problems], expected)
-        for slot, reason, detail in problems:
+            # the wait the log calls expected (first inputs, after a reset): an info line, and no
+            # outage for the status
+            waits = [reason == ABSENT and self._just_emptied(slot) for slot, reason, _ in problems]
+            self._book_skipped_tick([(slot.topic, reason) for slot, reason, _ in problems], all(waits))
+        for (slot, reason, detail), wait in zip(problems, waits, strict=True):
             # the expected wait's info line has its own key: the warning once the wait is over
             # must not be held back by it for a throttle period
-            level = "info" if reason == ABSENT and self._just_emptied(slot) else "warning"
+            level = "info" if wait else "warning"
             self._throttle(
                 ("skipped", slot.topic, reason, level),
                 level,

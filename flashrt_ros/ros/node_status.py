@@ -94,8 +94,8 @@ class StatusReports:
         # overdue, but late rather than stopped: a slow decision on good inputs, or inputs not yet
         # come within the wait the log calls expected (both WARN below)
         in_flight = self._slow_decision_in_flight(snap) if overdue else ""
-        waiting = not self._clock_watch.stalled and self._waiting_for_first_inputs()  # a stalled clock: its ERROR
-        if overdue and not (in_flight or waiting):
+        # a stalled clock keeps its ERROR whatever the inputs
+        if overdue and not in_flight and (self._clock_watch.stalled or not self._waiting_for_first_inputs()):
             if self._clock_watch.stalled:
                 why, idle_s = self._clock_watch.describe(time.monotonic()), time.monotonic() - self._last_decision_at
             else:
@@ -181,6 +181,19 @@ class StatusReports:
         """What went wrong since the last decision, on the inputs that still stop one (an input
         absent just after a reset and arriving since is not named) and node-wide; else the decision
         computing (after an outage, or on good inputs all along: hung), or none."""
+        causes = self._stop_causes(snap)
+        if causes:
+            return ", ".join(causes)
+        if not self._deciding:
+            return "no decision ran"
+        if self._outage:
+            return "the inputs are good again; a decision is computing"
+        return f"a decision computing for {time.monotonic() - self._decision_began:.1f} s: does the policy hang?"
+
+    def _stop_causes(self, snap: messages.StatusSnapshot) -> list[str]:
+        """What stopped decisions since the last one: the refusals on the inputs that stopped the
+        last tick (none while a decision computes), the node-wide events that stop one (a refused
+        chunk, the policy's error) and failed ticks."""
         since = counts_since(snap.invalid, self._invalid_at_decision)
         blocking, inputs = self._blocking, self._input_topics
         causes = [
@@ -190,13 +203,7 @@ class StatusReports:
         ]
         if self._tick_failures > self._tick_failures_at_decision:
             causes.append(f"{NODE_ERROR} (decision tick)")
-        if causes:
-            return ", ".join(causes)
-        if not self._deciding:
-            return "no decision ran"
-        if self._outage:
-            return "the inputs are good again; a decision is computing"
-        return f"a decision computing for {time.monotonic() - self._decision_began:.1f} s: does the policy hang?"
+        return causes
 
     def _slow_decision_in_flight(self, snap: messages.StatusSnapshot) -> str:
         """A decision computing on inputs that were good at its start (no outage before it: only
@@ -204,12 +211,8 @@ class StatusReports:
         refused by the policy or failed) and slower than the recent ones: said as a WARN while it
         lasts (the idle ERROR is for decisions that do not run), up to `_hung_after_s`: beyond, the
         policy hangs, and that is the ERROR. '' otherwise."""
-        if not self._deciding or self._outage or self._clock_watch.stalled:
-            return ""
-        since = counts_since(snap.invalid, self._invalid_at_decision)
-        refused = any(t not in self._input_topics and r in STOPS_DECISIONS for t, r in since)
-        if refused or self._tick_failures > self._tick_failures_at_decision:  # chunks refused, not slow
-            return ""
+        if not self._deciding or self._outage or self._clock_watch.stalled or self._stop_causes(snap):
+            return ""  # stopped (an outage, chunks refused, failed ticks), not slow
         computing_s = time.monotonic() - self._decision_began
         if computing_s > self._hung_after_s():
             return ""

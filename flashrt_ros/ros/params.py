@@ -799,25 +799,26 @@ def _rcl_typed(node: Any) -> Any:
     return UNSURE
 
 
-def list_items_as_rcl_types(text: str, line: int) -> list[Any]:
-    """The items of the innermost list in the YAML `text` that spans `line` (1-based, as rcl counts
-    them), each as rcl types it (`rcl_scalar`: UNSURE where it cannot tell); [] if there is none or
-    the text is no YAML. By line, not by key: two nodes' sections may hold a key of one name."""
+def list_at_line(text: str, line: int) -> tuple[str | None, list[Any]]:
+    """The innermost list in the YAML `text` that spans `line` (1-based, as rcl counts them): its
+    key and its items, each as rcl types it (`rcl_scalar`: UNSURE where it cannot tell); (None, [])
+    if there is none or the text is no YAML. By line, not by key: two nodes' sections may hold a
+    key of one name."""
     import yaml
 
     try:
-        stack = _compose_all(text)
+        stack: list[tuple[str | None, Any]] = [(None, doc) for doc in _compose_all(text)]
     except yaml.YAMLError:
-        return []
-    found: list[Any] = []
+        return None, []
+    found: tuple[str | None, list[Any]] = (None, [])
     while stack:
-        node = stack.pop()
+        key, node = stack.pop()
         if isinstance(node, yaml.SequenceNode) and node.start_mark.line <= line - 1 <= node.end_mark.line:
-            found = [_rcl_typed(item) for item in node.value]  # the innermost such list wins: found last
+            found = (key, [_rcl_typed(item) for item in node.value])  # the innermost such list: found last
         if isinstance(node, yaml.MappingNode):
-            stack.extend(value for _, value in node.value)
+            stack.extend((str(k.value), value) for k, value in node.value)
         elif isinstance(node, yaml.SequenceNode):
-            stack.extend(node.value)
+            stack.extend((key, item) for item in node.value)
     return found
 
 

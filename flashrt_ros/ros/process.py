@@ -24,7 +24,7 @@ from rclpy.executors import ExternalShutdownException
 from rclpy.signals import SignalHandlerOptions
 
 from flashrt_ros.ros.early_stop import STOP_SIGNALS
-from flashrt_ros.ros.params import UNSURE, list_items_as_rcl_types, param_sources, rcl_reason
+from flashrt_ros.ros.params import UNSURE, list_at_line, param_sources, rcl_reason
 
 POLL_S = 0.1  # longest a signal waits for the executor's wait to return
 
@@ -71,12 +71,9 @@ def mixed_list_hint(reason: str) -> str:
         text = open(path, encoding="utf-8").read()
     except (OSError, UnicodeDecodeError):
         return ""
-    # the key of the list: on its line (flow style) or the nearest one above (a block of "- ")
-    above = text.splitlines()[:line]
-    name = next((m.group(1) for row in reversed(above) if (m := re.match(r"\s*([A-Za-z_][\w.]*)\s*:", row))), None)
+    name, items = list_at_line(text, line)  # items as rcl types them (-inf a double, y a bool), not PyYAML
     what = f"{name} (line {line})" if name else f"the list at line {line}"
     kind = found.group(2)  # the type rcl refused, among the list's others
-    items = list_items_as_rcl_types(text, line)  # as rcl types them (-inf a double, y a bool), not PyYAML
     texts = [v for v in items if isinstance(v, str | bool)]
     if kind in ("integer", "double") and not texts:
         return f"; {what} mixes integers and decimals: write every number with a decimal point (1.0, not 1)"
