@@ -78,6 +78,64 @@ def test_openpi_aliases_tied_embedding_and_unused_heads(tmp_path):
     assert torch.equal(loaded.time_mlp_in.bias, model.time_mlp_in.bias)
 
 
+def test_two_lm_heads_standing_in_for_the_embedding_are_refused(tmp_path):
+    """Both spellings of the tied head and no embedding: which one became the embedding depended on
+    key order, the other dropped without a word."""
+    model = tiny_model("pi05")
+    save_model(model, tmp_path, layout="openpi")
+    path = tmp_path / "model.safetensors"
+    t = load_file(str(path))
+    root = "paligemma_with_expert.paligemma."
+    t[f"{root}language_model.lm_head.weight"] = t.pop(f"{root}model.language_model.embed_tokens.weight")
+    t[f"{root}lm_head.weight"] = torch.zeros_like(t[f"{root}language_model.lm_head.weight"])
+    save_file(t, str(path))
+    with pytest.raises(
+        CheckpointError,
+        match=rf"2 tensors map to the one parameter .*embed_tokens.weight: "
+        rf"{root}language_model.lm_head.weight, {root}lm_head.weight; expected exactly one",
+    ):
+        load_model(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "layout, stated_in",
+    [("openpi", "flashrt_config.json"), ("lerobot", "flashrt_config.json"), ("lerobot", "config.json")],
+)
+def test_a_config_file_stating_the_other_kind_is_refused_before_loading(tmp_path, layout, stated_in):
+    """A whole flashrt_config.json (or LeRobot's config.json) saying pi0 over pi0.5 weights: refused
+    by the weights' names, naming the file, instead of ~30 tensor names or advice to switch the
+    `policy` parameter to the wrong kind."""
+    save_model(tiny_model("pi05"), tmp_path, layout=layout)
+    stated_in = tmp_path / stated_in
+    content = json.loads(stated_in.read_text())
+    if stated_in.name == "config.json":  # LeRobot's config.json names the full-size variants alone
+        (tmp_path / "flashrt_config.json").unlink()
+        content.update(type="pi0", paligemma_variant="gemma_2b", action_expert_variant="gemma_300m")
+    else:
+        content["kind"] = "pi0"
+    stated_in.write_text(json.dumps(content))
+    expected = rf"^{stated_in} says kind 'pi0', but the weights are a pi05 policy \(they have .*input_layernorm.dense"
+    with pytest.raises(CheckpointError, match=expected):
+        read_config(tmp_path, layout)
+
+
+def test_loaded_weights_do_not_follow_the_file_on_disk(tmp_path):
+    """On the CPU at the stored dtype the weights were views of the file's memory map: a file
+    rewritten in place (cp over it, rsync --inplace) changed the running policy, a truncated one
+    killed the process at its next read."""
+    save_model(tiny_model("pi0"), tmp_path, layout="openpi")
+    loaded, _ = load_model(tmp_path, device="cpu")
+    before = {name: p.clone() for name, p in loaded.named_parameters()}
+    path = tmp_path / "model.safetensors"
+    header = 8 + int.from_bytes(path.read_bytes()[:8], "little")
+    with path.open("r+b") as f:  # every tensor's bytes zeroed in place: the same inode, as cp over it leaves it
+        f.seek(header)
+        f.write(bytes(path.stat().st_size - header))
+    assert torch.count_nonzero(load_file(str(path))["state_proj.weight"]) == 0
+    for name, p in loaded.named_parameters():
+        assert torch.equal(p, before[name]), name
+
+
 @pytest.mark.parametrize("embedding_saved", [False, True])
 def test_the_older_transformers_nesting_loads_with_its_lm_head(tmp_path, embedding_saved):
     """transformers < 4.52 nested PaliGemma's LM as a GemmaForCausalLM: its layers under
@@ -405,6 +463,7 @@ def test_openpi_folder_of_the_other_kind_is_named_before_loading(tmp_path):
     assert kind == "pi05" and ".input_layernorm.dense." in evidence
     assert kind_from_keys([k for k in keys if "gemma_expert" not in k]) is None
     assert kind_from_keys(["model.state_proj.weight"]) == ("pi0", "model.state_proj.weight")
+    assert kind_from_keys(["state_proj.weight", *keys]) == (kind, evidence)  # a pi0.5 export's unused leftover
     with pytest.raises(CheckpointError) as err:
         read_config(tmp_path, "openpi", PolicyConfig.tiny("pi0"))
     assert str(err.value) == (

@@ -397,7 +397,12 @@ def test_malformed_norm_stats_json_names_the_file_and_field(tmp_path):
     for raw, expected in [
         ({"norm_stats": {"state": None, "actions": actions}}, "norm_stats.state must be an object of statistics"),
         ({"norm_stats": {"state": [1, 2], "actions": actions}}, "(mean, std, q01, q99), got list"),
-        ({"norm_stats": {"state": actions, "actions": {"q01": ["a"], "q99": [1]}}}, "could not convert string"),
+        ({"norm_stats": {"state": actions, "actions": {"q01": ["a"], "q99": [1]}}}, "norm_stats.actions.q01 must be"),
+        # what numpy would convert without a word: true as 1, a number written as a string
+        ({"norm_stats": {"state": {"q01": [True], "q99": [1]}, "actions": actions}}, "norm_stats.state.q01 must be"),
+        ({"norm_stats": {"state": actions, "actions": {"q01": [0], "q99": ["1.5"]}}}, "norm_stats.actions.q99 must be"),
+        ({"norm_stats": {"state": {"mean": [10**400], "std": [1]}, "actions": actions}}, "norm_stats.state.mean must"),
+        ({"norm_stats": {"state": actions, "actions": actions}, "mode": ""}, "mode must be one of"),
     ]:
         path.write_text(json.dumps(raw))
         with pytest.raises(ValueError, match=rf"^{path}: .*{re.escape(expected)}"):
@@ -732,6 +737,10 @@ def test_lerobot_statistics_outside_the_folder_are_refused(tmp_path):
     for elsewhere in (f"../{step['state_file']}", str(folder / step["state_file"])):
         pipeline.write_text(json.dumps({**content, "steps": [{**step, "state_file": elsewhere}]}))
         with pytest.raises(ValueError, match=r"state_file .* is outside the checkpoint folder; expected a file name"):
+            Normalizer.find(folder)
+    for nameless in (None, "", 5):  # "" read the folder itself, None a file called "None"
+        pipeline.write_text(json.dumps({**content, "steps": [{**step, "state_file": nameless}]}))
+        with pytest.raises(ValueError, match=rf"state_file is {re.escape(repr(nameless))}; expected the name of"):
             Normalizer.find(folder)
 
 

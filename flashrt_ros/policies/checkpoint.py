@@ -200,13 +200,14 @@ def _weight_names(path: str, version: tuple[int, ...]) -> tuple[str, ...]:
 
 def kind_from_keys(keys: Iterable[str]) -> tuple[str, str] | None:
     """(pi0 or pi05, the tensor that says so) from the weights' names, for a folder with no config
-    file that names the kind: pi0 has a state projection, pi0.5's expert norms are adaptive."""
-    for key in keys:
-        if key.removeprefix(LEROBOT_PREFIX).startswith("state_proj."):
-            return "pi0", key
-        if ".input_layernorm.dense." in key and "gemma_expert" in key:
-            return "pi05", key
-    return None
+    file that names the kind: pi0.5's expert norms are adaptive, pi0 has a state projection (which
+    some pi0.5 exports carry too, unused: LeRobot drops it, so the adaptive norms decide)."""
+    keys = list(keys)
+    pi05 = next((key for key in keys if ".input_layernorm.dense." in key and "gemma_expert" in key), None)
+    if pi05 is not None:
+        return "pi05", pi05
+    pi0 = next((key for key in keys if key.removeprefix(LEROBOT_PREFIX).startswith("state_proj.")), None)
+    return None if pi0 is None else ("pi0", pi0)
 
 
 def read_config(folder: Path, layout: str, fallback: PolicyConfig | None = None) -> PolicyConfig:
@@ -234,11 +235,24 @@ def read_config(folder: Path, layout: str, fallback: PolicyConfig | None = None)
         return PolicyConfig.from_dict({**base.to_dict(), **data})
 
     cfg = _config_from_file(ours, parse)
+    _check_kind_stated(cfg.kind, ours, folder)  # a whole file's kind (a partial one's was checked with its base)
     if layout == "lerobot":
         cfg = _beside_lerobots(cfg, folder)
     else:
         _warn_where_openpi_differs(cfg, folder)
     return _with_relative_actions(cfg, folder, layout)
+
+
+def _check_kind_stated(kind: str, stated_in: Path, folder: Path) -> None:
+    """Refuse a config file whose kind the weights' names contradict, before anything is loaded:
+    loading would fail later on tensor names with no word about the kind, and the `policy`
+    parameter's mismatch message would point at the wrong one."""
+    found = kind_from_keys(weight_names(folder / WEIGHTS_FILE))
+    if found and found[0] != kind:
+        raise CheckpointError(
+            f"{stated_in} says kind {kind!r}, but the weights are a {found[0]} policy "
+            f"(they have {found[1]}); expected the weights' kind there"
+        )
 
 
 def _warn_where_openpi_differs(cfg: PolicyConfig, folder: Path) -> None:
@@ -368,18 +382,18 @@ def _base_config(folder: Path, layout: str, fallback: PolicyConfig | None, kind:
     theirs = folder / CONFIG_FILE
     if layout == "lerobot":
         if _present(theirs):
-            return _config_from_file(theirs, config_from_lerobot)
+            cfg = _config_from_file(theirs, config_from_lerobot)
+            if kind is None:  # a flashrt_config.json that names the kind is checked by the caller
+                _check_kind_stated(cfg.kind, theirs, folder)
+            return cfg
         # the caller's preset would stand in for chunk, steps, prompt length and style, cameras
         raise CheckpointError(
             f"{folder} holds a LeRobot policy without its {CONFIG_FILE}; expected the {CONFIG_FILE} saved with "
             f"its weights (LeRobot cannot load the folder without it either), or a {FLASHRT_CONFIG_FILE} of every field"
         )
+    if kind is not None:  # else: errors about the wrong size or tokenizer
+        _check_kind_stated(kind, folder / FLASHRT_CONFIG_FILE, folder)
     found = kind_from_keys(weight_names(folder / WEIGHTS_FILE))
-    if kind is not None and found and found[0] != kind:  # else: errors about the wrong size or tokenizer
-        raise CheckpointError(
-            f"{folder / FLASHRT_CONFIG_FILE} says kind {kind!r}, but the weights are a {found[0]} policy "
-            f"(they have {found[1]}); expected the weights' kind there"
-        )
     if kind is None and found and fallback is not None and found[0] != fallback.kind:
         raise CheckpointError(
             f"{folder} holds a {found[0]} policy (it has {found[1]}), not the {fallback.kind} one asked for; "
@@ -618,7 +632,9 @@ def load_model(
         dtype = getattr(torch, cfg.dtype)
         not_finite = []
         for ours, theirs in _progress(plan.items(), total, progress, weights.name):
-            tensor = f.get_tensor(theirs).to(device=device, dtype=param_dtype(ours, dtype))
+            # copy=True: on the CPU at the stored dtype `to` would return the file's memory map itself,
+            # and rewriting or truncating the file on disk would change or crash the running policy
+            tensor = f.get_tensor(theirs).to(device=device, dtype=param_dtype(ours, dtype), copy=True)
             bad = int((~torch.isfinite(tensor)).sum())  # a NaN weight would make every action NaN
             if bad:
                 not_finite.append(f"{theirs} ({bad} of {tensor.numel()} values)")
@@ -651,19 +667,22 @@ def _plan(f, layout: str, cfg: PolicyConfig, expected: dict[str, tuple], path: P
     prefix = LEROBOT_PREFIX if layout == "lerobot" else ""
     sources: dict[str, list[str]] = {}
     unexpected, ignored = [], []
-    tied = None  # the key the LM head was saved under, with or without LeRobot's prefix
+    tied = []  # the keys the LM head was saved under, with or without LeRobot's prefix
     for key in f.keys():
         theirs = key[len(prefix) :] if prefix and key.startswith(prefix) else key
         if theirs in _IGNORED or (cfg.kind == "pi05" and key == theirs and _PI05_DROPPED.match(key)):
             ignored.append(key)
-            tied = key if theirs in _TIED_EMBEDDINGS else tied
+            if theirs in _TIED_EMBEDDINGS:
+                tied.append(key)
             continue
         ours = from_openpi_key(theirs, cfg.kind)
         (sources.setdefault(ours, []).append(key) if ours in expected else unexpected.append(key))
     available = {ours: keys[0] for ours, keys in sources.items()}
     embed = "prefix_lm.embed_tokens.weight"
-    if embed not in available and tied is not None:
-        available[embed] = tied  # tied weights saved under the LM head's name
+    if embed not in available and tied:
+        available[embed] = tied[0]  # tied weights saved under the LM head's name
+        if len(tied) > 1:  # which head stood in for the embedding would depend on key order
+            sources[embed] = tied
     missing = sorted(set(expected) - set(available))
     problems = bounded(_collisions(sources), SHOWN, " such")
     if missing:

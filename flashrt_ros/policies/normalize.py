@@ -47,12 +47,26 @@ class Stats:
     q99: np.ndarray | None = None
 
     @classmethod
-    def from_dict(cls, d: dict) -> Stats:
-        get = lambda k: None if d.get(k) is None else np.asarray(d[k], dtype=np.float64)  # noqa: E731
+    def from_dict(cls, d: dict, where: str = "statistics") -> Stats:
+        """`where` names the statistics in errors (``norm_stats.state``)."""
+        get = lambda k: None if d.get(k) is None else _numbers(f"{where}.{k}", d[k])  # noqa: E731
         return cls(get("mean"), get("std"), get("q01"), get("q99"))
 
     def to_dict(self) -> dict:
         return {k: v.tolist() for k, v in vars(self).items() if v is not None}
+
+
+def _numbers(where: str, value: object) -> np.ndarray:
+    """A statistic as float64, refusing what only looks numeric: JSON's true / false and numbers
+    written as strings would otherwise convert without a word (true as a std of 1)."""
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "fiu" or (isinstance(value, list) and _holds_bool(value)):
+        raise ValueError(f"{where} must be numbers, got {repr(value)[:80]}")
+    return arr.astype(np.float64)
+
+
+def _holds_bool(values: list) -> bool:
+    return any(_holds_bool(v) if isinstance(v, list) else isinstance(v, bool) for v in values)
 
 
 @dataclass
@@ -183,10 +197,13 @@ class Normalizer:
                     f"{path}: norm_stats.{name} must be an object of statistics (mean, std, q01, q99), "
                     f"got {type(stats[name]).__name__}"
                 )
+        if "mode" in data and not (isinstance(data["mode"], str) and data["mode"]):
+            raise ValueError(f"{path}: mode must be one of {MODES}, got {data['mode']!r}")
         mode = mode or data.get("mode") or default_mode(kind)
         convention = data.get("convention", "openpi")
         try:
-            return cls(mode, Stats.from_dict(stats["state"]), Stats.from_dict(stats["actions"]), convention)
+            state, actions = (Stats.from_dict(stats[name], f"norm_stats.{name}") for name in ("state", "actions"))
+            return cls(mode, state, actions, convention)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{path}: {exc}") from exc
 
@@ -255,7 +272,12 @@ def _lerobot_stats(folder: Path, pipeline: Path, step_name: str) -> tuple[str, C
     import torch
     from safetensors.torch import load_file
 
-    name = Path(str(step["state_file"]))
+    if not (isinstance(step["state_file"], str) and step["state_file"].strip()):
+        raise ValueError(
+            f"{pipeline}: the {step_name} step's state_file is {step['state_file']!r}; expected the name of the "
+            "statistics file beside it"
+        )
+    name = Path(step["state_file"])
     if name.is_absolute() or ".." in name.parts:  # LeRobot writes a bare name beside the JSON file
         raise ValueError(
             f"{pipeline}: the {step_name} step's state_file {str(name)!r} is outside the checkpoint folder; "
@@ -270,7 +292,7 @@ def _lerobot_stats(folder: Path, pipeline: Path, step_name: str) -> tuple[str, C
         raise ValueError(f"cannot read normalisation statistics {stats_file}: {exc} (truncated or missing?)") from exc
 
     def stats(prefix: str) -> Stats:
-        return Stats.from_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
+        return Stats.from_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}, prefix[:-1])
 
     return _lerobot_mode(pipeline, step), stats, stats_file
 
