@@ -59,10 +59,10 @@ echo "[demo] synthetic_sensors: 3 cameras 640x480 rgb8 at 30 Hz, 14 joints at 20
 python -m flashrt_ros.ros.synthetic_sensors --ros-args --params-file config/synthetic_sensors.yaml \
   > >(trap '' INT HUP; sed -u 's/^/[sensors] /') 2>&1 &
 pids+=($!)
-echo "[demo] flashrt_node: config/flashrt.yaml (embedded tiny pi0.5, random weights, CPU), commands at 50 Hz," \
-  "real-time chunking on, inputs at most 0.1 s old (the tiny policy's chunks last 0.2 s)"
+echo "[demo] flashrt_node: config/flashrt.yaml (embedded tiny pi0.5, random weights, CPU, inputs at most 0.1 s old:" \
+  "its chunks last 0.2 s), commands at 50 Hz, real-time chunking on"
 python -m flashrt_ros.ros.node --ros-args --params-file config/flashrt.yaml -p stats_log_period_s:=5.0 \
-  -p command_rate_hz:=50.0 -p rtc:=true -p max_age_s:=0.1 \
+  -p command_rate_hz:=50.0 -p rtc:=true \
   > >(trap '' INT HUP; sed -u 's/^/[node] /') 2>&1 &
 node=$!
 pids+=("$node")

@@ -353,7 +353,10 @@ def test_node_config_files_name_only_its_parameters(name):
 def test_default_config_validates_including_paths():
     cfg = NodeConfig.from_yaml(REPO / "config" / "flashrt.yaml")
     assert cfg.validate() == []
-    assert cfg == NodeConfig.from_values({**NodeConfig().as_dict(), "camera_transports": ["raw"] * 3})
+    # max_age_s: the default (0.5) suits a full-size chunk (1 s); the tiny policy's 0.2 s chunks,
+    # decided every 0.1 s, want inputs at most 0.1 s old (else a start-up warning, and chunks can end early)
+    assert cfg.max_age_s + 1 / cfg.rate_hz <= cfg.step_duration_s * 10
+    assert cfg == NodeConfig.from_values({**NodeConfig().as_dict(), "camera_transports": ["raw"] * 3, "max_age_s": 0.1})
 
 
 def test_real_checkpoint_example_validates_except_its_placeholder_paths():

@@ -1286,7 +1286,7 @@ def test_a_stale_input_whose_publisher_is_gone_says_so(rclpy_context):
 
 
 def test_a_chunk_that_can_end_before_the_next_arrives_is_warned_at_start(rclpy_context, monkeypatch):
-    """config/flashrt.yaml's tiny policy: 10 actions of 0.02 s from an observation up to 0.5 s old,
+    """the tiny policy at the default max_age_s: 10 actions of 0.02 s from an observation up to 0.5 s old,
     decided every 0.1 s - chunks ended before the next came (chunk_ended, chunk_exhausted) with no
     word at start; only a period longer than a chunk was said."""
     import dataclasses
