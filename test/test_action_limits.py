@@ -142,3 +142,26 @@ def test_infinite_bounds_on_every_joint_are_no_limit_and_huge_ones_cast_quietly(
         warnings.simplefilter("error")
         out, clamped = huge.apply(np.ones((2, 2), np.float32), np.zeros(2))
     assert clamped is None and (out == 1).all()
+
+
+def test_a_state_below_the_lower_limit_is_stepped_back_in_too():
+    """The lower side of the upper-side case: action 0 moves max_step from the state up, not straight
+    to the limit (a jump of the whole distance outside)."""
+    limits = ActionLimits.from_lists(NAMES, lower=[-1.0], upper=[1.0], max_step=[0.1])
+    out, _ = limits.apply(np.array([[-0.9, 0.0]] * 3), np.array([-1.25, 0.0]))
+    np.testing.assert_allclose(out[:, 0], [-1.15, -1.05, -0.95])
+
+
+def test_the_limited_step_is_named_with_its_actions_and_sign():
+    """The operator reads which step was too large, between which actions, and which way."""
+    limits = ActionLimits.from_lists(NAMES, lower=[], upper=[], max_step=[0.1])
+    _, clamped = limits.apply(np.array([[0.05, 0.0], [0.4, 0.0]]), np.zeros(2))
+    assert clamped.worst == "a moves +0.35 from action 0 to 1, more than action_max_step 0.1"
+    _, clamped = limits.apply(np.array([[-0.5, 0.0]]), np.zeros(2))
+    assert clamped.worst == "a moves -0.5 from the joint state to action 0, more than action_max_step 0.1"
+
+
+def test_the_joint_state_furthest_outside_is_named_not_the_first():
+    limits = ActionLimits.from_lists(NAMES, lower=[0.0], upper=[1.0], max_step=[])
+    _, clamped = limits.apply(np.array([[1.05, 1.2]]), np.array([1.1, 1.5]))
+    assert clamped.worst.startswith("b's joint state 1.5"), clamped.worst

@@ -83,8 +83,9 @@ def test_a_chunk_that_never_governed_is_not_blended_from():
     stream.push(np.zeros((10, 1)), start_ns=0, step_ns=STEP, chunk_id=1)
     stream.command(0)
     stream.push(np.full((10, 1), 100.0), start_ns=STEP, step_ns=STEP, chunk_id=2)
-    stream.push(np.full((10, 1), 4.0), start_ns=STEP, step_ns=STEP, chunk_id=3)
-    cmd = stream.command(STEP)
+    # a later start than chunk 2's: with the same start push() would drop chunk 2 itself
+    stream.push(np.full((10, 1), 4.0), start_ns=STEP + MS, step_ns=STEP, chunk_id=3)
+    cmd = stream.command(STEP + MS)
     assert cmd.chunk_id == 3 and cmd.values[0] == 2.0
 
 
@@ -542,3 +543,66 @@ def test_take_over_settings_change_together_or_not_at_all():
     with pytest.raises(ValueError, match="interpolation must be one of hold, linear"):
         stream.set_take_over(7, "cubic")
     assert (stream.blend_steps, stream.interpolation) == (5, "linear")
+
+
+def test_a_chunk_starting_with_the_governing_one_blends_in():
+    """Two decisions on one joint message share a start: the second replaces the first, but the
+    first governed already, so the second blends in from it instead of jumping."""
+    stream = ActionStream(blend_steps=1)
+    stream.push(np.zeros((10, 1)), start_ns=0, step_ns=STEP, chunk_id=1)
+    stream.command(0)
+    stream.push(np.full((10, 1), 4.0), start_ns=0, step_ns=STEP, chunk_id=2)
+    cmd = stream.command(MS)
+    assert (cmd.chunk_id, cmd.weight, cmd.values[0]) == (2, 0.5, 2.0)
+
+
+def test_a_switch_after_a_gap_moves_exactly_two_ticks_worth():
+    """The two ticks' cap after a gap, from below too: slower than it lags the commands."""
+    tick = 100 * MS
+    stream = ActionStream(max_move=np.array([0.1]), tick_ns=tick)
+    stream.push(np.zeros((5, 1)), start_ns=0, step_ns=STEP, chunk_id=1)
+    t = 0
+    while not isinstance(stream.command(t), Exhausted):
+        t += tick
+    gap_end = t + 2_000 * MS
+    stream.push(np.full((50, 1), 5.0), start_ns=gap_end - 3 * STEP, step_ns=STEP, chunk_id=2)
+    assert stream.command(gap_end).values[0] == pytest.approx(0.1 * 2 * tick / STEP)
+
+
+def test_a_stall_of_two_and_a_half_steps_is_a_gap_moving_max_move_once():
+    m, tick = 0.05, 10 * MS
+    stream = ActionStream(max_move=np.array([m]), tick_ns=tick)
+    stream.push((np.arange(1, 61) * m).reshape(-1, 1), start_ns=0, step_ns=STEP, chunk_id=1, robot_at=np.zeros(1))
+    before = [stream.command(t) for t in range(0, 101 * MS, tick)][-1]
+    after = stream.command(150 * MS)
+    assert after.limited and after.values[0] - before.values[0] == pytest.approx(m), (before, after)
+
+
+def test_a_chunks_own_large_step_moves_max_move_per_tick():
+    stream = ActionStream(max_move=np.array([0.1]), tick_ns=STEP)
+    stream.push(np.array([[0.0], [0.1], [0.4], [0.4]]), start_ns=0, step_ns=STEP, chunk_id=1, robot_at=np.zeros(1))
+    assert [stream.command(k * STEP).values[0] for k in range(3)] == pytest.approx([0.0, 0.1, 0.2])
+
+
+def test_linear_after_a_gap_approaches_action_0_from_now():
+    """After a gap the line to action 0 starts a tick ago, not where the last command was sent:
+    from 1013 ms towards action 0 at 1020 ms, 2/7 of the way at 1015 ms (not 0.75)."""
+    tick = 2 * MS
+    stream = ActionStream(interpolation="linear", tick_ns=tick)
+    stream.push(np.zeros((2, 1)), start_ns=0, step_ns=STEP, chunk_id=1)
+    t = 0
+    while not isinstance(stream.command(t), Exhausted):
+        t += tick
+    stream.push(np.ones((5, 1)), start_ns=1000 * MS, step_ns=STEP, chunk_id=2)
+    assert stream.command(1015 * MS).values[0] == pytest.approx(2 / 7)
+
+
+def test_a_later_chunk_is_bounded_from_the_last_command_not_its_joint_state():
+    """The node pushes every chunk with the joint state it saw: only the first starts from it; a
+    later one moves on from the command sent (a restart from robot_at would jump)."""
+    stream = ActionStream(max_move=np.array([0.25]))
+    stream.push(np.zeros((10, 1)), start_ns=0, step_ns=STEP, chunk_id=1, robot_at=np.zeros(1))
+    stream.command(0)
+    stream.push(np.ones((10, 1)), start_ns=STEP, step_ns=STEP, chunk_id=2, robot_at=np.array([0.9]))
+    cmd = stream.command(STEP)
+    assert cmd.limited and cmd.values[0] == 0.25, cmd

@@ -197,3 +197,14 @@ def test_openpi_export_states_its_mask_in_flashrt_config_json(tmp_path):
     (folder / FLASHRT_CONFIG_FILE).write_text(json.dumps({"kind": "pi0", "delta_action_mask": [6, 0]}))
     with pytest.raises(CheckpointError, match=r"flashrt_config.json: .*delta_action_mask must be a list of booleans"):
         read_config(folder, "openpi", PolicyConfig.from_dict(full))
+
+
+def test_an_aloha_gripper_past_fully_open_is_read_as_open_not_nan():
+    """Real grippers overshoot their calibration: past 1.0 the linkage's arcsin argument leaves
+    [-1, 1] and the whole state turned NaN."""
+    cfg = PolicyConfig.pi0(aloha_adapt_to_pi=True)
+    state = np.full(14, 0.1)
+    state[[6, 13]] = 1.0
+    at_open = state_to_model(state, cfg)
+    state[[6, 13]] = 1.02
+    np.testing.assert_array_equal(state_to_model(state, cfg), at_open)

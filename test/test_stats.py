@@ -202,3 +202,26 @@ def test_a_window_that_cannot_hold_a_rate_is_refused_at_once(window: object) -> 
     with pytest.raises(ValueError, match=f"stats_window {window!r}: expected an int >= 2"):
         PipelineStats(window=window)
     assert PipelineStats(window=2).window == 2
+
+
+def test_two_completions_at_one_instant_read_as_no_rate():
+    """A paused /clock under sim time: two decisions at one stats time, read then (no division by
+    a zero span)."""
+    stats = PipelineStats(window=10)
+    stats.add({"d": 1.0}, now=5.0)
+    stats.add({"d": 1.0}, now=5.0)
+    assert stats.summaries(now=5.0)[0].rate_hz == 0.0
+
+
+def test_the_line_shows_median_and_p99():
+    stats = PipelineStats(window=200)
+    for i in range(100):
+        stats.add({"x": float(i)}, now=float(i))
+    assert stats.line() == "x 49.50/98.01 ms"
+
+
+def test_a_slow_stage_keeps_its_rate_until_three_of_its_intervals_pass():
+    stats = PipelineStats(window=200)
+    for i in range(5):
+        stats.add({"d": 1.0}, now=20.0 * i)  # every 20 s, the last at 80 s
+    assert stats.summaries(now=130.0)[0].rate_hz > 0.0

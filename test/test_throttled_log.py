@@ -93,3 +93,17 @@ def test_an_unknown_level_is_refused_with_what_was_expected():
     expected = r"log level 'debug' for \('k',\): expected one of \('info', 'warning', 'error'\)"
     with pytest.raises(ValueError, match=expected):
         throttle(("k",), "debug", "text")
+
+
+def test_a_persistent_problem_is_said_once_per_period_with_its_own_count(capfd):
+    """A key hit more often than the period: a line each period (not silenced for as long as the
+    problem lasts), each counting what was held since the line before (not since the first)."""
+    throttle = ThrottledLog(0.2, _logger())
+    end = time.monotonic() + 0.7
+    while time.monotonic() < end:
+        throttle(("k",), "warning", "stale")
+        time.sleep(0.02)
+    lines = [line for line in capfd.readouterr().err.splitlines() if "stale" in line]
+    assert len(lines) >= 3, lines
+    counts = [int(line.split("(+")[1].split(" ")[0]) for line in lines[1:]]
+    assert max(counts) <= 12, lines
