@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from flashrt_ros.bench.args import out_folder
+from flashrt_ros.bench.args import out_folder, require_cuda
 from flashrt_ros.bench.timing import graph_ms, write_result
 from flashrt_ros.kernels.attention import attention, attention_key_blocks, attention_ref
 from flashrt_ros.kernels.packed_attention import packed_attention
@@ -158,6 +158,7 @@ def main() -> None:
     ap.add_argument("--views", type=int, default=3)
     ap.add_argument("--parts", default="prefix,vision", help="prefix, vision or both (comma-separated)")
     args = ap.parse_args()
+    require_cuda(ap, "attention.py")
     parts = args.parts.split(",")
     if not parts or set(parts) - {"prefix", "vision"}:
         raise SystemExit(f"--parts {args.parts!r}: expected prefix, vision or prefix,vision")

@@ -68,8 +68,9 @@ def stop(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def record(topics: list[str], warmup_s: float, seconds: float) -> dict[str, list[int]]:
-    """Arrival times (monotonic ns) per topic over `seconds`, after `warmup_s`."""
+def record(topics: list[str], warmup_s: float, seconds: float) -> tuple[dict[str, list[int]], int]:
+    """Arrival times (monotonic ns) per topic over `seconds`, after `warmup_s`; and when the
+    recording began (monotonic ns)."""
     import rclpy
     from rclpy.executors import SingleThreadedExecutor
     from std_msgs.msg import Float64MultiArray
@@ -87,23 +88,27 @@ def record(topics: list[str], warmup_s: float, seconds: float) -> dict[str, list
     executor = SingleThreadedExecutor()
     executor.add_node(node)
     t0 = time.monotonic()
+    began = t0 + warmup_s
     while time.monotonic() - t0 < warmup_s + seconds:
         recording[0] = time.monotonic() - t0 >= warmup_s
         executor.spin_once(timeout_sec=0.005)
     executor.shutdown()
     node.destroy_node()
     rclpy.try_shutdown()
-    return arrivals
+    return arrivals, int(began * 1e9)
 
 
-def summary(arrivals: list[int], seconds: float, rate_hz: float) -> dict[str, float]:
+def summary(arrivals: list[int], began_ns: int, rate_hz: float) -> dict[str, float]:
+    """The stream's rate over the span it ran (a stream that started late in the recording is not
+    a slow one: `first_after_s` says how late), and its intervals' percentiles."""
     gaps = np.diff(np.asarray(arrivals, dtype=np.int64)) / 1e6
     if len(gaps) == 0:
         return {"commands": len(arrivals)}
     period_ms = 1e3 / rate_hz
     return {
         "commands": len(arrivals),
-        "rate_hz": len(arrivals) / seconds,
+        "rate_hz": len(gaps) / (max(arrivals[-1] - arrivals[0], 1) / 1e9),
+        "first_after_s": (arrivals[0] - began_ns) / 1e9,
         "p50_ms": float(np.percentile(gaps, 50)),
         "p90_ms": float(np.percentile(gaps, 90)),
         "p99_ms": float(np.percentile(gaps, 99)),
@@ -160,26 +165,33 @@ def main() -> int:
         "baseline (bare timer)": BASELINE_TOPIC,
     }
     try:
-        arrivals = record(list(topics.values()), args.warmup, args.seconds)
+        arrivals, began_ns = record(list(topics.values()), args.warmup, args.seconds)
     finally:
         stop(procs)
-    rows = {name: summary(arrivals[topic], args.seconds, args.command_rate) for name, topic in topics.items()}
+    rows = {name: summary(arrivals[topic], began_ns, args.command_rate) for name, topic in topics.items()}
     final = [line for line in (logs / "node.log").read_text().splitlines() if "shutting down; stats:" in line]
     node_stats = final[-1].split("stats: ", 1)[1].split(" | ")[0] if final else "(no final stats line)"
     print(
         f"command stream at {args.command_rate:g} Hz, {args.policy} deciding at {args.rate:g} Hz, "
         f"{args.seconds:g} s (logs: {logs})"
     )
-    print(f"{'source':36s} {'commands':>8s} {'Hz':>6s} {'p50':>7s} {'p90':>7s} {'p99':>7s} {'max':>7s} {'>1.5T':>6s}")
+    print(
+        f"{'source':36s} {'commands':>8s} {'Hz':>6s} {'first':>6s} {'p50':>7s} {'p90':>7s} {'p99':>7s} {'max':>7s} "
+        f"{'>1.5T':>6s}"
+    )
     for name, r in rows.items():
         if "p50_ms" not in r:
             print(f"{name:36s} {r['commands']:8d}  (too few commands: see the logs)")
             continue
         print(
-            f"{name:36s} {r['commands']:8d} {r['rate_hz']:6.1f} {r['p50_ms']:7.2f} {r['p90_ms']:7.2f} "
+            f"{name:36s} {r['commands']:8d} {r['rate_hz']:6.1f} {r['first_after_s']:6.2f} {r['p50_ms']:7.2f} "
+            f"{r['p90_ms']:7.2f} "
             f"{r['p99_ms']:7.2f} {r['max_ms']:7.2f} {100 * r['late_share']:5.1f}%"
         )
-    print("intervals between arrivals, ms; >1.5T: share of intervals longer than 1.5 command periods")
+    print(
+        "Hz: over the span the stream ran; first: its first command's seconds into the recording; intervals "
+        "between arrivals, ms; >1.5T: share of intervals longer than 1.5 command periods"
+    )
     print(
         f"node, whole run with its start-up and warm-up: {node_stats} "
         "(chunk_exhausted: no chunk to command from, not timer jitter)"

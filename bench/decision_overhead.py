@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from flashrt_ros.bench.args import at_least, out_folder
+from flashrt_ros.bench.args import at_least, out_folder, require_cuda
 from flashrt_ros.bench.stages import random_fused
 from flashrt_ros.bench.timing import time_call, write_result
 from flashrt_ros.policies import cuda_graphs
@@ -69,6 +69,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=at_least(1), default=5)
     ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
+    require_cuda(ap, "decision_overhead.py")
     dev = torch.device("cuda")
     _, _, fused = random_fused(args.policy, args.views, dev)
     two = fused.sample_actions().clone()

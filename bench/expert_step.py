@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from flashrt_ros.bench.args import out_folder
+from flashrt_ros.bench.args import out_folder, require_cuda
 from flashrt_ros.bench.timing import environment, graph_ms
 from flashrt_ros.kernels.denoise_update import DenoiseUpdate, denoise_update
 from flashrt_ros.kernels.expert_step import ExpertStepPlan, ExpertWeights, rope_table
@@ -98,6 +98,7 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated words: run only the variants naming one")
     ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
+    require_cuda(ap, "expert_step.py")
     dev = torch.device("cuda")
     plan, weights, h0, h, (k, v, kb, qb, rope), step = make_problem(dev)
     w = weights()

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashrt_ros.bench.args import out_folder
+from flashrt_ros.bench.args import out_folder, require_cuda
 from flashrt_ros.bench.timing import graph_ms, write_result
 from flashrt_ros.kernels.fp8 import quantize_rows
 
@@ -72,6 +72,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
+    require_cuda(ap, "fp8_down.py")
     dev = torch.device("cuda")
     torch.manual_seed(0)
     x = (torch.randn(ROWS, K, device=dev) * 0.5).to(torch.bfloat16)

@@ -18,7 +18,7 @@ import statistics
 import torch
 
 import flashrt_ros.kernels.gate_up_geglu as gu_mod
-from flashrt_ros.bench.args import out_folder
+from flashrt_ros.bench.args import out_folder, require_cuda
 from flashrt_ros.bench.timing import graph_ms, write_result
 from flashrt_ros.kernels.fp8 import dequantize_rows, quantize_rows
 from flashrt_ros.kernels.gate_up_geglu import (
@@ -138,6 +138,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2, help="distinct weights per GEMM (cold in L2)")
     ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
+    require_cuda(ap, "fp8_gemms.py")
     dev = torch.device("cuda")
     if not supports_gate_up_geglu(dev):
         print("needs sm_90+ (TMA, FP8 MMA)")

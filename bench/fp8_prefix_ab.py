@@ -14,7 +14,7 @@ import statistics
 import torch
 
 import flashrt_ros.policies.fused as fused_mod
-from flashrt_ros.bench.args import out_folder
+from flashrt_ros.bench.args import out_folder, require_cuda
 from flashrt_ros.bench.parity import chunk_parity
 from flashrt_ros.bench.reference import Case, build_random, true_fp32
 from flashrt_ros.bench.stages import load_case
@@ -43,6 +43,7 @@ def main() -> None:
     ap.add_argument("--down-from", default="1,9", help="comma list of PREFIX_DOWN_FP8_FROM values to try")
     ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
+    require_cuda(ap, "fp8_prefix_ab.py")
     dev = torch.device("cuda")
     cfg = PolicyConfig.preset(args.policy, num_views=args.views, dtype="float32")
     model = build_random(cfg, dev)

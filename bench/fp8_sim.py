@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flashrt_ros.bench.args import out_folder
+from flashrt_ros.bench.args import at_least, out_folder
 from flashrt_ros.bench.parity import chunk_parity
 from flashrt_ros.bench.reference import Case, build_random
 from flashrt_ros.bench.timing import write_result
@@ -101,7 +101,7 @@ def decide(model: nn.Module, case: Case) -> torch.Tensor:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", default="pi05")
-    ap.add_argument("--views", type=int, default=3)
+    ap.add_argument("--views", type=at_least(1), default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--parts", default="prefix_lm,vision", help=f"comma-separated, from {', '.join(PARTS)}")
     ap.add_argument("--format", default="e4m3", choices=sorted(FORMATS))
@@ -110,6 +110,10 @@ def main() -> None:
     )
     ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
+    parts = args.parts.split(",")
+    if any(part not in PARTS for part in parts) or len(set(parts)) < len(parts):
+        # before the model is built: the fp32 reference decision takes minutes on a CPU at full size
+        ap.error(f"--parts: expected distinct names from {', '.join(PARTS)}, got {args.parts!r}")
     dev = torch.device(args.device)
     cfg = PolicyConfig.preset(args.policy, num_views=args.views, dtype="float32")
     model = build_random(cfg, dev)
@@ -119,7 +123,7 @@ def main() -> None:
     print(f"fp32 reference decision: {time.perf_counter() - t0:.1f} s")
     results = {}
     done: list[str] = []
-    for part in args.parts.split(","):  # cumulative: each row adds one part to the FP8 set
+    for part in parts:  # cumulative: each row adds one part to the FP8 set
         n = quantise(model, (PARTS[part],), args.format, tuple(o for o in args.only.split(",") if o))
         done.append(part)
         got = decide(model, case)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import triton
 
-from flashrt_ros.bench.args import out_folder
+from flashrt_ros.bench.args import out_folder, require_cuda
 from flashrt_ros.bench.timing import graph_ms, write_result
 from flashrt_ros.kernels import preprocess
 
@@ -47,6 +47,7 @@ def main() -> None:
     ap.add_argument("--views", type=int, default=3)
     ap.add_argument("--out", type=out_folder, default="bench_results")
     args = ap.parse_args()
+    require_cuda(ap, "frame_kernel.py")
     free = preprocess._preprocess_kernel
     variants = {"specialised": triton.jit(free.fn), "geometry-free": free}
     gen = torch.Generator(device="cuda").manual_seed(0)

@@ -22,7 +22,7 @@ from types import ModuleType
 import torch
 
 import flashrt_ros.policies.fused as fused_mod
-from flashrt_ros.bench.args import out_folder
+from flashrt_ros.bench.args import out_folder, require_cuda
 from flashrt_ros.bench.reference import Case, build_random
 from flashrt_ros.bench.stages import load_case
 from flashrt_ros.bench.timing import graph_ms, write_result
@@ -52,6 +52,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
+    require_cuda(ap, "fused_ab.py")
     settings = [parse_setting(s) for s in args.settings]
     dev = torch.device("cuda")
     cfg = PolicyConfig.preset("pi05", num_views=args.views, dtype="bfloat16")

@@ -21,7 +21,7 @@ import statistics
 
 import torch
 
-from flashrt_ros.bench.args import out_folder
+from flashrt_ros.bench.args import out_folder, require_cuda
 from flashrt_ros.bench.timing import graph_ms, write_result
 from flashrt_ros.kernels.gate_up_geglu import gate_up_geglu, interleave_gate_up, supports_gate_up_geglu
 from flashrt_ros.kernels.geglu import geglu
@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2, help="distinct weights (134 MB each: cold in L2)")
     ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
+    require_cuda(ap, "gate_up_geglu.py")
     dev, dt = torch.device("cuda"), torch.bfloat16
     if not supports_gate_up_geglu(dev):
         print("gate_up_geglu does not run on this GPU (needs sm_90+ and ~224 KB of shared memory): nothing to compare")

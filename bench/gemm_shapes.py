@@ -15,7 +15,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from flashrt_ros.bench.args import out_folder
+from flashrt_ros.bench.args import out_folder, require_cuda
 from flashrt_ros.bench.timing import graph_ms, write_result
 
 # name, rows, K, N, layers timed (distinct weights; together larger than the 50 MB L2), GELU epilogue
@@ -59,6 +59,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
+    require_cuda(ap, "gemm_shapes.py")
     dev = torch.device("cuda")
     torch.manual_seed(0)
     results: dict[str, list[float]] = {}

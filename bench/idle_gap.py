@@ -34,7 +34,7 @@ import torch
 from prefix_reuse import full_size_observation  # bench/ is on sys.path when run as a script
 from tqdm import tqdm
 
-from flashrt_ros.bench.args import at_least, numbers_at_least, out_folder
+from flashrt_ros.bench.args import at_least, numbers_at_least, out_folder, require_cuda
 from flashrt_ros.bench.timing import HEADER, Latency, write_result
 from flashrt_ros.engine.pipeline import Pipeline
 
@@ -78,8 +78,7 @@ def main() -> None:
     ap.add_argument("--iters", type=at_least(1), default=20, help="decisions per gap and round")
     ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("idle_gap.py needs a CUDA GPU")
+    require_cuda(ap, "idle_gap.py")
     dev = torch.device("cuda")
     gaps = list(dict.fromkeys(args.gaps_ms))  # a gap listed twice would be one row of twice the samples
     policy, obs, _ = full_size_observation(args.policy, args.views, DOF, dev)

@@ -43,6 +43,12 @@ def probe(spec: str) -> str:
 
 
 def main() -> None:
+    if not torch.cuda.is_available() or any(arg.startswith("--") and arg != "--one" for arg in sys.argv[1:]):
+        print(
+            f"usage: {sys.argv[0]} [TILES,wWARPS,sSTAGES ...] (default {' '.join(DEFAULT)}); needs a CUDA GPU",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     if len(sys.argv) == 3 and sys.argv[1] == "--one":
         print(probe(sys.argv[2]))
         return

@@ -13,7 +13,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from flashrt_ros.bench.args import out_folder
+from flashrt_ros.bench.args import out_folder, require_cuda
 from flashrt_ros.bench.timing import graph_ms, write_result
 from flashrt_ros.kernels.geglu import geglu
 
@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=968)
     ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
+    require_cuda(ap, "prefix_mlp.py")
     dev, dt = torch.device("cuda"), torch.bfloat16
     torch.manual_seed(0)
     M = args.rows

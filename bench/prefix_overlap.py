@@ -23,7 +23,7 @@ from contextlib import contextmanager
 
 import torch
 
-from flashrt_ros.bench.args import at_least, out_folder
+from flashrt_ros.bench.args import at_least, out_folder, require_cuda
 from flashrt_ros.bench.parity import compare
 from flashrt_ros.bench.stages import random_fused
 from flashrt_ros.bench.timing import time_call, write_result
@@ -99,6 +99,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=at_least(1), default=5)
     ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
+    require_cuda(ap, "prefix_overlap.py")
     dev = torch.device("cuda")
     _, _, fused = random_fused(args.policy, args.views, dev)
     if not fused.cfg.uses_adarms or fused.step_plan is None:

@@ -14,7 +14,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from flashrt_ros.bench.args import out_folder
+from flashrt_ros.bench.args import out_folder, require_cuda
 from flashrt_ros.bench.stages import random_fused
 from flashrt_ros.bench.timing import environment, time_call
 
@@ -42,6 +42,7 @@ def main() -> None:
     ap.add_argument("--views", type=int, default=3)
     ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
+    require_cuda(ap, "profile_fused.py")
     dev = torch.device("cuda")
     _, _, fused = random_fused(args.policy, args.views, dev, model_dtype="bfloat16")
     report = {"env": environment(dev), "policy": args.policy, "views": args.views}

@@ -12,7 +12,7 @@ from functools import partial
 
 import torch
 
-from flashrt_ros.bench.args import out_folder
+from flashrt_ros.bench.args import out_folder, require_cuda
 from flashrt_ros.bench.timing import graph_ms, write_result
 from flashrt_ros.kernels.layer_norm import layer_norm
 from flashrt_ros.kernels.rms_norm import rms_norm
@@ -24,6 +24,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=out_folder, default="out")
     args = ap.parse_args()
+    require_cuda(ap, "row_norms.py")
     dev, dt = torch.device("cuda"), torch.bfloat16
     torch.manual_seed(0)
     results = {}

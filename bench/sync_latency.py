@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashrt_ros.bench.args import out_folder
+from flashrt_ros.bench.args import out_folder, require_cuda
 from flashrt_ros.bench.timing import time_call, write_result
 from flashrt_ros.kernels.expert_step import _arrive, _wait
 
@@ -71,6 +71,7 @@ if __name__ == "__main__":
     cli.add_argument("--iters", type=int, default=20000)
     cli.add_argument("--out", type=out_folder, default="out")
     opts = cli.parse_args()
+    require_cuda(cli, "sync_latency.py")
     dev = torch.device("cuda")
     found = measure(opts.iters, dev)
     for key, us in found.items():

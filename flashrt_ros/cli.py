@@ -200,7 +200,8 @@ def _rows_written(results: dict, out: Path, made: list[Path]) -> str:
     none (and the folders made for them removed)."""
     path = out / f"bench_{results.get('stamp')}.json"
     path.with_suffix(".json.partial").unlink(missing_ok=True)  # a write the interrupt cut short
-    if "stamp" not in results or not path.is_file():
+    if "stamp" not in results or not path.is_file() or path.stat().st_size == 0:  # empty: reserved, not written
+        path.unlink(missing_ok=True)
         _remove_empty(made)
         return "no row had finished; nothing written"
     rows = len(json.loads(path.read_text())["runs"])
@@ -239,8 +240,9 @@ def _run(args: argparse.Namespace, modes: list[str], results: dict, out: Path, m
                 model.cfg = base.replace(num_views=views, dtype=args.dtype)
                 run = _bench_one(mode, model, cases[views], refs[views], args, f"{kind} {views}v {mode}", device)
                 results["runs"].append({"policy": kind, "views": views, "mode": mode, **run})
-                _write(results, out)
+                _write(results, out)  # complete: false until the last row (an interrupt keeps these)
     results["speedups"] = [r for kind in setups for r in _print_ratios(results, kind)]
+    results["complete"] = True
     _write(results, out, plot=True)
     failed = [f"{r['policy']} {r['views']}v {r['mode']}" for r in results["runs"] if "error" in r]
     if failed:
@@ -377,10 +379,9 @@ def _write(results: dict, out: Path | None, plot: bool = False) -> None:
     from .bench.timing import finite_or_null
 
     out.mkdir(parents=True, exist_ok=True)
-    if "stamp" not in results:  # two runs started in one second must not share (and overwrite) a file
-        stamp = time.strftime("%Y%m%d_%H%M%S")
-        taken = [p.stem for p in out.glob(f"bench_{stamp}*.json")]
-        results["stamp"] = stamp if not taken else f"{stamp}_{os.getpid()}"
+    if "stamp" not in results:  # runs started in one second must not share (and overwrite) a file
+        results["stamp"] = _reserve(out, time.strftime("%Y%m%d_%H%M%S"))
+    results.setdefault("complete", False)
     stamp = results["stamp"]
     path = out / f"bench_{stamp}.json"
     partial = path.with_suffix(".json.partial")  # whole or not at all: an interrupt can come mid-write
@@ -389,6 +390,19 @@ def _write(results: dict, out: Path | None, plot: bool = False) -> None:
     if plot:
         print(f"wrote {path}")
         _plot(results, out / f"bench_{stamp}.png")
+
+
+def _reserve(out: Path, now: str) -> str:
+    """A stamp whose file no other run has: created empty here at once (exclusively, so that two
+    processes cannot both take it), written whole by the caller."""
+    stamp, n = now, 1
+    while True:
+        try:
+            (out / f"bench_{stamp}.json").open("x").close()
+            return stamp
+        except FileExistsError:
+            n += 1
+            stamp = f"{now}_{n}"
 
 
 def _plot(results: dict, path: Path) -> None:

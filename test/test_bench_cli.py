@@ -20,6 +20,7 @@ def test_tiny_eager_bench_writes_latency_and_parity(tmp_path, capsys) -> None:
     assert "skipped on cpu (they need a CUDA GPU): fused" in out  # said, recorded, not replaced by eager
     (path,) = tmp_path.glob("bench_*.json")
     data = json.loads(path.read_text())
+    assert data["complete"] is True
     assert (data["settings"]["modes_run"], data["settings"]["modes_skipped"]) == ("eager", "fused")
     (run,) = data["runs"]  # a view count or mode listed twice runs once
     assert (run["policy"], run["views"], run["mode"], run["precision"]) == ("pi05", 1, "eager", "float32")
@@ -337,7 +338,8 @@ def test_an_interrupted_bench_says_which_rows_it_wrote_and_leaves_no_empty_folde
     out = tmp_path / "a" / "b"
     assert main([*args, "--views", "1,2", "--out", str(out)]) == 130
     (path,) = out.glob("bench_*.json")
-    assert len(json.loads(path.read_text())["runs"]) == 1
+    partial = json.loads(path.read_text())
+    assert len(partial["runs"]) == 1 and partial["complete"] is False  # the file says it is partial
     assert f"interrupted: the 1 finished row(s) are in {path}\n" in capsys.readouterr().out
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the process's own handler back
 
@@ -430,11 +432,12 @@ def test_results_file_is_strict_json_and_never_shared_by_two_runs(tmp_path) -> N
     """A NaN parity value was written as a bare NaN, which strict JSON readers refuse (the whole
     file lost); two runs started in the same second wrote one file, the second over the first."""
     first = {"env": {}, "runs": [{"parity": {"cosine": float("nan"), "max_abs": float("inf")}}]}
-    second = {"env": {}, "runs": []}
+    second, third = {"env": {}, "runs": []}, {"env": {}, "runs": []}
     _write(first, tmp_path)
     _write(second, tmp_path)
+    _write(third, tmp_path)  # a third in that second took the second's name (stamp + pid) and overwrote it
     files = sorted(tmp_path.glob("bench_*.json"))
-    assert len(files) == 2 and first["stamp"] != second["stamp"], files
+    assert len(files) == 3 and len({first["stamp"], second["stamp"], third["stamp"]}) == 3, files
     written = json.loads((tmp_path / f"bench_{first['stamp']}.json").read_text(), parse_constant=lambda c: 1 / 0)
     assert written["runs"][0]["parity"] == {"cosine": None, "max_abs": None}
 
@@ -553,7 +556,15 @@ def test_bench_scripts_refuse_an_unusable_out_and_too_few_samples_before_the_run
     torch.cuda.is_available(),
     reason="checks the refusal on a machine without a CUDA GPU (with one, the benchmark runs)",
 )
-@pytest.mark.parametrize("script", ["prefix_reuse.py", "decide_host.py", "rtc_cost.py", "adopt_hf.py"])
+@pytest.mark.parametrize(
+    "script",
+    [
+        *("prefix_reuse.py", "decide_host.py", "rtc_cost.py", "adopt_hf.py", "decision_overhead.py"),
+        *("prefix_overlap.py", "profile_fused.py", "sync_latency.py", "expert_step.py", "fp8_prefix_ab.py"),
+        *("gate_up_geglu.py", "row_norms.py", "prefix_mlp.py", "attention.py", "gemm_shapes.py", "fp8_gemms.py"),
+        *("fp8_down.py", "frame_kernel.py", "idle_gap.py"),
+    ],
+)
 def test_the_full_size_gpu_benches_refuse_a_machine_without_cuda_in_one_line(tmp_path, script) -> None:
     """An AssertionError "Torch not compiled with CUDA enabled" with a traceback, exit 1: read as
     a benchmark that failed, not as the wrong machine."""
