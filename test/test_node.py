@@ -1308,6 +1308,14 @@ def test_a_chunk_that_can_end_before_the_next_arrives_is_warned_at_start(rclpy_c
         said.clear()  # stamped at publication, a chunk starts when it is sent: its inputs' age is no matter
         node._warn_chunk_gap(dataclasses.replace(tight, trajectory_stamp="publication"))
         assert said == []
+        # at a runtime change only as it turns on or changes kind: a rate_hz slider said it at every step
+        slower = dataclasses.replace(tight, rate_hz=8.0)
+        node._warn_chunk_gap(slower, tight)
+        assert said == []
+        node._warn_chunk_gap(tight, dataclasses.replace(tight, max_age_s=0.05))
+        assert len(said) == 1 and said[0].startswith("a chunk lasts 0.2 s")
+        node._warn_chunk_gap(dataclasses.replace(tight, rate_hz=2.0), tight)
+        assert len(said) == 2 and said[1].startswith("rate_hz 2 decides every 0.5 s, but a chunk lasts 0.2 s")
     finally:
         node.destroy_node()
 

@@ -103,6 +103,11 @@ def test_a_blend_beside_rtc_is_warned_at_start(rclpy_context, capfd, blend):
         assert "real-time chunking on" in err
         warned = "rtc with command_blend_steps 3: the chunks already continue each other" in err
         assert warned == (blend == 3)
+        from rclpy.parameter import Parameter
+
+        assert node.set_parameters([Parameter("command_blend_steps", value=4)])[0].successful
+        # at a runtime change only as it turns on: a slider over the blend said it at every step
+        assert ("rtc with command_blend_steps 4" in capfd.readouterr().err) == (blend == 0)
     finally:
         node.destroy_node()
 
@@ -121,6 +126,8 @@ def test_a_guidance_cap_above_the_policy_s_steps_is_said_as_it_acts(rclpy_contex
         assert node.set_parameters([Parameter("rtc_max_guidance", value=60.0)])[0].successful
         err = capfd.readouterr().err
         assert f"guidance weight at most {steps} (rtc_max_guidance 60 is capped" in err and "at most 2" not in err
+        assert node.set_parameters([Parameter("rtc_max_guidance", value=70.0)])[0].successful
+        assert "guidance weight at most" not in capfd.readouterr().err  # said as it turned on, not per step
     finally:
         node.destroy_node()
 

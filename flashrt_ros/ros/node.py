@@ -570,35 +570,46 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
         self._warn_chunk_gap(cfg)
         self._say_how_often_lerobot_replans(cfg)
 
-    def _warn_rtc_blend(self, cfg: NodeConfig) -> None:
-        """rtc's chunks continue each other: a blend on top only delays each (allowed, but said)."""
-        if cfg.rtc and cfg.command_blend_steps > 0 and self._command_pubs:
+    def _warn_rtc_blend(self, cfg: NodeConfig, old: NodeConfig | None = None) -> None:
+        """rtc's chunks continue each other: a blend on top only delays each (allowed, but said;
+        at a runtime change only when it turns on: a slider over command_blend_steps says it once)."""
+        on = lambda c: c.rtc and c.command_blend_steps > 0 and bool(self._command_pubs)  # noqa: E731
+        if on(cfg) and (old is None or not on(old)):
             self.get_logger().warning(
                 f"rtc with command_blend_steps {cfg.command_blend_steps}: the chunks already continue each other; "
                 "the blend only delays each new one (command_blend_steps 0 is meant for rtc)"
             )
 
-    def _warn_chunk_gap(self, cfg: NodeConfig) -> None:
-        """A decision period longer than a chunk lasts leaves the controller without points
-        between chunks (the arm stops, or holds its last point): allowed (a slow demo), but said.
-        So is a chunk stamped at its observation that can end before the next arrives: it starts
-        as old as its inputs (up to max_age_s), and the next comes a period (plus a decision) later."""
+    def _warn_chunk_gap(self, cfg: NodeConfig, old: NodeConfig | None = None) -> None:
+        """Said at start, and at a runtime change only when the gap turns on or changes kind: a
+        slider over rate_hz repeated the same warning at every step."""
+        gap = self._chunk_gap(cfg)
+        if gap is not None and (old is None or (self._chunk_gap(old) or ("",))[0] != gap[0]):
+            self.get_logger().warning(gap[1])
+
+    def _chunk_gap(self, cfg: NodeConfig) -> tuple[str, str] | None:
+        """(kind, warning) where chunks can leave the controller without points. A decision period
+        longer than a chunk lasts leaves it without points between chunks (the arm stops, or holds
+        its last point): allowed (a slow demo), but said. So is a chunk stamped at its observation
+        that can end before the next arrives: it starts as old as its inputs (up to max_age_s), and
+        the next comes a period (plus a decision) later."""
         horizon = self.state.pipeline.policy.cfg.horizon
         lasts = horizon * cfg.step_duration_s
         period = 1.0 / cfg.rate_hz
         if period > lasts:
-            self.get_logger().warning(
+            return "period", (
                 f"rate_hz {cfg.rate_hz:g} decides every {period:g} s, but a chunk lasts {lasts:g} s "
                 f"({horizon} actions x step_duration_s {cfg.step_duration_s:g}): the controller runs out of "
                 f"points between chunks; expected rate_hz >= {1.0 / lasts:g}"
             )
-        elif cfg.trajectory_stamp == "observation" and period + cfg.max_age_s > lasts:
-            self.get_logger().warning(
+        if cfg.trajectory_stamp == "observation" and period + cfg.max_age_s > lasts:
+            return "age", (
                 f"a chunk lasts {lasts:g} s ({horizon} actions x step_duration_s {cfg.step_duration_s:g}) from its "
                 f"observation, which may be max_age_s {cfg.max_age_s:g} s old, and the next comes a period "
                 f"({period:g} s) and a decision later: chunks can end before the next arrives (counted as "
                 f"chunk_ended, chunk_exhausted); expected max_age_s + 1 / rate_hz below {lasts:g} s"
             )
+        return None
 
     def _say_how_often_lerobot_replans(self, cfg: NodeConfig) -> None:
         """A LeRobot checkpoint says how many of a chunk's actions LeRobot executes before it

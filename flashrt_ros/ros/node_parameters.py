@@ -104,13 +104,11 @@ class ParameterUpdates:
         )
         if diff:
             self.get_logger().info(f"parameters changed: {diff}")
-        if any(getattr(new, n) != getattr(old, n) for n in ("rate_hz", "max_age_s") if n in changes):
-            self._warn_chunk_gap(new)
-        if (new.rtc, new.command_blend_steps) != (old.rtc, old.command_blend_steps):
-            self._warn_rtc_blend(new)
+        self._warn_chunk_gap(new, old)  # each only as it turns on: a slider says it once
+        self._warn_rtc_blend(new, old)
         steps = self.state.pipeline.policy.cfg.num_steps
         rtc_on = self.state.pipeline.rtc is not None  # off: the warning below says it changes nothing
-        if rtc_on and new.rtc_max_guidance != old.rtc_max_guidance and new.rtc_max_guidance > steps:
+        if rtc_on and new.rtc_max_guidance > steps >= old.rtc_max_guidance:
             self.get_logger().warning(f"guidance weight at most {guidance_cap(new, steps)}: higher changes nothing")
         rtc_changed = sorted(n for n in changes if n.startswith("rtc_") and getattr(old, n) != getattr(new, n))
         if rtc_changed and self.state.pipeline.rtc is None:
