@@ -3,6 +3,8 @@ clear errors for unknown names."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -262,3 +264,48 @@ def test_the_store_keeps_at_most_its_limit_of_capsules(state):
     store.drop("c")
     store.fork("a", "d")
     assert [c.name for c in store.list()] == ["a", "b", "d"]
+
+
+def test_the_kept_last_chunk_and_read_are_copies(policy) -> None:
+    """`np.asarray(decision.actions)` kept the caller's chunk itself (a node that edits its
+    decision's actions in place, e.g. limits, changed the state); read() handed out the live
+    last_actions (a caller's write changed what the next snapshot saves)."""
+
+    state = PipelineState(Pipeline(policy, seed=SEED), SEED)
+    decision = state.decide(observation(0))
+    kept = decision.actions.copy()
+    decision.actions[:] = 0.0
+    assert state.read()["last_actions"].tobytes() == kept.tobytes()
+    state.read()["last_actions"][:] = 7.0
+    assert state.read()["last_actions"].tobytes() == kept.tobytes()
+
+
+def test_write_refuses_a_last_chunk_of_another_length(policy) -> None:
+    """`shape[0] > horizon` took a last chunk of 3 rows for a horizon-long one (another
+    pipeline's, or a truncated capsule)."""
+
+    state = PipelineState(Pipeline(policy, seed=SEED), SEED)
+    saved = state.read()
+    dof = saved["last_actions"].shape[1]
+    with pytest.raises(ValueError, match=r"last_actions must be \["):
+        state.write({**saved, "last_actions": np.zeros((3, dof), np.float32)})
+
+
+def test_a_non_finite_last_chunk_is_named_at_its_row_and_column(policy) -> None:
+    """`divmod(i, horizon)` named the wrong [row, col] of the first non-finite value."""
+
+    state = PipelineState(Pipeline(policy, seed=SEED), SEED)
+    state.decide(observation(0))
+    saved = state.read()
+    bad = saved["last_actions"].copy()
+    bad[1, 2] = np.nan
+    with pytest.raises(ValueError, match=r"got nan at \[1, 2\] \(1 such values\)"):
+        state.write({**saved, "last_actions": bad})
+
+
+def test_a_name_of_257_characters_is_refused_and_256_taken() -> None:
+    """`> 257` took a 257-character name (the limit the message and the node's docs state is 256)."""
+    store = CapsuleStore(SimpleNamespace(read=lambda: {}, write=lambda s: None))
+    with pytest.raises(ValueError, match="at most 256 characters"):
+        store.snapshot("x" * 257)
+    store.snapshot("x" * 256)

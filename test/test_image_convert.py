@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import array
 import io
+import struct
+import zlib
 from types import SimpleNamespace
 
 import numpy as np
@@ -654,3 +656,57 @@ def test_real_sensor_msgs_compressed_image() -> None:
     fake = _compressed(Image.fromarray(RGB), "PNG")
     msg = msgs.CompressedImage(format="png", data=fake.data)
     np.testing.assert_array_equal(compressed_to_rgb(msg), RGB)
+
+
+def _png(a: np.ndarray) -> bytes:
+    b = io.BytesIO()
+    Image.fromarray(a).save(b, format="PNG")
+    return b.getvalue()
+
+
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def _raw(h: int, w: int) -> SimpleNamespace:
+    return SimpleNamespace(encoding="rgb8", height=h, width=w, step=3 * w, is_bigendian=0, data=bytes(3 * w * h))
+
+
+def test_held_size_refuses_a_frame_of_another_width() -> None:
+    """`got_hw[0] != held_hw[0]` (height only) let a camera that changed its width mid-run through."""
+    with pytest.raises(InputError) as err:
+        image_to_rgb(_raw(4, 6), held_hw=(4, 5), source="/cam")
+    assert err.value.reason == ie.BAD_SIZE and "frames were 4x5 until now" in str(err.value)
+    jpeg_like = SimpleNamespace(format="png", data=_png(np.zeros((4, 6, 3), np.uint8)))
+    with pytest.raises(InputError, match="frames were 4x5 until now"):
+        compressed_to_rgb(jpeg_like, held_hw=(4, 5))
+
+
+def test_a_png_whose_ihdr_is_not_first_is_still_size_checked() -> None:
+    """Dropping the size check after Image.open: the early IHDR read is skipped when another
+    chunk precedes IHDR, and a frame of the wrong size came back decoded."""
+    data = _png(np.zeros((6, 10, 3), np.uint8))
+    moved = data[:8] + _chunk(b"tEXt", b"k\x00v") + data[8:]
+    with pytest.raises(InputError) as err:
+        compressed_to_rgb(SimpleNamespace(format="png", data=moved), expected_hw=(4, 4))
+    assert err.value.reason == ie.BAD_SIZE and "image is 6x10" in str(err.value)
+
+
+def test_jpg_format_label_is_accepted() -> None:
+    """Dropping "jpg" from the names refused format="jpg" (a common label) as bad_encoding."""
+    b = io.BytesIO()
+    Image.fromarray(np.full((8, 8, 3), 128, np.uint8)).save(b, format="JPEG", quality=95)
+    assert compressed_to_rgb(SimpleNamespace(format="jpg", data=b.getvalue())).shape == (8, 8, 3)
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 4), (2, 2)])
+def test_out_of_the_wrong_layout_is_a_programming_error(shape) -> None:
+    """Checking only out.dtype let an HxWx4 or HxW out through to the copy."""
+    with pytest.raises(ValueError, match="out must be an HxWx3 uint8 array"):
+        image_to_rgb(_raw(2, 2), out=np.zeros(shape, np.uint8))
+
+
+def test_expected_hw_that_disagrees_with_out_is_a_programming_error() -> None:
+    """Without the check, expected_hw was silently replaced by out's shape."""
+    with pytest.raises(ValueError, match=r"expected_hw \(3, 3\) disagrees with out.shape"):
+        image_to_rgb(_raw(2, 2), expected_hw=(3, 3), out=np.zeros((2, 2, 3), np.uint8))

@@ -203,3 +203,37 @@ def test_reason_codes_are_snake_case_and_complete() -> None:
     constants = {v for k, v in vars(ie).items() if k.isupper() and isinstance(v, str)}
     assert constants == ie.REASONS
     assert all(r.replace("_", "").isalpha() and r == r.lower() for r in ie.REASONS)
+
+
+def _stamp(sec: int, nanosec: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(sec=sec, nanosec=nanosec)
+
+
+def test_a_stamp_ahead_by_more_than_max_age_is_refused() -> None:
+    """`age_s < -2 * max_age_s` let stamps up to twice the bound ahead through; the only
+    future test used a stamp 1.7e9 s ahead."""
+    now = stamp_to_ns(_stamp(100, 500_000_000))
+    with pytest.raises(InputError) as err:
+        check_fresh(_stamp(100, 800_000_000), now, 0.2, "/cam")  # 0.3 s ahead, bound 0.2 s
+    assert err.value.reason == ie.FUTURE_STAMP and "stamp is 0.300 s ahead" in str(err.value)
+
+
+def test_ages_exactly_at_the_bound_are_accepted_both_ways() -> None:
+    """`>=` / `<=` refused a stamp exactly max_age_s old or ahead ("older than" is the rule)."""
+    now = stamp_to_ns(_stamp(100, 500_000_000))
+    assert check_fresh(_stamp(100, 250_000_000), now, 0.25, "/cam") == pytest.approx(0.25)
+    assert check_fresh(_stamp(100, 750_000_000), now, 0.25, "/cam") == pytest.approx(-0.25)
+
+
+def test_nanosec_of_exactly_one_second_is_unstamped() -> None:
+    """`nanosec > 1e9` took nanosec == 1_000_000_000 (not a valid builtin_interfaces/Time)."""
+    with pytest.raises(InputError) as err:
+        check_fresh(_stamp(99, 1_000_000_000), stamp_to_ns(_stamp(100)), 5.0, "/cam")
+    assert err.value.reason == ie.UNSTAMPED
+
+
+def test_a_held_sample_a_day_old_blames_the_sensor_not_the_clocks() -> None:
+    """Without `on_arrival and`, a held sample that aged past a day read "clocks disagree"."""
+    with pytest.raises(InputError) as err:
+        check_fresh(_stamp(1), stamp_to_ns(_stamp(200_000)), 0.5, "/joint_states")
+    assert err.value.reason == ie.STALE and "clock" not in str(err.value)

@@ -878,3 +878,75 @@ def test_text_that_makes_the_same_prompt_tokens_is_the_same_prompt_and_underscor
         assert not policy.same_prompt("fold the towel", "fold the shirt")
         reason = policy.prompt_problem("___", 4)
         assert reason == "prompt '___' is empty once written into the prompt (underscores read as spaces)", reason
+
+
+def test_a_json_list_mixing_true_with_numbers_is_refused() -> None:
+    """Without `_holds_bool`, [1.0, true] became the float array [1.0, 1.0] (true as a std of 1)."""
+    with pytest.raises(ValueError, match=r"norm_stats.state.std must be numbers"):
+        Stats.from_dict({"mean": [0.0, 0.0], "std": [1.0, True]}, "norm_stats.state")
+    with pytest.raises(ValueError, match=r"must be numbers"):
+        Stats.from_dict({"q01": [[0.0], [False]]})
+
+
+def _one(mode: str, convention: str, **stats) -> Normalizer:
+    s = Stats(**{k: np.array(v, np.float64) for k, v in stats.items()})
+    return Normalizer(mode, s, s, convention=convention)
+
+
+def test_lerobot_mean_std_normalises_with_its_own_eps_and_unnormalises_without() -> None:
+    """openpi's 1e-6 for LeRobot's 1e-8 in the divisor; LeRobot's un-normalisation with
+    std + eps (it uses std alone: a zero-std joint comes back as its mean, exactly)."""
+    n = _one("mean_std", "lerobot", mean=[0.0], std=[1e-4])
+    assert n.normalize_state(np.array([1.0]))[0] == np.float32(1.0) / (np.float32(1e-4) + np.float32(1e-8))
+    zero = _one("mean_std", "lerobot", mean=[0.25], std=[0.0])
+    assert zero.unnormalize_actions(np.array([[3.0]])).tolist() == [[0.25]]
+
+
+def test_openpi_mean_std_unnormalises_with_std_plus_eps() -> None:
+    """openpi un-normalises with std + 1e-6 (the exact inverse of its normalisation)."""
+    n = _one("mean_std", "openpi", mean=[0.0], std=[0.0])
+    assert n.unnormalize_actions(np.array([[1.0]]))[0, 0] == np.float32(1e-6)
+
+
+def test_lerobot_quantile_adds_eps_only_to_a_zero_range() -> None:
+    """With span + 1e-8 everywhere (LeRobot adds it only where q99 == q01): 1% off on a 1e-6 range."""
+    n = _one("quantile", "lerobot", q01=[0.0], q99=[1e-6])
+    assert abs(float(n.normalize_state(np.array([5e-7]))[0])) < 1e-6
+
+
+def test_lerobot_normalize_actions_is_the_exact_inverse_of_unnormalize() -> None:
+    """Without `divide_by_inverse`, normalize_actions divided by std + 1e-8 where LeRobot's
+    un-normalisation multiplied by std: rtc read the executing chunk back off by 1e-4 relative."""
+    n = _one("mean_std", "lerobot", mean=[0.0], std=[1e-4])
+    assert n.normalize_actions(np.array([[1e-4]], np.float32))[0, 0] == pytest.approx(1.0, rel=1e-6)
+    y = np.array([[0.3], [-1.7]], np.float32)
+    np.testing.assert_allclose(n.normalize_actions(n.unnormalize_actions(y)), y, rtol=1e-6)
+
+
+def test_identity_normalisation_returns_a_copy() -> None:
+    """`return x` handed the caller's own float64 array back; writing the result changed the input."""
+    x = np.array([1.0, 2.0])
+    out = Normalizer().normalize_state(x)
+    out[0] = 9.0
+    assert x[0] == 1.0
+
+
+def test_an_explicit_mode_wins_over_the_files(tmp_path) -> None:
+    """`data.get("mode") or mode` let the file's mode override the one the caller passed."""
+    _one("quantile", "openpi", q01=[0.0], q99=[1.0], mean=[0.0], std=[1.0]).save(tmp_path / "norm_stats.json")
+    assert Normalizer.load(tmp_path / "norm_stats.json").mode == "quantile"
+    assert Normalizer.load(tmp_path / "norm_stats.json", mode="mean_std").mode == "mean_std"
+
+
+def test_lerobot_postprocessor_of_another_mode_is_refused(tmp_path) -> None:
+    """LeRobot saves every statistic (mean, std, q01, q99, ...) in both files: with the
+    postprocessor un-normalising MEAN_STD and the preprocessor QUANTILES, the compared statistics
+    are equal, and only the mode check refuses the folder."""
+    folder = _lerobot_copy(tmp_path)
+    assert Normalizer.find(folder).mode == "quantile"
+    post = folder / "policy_postprocessor.json"
+    content = json.loads(post.read_text())
+    content["steps"][0]["config"]["norm_map"] = {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
+    post.write_text(json.dumps(content))
+    with pytest.raises(ValueError, match=r"the action statistics \(or mode mean_std\) the postprocessor"):
+        Normalizer.find(folder)

@@ -443,3 +443,15 @@ def test_period_is_checked_and_changes_at_runtime() -> None:
     assert pipeline.prefix_cache.trigger == "new_inputs"  # a refused change changes nothing
     pipeline.set_prefix_trigger("period", 5.0)
     assert pipeline.decide(obs(("a3", "b"))).prefix_reused
+
+
+def test_period_runs_the_stage_when_only_the_token_mask_changed() -> None:
+    """`self.tokens == other.tokens` ignored the mask: under "period" a key whose mask alone
+    changed (same token ids, another prompt length) re-used the held prefix."""
+    tokens, images = torch.zeros(4, dtype=torch.int64), [object(), object()]
+    held = PrefixKey.of(("a", "b"), images, tokens, torch.tensor([True, True, False, False]))
+    newer = PrefixKey.of(("a2", "b2"), images, tokens, torch.tensor([True, True, True, False]))
+    cache = PrefixCache("period", period_s=1.0, clock=lambda: 0.0)
+    cache.store(held, "k/v", built_at=0.0)
+    assert cache.lookup(PrefixKey.of(("a2", "b2"), images, tokens, torch.tensor([True, True, False, False])), now=0.5)
+    assert not cache.lookup(newer, now=0.5)

@@ -319,3 +319,73 @@ def test_the_executing_chunks_trajectory_runs_from_its_origin_to_its_actions():
     np.testing.assert_allclose(chunk.trajectory_at(5000), [4.0, 40.0])
     np.testing.assert_allclose(chunk.trajectory_at(0), [0.0, 10.0])
     np.testing.assert_allclose(ExecutingChunk(actions, 1000, 100).trajectory_at(1050), [1.0, 10.0])
+
+
+_STEP = 20_000_000
+
+
+def _executing() -> ExecutingChunk:
+    old = np.stack([np.arange(10.0), -2.0 * np.arange(10.0)], axis=1).astype(np.float32)
+    return ExecutingChunk(old, start_ns=1_000_000_000, step_ns=_STEP)
+
+
+def test_a_chunk_starting_less_than_half_a_step_early_is_held_from_the_first_action() -> None:
+    """Without `at = max(at, 0.0)`, a new chunk 0.3 steps before the executing one (shift 0)
+    was held to index -0.3 + i: action 0's target blended the chunk's *last* action (index -1)."""
+    executing = _executing()
+    start = executing.start_ns - 6_000_000  # 0.3 steps early: shift round(-0.3) = 0
+    held = hold(executing, start, start + 30_000_000, 10, RtcSettings())
+    assert held is not None and (held.shift, held.overlap) == (0, 10)
+    np.testing.assert_array_equal(held.target, executing.actions)
+
+
+def test_a_takeover_before_the_new_chunks_start_holds_nothing_fully() -> None:
+    """Without `max(0, ...)`, a joint-state stamp ahead of now (clock skew within max_age_s, the
+    node's "observation" trajectory stamp) gave a negative delay, and prefix_weights raised: the
+    node logged rtc_failed and decided unguided."""
+    executing = _executing()
+    start = executing.start_ns + 2 * _STEP
+    held = hold(executing, start, start - 30_000_000, 10, RtcSettings())
+    assert held is not None and held.delay == 0 and held.overlap == 8
+    assert 0 < held.weights[0] < 1
+
+
+def test_the_reported_delay_is_at_most_the_overlap() -> None:
+    """`Hold(..., delay, ...)` reported a delay beyond the overlap (the ActionChunk's
+    held-fully count) when the takeover is past the old chunk's end."""
+    executing = _executing()
+    start = executing.start_ns + 7 * _STEP
+    held = hold(executing, start, start + 100 * _STEP, 10, RtcSettings())
+    assert (held.delay, held.overlap) == (3, 3)
+
+
+def test_zero_step_is_a_value_error_naming_it() -> None:
+    """`step < 0` let step_ns = 0 through to a ZeroDivisionError."""
+    executing = ExecutingChunk(np.zeros((4, 2), np.float32), start_ns=0, step_ns=0)
+    with pytest.raises(ValueError, match="step_ns must be > 0, got 0"):
+        hold(executing, 0, 0, 4, RtcSettings())
+
+
+def test_latency_window_typical_is_the_median_and_negatives_count_as_zero() -> None:
+    """The mean for the median (the project's one test had mean == median); a negative
+    latency (a clock that went back) kept negative made the likely start earlier than now."""
+    window = LatencyWindow(size=3)
+    for ns in (10, 10, 100):
+        window.add(ns)
+    assert window.typical_ns() == 10 and window.slowest_ns() == 100
+    back = LatencyWindow(size=3)
+    back.add(-50)
+    assert back.typical_ns() == 0 and back.slowest_ns() == 0
+
+
+def test_delay_steps_of_minus_one_is_refused_where_it_is_made() -> None:
+    """`delay_steps < -1` let -1 through (the project's test used -2); prefix_weights then
+    raised at every decision (rtc_failed, unguided)."""
+    with pytest.raises(ValueError, match="delay_steps must be >= 0"):
+        RtcSettings(delay_steps=-1)
+
+
+def test_infinite_max_guidance_is_refused() -> None:
+    """Without `math.isfinite`, max_guidance = inf passed the settings check."""
+    with pytest.raises(ValueError, match="max_guidance must be a positive number, got inf"):
+        RtcSettings(max_guidance=math.inf)
