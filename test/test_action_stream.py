@@ -356,8 +356,8 @@ def test_a_switch_after_a_gap_moves_no_more_than_two_ticks_allow(tick_ms):
     gap_end = t + 2_000 * MS
     stream.push(np.full((50, 1), 5.0), start_ns=gap_end - 3 * STEP, step_ns=STEP, chunk_id=2)
     first = stream.command(gap_end)
-    allowed = 0.1 * max(1.0, 2 * tick / STEP)
-    assert first.limited and first.values[0] <= allowed + 1e-9, (first, allowed)
+    allowed = 0.1 * max(1.0, 2 * tick / STEP)  # exactly that, not less: slower would lag the commands
+    assert first.limited and first.values[0] == pytest.approx(allowed), (first, allowed)
     unbounded = ActionStream(max_move=np.array([0.1]))  # no period known: the whole gap counts
     unbounded.push(np.zeros((5, 1)), start_ns=0, step_ns=STEP, chunk_id=1)
     unbounded.command(0)
@@ -554,19 +554,6 @@ def test_a_chunk_starting_with_the_governing_one_blends_in():
     stream.push(np.full((10, 1), 4.0), start_ns=0, step_ns=STEP, chunk_id=2)
     cmd = stream.command(MS)
     assert (cmd.chunk_id, cmd.weight, cmd.values[0]) == (2, 0.5, 2.0)
-
-
-def test_a_switch_after_a_gap_moves_exactly_two_ticks_worth():
-    """The two ticks' cap after a gap, from below too: slower than it lags the commands."""
-    tick = 100 * MS
-    stream = ActionStream(max_move=np.array([0.1]), tick_ns=tick)
-    stream.push(np.zeros((5, 1)), start_ns=0, step_ns=STEP, chunk_id=1)
-    t = 0
-    while not isinstance(stream.command(t), Exhausted):
-        t += tick
-    gap_end = t + 2_000 * MS
-    stream.push(np.full((50, 1), 5.0), start_ns=gap_end - 3 * STEP, step_ns=STEP, chunk_id=2)
-    assert stream.command(gap_end).values[0] == pytest.approx(0.1 * 2 * tick / STEP)
 
 
 def test_a_stall_of_two_and_a_half_steps_is_a_gap_moving_max_move_once():
