@@ -431,9 +431,10 @@ def test_a_reset_forgets_the_held_prefix() -> None:
 
 def test_period_is_checked_and_changes_at_runtime() -> None:
     policy = default_policy(num_views=2, action_dof=6)
-    for bad in (0, -1.0, float("nan"), float("inf"), True, "0.1"):
+    for bad in (0, -1.0, float("nan"), float("inf"), True, np.True_, "0.1", np.float32("nan")):
         with pytest.raises(ValueError, match="prefix_period_s must be a finite number of seconds > 0"):
             Pipeline(policy, prefix_period_s=bad)
+    assert Pipeline(policy, prefix_period_s=np.float32(0.25)).prefix_cache.period_s == pytest.approx(0.25)
     clock = Clock()
     pipeline = Pipeline(policy, clock=clock)
     pipeline.decide(obs(("a", "b")))

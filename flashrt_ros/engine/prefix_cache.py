@@ -23,6 +23,7 @@ full decision's on its own frames; it is the one a full decision on the held fra
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -174,8 +175,9 @@ def check_trigger(trigger: object) -> str:
 
 
 def check_period(period_s: object) -> float:
-    """A finite number of seconds > 0 (not a bool)."""
-    ok = isinstance(period_s, int | float) and not isinstance(period_s, bool) and math.isfinite(period_s)
+    """A finite number of seconds > 0 (not a bool); numpy's scalars count (a period read from an array)."""
+    real = isinstance(period_s, numbers.Real) and not isinstance(period_s, bool | np.bool_)
+    ok = real and math.isfinite(period_s)
     if not ok or period_s <= 0:
         raise ValueError(f"prefix_period_s must be a finite number of seconds > 0, got {period_s!r}")
     return float(period_s)
