@@ -867,3 +867,108 @@ def test_device_cuda_without_a_gpu_is_said_with_the_policys_other_problems() -> 
     text = str(err.value)
     assert text.startswith("device 'cuda' requested but torch sees no CUDA device; "), text
     assert "prompt" in text.split("; use device: cpu or auto; ", 1)[1], text
+
+
+def test_prefix_period_zero_is_refused():
+    assert any("prefix_period_s must be > 0" in p for p in problems(prefix_period_s=0.0))
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"rate_hz": 1000.0},
+        {"status_rate_hz": 1000.0},
+        {"max_age_s": 3600.0},
+        {"step_duration_s": 60.0},
+        {"rate_hz": 0.01},
+        {"command_rate_hz": 0.01},
+        {"command_rate_hz": 1000.0},
+        {"command_blend_steps": 1000},
+        {"rtc_delay_steps": 10_000},
+    ],
+)
+def test_documented_range_ends_are_accepted(values):
+    assert problems(**values) == []
+
+
+def test_crossed_limits_of_a_later_joint_are_refused():
+    got = problems(joint_names=["a", "b"], action_lower_limits=[0.0, 1.0], action_upper_limits=[2.0, 0.5])
+    assert any("not below action_upper_limits for b (1.0 >= 0.5)" in p for p in got), got
+
+
+def test_fp8_with_backend_auto_is_accepted():
+    assert problems(fp8="prefix_mlp", precision="bfloat16", backend="auto") == []
+    assert any("fp8" in p for p in problems(fp8="prefix_mlp", precision="bfloat16", backend="reference"))
+
+
+@pytest.mark.parametrize("device", ["cuda:0", "cuda:1", "cuda:10"])
+def test_cuda_n_is_accepted(device):
+    assert problems(device=device) == []
+
+
+def test_as_many_joints_as_the_policy_takes_are_accepted():
+    names = [f"j{i}" for i in range(32)]  # pi05_tiny: state_dim = action_dim = 32
+    assert problems(joint_names=names) == []
+    assert problems(joint_names=names[:2], action_joint_names=names) == []
+    assert any("takes at most 32" in p for p in problems(joint_names=[*names, "x"]))
+
+
+def test_a_blank_joint_name_is_refused():
+    assert any("joint_names has an empty name" in p for p in problems(joint_names=["a", " "]))
+
+
+def test_a_group_topic_with_spaces_around_it_is_accepted():
+    got = problems(
+        joint_names=["a", "b"],
+        trajectory_groups=["arm/joint_trajectory = a, b"],
+        command_rate_hz=50.0,
+        command_groups=["arm/commands =a"],
+    )
+    assert got == []
+
+
+def test_a_group_without_a_topic_is_refused():
+    got = problems(joint_names=["a", "b"], trajectory_groups=["=a, b"])
+    assert any("expected 'TOPIC=joint, joint, ...'" in p for p in got), got
+
+
+def test_booleans_are_not_numbers():
+    assert any("seed must be an integer, got bool" in p for p in problems(seed=True))
+    assert any("rate_hz must be a number, got bool" in p for p in problems(rate_hz=True))
+    got = problems(joint_names=["a"], action_max_step=[True])
+    assert any("action_max_step must be a list of numbers" in p for p in got), got
+
+
+def test_a_foreign_name_is_not_taken_for_a_typo():
+    from flashrt_ros.ros.params import did_you_mean
+
+    assert did_you_mean(["joints", "image_topic", "frame_prefix"]) == ""
+    assert did_you_mean(["rate_h"]) == " did you mean rate_hz for rate_h?"
+
+
+def test_p_empty_list_after_a_file_list_is_no_lost_value(tmp_path):
+    from flashrt_ros.ros.params import lost_values
+
+    path = tmp_path / "p.yaml"
+    path.write_text("flashrt_node:\n  ros__parameters:\n    action_max_step: [0.1]\n")
+    sources = [("file", str(path)), ("arg", "action_max_step", "[]")]
+    # what the node received does not matter to the rule: -p's [] is no file's []
+    assert lost_values(sources, "/flashrt_node", {"action_max_step": [0.1]}) == []
+
+
+def test_p_with_the_node_name_reaches_the_node():
+    from flashrt_ros.ros.params import lost_values
+
+    sources = [("arg", "flashrt_node:rate_hz", "5.0")]
+    assert lost_values(sources, "/flashrt_node", {"rate_hz": 5.0}) == []
+    far = lost_values([("arg", "flashrt_node:rate_hz", "5.0")], "/robot1/flashrt_node", {})
+    assert far and "reaches only /flashrt_node" in far[0][1]
+
+
+def test_a_namespace_wide_section_alone_is_said(tmp_path):
+    from flashrt_ros.ros.params import unaddressed_params_files
+
+    path = tmp_path / "p.yaml"
+    path.write_text("/robot1/*:\n  ros__parameters:\n    use_sim_time: true\n")
+    got = unaddressed_params_files([str(path)], "/robot1/flashrt_node")
+    assert len(got) == 1 and "only sections for every node" in got[0], got

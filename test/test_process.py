@@ -202,3 +202,31 @@ def test_a_list_mixing_integers_and_decimals_is_named_with_its_fix(tmp_path, ros
         "; action_max_step (line 3) holds a number rcl cannot read as one (beyond a double? write .inf for no bound)"
     )
     assert mixed_list_hint(rcl + "'string' do not belong at line_num 3") == beyond
+
+
+def test_a_number_after_text_in_a_list_gets_the_quote_hint(tmp_path):
+    from flashrt_ros.ros.process import mixed_list_hint
+
+    path = tmp_path / "p.yaml"
+    path.write_text("flashrt_node:\n  ros__parameters:\n    joint_names: [left_arm, 1]\n")
+    rcl = f"Couldn't parse params file: '--params-file {path}'. Error: Sequence should be of same type. Value type "
+    said = mixed_list_hint(rcl + "'integer' do not belong at line_num 3")
+    assert said == "; joint_names (line 3) mixes integers with other items: quote every item that is text ('y', '1')"
+
+
+def test_a_missing_tilde_params_file_says_tilde_is_not_expanded(capsys):
+    from flashrt_ros.ros.process import init_rclpy
+
+    assert init_rclpy(["x", "--ros-args", "--params-file", "~/no_such_flashrt_dir/p.yaml"], "flashrt_node") is False
+    err = capsys.readouterr().err
+    assert "no params file ~/no_such_flashrt_dir/p.yaml" in err and "~ is not expanded in a quoted path" in err
+
+
+def test_a_bare_y_among_decimals_gets_the_quote_hint(tmp_path):
+    from flashrt_ros.ros.process import mixed_list_hint
+
+    path = tmp_path / "p.yaml"
+    path.write_text("flashrt_node:\n  ros__parameters:\n    joint_names: [y, 0.5]\n")
+    rcl = f"Couldn't parse params file: '--params-file {path}'. Error: Sequence should be of same type. Value type "
+    said = mixed_list_hint(rcl + "'double' do not belong at line_num 3")
+    assert said == "; joint_names (line 3) mixes doubles with other items: quote every item that is text ('y', '1')"
