@@ -310,3 +310,61 @@ def test_two_publishers_of_the_chunks_are_said(ros_env, rclpy_context):
         for n in nodes:
             n.destroy_node()
     assert f"echo: 2 publishers of {topic}: chunks of more than one node" in done.stdout, done.stdout
+
+
+def test_chunk_line_without_a_receive_time_gives_no_age():
+    """chunk_line(msg) (received_ns 0 = unknown) must not turn the stamps into a huge negative age."""
+    import numpy as np
+    from builtin_interfaces.msg import Time
+    from flashrt_ros.msg import ActionChunk
+
+    from flashrt_ros.ros.echo import chunk_line
+
+    msg = ActionChunk(chunk_id=1, horizon=1, action_dim=2)
+    msg.actions = array.array("f", np.zeros(2, np.float32).tobytes())
+    msg.source_stamps = [Time(sec=5)]
+    assert "newest input    nan ms old" in chunk_line(msg)
+
+
+def _echo_chunk(dim: int, stamps_ns: list[int], reused: bool = True):
+    import numpy as np
+    from builtin_interfaces.msg import Time
+    from flashrt_ros.msg import ActionChunk
+
+    msg = ActionChunk(chunk_id=3, horizon=1, action_dim=dim, prefix_reused=reused)
+    msg.actions = array.array("f", np.arange(dim, dtype=np.float32).tobytes())
+    msg.source_stamps = [Time(sec=t // 1_000_000_000, nanosec=t % 1_000_000_000) for t in stamps_ns]
+    return msg
+
+
+def test_a_row_of_exactly_seven_actions_is_not_marked_cut():
+    from flashrt_ros.ros.echo import chunk_line
+
+    assert chunk_line(_echo_chunk(7, [])).endswith("+6.000]")
+    assert chunk_line(_echo_chunk(8, [])).endswith("+6.000 ...]")
+
+
+def test_a_reused_chunk_with_one_source_stamp_does_not_crash_the_console():
+    from flashrt_ros.ros.echo import chunk_line
+
+    line = chunk_line(_echo_chunk(2, [5_000_000_000]), 5_010_000_000)
+    assert "(prefix re-used)" in line
+
+
+def test_frames_stamped_with_the_joint_state_are_not_after_it():
+    from flashrt_ros.ros.echo import chunk_line
+
+    line = chunk_line(_echo_chunk(2, [5_000_000_000, 5_000_000_000]), 5_010_000_000)
+    assert "frames up to 0.0 ms before the joint state" in line, line
+
+
+def test_skipped_decisions_are_counted_once_not_again_as_node_wide():
+    """The node's dropped_decision counter (no topic) is the "skipped" count; listed again under
+    "node:" it read as a second kind of trouble."""
+    from flashrt_ros.msg import InputCounter, PipelineStatus
+    from flashrt_ros.ros.echo import status_line
+
+    status = PipelineStatus(policy="p", device="cpu", precision="float32")
+    status.invalid_inputs = [InputCounter(topic="", reason="dropped_decision", count=3)]
+    line = status_line(status)
+    assert "3 skipped" in line and "node:" not in line, line

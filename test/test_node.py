@@ -1918,3 +1918,32 @@ def test_the_warm_up_is_said_and_one_that_broke_the_gpu_stops_the_start(monkeypa
     monkeypatch.setattr(pipeline, "warm_up", broke)
     with pytest.raises(StartupError, match="left the GPU unusable"):
         warm_up(pipeline, cfg)
+
+
+def test_hung_is_ten_times_two_periods_as_documented(rclpy_context):
+    """docs/ros.md: 'past 10 times the longer of two periods and the slowest recent decision'.
+    The factor itself, not HUNG_FACTOR times something (any value of the constant passed that)."""
+    node = in_process_node(rclpy_context)  # rate_hz 10
+    try:
+        node._decision_s.extend([0.05] * 8)
+        assert node._hung_after_s() == pytest.approx(2.0)
+        node._decision_s.extend([0.5] * 8)
+        assert node._hung_after_s() == pytest.approx(5.0)
+    finally:
+        node.destroy_node()
+
+
+def test_no_decision_error_waits_one_status_period(rclpy_context):
+    """docs/ros.md: the idle ERROR comes once no decision ran for the longest of two periods, ONE
+    status period, and twice the slowest decision: at 0.5 Hz status, not 0.2 s."""
+    from diagnostic_msgs.msg import DiagnosticStatus
+
+    node = in_process_node(rclpy_context, status_rate_hz=0.5)  # rate_hz 10: two periods 0.2 s, status period 2 s
+    try:
+        assert node._idle_limit_s() == pytest.approx(2.0)
+        past_start(node)
+        node._last_decision_at = time.monotonic() - 1.0
+        level, message = node._health(*node._snapshot_with_baseline(advance=True))
+        assert level != DiagnosticStatus.ERROR, message
+    finally:
+        node.destroy_node()
