@@ -362,6 +362,7 @@ def test_skipped_decisions_are_counted_once_not_again_as_node_wide():
     """The node's dropped_decision counter (no topic) is the "skipped" count; listed again under
     "node:" it read as a second kind of trouble."""
     from flashrt_ros.msg import InputCounter, PipelineStatus
+
     from flashrt_ros.ros.echo import status_line
 
     status = PipelineStatus(policy="p", device="cpu", precision="float32")
