@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from flashrt_ros.policies.config import PolicyConfig
 from flashrt_ros.policies.normalize import Normalizer, Stats
-from flashrt_ros.policies.preprocess import images_to_pixels, resize_with_pad, resized_hw
+from flashrt_ros.policies.preprocess import frame_error, images_to_pixels, resize_with_pad, resized_hw, to_unit_float
 from flashrt_ros.policies.prompt import PromptTokenizer, clean_task, discretize_state, pi05_prompt
 from flashrt_ros.policies.tiny_tokenizer import train_tiny_tokenizer
 
@@ -950,3 +950,31 @@ def test_lerobot_postprocessor_of_another_mode_is_refused(tmp_path) -> None:
     post.write_text(json.dumps(content))
     with pytest.raises(ValueError, match=r"the action statistics \(or mode mean_std\) the postprocessor"):
         Normalizer.find(folder)
+
+
+def test_resize_truncates_the_size_and_floors_the_top_padding():
+    out = resize_with_pad(torch.ones(1, 3, 7, 9), 10)[0, 0]  # 7 * 10/9 = 7.78 -> 7 rows (openpi: int)
+    rows = out.sum(dim=1) > 0
+    assert rows.tolist() == [False] + [True] * 7 + [False] * 2  # top pad (10 - 7) // 2 = 1
+
+
+def test_negative_float_pixels_are_refused():
+    with pytest.raises(ValueError, match=r"expected float values in \[0, 1\]"):
+        to_unit_float(np.full((4, 4, 3), -0.5, dtype=np.float32))
+
+
+def test_four_channel_frames_are_refused():
+    with pytest.raises(ValueError, match="expected an HxWx3 RGB image"):
+        to_unit_float(np.zeros((4, 4, 4), dtype=np.uint8))
+    assert "expected an RGB frame" in frame_error(np.zeros((8, 8, 4), dtype=np.uint8), 224)
+
+
+def test_a_prompt_of_exactly_prompt_len_tokens_is_not_cut(tokenizer_file):
+    tok = PromptTokenizer(tokenizer_file, prompt_len=5)
+    t = tok.pad([2, 7, 8, 9, 10])
+    assert not t.truncated and t.mask.all() and t.length == 5
+
+
+def test_a_cut_prompt_reports_its_full_length(tokenizer_file):
+    t = PromptTokenizer(tokenizer_file, prompt_len=4).pad(list(range(2, 12)))
+    assert t.truncated and t.length == 10 and t.ids.tolist() == [2, 3, 4, 5]

@@ -389,3 +389,43 @@ def test_infinite_max_guidance_is_refused() -> None:
     """Without `math.isfinite`, max_guidance = inf passed the settings check."""
     with pytest.raises(ValueError, match="max_guidance must be a positive number, got inf"):
         RtcSettings(max_guidance=math.inf)
+
+
+def test_ones_holds_only_the_overlap():
+    assert prefix_weights(2, 5, 10, "ones").tolist() == [1.0] * 5 + [0.0] * 5
+
+
+@pytest.mark.parametrize("args", [(-1, 5, 10), (0, 11, 10)])
+def test_prefix_weights_refuse_a_negative_delay_or_an_overlap_past_the_horizon(args):
+    for schedule in ("exp", "ones", "zeros"):
+        with pytest.raises(ValueError, match="need 0 <= overlap <= horizon and delay >= 0"):
+            prefix_weights(*args, schedule)
+
+
+def _bad_guide(**kw):
+    base = dict(target=torch.zeros(4, 3), weights=torch.ones(4, 3))
+    base.update(kw)
+    return ChunkGuide(**base)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(jacobian="exakt"), "jacobian must be one of"),
+        (dict(max_guidance=0.0), "max_guidance must be a positive number"),
+        (dict(max_guidance=float("inf")), "max_guidance must be a positive number"),
+        (dict(weights=torch.ones(4, 2)), r"must both be \[horizon, action_dim\]"),
+        (dict(weights=torch.tensor([[float("nan")] * 3] * 4)), "must be finite"),
+        (dict(target=torch.tensor([[0.0, 0.0, float("nan")]] * 4)), "must be finite"),
+        (
+            dict(
+                target=torch.full((4, 3), float("nan"), dtype=torch.bfloat16),
+                weights=torch.ones(4, 3, dtype=torch.bfloat16),
+            ),
+            "must be finite",
+        ),
+    ],
+)
+def test_chunk_guide_refuses_bad_settings(kw, match):
+    with pytest.raises(ValueError, match=match):
+        _bad_guide(**kw)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from flashrt_ros.policies.config import PolicyConfig
-from flashrt_ros.policies.lerobot_relative import lerobot_delta_mask
+from flashrt_ros.policies.lerobot_relative import lerobot_delta_mask, lerobot_says_relative_or_absolute
 from flashrt_ros.policies.robot_space import actions_to_robot, describe, space_problem, state_to_model
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "robot_space_golden.json").read_text())["cases"]
@@ -208,3 +208,32 @@ def test_an_aloha_gripper_past_fully_open_is_read_as_open_not_nan():
     at_open = state_to_model(state, cfg)
     state[[6, 13]] = 1.02
     np.testing.assert_array_equal(state_to_model(state, cfg), at_open)
+
+
+def _lerobot_folder(path, processor: dict, config: dict | None = None):
+    pre = [{"registry_name": "relative_actions_processor", "config": processor}]
+    post = [{"registry_name": "absolute_actions_processor", "config": {"enabled": processor.get("enabled")}}]
+    (path / "policy_preprocessor.json").write_text(json.dumps({"name": "policy_preprocessor", "steps": pre}))
+    (path / "policy_postprocessor.json").write_text(json.dumps({"name": "policy_postprocessor", "steps": post}))
+    cfg = {"output_features": {"action": {"type": "ACTION", "shape": [3]}}}
+    cfg.update(config or {})
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+def test_an_empty_exclude_name_excludes_nothing(tmp_path):
+    folder = _lerobot_folder(
+        tmp_path, {"enabled": True, "exclude_joints": ["", "grip"], "action_names": ["a", "b", "gripper"]}
+    )
+    assert lerobot_delta_mask(folder) == (True, True, False)
+
+
+def test_action_shape_must_be_one_dimensional(tmp_path):
+    folder = _lerobot_folder(tmp_path, {"enabled": True}, {"output_features": {"action": {"shape": [3, 2]}}})
+    with pytest.raises(ValueError, match="output_features.action.shape"):
+        lerobot_delta_mask(folder)
+
+
+def test_config_json_saying_absolute_actions_is_saying_something(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"use_relative_actions": False}))
+    assert lerobot_says_relative_or_absolute(tmp_path)
