@@ -204,14 +204,19 @@ def test_a_list_mixing_integers_and_decimals_is_named_with_its_fix(tmp_path, ros
     assert mixed_list_hint(rcl + "'string' do not belong at line_num 3") == beyond
 
 
-def test_a_number_after_text_in_a_list_gets_the_quote_hint(tmp_path):
+@pytest.mark.parametrize(
+    "items, rcl_type, kind",
+    [("left_arm, 1", "integer", "integers"), ("y, 0.5", "double", "doubles")],  # a bare y is YAML's true: text
+)
+def test_a_number_among_text_in_a_list_gets_the_quote_hint(tmp_path, items, rcl_type, kind):
+    """Text first, then a number: the hint is to quote the text, not to write decimals."""
     from flashrt_ros.ros.process import mixed_list_hint
 
     path = tmp_path / "p.yaml"
-    path.write_text("flashrt_node:\n  ros__parameters:\n    joint_names: [left_arm, 1]\n")
+    path.write_text(f"flashrt_node:\n  ros__parameters:\n    joint_names: [{items}]\n")
     rcl = f"Couldn't parse params file: '--params-file {path}'. Error: Sequence should be of same type. Value type "
-    said = mixed_list_hint(rcl + "'integer' do not belong at line_num 3")
-    assert said == "; joint_names (line 3) mixes integers with other items: quote every item that is text ('y', '1')"
+    said = mixed_list_hint(rcl + f"'{rcl_type}' do not belong at line_num 3")
+    assert said == f"; joint_names (line 3) mixes {kind} with other items: quote every item that is text ('y', '1')"
 
 
 def test_a_missing_tilde_params_file_says_tilde_is_not_expanded(capsys):
@@ -220,13 +225,3 @@ def test_a_missing_tilde_params_file_says_tilde_is_not_expanded(capsys):
     assert init_rclpy(["x", "--ros-args", "--params-file", "~/no_such_flashrt_dir/p.yaml"], "flashrt_node") is False
     err = capsys.readouterr().err
     assert "no params file ~/no_such_flashrt_dir/p.yaml" in err and "~ is not expanded in a quoted path" in err
-
-
-def test_a_bare_y_among_decimals_gets_the_quote_hint(tmp_path):
-    from flashrt_ros.ros.process import mixed_list_hint
-
-    path = tmp_path / "p.yaml"
-    path.write_text("flashrt_node:\n  ros__parameters:\n    joint_names: [y, 0.5]\n")
-    rcl = f"Couldn't parse params file: '--params-file {path}'. Error: Sequence should be of same type. Value type "
-    said = mixed_list_hint(rcl + "'double' do not belong at line_num 3")
-    assert said == "; joint_names (line 3) mixes doubles with other items: quote every item that is text ('y', '1')"
