@@ -369,3 +369,28 @@ def test_skipped_decisions_are_counted_once_not_again_as_node_wide():
     status.invalid_inputs = [InputCounter(topic="", reason="dropped_decision", count=3)]
     line = status_line(status)
     assert "3 skipped" in line and "node:" not in line, line
+
+
+def test_the_commands_rate_counts_from_the_first_command_then_from_each_status(rclpy_context, capsys, monkeypatch):
+    """The first window opens at the first command (not at the console's start); later windows at
+    each status line, not restarted by every command (which would read as a far higher rate)."""
+    from flashrt_ros.msg import PipelineStatus
+    from std_msgs.msg import Float64MultiArray
+
+    from flashrt_ros.ros import echo as echo_module
+
+    clock = [100.0]
+    monkeypatch.setattr(echo_module.time, "monotonic", lambda: clock[0])
+    console = echo_module.Echo("/flashrt_node", 1, False, context=rclpy_context)
+    try:
+        for window_start in (105.0, 106.0):
+            for k in range(11):  # 11 commands 0.1 s apart: 10 intervals over 1 s, then a status
+                clock[0] = window_start + 0.1 * k
+                console._on_command(Float64MultiArray(data=[0.5]))
+            clock[0] = window_start + 1.0
+            console._on_status(PipelineStatus(policy="p", device="cpu", precision="float32"))
+        lines = [line for line in capsys.readouterr().out.splitlines() if "commands:" in line]
+        assert "commands: 11 since the last status (10.0 Hz)" in lines[0], lines
+        assert "commands: 11 since the last status (11.0 Hz)" in lines[1], lines  # 11 intervals: from the status
+    finally:
+        console.destroy_node()
