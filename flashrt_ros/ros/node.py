@@ -584,7 +584,8 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
         """Said at start, and at a runtime change only when the gap turns on or changes kind: a
         slider over rate_hz repeated the same warning at every step."""
         gap = self._chunk_gap(cfg)
-        if gap is not None and (old is None or (self._chunk_gap(old) or ("",))[0] != gap[0]):
+        was = None if old is None else self._chunk_gap(old)
+        if gap is not None and (was is None or was[0] != gap[0]):
             self.get_logger().warning(gap[1])
 
     def _chunk_gap(self, cfg: NodeConfig) -> tuple[str, str] | None:

@@ -216,21 +216,27 @@ class StatusReports:
         computing_s = time.monotonic() - self._decision_began
         if computing_s > self._hung_after_s():
             return ""
-        if self._decision_s:
-            took = f"the slowest of the last ones took {max(self._decision_s):.2f} s"
-        elif self.state.pipeline.warm_up_ms is not None:
-            took = f"the warm-up decision took {self.state.pipeline.warm_up_ms / 1e3:.2f} s"
-        else:
+        yardstick = self._yardstick()
+        if yardstick is None:
             return f"a decision computing for {computing_s:.1f} s"
-        return f"a decision computing for {computing_s:.1f} s ({took})"
+        seconds, which = yardstick
+        return f"a decision computing for {computing_s:.1f} s ({which} took {seconds:.2f} s)"
 
     def _hung_after_s(self) -> float:
         """How long one decision may compute before the policy reads as hung: HUNG_FACTOR times
-        two periods or the slowest recent decision (before any, the warm-up decision), not the
-        status period (a 0.1 Hz status would give a hung fast policy 100 s of WARN)."""
-        warm_up = self.state.pipeline.warm_up_ms
-        slowest = max(self._decision_s, default=0.0 if warm_up is None else warm_up / 1e3)
+        two periods or the yardstick, not the status period (a 0.1 Hz status would give a hung fast
+        policy 100 s of WARN)."""
+        yardstick = self._yardstick()
+        slowest = 0.0 if yardstick is None else yardstick[0]
         return max(self._idle_limit_s(), HUNG_FACTOR * max(2.0 / self.cfg.rate_hz, slowest))
+
+    def _yardstick(self) -> tuple[float, str] | None:
+        """What a computing decision is judged by: (seconds, which decision) of the slowest recent
+        decision, before any the warm-up decision's; None before both."""
+        if self._decision_s:
+            return max(self._decision_s), "the slowest of the last ones"
+        warm_up = self.state.pipeline.warm_up_ms
+        return None if warm_up is None else (warm_up / 1e3, "the warm-up decision")
 
     def _idle_limit_s(self) -> float:
         """How long without a decision is an ERROR: two periods, one status period, or - for a
