@@ -98,16 +98,22 @@ def test_two_lm_heads_standing_in_for_the_embedding_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "layout, stated_in",
-    [("openpi", "flashrt_config.json"), ("lerobot", "flashrt_config.json"), ("lerobot", "config.json")],
+    "layout, stated_in, partial",
+    [
+        ("openpi", "flashrt_config.json", False),
+        ("lerobot", "flashrt_config.json", False),
+        ("lerobot", "config.json", False),
+        ("openpi", "flashrt_config.json", True),
+        ("lerobot", "flashrt_config.json", True),
+    ],
 )
-def test_a_config_file_stating_the_other_kind_is_refused_before_loading(tmp_path, layout, stated_in):
-    """A whole flashrt_config.json (or LeRobot's config.json) saying pi0 over pi0.5 weights: refused
-    by the weights' names, naming the file, instead of ~30 tensor names or advice to switch the
-    `policy` parameter to the wrong kind."""
+def test_a_config_file_stating_the_other_kind_is_refused_before_loading(tmp_path, layout, stated_in, partial):
+    """A flashrt_config.json, whole or only `kind` (or LeRobot's config.json) saying pi0 over pi0.5
+    weights: refused by the weights' names, naming the file, instead of ~30 tensor names or advice
+    to switch the `policy` parameter to the wrong kind."""
     save_model(tiny_model("pi05"), tmp_path, layout=layout)
     stated_in = tmp_path / stated_in
-    content = json.loads(stated_in.read_text())
+    content = {} if partial else json.loads(stated_in.read_text())
     if stated_in.name == "config.json":  # LeRobot's config.json names the full-size variants alone
         (tmp_path / "flashrt_config.json").unlink()
         content.update(type="pi0", paligemma_variant="gemma_2b", action_expert_variant="gemma_300m")

@@ -230,12 +230,13 @@ def read_config(folder: Path, layout: str, fallback: PolicyConfig | None = None)
 
     def parse(data: dict) -> PolicyConfig:
         if not isinstance(data, dict) or every <= set(data):
-            return PolicyConfig.from_dict(data)
+            cfg = PolicyConfig.from_dict(data)
+            _check_kind_stated(cfg.kind, ours, folder)  # a partial file's kind is checked with its base
+            return cfg
         base = _base_config(folder, layout, fallback, kind=data.get("kind"))
         return PolicyConfig.from_dict({**base.to_dict(), **data})
 
     cfg = _config_from_file(ours, parse)
-    _check_kind_stated(cfg.kind, ours, folder)  # a whole file's kind (a partial one's was checked with its base)
     if layout == "lerobot":
         cfg = _beside_lerobots(cfg, folder)
     else:
@@ -380,10 +381,12 @@ def _base_config(folder: Path, layout: str, fallback: PolicyConfig | None, kind:
     """The config from LeRobot's or openpi's config.json, else the fallback; `kind` (stated by a
     flashrt_config.json) overrides what the weights' names say."""
     theirs = folder / CONFIG_FILE
+    if kind is not None:  # else: errors about the wrong size or tokenizer
+        _check_kind_stated(kind, folder / FLASHRT_CONFIG_FILE, folder)
     if layout == "lerobot":
         if _present(theirs):
             cfg = _config_from_file(theirs, config_from_lerobot)
-            if kind is None:  # a flashrt_config.json that names the kind is checked by the caller
+            if kind is None:  # the kind config.json states
                 _check_kind_stated(cfg.kind, theirs, folder)
             return cfg
         # the caller's preset would stand in for chunk, steps, prompt length and style, cameras
@@ -391,8 +394,6 @@ def _base_config(folder: Path, layout: str, fallback: PolicyConfig | None, kind:
             f"{folder} holds a LeRobot policy without its {CONFIG_FILE}; expected the {CONFIG_FILE} saved with "
             f"its weights (LeRobot cannot load the folder without it either), or a {FLASHRT_CONFIG_FILE} of every field"
         )
-    if kind is not None:  # else: errors about the wrong size or tokenizer
-        _check_kind_stated(kind, folder / FLASHRT_CONFIG_FILE, folder)
     found = kind_from_keys(weight_names(folder / WEIGHTS_FILE))
     if kind is None and found and fallback is not None and found[0] != fallback.kind:
         raise CheckpointError(
