@@ -113,6 +113,8 @@ def test_a_latched_prompt_reaches_a_node_started_after_it(ros_env, ros_module_co
         volatile.publish(String(data="open the drawer"))
         peer.pump(1.0)
         assert peer.get_parameters("prompt") == ["fold the towel"]
+        said = [line for line in node.lines[mark:] if "cannot be received" in line]
+        assert len(said) == 2, "\n".join(said)  # each publisher once, by name; no unnamed repeat
     finally:
         peer.close()
         code = node.stop()

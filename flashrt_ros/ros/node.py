@@ -385,6 +385,7 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
         self._prompt_sub = None
         self._refused_prompt: tuple[str | None, str] = (None, "")  # the last text refused, and why
         self._prompt_publishers_said: set[bytes] = set()  # incompatible publishers named (endpoint gids)
+        self._prompt_mismatches_said = 0  # of the subscription's incompatible-publisher count
 
     def _subscribe_prompt(self) -> None:
         """prompt_topic's subscription, made once the node is set up: a prompt latched by a

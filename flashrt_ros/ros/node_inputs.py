@@ -166,10 +166,10 @@ class InputCallbacks:
         )
         self._throttle(("rejected", slot.topic, err.reason), "warning", f"input rejected: {err}; {keep}")
 
-    def _incompatible_prompt_publishers(self, topic: str) -> list[tuple[str, QoSPolicyKind]]:
-        """("<node>'s: ", the policy that differs) for each publisher on `topic` not said before
-        that the prompt subscription cannot match."""
-        ours, found = self._prompt_sub.qos_profile, []
+    def _incompatible_prompt_publishers(self, topic: str) -> dict[bytes, tuple[str, QoSPolicyKind]]:
+        """{endpoint gid: ("<node>'s: ", the policy that differs)} for each publisher on `topic`
+        not said before that the prompt subscription cannot match."""
+        ours, found = self._prompt_sub.qos_profile, {}
         for info in self.get_publishers_info_by_topic(topic):
             theirs, gid = info.qos_profile, bytes(info.endpoint_gid)
             if gid in self._prompt_publishers_said:
@@ -181,18 +181,25 @@ class InputCallbacks:
             else:
                 continue
             node = _endpoint_node(info)
-            if node is None:  # listed before its node's name: found again on the next look
-                continue
-            self._prompt_publishers_said.add(gid)
-            found.append((f"{node}'s: ", policy))
+            if node is not None:  # else listed before its node's name: found again on the next look
+                found[gid] = (f"{node}'s: ", policy)
         return found
 
     def _on_incompatible_prompt_publisher(self, topic: str, event: Any) -> None:
         """Publishers on prompt_topic that this subscription cannot match: their prompts never
         arrive, so say, for each, which policy differs (under transient_local, a volatile
         publisher's durability; a best-effort publisher's reliability in either). From the graph:
-        the middleware merges the events, whose last policy would name one cause for all."""
-        found = _once_listed(partial(self._incompatible_prompt_publishers, topic), bool)
+        the middleware merges the events, whose last policy would name one cause for all; so
+        look until the graph lists as many not yet named as the event counts in all (one event
+        can carry two publishers, the second not listed yet at the first look; one named at an
+        earlier event's look is not said again)."""
+        counted = event.total_count - self._prompt_mismatches_said
+        if counted <= 0:
+            return
+        found = _once_listed(partial(self._incompatible_prompt_publishers, topic), lambda f: len(f) >= counted)
+        self._prompt_publishers_said.update(found)
+        self._prompt_mismatches_said += max(len(found), counted)  # unnamed ones: said once, by the event
+        found = list(found.values())
         for who, policy in found or [("", QoSPolicyKind(event.last_policy_kind))]:
             if policy == QoSPolicyKind.DURABILITY:
                 fix = "publish them transient_local, or set prompt_durability volatile"
