@@ -120,3 +120,61 @@ def test_a_latched_prompt_reaches_a_node_started_after_it(ros_env, ros_module_co
         code = node.stop()
         planner.destroy_node()
     assert code == 0, node.tail()
+
+
+def test_a_mismatch_counted_before_the_graph_lists_it_is_named_when_listed_or_said_unnamed_once(
+    rclpy_context, monkeypatch
+):
+    """One incompatible-QoS event can count a publisher the graph does not list yet: those listed
+    are named at once, the node's timer looks again until the rest appear (named then, each
+    once), and a count the graph never explains is said once, unnamed, by the event's policy,
+    after DISCOVERY_S. The event here counts a publisher not made yet; the rest is real DDS."""
+    import time
+    from types import SimpleNamespace
+
+    import rclpy
+    from node_harness import in_process_node, new_namespace
+    from rclpy.executors import SingleThreadedExecutor
+    from rclpy.qos import QoSPolicyKind, QoSProfile, ReliabilityPolicy
+    from std_msgs.msg import String
+
+    namespace = new_namespace()
+    topic = f"{namespace}/{TOPIC}"
+    node = in_process_node(rclpy_context, prompt_topic=topic, prompt_durability="transient_local")
+    planner = rclpy.create_node("planner", namespace=namespace, context=rclpy_context)
+    executor = SingleThreadedExecutor(context=rclpy_context)
+    executor.add_node(node)
+    said = []
+    monkeypatch.setattr(node.get_logger(), "warning", lambda msg, **_: said.append(msg))
+
+    def spin_until(done, seconds: float = 10.0) -> None:
+        deadline = time.monotonic() + seconds
+        while not done() and time.monotonic() < deadline:
+            executor.spin_once(timeout_sec=0.05)
+
+    try:
+        planner.create_publisher(String, topic, 10)  # volatile: its durability cannot match
+        spin_until(lambda: [i for i in node.get_publishers_info_by_topic(topic) if i.node_name == "planner"])
+        event = SimpleNamespace(total_count=2, total_count_change=2, last_policy_kind=QoSPolicyKind.DURABILITY.value)
+        node._on_incompatible_prompt_publisher(topic, event)
+        assert len(said) == 1 and f"({namespace}/planner's: its durability does not match" in said[0], said
+        assert not node._prompt_relook.is_canceled()  # one counted is not listed: looking again
+        planner.create_publisher(String, topic, QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT))
+        spin_until(lambda: len(said) >= 2)  # the timer's look; the middleware's own event says nothing more
+        assert len(said) == 2 and f"({namespace}/planner's: it is best effort;" in said[1], said
+        spin_until(lambda: False, seconds=1.0)
+        assert len(said) == 2 and node._prompt_relook.is_canceled(), said
+
+        event = SimpleNamespace(total_count=3, total_count_change=1, last_policy_kind=QoSPolicyKind.RELIABILITY.value)
+        node._on_incompatible_prompt_publisher(topic, event)  # one the graph never lists
+        assert len(said) == 2 and not node._prompt_relook.is_canceled()
+        node._prompt_mismatch_deadline = time.monotonic()  # DISCOVERY_S over
+        spin_until(lambda: len(said) >= 3)
+        assert len(said) == 3 and "cannot be received (it is best effort; 3 such so far)" in said[2], said
+        node._on_incompatible_prompt_publisher(topic, event)
+        spin_until(lambda: False, seconds=0.5)
+        assert len(said) == 3 and node._prompt_relook.is_canceled(), said
+    finally:
+        executor.shutdown()
+        planner.destroy_node()
+        node.destroy_node()

@@ -49,6 +49,7 @@ from rclpy.logging import get_logger
 from rclpy.node import Node
 from rclpy.qos import (
     DurabilityPolicy,
+    QoSPolicyKind,
     QoSProfile,
     ReliabilityPolicy,
     qos_profile_sensor_data,
@@ -283,7 +284,7 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
             self.is_set_up = self.enabled = False  # callbacks that start from now on return at once
             while not self._live.wait_for(lambda: self._running == 0, timeout=5.0):
                 self.get_logger().warning(f"tear-down: waiting for {self._running} callbacks still running")
-        for timer in (self._decision_timer, self._status_timer, self._command_timer):
+        for timer in (self._decision_timer, self._status_timer, self._command_timer, self._prompt_relook):
             if timer is not None:
                 self.destroy_timer(timer)
         for sub in [*self._subscriptions_in, self._prompt_sub]:
@@ -305,7 +306,7 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
         """The pipeline's topics and timers as before set-up (and after tear-down): none."""
         self._subscriptions_in, self._prompt_sub, self._group_pubs, self._command_pubs = [], None, [], []
         self._chunk_pub = self._traj_pub = self._status_pub = self._diag_pub = None
-        self._decision_timer = self._status_timer = self._command_timer = None
+        self._decision_timer = self._status_timer = self._command_timer = self._prompt_relook = None
 
     def _guarded(self, callback: Callable, service: bool = False) -> Callable:
         """`callback` that runs only while the node is set up, counted while it runs so that
@@ -386,6 +387,8 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
         self._refused_prompt: tuple[str | None, str] = (None, "")  # the last text refused, and why
         self._prompt_publishers_said: set[bytes] = set()  # incompatible publishers named (endpoint gids)
         self._prompt_mismatches_said = 0  # of the subscription's incompatible-publisher count
+        self._prompt_mismatches: tuple[str, int, QoSPolicyKind] = ("", 0, QoSPolicyKind.INVALID)  # the last event
+        self._prompt_mismatch_deadline = 0.0  # steady time after which the unnamed rest is said
 
     def _subscribe_prompt(self) -> None:
         """prompt_topic's subscription, made once the node is set up: a prompt latched by a
@@ -395,6 +398,9 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
         if self.cfg.prompt_topic:
             topic = self.resolve_topic_name(self.cfg.prompt_topic)
             mismatch = self._guarded(partial(self._on_incompatible_prompt_publisher, topic))
+            steady = Clock(clock_type=ClockType.STEADY_TIME)
+            self._prompt_relook = self.create_timer(0.1, self._guarded(self._name_prompt_mismatches), clock=steady)
+            self._prompt_relook.cancel()  # runs while the graph lists fewer mismatches than counted
             self._prompt_sub = self.create_subscription(
                 String,
                 self.cfg.prompt_topic,

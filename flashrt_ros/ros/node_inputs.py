@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from builtin_interfaces.msg import Time
@@ -20,7 +19,7 @@ from flashrt_ros.ros.input_error import STALE, InputError
 from flashrt_ros.ros.inputs import InputSlot, Sample
 from flashrt_ros.ros.joint_convert import joint_state_to_vector, stamp_to_ns
 from flashrt_ros.ros.params import check_update, node_resolver
-from flashrt_ros.ros.reasons import INCOMPATIBLE_SUBSCRIBER, INVALID_PROMPT, MAX_PROMPT_CHARS
+from flashrt_ros.ros.reasons import DISCOVERY_S, INCOMPATIBLE_SUBSCRIBER, INVALID_PROMPT, MAX_PROMPT_CHARS
 
 
 class InputCallbacks:
@@ -189,29 +188,43 @@ class InputCallbacks:
         """Publishers on prompt_topic that this subscription cannot match: their prompts never
         arrive, so say, for each, which policy differs (under transient_local, a volatile
         publisher's durability; a best-effort publisher's reliability in either). From the graph:
-        the middleware merges the events, whose last policy would name one cause for all; so
-        look until the graph lists as many not yet named as the event counts in all (one event
-        can carry two publishers, the second not listed yet at the first look; one named at an
-        earlier event's look is not said again)."""
-        counted = event.total_count - self._prompt_mismatches_said
-        if counted <= 0:
-            return
-        found = _once_listed(partial(self._incompatible_prompt_publishers, topic), lambda f: len(f) >= counted)
+        the middleware merges the events, whose last policy would name one cause for all, and one
+        event can count a publisher the graph does not list yet (or not its node)."""
+        self._prompt_mismatches = (topic, event.total_count, QoSPolicyKind(event.last_policy_kind))
+        self._prompt_mismatch_deadline = time.monotonic() + DISCOVERY_S
+        self._name_prompt_mismatches()
+
+    def _name_prompt_mismatches(self) -> None:
+        """Say each incompatible publisher not said yet, by its node, as the graph lists it; while
+        it lists fewer than the middleware counted, look again (the timer, every 0.1 s, without
+        holding the parameter services' group), and after DISCOVERY_S say the rest unnamed, by the
+        event's last policy."""
+        topic, total, last_policy = self._prompt_mismatches
+        found = self._incompatible_prompt_publishers(topic)
         self._prompt_publishers_said.update(found)
-        self._prompt_mismatches_said += max(len(found), counted)  # unnamed ones: said once, by the event
-        found = list(found.values())
-        for who, policy in found or [("", QoSPolicyKind(event.last_policy_kind))]:
-            if policy == QoSPolicyKind.DURABILITY:
-                fix = "publish them transient_local, or set prompt_durability volatile"
-                what = f"its durability does not match prompt_durability {self.cfg.prompt_durability!r}"
-            elif policy == QoSPolicyKind.RELIABILITY:
-                fix, what = "publish them reliable (an instruction must not be lost)", "it is best effort"
-            else:
-                fix, what = "match the subscription's QoS", f"its {policy.name.lower()} policy does not match"
-            self.get_logger().warning(
-                f"a publisher on {topic} cannot be received ({who}{what}; {event.total_count} such so far): its "
-                f"prompts do not arrive; {fix}"
-            )
+        said, left = list(found.values()), total - self._prompt_mismatches_said - len(found)
+        if left > 0 and time.monotonic() >= self._prompt_mismatch_deadline:
+            said, left = [*said, ("", last_policy)], 0
+        self._prompt_mismatches_said = total - max(left, 0)
+        for who, policy in said:
+            self._say_prompt_mismatch(topic, who, policy, total)
+        if left > 0:
+            self._prompt_relook.reset()
+        else:
+            self._prompt_relook.cancel()
+
+    def _say_prompt_mismatch(self, topic: str, who: str, policy: QoSPolicyKind, total: int) -> None:
+        if policy == QoSPolicyKind.DURABILITY:
+            fix = "publish them transient_local, or set prompt_durability volatile"
+            what = f"its durability does not match prompt_durability {self.cfg.prompt_durability!r}"
+        elif policy == QoSPolicyKind.RELIABILITY:
+            fix, what = "publish them reliable (an instruction must not be lost)", "it is best effort"
+        else:
+            fix, what = "match the subscription's QoS", f"its {policy.name.lower()} policy does not match"
+        self.get_logger().warning(
+            f"a publisher on {topic} cannot be received ({who}{what}; {total} such so far): its "
+            f"prompts do not arrive; {fix}"
+        )
 
     def _on_incompatible_subscriber(self, topic: str, event: Any) -> None:
         """A subscriber on an output that cannot match its publisher (reliable, volatile, no
