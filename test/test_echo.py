@@ -240,7 +240,7 @@ def test_the_silence_hint_names_a_paused_node_and_one_that_publishes_nothing(ros
     from rclpy.node import Node
 
     def echo(node: str) -> str:
-        cmd = [sys.executable, "-m", "flashrt_ros.ros.echo", "--node", node, "--duration", "6", "--hint-after", "4"]
+        cmd = [sys.executable, "-m", "flashrt_ros.ros.echo", "--node", node, "--duration", "10", "--hint-after", "4"]
         done = subprocess.run(cmd, env=ros_env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 1, done.stdout + done.stderr
         return done.stdout

@@ -244,7 +244,8 @@ def test_a_pause_acts_at_once_also_behind_a_reset_waiting_for_the_decision(ros_e
         reset = peer.node.create_client(Trigger, f"{ns}/{NODE}/reset")
         pause = peer.node.create_client(SetBool, f"{ns}/{NODE}/enable")
         assert reset.wait_for_service(timeout_sec=10.0) and pause.wait_for_service(timeout_sec=10.0)
-        peer.pump(0.2)
+        seen = len(chunks)  # from a chunk's arrival: the next decision has ~1 s to go
+        assert peer.pump(10.0, until=lambda: len(chunks) > seen), node.tail()
         resetting = reset.call_async(Trigger.Request())
         peer.pump(0.1)  # the reset is in, waiting for the decision in flight
         asked = time.monotonic()

@@ -642,17 +642,21 @@ def test_camera_restart_is_judged_by_stamps_not_by_arrival(any_size):
 
 
 def test_frame_stamped_in_the_past_opens_no_restart_gap(any_size):
-    """The gap is measured from the newest stamp the camera sent: a frame stamped 0.35 s back
-    (refused: older than the one held) and then one of another size stamped 0.1 s ahead are
-    0.45 s apart, but the camera never paused - the wrong size is refused."""
-    from rclpy.duration import Duration
+    """The gap is measured from the newest stamp the camera sent: a frame stamped 0.35 s before
+    it (refused: older than the one held) and then one of another size stamped 0.2 s after it
+    are 0.55 s apart, but the camera never paused - the wrong size is refused."""
+    from rclpy.time import Time
 
     node, peer = any_size
     topic, (h, w) = peer.topic(CAMERAS[1]), (HW[0] * 2, HW[1] * 2)
     peer.pump(0.5)
     mark = node.mark()
-    peer.publish_camera(1, peer.image(stamp=peer.now() - Duration(seconds=0.35)), good=False)
-    peer.publish_camera(1, peer.image(stamp=peer.now() + Duration(seconds=0.1), hw=(h, w)), good=False)
+    # from the camera's newest good stamp, not the clock: a stall here must not open a real gap
+    newest, clock_type = peer.last_good[topic], peer.now().clock_type
+    past = Time(nanoseconds=newest - 350_000_000, clock_type=clock_type)
+    peer.publish_camera(1, peer.image(stamp=past), good=False)
+    after = Time(nanoseconds=newest + 200_000_000, clock_type=clock_type)
+    peer.publish_camera(1, peer.image(stamp=after, hw=(h, w)), good=False)
     recovered(peer, topic)
     line = node.wait_for_line(f"input rejected: [bad_size] {topic}: image is {h}x{w} (HxW); ", since=mark)
     assert f"this topic's frames were {HW[0]}x{HW[1]} until now" in line, line
@@ -1053,8 +1057,11 @@ def test_inputs_absent_just_after_start_are_an_expected_wait_then_a_warning(ros_
         assert "[INFO]" in first and "no good message received yet; waiting for the first one" in first, first
         line = node.wait_for_line(r"\[WARN\].*decision skipped: \[absent\]", regex=True, timeout=15.0)
         assert "no good message received yet; no publisher on this topic" in line, line
-        waited = _log_seconds(line) - _log_seconds(first)
-        assert waited >= 2.5, f"warned {waited:.2f} s after the first tick: within DDS discovery"
+        # from the start-up log's first line, said just after the subscriptions were made (the first
+        # tick can come later on a loaded machine)
+        subscribed = node.wait_for_line("]: policy ")
+        waited = _log_seconds(line) - _log_seconds(subscribed)
+        assert waited >= 2.5, f"warned {waited:.2f} s after the subscriptions: within DDS discovery"
     finally:
         node.stop()
 
