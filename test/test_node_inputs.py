@@ -584,11 +584,14 @@ def test_camera_that_changes_size_or_sends_a_sliver(ros_env, rclpy_context, tmp_
         peer.pump(1.0, skip={CAMERAS[1]})  # the camera restarts: stamps 1 s apart (max_age_s 0.4)
         cut = peer.image(hw=(h, w))  # and its first frame comes cut short (as USB cameras' often do):
         cut.data = bytes(cut.data)[: 3 * h * w // 2]  # refused, it must not close the gap (its next
-        peer.publish_camera(1, cut, good=False)  # frames were refused as bad_size until a ~/reset)
-        node.wait_for_line(f"input rejected: [truncated_data] {topic}: ", since=mark)
+        truncated = f"input rejected: [truncated_data] {topic}: "  # frames were refused as bad_size until a ~/reset)
+        said = lambda: any(truncated in line for line in node.lines[mark:])  # noqa: E731
+        cut_again = lambda: peer.publish_camera(1, cut, good=False)  # noqa: E731  (best effort: one may be lost)
+        assert peer.pump(10.0, skip={CAMERAS[1]}, extra=cut_again, until=said), node.tail()
         used_from_now_on((h, w))
-        line = node.wait_for_line(f"{topic}: frames are now {h}x{w} (were {HW[0]}x{HW[1]}), stamped 1.", since=mark)
-        assert line.endswith("s after its previous frame: taken as a camera restart"), line
+        line = node.wait_for_line(f"{topic}: frames are now {h}x{w} (were {HW[0]}x{HW[1]}), stamped ", since=mark)
+        # 1 s and more: the pump above, and the wait for the refusal on a loaded machine
+        assert re.search(r"stamped [1-9][0-9.]* s after its previous frame: taken as a camera restart$", line), line
         assert peer.call(Trigger, f"{node.namespace}/flashrt_node/reset", Trigger.Request()).success
         used_from_now_on(HW)  # no gap, but the reset let the size go
 
@@ -682,7 +685,7 @@ def test_frame_stamped_a_little_ahead_keeps_the_cameras_size(any_size):
     recovered(peer, topic)
     node.wait_for_line(f"input rejected: [bad_size] {topic}: image is {h}x{w} (HxW); ", since=mark)
     assert not [ln for ln in node.lines[mark:] if "taken as a camera restart" in ln], node.tail()
-    peer.wait_for_counter(topic, "bad_size", above=before + 3, skip={CAMERAS[1]})
+    peer.wait_for_counter(topic, "bad_size", above=before + 2, skip={CAMERAS[1]})  # one may be lost or stale
 
 
 def _png_claiming(h: int, w: int) -> bytes:
