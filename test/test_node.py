@@ -438,7 +438,8 @@ def test_a_value_of_no_ros_type_is_answered_refused_not_raised(running):
 
     node, peer = running
     base = f"{peer.namespace}/{NODE}"
-    peer.pump(0.6)  # a status (5 Hz) after the earlier tests' refusals: the counts to start from
+    now_ns = peer.now().nanoseconds  # a status assembled after the earlier tests' refusals: the counts to start from
+    assert peer.pump(10.0, until=lambda: peer.statuses and stamp_ns(peer.statuses[-1].header.stamp) > now_ns)
     before = peer.latest_counter("", "invalid_parameter")
     errors = peer.latest_counter("", "node_error")
     odd = ParameterMsg(name="rate_hz", value=ParameterValue(type=200))

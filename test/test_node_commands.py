@@ -259,9 +259,10 @@ def test_the_command_rate_changes_at_runtime_but_not_on_or_off(running):
         node.wait_for_line("parameters changed: command_rate_hz 40.0 -> 20.0", since=mark)
         peer.pump(0.2)  # commands of the old period drain
         start = len(all_joints.got)
-        assert peer.pump(10.0, until=lambda: len(all_joints.got) - start >= 20)
+        assert peer.pump(10.0, until=lambda: len(all_joints.got) - start >= 40)
         arrivals = [a for a, _ in all_joints.got[start:]]
-        median_ms = float(np.median(np.diff(arrivals))) / 1e6
-        assert 35.0 < median_ms < 75.0, f"commands every {median_ms:.1f} ms (median), expected 50 at 20 Hz"
+        # over the span, not the median gap: a peer descheduled on a loaded machine takes them in pairs
+        mean_ms = (arrivals[-1] - arrivals[0]) / (len(arrivals) - 1) / 1e6
+        assert 35.0 < mean_ms < 75.0, f"commands every {mean_ms:.1f} ms (mean), expected 50 at 20 Hz"
     finally:
         assert peer.set_parameters(command_rate_hz=40.0)[0].successful

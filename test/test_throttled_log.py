@@ -5,12 +5,25 @@ the node once died of that (a stale camera's warning, then a policy error)."""
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
 
 from flashrt_ros.ros.inputs import ThrottledLog
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """ThrottledLog's clock, moved by the test (``clock.t += s``): a loaded machine's pauses between
+    calls do not move it."""
+    from types import SimpleNamespace
+
+    from flashrt_ros.ros import inputs
+
+    fake = SimpleNamespace(t=1000.0)
+    fake.monotonic = lambda: fake.t
+    monkeypatch.setattr(inputs, "time", fake)
+    return fake
 
 
 def _logger():
@@ -32,7 +45,7 @@ def test_warning_then_error_then_warning_through_one_throttle(capfd):
     assert "input rejected: [bad_size] /cam1" in err, err
 
 
-def test_a_key_is_held_back_within_the_period_and_counted_on_its_next_line(capfd):
+def test_a_key_is_held_back_within_the_period_and_counted_on_its_next_line(capfd, clock):
     throttle = ThrottledLog(0.2, _logger())
     key = ("skipped", "/cam0", "stale")
     calls = []
@@ -42,9 +55,10 @@ def test_a_key_is_held_back_within_the_period_and_counted_on_its_next_line(capfd
 
     throttle(key, "warning", text(1))
     throttle(key, "warning", text(2))  # held: its text is never built
+    clock.t += 0.15
     throttle(key, "warning", text(3))
     throttle(("other",), "error", text(4))  # another key is not held by the first
-    time.sleep(0.25)
+    clock.t += 0.1
     throttle(key, "warning", text(5))
     err = capfd.readouterr().err
     assert calls == [1, 4, 5], calls
@@ -65,7 +79,7 @@ def test_clear_forgets_the_held_keys(capfd):
     assert "more like this" not in err, err
 
 
-def test_forget_held_drops_the_counts_and_keeps_the_throttle(capfd):
+def test_forget_held_drops_the_counts_and_keeps_the_throttle(capfd, clock):
     """When decisions resume the node forgets the held decision-skip lines: the next outage's
     first line counted the last one's ticks ("+36 more like this" from an episode long over). The
     throttle itself stays: a camera flapping round max_age_s logs one warning a period, not one
@@ -76,8 +90,9 @@ def test_forget_held_drops_the_counts_and_keeps_the_throttle(capfd):
         throttle(key, "warning", f"first {key[0]}")
         throttle(key, "warning", f"held {key[0]}")
     throttle.forget_held("skipped")
+    clock.t += 0.25
     throttle(skipped, "warning", "still throttled")  # within the period: held, counted from here
-    time.sleep(0.35)
+    clock.t += 0.1
     throttle(skipped, "warning", "after skipped")
     throttle(rejected, "warning", "after rejected")
     err = capfd.readouterr().err
@@ -95,15 +110,14 @@ def test_an_unknown_level_is_refused_with_what_was_expected():
         throttle(("k",), "debug", "text")
 
 
-def test_a_persistent_problem_is_said_once_per_period_with_its_own_count(capfd):
+def test_a_persistent_problem_is_said_once_per_period_with_its_own_count(capfd, clock):
     """A key hit more often than the period: a line each period (not silenced for as long as the
     problem lasts), each counting what was held since the line before (not since the first)."""
-    throttle = ThrottledLog(0.2, _logger())
-    end = time.monotonic() + 0.7
-    while time.monotonic() < end:
+    throttle = ThrottledLog(0.25, _logger())
+    for _ in range(16):  # a call every 1/16 s (exact in binary) for 1 s
         throttle(("k",), "warning", "stale")
-        time.sleep(0.02)
+        clock.t += 0.0625
     lines = [line for line in capfd.readouterr().err.splitlines() if "stale" in line]
-    assert len(lines) >= 3, lines
+    assert len(lines) == 4, lines  # at 0, 0.25, 0.5 and 0.75 s
     counts = [int(line.split("(+")[1].split(" ")[0]) for line in lines[1:]]
-    assert max(counts) <= 12, lines
+    assert counts == [3, 3, 3], lines
