@@ -341,6 +341,13 @@ class Peer:
     def latest_counter(self, topic: str, reason: str) -> int:
         return self.counter(self.statuses[-1], topic, reason) if self.statuses else 0
 
+    def settle(self, timeout: float = 10.0, **pump: Any) -> None:
+        """Pump until a status assembled from now on arrives: the counters read next include all
+        the node did before (an earlier test's last skips and refusals), a baseline to count from."""
+        now_ns = self.node.get_clock().now().nanoseconds
+        fresh = lambda: bool(self.statuses) and stamp_ns(self.statuses[-1].header.stamp) > now_ns  # noqa: E731
+        assert self.pump(timeout, until=fresh, **pump), f"no status assembled after now within {timeout} s"
+
     def wait_for_counter(self, topic: str, reason: str, above: int, timeout: float = 5.0, **pump: Any) -> int:
         found = self.pump(timeout, until=lambda: self.latest_counter(topic, reason) > above, **pump)
         value = self.latest_counter(topic, reason)

@@ -278,16 +278,18 @@ def test_runtime_rate_and_prompt_change(running):
     node, peer = running
     before = chunk_period(peer, 12)
     mark = node.mark()
-    results = peer.set_parameters(rate_hz=4, prompt="fold the towel")  # an int is fine for a rate
-    assert [r.successful for r in results] == [True, True], [r.reason for r in results]
-    changed_ns = peer.now().nanoseconds  # chunks on joint states stamped later: decided at 4 Hz
-    node.wait_for_line("parameters changed: rate_hz 10.0 -> 4.0", since=mark)
-    node.wait_for_line("parameters changed: prompt 'pick up the cube' -> 'fold the towel'", since=mark)
-    after = chunk_period(peer, 8, after_ns=changed_ns)
-    rate, prompt, status_rate = peer.get_parameters("rate_hz", "prompt", "status_rate_hz")
-    assert (rate, type(rate), prompt) == (4.0, float, "fold the towel")  # stored as the double it is used as
-    assert (status_rate, type(status_rate)) == (5.0, float)  # an int in the params file, too
-    assert peer.set_parameters(rate_hz=10.0)[0].successful
+    try:
+        results = peer.set_parameters(rate_hz=4, prompt="fold the towel")  # an int is fine for a rate
+        assert [r.successful for r in results] == [True, True], [r.reason for r in results]
+        changed_ns = peer.now().nanoseconds  # chunks on joint states stamped later: decided at 4 Hz
+        node.wait_for_line("parameters changed: rate_hz 10.0 -> 4.0", since=mark)
+        node.wait_for_line("parameters changed: prompt 'pick up the cube' -> 'fold the towel'", since=mark)
+        after = chunk_period(peer, 8, after_ns=changed_ns)
+        rate, prompt, status_rate = peer.get_parameters("rate_hz", "prompt", "status_rate_hz")
+        assert (rate, type(rate), prompt) == (4.0, float, "fold the towel")  # stored as the double it is used as
+        assert (status_rate, type(status_rate)) == (5.0, float)  # an int in the params file, too
+    finally:  # the module's later tests run at 10 Hz
+        assert peer.set_parameters(rate_hz=10.0)[0].successful
     assert 0.07 < before < 0.13, before  # 10 Hz
     assert 0.2 < after < 0.31, after  # 4 Hz
 
@@ -298,15 +300,17 @@ def test_a_decision_period_longer_than_a_chunk_is_warned_about(running):
     from inputs max_age_s (0.4 s) old can end 0.15 s before the next comes: said too. 10 Hz is fine."""
     node, peer = running
     mark = node.mark()
-    assert peer.set_parameters(rate_hz=1)[0].successful
-    line = node.wait_for_line("rate_hz 1 decides every 1 s, but a chunk lasts 0.5 s", since=mark)
-    assert "[WARN]" in line and "(10 actions x step_duration_s 0.05)" in line and "rate_hz >= 2" in line, line
-    mark = node.mark()
-    assert peer.set_parameters(rate_hz=4)[0].successful
-    line = node.wait_for_line("from its observation, which may be max_age_s 0.4 s old", since=mark)
-    assert "[WARN]" in line and "expected max_age_s + 1 / rate_hz below 0.5 s" in line, line
-    mark = node.mark()
-    assert peer.set_parameters(rate_hz=10.0)[0].successful
+    try:
+        assert peer.set_parameters(rate_hz=1)[0].successful
+        line = node.wait_for_line("rate_hz 1 decides every 1 s, but a chunk lasts 0.5 s", since=mark)
+        assert "[WARN]" in line and "(10 actions x step_duration_s 0.05)" in line and "rate_hz >= 2" in line, line
+        mark = node.mark()
+        assert peer.set_parameters(rate_hz=4)[0].successful
+        line = node.wait_for_line("from its observation, which may be max_age_s 0.4 s old", since=mark)
+        assert "[WARN]" in line and "expected max_age_s + 1 / rate_hz below 0.5 s" in line, line
+        mark = node.mark()
+    finally:  # the module's later tests run at 10 Hz
+        assert peer.set_parameters(rate_hz=10.0)[0].successful
     node.wait_for_line("parameters changed: rate_hz 4.0 -> 10.0", since=mark)
     assert not any("a chunk lasts" in line for line in node.lines[mark:])
 
@@ -379,6 +383,7 @@ def test_a_parameter_cannot_be_deleted(rclpy_context, set_up):
 def test_invalid_runtime_parameters_are_refused_with_reasons(running):
     node, peer = running
     mark = node.mark()
+    peer.settle()
     before, (prompt,) = peer.latest_counter("", "invalid_parameter"), peer.get_parameters("prompt")
     long_prompt = "pick up the red cube on the left and put it into the blue box on the right side " * 3
     bad_rate, bad_prompt, fixed, too_long = (
@@ -438,8 +443,7 @@ def test_a_value_of_no_ros_type_is_answered_refused_not_raised(running):
 
     node, peer = running
     base = f"{peer.namespace}/{NODE}"
-    now_ns = peer.now().nanoseconds  # a status assembled after the earlier tests' refusals: the counts to start from
-    assert peer.pump(10.0, until=lambda: peer.statuses and stamp_ns(peer.statuses[-1].header.stamp) > now_ns)
+    peer.settle()  # a status assembled after the earlier tests' refusals: the counts to start from
     before = peer.latest_counter("", "invalid_parameter")
     errors = peer.latest_counter("", "node_error")
     odd = ParameterMsg(name="rate_hz", value=ParameterValue(type=200))
@@ -461,6 +465,7 @@ def test_tiny_rates_and_unused_qos_overrides_are_refused_at_runtime(running):
     does not fit rcl's int64); a qos_overrides name the node does not use was accepted and did
     nothing. Now both are refused with the reason and counted, and the node keeps deciding."""
     node, peer = running
+    peer.settle()  # after the earlier tests' refusals
     invalid_before = peer.latest_counter("", "invalid_parameter")
     unknown_before = peer.latest_counter("", "unknown_parameter")
     rate, status = peer.set_parameters(rate_hz=1e-10)[0], peer.set_parameters(status_rate_hz=1e-10)[0]

@@ -40,6 +40,7 @@ def refused(running, relative_topic: str, publish_bad, reason: str, logged: str,
     log line, the status counter, the chunks, and the recovery."""
     node, peer = running
     topic = peer.topic(relative_topic)
+    peer.settle()  # the previous test's last skips counted: a skip now is this test's
     before = peer.latest_counter(topic, reason)
     dropped_before = peer.latest_counter("", "dropped_decision")
     mark = node.mark()
@@ -237,6 +238,7 @@ def test_camera_that_stops(running):
     """A camera that stops publishing: its last frame ages out, decisions stop with [stale]."""
     node, peer = running
     topic = peer.topic(CAMERAS[1])
+    peer.settle()
     before = peer.latest_counter(topic, "stale")
     mark = node.mark()
     start = len(peer.chunks)
@@ -275,6 +277,7 @@ def test_use_sim_time_of_the_wrong_type_is_logged_and_counted(running):
     """rclpy itself refuses use_sim_time set to a string (its type is fixed), before the node's
     own check: the node still logs and counts it like any refused set, and keeps serving."""
     node, peer = running
+    peer.settle()
     before = peer.latest_counter("", "invalid_parameter")
     mark = node.mark()
     (result,) = peer.set_parameters(use_sim_time="yes")
