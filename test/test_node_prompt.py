@@ -168,15 +168,26 @@ def test_a_mismatch_counted_before_the_graph_lists_it_is_named_when_listed_or_sa
         spin_until(lambda: False, seconds=1.0)
         assert len(said) == 2 and node._prompt_relook.is_canceled(), said
 
-        event = SimpleNamespace(total_count=3, total_count_change=1, last_policy_kind=QoSPolicyKind.RELIABILITY.value)
+        # two listed before the event counting the first: both named at once, the second's own
+        # event (the middleware's, while spinning) says nothing more
+        planner.create_publisher(String, topic, 10)
+        planner.create_publisher(String, topic, QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT))
+        spin_until(lambda: len([i for i in node.get_publishers_info_by_topic(topic) if i.node_name == "planner"]) == 4)
+        event = SimpleNamespace(total_count=3, total_count_change=1, last_policy_kind=QoSPolicyKind.DURABILITY.value)
+        node._on_incompatible_prompt_publisher(topic, event)
+        assert len(said) == 4 and "its durability" in said[2] + said[3] and "best effort" in said[2] + said[3], said
+        spin_until(lambda: False, seconds=1.0)
+        assert len(said) == 4 and node._prompt_relook.is_canceled(), said
+
+        event = SimpleNamespace(total_count=5, total_count_change=1, last_policy_kind=QoSPolicyKind.RELIABILITY.value)
         node._on_incompatible_prompt_publisher(topic, event)  # one the graph never lists
-        assert len(said) == 2 and not node._prompt_relook.is_canceled()
+        assert len(said) == 4 and not node._prompt_relook.is_canceled()
         node._prompt_mismatch_deadline = time.monotonic()  # DISCOVERY_S over
-        spin_until(lambda: len(said) >= 3)
-        assert len(said) == 3 and "cannot be received (it is best effort; 3 such so far)" in said[2], said
+        spin_until(lambda: len(said) >= 5)
+        assert len(said) == 5 and "cannot be received (it is best effort; 5 such so far)" in said[4], said
         node._on_incompatible_prompt_publisher(topic, event)
         spin_until(lambda: False, seconds=0.5)
-        assert len(said) == 3 and node._prompt_relook.is_canceled(), said
+        assert len(said) == 5 and node._prompt_relook.is_canceled(), said
     finally:
         executor.shutdown()
         planner.destroy_node()

@@ -202,10 +202,11 @@ class InputCallbacks:
         topic, total, last_policy = self._prompt_mismatches
         found = self._incompatible_prompt_publishers(topic)
         self._prompt_publishers_said.update(found)
-        said, left = list(found.values()), total - self._prompt_mismatches_said - len(found)
+        self._prompt_mismatches_said += len(found)  # may run ahead of the count: one listed before its event
+        said, left = list(found.values()), total - self._prompt_mismatches_said
         if left > 0 and time.monotonic() >= self._prompt_mismatch_deadline:
-            said, left = [*said, ("", last_policy)], 0
-        self._prompt_mismatches_said = total - max(left, 0)
+            said.append(("", last_policy))
+            self._prompt_mismatches_said, left = total, 0
         for who, policy in said:
             self._say_prompt_mismatch(topic, who, policy, total)
         if left > 0:
