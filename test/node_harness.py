@@ -407,6 +407,18 @@ def in_process_node(context: Any, **params: Any) -> Any:
     return FlashRTNode(context=context, parameter_overrides=overrides)
 
 
+def sim_clock(node: Any, seconds: float | None = None) -> Any:
+    """`node`'s clock on simulated ROS time, as use_sim_time with a /clock publisher makes it (set
+    from the test: ``set_ros_time_override``); at `seconds` if given."""
+    from rclpy.time import Time
+
+    clock = node.get_clock()
+    clock._set_ros_time_is_active(True)
+    if seconds is not None:
+        clock.set_ros_time_override(Time(seconds=seconds))
+    return clock
+
+
 def past_start(node: Any) -> Any:
     """`node` as if started a minute ago: DDS discovery and the wait for first inputs over, so its
     health is judged as a running node's (absent inputs are an outage, not the start's wait)."""

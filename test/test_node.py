@@ -26,6 +26,7 @@ from node_harness import (
     in_process_node,
     past_start,
     running_node_and_peer,
+    sim_clock,
     stamp_ns,
 )
 
@@ -743,8 +744,7 @@ def test_a_joint_state_older_than_the_one_held_is_refused_as_stale(rclpy_context
         # the hint: under sim time, a reset's first message can come before the /clock moving back
         older = dataclasses.replace(slot.latest, stamp=joints(0.2).header.stamp)
         assert node._older_than_held(slot, older).detail.endswith("or a reordered message?)")
-        clock = node.get_clock()
-        clock._set_ros_time_is_active(True)
+        clock = sim_clock(node)
         clock.set_ros_time_override(Time(nanoseconds=now))
         assert node._older_than_held(slot, older).detail.endswith(", or ROS time about to go back: a simulator reset?)")
     finally:
@@ -762,8 +762,7 @@ def test_ros_time_going_back_drops_the_held_prefix(rclpy_context, in_flight):
 
     node = in_process_node(rclpy_context, prefix_trigger="period", prefix_period_s=0.3)
     try:
-        clock = node.get_clock()
-        clock._set_ros_time_is_active(True)
+        clock = sim_clock(node)
         published = []
         node._publish = lambda decision, *a, **k: published.append(decision) or True
         arrival = [0]
@@ -816,9 +815,7 @@ def test_ros_time_going_back_drops_held_inputs_and_the_decision_under_way(rclpy_
 
     node = in_process_node(rclpy_context, command_rate_hz=40.0)
     try:
-        clock = node.get_clock()
-        clock._set_ros_time_is_active(True)
-        clock.set_ros_time_override(Time(seconds=100))
+        clock = sim_clock(node, 100)
         slot = node.slots[-1]
 
         def joints(sec: float) -> JointState:
@@ -903,8 +900,7 @@ def test_a_decision_across_a_jump_forward_that_makes_its_inputs_stale_is_not_pub
 
     node = in_process_node(rclpy_context, rate_hz=0.1, trajectory_stamp="publication")
     try:
-        clock = node.get_clock()
-        clock._set_ros_time_is_active(True)
+        clock = sim_clock(node)
         published = []
         monkeypatch.setattr(node, "_publish", lambda decision, *args, **kwargs: published.append(decision) or True)
         decide = node.state.decide
@@ -942,8 +938,7 @@ def test_under_period_a_jump_forward_that_makes_the_reused_prefix_s_frames_stale
     params = dict(rate_hz=0.1, prefix_trigger="period", prefix_period_s=10.0, max_age_s=0.4)
     node = in_process_node(rclpy_context, trajectory_stamp="publication", **params)
     try:
-        clock = node.get_clock()
-        clock._set_ros_time_is_active(True)
+        clock = sim_clock(node)
         published = []
         publish = node._publish
         node._publish = lambda decision, *args: published.append(decision) or publish(decision, *args)
@@ -1030,9 +1025,7 @@ def test_ros_time_going_back_while_the_chunk_is_made_publishes_nothing(rclpy_con
 
     node = in_process_node(rclpy_context, rate_hz=0.1, command_rate_hz=50.0)
     try:
-        clock = node.get_clock()
-        clock._set_ros_time_is_active(True)
-        clock.set_ros_time_override(Time(seconds=1000.0))
+        clock = sim_clock(node, 1000.0)
         sent = []
         monkeypatch.setattr(node._chunk_pub, "publish", sent.append)
         monkeypatch.setattr(node._traj_pub, "publish", sent.append)
@@ -1142,9 +1135,7 @@ def test_under_sim_time_idle_is_measured_on_the_ros_clock(rclpy_context):
 
     node = past_start(in_process_node(rclpy_context))
     try:
-        clock = node.get_clock()
-        clock._set_ros_time_is_active(True)
-        clock.set_ros_time_override(Time(seconds=100))
+        clock = sim_clock(node, 100)
         node._last_decision_ros_ns = Time(seconds=100).nanoseconds - 50_000_000  # 0.05 s of sim time
         node._last_decision_at = time.monotonic() - 30.0  # 30 s of wall time
         assert node._idle_s() == pytest.approx(0.05)
@@ -1395,8 +1386,7 @@ def test_under_sim_time_idle_counts_from_the_first_clock_not_from_ros_time_0(rcl
 
     node = past_start(in_process_node(rclpy_context))
     try:
-        clock = node.get_clock()
-        clock._set_ros_time_is_active(True)
+        clock = sim_clock(node)
         node._last_decision_ros_ns = 0  # as taken before any /clock message
         node._invalid_at_decision = dict(node.invalid)
         node.invalid[("", "clock_stalled")] += 1  # the wait for /clock, over now
@@ -1423,8 +1413,7 @@ def test_under_sim_time_a_deadline_is_judged_in_sim_time_and_a_reset_does_not_hi
 
     node = past_start(in_process_node(rclpy_context))
     try:
-        clock = node.get_clock()
-        clock._set_ros_time_is_active(True)
+        clock = sim_clock(node)
         sim_ns = [100 * 10**9]
         clock.set_ros_time_override(Time(nanoseconds=sim_ns[0]))
         decide = node.state.decide
@@ -1568,9 +1557,7 @@ def test_diagnostics_say_not_ready_while_engaged_between_skipped_ticks(rclpy_con
 
     node = in_process_node(rclpy_context, rate_hz=0.2)  # idle ERROR after 10 s: never first here
     try:
-        clock = node.get_clock()
-        clock._set_ros_time_is_active(True)
-        clock.set_ros_time_override(Time(seconds=100.0))
+        clock = sim_clock(node, 100.0)
         level, message = node._health(*node._snapshot_with_baseline(advance=True))
         assert level == DiagnosticStatus.WARN and message.startswith("running, not ready (absent "), message
         stamp = Time(seconds=100.0).to_msg()
@@ -1602,9 +1589,7 @@ def test_diagnostics_say_when_nothing_subscribes_to_the_controllers_outputs(rclp
     node = in_process_node(rclpy_context, rate_hz=0.1, command_rate_hz=20.0, trajectory_groups=[f"/arm/jt={JOINTS[0]}"])
     listener = Node("controllers", context=rclpy_context)
     try:
-        clock = node.get_clock()
-        clock._set_ros_time_is_active(True)
-        clock.set_ros_time_override(Time(seconds=100.0))
+        sim_clock(node, 100.0)
         stamp = Time(seconds=100.0).to_msg()
         for cam in node.slots[:-1]:
             cam.latest = Sample(np.zeros((*HW, 3), np.uint8), stamp, 1, 1)

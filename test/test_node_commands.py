@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from node_harness import JOINTS, NODE, TEST_PARAMS, in_process_node, running_node_and_peer, stamp_ns
+from node_harness import JOINTS, NODE, TEST_PARAMS, in_process_node, running_node_and_peer, sim_clock, stamp_ns
 
 pytestmark = pytest.mark.ros
 
@@ -149,11 +149,7 @@ def test_a_blend_moves_between_chunks_and_is_set_at_runtime(running):
 def on_the_chunks_clock(node, sec: int) -> None:
     """The node's ROS time at `sec` (sim time): chunks stamped there are published as current
     (one that had ended would not be executed, nor streamed)."""
-    from rclpy.time import Time
-
-    clock = node.get_clock()
-    clock._set_ros_time_is_active(True)
-    clock.set_ros_time_override(Time(seconds=sec))
+    sim_clock(node, sec)
 
 
 def test_the_end_of_a_chunk_is_counted_once_and_reset_stops_the_stream(rclpy_context):

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from node_harness import JOINTS, NODE, TEST_PARAMS, in_process_node, running_node_and_peer, stamp_ns
+from node_harness import JOINTS, NODE, TEST_PARAMS, in_process_node, running_node_and_peer, sim_clock, stamp_ns
 from test_node_commands import rows_of
 
 pytestmark = pytest.mark.ros
@@ -145,8 +145,7 @@ def test_a_forward_jump_of_ros_time_is_no_decision_latency(rclpy_context, monkey
 
     node = in_process_node(rclpy_context, rtc=True)
     try:
-        clock = node.get_clock()
-        clock._set_ros_time_is_active(True)
+        clock = sim_clock(node)
         now = [100.0]
         clock.set_ros_time_override(Time(seconds=now[0]))
         jump = [0.0]
@@ -201,8 +200,7 @@ def test_a_coarse_clocks_ticks_are_no_jumps(rclpy_context, monkeypatch):
     monkeypatch.setattr(node_time, "TICK_REPEAT_S", 60.0)
     node = in_process_node(rclpy_context, rtc=True)
     try:
-        clock = node.get_clock()
-        clock._set_ros_time_is_active(True)
+        clock = sim_clock(node)
         now = [100.0]
 
         def tick() -> None:

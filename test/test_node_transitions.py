@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from node_harness import JOINTS, in_process_node, past_start
+from node_harness import JOINTS, in_process_node, past_start, sim_clock
 from test_node_lifecycle import counts, in_process_lifecycle_node
 
 pytestmark = pytest.mark.ros
@@ -260,13 +260,10 @@ def test_enabling_after_a_long_pause_judges_idleness_from_the_enable(rclpy_conte
 
 
 def test_enabling_under_sim_time_judges_idleness_from_the_enable(rclpy_context):
-    from rclpy.time import Time
 
     node = past_start(in_process_node(rclpy_context, start_enabled=False))
     try:
-        clock = node.get_clock()
-        clock._set_ros_time_is_active(True)
-        clock.set_ros_time_override(Time(seconds=100))
+        sim_clock(node, 100)
         node._last_decision_ros_ns = 10 * 10**9  # 90 s of sim time paused
         assert node.set_enabled(True, None).startswith("enabled")
         assert node._idle_s() == pytest.approx(0.0)
@@ -323,9 +320,7 @@ def test_a_pause_right_after_ros_time_went_back_holds_no_pose_from_before(rclpy_
 
     node = in_process_node(rclpy_context, use_sim_time=True)
     try:
-        clock = node.get_clock()
-        clock._set_ros_time_is_active(True)
-        clock.set_ros_time_override(Time(seconds=100))
+        clock = sim_clock(node, 100)
         sent = []
         monkeypatch.setattr(node._traj_pub, "publish", sent.append)
         node._last_trajectory = ExecutingChunk(np.ones((10, len(JOINTS))), 100 * 10**9, 50_000_000)
