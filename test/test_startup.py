@@ -20,6 +20,7 @@ from flashrt_ros.ros.params import NodeConfig
 from flashrt_ros.ros.startup import StartupError
 
 CAMS = ["cam0/image_raw", "cam1/image_raw"]
+NO_GPU_CASE = "tests device 'cuda' refused on a machine without a CUDA GPU; this machine has one, where it is valid"
 
 
 def source(state_stats=None, action_stats=None, **tiny):
@@ -60,13 +61,13 @@ def test_a_policy_with_more_camera_views_than_topics_is_refused():
     assert "the policy takes 3 camera views; camera_topics has 2" in said, said
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.skipif(torch.cuda.is_available(), reason=NO_GPU_CASE)
 def test_an_indexed_cuda_device_without_a_gpu_is_refused_by_name():
     with pytest.raises(StartupError, match=r"device 'cuda:1' requested but torch sees no CUDA device"):
         startup.resolve_device("cuda:1", False)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.skipif(torch.cuda.is_available(), reason=NO_GPU_CASE)
 def test_device_cuda_without_a_gpu_is_said_with_an_unreadable_checkpoint(tmp_path):
     """The device's problem comes with the checkpoint's, not one start after the other."""
     with pytest.raises(StartupError) as err:
