@@ -159,6 +159,37 @@ def test_a_subscriber_that_cannot_match_an_output_is_named_and_counted(running):
         peer.node.destroy_subscription(sub)
 
 
+def test_each_subscriber_that_cannot_match_is_named_with_its_own_policy(running):
+    """Subscribers made back to back can come as one merged event whose last policy names one
+    cause for all: each is named from the graph with its own (a latched one, one asking for a
+    deadline, one for a liveliness lease), and counted."""
+    from rclpy.duration import Duration
+    from rclpy.qos import DurabilityPolicy, LivelinessPolicy, QoSProfile
+    from trajectory_msgs.msg import JointTrajectory
+
+    node, peer = running
+    topic = peer.topic(f"{NODE}/joint_trajectory")
+    before = peer.latest_counter(topic, "incompatible_subscriber")
+    mark = node.mark()
+    asks = [
+        QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL),
+        QoSProfile(depth=1, deadline=Duration(seconds=1)),
+        QoSProfile(depth=1, liveliness=LivelinessPolicy.MANUAL_BY_TOPIC, liveliness_lease_duration=Duration(seconds=2)),
+    ]
+    subs = [peer.node.create_subscription(JointTrajectory, topic, lambda _: None, qos) for qos in asks]
+    who = peer.node.get_fully_qualified_name()
+    try:
+        for what in ("subscribes transient_local", "asks for a deadline", "asks for a liveliness lease"):
+            line = node.wait_for_line(f"receives nothing ({who} {what};", since=mark)
+            assert f"[incompatible_subscriber] a subscriber on {topic} " in line, line
+        assert peer.wait_for_counter(topic, "incompatible_subscriber", above=before + 2) == before + 3
+        unnamed = [line for line in node.lines[mark:] if "policy does not match" in line]
+        assert not unnamed, unnamed
+    finally:
+        for sub in subs:
+            peer.node.destroy_subscription(sub)
+
+
 def test_decisions_on_frames_already_used_reuse_the_prefix(running):
     """Cameras at 4 Hz, joints at 20 Hz, decisions at 10 Hz: a decision on the frames the one before
     it used (its prefix inputs unchanged: pi0.5's state tokens too, the joints stand still) re-uses

@@ -161,12 +161,12 @@ def test_a_mismatch_counted_before_the_graph_lists_it_is_named_when_listed_or_sa
         event = SimpleNamespace(total_count=2, total_count_change=2, last_policy_kind=QoSPolicyKind.DURABILITY.value)
         node._on_incompatible_prompt_publisher(topic, event)
         assert len(said) == 1 and f"({namespace}/planner's: its durability does not match" in said[0], said
-        assert not node._prompt_relook.is_canceled()  # one counted is not listed: looking again
+        assert not node._prompt_mismatches.relook.is_canceled()  # one counted is not listed: looking again
         planner.create_publisher(String, topic, QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT))
         spin_until(lambda: len(said) >= 2)  # the timer's look; the middleware's own event says nothing more
         assert len(said) == 2 and f"({namespace}/planner's: it is best effort;" in said[1], said
         spin_until(lambda: False, seconds=1.0)
-        assert len(said) == 2 and node._prompt_relook.is_canceled(), said
+        assert len(said) == 2 and node._prompt_mismatches.relook.is_canceled(), said
 
         # two listed before the event counting the first: both named at once, the second's own
         # event (the middleware's, while spinning) says nothing more
@@ -177,17 +177,17 @@ def test_a_mismatch_counted_before_the_graph_lists_it_is_named_when_listed_or_sa
         node._on_incompatible_prompt_publisher(topic, event)
         assert len(said) == 4 and "its durability" in said[2] + said[3] and "best effort" in said[2] + said[3], said
         spin_until(lambda: False, seconds=1.0)
-        assert len(said) == 4 and node._prompt_relook.is_canceled(), said
+        assert len(said) == 4 and node._prompt_mismatches.relook.is_canceled(), said
 
         event = SimpleNamespace(total_count=5, total_count_change=1, last_policy_kind=QoSPolicyKind.RELIABILITY.value)
         node._on_incompatible_prompt_publisher(topic, event)  # one the graph never lists
-        assert len(said) == 4 and not node._prompt_relook.is_canceled()
-        node._prompt_mismatch_deadline = time.monotonic()  # DISCOVERY_S over
+        assert len(said) == 4 and not node._prompt_mismatches.relook.is_canceled()
+        node._prompt_mismatches._topics[topic].deadline = time.monotonic()  # DISCOVERY_S over
         spin_until(lambda: len(said) >= 5)
         assert len(said) == 5 and "cannot be received (it is best effort; 5 such so far)" in said[4], said
         node._on_incompatible_prompt_publisher(topic, event)
         spin_until(lambda: False, seconds=0.5)
-        assert len(said) == 5 and node._prompt_relook.is_canceled(), said
+        assert len(said) == 5 and node._prompt_mismatches.relook.is_canceled(), said
     finally:
         executor.shutdown()
         planner.destroy_node()

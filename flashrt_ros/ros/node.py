@@ -49,7 +49,6 @@ from rclpy.logging import get_logger
 from rclpy.node import Node
 from rclpy.qos import (
     DurabilityPolicy,
-    QoSPolicyKind,
     QoSProfile,
     ReliabilityPolicy,
     qos_profile_sensor_data,
@@ -96,6 +95,7 @@ from flashrt_ros.ros.params import (
     unknown_given,
 )
 from flashrt_ros.ros.process import init_rclpy, interrupt_on_signals, run_until_signal, signals_held, stopping
+from flashrt_ros.ros.qos_mismatch import MismatchNamer
 from flashrt_ros.ros.reasons import (
     ABSENT,
     ACTION_CLAMPED,
@@ -284,7 +284,7 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
             self.is_set_up = self.enabled = False  # callbacks that start from now on return at once
             while not self._live.wait_for(lambda: self._running == 0, timeout=5.0):
                 self.get_logger().warning(f"tear-down: waiting for {self._running} callbacks still running")
-        for timer in (self._decision_timer, self._status_timer, self._command_timer, self._prompt_relook):
+        for timer in (self._decision_timer, self._status_timer, self._command_timer, *self._relook_timers):
             if timer is not None:
                 self.destroy_timer(timer)
         for sub in [*self._subscriptions_in, self._prompt_sub]:
@@ -306,7 +306,8 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
         """The pipeline's topics and timers as before set-up (and after tear-down): none."""
         self._subscriptions_in, self._prompt_sub, self._group_pubs, self._command_pubs = [], None, [], []
         self._chunk_pub = self._traj_pub = self._status_pub = self._diag_pub = None
-        self._decision_timer = self._status_timer = self._command_timer = self._prompt_relook = None
+        self._decision_timer = self._status_timer = self._command_timer = None
+        self._relook_timers: list = []  # the incompatible-QoS namers' (qos_mismatch.py)
 
     def _guarded(self, callback: Callable, service: bool = False) -> Callable:
         """`callback` that runs only while the node is set up, counted while it runs so that
@@ -385,10 +386,6 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
         self._subscribe(JointState, cfg.joint_state_topic, self._on_joint_state)
         self._prompt_sub = None
         self._refused_prompt: tuple[str | None, str] = (None, "")  # the last text refused, and why
-        self._prompt_publishers_said: set[bytes] = set()  # incompatible publishers named (endpoint gids)
-        self._prompt_mismatches_said = 0  # of the subscription's incompatible-publisher count
-        self._prompt_mismatches: tuple[str, int, QoSPolicyKind] = ("", 0, QoSPolicyKind.INVALID)  # the last event
-        self._prompt_mismatch_deadline = 0.0  # steady time after which the unnamed rest is said
 
     def _subscribe_prompt(self) -> None:
         """prompt_topic's subscription, made once the node is set up: a prompt latched by a
@@ -398,9 +395,9 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
         if self.cfg.prompt_topic:
             topic = self.resolve_topic_name(self.cfg.prompt_topic)
             mismatch = self._guarded(partial(self._on_incompatible_prompt_publisher, topic))
-            steady = Clock(clock_type=ClockType.STEADY_TIME)
-            self._prompt_relook = self.create_timer(0.1, self._guarded(self._name_prompt_mismatches), clock=steady)
-            self._prompt_relook.cancel()  # runs while the graph lists fewer mismatches than counted
+            self._prompt_mismatches = self._mismatch_namer(
+                self._incompatible_prompt_publishers, self._say_prompt_mismatch
+            )
             self._prompt_sub = self.create_subscription(
                 String,
                 self.cfg.prompt_topic,
@@ -408,6 +405,15 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
                 prompt_qos(self.cfg.prompt_durability),
                 event_callbacks=SubscriptionEventCallbacks(incompatible_qos=mismatch),
             )
+
+    def _mismatch_namer(self, find: Callable, say: Callable) -> MismatchNamer:
+        """Names the endpoints an incompatible-QoS event counts, looking at the graph again on a
+        steady timer of its own (0.1 s, running only while the graph lists fewer than counted)."""
+        namer = MismatchNamer(find, say)
+        namer.relook = self.create_timer(0.1, self._guarded(namer.look), clock=Clock(clock_type=ClockType.STEADY_TIME))
+        namer.relook.cancel()
+        self._relook_timers.append(namer.relook)
+        return namer
 
     def _subscribe(self, msg_type: type, topic: str, handler: Callable) -> None:
         """One input: a slot for its latest good sample, and a best-effort subscription."""
@@ -436,6 +442,9 @@ class FlashRTNode(InputCallbacks, RosTimeJumps, StatusReports, ParameterUpdates,
         return self.create_publisher(msg_type, topic, depth, event_callbacks=events)
 
     def _create_outputs(self) -> None:
+        self._subscriber_mismatches = self._mismatch_namer(
+            self._incompatible_subscribers, self._say_subscriber_mismatch
+        )
         self._chunk_pub = self._publisher(ActionChunk, "~/action_chunk", 10)
         self._traj_pub = self._publisher(JointTrajectory, "~/joint_trajectory", 10)
         # the last chunk published: where a pause holds the trajectory controllers (None once held)

@@ -9,8 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 from builtin_interfaces.msg import Time
+from rclpy.duration import Infinite
 from rclpy.parameter import Parameter
-from rclpy.qos import DurabilityPolicy, QoSPolicyKind, ReliabilityPolicy
+from rclpy.qos import DurabilityPolicy, LivelinessPolicy, QoSPolicyKind, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 
@@ -19,7 +20,8 @@ from flashrt_ros.ros.input_error import STALE, InputError
 from flashrt_ros.ros.inputs import InputSlot, Sample
 from flashrt_ros.ros.joint_convert import joint_state_to_vector, stamp_to_ns
 from flashrt_ros.ros.params import check_update, node_resolver
-from flashrt_ros.ros.reasons import DISCOVERY_S, INCOMPATIBLE_SUBSCRIBER, INVALID_PROMPT, MAX_PROMPT_CHARS
+from flashrt_ros.ros.qos_mismatch import Found
+from flashrt_ros.ros.reasons import INCOMPATIBLE_SUBSCRIBER, INVALID_PROMPT, MAX_PROMPT_CHARS
 
 
 class InputCallbacks:
@@ -165,14 +167,12 @@ class InputCallbacks:
         )
         self._throttle(("rejected", slot.topic, err.reason), "warning", f"input rejected: {err}; {keep}")
 
-    def _incompatible_prompt_publishers(self, topic: str) -> dict[bytes, tuple[str, QoSPolicyKind]]:
-        """{endpoint gid: ("<node>'s: ", the policy that differs)} for each publisher on `topic`
-        not said before that the prompt subscription cannot match."""
+    def _incompatible_prompt_publishers(self, topic: str) -> Found:
+        """The publishers on `topic` that the prompt subscription cannot match (under
+        transient_local, a volatile one's durability; a best-effort one's reliability in either)."""
         ours, found = self._prompt_sub.qos_profile, {}
         for info in self.get_publishers_info_by_topic(topic):
-            theirs, gid = info.qos_profile, bytes(info.endpoint_gid)
-            if gid in self._prompt_publishers_said:
-                continue
+            theirs = info.qos_profile
             if theirs.reliability == ReliabilityPolicy.BEST_EFFORT and ours.reliability == ReliabilityPolicy.RELIABLE:
                 policy = QoSPolicyKind.RELIABILITY
             elif theirs.durability == DurabilityPolicy.VOLATILE and ours.durability == DurabilityPolicy.TRANSIENT_LOCAL:
@@ -181,40 +181,15 @@ class InputCallbacks:
                 continue
             node = _endpoint_node(info)
             if node is not None:  # else listed before its node's name: found again on the next look
-                found[gid] = (f"{node}'s: ", policy)
+                found[bytes(info.endpoint_gid)] = (node, policy)
         return found
 
     def _on_incompatible_prompt_publisher(self, topic: str, event: Any) -> None:
         """Publishers on prompt_topic that this subscription cannot match: their prompts never
-        arrive, so say, for each, which policy differs (under transient_local, a volatile
-        publisher's durability; a best-effort publisher's reliability in either). From the graph:
-        the middleware merges the events, whose last policy would name one cause for all, and one
-        event can count a publisher the graph does not list yet (or not its node)."""
-        self._prompt_mismatches = (topic, event.total_count, QoSPolicyKind(event.last_policy_kind))
-        self._prompt_mismatch_deadline = time.monotonic() + DISCOVERY_S
-        self._name_prompt_mismatches()
+        arrive, so each is said with the policy that differs (qos_mismatch.py)."""
+        self._prompt_mismatches.on_event(topic, event.total_count, QoSPolicyKind(event.last_policy_kind))
 
-    def _name_prompt_mismatches(self) -> None:
-        """Say each incompatible publisher not said yet, by its node, as the graph lists it; while
-        it lists fewer than the middleware counted, look again (the timer, every 0.1 s, without
-        holding the parameter services' group), and after DISCOVERY_S say the rest unnamed, by the
-        event's last policy."""
-        topic, total, last_policy = self._prompt_mismatches
-        found = self._incompatible_prompt_publishers(topic)
-        self._prompt_publishers_said.update(found)
-        self._prompt_mismatches_said += len(found)  # may run ahead of the count: one listed before its event
-        said, left = list(found.values()), total - self._prompt_mismatches_said
-        if left > 0 and time.monotonic() >= self._prompt_mismatch_deadline:
-            said.append(("", last_policy))
-            self._prompt_mismatches_said, left = total, 0
-        for who, policy in said:
-            self._say_prompt_mismatch(topic, who, policy, total)
-        if left > 0:
-            self._prompt_relook.reset()
-        else:
-            self._prompt_relook.cancel()
-
-    def _say_prompt_mismatch(self, topic: str, who: str, policy: QoSPolicyKind, total: int) -> None:
+    def _say_prompt_mismatch(self, topic: str, node: str | None, policy: QoSPolicyKind, total: int) -> None:
         if policy == QoSPolicyKind.DURABILITY:
             fix = "publish them transient_local, or set prompt_durability volatile"
             what = f"its durability does not match prompt_durability {self.cfg.prompt_durability!r}"
@@ -222,6 +197,7 @@ class InputCallbacks:
             fix, what = "publish them reliable (an instruction must not be lost)", "it is best effort"
         else:
             fix, what = "match the subscription's QoS", f"its {policy.name.lower()} policy does not match"
+        who = f"{node}'s: " if node else ""
         self.get_logger().warning(
             f"a publisher on {topic} cannot be received ({who}{what}; {total} such so far): its "
             f"prompts do not arrive; {fix}"
@@ -236,24 +212,42 @@ class InputCallbacks:
         with self._lock:
             if self.is_set_up:
                 self.invalid[(topic, INCOMPATIBLE_SUBSCRIBER)] += event.total_count_change
-        latched = _once_listed(
-            lambda: [  # None: an endpoint whose node the graph does not know yet
-                _endpoint_node(info)
-                for info in self.get_subscriptions_info_by_topic(topic)
-                if info.qos_profile.durability == DurabilityPolicy.TRANSIENT_LOCAL
-            ],
-            lambda names: bool(names) and None not in names,
-        )
-        latched = [name or "a node not known yet" for name in latched]
-        if latched:
-            why = f"{', '.join(latched)} subscribe{'s' if len(latched) == 1 else ''} transient_local"
-            fix = "subscribe volatile (each message is published once, for now)"
-        else:
-            why = f"its {QoSPolicyKind(event.last_policy_kind).name.lower()} policy does not match"
+        self._subscriber_mismatches.on_event(topic, event.total_count, QoSPolicyKind(event.last_policy_kind))
+
+    def _incompatible_subscribers(self, topic: str) -> Found:
+        """The subscribers on `topic` that the node's outputs (reliable, volatile, no deadline,
+        automatic liveliness with no lease) cannot match."""
+        found = {}
+        for info in self.get_subscriptions_info_by_topic(topic):
+            theirs = info.qos_profile
+            if theirs.durability == DurabilityPolicy.TRANSIENT_LOCAL:
+                policy = QoSPolicyKind.DURABILITY
+            elif theirs.deadline != Infinite:
+                policy = QoSPolicyKind.DEADLINE
+            elif theirs.liveliness == LivelinessPolicy.MANUAL_BY_TOPIC or theirs.liveliness_lease_duration != Infinite:
+                policy = QoSPolicyKind.LIVELINESS
+            else:
+                continue
+            node = _endpoint_node(info)
+            if node is not None:  # else listed before its node's name: found again on the next look
+                found[bytes(info.endpoint_gid)] = (node, policy)
+        return found
+
+    def _say_subscriber_mismatch(self, topic: str, node: str | None, policy: QoSPolicyKind, total: int) -> None:
+        if node is None:
+            why = f"its {policy.name.lower()} policy does not match"
             fix = "subscribe reliable or best effort, volatile, with no deadline or liveliness lease"
+        elif policy == QoSPolicyKind.DURABILITY:
+            why, fix = (
+                f"{node} subscribes transient_local",
+                "subscribe volatile (each message is published once, for now)",
+            )
+        elif policy == QoSPolicyKind.DEADLINE:
+            why, fix = f"{node} asks for a deadline", "subscribe with no deadline (decisions come at rate_hz)"
+        else:
+            why, fix = f"{node} asks for a liveliness lease", "subscribe with automatic liveliness and no lease"
         self.get_logger().warning(
-            f"[{INCOMPATIBLE_SUBSCRIBER}] a subscriber on {topic} receives nothing ({why}; "
-            f"{event.total_count} such so far): {fix}"
+            f"[{INCOMPATIBLE_SUBSCRIBER}] a subscriber on {topic} receives nothing ({why}; {total} such so far): {fix}"
         )
 
     def _on_prompt(self, msg: String) -> None:
@@ -289,18 +283,6 @@ class InputCallbacks:
             "warning",
             f"prompt {shown_text} from {topic} refused: {reason}; the prompt stays {self.cfg.prompt!r}",
         )
-
-
-def _once_listed(look: Callable[[], Any], listed: Callable[[Any], bool], tries: int = 10) -> Any:
-    """`look()`, again 50 ms apart (at most `tries` times), until `listed` takes what it found: a
-    QoS event can come before this process's graph cache lists the endpoint, or its node's name."""
-    found = look()
-    for _ in range(tries):
-        if listed(found):
-            break
-        time.sleep(0.05)
-        found = look()
-    return found
 
 
 def _endpoint_node(info: Any) -> str | None:
