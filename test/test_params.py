@@ -906,6 +906,12 @@ def test_cuda_n_is_accepted(device):
     assert problems(device=device) == []
 
 
+@pytest.mark.parametrize("device", ["cuda:01", "cuda:\u0663", "cuda:", "cuda:-1"])
+def test_a_device_index_torch_would_refuse_is_refused_here(device):
+    """torch.device refuses "cuda:01" and a non-ASCII digit: the node says so at start (exit 2), not the GPU build."""
+    assert problems(device=device) == [f"device must be auto, cpu, cuda or cuda:N, got {device!r}"]
+
+
 def test_as_many_joints_as_the_policy_takes_are_accepted():
     names = [f"j{i}" for i in range(32)]  # pi05_tiny: state_dim = action_dim = 32
     assert problems(joint_names=names) == []

@@ -267,8 +267,10 @@ def accelerate(
 
     `example` makes one call of the model on representative inputs and returns what to compare
     (a tensor or a structure of them; e.g. ``lambda: model(**inputs)``). It runs under
-    ``torch.no_grad`` with torch's RNG seeded before every call. Adopt after loading weights:
-    a replacement that copies weights (see the report's extra MB) does not see later changes.
+    ``torch.no_grad`` with torch's RNG seeded before every call. Adopt after loading weights: a
+    replacement that copies weights (see the report's extra MB) makes the copy again on its next
+    call after an in-place change (a one-off cost); a write through `.data` bumps no version and
+    needs `report.refresh()`, and a CUDA graph captured before a change keeps the old copy.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"accelerate takes a torch.nn.Module, got {type(model).__name__}")

@@ -1148,7 +1148,7 @@ def _check_policy(cfg: NodeConfig) -> list[str]:
             f"checkpoint is empty: policy {cfg.policy!r} needs its weights (a folder with model.safetensors); "
             f"random weights move a robot without meaning: set checkpoint: {RANDOM_WEIGHTS} for that (benchmarks)"
         )
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
+    if not re.fullmatch(r"auto|cpu|cuda(:(0|[1-9][0-9]*))?", cfg.device):  # as torch reads it: no "cuda:01"
         problems.append(f"device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     if cfg.fp8 in FP8_PARTS and cfg.fp8 != "none" and (cfg.precision != "bfloat16" or cfg.backend == "reference"):
         problems.append(
