@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from builtin_interfaces.msg import Time
-from rclpy.duration import Infinite
 from rclpy.parameter import Parameter
-from rclpy.qos import DurabilityPolicy, LivelinessPolicy, QoSPolicyKind, ReliabilityPolicy
+from rclpy.qos import QoSPolicyKind
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 
@@ -20,7 +20,7 @@ from flashrt_ros.ros.input_error import STALE, InputError
 from flashrt_ros.ros.inputs import InputSlot, Sample
 from flashrt_ros.ros.joint_convert import joint_state_to_vector, stamp_to_ns
 from flashrt_ros.ros.params import check_update, node_resolver
-from flashrt_ros.ros.qos_mismatch import Found
+from flashrt_ros.ros.qos_mismatch import Found, incompatible, output_subscriber_mismatch, prompt_publisher_mismatch
 from flashrt_ros.ros.reasons import INCOMPATIBLE_SUBSCRIBER, INVALID_PROMPT, MAX_PROMPT_CHARS
 
 
@@ -168,21 +168,8 @@ class InputCallbacks:
         self._throttle(("rejected", slot.topic, err.reason), "warning", f"input rejected: {err}; {keep}")
 
     def _incompatible_prompt_publishers(self, topic: str) -> Found:
-        """The publishers on `topic` that the prompt subscription cannot match (under
-        transient_local, a volatile one's durability; a best-effort one's reliability in either)."""
-        ours, found = self._prompt_sub.qos_profile, {}
-        for info in self.get_publishers_info_by_topic(topic):
-            theirs = info.qos_profile
-            if theirs.reliability == ReliabilityPolicy.BEST_EFFORT and ours.reliability == ReliabilityPolicy.RELIABLE:
-                policy = QoSPolicyKind.RELIABILITY
-            elif theirs.durability == DurabilityPolicy.VOLATILE and ours.durability == DurabilityPolicy.TRANSIENT_LOCAL:
-                policy = QoSPolicyKind.DURABILITY
-            else:
-                continue
-            node = _endpoint_node(info)
-            if node is not None:  # else listed before its node's name: found again on the next look
-                found[bytes(info.endpoint_gid)] = (node, policy)
-        return found
+        ours = self._prompt_sub.qos_profile
+        return incompatible(self.get_publishers_info_by_topic(topic), partial(prompt_publisher_mismatch, ours))
 
     def _on_incompatible_prompt_publisher(self, topic: str, event: Any) -> None:
         """Publishers on prompt_topic that this subscription cannot match: their prompts never
@@ -215,23 +202,7 @@ class InputCallbacks:
         self._subscriber_mismatches.on_event(topic, event.total_count, QoSPolicyKind(event.last_policy_kind))
 
     def _incompatible_subscribers(self, topic: str) -> Found:
-        """The subscribers on `topic` that the node's outputs (reliable, volatile, no deadline,
-        automatic liveliness with no lease) cannot match."""
-        found = {}
-        for info in self.get_subscriptions_info_by_topic(topic):
-            theirs = info.qos_profile
-            if theirs.durability == DurabilityPolicy.TRANSIENT_LOCAL:
-                policy = QoSPolicyKind.DURABILITY
-            elif theirs.deadline != Infinite:
-                policy = QoSPolicyKind.DEADLINE
-            elif theirs.liveliness == LivelinessPolicy.MANUAL_BY_TOPIC or theirs.liveliness_lease_duration != Infinite:
-                policy = QoSPolicyKind.LIVELINESS
-            else:
-                continue
-            node = _endpoint_node(info)
-            if node is not None:  # else listed before its node's name: found again on the next look
-                found[bytes(info.endpoint_gid)] = (node, policy)
-        return found
+        return incompatible(self.get_subscriptions_info_by_topic(topic), output_subscriber_mismatch)
 
     def _say_subscriber_mismatch(self, topic: str, node: str | None, policy: QoSPolicyKind, total: int) -> None:
         if node is None:
@@ -283,14 +254,6 @@ class InputCallbacks:
             "warning",
             f"prompt {shown_text} from {topic} refused: {reason}; the prompt stays {self.cfg.prompt!r}",
         )
-
-
-def _endpoint_node(info: Any) -> str | None:
-    """The fully qualified name of the node behind a graph endpoint; None while the graph lists the
-    endpoint but not yet its node ("_NODE_NAME_UNKNOWN_")."""
-    if "_UNKNOWN_" in info.node_name or "_UNKNOWN_" in info.node_namespace:
-        return None
-    return f"{info.node_namespace.rstrip('/')}/{info.node_name}"
 
 
 def _stamp_str(stamp: Time) -> str:

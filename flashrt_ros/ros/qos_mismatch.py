@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rclpy.qos import QoSPolicyKind
+from rclpy.duration import Duration, Infinite
+from rclpy.qos import DurabilityPolicy, LivelinessPolicy, QoSPolicyKind, QoSProfile, ReliabilityPolicy
 
 from flashrt_ros.ros.reasons import DISCOVERY_S
 
@@ -64,3 +65,50 @@ class MismatchNamer:
             waiting = waiting or state.said_count < state.total
         if self.relook is not None:
             self.relook.reset() if waiting else self.relook.cancel()
+
+
+def incompatible(endpoints: list, mismatch: Callable[[QoSProfile], QoSPolicyKind | None]) -> Found:
+    """The graph's `endpoints` (TopicEndpointInfo) whose QoS `mismatch` finds a policy for, by
+    gid; one listed before its node's name is left out (found again on the next look)."""
+    found = {}
+    for info in endpoints:
+        policy, node = mismatch(info.qos_profile), _endpoint_node(info)
+        if policy is not None and node is not None:
+            found[bytes(info.endpoint_gid)] = (node, policy)
+    return found
+
+
+def prompt_publisher_mismatch(ours: QoSProfile, theirs: QoSProfile) -> QoSPolicyKind | None:
+    """What keeps the prompt subscription (`ours`) from a publisher: a best-effort one's
+    reliability; under transient_local, a volatile one's durability."""
+    if theirs.reliability == ReliabilityPolicy.BEST_EFFORT and ours.reliability == ReliabilityPolicy.RELIABLE:
+        return QoSPolicyKind.RELIABILITY
+    if theirs.durability == DurabilityPolicy.VOLATILE and ours.durability == DurabilityPolicy.TRANSIENT_LOCAL:
+        return QoSPolicyKind.DURABILITY
+    return None
+
+
+def output_subscriber_mismatch(theirs: QoSProfile) -> QoSPolicyKind | None:
+    """What keeps a subscriber from the node's outputs (reliable, volatile, no deadline,
+    automatic liveliness with no lease): a latched subscription, a deadline, a liveliness lease."""
+    if theirs.durability == DurabilityPolicy.TRANSIENT_LOCAL:
+        return QoSPolicyKind.DURABILITY
+    if _limited(theirs.deadline):
+        return QoSPolicyKind.DEADLINE
+    if theirs.liveliness == LivelinessPolicy.MANUAL_BY_TOPIC or _limited(theirs.liveliness_lease_duration):
+        return QoSPolicyKind.LIVELINESS
+    return None
+
+
+def _limited(period: Duration) -> bool:
+    """A deadline or lease that is set: the graph lists an unset one as Infinite, a QoSProfile
+    made here holds 0 (the middleware's default, also none)."""
+    return period != Infinite and period.nanoseconds != 0
+
+
+def _endpoint_node(info: object) -> str | None:
+    """The fully qualified name of the node behind a graph endpoint; None while the graph lists the
+    endpoint but not yet its node ("_NODE_NAME_UNKNOWN_")."""
+    if "_UNKNOWN_" in info.node_name or "_UNKNOWN_" in info.node_namespace:
+        return None
+    return f"{info.node_namespace.rstrip('/')}/{info.node_name}"
