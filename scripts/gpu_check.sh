@@ -51,7 +51,7 @@ for part in "${parts[@]}"; do
     fused)
       step "Fused path vs reference on the GPU (CUDA graphs captured), and its fall-back to the reference"
       python3 -m pytest -q -p no:cacheprovider test/test_fused.py test/test_capsule.py test/test_fallback.py \
-        test/test_prefix_cache.py test/test_real_time_chunking.py 2>&1 | tee "$OUT/fused.log" | tail -15 || status=1
+        test/test_prefix_cache.py test/test_real_time_chunking.py test/test_frame_pool.py 2>&1 | tee "$OUT/fused.log" | tail -15 || status=1
       # the benchmark's fused rows (tiny, bf16 and FP8): what `flashrt bench` records beside its times
       python3 -m pytest -q -m gpu -p no:cacheprovider test/test_bench_cli.py 2>&1 | tee "$OUT/bench_cli.log" | tail -5 \
         || status=1

@@ -114,12 +114,19 @@ def test_unknown_names_raise_key_error_with_message(store, operation):
     assert str(err.value) == "no capsule named 'nope' (have: 'warm')"
 
 
+def test_an_unknown_name_in_an_empty_store_says_none_are_kept(store):
+    with pytest.raises(CapsuleNotFound) as err:
+        store.restore("x")
+    assert str(err.value) == "no capsule named 'x' (have: none)"
+
+
 def test_invalid_name_refused(store):
     with pytest.raises(ValueError, match="non-empty"):
         store.snapshot("  ")
     # names that read alike in a list were different capsules
     # blanks that are no control character: a grapheme joiner, a variation selector, Hangul fillers, Braille blank
     blanks = ("grasp\u034f", "a\ufe0f", "\u3164", "a\u115f", "\u2800", "a\U000e0100", "a\u17b4b", "a\U000e0080b")
+    blanks += ("a\ufe00", "a\u180b", "a\u180f")  # the variation selectors' first and Mongolian's last
     blanks += ("a\xa0b", "a\u3000b", "a\u2028b", "a\ufff0b", "a\ue000b")  # other spaces, unassigned, private use
     for name in (" a", "a ", "a\tb", "a\nb", "a\x7f", "a\x9bb", "a\u200b", *blanks):
         with pytest.raises(ValueError, match="starts or ends with spaces or holds a control or invisible character"):
@@ -171,6 +178,10 @@ def test_write_checks_every_buffer_before_changing_any(state):
     for broken, reason in [
         ({**good, "next_chunk_id": np.zeros(0, np.int64)}, r"next_chunk_id must be one integer >= 1, got int64\[0\]"),
         ({**good, "next_chunk_id": np.array([0])}, r"next_chunk_id must be one integer >= 1, got int64\[1\]=\[0\]"),
+        # a counter that is no integer, or not one value: not cut or unwrapped into one
+        ({**good, "next_chunk_id": np.array([2.7])}, r"next_chunk_id must be one integer >= 1, got float64\[1\]=\[2"),
+        ({**good, "next_chunk_id": np.array([[5]])}, r"next_chunk_id must be one integer >= 1, got int64\[1, 1\]="),
+        ({**good, "last_actions": np.zeros((0, 6), np.complex64)}, r"last_actions must be .*, got dtype complex64"),
         ({**good, "rng": good["rng"][:-1]}, r"rng must be uint8\[\d+\], got uint8\[\d+\]"),
         # the right size, but bytes the CPU's mt19937 refuses (torch raised RuntimeError, past the
         # services' refusals)
@@ -210,6 +221,7 @@ def test_write_checks_the_last_chunk_dtype_before_applying_anything(state):
 def test_reset_returns_to_the_seed(state):
     first = run(state, range(2))
     state.reset()
+    assert state.read()["last_actions"].shape == (0, 6)  # no chunk: a capsule taken now is a fresh one
     assert run(state, range(2)) == first
     assert first[0][0] == 1
 
@@ -217,6 +229,15 @@ def test_reset_returns_to_the_seed(state):
 def test_write_refuses_incomplete_state(state):
     with pytest.raises(ValueError, match="missing"):
         state.write({"rng": state.read()["rng"]})
+
+
+def test_write_refuses_a_buffer_it_does_not_know(state):
+    """Another pipeline's (or a later version's) buffer would be dropped without a word."""
+    state.decide(observation(0))
+    live = state.read()
+    with pytest.raises(ValueError, match=r"missing \[\], unknown \['noise'\]"):
+        state.write({**live, "noise": np.zeros(3, np.float32)})
+    assert state.read()["next_chunk_id"].tolist() == live["next_chunk_id"].tolist()
 
 
 def test_restore_is_byte_exact_on_the_fused_path():

@@ -1,7 +1,7 @@
-"""engine/frame_pool.py on the CPU (ordinary memory: page-locked memory needs CUDA; the GPU test
-in test_fused.py uploads from it): copies are exact, an array goes back to the pool when its
-last reference goes and is handed out again for its shape, never while referenced, and the pool
-stops growing at its limit."""
+"""engine/frame_pool.py on the CPU (ordinary memory: page-locked memory needs CUDA; the GPU
+tests in test_fused.py upload from it, and the last one here checks it is page-locked): copies
+are exact, an array goes back to the pool when its last reference goes and is handed out again
+for its shape, never while referenced, and the pool stops growing at its limit."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import gc
 import threading
 
 import numpy as np
+import pytest
 
 from flashrt_ros.engine.frame_pool import FramePool
 
@@ -55,14 +56,72 @@ def test_a_view_keeps_its_array_out_of_the_pool():
     assert pool.free_count((4, 4, 3)) == 1
 
 
-def test_the_pool_stops_growing_at_its_limit_and_skips_other_dtypes():
+def test_the_pool_stops_growing_at_its_limit():
     frame = np.ones((10, 10, 3), dtype=np.uint8)
     pool = FramePool(pinned=False, max_bytes=2 * frame.nbytes)
     kept = [pool.copy(frame), pool.copy(frame)]
     beyond = pool.copy(frame)
     assert beyond is frame and pool.held_bytes == 2 * frame.nbytes and all(k is not frame for k in kept)
+
+
+def test_a_frame_not_uint8_comes_back_as_it_is_from_a_pool_with_room():
+    pool = FramePool(pinned=False)
     floats = np.ones((2, 2, 3), dtype=np.float32)
-    assert pool.copy(floats) is floats
+    assert pool.copy(floats) is floats and pool.held_bytes == 0
+
+
+def test_a_refused_allocation_gives_its_bytes_back_to_the_count(monkeypatch):
+    """Page-locked memory refused (the system's limit): the frame as it is, and the pool's count
+    unchanged, or refusals would fill it with arrays it never made and it would pool no more."""
+    import torch
+
+    frame = np.ones((10, 10, 3), dtype=np.uint8)
+    pool = FramePool(pinned=False, max_bytes=2 * frame.nbytes)
+    empty = torch.empty
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("CUDA error: out of memory (page-locked)")
+
+    monkeypatch.setattr(torch, "empty", refused)
+    for _ in range(3):
+        assert pool.copy(frame) is frame and pool.held_bytes == 0
+    monkeypatch.setattr(torch, "empty", empty)
+    pooled = pool.copy(frame)
+    assert pooled is not frame and pool.held_bytes == frame.nbytes
+
+
+def test_only_as_many_free_arrays_go_as_the_new_shape_needs():
+    small, big = np.ones((10, 10, 3), dtype=np.uint8), np.ones((20, 10, 3), dtype=np.uint8)
+    pool = FramePool(pinned=False, max_bytes=5 * small.nbytes)
+    held = pool.copy(small)
+    spare = [pool.copy(small) for _ in range(3)]
+    del spare
+    gc.collect()
+    assert pool.free_count(small.shape) == 3 and pool.held_bytes == 4 * small.nbytes
+    new = pool.copy(big)  # 2 small arrays' bytes, 1 of them left under the limit: one goes
+    assert np.array_equal(new, big) and np.array_equal(held, small)
+    assert pool.free_count(small.shape) == 2 and pool.held_bytes == 5 * small.nbytes
+
+
+def test_a_strided_frame_of_two_dimensions_is_copied():
+    from flashrt_ros.engine.frame_pool import copy_frame
+
+    frame = np.arange(12, dtype=np.uint8).reshape(3, 4)[:, ::-1]
+    out = np.empty((3, 4), dtype=np.uint8)
+    copy_frame(out, frame)
+    assert np.array_equal(out, frame)
+
+
+@pytest.mark.gpu
+def test_pooled_arrays_are_page_locked_on_a_gpu_machine():
+    """What the pool is for: an upload from page-locked memory runs as an async copy."""
+    frame = np.ones((48, 64, 3), dtype=np.uint8)
+    pool = FramePool()
+    a = pool.copy(frame)
+    del a
+    gc.collect()
+    (buf,) = pool._free[frame.shape]
+    assert buf.is_pinned()
 
 
 def test_a_full_pool_lets_free_arrays_of_other_shapes_go_for_a_new_shape():

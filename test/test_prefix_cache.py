@@ -166,6 +166,8 @@ def test_the_cache_on_its_own() -> None:
     key = PrefixKey.of(("x", "y"), [object(), object()], tokens, mask)
     assert PrefixKey.of(("x", "y"), [object(), object()], tokens.clone(), mask.clone()) == key
     assert PrefixKey.of(("x", "y"), [object(), object()], tokens.int(), mask) != key  # dtype is part of it
+    same_bytes = torch.tensor([1, 1, 0, 0], dtype=torch.uint8)  # the mask's bytes, another dtype
+    assert PrefixKey.of(("x", "y"), [object(), object()], tokens, same_bytes) != key
     assert PrefixKey.of(("x", "z"), [object(), None], tokens, mask) == PrefixKey.of(
         ("x", None), [object(), None], tokens, mask
     )  # an absent view's id does not count
@@ -181,6 +183,20 @@ def test_the_cache_on_its_own() -> None:
         PrefixCache("sometimes")
     with pytest.raises(ValueError, match="prefix_trigger must be one of"):
         Pipeline(default_policy(num_views=2, action_dof=6), prefix_trigger="always")
+
+
+def test_the_period_counts_from_the_decision_that_built_the_prefix_at_the_time_given() -> None:
+    """A held prefix's age runs from the start of the decision that built it (`built_at`), not from
+    when its stage ended, and at the `now` the decision read once, not a later read of the clock."""
+    ticks = iter(range(10**6))
+    clock = lambda: 5.0 + 0.06 * next(ticks)  # noqa: E731 - gains 0.06 s at every read
+    cache = PrefixCache("period", period_s=0.1, clock=clock)
+    tokens, mask = torch.arange(4), torch.ones(4, dtype=torch.bool)
+    cache.store(PrefixKey.of(("a",), [object()], tokens, mask), "kv", built_at=0.0)
+    newer = PrefixKey.of(("b",), [object()], tokens, mask)  # new frames only: the period decides
+    assert cache.lookup(newer, now=0.09) and not cache.lookup(newer, now=0.10)
+    assert not cache.builds_whatever_the_prompt(newer.frames, now=0.05)
+    assert cache.builds_whatever_the_prompt(newer.frames, now=0.1)
 
 
 def test_fused_path_reuses_its_cache_and_notices_a_prefix_run_by_others() -> None:
