@@ -445,7 +445,9 @@ def test_cleanup_lets_the_policy_go_and_configure_builds_a_new_one(rclpy_context
         assert policy() is None and node.state is None
         decide(), status()  # a tick the executor took before the timers went: returns at once
         left = counts(node)
-        made = (3 - 1, 3, 4, 0)  # no command timer; 2 cameras + joints; chunk, trajectory, status, diagnostics
+        # decision, status and the outputs' QoS re-look timers (no command timer, no prompt topic);
+        # 2 cameras + joints; chunk, trajectory, status, diagnostics
+        made = (3, 3, 4, 0)
         assert tuple(a - b for a, b in zip(entities, left, strict=True)) == made, (entities, left)
         (reset,) = [s for s in node.services if s.srv_name.endswith("/reset")]
         answer = reset.callback(Trigger.Request(), Trigger.Response())
