@@ -123,6 +123,23 @@ def test_hold_between_two_actions_follows_the_old_trajectory() -> None:
     assert almost_whole.overlap == 7 and np.abs(almost_whole.target[:7] - old[3:]).max() < 1e-6
 
 
+def test_hold_at_the_edges_of_the_executing_chunk() -> None:
+    """A new chunk stamped more than half a step before the executing one gets no hold (it is not
+    lined up with action 0); one that takes over at its last action is held to that action alone;
+    an executing chunk longer than the horizon is held over the horizon only."""
+    old = np.stack([np.arange(10.0), -2.0 * np.arange(10.0)], axis=1).astype(np.float32)
+    step = 20_000_000
+    executing = ExecutingChunk(old, start_ns=1_000_000_000, step_ns=step)
+    early = executing.start_ns - 14_000_000  # 0.7 steps before
+    assert hold(executing, early, early + step, 10, RtcSettings()) is None
+    last = executing.start_ns + 9 * step
+    held = hold(executing, last, last + step, 10, RtcSettings())
+    assert (held.overlap, held.delay) == (1, 1)
+    np.testing.assert_array_equal(held.target[0], old[9])
+    capped = hold(executing, executing.start_ns, executing.start_ns + step, 4, RtcSettings())
+    assert capped.overlap == 4 and capped.target.shape == (4, 2)
+
+
 def test_latency_window_gives_the_slowest_and_the_median_recent_decision() -> None:
     window = LatencyWindow(size=3)
     assert window.slowest_ns() == window.typical_ns() == 0
@@ -136,6 +153,8 @@ def test_settings_are_checked() -> None:
         RtcSettings(max_guidance=0.0)
     with pytest.raises(ValueError, match="jacobian must be one of"):
         RtcSettings(jacobian="full")
+    with pytest.raises(ValueError, match="schedule must be one of"):  # not at the first hold
+        RtcSettings(schedule="linaer")
     with pytest.raises(ValueError, match="delay_steps must be >= 0"):
         RtcSettings(delay_steps=-2)
     # refused where they are made, not as a TypeError in every later decision's slice

@@ -71,9 +71,10 @@ def test_lerobot_relative_actions_off_or_half_on(tmp_path):
     folder = lerobot_folder(tmp_path, {**processor, "enabled": True}, 6, absolute=False)  # offsets published
     with pytest.raises(ValueError, match="'relative_actions_processor' is enabled but 'absolute_actions_processor' is"):
         lerobot_delta_mask(folder)
-    folder = lerobot_folder(tmp_path, {**processor, "enabled": True, "action_names": "gripper"}, 6)
-    with pytest.raises(ValueError, match="exclude_joints and action_names must be lists of names"):
-        lerobot_delta_mask(folder)
+    for names in ({"action_names": "gripper"}, {"exclude_joints": "gripper", "action_names": ["a", "gripper"]}):
+        folder = lerobot_folder(tmp_path, {**processor, "enabled": True, **names}, 6)  # a string's letters: no names
+        with pytest.raises(ValueError, match="exclude_joints and action_names must be lists of names"):
+            lerobot_delta_mask(folder)
     folder = lerobot_folder(tmp_path, {**processor, "enabled": True}, 6)
     for features in ({}, {"action": "x"}, {"action": {"shape": [0]}}):
         (folder / "config.json").write_text(json.dumps({"output_features": features}))
@@ -83,6 +84,12 @@ def test_lerobot_relative_actions_off_or_half_on(tmp_path):
     steps["steps"].append(steps["steps"][-1])  # two relative steps: which one LeRobot pairs is unknown
     (folder / "policy_preprocessor.json").write_text(json.dumps(steps))
     with pytest.raises(ValueError, match="2 relative_actions_processor and 1 absolute_actions_processor steps"):
+        lerobot_delta_mask(folder)
+    folder = lerobot_folder(tmp_path, {**processor, "enabled": True}, 6)
+    steps = json.loads((folder / "policy_postprocessor.json").read_text())
+    steps["steps"].append(steps["steps"][-1])  # two absolute steps: the same
+    (folder / "policy_postprocessor.json").write_text(json.dumps(steps))
+    with pytest.raises(ValueError, match="1 relative_actions_processor and 2 absolute_actions_processor steps"):
         lerobot_delta_mask(folder)
 
 
@@ -120,6 +127,9 @@ def test_mask_counts_and_bad_masks():
         PolicyConfig.pi0(delta_action_mask=[33])
     with pytest.raises(ValueError, match=r"delta_action_mask counts add up to 1000000000 dims"):
         PolicyConfig.pi0(delta_action_mask=[10**9])  # refused before 10**9 booleans are made
+    with pytest.raises(ValueError, match=r"delta_action_mask counts add up to 2000 dims"):
+        PolicyConfig.pi0(delta_action_mask=[-2000])  # an absolute run counts as much as a delta run
+    assert PolicyConfig.pi0(delta_action_mask=list(np.array([True, False]))).delta_action_mask == (True, False)
     with pytest.raises(ValueError, match=r"aloha_adapt_to_pi needs action_dim and state_dim >= 14"):
         PolicyConfig.tiny(aloha_adapt_to_pi=True, action_dim=8)
 
@@ -133,6 +143,8 @@ def test_robots_that_do_not_fit_the_transforms_are_named():
     assert "deltas over the first 14 dims (delta_action_mask)" in problem and "it has 7 and 14" in problem
     libero = PolicyConfig.pi0(delta_action_mask=[6, -1])
     assert space_problem(libero, 8, 7) is None and space_problem(libero, 8, 6) is not None
+    half = space_problem(PolicyConfig.pi0(aloha_adapt_to_pi=True), 14, 7)  # 14 state joints, 7 action joints
+    assert half is not None and "the robot has 14 and 7" in half
     assert space_problem(PolicyConfig.pi0(), 3, 2) is None  # absolute actions fit any robot
 
 
@@ -140,6 +152,8 @@ def test_described_for_logs():
     assert describe(PolicyConfig.pi0()) == "absolute (as the model outputs them, un-normalised)"
     libero = PolicyConfig.pi0(delta_action_mask=[6, -1])
     assert describe(libero) == "deltas on dims 0-5 added to the joint state"
+    assert describe(PolicyConfig.pi0(delta_action_mask=[-3, 2])) == "deltas on dims 3-4 added to the joint state"
+    assert describe(PolicyConfig.pi0(delta_action_mask=[2]), ["x", "y"]) == "deltas on x, y added to the joint state"
     named = describe(PolicyConfig.pi0(delta_action_mask=[2, -1, 1]), ["a", "b", "c", "d"], ["a", "b", "c", "d", "e"])
     assert named == "deltas on a, b, d added to the joint state"
     other = describe(PolicyConfig.pi0(delta_action_mask=[2]), ["x_cmd", "y_cmd"], ["x", "y"])
@@ -228,12 +242,32 @@ def test_an_empty_exclude_name_excludes_nothing(tmp_path):
     assert lerobot_delta_mask(folder) == (True, True, False)
 
 
-def test_action_shape_must_be_one_dimensional(tmp_path):
-    folder = _lerobot_folder(tmp_path, {"enabled": True}, {"output_features": {"action": {"shape": [3, 2]}}})
+@pytest.mark.parametrize(
+    ("names", "exclude", "mask"),
+    [
+        (["shoulder", "wrist", "gripper"], ["wrist", "gripper"], (True, False, False)),  # any token excludes
+        (["A", "B", "Gripper.pos"], ["gripper"], (True, True, False)),  # matched whatever the case
+        (["a", "b", "c", "gripper"], ["gripper"], (True, True, True)),  # names past the width: none
+    ],
+)
+def test_exclude_names_as_lerobot_matches_them(tmp_path, names, exclude, mask):
+    folder = _lerobot_folder(tmp_path, {"enabled": True, "exclude_joints": exclude, "action_names": names})
+    assert lerobot_delta_mask(folder) == mask
+
+
+@pytest.mark.parametrize("shape", [[3, 2], ["3"], [True]])
+def test_action_shape_must_be_one_whole_number(tmp_path, shape):
+    folder = _lerobot_folder(tmp_path, {"enabled": True}, {"output_features": {"action": {"shape": shape}}})
     with pytest.raises(ValueError, match="output_features.action.shape"):
         lerobot_delta_mask(folder)
 
 
 def test_config_json_saying_absolute_actions_is_saying_something(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"use_relative_actions": False}))
+    assert lerobot_says_relative_or_absolute(tmp_path)
+
+
+def test_a_disabled_absolute_step_alone_is_saying_something(tmp_path):
+    post = [{"registry_name": "absolute_actions_processor", "config": {"enabled": False}}]
+    (tmp_path / "policy_postprocessor.json").write_text(json.dumps({"name": "policy_postprocessor", "steps": post}))
     assert lerobot_says_relative_or_absolute(tmp_path)

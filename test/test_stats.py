@@ -102,6 +102,21 @@ def test_slow_rates_use_the_last_completions() -> None:
     assert summary.rate_hz == 0.0
 
 
+def test_completions_sharing_a_stamp_keep_the_rate() -> None:
+    """A coarse sim /clock stamps two completions alike: that is no clock going back."""
+    stats = PipelineStats(window=10)
+    for now in (5.0, 5.0, 5.1, 5.1, 5.2, 5.2):
+        stats.add({"decision": 1.0}, now=now)
+    assert stats.summaries(now=5.2)[0].rate_hz == pytest.approx(5 / 0.2)
+
+
+def test_an_uneven_slow_rate_is_read_over_the_last_three_completions() -> None:
+    stats = PipelineStats(window=10)
+    for now in (0.0, 20.0, 40.0, 50.0):
+        stats.add({"decision": 1.0}, now=now)
+    assert stats.summaries(now=50.0)[0].rate_hz == pytest.approx(2 / 30)  # 20 -> 50: not 40 -> 50, not 0 -> 50
+
+
 def test_after_a_pause_the_rate_is_the_new_runs() -> None:
     """10 Hz for 20 s, a minute's pause (~/enable false), then 10 Hz again: the second and third
     decisions after it read ~0.03 Hz (two intervals over the pause) where they are 10 Hz; a pause

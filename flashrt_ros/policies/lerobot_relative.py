@@ -101,7 +101,8 @@ def _action_width(folder: Path) -> int:
     shape = read_json(path) if file_present(path) else {}
     for key in ("output_features", "action", "shape"):
         shape = shape.get(key) if isinstance(shape, dict) else None
-    if not (isinstance(shape, list) and len(shape) == 1 and isinstance(shape[0], int) and shape[0] >= 1):
+    # type(...) is int: JSON's true is a Python int too, and no width
+    if not (isinstance(shape, list) and len(shape) == 1 and type(shape[0]) is int and shape[0] >= 1):
         raise ValueError(
             f"{path}: relative actions need the action width from output_features.action.shape, got {shape!r}; "
             'expected e.g. {"action": {"type": "ACTION", "shape": [14]}}'
