@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from flashrt_ros.engine.pipeline import STAGES, NonFiniteActions, Pipeline, one_line
+from flashrt_ros.engine.pipeline import STAGES, Decision, NonFiniteActions, Pipeline, one_line
+from flashrt_ros.engine.real_time_chunking import ExecutingChunk, RtcSettings, hold
 from flashrt_ros.policies.policy import Observation, default_policy
 
 
@@ -246,3 +247,90 @@ def test_a_warm_up_refused_for_non_finite_actions_says_the_live_decisions_will_b
     assert said.startswith("failed (NonFiniteActions: ") and said.endswith(
         "the live decisions will likely be refused the same way"
     ), said
+
+
+# ---- the pipeline's own choices and checks --------------------------------------------------------
+
+
+def test_one_non_finite_action_refuses_the_whole_chunk() -> None:
+    """Non-finite values spread through the denoise, but an overflow in one joint's un-normalising
+    touches that action alone: still no chunk, and no chunk id used."""
+    pipe = Pipeline(default_policy(num_views=2, action_dof=6), backend="reference")
+    real = pipe.policy.postprocess
+
+    def one_overflow(chunk, state):
+        actions = real(chunk, state)
+        actions[3, 2] = np.inf
+        return actions
+
+    pipe.policy.postprocess = one_overflow
+    with pytest.raises(NonFiniteActions, match=r"1 of \d+ actions are NaN or inf \(rows \[3\]\)"):
+        pipe.decide(observation())
+    assert pipe.next_chunk_id == 1
+
+
+def test_backends_are_checked_and_chosen() -> None:
+    """A misspelt backend is refused (not a fused build that falls back with a warning); auto runs
+    the reference on a CPU; the exact Jacobian, which the fused path cannot do, is refused for
+    auto too (a GPU would build the fused path); release_reference frees nothing without one."""
+    policy = default_policy(num_views=2, action_dof=6)
+    with pytest.raises(ValueError, match="backend must be auto, fused or reference, got 'refernce'"):
+        Pipeline(policy, backend="refernce")
+    assert Pipeline(policy, backend="auto").backend == "reference"
+    with pytest.raises(ValueError, match="'exact' differentiates through the expert.*backend 'auto'"):
+        Pipeline(policy, backend="auto", rtc=RtcSettings(jacobian="exact"))
+    kept = Pipeline(policy, backend="reference", release_reference=True)
+    assert kept.released_gib is None and np.isfinite(kept.decide(observation()).actions).all()
+
+
+def test_a_misspelt_trigger_is_refused_at_runtime_and_changes_nothing() -> None:
+    pipe = Pipeline(default_policy(num_views=2, action_dof=6), backend="reference", prefix_trigger="period")
+    with pytest.raises(ValueError, match="prefix_trigger must be one of"):
+        pipe.set_prefix_trigger("every_decisions", 0.5)
+    assert (pipe.prefix_cache.trigger, pipe.prefix_cache.period_s) == ("period", 0.1)
+
+
+def test_the_period_ages_from_the_time_the_decision_read_before_its_prefix() -> None:
+    """The clock is read once per decision, at its start: a prefix stage that ends later does not
+    make its prefix younger."""
+    readings = iter([0.0, 0.09, 0.15] + [0.15] * 10)
+    policy = default_policy("pi0", num_views=2, action_dof=6)
+    pipe = Pipeline(policy, prefix_trigger="period", prefix_period_s=0.1, clock=lambda: next(readings))
+    o = observation()
+
+    def at(ids: tuple[str, str]) -> Observation:
+        return Observation(o.images, o.state, o.prompt, frame_ids=ids)
+
+    assert not pipe.decide(at(("a", "b"))).prefix_reused  # built at 0.0
+    assert pipe.decide(at(("a2", "b2"))).prefix_reused  # 0.09 after it
+    assert not pipe.decide(at(("a3", "b3"))).prefix_reused  # 0.15 after it
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (RtcSettings(max_guidance=0.5), RtcSettings(max_guidance=5.0)),
+        (RtcSettings(jacobian="identity"), RtcSettings(jacobian="exact")),
+    ],
+)
+def test_the_pipelines_rtc_settings_reach_the_guided_denoise(a: RtcSettings, b: RtcSettings) -> None:
+    policy = default_policy("pi05", num_views=2, action_dof=6)
+    rng = np.random.default_rng(0)
+    obs = Observation([rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)] * 2, rng.uniform(-1, 1, 6), "pick up")
+    horizon = policy.cfg.horizon
+    executing = ExecutingChunk(rng.uniform(-1, 1, (horizon, 6)).astype(np.float32), 0, 20_000_000)
+    held = hold(executing, 40_000_000, 70_000_000, horizon, a)
+    noise = policy.model.noise(1, torch.Generator().manual_seed(3), "cpu")
+    one = Pipeline(policy, backend="reference", rtc=a).decide(obs, noise, hold=held).actions
+    two = Pipeline(policy, backend="reference", rtc=b).decide(obs, noise, hold=held).actions
+    assert np.abs(one - two).max() > 1e-4
+
+
+def test_the_warm_up_is_kept_as_the_yardstick_and_total_ms_sums_the_stages() -> None:
+    """The node reads warm_up_ms as a slow policy's first yardstick, and takes total_ms off the
+    wall time for its own overhead."""
+    pipe = Pipeline(default_policy(num_views=2, action_dof=6), backend="reference")
+    assert pipe.warm_up_ms is None
+    ms = pipe.warm_up(6, "pick up the cube", (24, 32))
+    assert pipe.warm_up_ms == ms > 0
+    assert Decision(1, np.zeros((1, 1), np.float32), {"preprocess": 1.0, "prefix": 2.0, "denoise": 4.0}).total_ms == 7

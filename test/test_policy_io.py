@@ -297,6 +297,22 @@ def test_missing_tokenizer_file(tmp_path):
         PromptTokenizer(tmp_path, 8)
 
 
+def test_a_tokenizer_file_the_user_cannot_read_is_said_so(tmp_path, monkeypatch):
+    """Not "is not a SentencePiece model": the file may be fine, its permissions are not (this
+    suite runs as root here, so the refusal is the one open() gives a user without read access)."""
+    import flashrt_ros.policies.prompt as prompt
+
+    path = tmp_path / "tokenizer.model"
+    path.write_bytes(b"x")
+
+    def refused(file, mode="r", *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(file))
+
+    monkeypatch.setattr(prompt, "open", refused, raising=False)
+    with pytest.raises(PermissionError, match=rf"tokenizer model cannot be read: {re.escape(str(path))} \(Permission"):
+        PromptTokenizer(path, 8)
+
+
 @pytest.mark.parametrize("content", [b"", b"not a model", b'{"version": "1.0", "model": {}}'])
 def test_a_file_that_is_no_sentencepiece_model_is_named(tmp_path, content):
     """sentencepiece's own error ('INTERNAL: could not parse ModelProto', 'unk is not defined')

@@ -170,6 +170,16 @@ def test_settings_are_checked() -> None:
 # ---- the guided denoise -----------------------------------------------------------------------------
 
 
+def test_a_chunk_guide_is_checked_and_keeps_its_settings_when_moved() -> None:
+    """A [action_dim] guide would hold every row of the chunk; the reference path moves the guide
+    every guided decision, and the settings must go with it."""
+    for shape in [(3,), (1, 4, 3)]:
+        with pytest.raises(ValueError, match=r"must both be \[horizon, action_dim\]"):
+            ChunkGuide(torch.zeros(shape), torch.ones(shape))
+    moved = ChunkGuide(torch.zeros(4, 3), torch.ones(4, 3), 0.5, "exact").to("cpu")
+    assert (moved.max_guidance, moved.jacobian) == (0.5, "exact")
+
+
 def _guide(cfg, held_rows: int, seed: int = 5, jacobian: str = "identity") -> ChunkGuide:
     g = torch.Generator().manual_seed(seed)
     target = torch.randn(cfg.horizon, cfg.action_dim, generator=g)

@@ -66,6 +66,12 @@ class PromptTokenizer:
         if not path.is_file():
             what = what_is_there(path) if os.path.lexists(path) else "not found"
             raise FileNotFoundError(f"tokenizer model {what}: {path}; expected PaliGemma's tokenizer.model file")
+        try:  # a file the robot's user may not read: said as such, not as a file of another kind
+            open(path, "rb").close()
+        except OSError as exc:
+            raise PermissionError(
+                f"tokenizer model cannot be read: {path} ({exc.strerror or exc}); give the node's user read access"
+            ) from exc
         try:
             self.sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
         except (RuntimeError, OSError) as exc:  # sentencepiece's own message names neither file nor kind
