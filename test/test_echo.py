@@ -196,7 +196,9 @@ def test_the_entry_script_stopped_by_a_signal_prints_its_summary(ros_env, signum
 
     script = Path(__file__).resolve().parents[1] / "scripts" / "ros" / "flashrt_echo"
     cmd = [sys.executable, str(script), "--node", "/nobody", "--hint-after", "0.5"]
-    proc = subprocess.Popen(cmd, env=ros_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    live_hup = lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL)  # noqa: E731 - as a shell starts it (not nohup's)
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    proc = subprocess.Popen(cmd, env=ros_env, preexec_fn=live_hup, **pipes)
     try:
         deadline = time.monotonic() + 30
         line = ""
@@ -394,3 +396,171 @@ def test_the_commands_rate_counts_from_the_first_command_then_from_each_status(r
         assert "commands: 11 since the last status (11.0 Hz)" in lines[1], lines  # 11 intervals: from the status
     finally:
         console.destroy_node()
+
+
+# ---- edges of the console: malformed sizes, restarts, --every, --quiet, the exit status ---------
+
+
+def _chunk(horizon: int, dim: int, values: int, chunk_id: int = 1):
+    from flashrt_ros.msg import ActionChunk
+
+    msg = ActionChunk(chunk_id=chunk_id, horizon=horizon, action_dim=dim)
+    msg.actions = array.array("f", [0.0] * values)
+    return msg
+
+
+def test_a_chunk_of_horizon_0_is_malformed_not_a_crash():
+    """C1: horizon 0 x action_dim 3 with no values passed as well formed, then actions[0] raised."""
+    from flashrt_ros.ros.echo import chunk_line, malformed
+
+    msg = _chunk(0, 3, 0)
+    assert malformed(msg) == "0 action values for horizon 0 x action_dim 3"
+    assert chunk_line(msg).endswith("malformed: 0 action values for horizon 0 x action_dim 3")
+
+
+def test_a_chunk_of_action_dim_0_is_malformed_not_received():
+    """C2: horizon 2 x action_dim 0 with no values is no chunk: it must not pass the demo's check."""
+    from flashrt_ros.ros.echo import malformed
+
+    assert malformed(_chunk(2, 0, 0)) == "0 action values for horizon 2 x action_dim 0"
+
+
+def test_a_chunk_without_source_stamps_has_no_age_even_with_a_receive_time():
+    """C4: no source stamp: the age is unknown (nan), not the console's clock read as an age."""
+    from flashrt_ros.ros.echo import chunk_line
+
+    line = chunk_line(_chunk(1, 1, 1), 6_042_000_000)
+    assert "newest input    nan ms old" in line, line
+
+
+def test_the_status_line_shows_the_decision_rate():
+    """C6: the first stage's rate, enabled."""
+    from flashrt_ros.msg import PipelineStatus, StageStats
+
+    from flashrt_ros.ros.echo import status_line
+
+    status = PipelineStatus(policy="p", device="cpu", precision="float32", decisions=40)
+    status.stages = [StageStats(name="full", rate_hz=9.6)]
+    assert "40 decisions (9.6 Hz), 0 skipped" in status_line(status), status_line(status)
+
+
+def test_one_command_in_a_window_has_no_rate():
+    """C7: the first window's single command is 0 intervals: no '(0.0 Hz)'."""
+    from std_msgs.msg import Float64MultiArray
+
+    from flashrt_ros.ros.echo import command_line
+
+    line = command_line(1, 0.5, Float64MultiArray(data=[0.5]), intervals=0)
+    assert line == "        commands: 1 since the last status, last [+0.500]", line
+
+
+def _echo(rclpy_context, monkeypatch, every=1, publishers=1):
+    from flashrt_ros.ros import echo as echo_module
+
+    clock = [100.0]
+    monkeypatch.setattr(echo_module.time, "monotonic", lambda: clock[0])
+    console = echo_module.Echo("/flashrt_node", every, False, context=rclpy_context)
+    console.count_publishers = lambda topic: publishers
+    return console, clock
+
+
+def test_a_chunk_id_repeated_is_a_restart(rclpy_context, capsys, monkeypatch):
+    """C8: a node restarted after its first chunk sends id 1 again: said, and a run of its own."""
+    console, clock = _echo(rclpy_context, monkeypatch)
+    try:
+        for chunk_id, at in ((1, 100.0), (1, 130.0), (2, 130.1)):
+            clock[0] = at
+            console._on_chunk(chunk(chunk_id))
+        assert "chunk ids started again (1 -> 1)" in capsys.readouterr().out
+        assert ", ids 1..1, 1..2, " in console.summary(), console.summary()
+    finally:
+        console.destroy_node()
+
+
+def test_two_publishers_interleaved_ids_are_not_restarts(rclpy_context, capsys, monkeypatch):
+    """C9: with two publishers (said once) the interleaved ids are one run, no restart lines."""
+    console, clock = _echo(rclpy_context, monkeypatch, publishers=2)
+    try:
+        for chunk_id, at in ((1, 100.0), (1, 100.05), (2, 100.1), (2, 100.15)):
+            clock[0] = at
+            console._on_chunk(chunk(chunk_id))
+        out = capsys.readouterr().out
+        assert "2 publishers of /flashrt_node/action_chunk" in out and "started again" not in out, out
+        assert ", ids 1..2, " in console.summary(), console.summary()
+    finally:
+        console.destroy_node()
+
+
+def test_every_n_prints_the_first_chunk_then_every_nth(rclpy_context, capsys, monkeypatch):
+    """C10: --every 3 prints chunks 1 and 4 (the first at once), not 3."""
+    console, clock = _echo(rclpy_context, monkeypatch, every=3)
+    try:
+        for chunk_id in range(1, 5):
+            console._on_chunk(chunk(chunk_id))
+        printed = [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("chunk ")]
+        assert printed == ["1", "4"], printed
+    finally:
+        console.destroy_node()
+
+
+def test_the_summary_says_the_last_n_only_when_chunks_fell_out_of_the_window(rclpy_context, monkeypatch):
+    """C11: 2 chunks in a 10000 window: the median is over all of them, not 'the last 2'."""
+    console, clock = _echo(rclpy_context, monkeypatch)
+    try:
+        for chunk_id in (1, 2):
+            console._on_chunk(chunk(chunk_id))
+        assert console.summary().endswith("median inference latency 5.00 ms"), console.summary()
+    finally:
+        console.destroy_node()
+
+
+def test_quiet_prints_no_chunk_line(rclpy_context, capsys, monkeypatch):
+    """C19: --quiet prints only the summary."""
+    from flashrt_ros.ros import echo as echo_module
+
+    console = echo_module.Echo("/flashrt_node", 1, True, context=rclpy_context)
+    try:
+        console._on_chunk(chunk(1))
+        assert capsys.readouterr().out == "" and console.received == 1
+    finally:
+        console.destroy_node()
+
+
+def test_a_duration_of_0_is_accepted_as_until_ctrl_c():
+    """C13: --duration 0 is the documented 'until Ctrl-C', not refused."""
+    from flashrt_ros.ros.echo import _seconds
+
+    assert _seconds("0") == 0.0
+
+
+def test_echo_exits_0_once_a_chunk_arrived(ros_env, rclpy_context):
+    """C14: the demo's success check: status 0 when a well-formed chunk came."""
+    import subprocess
+    import sys
+    import threading
+
+    from flashrt_ros.msg import ActionChunk
+    from rclpy.node import Node
+
+    topic = "/echo_ok/flashrt_node/action_chunk"
+    source = Node("chunk_source_ok", context=rclpy_context)
+    pub = source.create_publisher(ActionChunk, topic, 10)
+    stop = threading.Event()
+
+    def publish() -> None:
+        i = 0
+        while not stop.wait(0.1):
+            i += 1
+            pub.publish(ActionChunk(chunk_id=i, horizon=1, action_dim=1, actions=[0.0]))
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    try:
+        cmd = [sys.executable, "-m", "flashrt_ros.ros.echo", "--node", "/echo_ok/flashrt_node", "--duration", "3"]
+        done = subprocess.run(cmd, env=ros_env, capture_output=True, text=True, timeout=60)
+    finally:
+        stop.set()
+        thread.join()
+        source.destroy_node()
+    assert "echo: received " in done.stdout, done.stdout + done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -13,6 +13,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 from node_harness import (
     CAMERAS,
@@ -1106,3 +1107,84 @@ def test_a_stop_signal_while_python_imports_the_node_exits_cleanly(ros_env, scri
     assert proc.returncode == 0 and "Traceback" not in output, output
     # the entry script's line, or main()'s where the machine was slow enough for main() to have begun
     assert "not starting: stopped by" in output, output
+
+
+# ---- ~/reset and what it clears --------------------------------------------------------------
+
+
+def _joint_sample(node):
+    from rclpy.time import Time
+
+    from flashrt_ros.ros.inputs import Sample
+
+    stamp = Time(nanoseconds=node.get_clock().now().nanoseconds).to_msg()
+    return Sample(np.zeros(14, np.float32), stamp, 0, 0)
+
+
+def test_the_first_sample_after_a_reset_is_not_counted_as_a_dropped_input(rclpy_context):
+    """I1: a reset leaves nothing held: the next sample replaces nothing, drops nothing."""
+    from node_harness import in_process_node
+    from std_srvs.srv import Trigger
+
+    node = in_process_node(rclpy_context)
+    try:
+        assert node.enabled
+        slot = node.slots[-1]
+        node._accept(slot, _joint_sample(node))  # held, not used by a decision yet
+        assert node._on_reset(Trigger.Request(), Trigger.Response()).success
+        assert node.dropped_inputs == 0
+        node._accept(slot, _joint_sample(node))
+        assert node.dropped_inputs == 0, "a reset-emptied slot's first sample was counted as dropped"
+    finally:
+        node.destroy_node()
+
+
+def test_a_reset_forgets_the_refusals_before_it(rclpy_context):
+    """I5: after ~/reset the absent input's line says it waits for the next message, not the
+    refusals of before the reset (whose counters the reset zeroed)."""
+    from collections import Counter
+
+    from node_harness import in_process_node
+    from std_srvs.srv import Trigger
+
+    from flashrt_ros.ros.input_error import InputError
+
+    node = in_process_node(rclpy_context)
+    try:
+        slot = node.slots[-1]
+        node._reject(slot, InputError("stale", slot.topic, "too old"))
+        assert slot.rejected_since_good
+        assert node._on_reset(Trigger.Request(), Trigger.Response()).success
+        assert not slot.rejected_since_good
+        detail = node._absent_detail(slot, Counter(slot.rejected_since_good))
+        assert detail.endswith("; waiting for the next one"), detail
+    finally:
+        node.destroy_node()
+
+
+def test_clear_forgets_the_camera_size_and_its_stamp_history():
+    """I2/I3: ~/reset says it clears 'the camera sizes they fixed'; else the first frame after it
+    logs 'frames are now ... (were ...), stamped inf s after its previous frame'."""
+    from collections import Counter
+
+    from builtin_interfaces.msg import Time
+
+    from flashrt_ros.ros.inputs import InputSlot, Sample
+
+    slot = InputSlot(
+        "/cam",
+        "sensor_msgs/msg/Image",
+        Sample(np.zeros(1), Time(sec=5), 0, 0),
+        False,
+        Counter(stale=2),
+        (24, 32),
+        5_000_000_000,
+    )
+    slot.clear(7.0, by="ROS time went back")
+    assert (slot.latest, slot.used, slot.frame_hw, slot.newest_frame_stamp_ns) == (None, True, None, 0)
+    assert (slot.generation, slot.rejected_since_good, slot.cleared_at, slot.cleared_by) == (
+        1,
+        Counter(),
+        7.0,
+        "ROS time went back",
+    )
