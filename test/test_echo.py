@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import contextlib
 
 import numpy as np
 import pytest
@@ -281,9 +282,9 @@ def test_the_silence_hint_names_a_paused_node_and_one_that_publishes_nothing(ros
         paused.destroy_node()
 
 
-def test_two_publishers_of_the_chunks_are_said(ros_env, rclpy_context):
-    """Two demos on one ROS domain merged: the console counted both nodes' chunks as one node's
-    (13.4 Hz against 10) and said OK."""
+def _echo_while_publishing(ros_env, rclpy_context, node: str, sources: int, seconds: float, period_s: float):
+    """`python -m flashrt_ros.ros.echo --node <node>` for `seconds`, while `sources` nodes each
+    publish a well-formed chunk (ids counting up) on its action_chunk every `period_s`."""
     import subprocess
     import sys
     import threading
@@ -291,26 +292,34 @@ def test_two_publishers_of_the_chunks_are_said(ros_env, rclpy_context):
     from flashrt_ros.msg import ActionChunk
     from rclpy.node import Node
 
-    topic = "/echo_two/flashrt_node/action_chunk"
-    nodes = [Node(f"chunk_source_{i}", context=rclpy_context) for i in range(2)]
-    pubs = [n.create_publisher(ActionChunk, topic, 10) for n in nodes]
+    nodes = [Node(f"chunk_source_{i}", context=rclpy_context) for i in range(sources)]
+    pubs = [n.create_publisher(ActionChunk, f"{node}/action_chunk", 10) for n in nodes]
     stop = threading.Event()
 
     def publish() -> None:
-        while not stop.wait(0.2):
+        chunk_id = 0
+        while not stop.wait(period_s):
+            chunk_id += 1
             for pub in pubs:
-                pub.publish(ActionChunk(chunk_id=1, horizon=1, action_dim=1, actions=[0.0]))
+                pub.publish(ActionChunk(chunk_id=chunk_id, horizon=1, action_dim=1, actions=[0.0]))
 
     thread = threading.Thread(target=publish)
     thread.start()
     try:
-        cmd = [sys.executable, "-m", "flashrt_ros.ros.echo", "--node", "/echo_two/flashrt_node", "--duration", "4"]
-        done = subprocess.run(cmd, env=ros_env, capture_output=True, text=True, timeout=60)
+        cmd = [sys.executable, "-m", "flashrt_ros.ros.echo", "--node", node, "--duration", str(seconds)]
+        return subprocess.run(cmd, env=ros_env, capture_output=True, text=True, timeout=60)
     finally:
         stop.set()
         thread.join()
         for n in nodes:
             n.destroy_node()
+
+
+def test_two_publishers_of_the_chunks_are_said(ros_env, rclpy_context):
+    """Two demos on one ROS domain merged: the console counted both nodes' chunks as one node's
+    (13.4 Hz against 10) and said OK."""
+    done = _echo_while_publishing(ros_env, rclpy_context, "/echo_two/flashrt_node", 2, seconds=4, period_s=0.2)
+    topic = "/echo_two/flashrt_node/action_chunk"
     assert f"echo: 2 publishers of {topic}: chunks of more than one node" in done.stdout, done.stdout
 
 
@@ -410,7 +419,7 @@ def _chunk(horizon: int, dim: int, values: int, chunk_id: int = 1):
 
 
 def test_a_chunk_of_horizon_0_is_malformed_not_a_crash():
-    """C1: horizon 0 x action_dim 3 with no values passed as well formed, then actions[0] raised."""
+    """horizon 0 x action_dim 3 with no values passed as well formed, then actions[0] raised."""
     from flashrt_ros.ros.echo import chunk_line, malformed
 
     msg = _chunk(0, 3, 0)
@@ -419,14 +428,14 @@ def test_a_chunk_of_horizon_0_is_malformed_not_a_crash():
 
 
 def test_a_chunk_of_action_dim_0_is_malformed_not_received():
-    """C2: horizon 2 x action_dim 0 with no values is no chunk: it must not pass the demo's check."""
+    """horizon 2 x action_dim 0 with no values is no chunk: it must not pass the demo's check."""
     from flashrt_ros.ros.echo import malformed
 
     assert malformed(_chunk(2, 0, 0)) == "0 action values for horizon 2 x action_dim 0"
 
 
 def test_a_chunk_without_source_stamps_has_no_age_even_with_a_receive_time():
-    """C4: no source stamp: the age is unknown (nan), not the console's clock read as an age."""
+    """no source stamp: the age is unknown (nan), not the console's clock read as an age."""
     from flashrt_ros.ros.echo import chunk_line
 
     line = chunk_line(_chunk(1, 1, 1), 6_042_000_000)
@@ -434,7 +443,7 @@ def test_a_chunk_without_source_stamps_has_no_age_even_with_a_receive_time():
 
 
 def test_the_status_line_shows_the_decision_rate():
-    """C6: the first stage's rate, enabled."""
+    """the first stage's rate, enabled."""
     from flashrt_ros.msg import PipelineStatus, StageStats
 
     from flashrt_ros.ros.echo import status_line
@@ -445,7 +454,7 @@ def test_the_status_line_shows_the_decision_rate():
 
 
 def test_one_command_in_a_window_has_no_rate():
-    """C7: the first window's single command is 0 intervals: no '(0.0 Hz)'."""
+    """the first window's single command is 0 intervals: no '(0.0 Hz)'."""
     from std_msgs.msg import Float64MultiArray
 
     from flashrt_ros.ros.echo import command_line
@@ -454,68 +463,62 @@ def test_one_command_in_a_window_has_no_rate():
     assert line == "        commands: 1 since the last status, last [+0.500]", line
 
 
-def _echo(rclpy_context, monkeypatch, every=1, publishers=1):
+@contextlib.contextmanager
+def _console(rclpy_context, monkeypatch, every: int = 1, publishers: int = 1):
+    """An Echo on a clock the test sets, seeing `publishers` publishers, and a `feed(id, at)` for
+    its chunks (`at`: the clock when it arrives)."""
     from flashrt_ros.ros import echo as echo_module
 
     clock = [100.0]
     monkeypatch.setattr(echo_module.time, "monotonic", lambda: clock[0])
     console = echo_module.Echo("/flashrt_node", every, False, context=rclpy_context)
     console.count_publishers = lambda topic: publishers
-    return console, clock
+
+    def feed(*ids_at: tuple[int, float]) -> None:
+        for chunk_id, at in ids_at:
+            clock[0] = at
+            console._on_chunk(chunk(chunk_id))
+
+    try:
+        yield console, feed
+    finally:
+        console.destroy_node()
 
 
 def test_a_chunk_id_repeated_is_a_restart(rclpy_context, capsys, monkeypatch):
-    """C8: a node restarted after its first chunk sends id 1 again: said, and a run of its own."""
-    console, clock = _echo(rclpy_context, monkeypatch)
-    try:
-        for chunk_id, at in ((1, 100.0), (1, 130.0), (2, 130.1)):
-            clock[0] = at
-            console._on_chunk(chunk(chunk_id))
+    """A node restarted after its first chunk sends id 1 again: said, and a run of its own."""
+    with _console(rclpy_context, monkeypatch) as (console, feed):
+        feed((1, 100.0), (1, 130.0), (2, 130.1))
         assert "chunk ids started again (1 -> 1)" in capsys.readouterr().out
         assert ", ids 1..1, 1..2, " in console.summary(), console.summary()
-    finally:
-        console.destroy_node()
 
 
 def test_two_publishers_interleaved_ids_are_not_restarts(rclpy_context, capsys, monkeypatch):
-    """C9: with two publishers (said once) the interleaved ids are one run, no restart lines."""
-    console, clock = _echo(rclpy_context, monkeypatch, publishers=2)
-    try:
-        for chunk_id, at in ((1, 100.0), (1, 100.05), (2, 100.1), (2, 100.15)):
-            clock[0] = at
-            console._on_chunk(chunk(chunk_id))
+    """With two publishers (said once) the interleaved ids are one run, no restart lines."""
+    with _console(rclpy_context, monkeypatch, publishers=2) as (console, feed):
+        feed((1, 100.0), (1, 100.05), (2, 100.1), (2, 100.15))
         out = capsys.readouterr().out
         assert "2 publishers of /flashrt_node/action_chunk" in out and "started again" not in out, out
         assert ", ids 1..2, " in console.summary(), console.summary()
-    finally:
-        console.destroy_node()
 
 
 def test_every_n_prints_the_first_chunk_then_every_nth(rclpy_context, capsys, monkeypatch):
-    """C10: --every 3 prints chunks 1 and 4 (the first at once), not 3."""
-    console, clock = _echo(rclpy_context, monkeypatch, every=3)
-    try:
-        for chunk_id in range(1, 5):
-            console._on_chunk(chunk(chunk_id))
+    """--every 3 prints chunks 1 and 4 (the first at once), not 3."""
+    with _console(rclpy_context, monkeypatch, every=3) as (_, feed):
+        feed(*((chunk_id, 100.0 + chunk_id) for chunk_id in range(1, 5)))
         printed = [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("chunk ")]
         assert printed == ["1", "4"], printed
-    finally:
-        console.destroy_node()
 
 
 def test_the_summary_says_the_last_n_only_when_chunks_fell_out_of_the_window(rclpy_context, monkeypatch):
-    """C11: 2 chunks in a 10000 window: the median is over all of them, not 'the last 2'."""
-    console, clock = _echo(rclpy_context, monkeypatch)
-    try:
-        for chunk_id in (1, 2):
-            console._on_chunk(chunk(chunk_id))
+    """2 chunks in a window of 10000: the median is over all of them, not 'the last 2'."""
+    with _console(rclpy_context, monkeypatch) as (console, feed):
+        feed((1, 100.0), (2, 100.1))
         assert console.summary().endswith("median inference latency 5.00 ms"), console.summary()
-    finally:
-        console.destroy_node()
 
 
 def test_quiet_prints_no_chunk_line(rclpy_context, capsys, monkeypatch):
-    """C19: --quiet prints only the summary."""
+    """--quiet prints only the summary."""
     from flashrt_ros.ros import echo as echo_module
 
     console = echo_module.Echo("/flashrt_node", 1, True, context=rclpy_context)
@@ -527,40 +530,14 @@ def test_quiet_prints_no_chunk_line(rclpy_context, capsys, monkeypatch):
 
 
 def test_a_duration_of_0_is_accepted_as_until_ctrl_c():
-    """C13: --duration 0 is the documented 'until Ctrl-C', not refused."""
+    """--duration 0 is the documented 'until Ctrl-C', not refused."""
     from flashrt_ros.ros.echo import _seconds
 
     assert _seconds("0") == 0.0
 
 
 def test_echo_exits_0_once_a_chunk_arrived(ros_env, rclpy_context):
-    """C14: the demo's success check: status 0 when a well-formed chunk came."""
-    import subprocess
-    import sys
-    import threading
-
-    from flashrt_ros.msg import ActionChunk
-    from rclpy.node import Node
-
-    topic = "/echo_ok/flashrt_node/action_chunk"
-    source = Node("chunk_source_ok", context=rclpy_context)
-    pub = source.create_publisher(ActionChunk, topic, 10)
-    stop = threading.Event()
-
-    def publish() -> None:
-        i = 0
-        while not stop.wait(0.1):
-            i += 1
-            pub.publish(ActionChunk(chunk_id=i, horizon=1, action_dim=1, actions=[0.0]))
-
-    thread = threading.Thread(target=publish)
-    thread.start()
-    try:
-        cmd = [sys.executable, "-m", "flashrt_ros.ros.echo", "--node", "/echo_ok/flashrt_node", "--duration", "3"]
-        done = subprocess.run(cmd, env=ros_env, capture_output=True, text=True, timeout=60)
-    finally:
-        stop.set()
-        thread.join()
-        source.destroy_node()
+    """The demo's success check: status 0 when a well-formed chunk came."""
+    done = _echo_while_publishing(ros_env, rclpy_context, "/echo_ok/flashrt_node", 1, seconds=3, period_s=0.1)
     assert "echo: received " in done.stdout, done.stdout + done.stderr
     assert done.returncode == 0, done.stdout + done.stderr

@@ -28,7 +28,7 @@ def _fresh_inputs(node):
 
 
 def test_the_idle_error_waits_two_decision_periods_at_a_slow_rate(rclpy_context):
-    """S1: rate_hz 1, status 5 Hz: the idle limit is two periods (2 s): 1.5 s idle is no ERROR."""
+    """rate_hz 1, status 5 Hz: the idle limit is two periods (2 s): 1.5 s idle is no ERROR."""
     import time
 
     from diagnostic_msgs.msg import DiagnosticStatus
@@ -47,7 +47,7 @@ def test_the_idle_error_waits_two_decision_periods_at_a_slow_rate(rclpy_context)
 
 
 def test_hung_is_judged_by_the_slowest_recent_decision_not_the_fastest(rclpy_context):
-    """S5: one 0.5 s decision among 0.05 s ones: hung after 10 x 0.5 s, and the WARN names 0.50 s."""
+    """one 0.5 s decision among 0.05 s ones: hung after 10 x 0.5 s, and the WARN names 0.50 s."""
     from node_harness import in_process_node
 
     node = in_process_node(rclpy_context)
@@ -59,25 +59,8 @@ def test_hung_is_judged_by_the_slowest_recent_decision_not_the_fastest(rclpy_con
         node.destroy_node()
 
 
-def test_a_paused_node_does_not_say_its_last_decision_missed(rclpy_context):
-    """S10: paused, no decision is owed: the last miss of before the pause is not an ongoing WARN."""
-    from diagnostic_msgs.msg import DiagnosticStatus
-    from node_harness import in_process_node, past_start
-
-    node = past_start(in_process_node(rclpy_context))
-    try:
-        _fresh_inputs(node)
-        node.enabled = False
-        node._last_missed = 0.3
-        level, message = _health(node)
-        assert "missed its deadline" not in message, message
-        assert (level, message) == (DiagnosticStatus.OK, "paused by ~/enable (no decisions): ready")
-    finally:
-        node.destroy_node()
-
-
 def test_a_new_miss_is_counted_not_also_said_as_ongoing(rclpy_context):
-    """S11: misses in this status are its count; the 'last decision missed' note is for a status
+    """misses in this status are its count; the 'last decision missed' note is for a status
     that saw none."""
     from node_harness import in_process_node, past_start
 
@@ -94,7 +77,7 @@ def test_a_new_miss_is_counted_not_also_said_as_ongoing(rclpy_context):
 
 
 def test_stats_log_period_0_logs_nothing(rclpy_context, capfd):
-    """S15: stats_log_period_s 0 = never (TEST_PARAMS sets 0)."""
+    """stats_log_period_s 0 = never (TEST_PARAMS sets 0)."""
     from node_harness import in_process_node
 
     node = in_process_node(rclpy_context)
@@ -108,7 +91,7 @@ def test_stats_log_period_0_logs_nothing(rclpy_context, capfd):
 
 
 def test_a_twin_is_logged_once(rclpy_context, capfd):
-    """S17: the twin publisher's warning is logged once, said in every status."""
+    """the twin publisher's warning is logged once, said in every status."""
     from node_harness import in_process_node
 
     node = in_process_node(rclpy_context)
@@ -122,7 +105,7 @@ def test_a_twin_is_logged_once(rclpy_context, capfd):
 
 
 def test_a_command_stream_heard_on_any_of_its_topics_is_heard(rclpy_context):
-    """S18: the command stream is heard when any one of its topics has a subscriber."""
+    """the command stream is heard when any one of its topics has a subscriber."""
     from node_harness import in_process_node
 
     node = in_process_node(rclpy_context)
@@ -139,7 +122,6 @@ def test_a_command_stream_heard_on_any_of_its_topics_is_heard(rclpy_context):
 
 
 def test_the_stats_line_of_a_paused_node_says_paused_not_a_rate(rclpy_context):
-    """S23."""
     from node_harness import in_process_node
 
     node = in_process_node(rclpy_context)
@@ -152,7 +134,7 @@ def test_the_stats_line_of_a_paused_node_says_paused_not_a_rate(rclpy_context):
 
 
 def test_the_stats_line_rate_is_the_node_overheads(rclpy_context):
-    """S24: the decisions' rate is node_overhead's, not the first stage's (a prefix stage under
+    """the decisions' rate is node_overhead's, not the first stage's (a prefix stage under
     prefix_trigger period runs less often)."""
     import dataclasses
 
@@ -169,37 +151,50 @@ def test_the_stats_line_rate_is_the_node_overheads(rclpy_context):
         node.destroy_node()
 
 
-def test_a_paused_ready_node_with_an_unheard_output_is_ok(rclpy_context):
-    """S27: paused, the outputs' subscribers are not judged: OK 'ready'."""
-    from diagnostic_msgs.msg import DiagnosticStatus
+# ---- a paused node (~/enable false) ----------------------------------------------------------
+
+
+@pytest.fixture
+def paused(rclpy_context):
+    """A node past its start, its inputs fresh, paused by ~/enable; what a test replaces on it is
+    put back before it goes (its tear-down destroys the command publishers)."""
     from node_harness import in_process_node, past_start
 
     node = past_start(in_process_node(rclpy_context))
-    saved = node._command_pubs
+    kept = {name: getattr(node, name) for name in ("_command_pubs", "_clock_watch")}
+    _fresh_inputs(node)
+    node.enabled = False
     try:
-        _fresh_inputs(node)
-        node.enabled = False
-        node._command_pubs = [(SimpleNamespace(topic_name="/cmd", get_subscription_count=lambda: 0), None, None)]
-        assert _health(node) == (DiagnosticStatus.OK, "paused by ~/enable (no decisions): ready")
+        yield node
     finally:
-        node._command_pubs = saved
+        for name, value in kept.items():
+            setattr(node, name, value)
         node.destroy_node()
 
 
-def test_a_paused_node_on_a_stalled_clock_is_not_ready(rclpy_context):
-    """S28: paused on a stalled clock: held samples do not age, the timer would not fire."""
+PAUSED_READY = "paused by ~/enable (no decisions): ready"
+
+
+def test_a_paused_node_does_not_say_its_last_decision_missed(paused):
+    """No decision is owed: the last miss of before the pause is not an ongoing WARN."""
     from diagnostic_msgs.msg import DiagnosticStatus
-    from node_harness import in_process_node, past_start
 
-    node = past_start(in_process_node(rclpy_context))
-    saved = node._clock_watch
-    try:
-        _fresh_inputs(node)
-        node.enabled = False
-        node._clock_watch = SimpleNamespace(stalled=True, describe=lambda now: "clock_stalled: no /clock for 3.0 s")
-        level, message = _health(node)
-        assert level == DiagnosticStatus.WARN, message
-        assert message == "paused by ~/enable (no decisions): not ready (clock_stalled: no /clock for 3.0 s)", message
-    finally:
-        node._clock_watch = saved
-        node.destroy_node()
+    paused._last_missed = 0.3
+    assert _health(paused) == (DiagnosticStatus.OK, PAUSED_READY)
+
+
+def test_a_paused_ready_node_with_an_unheard_output_is_ok(paused):
+    """Paused, the outputs' subscribers are not judged."""
+    from diagnostic_msgs.msg import DiagnosticStatus
+
+    paused._command_pubs = [(SimpleNamespace(topic_name="/cmd", get_subscription_count=lambda: 0), None, None)]
+    assert _health(paused) == (DiagnosticStatus.OK, PAUSED_READY)
+
+
+def test_a_paused_node_on_a_stalled_clock_is_not_ready(paused):
+    """Held samples do not age on a stalled clock, and the decision timer would not fire."""
+    from diagnostic_msgs.msg import DiagnosticStatus
+
+    paused._clock_watch = SimpleNamespace(stalled=True, describe=lambda now: "clock_stalled: no /clock for 3.0 s")
+    expected = "paused by ~/enable (no decisions): not ready (clock_stalled: no /clock for 3.0 s)"
+    assert _health(paused) == (DiagnosticStatus.WARN, expected)

@@ -1122,7 +1122,7 @@ def _joint_sample(node):
 
 
 def test_the_first_sample_after_a_reset_is_not_counted_as_a_dropped_input(rclpy_context):
-    """I1: a reset leaves nothing held: the next sample replaces nothing, drops nothing."""
+    """a reset leaves nothing held: the next sample replaces nothing, drops nothing."""
     from node_harness import in_process_node
     from std_srvs.srv import Trigger
 
@@ -1140,7 +1140,7 @@ def test_the_first_sample_after_a_reset_is_not_counted_as_a_dropped_input(rclpy_
 
 
 def test_a_reset_forgets_the_refusals_before_it(rclpy_context):
-    """I5: after ~/reset the absent input's line says it waits for the next message, not the
+    """after ~/reset the absent input's line says it waits for the next message, not the
     refusals of before the reset (whose counters the reset zeroed)."""
     from collections import Counter
 
@@ -1163,7 +1163,7 @@ def test_a_reset_forgets_the_refusals_before_it(rclpy_context):
 
 
 def test_clear_forgets_the_camera_size_and_its_stamp_history():
-    """I2/I3: ~/reset says it clears 'the camera sizes they fixed'; else the first frame after it
+    """~/reset says it clears 'the camera sizes they fixed'; else the first frame after it
     logs 'frames are now ... (were ...), stamped inf s after its previous frame'."""
     from collections import Counter
 
