@@ -63,8 +63,12 @@ class MismatchNamer:
                 state.said_count = state.total
                 self._say(topic, None, state.last_policy, state.total)
             waiting = waiting or state.said_count < state.total
-        if self.relook is not None:
-            self.relook.reset() if waiting else self.relook.cancel()
+        if self.relook is None:
+            return
+        if waiting:
+            self.relook.reset()
+        else:
+            self.relook.cancel()
 
 
 def incompatible(endpoints: list, mismatch: Callable[[QoSProfile], QoSPolicyKind | None]) -> Found:
